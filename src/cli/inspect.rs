@@ -1,0 +1,60 @@
+//! `squeeze inspect` arguments and output.
+
+use std::path::PathBuf;
+
+use crate::inspect::{inspect, InspectReport};
+use crate::units::{both_units, human};
+
+use super::table::Table;
+use super::{print_json, Outcome};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model folder.
+    pub dir: PathBuf,
+    /// Print a JSON report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    let report = inspect(&args.dir)?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        print_human(&report);
+    }
+    Ok(Outcome::Success)
+}
+
+pub fn print_human(report: &InspectReport) {
+    println!("{}", report.path);
+    match &report.architecture {
+        Some(architecture) => println!(
+            "  {architecture} ({}): {} layers + {} MTP, {} routed experts, top-{}",
+            report.model_type.as_deref().unwrap_or("?"),
+            report.layers.unwrap_or(0),
+            report.mtp_layers.unwrap_or(0),
+            report.routed_experts.unwrap_or(0),
+            report.experts_per_token.unwrap_or(0)
+        ),
+        None => println!("  architecture unknown: {}", report.config_problem.as_deref().unwrap_or("")),
+    }
+    println!("  {} tensors in {} shard(s), {}", report.tensors, report.shards, both_units(report.file_bytes));
+    let method = report
+        .quantization_config
+        .as_ref()
+        .map(|q| format!("{} {}", q.get("quant_method").and_then(|v| v.as_str()).unwrap_or("?"), q.get("format").and_then(|v| v.as_str()).unwrap_or("")))
+        .unwrap_or_else(|| "none".into());
+    println!("  quantization_config: {}\n", method.trim());
+    let mut dtypes = Table::new(&["dtype", "tensors", "bytes"]);
+    for (dtype, count) in &report.dtypes {
+        dtypes.row(vec![dtype.clone(), count.tensors.to_string(), human(count.bytes)]);
+    }
+    println!("{}\n", dtypes.render());
+    let mut classes = Table::new(&["class", "tensors", "bytes"]);
+    for (class, count) in &report.classes {
+        classes.row(vec![class.clone(), count.tensors.to_string(), human(count.bytes)]);
+    }
+    println!("{}", classes.render());
+}

@@ -1,0 +1,65 @@
+//! Command-line interface: argument parsing, printing and exit codes (0 ok, 1 a gate failed, 2 error). No logic.
+
+mod demo;
+mod inspect;
+mod progress;
+mod quantize;
+mod synth;
+mod table;
+mod verify;
+
+use clap::{Parser, Subcommand};
+
+/// What a subcommand concluded.
+pub enum Outcome {
+    Success,
+    /// A check the user asked for failed (verify mismatch, eval gate, integrity fault).
+    GateFailed,
+}
+
+#[derive(Parser)]
+#[command(name = "squeeze", version, about = "FP8 MoE checkpoints (Kimi K2, GLM-5, GLM-4.5) → INT4 compressed-tensors for SGLang and vLLM", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert an FP8 checkpoint to INT4 group-quantized compressed-tensors safetensors.
+    Quantize(quantize::Args),
+    /// Show what a checkpoint holds: architecture, dtypes, quantization config, bytes by tensor class.
+    Inspect(inspect::Args),
+    /// Re-check an output against its manifest, the compressed-tensors conventions and (optionally) its source.
+    Verify(verify::Args),
+    /// Write a tiny random checkpoint of a real architecture in the vendor's FP8 format.
+    Synth(synth::Args),
+    /// Run every stage on a built-in tiny model in a temporary folder.
+    Demo(demo::Args),
+}
+
+/// Parses the arguments, runs the subcommand and returns the process exit code.
+pub fn run() -> i32 {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Quantize(args) => quantize::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Verify(args) => verify::run(args),
+        Command::Synth(args) => synth::run(args),
+        Command::Demo(args) => demo::run(args),
+    };
+    match result {
+        Ok(Outcome::Success) => 0,
+        Ok(Outcome::GateFailed) => 1,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            2
+        }
+    }
+}
+
+/// Prints a serializable report as pretty JSON on stdout.
+fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}

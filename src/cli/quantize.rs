@@ -1,0 +1,96 @@
+//! `squeeze quantize` arguments and output.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
+use crate::quant::ScaleRule;
+use crate::units::{both_units, human, parse_bytes};
+
+use super::progress::Bar;
+use super::table::Table;
+use super::{print_json, Outcome};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Source model folder (FP8 block-scaled, compressed-tensors FP8, or BF16).
+    pub input: PathBuf,
+    /// Output folder (must be new or empty unless --resume/--force).
+    pub output: PathBuf,
+    /// Built-in recipe name (kimi-k2-int4, glm5-int4, glm45-int4) or a TOML file; default: chosen from config.json.
+    #[arg(long)]
+    pub recipe: Option<String>,
+    /// Override the INT4 group size of every rule (must divide the rows it applies to).
+    #[arg(long)]
+    pub group_size: Option<usize>,
+    /// Override the scale rule of every rule: ct-minmax, absmax7 or mse.
+    #[arg(long)]
+    pub scale_rule: Option<ScaleRule>,
+    /// Largest output shard (64MB, 5GB, 2GiB or plain bytes).
+    #[arg(long, default_value = "5GB", value_parser = parse_bytes)]
+    pub max_shard_size: u64,
+    /// Continue an interrupted run: shards whose manifest entry verifies are kept, the rest redone.
+    #[arg(long)]
+    pub resume: bool,
+    /// Write into a non-empty output folder, replacing what is there.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the plan and predicted output size without writing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print one JSON report on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    let options = QuantizeOptions {
+        input: args.input.clone(),
+        output: args.output.clone(),
+        recipe: args.recipe.clone(),
+        group_size: args.group_size,
+        scale_rule: args.scale_rule,
+        max_shard_bytes: args.max_shard_size,
+        resume: args.resume,
+        force: args.force,
+        dry_run: args.dry_run,
+    };
+    let report = quantize(&options, &Bar::new(true)).with_context(|| format!("quantize {}", args.input.display()))?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        print_human(&report);
+    }
+    Ok(Outcome::Success)
+}
+
+pub fn print_human(report: &QuantizeReport) {
+    let mut table = Table::new(&["class", "tensors", "schemes", "before", "after"]);
+    for (class, summary) in &report.classes {
+        let schemes = summary.schemes.iter().map(|(s, n)| format!("{s}×{n}")).collect::<Vec<_>>().join(" ");
+        table.row(vec![class.clone(), summary.tensors.to_string(), schemes, human(summary.bytes_in), human(summary.bytes_out)]);
+    }
+    println!("{}", table.render());
+    let verb = if report.dry_run { "would write" } else { "wrote" };
+    println!(
+        "\n{} with recipe {}: {} in, {verb} {} in {} shard(s){}",
+        report.architecture.as_deref().unwrap_or("model"),
+        report.recipe,
+        both_units(report.input_bytes),
+        both_units(report.output_bytes),
+        report.shards,
+        if report.shards_reused > 0 { format!(" ({} reused from the interrupted run)", report.shards_reused) } else { String::new() }
+    );
+    if !report.dry_run {
+        println!(
+            "{} quantized, {} converted, {} copied in {:.1} s ({:.0} MB/s input), peak RSS {}",
+            report.tensors_quantized,
+            report.tensors_converted,
+            report.tensors_copied,
+            report.seconds,
+            report.input_bytes as f64 / 1e6 / report.seconds.max(1e-9),
+            report.peak_rss_bytes.map(human).unwrap_or_else(|| "unknown".into())
+        );
+    }
+}

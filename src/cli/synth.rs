@@ -1,0 +1,70 @@
+//! `squeeze synth` arguments and output.
+
+use std::path::PathBuf;
+
+use crate::synth::{synth, SynthArch, SynthOptions, SynthSize};
+use crate::units::both_units;
+
+use super::{print_json, Outcome};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Architecture: kimi-k2, glm5 or glm45.
+    #[arg(long)]
+    pub arch: SynthArch,
+    /// Output folder.
+    pub out: PathBuf,
+    /// Decoder layers (the first is dense; glm5 and glm45 add one MTP layer).
+    #[arg(long, default_value_t = SynthSize::default().layers)]
+    pub layers: usize,
+    /// Hidden size (any multiple of the INT4 group size; need not be a multiple of 128).
+    #[arg(long, default_value_t = SynthSize::default().hidden)]
+    pub hidden: usize,
+    /// Routed experts per MoE layer.
+    #[arg(long, default_value_t = SynthSize::default().experts)]
+    pub experts: usize,
+    /// Expert intermediate size.
+    #[arg(long, default_value_t = SynthSize::default().moe_intermediate)]
+    pub moe_intermediate: usize,
+    /// Vocabulary size (at least 258).
+    #[arg(long, default_value_t = SynthSize::default().vocab)]
+    pub vocab: usize,
+    /// Number of safetensors shards.
+    #[arg(long, default_value_t = 2)]
+    pub shards: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Overwrite a non-empty folder.
+    #[arg(long)]
+    pub force: bool,
+    /// Print a JSON report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    let options = SynthOptions {
+        arch: args.arch,
+        size: SynthSize { layers: args.layers, hidden: args.hidden, experts: args.experts, moe_intermediate: args.moe_intermediate, vocab: args.vocab },
+        shards: args.shards,
+        seed: args.seed,
+        out: args.out,
+        force: args.force,
+    };
+    let report = synth(&options)?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        println!(
+            "wrote {} ({}): {} tensors, {} parameters, {} in {} shard(s)",
+            report.out.display(),
+            report.architecture,
+            report.tensors,
+            report.parameters,
+            both_units(report.bytes),
+            report.shards
+        );
+    }
+    Ok(Outcome::Success)
+}

@@ -1,0 +1,58 @@
+//! `squeeze verify` arguments and output; exit 1 on any mismatch.
+
+use std::path::PathBuf;
+
+use crate::verify::{verify, VerifyOptions, VerifyReport, DEFAULT_MAX_INT4_ERROR};
+
+use super::table::Table;
+use super::{print_json, Outcome};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Output folder written by `squeeze quantize`.
+    pub output: PathBuf,
+    /// The source folder: dequantize both and report per-tensor error.
+    #[arg(long)]
+    pub source: Option<PathBuf>,
+    /// Largest relative L2 error an INT4 tensor may have against its source.
+    #[arg(long, default_value_t = DEFAULT_MAX_INT4_ERROR)]
+    pub max_int4_error: f64,
+    /// How many of the worst tensors to list.
+    #[arg(long, default_value_t = 10)]
+    pub worst: usize,
+    /// Print a JSON report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    let report = verify(&VerifyOptions { output: args.output, source: args.source, max_int4_error: args.max_int4_error, worst: args.worst })?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        print_human(&report);
+    }
+    Ok(if report.passed { Outcome::Success } else { Outcome::GateFailed })
+}
+
+pub fn print_human(report: &VerifyReport) {
+    println!(
+        "{}: {} shard(s) re-hashed, {} INT4 tensors checked, {} tensors compared with the source",
+        report.output, report.shards_checked, report.quantized_tensors, report.compared_tensors
+    );
+    if !report.worst.is_empty() {
+        let mut table = Table::new(&["worst tensors", "scheme", "rel L2", "max |Δ|"]);
+        for error in &report.worst {
+            table.row(vec![error.name.clone(), error.scheme.clone(), format!("{:.5}", error.relative_l2), format!("{:.3e}", error.max_abs)]);
+        }
+        println!("{}", table.render());
+    }
+    if report.passed {
+        println!("verify: OK");
+    } else {
+        for problem in &report.problems {
+            println!("mismatch: {problem}");
+        }
+        println!("verify: FAILED ({} problem(s))", report.problems.len());
+    }
+}

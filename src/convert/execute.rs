@@ -1,0 +1,302 @@
+//! Running a plan: output folder checks, resume from the manifest, tensors transformed in order on the rayon pool
+//! while a writer thread streams finished bytes into shards, then config, index, companions and the final manifest.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::sync_channel;
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+
+use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE};
+use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord, MANIFEST_FILE};
+use crate::io::writer::{sha256_file, ShardWriter};
+use crate::io::{Checkpoint, IoError};
+use crate::model::{ConfigError, ModelConfig};
+use crate::progress::{peak_rss_bytes, Reporter};
+use crate::quant::ScaleRule;
+use crate::recipe::{Recipe, RecipeError};
+
+use super::plan::{self, Action, ClassSummary, Plan, PlanError};
+use super::{output_files, quant_config, source, transform};
+
+#[derive(Debug, Clone)]
+pub struct QuantizeOptions {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    /// Built-in recipe name or TOML path; `None` picks the architecture's default.
+    pub recipe: Option<String>,
+    pub group_size: Option<usize>,
+    pub scale_rule: Option<ScaleRule>,
+    pub max_shard_bytes: u64,
+    pub resume: bool,
+    pub force: bool,
+    pub dry_run: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Recipe(#[from] RecipeError),
+    #[error("{}: {source}", path.display())]
+    Config { path: PathBuf, source: ConfigError },
+    #[error("{}: {problem}", path.display())]
+    Output { path: PathBuf, problem: String },
+}
+
+/// The result of `quantize` (or its dry run).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QuantizeReport {
+    pub dry_run: bool,
+    pub input: PathBuf,
+    pub output: PathBuf,
+    pub architecture: Option<String>,
+    pub recipe: String,
+    pub input_bytes: u64,
+    pub output_bytes: u64,
+    pub tensors_quantized: usize,
+    pub tensors_converted: usize,
+    pub tensors_copied: usize,
+    pub shards: usize,
+    pub shards_reused: usize,
+    pub seconds: f64,
+    pub peak_rss_bytes: Option<u64>,
+    pub classes: BTreeMap<String, ClassSummary>,
+}
+
+/// A checkpoint opened and planned, ready to run or to report on.
+pub struct Prepared {
+    pub checkpoint: Checkpoint,
+    pub config: Option<ModelConfig>,
+    pub recipe: Recipe,
+    pub plan: Plan,
+}
+
+/// Opens the source, validates it (headers, scales, shapes against the config) and builds the plan.
+pub fn prepare(input: &Path, recipe: Option<&str>, group_size: Option<usize>, scale_rule: Option<ScaleRule>, max_shard_bytes: u64) -> Result<Prepared, ConvertError> {
+    let checkpoint = Checkpoint::open(input)?;
+    let config = match checkpoint.config() {
+        Some(json) => Some(ModelConfig::from_json(json).map_err(|source| ConvertError::Config { path: input.join(CONFIG_FILE), source })?),
+        None => None,
+    };
+    let recipe_name = match (recipe, &config) {
+        (Some(name), _) => name.to_string(),
+        (None, Some(config)) => config.architecture.default_recipe().to_string(),
+        (None, None) => {
+            return Err(ConvertError::Output {
+                path: input.join(CONFIG_FILE),
+                problem: "missing, so no default recipe can be chosen; pass --recipe NAME|PATH".into(),
+            })
+        }
+    };
+    let recipe = Recipe::load(&recipe_name)?.with_overrides(group_size, scale_rule)?;
+    let items = source::items_from_checkpoint(&checkpoint)?;
+    if let Some(config) = &config {
+        source::check_against_config(&checkpoint, config)?;
+    }
+    source::validate_scales(&checkpoint, &items)?;
+    let plan = plan::build(items, &recipe, config.as_ref().map(|c| c.num_hidden_layers), max_shard_bytes)?;
+    Ok(Prepared { checkpoint, config, recipe, plan })
+}
+
+/// Converts a checkpoint as the options say.
+pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<QuantizeReport, ConvertError> {
+    let started = Instant::now();
+    let prepared = prepare(&options.input, options.recipe.as_deref(), options.group_size, options.scale_rule, options.max_shard_bytes)?;
+    let Prepared { checkpoint, config, recipe, plan } = &prepared;
+    let mut report = QuantizeReport {
+        dry_run: options.dry_run,
+        input: options.input.clone(),
+        output: options.output.clone(),
+        architecture: config.as_ref().map(|c| c.architecture.name().to_string()),
+        recipe: recipe.name().to_string(),
+        input_bytes: checkpoint.shard_bytes(),
+        output_bytes: plan.output_bytes(),
+        tensors_quantized: plan.count(|a| matches!(a, Action::Int4 { .. })),
+        tensors_converted: plan.count(|a| matches!(a, Action::Bf16 | Action::Fp8Block)),
+        tensors_copied: plan.count(|a| matches!(a, Action::Copy)),
+        shards: plan.shards.len(),
+        shards_reused: 0,
+        seconds: 0.0,
+        peak_rss_bytes: None,
+        classes: plan.by_class().into_iter().map(|(class, summary)| (class.name().to_string(), summary)).collect(),
+    };
+    if options.dry_run {
+        report.seconds = started.elapsed().as_secs_f64();
+        report.peak_rss_bytes = peak_rss_bytes();
+        return Ok(report);
+    }
+
+    let out = &options.output;
+    let plan_sha256 = plan.sha256(&source_fingerprint(checkpoint), &recipe.sha256());
+    let previous = prepare_output(out, options, &plan_sha256)?;
+    let mut manifest = Manifest {
+        tool: "squeeze".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        complete: false,
+        plan_sha256,
+        source: options.input.display().to_string(),
+        recipe: RecipeRecord { name: recipe.name().into(), sha256: recipe.sha256(), text: recipe.canonical_text() },
+        shards: plan.shards.iter().map(|s| ShardRecord { file: s.file.clone(), bytes: s.bytes, sha256: None }).collect(),
+        tensors: plan
+            .items
+            .iter()
+            .map(|item| TensorRecord {
+                name: item.module().to_string(),
+                class: item.class.name().into(),
+                scheme: item.action.name().into(),
+                source_dtype: item.source.dtype.to_string(),
+                bytes_in: item.source.bytes(),
+                bytes_out: item.bytes_out(),
+                shard: plan.shards[item.shard].file.clone(),
+            })
+            .collect(),
+    };
+    // Reuse shards a previous run of the same plan finished, after re-hashing them.
+    let mut reused = vec![false; plan.shards.len()];
+    if let Some(previous) = previous {
+        for (index, record) in previous.shards.iter().enumerate() {
+            let Some(finished) = record.finished() else { continue };
+            let path = out.join(&finished.file);
+            if path.exists() && sha256_file(&path)? == (finished.bytes, finished.sha256.clone()) {
+                manifest.shards[index].sha256 = Some(finished.sha256);
+                reused[index] = true;
+            }
+        }
+    }
+    report.shards_reused = reused.iter().filter(|r| **r).count();
+    manifest.write(out)?;
+
+    let work: Vec<usize> = (0..plan.items.len()).filter(|&i| !reused[plan.items[i].shard]).collect();
+    reporter.begin("quantize", work.iter().map(|&i| plan.items[i].source.bytes()).sum());
+    let result = run_items(checkpoint, plan, &work, out, &mut manifest, reporter);
+    reporter.end();
+    result?;
+
+    output_files::copy_companions(checkpoint, out)?;
+    output_files::write_index(out, plan)?;
+    if let Some(json) = checkpoint.config() {
+        output_files::write_config(out, json, quant_config::quantization_config(plan, recipe))?;
+    }
+    manifest.complete = true;
+    manifest.write(out)?;
+    report.seconds = started.elapsed().as_secs_f64();
+    report.peak_rss_bytes = peak_rss_bytes();
+    Ok(report)
+}
+
+/// Transforms `work` items in order on this thread (rows in parallel) while a writer thread streams them out.
+fn run_items(checkpoint: &Checkpoint, plan: &Plan, work: &[usize], out: &Path, manifest: &mut Manifest, reporter: &dyn Reporter) -> Result<(), ConvertError> {
+    let (sender, receiver) = sync_channel::<(usize, Vec<Vec<u8>>)>(2);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(move || -> Result<(), ConvertError> {
+            let mut current: Option<(usize, ShardWriter)> = None;
+            let finish = |shard: usize, writer: ShardWriter, manifest: &mut Manifest| -> Result<(), ConvertError> {
+                let finished = writer.finish()?;
+                manifest.shards[shard].sha256 = Some(finished.sha256);
+                manifest.write(out)?;
+                Ok(())
+            };
+            let outcome = (|| {
+                for (item_index, outputs) in receiver.iter() {
+                    let item = &plan.items[item_index];
+                    if current.as_ref().map(|(shard, _)| *shard) != Some(item.shard) {
+                        if let Some((shard, writer)) = current.take() {
+                            finish(shard, writer, manifest)?;
+                        }
+                        let planned = &plan.shards[item.shard];
+                        current = Some((item.shard, ShardWriter::create(&out.join(&planned.file), planned.tensors.clone())?));
+                    }
+                    let (_, writer) = current.as_mut().expect("a shard is open");
+                    for (tensor, bytes) in item.outputs.iter().zip(&outputs) {
+                        writer.write_tensor(&tensor.name, bytes)?;
+                    }
+                }
+                if let Some((shard, writer)) = current.take() {
+                    finish(shard, writer, manifest)?;
+                }
+                Ok(())
+            })();
+            if let Some((_, writer)) = current.take() {
+                writer.abandon();
+            }
+            outcome
+        });
+        let mut produced = Ok(());
+        for &index in work {
+            let item = &plan.items[index];
+            match transform::transform(checkpoint, item) {
+                Ok(outputs) => {
+                    if sender.send((index, outputs)).is_err() {
+                        break; // the writer failed; its error is reported below
+                    }
+                    reporter.advance(item.source.bytes());
+                }
+                Err(error) => {
+                    produced = Err(ConvertError::from(error));
+                    break;
+                }
+            }
+        }
+        drop(sender);
+        let written = writer.join().unwrap_or_else(|_| Err(ConvertError::Output { path: out.to_path_buf(), problem: "writer thread panicked".into() }));
+        written.and(produced)
+    })
+}
+
+/// Checks and prepares the output folder; returns the previous manifest when resuming the same plan.
+fn prepare_output(out: &Path, options: &QuantizeOptions, plan_sha256: &str) -> Result<Option<Manifest>, ConvertError> {
+    let output_error = |problem: String| ConvertError::Output { path: out.to_path_buf(), problem };
+    if out.exists() && !out.is_dir() {
+        return Err(output_error("exists and is not a folder".into()));
+    }
+    if let (Ok(a), Ok(b)) = (fs::canonicalize(out), fs::canonicalize(&options.input)) {
+        if a == b {
+            return Err(output_error("is the input folder; write the output to a new folder".into()));
+        }
+    }
+    fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
+    let non_empty = fs::read_dir(out).map_err(|e| IoError::file(out, e))?.next().is_some();
+    let previous = Manifest::read(out)?;
+    if non_empty && !options.resume && !options.force {
+        return Err(output_error("is not empty; pass --resume to continue an interrupted run or --force to overwrite".into()));
+    }
+    let previous = match previous {
+        Some(previous) if options.resume && previous.plan_sha256 == plan_sha256 => Some(previous),
+        Some(_) if options.resume && !options.force => {
+            return Err(output_error(format!(
+                "holds a {MANIFEST_FILE} from a different source, recipe or options; pass --force to start over"
+            )))
+        }
+        _ => None,
+    };
+    if options.resume && previous.is_none() && non_empty && !options.force {
+        return Err(output_error(format!("has no {MANIFEST_FILE} to resume from; pass --force to start over")));
+    }
+    // Nothing may look complete until this run finishes.
+    for name in [CONFIG_FILE, INDEX_FILE] {
+        let path = out.join(name);
+        if path.exists() {
+            fs::remove_file(&path).map_err(|e| IoError::file(&path, e))?;
+        }
+    }
+    Ok(previous)
+}
+
+/// Digest of the source's shard names, sizes and headers.
+fn source_fingerprint(checkpoint: &Checkpoint) -> String {
+    let mut hasher = Sha256::new();
+    for shard in checkpoint.shards() {
+        hasher.update(shard.path().file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default());
+        hasher.update(shard.file_bytes().to_le_bytes());
+        for (name, entry) in shard.entries() {
+            hasher.update(format!("{name}|{}|{:?}|{}|{};", entry.dtype, entry.shape, entry.start, entry.end));
+        }
+    }
+    crate::io::writer::hex(&hasher.finalize())
+}

@@ -1,0 +1,13 @@
+//! `squeeze quantize`: source tensors → plan (recipe applied, shards laid out) → streamed execution → output
+//! folder with config, index, companions and manifest.
+
+pub mod execute;
+pub mod output_files;
+pub mod plan;
+pub mod quant_config;
+pub mod source;
+pub mod transform;
+
+pub use execute::{quantize, QuantizeOptions, QuantizeReport};
+pub use plan::{Action, Plan, PlanError};
+pub use source::{SourceItem, SourceKind};

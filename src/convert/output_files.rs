@@ -1,0 +1,52 @@
+//! The small files of an output folder: `config.json` with the new `quantization_config`, the index, and the
+//! companion files (tokenizer, templates, custom code) copied from the source. All written atomically.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::io::atomic::{temporary_sibling, write_json};
+use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE};
+use crate::io::{Checkpoint, IoError};
+
+use super::plan::Plan;
+
+/// Writes `model.safetensors.index.json` for the plan.
+pub fn write_index(out: &Path, plan: &Plan) -> Result<(), IoError> {
+    let mut weight_map = BTreeMap::new();
+    for shard in &plan.shards {
+        for tensor in &shard.tensors {
+            weight_map.insert(tensor.name.clone(), shard.file.clone());
+        }
+    }
+    write_json(&out.join(INDEX_FILE), &json!({ "metadata": { "total_size": plan.tensor_bytes() }, "weight_map": weight_map }))
+}
+
+/// Writes the source config with `quantization_config` replaced.
+pub fn write_config(out: &Path, source_config: &Value, quantization_config: Value) -> Result<(), IoError> {
+    let mut config = source_config.clone();
+    if let Some(object) = config.as_object_mut() {
+        object.insert("quantization_config".into(), quantization_config);
+    }
+    write_json(&out.join(CONFIG_FILE), &config)
+}
+
+/// Copies every companion file of the source; returns their names.
+pub fn copy_companions(checkpoint: &Checkpoint, out: &Path) -> Result<Vec<String>, IoError> {
+    let mut copied = Vec::new();
+    for source in checkpoint.companion_files()? {
+        let Some(name) = source.file_name() else { continue };
+        let target = out.join(name);
+        let temporary = temporary_sibling(&target);
+        fs::copy(&source, &temporary)
+            .and_then(|_| fs::rename(&temporary, &target))
+            .map_err(|e| {
+                let _ = fs::remove_file(&temporary);
+                IoError::file(&target, e)
+            })?;
+        copied.push(name.to_string_lossy().to_string());
+    }
+    Ok(copied)
+}

@@ -1,0 +1,217 @@
+//! The conversion plan: for every source item the action the recipe gives it, the output tensors it produces
+//! (names, dtypes, shapes: the one source of output sizes) and the shard it lands in.
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+use crate::io::dtype::Dtype;
+use crate::io::writer::{file_bytes, PlannedTensor};
+use crate::model::TensorClass;
+use crate::quant::pack::packed_columns;
+use crate::quant::ScaleRule;
+use crate::recipe::{Recipe, Unselected};
+
+use super::source::{SourceItem, SourceKind};
+
+/// What is done to one source item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "scheme", rename_all = "kebab-case")]
+pub enum Action {
+    /// compressed-tensors `pack-quantized` INT4.
+    Int4 { group_size: usize, scale_rule: ScaleRule },
+    /// FP8 dequantized to BF16.
+    Bf16,
+    /// FP8 kept, scale renamed to `weight_scale` (compressed-tensors `float-quantized`).
+    Fp8Block,
+    /// Copied byte for byte.
+    Copy,
+}
+
+impl Action {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Int4 { .. } => "int4",
+            Action::Bf16 => "bf16",
+            Action::Fp8Block => "fp8-block",
+            Action::Copy => "copy",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PlannedItem {
+    pub source: SourceItem,
+    pub class: TensorClass,
+    pub action: Action,
+    pub outputs: Vec<PlannedTensor>,
+    pub shard: usize,
+}
+
+impl PlannedItem {
+    pub fn bytes_out(&self) -> u64 {
+        self.outputs.iter().map(PlannedTensor::bytes).sum()
+    }
+
+    /// The module name (`….down_proj`) for weights, the tensor name otherwise.
+    pub fn module(&self) -> &str {
+        self.source.name.strip_suffix(".weight").unwrap_or(&self.source.name)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PlannedShard {
+    pub file: String,
+    pub tensors: Vec<PlannedTensor>,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub items: Vec<PlannedItem>,
+    pub shards: Vec<PlannedShard>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("tensor `{tensor}` {shape:?}: {problem}")]
+    Tensor { tensor: String, shape: Vec<usize>, problem: String },
+}
+
+/// Output tensors of one item under an action.
+pub fn outputs_for(item: &SourceItem, action: Action) -> Vec<PlannedTensor> {
+    let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
+    match action {
+        Action::Int4 { group_size, .. } => {
+            let (rows, columns) = (item.shape[0], item.shape[1]);
+            vec![
+                PlannedTensor::new(format!("{module}.weight_packed"), Dtype::I32, vec![rows, packed_columns(columns)]),
+                PlannedTensor::new(format!("{module}.weight_scale"), Dtype::BF16, vec![rows, columns.div_ceil(group_size)]),
+                PlannedTensor::new(format!("{module}.weight_shape"), Dtype::I64, vec![2]),
+            ]
+        }
+        Action::Bf16 => vec![PlannedTensor::new(item.name.clone(), Dtype::BF16, item.shape.clone())],
+        Action::Fp8Block => {
+            let SourceKind::Fp8 { grid, .. } = &item.kind else { unreachable!("fp8-block is only planned for FP8 items") };
+            vec![
+                PlannedTensor::new(item.name.clone(), Dtype::F8_E4M3, item.shape.clone()),
+                PlannedTensor::new(format!("{module}.weight_scale"), Dtype::F32, grid.scale_shape().to_vec()),
+            ]
+        }
+        Action::Copy => vec![PlannedTensor::new(item.name.clone(), item.dtype, item.shape.clone())],
+    }
+}
+
+/// Chooses the action for one item.
+pub fn action_for(item: &SourceItem, recipe: &Recipe) -> Result<Action, PlanError> {
+    let error = |problem: String| PlanError::Tensor { tensor: item.name.clone(), shape: item.shape.clone(), problem };
+    if let Some(rule) = recipe.rule_for(&item.name) {
+        let float = matches!(item.dtype, Dtype::F8_E4M3 | Dtype::BF16 | Dtype::F16 | Dtype::F32);
+        if item.shape.len() != 2 || !float {
+            return Err(error(format!("recipe rule `{}` selects it, but INT4 needs a 2-D float weight (got {})", rule.name, item.dtype)));
+        }
+        if item.shape[1] % rule.group_size != 0 {
+            return Err(error(format!(
+                "rule `{}`: group size {} does not divide the row length {}; choose a divisor with --group-size",
+                rule.name, rule.group_size, item.shape[1]
+            )));
+        }
+        return Ok(Action::Int4 { group_size: rule.group_size, scale_rule: rule.scale_rule });
+    }
+    Ok(match (&item.kind, recipe.file.unselected) {
+        (SourceKind::Fp8 { .. }, Unselected::Bf16) => Action::Bf16,
+        (SourceKind::Fp8 { .. }, Unselected::Fp8Block) => Action::Fp8Block,
+        (SourceKind::Plain, _) => Action::Copy,
+    })
+}
+
+/// Builds the plan: actions, outputs and shards of at most `max_shard_bytes` (a single larger item gets its own).
+pub fn build(items: Vec<SourceItem>, recipe: &Recipe, num_hidden_layers: Option<usize>, max_shard_bytes: u64) -> Result<Plan, PlanError> {
+    let mut planned = Vec::with_capacity(items.len());
+    let mut shard_contents: Vec<Vec<PlannedTensor>> = vec![Vec::new()];
+    let mut shard_bytes = 0u64;
+    for source in items {
+        let action = action_for(&source, recipe)?;
+        let outputs = outputs_for(&source, action);
+        let bytes: u64 = outputs.iter().map(PlannedTensor::bytes).sum();
+        if shard_bytes > 0 && shard_bytes + bytes > max_shard_bytes {
+            shard_contents.push(Vec::new());
+            shard_bytes = 0;
+        }
+        shard_bytes += bytes;
+        let shard = shard_contents.len() - 1;
+        shard_contents[shard].extend(outputs.iter().cloned());
+        let class = TensorClass::of(&source.name, num_hidden_layers);
+        planned.push(PlannedItem { source, class, action, outputs, shard });
+    }
+    let count = shard_contents.len();
+    let shards = shard_contents
+        .into_iter()
+        .enumerate()
+        .map(|(index, tensors)| PlannedShard {
+            file: format!("model-{:05}-of-{:05}.safetensors", index + 1, count),
+            bytes: file_bytes(&tensors),
+            tensors,
+        })
+        .collect();
+    Ok(Plan { items: planned, shards })
+}
+
+/// Bytes and counts per tensor class, before and after.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ClassSummary {
+    pub tensors: usize,
+    pub parameters: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Actions used in this class with their counts, e.g. `{"int4": 768}`.
+    pub schemes: BTreeMap<String, usize>,
+}
+
+impl Plan {
+    /// Sum of output tensor bytes (what `metadata.total_size` of the index holds).
+    pub fn tensor_bytes(&self) -> u64 {
+        self.items.iter().map(PlannedItem::bytes_out).sum()
+    }
+
+    /// Total bytes of the output shard files, headers included.
+    pub fn output_bytes(&self) -> u64 {
+        self.shards.iter().map(|shard| shard.bytes).sum()
+    }
+
+    pub fn input_tensor_bytes(&self) -> u64 {
+        self.items.iter().map(|item| item.source.bytes()).sum()
+    }
+
+    pub fn by_class(&self) -> BTreeMap<TensorClass, ClassSummary> {
+        let mut classes: BTreeMap<TensorClass, ClassSummary> = BTreeMap::new();
+        for item in &self.items {
+            let summary = classes.entry(item.class).or_default();
+            summary.tensors += 1;
+            summary.parameters += item.source.shape.iter().product::<usize>() as u64;
+            summary.bytes_in += item.source.bytes();
+            summary.bytes_out += item.bytes_out();
+            *summary.schemes.entry(item.action.name().to_string()).or_default() += 1;
+        }
+        classes
+    }
+
+    /// Digest of everything that determines the output bytes (besides the source's own bytes).
+    pub fn sha256(&self, source_fingerprint: &str, recipe_sha256: &str) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(env!("CARGO_PKG_VERSION"));
+        hasher.update(source_fingerprint);
+        hasher.update(recipe_sha256);
+        for shard in &self.shards {
+            hasher.update(&shard.file);
+            for tensor in &shard.tensors {
+                hasher.update(format!("{}|{}|{:?};", tensor.name, tensor.dtype, tensor.shape));
+            }
+        }
+        crate::io::writer::hex(&hasher.finalize())
+    }
+
+    pub fn count(&self, predicate: impl Fn(&Action) -> bool) -> usize {
+        self.items.iter().filter(|item| predicate(&item.action)).count()
+    }
+}

@@ -1,0 +1,90 @@
+//! Computing one planned item's output bytes from its source: INT4 quantize + pack, FP8 → BF16, FP8 passthrough,
+//! copy. Rows are processed in parallel; results are bit-identical for any thread count.
+
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::io::{Checkpoint, IoError};
+use crate::quant::{int4, pack};
+
+use super::plan::{Action, PlannedItem};
+use super::source::{read_scales, RowReader, SourceKind};
+
+/// Rows handed to one rayon task (keeps scheduling overhead small on short rows).
+const ROWS_PER_TASK: usize = 8;
+
+/// Produces the bytes of every output tensor of `item`, in planned order.
+pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem) -> Result<Vec<Vec<u8>>, IoError> {
+    let name = &item.source.name;
+    let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
+    let tensor = checkpoint.get(name).ok_or_else(|| IoError::tensor(&shard, name, "disappeared from the checkpoint"))?;
+    let reader = || RowReader::new(checkpoint, &item.source);
+    let outputs = match item.action {
+        Action::Int4 { group_size, scale_rule } => {
+            let source = reader()?;
+            let (rows, columns) = (source.rows, source.columns);
+            let words_per_row = pack::packed_columns(columns);
+            let groups_per_row = columns / group_size;
+            let mut packed = vec![0u32; rows * words_per_row];
+            let mut scales = vec![bf16::ZERO; rows * groups_per_row];
+            packed
+                .par_chunks_mut(words_per_row * ROWS_PER_TASK)
+                .zip(scales.par_chunks_mut(groups_per_row * ROWS_PER_TASK))
+                .enumerate()
+                .for_each_init(
+                    || (vec![0f32; columns], vec![0i8; columns]),
+                    |(weights, q), (task, (packed_rows, scale_rows))| {
+                        for (local, (packed_row, scale_row)) in
+                            packed_rows.chunks_mut(words_per_row).zip(scale_rows.chunks_mut(groups_per_row)).enumerate()
+                        {
+                            source.read(task * ROWS_PER_TASK + local, weights);
+                            int4::quantize_row(weights, group_size, scale_rule, q, scale_row);
+                            pack::pack_row(q, packed_row);
+                        }
+                    },
+                );
+            let shape: Vec<u8> = [rows as i64, columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
+            vec![words_to_bytes(&packed), bf16_to_bytes(&scales), shape]
+        }
+        Action::Bf16 => {
+            let source = reader()?;
+            let (rows, columns) = (source.rows, source.columns);
+            let mut out = vec![0u8; rows * columns * 2];
+            out.par_chunks_mut(columns * 2 * ROWS_PER_TASK).enumerate().for_each_init(
+                || vec![0f32; columns],
+                |row_buffer, (task, bytes)| {
+                    for (local, row_bytes) in bytes.chunks_mut(columns * 2).enumerate() {
+                        source.read(task * ROWS_PER_TASK + local, row_buffer);
+                        for (slot, value) in row_bytes.chunks_exact_mut(2).zip(row_buffer.iter()) {
+                            slot.copy_from_slice(&bf16::from_f32(*value).to_le_bytes());
+                        }
+                    }
+                },
+            );
+            vec![out]
+        }
+        Action::Fp8Block => {
+            let SourceKind::Fp8 { scale_name, .. } = &item.source.kind else { unreachable!("planned only for FP8") };
+            let scales = read_scales(checkpoint, scale_name).unwrap_or_default();
+            vec![tensor.bytes.to_vec(), scales.iter().flat_map(|s| s.to_le_bytes()).collect()]
+        }
+        Action::Copy => vec![tensor.bytes.to_vec()],
+    };
+    if let Some(shard) = checkpoint.shard_of(name) {
+        shard.release(name);
+    }
+    if let SourceKind::Fp8 { scale_name, .. } = &item.source.kind {
+        if let Some(shard) = checkpoint.shard_of(scale_name) {
+            shard.release(scale_name);
+        }
+    }
+    Ok(outputs)
+}
+
+fn words_to_bytes(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+fn bf16_to_bytes(values: &[bf16]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}

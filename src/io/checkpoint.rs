@@ -1,0 +1,168 @@
+//! A Hugging Face model folder: `config.json`, one `model.safetensors` or shards routed by
+//! `model.safetensors.index.json`, and the other files (tokenizer, templates, custom code) that travel with it.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::shard::{ShardFile, TensorRef};
+use super::IoError;
+
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+pub const SINGLE_FILE: &str = "model.safetensors";
+pub const CONFIG_FILE: &str = "config.json";
+
+/// An opened model folder with every shard validated.
+#[derive(Debug)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: Option<Value>,
+    shards: Vec<ShardFile>,
+    /// tensor name → index into `shards`
+    locations: BTreeMap<String, usize>,
+}
+
+impl Checkpoint {
+    /// Opens `dir`, validating every shard header and the index against the shards.
+    pub fn open(dir: &Path) -> Result<Self, IoError> {
+        if !dir.is_dir() {
+            return Err(IoError::folder(dir, "is not a model folder (expected a directory with config.json and *.safetensors)"));
+        }
+        let config = read_config(dir)?;
+        let index_path = dir.join(INDEX_FILE);
+        let (shard_names, weight_map) = if index_path.exists() {
+            let index = read_json(&index_path)?;
+            let map = index.get("weight_map").and_then(Value::as_object).ok_or_else(|| {
+                IoError::folder(&index_path, "has no `weight_map` object; regenerate the index or remove it for a single-file model")
+            })?;
+            let mut weight_map = BTreeMap::new();
+            for (tensor, file) in map {
+                let file = file.as_str().ok_or_else(|| IoError::tensor(&index_path, tensor, "maps to a non-string file name"))?;
+                weight_map.insert(tensor.clone(), file.to_string());
+            }
+            let mut shard_names: Vec<String> = weight_map.values().cloned().collect();
+            shard_names.sort();
+            shard_names.dedup();
+            (shard_names, Some(weight_map))
+        } else if dir.join(SINGLE_FILE).exists() {
+            (vec![SINGLE_FILE.to_string()], None)
+        } else {
+            return Err(IoError::folder(dir, format!("has neither {INDEX_FILE} nor {SINGLE_FILE}")));
+        };
+
+        let mut shards = Vec::with_capacity(shard_names.len());
+        for name in &shard_names {
+            let path = dir.join(name);
+            if !path.exists() {
+                let tensor = weight_map
+                    .as_ref()
+                    .and_then(|map| map.iter().find(|(_, file)| *file == name).map(|(t, _)| t.clone()))
+                    .unwrap_or_default();
+                return Err(IoError::tensor(&index_path, tensor, format!("is mapped to {name}, which does not exist; download the missing shard")));
+            }
+            shards.push(ShardFile::open(&path)?);
+        }
+
+        let mut locations = BTreeMap::new();
+        for (position, shard) in shards.iter().enumerate() {
+            for name in shard.entries().keys() {
+                if let Some(previous) = locations.insert(name.clone(), position) {
+                    return Err(IoError::tensor(
+                        shard.path(),
+                        name,
+                        format!("also appears in {}; a tensor must live in exactly one shard", shards[previous].path().display()),
+                    ));
+                }
+                if let Some(map) = &weight_map {
+                    match map.get(name) {
+                        Some(file) if file == &shard_names[position] => {}
+                        Some(file) => return Err(IoError::tensor(&index_path, name, format!("is mapped to {file} but lives in {}", shard_names[position]))),
+                        None => return Err(IoError::tensor(&index_path, name, format!("is in {} but missing from the index; regenerate the index", shard_names[position]))),
+                    }
+                }
+            }
+        }
+        if let Some(map) = &weight_map {
+            for (tensor, file) in map {
+                if !locations.contains_key(tensor) {
+                    return Err(IoError::tensor(dir.join(file), tensor, format!("is listed in {INDEX_FILE} but not present in {file}")));
+                }
+            }
+        }
+        Ok(Self { dir: dir.to_path_buf(), config, shards, locations })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The parsed `config.json`, if the folder has one.
+    pub fn config(&self) -> Option<&Value> {
+        self.config.as_ref()
+    }
+
+    pub fn shards(&self) -> &[ShardFile] {
+        &self.shards
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.locations.contains_key(name)
+    }
+
+    pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
+        self.locations.get(name).and_then(|&shard| self.shards[shard].get(name))
+    }
+
+    /// The shard holding `name`.
+    pub fn shard_of(&self, name: &str) -> Option<&ShardFile> {
+        self.locations.get(name).map(|&shard| &self.shards[shard])
+    }
+
+    /// Every tensor name in reading order: shard by shard, by offset within a shard.
+    pub fn names_in_file_order(&self) -> Vec<&str> {
+        self.shards.iter().flat_map(|shard| shard.names_by_offset()).collect()
+    }
+
+    pub fn tensor_count(&self) -> usize {
+        self.locations.len()
+    }
+
+    /// Bytes of all shard files.
+    pub fn shard_bytes(&self) -> u64 {
+        self.shards.iter().map(ShardFile::file_bytes).sum()
+    }
+
+    /// Top-level files that are neither weights, the index nor `config.json` (tokenizer, templates, code).
+    pub fn companion_files(&self) -> Result<Vec<PathBuf>, IoError> {
+        let mut files = Vec::new();
+        let entries = fs::read_dir(&self.dir).map_err(|e| IoError::file(&self.dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| IoError::file(&self.dir, e))?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().to_string();
+            let is_weights = name.ends_with(".safetensors");
+            let is_ours = name == INDEX_FILE || name == CONFIG_FILE || name == super::manifest::MANIFEST_FILE || name.ends_with(".squeeze-tmp");
+            if path.is_file() && !is_weights && !is_ours {
+                files.push(path);
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+}
+
+fn read_config(dir: &Path) -> Result<Option<Value>, IoError> {
+    let path = dir.join(CONFIG_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    read_json(&path).map(Some)
+}
+
+/// Reads and parses a JSON file, naming it in any error.
+pub fn read_json(path: &Path) -> Result<Value, IoError> {
+    let text = fs::read_to_string(path).map_err(|e| IoError::file(path, e))?;
+    serde_json::from_str(&text).map_err(|e| IoError::folder(path, format!("is not valid JSON: {e}")))
+}

@@ -1,0 +1,15 @@
+//! Checkpoint files: validated, memory-mapped safetensors shards; model folders; the streaming shard writer;
+//! atomic small-file writes; the conversion manifest.
+
+pub mod atomic;
+pub mod checkpoint;
+pub mod dtype;
+pub mod error;
+pub mod manifest;
+pub mod shard;
+pub mod writer;
+
+pub use checkpoint::Checkpoint;
+pub use dtype::Dtype;
+pub use error::IoError;
+pub use shard::{ShardFile, TensorRef};

@@ -1,0 +1,124 @@
+//! One safetensors file, memory-mapped, with its header validated against the file (offsets inside the file,
+//! contiguous and non-overlapping, byte counts equal to dtype × shape).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::{Mmap, UncheckedAdvice};
+use safetensors::SafeTensors;
+
+use super::dtype::{tensor_bytes, Dtype};
+use super::IoError;
+
+/// Where one tensor lives inside a shard.
+#[derive(Debug, Clone)]
+pub struct TensorEntry {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Absolute byte range in the file.
+    pub start: usize,
+    pub end: usize,
+}
+
+/// A borrowed tensor: its dtype, shape and raw little-endian bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorRef<'a> {
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
+}
+
+/// A memory-mapped, validated safetensors file.
+#[derive(Debug)]
+pub struct ShardFile {
+    path: PathBuf,
+    map: Mmap,
+    tensors: BTreeMap<String, TensorEntry>,
+    metadata: BTreeMap<String, String>,
+}
+
+impl ShardFile {
+    /// Opens and validates `path`.
+    pub fn open(path: &Path) -> Result<Self, IoError> {
+        let file = File::open(path).map_err(|e| IoError::file(path, e))?;
+        // SAFETY: the file is opened read-only and squeeze never writes to its inputs; a concurrent writer
+        // outside squeeze could change the bytes under us, which the safetensors format cannot prevent either.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| IoError::file(path, e))?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&map)
+            .map_err(|error| IoError::Header { path: path.to_path_buf(), reason: header_reason(&error, map.len()) })?;
+        let data_start = 8 + header_len;
+        let mut tensors = BTreeMap::new();
+        for (name, info) in metadata.tensors() {
+            let (start, end) = info.data_offsets;
+            let expected = tensor_bytes(info.dtype, &info.shape);
+            if (end - start) as u64 != expected {
+                return Err(IoError::tensor(path, name, format!("holds {} bytes but {:?} {:?} needs {expected}", end - start, info.dtype, info.shape)));
+            }
+            tensors.insert(
+                name,
+                TensorEntry { dtype: info.dtype, shape: info.shape.clone(), start: data_start + start, end: data_start + end },
+            );
+        }
+        let metadata = metadata.metadata().clone().unwrap_or_default().into_iter().collect();
+        Ok(Self { path: path.to_path_buf(), map, tensors, metadata })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn file_bytes(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// The header's `__metadata__` entries.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// All tensors, by name.
+    pub fn entries(&self) -> &BTreeMap<String, TensorEntry> {
+        &self.tensors
+    }
+
+    /// Tensor names ordered by their position in the file (the order that reads sequentially).
+    pub fn names_by_offset(&self) -> Vec<&str> {
+        let mut names: Vec<(&str, usize)> = self.tensors.iter().map(|(n, e)| (n.as_str(), e.start)).collect();
+        names.sort_by_key(|&(_, start)| start);
+        names.into_iter().map(|(name, _)| name).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
+        let entry = self.tensors.get(name)?;
+        Some(TensorRef { dtype: entry.dtype, shape: &entry.shape, bytes: &self.map[entry.start..entry.end] })
+    }
+
+    /// Tells the kernel the tensor's pages will not be needed again, so that streaming a checkpoint larger
+    /// than memory keeps a bounded resident set (the pages stay in the page cache, not in our RSS).
+    pub fn release(&self, name: &str) {
+        if let Some(entry) = self.tensors.get(name) {
+            let page = 4096;
+            let start = entry.start / page * page;
+            let length = entry.end - start;
+            // SAFETY: the mapping is read-only and file-backed; after MADV_DONTNEED a later access re-reads the
+            // same bytes from the file, so no slice handed out earlier can observe different contents.
+            let _ = unsafe { self.map.unchecked_advise_range(UncheckedAdvice::DontNeed, start, length) };
+        }
+    }
+}
+
+fn header_reason(error: &safetensors::SafeTensorError, file_len: usize) -> String {
+    use safetensors::SafeTensorError as E;
+    match error {
+        E::HeaderTooSmall => format!("file is {file_len} bytes, too short for a header"),
+        E::HeaderTooLarge => "declared header size is larger than the 100 MB limit".to_string(),
+        E::InvalidHeaderLength => format!("declared header length runs past the end of the {file_len}-byte file"),
+        E::MetadataIncompleteBuffer => {
+            format!("tensor data does not end where the file ends ({file_len} bytes): truncated or padded file")
+        }
+        E::InvalidOffset(name) => format!("tensor `{name}` has offsets that overlap, leave a gap or run backwards"),
+        E::TensorInvalidInfo => "a tensor's byte range does not match its dtype and shape".to_string(),
+        other => other.to_string(),
+    }
+}

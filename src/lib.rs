@@ -1,0 +1,17 @@
+//! squeeze: FP8 mixture-of-experts checkpoints (Kimi K2, GLM-5, GLM-4.5) to INT4 compressed-tensors, with
+//! checkpoint inspection, verification, synthetic models and serving budgets.
+//!
+//! Data flow: `io` (read/write checkpoints) → `quant` (math) → `recipe` (what gets which scheme) → `model`
+//! (configs, architectures) → jobs (`convert`, `inspect`, `verify`, `synth`, `report`) → `cli`.
+
+pub mod cli;
+pub mod convert;
+pub mod inspect;
+pub mod io;
+pub mod model;
+pub mod progress;
+pub mod quant;
+pub mod recipe;
+pub mod synth;
+pub mod units;
+pub mod verify;

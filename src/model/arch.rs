@@ -1,0 +1,132 @@
+//! The tensors each architecture stores, with their shapes and roles, derived from the config alone.
+//! `synth` writes them, `quantize` checks checkpoints against them and `report` sizes checkpoints from them.
+
+use super::config::{Attention, ModelConfig};
+
+/// What a tensor is, which decides its dtype in a vendor FP8 release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorRole {
+    /// A linear projection stored as block FP8 in the vendor release.
+    Linear,
+    /// A linear projection the vendor keeps in BF16 (router gate, indexer `weights_proj`, MTP `eh_proj`).
+    LinearBf16,
+    /// Embedding table or output head (BF16).
+    Embedding,
+    /// Norm weight or bias (BF16).
+    Norm,
+    /// Projection bias (BF16).
+    Bias,
+    /// Router `e_score_correction_bias` (F32).
+    RouterBias,
+}
+
+/// One stored tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub role: TensorRole,
+}
+
+fn push(specs: &mut Vec<TensorSpec>, name: String, shape: Vec<usize>, role: TensorRole) {
+    specs.push(TensorSpec { name, shape, role });
+}
+
+/// Every tensor of the checkpoint described by `config`, in a stable order (embeddings, layers, head).
+pub fn tensor_specs(config: &ModelConfig) -> Vec<TensorSpec> {
+    use TensorRole::*;
+    let hidden = config.hidden_size;
+    let mut specs = Vec::new();
+    push(&mut specs, "model.embed_tokens.weight".into(), vec![config.vocab_size, hidden], Embedding);
+    for layer in 0..config.stored_layers() {
+        let prefix = format!("model.layers.{layer}");
+        if layer >= config.num_hidden_layers {
+            // Multi-token-prediction layer: its own embedding, projections and head around a decoder layer.
+            push(&mut specs, format!("{prefix}.embed_tokens.weight"), vec![config.vocab_size, hidden], Embedding);
+            push(&mut specs, format!("{prefix}.enorm.weight"), vec![hidden], Norm);
+            push(&mut specs, format!("{prefix}.hnorm.weight"), vec![hidden], Norm);
+            push(&mut specs, format!("{prefix}.eh_proj.weight"), vec![hidden, 2 * hidden], LinearBf16);
+            push(&mut specs, format!("{prefix}.shared_head.norm.weight"), vec![hidden], Norm);
+            push(&mut specs, format!("{prefix}.shared_head.head.weight"), vec![config.vocab_size, hidden], Embedding);
+        }
+        push(&mut specs, format!("{prefix}.input_layernorm.weight"), vec![hidden], Norm);
+        attention_specs(config, &prefix, &mut specs);
+        push(&mut specs, format!("{prefix}.post_attention_layernorm.weight"), vec![hidden], Norm);
+        mlp_specs(config, layer, &prefix, &mut specs);
+    }
+    push(&mut specs, "model.norm.weight".into(), vec![hidden], Norm);
+    if !config.tie_word_embeddings {
+        push(&mut specs, "lm_head.weight".into(), vec![config.vocab_size, hidden], Embedding);
+    }
+    specs
+}
+
+fn attention_specs(config: &ModelConfig, prefix: &str, specs: &mut Vec<TensorSpec>) {
+    use TensorRole::*;
+    let hidden = config.hidden_size;
+    let heads = config.num_attention_heads;
+    let attention = format!("{prefix}.self_attn");
+    match &config.attention {
+        Attention::Mla { q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } => {
+            let q_head = qk_nope_head_dim + qk_rope_head_dim;
+            match q_lora_rank {
+                Some(rank) => {
+                    push(specs, format!("{attention}.q_a_proj.weight"), vec![*rank, hidden], Linear);
+                    push(specs, format!("{attention}.q_a_layernorm.weight"), vec![*rank], Norm);
+                    push(specs, format!("{attention}.q_b_proj.weight"), vec![heads * q_head, *rank], Linear);
+                }
+                None => push(specs, format!("{attention}.q_proj.weight"), vec![heads * q_head, hidden], Linear),
+            }
+            push(specs, format!("{attention}.kv_a_proj_with_mqa.weight"), vec![kv_lora_rank + qk_rope_head_dim, hidden], Linear);
+            push(specs, format!("{attention}.kv_a_layernorm.weight"), vec![*kv_lora_rank], Norm);
+            push(specs, format!("{attention}.kv_b_proj.weight"), vec![heads * (qk_nope_head_dim + v_head_dim), *kv_lora_rank], Linear);
+            push(specs, format!("{attention}.o_proj.weight"), vec![hidden, heads * v_head_dim], Linear);
+            if let Some(indexer) = &config.indexer {
+                let q_input = q_lora_rank.unwrap_or(hidden);
+                let index = format!("{attention}.indexer");
+                push(specs, format!("{index}.wq_b.weight"), vec![indexer.index_n_heads * indexer.index_head_dim, q_input], Linear);
+                push(specs, format!("{index}.wk.weight"), vec![indexer.index_head_dim, hidden], Linear);
+                push(specs, format!("{index}.k_norm.weight"), vec![indexer.index_head_dim], Norm);
+                push(specs, format!("{index}.k_norm.bias"), vec![indexer.index_head_dim], Norm);
+                push(specs, format!("{index}.weights_proj.weight"), vec![indexer.index_n_heads, hidden], LinearBf16);
+            }
+        }
+        Attention::Gqa { num_key_value_heads, head_dim, attention_bias, use_qk_norm, .. } => {
+            let q_out = heads * head_dim;
+            let kv_out = num_key_value_heads * head_dim;
+            for (projection, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
+                push(specs, format!("{attention}.{projection}.weight"), vec![out, hidden], Linear);
+                if *attention_bias {
+                    push(specs, format!("{attention}.{projection}.bias"), vec![out], Bias);
+                }
+            }
+            push(specs, format!("{attention}.o_proj.weight"), vec![hidden, q_out], Linear);
+            if *use_qk_norm {
+                push(specs, format!("{attention}.q_norm.weight"), vec![*head_dim], Norm);
+                push(specs, format!("{attention}.k_norm.weight"), vec![*head_dim], Norm);
+            }
+        }
+    }
+}
+
+fn mlp_specs(config: &ModelConfig, layer: usize, prefix: &str, specs: &mut Vec<TensorSpec>) {
+    use TensorRole::*;
+    let hidden = config.hidden_size;
+    let gated = |specs: &mut Vec<TensorSpec>, module: String, inner: usize| {
+        push(specs, format!("{module}.gate_proj.weight"), vec![inner, hidden], Linear);
+        push(specs, format!("{module}.up_proj.weight"), vec![inner, hidden], Linear);
+        push(specs, format!("{module}.down_proj.weight"), vec![hidden, inner], Linear);
+    };
+    if !config.is_moe_layer(layer) {
+        gated(specs, format!("{prefix}.mlp"), config.intermediate_size);
+        return;
+    }
+    push(specs, format!("{prefix}.mlp.gate.weight"), vec![config.n_routed_experts, hidden], LinearBf16);
+    push(specs, format!("{prefix}.mlp.gate.e_score_correction_bias"), vec![config.n_routed_experts], RouterBias);
+    for expert in 0..config.n_routed_experts {
+        gated(specs, format!("{prefix}.mlp.experts.{expert}"), config.moe_intermediate_size);
+    }
+    if config.n_shared_experts > 0 {
+        gated(specs, format!("{prefix}.mlp.shared_experts"), config.moe_intermediate_size * config.n_shared_experts);
+    }
+}

@@ -1,0 +1,84 @@
+//! Block-scaled FP8 weights: `w[i][j] = fp8[i][j] · scale[i / block_rows][j / block_cols]`, partial edge blocks.
+
+use super::fp8::DECODE;
+
+/// The scale grid of an FP8 weight: one f32 multiplier per `block_rows × block_cols` block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockGrid {
+    pub rows: usize,
+    pub columns: usize,
+    pub block_rows: usize,
+    pub block_columns: usize,
+}
+
+impl BlockGrid {
+    pub fn new(rows: usize, columns: usize, block_rows: usize, block_columns: usize) -> Self {
+        Self { rows, columns, block_rows, block_columns }
+    }
+
+    /// Shape of the scale tensor: `[ceil(rows / block_rows), ceil(columns / block_columns)]`.
+    pub fn scale_shape(&self) -> [usize; 2] {
+        [self.rows.div_ceil(self.block_rows), self.columns.div_ceil(self.block_columns)]
+    }
+}
+
+/// Dequantizes row `row` of an FP8 weight (`codes` holds that row only) into `out`.
+#[inline]
+pub fn dequantize_row(grid: &BlockGrid, row: usize, codes: &[u8], scales: &[f32], out: &mut [f32]) {
+    let scale_columns = grid.scale_shape()[1];
+    let scale_row = &scales[(row / grid.block_rows) * scale_columns..][..scale_columns];
+    for ((code_block, out_block), scale) in
+        codes.chunks(grid.block_columns).zip(out.chunks_mut(grid.block_columns)).zip(scale_row)
+    {
+        for (code, value) in code_block.iter().zip(out_block.iter_mut()) {
+            *value = DECODE[*code as usize] * scale;
+        }
+    }
+}
+
+/// Quantizes a float matrix to block FP8 the way DeepSeek's `act_quant`/weight conversion does:
+/// per block `scale = amax / 448`, codes = `encode(w / scale)`. Used by `synth` to write realistic sources.
+pub fn quantize_matrix(grid: &BlockGrid, weights: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let [scale_rows, scale_columns] = grid.scale_shape();
+    let mut scales = vec![0.0f32; scale_rows * scale_columns];
+    for (row, chunk) in weights.chunks(grid.columns).enumerate() {
+        for (block, values) in chunk.chunks(grid.block_columns).enumerate() {
+            let amax = values.iter().fold(0.0f32, |acc, v| acc.max(v.abs()));
+            let slot = &mut scales[(row / grid.block_rows) * scale_columns + block];
+            *slot = slot.max(amax);
+        }
+    }
+    for scale in scales.iter_mut() {
+        *scale = if *scale > 0.0 { *scale / super::fp8::E4M3_MAX } else { 1.0 };
+    }
+    let mut codes = vec![0u8; weights.len()];
+    for (row, (values, out)) in weights.chunks(grid.columns).zip(codes.chunks_mut(grid.columns)).enumerate() {
+        let scale_row = &scales[(row / grid.block_rows) * scale_columns..][..scale_columns];
+        for ((block_values, block_out), scale) in
+            values.chunks(grid.block_columns).zip(out.chunks_mut(grid.block_columns)).zip(scale_row)
+        {
+            for (value, code) in block_values.iter().zip(block_out.iter_mut()) {
+                *code = super::fp8::encode(value / scale);
+            }
+        }
+    }
+    (codes, scales)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_edge_blocks_use_their_own_scale() {
+        let grid = BlockGrid::new(130, 200, 128, 128);
+        assert_eq!(grid.scale_shape(), [2, 2]);
+        let weights: Vec<f32> = (0..130 * 200).map(|i| ((i * 31 % 97) as f32 - 48.0) * if i % 200 > 128 { 10.0 } else { 0.1 }).collect();
+        let (codes, scales) = quantize_matrix(&grid, &weights);
+        let mut row = vec![0.0f32; 200];
+        dequantize_row(&grid, 129, &codes[129 * 200..130 * 200], &scales, &mut row);
+        for (got, want) in row.iter().zip(&weights[129 * 200..]) {
+            assert!((got - want).abs() <= want.abs() * 0.07 + 1e-6, "{got} vs {want}");
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! Pure quantization math: FP8 e4m3fn codec, BF16 rounding, INT4 group schemes and packing. No files, no printing.
+
+pub mod fp8;
+pub mod fp8_block;
+pub mod int4;
+pub mod pack;
+pub mod scale_rule;
+
+pub use scale_rule::ScaleRule;

@@ -1,0 +1,54 @@
+//! compressed-tensors `pack_to_int32`: eight 4-bit values per little-endian i32, offset binary `u = q + 8`,
+//! element `j` of a row in bits `4·(j%8)..4·(j%8)+3` of word `j/8` (first element in the lowest nibble).
+
+/// Number of i32 words holding `columns` 4-bit values.
+pub fn packed_columns(columns: usize) -> usize {
+    columns.div_ceil(8)
+}
+
+/// Packs signed 4-bit values (each in [-8, 7]) of one row; a partial last word is padded with
+/// zero nibbles, as compressed-tensors pads after adding the offset.
+pub fn pack_row(values: &[i8], out: &mut [u32]) {
+    debug_assert_eq!(out.len(), packed_columns(values.len()));
+    for (word, chunk) in out.iter_mut().zip(values.chunks(8)) {
+        let mut packed = 0u32;
+        for (position, &q) in chunk.iter().enumerate() {
+            packed |= (((q + 8) as u32) & 0xF) << (4 * position);
+        }
+        *word = packed;
+    }
+}
+
+/// Unpacks `columns` signed 4-bit values of one row.
+pub fn unpack_row(words: &[u32], columns: usize, out: &mut [i8]) {
+    debug_assert_eq!(out.len(), columns);
+    for (j, value) in out.iter_mut().enumerate() {
+        *value = ((words[j / 8] >> (4 * (j % 8))) & 0xF) as i8 - 8;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn packs_the_compressed_tensors_example() {
+        let mut out = [0u32; 1];
+        pack_row(&[-8, -7, -1, 0, 1, 2, 3, 7], &mut out);
+        assert_eq!(out[0], 0xfba9_8710);
+        pack_row(&[-8, 7, 2, 2, 0, 0, 3, -2], &mut out);
+        assert_eq!(out[0], 0x6b88_aaf0);
+    }
+
+    proptest! {
+        #[test]
+        fn pack_unpack_round_trips(values in proptest::collection::vec(-8i8..=7, 1..100)) {
+            let mut words = vec![0u32; packed_columns(values.len())];
+            pack_row(&values, &mut words);
+            let mut back = vec![0i8; values.len()];
+            unpack_row(&words, values.len(), &mut back);
+            prop_assert_eq!(back, values);
+        }
+    }
+}

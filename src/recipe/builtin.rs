@@ -1,0 +1,13 @@
+//! The recipes shipped in `recipes/`, embedded in the binary by name.
+
+pub const BUILTIN_NAMES: [&str; 3] = ["kimi-k2-int4", "glm5-int4", "glm45-int4"];
+
+/// The TOML text of a built-in recipe.
+pub fn builtin(name: &str) -> Option<&'static str> {
+    match name {
+        "kimi-k2-int4" => Some(include_str!("../../recipes/kimi-k2-int4.toml")),
+        "glm5-int4" => Some(include_str!("../../recipes/glm5-int4.toml")),
+        "glm45-int4" => Some(include_str!("../../recipes/glm45-int4.toml")),
+        _ => None,
+    }
+}

@@ -1,0 +1,7 @@
+//! TOML recipes: which tensor gets which scheme. Built-in recipes are embedded from `recipes/`.
+
+mod builtin;
+mod parse;
+
+pub use builtin::{builtin, BUILTIN_NAMES};
+pub use parse::{Recipe, RecipeError, Rule, Scheme, Unselected};

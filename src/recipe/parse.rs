@@ -1,0 +1,205 @@
+//! Recipe parsing (`deny_unknown_fields`, errors naming the key), validation, CLI overrides and rule lookup.
+
+use std::path::Path;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::builtin::{builtin, BUILTIN_NAMES};
+use crate::quant::ScaleRule;
+
+/// What a rule does to the tensors it selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheme {
+    /// compressed-tensors `pack-quantized` INT4, symmetric, group-wise.
+    Int4,
+}
+
+/// What happens to FP8 tensors no rule selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unselected {
+    /// Dequantized to BF16.
+    #[default]
+    Bf16,
+    /// Kept as FP8 and written as compressed-tensors `float-quantized` (block 128×128) in a second config group.
+    Fp8Block,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub name: String,
+    /// Regular expression searched in the full tensor name (`model.layers.3.mlp.experts.7.up_proj.weight`).
+    #[serde(rename = "match")]
+    pub pattern: String,
+    pub scheme: Scheme,
+    #[serde(default = "default_group_size")]
+    pub group_size: usize,
+    #[serde(default = "default_scale_rule")]
+    pub scale_rule: ScaleRule,
+}
+
+fn default_group_size() -> usize {
+    32
+}
+
+fn default_scale_rule() -> ScaleRule {
+    ScaleRule::CtMinmax
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecipeFile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub unselected: Unselected,
+    /// Regular expressions of tensors no rule may select (their precision is untouched).
+    #[serde(default)]
+    pub keep: Vec<String>,
+    /// compressed-tensors `ignore` entries written to `config.json` (module names or `re:` patterns).
+    #[serde(default)]
+    pub config_ignore: Vec<String>,
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+}
+
+/// A parsed, validated recipe with compiled patterns.
+#[derive(Debug, Clone)]
+pub struct Recipe {
+    pub file: RecipeFile,
+    rule_patterns: Vec<Regex>,
+    keep_patterns: Vec<Regex>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecipeError {
+    #[error("unknown recipe `{name}`: not a built-in ({}) and no such file", BUILTIN_NAMES.join(", "))]
+    Unknown { name: String },
+    #[error("recipe {source_name}: {message}")]
+    Invalid { source_name: String, message: String },
+}
+
+impl Recipe {
+    /// Loads a built-in recipe by name or a TOML file by path.
+    pub fn load(name_or_path: &str) -> Result<Self, RecipeError> {
+        if let Some(text) = builtin(name_or_path) {
+            return Self::parse(text, name_or_path);
+        }
+        let path = Path::new(name_or_path);
+        if path.is_file() {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| RecipeError::Invalid { source_name: name_or_path.into(), message: e.to_string() })?;
+            return Self::parse(&text, name_or_path);
+        }
+        Err(RecipeError::Unknown { name: name_or_path.into() })
+    }
+
+    /// Parses TOML text; `source_name` names it in errors.
+    pub fn parse(text: &str, source_name: &str) -> Result<Self, RecipeError> {
+        let invalid = |message: String| RecipeError::Invalid { source_name: source_name.into(), message };
+        let file: RecipeFile = toml::from_str(text).map_err(|e| invalid(e.to_string().trim().replace('\n', " ")))?;
+        Self::from_file(file).map_err(invalid)
+    }
+
+    fn from_file(file: RecipeFile) -> Result<Self, String> {
+        let compile = |key: &str, pattern: &str| Regex::new(pattern).map_err(|e| format!("key `{key}`: invalid regex `{pattern}`: {e}"));
+        let mut rule_patterns = Vec::new();
+        for (index, rule) in file.rules.iter().enumerate() {
+            if rule.group_size == 0 {
+                return Err(format!("key `rules[{index}].group_size`: must be positive"));
+            }
+            rule_patterns.push(compile(&format!("rules[{index}].match"), &rule.pattern)?);
+        }
+        let keep_patterns = file
+            .keep
+            .iter()
+            .enumerate()
+            .map(|(index, pattern)| compile(&format!("keep[{index}]"), pattern))
+            .collect::<Result<_, _>>()?;
+        for (index, entry) in file.config_ignore.iter().enumerate() {
+            if let Some(pattern) = entry.strip_prefix("re:") {
+                compile(&format!("config_ignore[{index}]"), pattern)?;
+            }
+        }
+        Ok(Self { file, rule_patterns, keep_patterns })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.file.name
+    }
+
+    /// Applies `--group-size` and `--scale-rule` to every rule.
+    pub fn with_overrides(mut self, group_size: Option<usize>, scale_rule: Option<ScaleRule>) -> Result<Self, RecipeError> {
+        for rule in &mut self.file.rules {
+            if let Some(group_size) = group_size {
+                if group_size == 0 {
+                    return Err(RecipeError::Invalid { source_name: "--group-size".into(), message: "must be positive".into() });
+                }
+                rule.group_size = group_size;
+            }
+            if let Some(scale_rule) = scale_rule {
+                rule.scale_rule = scale_rule;
+            }
+        }
+        Ok(self)
+    }
+
+    /// The first rule selecting `tensor_name`, unless a `keep` pattern protects it.
+    pub fn rule_for(&self, tensor_name: &str) -> Option<&Rule> {
+        if self.keep_patterns.iter().any(|pattern| pattern.is_match(tensor_name)) {
+            return None;
+        }
+        self.rule_patterns.iter().position(|pattern| pattern.is_match(tensor_name)).map(|index| &self.file.rules[index])
+    }
+
+    /// Canonical TOML of the effective recipe (after overrides).
+    pub fn canonical_text(&self) -> String {
+        toml::to_string(&self.file).unwrap_or_default()
+    }
+
+    /// SHA-256 of the canonical text.
+    pub fn sha256(&self) -> String {
+        crate::io::writer::hex(&Sha256::digest(self.canonical_text().as_bytes()))
+    }
+
+    /// Whether a module name is covered by a `config_ignore` entry, with compressed-tensors matching rules
+    /// (exact module name, or `re:` pattern matched against the whole module name).
+    pub fn config_ignores(&self, module: &str) -> bool {
+        self.file.config_ignore.iter().any(|entry| match entry.strip_prefix("re:") {
+            Some(pattern) => Regex::new(&format!("^(?:{pattern})$")).map(|re| re.is_match(module)).unwrap_or(false),
+            None => entry == module,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_parse_and_select_routed_experts_only() {
+        for name in BUILTIN_NAMES {
+            let recipe = Recipe::load(name).unwrap();
+            assert!(recipe.rule_for("model.layers.5.mlp.experts.12.down_proj.weight").is_some(), "{name}");
+            assert!(recipe.rule_for("model.layers.5.mlp.shared_experts.down_proj.weight").is_none(), "{name}");
+            assert!(recipe.rule_for("model.layers.5.mlp.gate.weight").is_none(), "{name}");
+            assert!(recipe.rule_for("model.layers.0.mlp.down_proj.weight").is_none(), "{name}");
+            assert!(recipe.rule_for("model.layers.5.self_attn.o_proj.weight").is_none(), "{name}");
+            assert!(recipe.config_ignores("model.layers.5.self_attn.o_proj"));
+            assert!(!recipe.config_ignores("model.layers.5.mlp.experts.12.down_proj"));
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let error = Recipe::parse("name = \"x\"\nunselcted = \"bf16\"\n", "test.toml").unwrap_err().to_string();
+        assert!(error.contains("unselcted"), "{error}");
+        let error = Recipe::parse("name = \"x\"\n[[rules]]\nname=\"r\"\nmatch='('\nscheme=\"int4\"\n", "t").unwrap_err().to_string();
+        assert!(error.contains("rules[0].match"), "{error}");
+    }
+}

@@ -1,0 +1,160 @@
+//! The `config.json` of a synthetic model: the real keys of each vendor's release (legacy `rope_theta` +
+//! `rope_scaling` for Kimi and GLM-4.5, `rope_parameters` for GLM-5) at tiny, deliberately awkward sizes.
+
+use std::str::FromStr;
+
+use serde_json::{json, Value};
+
+/// End-of-sequence token id of the synthetic tokenizer.
+pub const EOS_ID: usize = 257;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthArch {
+    KimiK2,
+    Glm5,
+    Glm45,
+}
+
+impl SynthArch {
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthArch::KimiK2 => "kimi-k2",
+            SynthArch::Glm5 => "glm5",
+            SynthArch::Glm45 => "glm45",
+        }
+    }
+}
+
+impl FromStr for SynthArch {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "kimi-k2" => Ok(SynthArch::KimiK2),
+            "glm5" => Ok(SynthArch::Glm5),
+            "glm45" => Ok(SynthArch::Glm45),
+            _ => Err(format!("unknown architecture `{text}`; known: kimi-k2, glm5, glm45")),
+        }
+    }
+}
+
+/// The sizes a user can set; everything else is derived.
+#[derive(Debug, Clone)]
+pub struct SynthSize {
+    pub layers: usize,
+    pub hidden: usize,
+    pub experts: usize,
+    pub moe_intermediate: usize,
+    pub vocab: usize,
+}
+
+impl Default for SynthSize {
+    fn default() -> Self {
+        // Not multiples of 128 on purpose: partial FP8 blocks everywhere.
+        Self { layers: 3, hidden: 320, experts: 8, moe_intermediate: 160, vocab: 384 }
+    }
+}
+
+pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
+    let hidden = size.hidden;
+    let heads = 4;
+    let common = json!({
+        "hidden_size": hidden,
+        "num_hidden_layers": size.layers,
+        "vocab_size": size.vocab,
+        "num_attention_heads": heads,
+        "intermediate_size": hidden * 3 / 2 / 32 * 32,
+        "moe_intermediate_size": size.moe_intermediate,
+        "n_routed_experts": size.experts,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2.min(size.experts),
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": true,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": false,
+        "bos_token_id": 0,
+        "eos_token_id": EOS_ID,
+        "torch_dtype": "bfloat16",
+        "initializer_range": 0.02,
+        "attention_dropout": 0.0,
+        "use_cache": true,
+    });
+    let fp8_deepseek = json!({ "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128] });
+    let specific = match arch {
+        SynthArch::KimiK2 => json!({
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "kimi_k2",
+            "num_key_value_heads": heads,
+            "q_lora_rank": 96,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 32,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 32,
+            "num_nextn_predict_layers": 0,
+            "routed_scaling_factor": 2.827,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "moe_layer_freq": 1,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 50000.0,
+            "rope_scaling": { "type": "yarn", "factor": 32.0, "original_max_position_embeddings": 128, "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0 },
+            "quantization_config": fp8_deepseek,
+        }),
+        SynthArch::Glm5 => json!({
+            "architectures": ["GlmMoeDsaForCausalLM"],
+            "model_type": "glm_moe_dsa",
+            "num_key_value_heads": heads,
+            "q_lora_rank": 96,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 48,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 64,
+            "index_n_heads": 4,
+            "index_head_dim": 32,
+            "index_topk": 8,
+            "num_nextn_predict_layers": 1,
+            "routed_scaling_factor": 2.5,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": { "rope_theta": 1000000.0, "rope_type": "default" },
+            "quantization_config": fp8_deepseek,
+        }),
+        SynthArch::Glm45 => json!({
+            "architectures": ["Glm4MoeForCausalLM"],
+            "model_type": "glm4_moe",
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "partial_rotary_factor": 0.5,
+            "attention_bias": true,
+            "use_qk_norm": true,
+            "num_nextn_predict_layers": 1,
+            "routed_scaling_factor": 2.5,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 1000000.0,
+            "rope_scaling": null,
+            "quantization_config": {
+                "quant_method": "compressed-tensors",
+                "format": "float-quantized",
+                "quantization_status": "compressed",
+                "config_groups": { "group_0": {
+                    "targets": ["Linear"],
+                    "weights": { "num_bits": 8, "type": "float", "symmetric": true, "strategy": "block", "block_structure": [128, 128], "dynamic": false, "observer": "minmax" },
+                    "input_activations": { "num_bits": 8, "type": "float", "symmetric": true, "strategy": "group", "group_size": 128, "dynamic": true },
+                    "output_activations": null
+                }},
+                "ignore": ["lm_head", "re:.*mlp\\.gate$"],
+                "kv_cache_scheme": null
+            },
+        }),
+    };
+    let mut merged = common;
+    if let (Some(target), Some(extra)) = (merged.as_object_mut(), specific.as_object()) {
+        for (key, value) in extra {
+            target.insert(key.clone(), value.clone());
+        }
+    }
+    merged
+}

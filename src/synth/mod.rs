@@ -1,0 +1,176 @@
+//! `squeeze synth`: a tiny random checkpoint of a real architecture, in the vendor's FP8 format, with the real
+//! tensor names, config keys and a working tokenizer. Tests and the demo stand on it.
+
+mod config;
+mod random;
+mod tokenizer;
+
+use std::fs;
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::io::atomic::write_json;
+use crate::io::checkpoint::INDEX_FILE;
+use crate::io::dtype::Dtype;
+use crate::io::writer::{PlannedTensor, ShardWriter};
+use crate::io::IoError;
+use crate::model::{tensor_specs, ModelConfig, TensorRole};
+use crate::quant::fp8_block::{quantize_matrix, BlockGrid};
+
+pub use config::{SynthArch, SynthSize};
+
+#[derive(Debug, Clone)]
+pub struct SynthOptions {
+    pub arch: SynthArch,
+    pub size: SynthSize,
+    pub shards: usize,
+    pub seed: u64,
+    pub out: PathBuf,
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SynthReport {
+    pub out: PathBuf,
+    pub architecture: String,
+    pub tensors: usize,
+    pub parameters: u64,
+    pub bytes: u64,
+    pub shards: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Writes the synthetic checkpoint.
+pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
+    let out = &options.out;
+    if out.exists() && fs::read_dir(out).map_err(|e| IoError::file(out, e))?.next().is_some() && !options.force {
+        return Err(SynthError::Invalid(format!("{}: is not empty; choose a new folder or pass --force", out.display())));
+    }
+    if options.shards == 0 {
+        return Err(SynthError::Invalid("--shards must be at least 1".into()));
+    }
+    if options.size.vocab < 258 {
+        return Err(SynthError::Invalid("--vocab must be at least 258 (256 bytes + 2 special tokens of the synthetic tokenizer)".into()));
+    }
+    fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
+    let config_json = config::config_json(options.arch, &options.size);
+    let config = ModelConfig::from_json(&config_json).map_err(|e| SynthError::Invalid(e.to_string()))?;
+    let fp8_scale_suffix = match options.arch {
+        SynthArch::Glm45 => "weight_scale",
+        _ => "weight_scale_inv",
+    };
+
+    // Lay out every stored tensor (FP8 weights followed by their scales) and split into shards by bytes.
+    let specs = tensor_specs(&config);
+    let mut layout: Vec<(usize, PlannedTensor)> = Vec::new();
+    for (index, spec) in specs.iter().enumerate() {
+        match spec.role {
+            TensorRole::Linear => {
+                let grid = BlockGrid::new(spec.shape[0], spec.shape[1], 128, 128);
+                let module = spec.name.trim_end_matches(".weight");
+                layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F8_E4M3, spec.shape.clone())));
+                layout.push((index, PlannedTensor::new(format!("{module}.{fp8_scale_suffix}"), Dtype::F32, grid.scale_shape().to_vec())));
+            }
+            TensorRole::RouterBias => layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F32, spec.shape.clone()))),
+            _ => layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::BF16, spec.shape.clone()))),
+        }
+    }
+    let total: u64 = layout.iter().map(|(_, t)| t.bytes()).sum();
+    let per_shard = total.div_ceil(options.shards as u64).max(1);
+    let mut shard_of = Vec::with_capacity(layout.len());
+    let mut running = 0u64;
+    for (index, (spec_index, tensor)) in layout.iter().enumerate() {
+        // Keep a weight and its scale together: a scale follows its weight's shard.
+        let shard = if index > 0 && layout[index - 1].0 == *spec_index {
+            shard_of[index - 1]
+        } else {
+            ((running / per_shard) as usize).min(options.shards - 1)
+        };
+        running += tensor.bytes();
+        shard_of.push(shard);
+    }
+    let shard_count = shard_of.last().map(|s| s + 1).unwrap_or(1);
+    let file_name = |shard: usize| format!("model-{:05}-of-{:05}.safetensors", shard + 1, shard_count);
+
+    let mut weight_map = serde_json::Map::new();
+    for shard in 0..shard_count {
+        let members: Vec<usize> = (0..layout.len()).filter(|&i| shard_of[i] == shard).collect();
+        let tensors: Vec<PlannedTensor> = members.iter().map(|&i| layout[i].1.clone()).collect();
+        let mut writer = ShardWriter::create(&out.join(file_name(shard)), tensors.clone())?;
+        // Generate a spec's tensors together (an FP8 weight and its scale come from one draw), in parallel batches.
+        let spec_indices: Vec<usize> = {
+            let mut list: Vec<usize> = members.iter().map(|&i| layout[i].0).collect();
+            list.dedup();
+            list
+        };
+        let mut next = 0;
+        for batch in spec_indices.chunks(16) {
+            let generated: Vec<Vec<Vec<u8>>> = batch.par_iter().map(|&s| generate(&specs[s], options.seed)).collect();
+            for pieces in generated {
+                for bytes in pieces {
+                    let name = tensors[next].name.clone();
+                    next += 1;
+                    writer.write_tensor(&name, &bytes)?;
+                    weight_map.insert(name, file_name(shard).into());
+                }
+            }
+        }
+        writer.finish()?;
+    }
+    write_json(&out.join(INDEX_FILE), &serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
+    write_json(&out.join("config.json"), &config_json)?;
+    write_json(&out.join("generation_config.json"), &serde_json::json!({ "bos_token_id": 0, "eos_token_id": config::EOS_ID, "do_sample": false }))?;
+    tokenizer::write(out, options.arch, config.vocab_size)?;
+    Ok(SynthReport {
+        out: out.clone(),
+        architecture: config.architecture.name().into(),
+        tensors: layout.len(),
+        parameters: specs.iter().map(|s| s.shape.iter().product::<usize>() as u64).sum(),
+        bytes: total,
+        shards: shard_count,
+    })
+}
+
+/// The stored bytes of one spec: FP8 codes and scales for linears, BF16/F32 otherwise.
+fn generate(spec: &crate::model::TensorSpec, seed: u64) -> Vec<Vec<u8>> {
+    let mut rng = random::Rng::for_tensor(seed, &spec.name);
+    match spec.role {
+        TensorRole::Linear => {
+            let (rows, columns) = (spec.shape[0], spec.shape[1]);
+            let weights = random::linear_weights(&mut rng, rows, columns);
+            let grid = BlockGrid::new(rows, columns, 128, 128);
+            let (codes, scales) = quantize_matrix(&grid, &weights);
+            vec![codes, scales.iter().flat_map(|s| s.to_le_bytes()).collect()]
+        }
+        TensorRole::RouterBias => {
+            let values: Vec<f32> = (0..spec.shape[0]).map(|_| rng.normal() * 0.01).collect();
+            vec![values.iter().flat_map(|v| v.to_le_bytes()).collect()]
+        }
+        TensorRole::Norm => {
+            let is_bias = spec.name.ends_with(".bias");
+            let values: Vec<f32> = (0..spec.shape[0]).map(|_| if is_bias { rng.normal() * 0.02 } else { 1.0 + rng.normal() * 0.05 }).collect();
+            vec![random::to_bf16_bytes(&values)]
+        }
+        TensorRole::Bias => {
+            let values: Vec<f32> = (0..spec.shape[0]).map(|_| rng.normal() * 0.02).collect();
+            vec![random::to_bf16_bytes(&values)]
+        }
+        TensorRole::Embedding => {
+            let values: Vec<f32> = (0..spec.shape.iter().product::<usize>()).map(|_| rng.normal() * 0.02).collect();
+            vec![random::to_bf16_bytes(&values)]
+        }
+        TensorRole::LinearBf16 => {
+            let (rows, columns) = (spec.shape[0], spec.shape[1]);
+            vec![random::to_bf16_bytes(&random::linear_weights(&mut rng, rows, columns))]
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! `squeeze verify`: re-hash an output against its manifest, check every quantized tensor against the
+//! compressed-tensors conventions, and with a source, dequantize both and measure per-tensor error.
+
+use std::path::PathBuf;
+
+use half::bf16;
+use rayon::prelude::*;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::convert::source::{items_from_checkpoint, RowReader};
+use crate::io::dtype::Dtype;
+use crate::io::manifest::Manifest;
+use crate::io::writer::sha256_file;
+use crate::io::{Checkpoint, IoError, TensorRef};
+use crate::quant::{int4, pack};
+
+/// INT4 group quantization of smooth Gaussian-like weights lands near 0.1 relative L2 error; 0.25 means the
+/// tensor is damaged (wrong scales, wrong packing order), not merely quantized.
+pub const DEFAULT_MAX_INT4_ERROR: f64 = 0.25;
+/// BF16 rounding alone gives at most 2^-9 relative error per element.
+pub const MAX_BF16_ERROR: f64 = 1.0 / 256.0;
+
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    pub output: PathBuf,
+    pub source: Option<PathBuf>,
+    pub max_int4_error: f64,
+    pub worst: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorError {
+    pub name: String,
+    pub scheme: String,
+    pub relative_l2: f64,
+    pub max_abs: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    pub output: String,
+    pub shards_checked: usize,
+    pub quantized_tensors: usize,
+    pub compared_tensors: usize,
+    pub problems: Vec<String>,
+    pub worst: Vec<TensorError>,
+    pub passed: bool,
+}
+
+pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
+    let out = &options.output;
+    let mut problems = Vec::new();
+    let manifest = Manifest::read(out)?;
+    let mut shards_checked = 0;
+    match &manifest {
+        None => problems.push(format!("{}: no squeeze-manifest.json; was this folder written by squeeze quantize?", out.display())),
+        Some(manifest) => {
+            if !manifest.complete {
+                problems.push("manifest says the conversion did not finish; rerun quantize with --resume".into());
+            }
+            let results: Vec<Result<Option<String>, IoError>> = manifest
+                .shards
+                .par_iter()
+                .map(|record| {
+                    let path = out.join(&record.file);
+                    if !path.exists() {
+                        return Ok(Some(format!("{}: missing", record.file)));
+                    }
+                    let (bytes, sha256) = sha256_file(&path)?;
+                    Ok(match &record.sha256 {
+                        Some(expected) if *expected == sha256 && bytes == record.bytes => None,
+                        Some(_) => Some(format!("{}: SHA-256 or size differs from the manifest ({bytes} bytes)", record.file)),
+                        None => Some(format!("{}: not recorded as finished in the manifest", record.file)),
+                    })
+                })
+                .collect();
+            for result in results {
+                shards_checked += 1;
+                if let Some(problem) = result? {
+                    problems.push(problem);
+                }
+            }
+        }
+    }
+    let checkpoint = Checkpoint::open(out)?;
+    let group_size = int4_group_size(checkpoint.config());
+    if group_size.is_none() {
+        problems.push("config.json has no compressed-tensors INT4 group in quantization_config".into());
+    }
+    let packed: Vec<String> = checkpoint
+        .names_in_file_order()
+        .into_iter()
+        .filter_map(|name| name.strip_suffix(".weight_packed").map(String::from))
+        .collect();
+    for module in &packed {
+        if let Err(problem) = check_int4_conventions(&checkpoint, module, group_size) {
+            problems.push(problem);
+        }
+    }
+
+    let mut errors = Vec::new();
+    let mut compared = 0;
+    if let Some(source_dir) = &options.source {
+        let source = Checkpoint::open(source_dir)?;
+        let items = items_from_checkpoint(&source)?;
+        let measured: Vec<Result<Option<TensorError>, String>> =
+            items.par_iter().map(|item| compare(&source, item, &checkpoint, group_size)).collect();
+        for result in measured {
+            match result {
+                Ok(Some(error)) => {
+                    compared += 1;
+                    let limit = if error.scheme == "int4" { options.max_int4_error } else if error.scheme == "bf16" { MAX_BF16_ERROR } else { 0.0 };
+                    if !(error.relative_l2 <= limit) {
+                        problems.push(format!("{}: relative error {:.4} over the {} limit {limit}", error.name, error.relative_l2, error.scheme));
+                    }
+                    errors.push(error);
+                }
+                Ok(None) => {}
+                Err(problem) => problems.push(problem),
+            }
+        }
+        errors.sort_by(|a, b| b.relative_l2.total_cmp(&a.relative_l2));
+        errors.truncate(options.worst);
+    }
+    Ok(VerifyReport {
+        output: out.display().to_string(),
+        shards_checked,
+        quantized_tensors: packed.len(),
+        compared_tensors: compared,
+        passed: problems.is_empty(),
+        problems,
+        worst: errors,
+    })
+}
+
+/// The INT4 group size from a compressed-tensors `quantization_config`.
+pub fn int4_group_size(config: Option<&Value>) -> Option<usize> {
+    let groups = config?.get("quantization_config")?.get("config_groups")?.as_object()?;
+    groups.values().find_map(|group| {
+        let weights = group.get("weights")?;
+        (weights.get("num_bits")?.as_u64()? == 4).then(|| weights.get("group_size")?.as_u64().map(|g| g as usize))?
+    })
+}
+
+fn check_int4_conventions(checkpoint: &Checkpoint, module: &str, group_size: Option<usize>) -> Result<(), String> {
+    let get = |suffix: &str| checkpoint.get(&format!("{module}.{suffix}")).ok_or_else(|| format!("{module}.{suffix}: missing"));
+    let (packed, scale, shape) = (get("weight_packed")?, get("weight_scale")?, get("weight_shape")?);
+    let [rows, columns] = read_shape(&shape).ok_or_else(|| format!("{module}.weight_shape: must be I32 or I64 [2], got {} {:?}", shape.dtype, shape.shape))?;
+    if packed.dtype != Dtype::I32 || packed.shape != [rows, pack::packed_columns(columns)] {
+        return Err(format!("{module}.weight_packed: {} {:?}, expected I32 [{rows}, {}]", packed.dtype, packed.shape, pack::packed_columns(columns)));
+    }
+    if let Some(group) = group_size {
+        if scale.dtype != Dtype::BF16 || scale.shape != [rows, columns.div_ceil(group)] {
+            return Err(format!("{module}.weight_scale: {} {:?}, expected BF16 [{rows}, {}]", scale.dtype, scale.shape, columns.div_ceil(group)));
+        }
+    }
+    if let Some(position) = scale.bytes.chunks_exact(2).position(|b| {
+        let value = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+        !(value.is_finite() && value > 0.0)
+    }) {
+        return Err(format!("{module}.weight_scale: group {position} has a non-positive or non-finite scale"));
+    }
+    Ok(())
+}
+
+fn read_shape(tensor: &TensorRef) -> Option<[usize; 2]> {
+    if tensor.shape != [2] {
+        return None;
+    }
+    let values: Vec<i64> = match tensor.dtype {
+        Dtype::I64 => tensor.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())).collect(),
+        Dtype::I32 => tensor.bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap_or_default()) as i64).collect(),
+        _ => return None,
+    };
+    Some([usize::try_from(values[0]).ok()?, usize::try_from(values[1]).ok()?])
+}
+
+/// Dequantizes an INT4 module of `checkpoint` into f32, row-major.
+pub fn dequantize_int4(checkpoint: &Checkpoint, module: &str, group_size: usize) -> Option<(Vec<f32>, [usize; 2])> {
+    let packed = checkpoint.get(&format!("{module}.weight_packed"))?;
+    let scale = checkpoint.get(&format!("{module}.weight_scale"))?;
+    let [rows, columns] = read_shape(&checkpoint.get(&format!("{module}.weight_shape"))?)?;
+    let words: Vec<u32> = packed.bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let scales: Vec<bf16> = scale.bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect();
+    let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(group_size));
+    let mut out = vec![0f32; rows * columns];
+    let mut q = vec![0i8; columns];
+    for (row, values) in out.chunks_mut(columns).enumerate() {
+        pack::unpack_row(&words[row * words_per_row..][..words_per_row], columns, &mut q);
+        int4::dequantize_row(&q, &scales[row * groups_per_row..][..groups_per_row], group_size, values);
+    }
+    Some((out, [rows, columns]))
+}
+
+/// Compares one source item with what the output holds for it.
+fn compare(source: &Checkpoint, item: &crate::convert::SourceItem, output: &Checkpoint, group_size: Option<usize>) -> Result<Option<TensorError>, String> {
+    let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
+    let (scheme, got) = if let (true, Some(group)) = (output.contains(&format!("{module}.weight_packed")), group_size) {
+        let (values, shape) = dequantize_int4(output, module, group).ok_or_else(|| format!("{module}: unreadable INT4 tensors"))?;
+        if shape.as_slice() != item.shape.as_slice() {
+            return Err(format!("{module}: weight_shape {shape:?} but the source has {:?}", item.shape));
+        }
+        ("int4", values)
+    } else if let Some(tensor) = output.get(&item.name) {
+        if !item.is_fp8() && tensor.dtype == item.dtype {
+            let original = source.get(&item.name).map(|t| t.bytes).unwrap_or_default();
+            if original != tensor.bytes {
+                return Err(format!("{}: copied tensor differs from the source", item.name));
+            }
+            return Ok(None);
+        }
+        if tensor.dtype == Dtype::F8_E4M3 {
+            return Ok(None); // kept FP8: its bytes are the source's, checked by the manifest hash
+        }
+        let output_item = crate::convert::SourceItem { name: item.name.clone(), dtype: tensor.dtype, shape: tensor.shape.to_vec(), kind: crate::convert::SourceKind::Plain };
+        let values = RowReader::new(output, &output_item).map_err(|e| e.to_string())?.read_all();
+        ("bf16", values)
+    } else {
+        return Err(format!("{}: in the source but not in the output", item.name));
+    };
+    let reference = RowReader::new(source, item).map_err(|e| e.to_string())?.read_all();
+    if reference.len() != got.len() {
+        return Err(format!("{}: {} values in the output, {} in the source", item.name, got.len(), reference.len()));
+    }
+    let (mut difference, mut norm, mut max_abs) = (0f64, 0f64, 0f64);
+    for (a, b) in got.iter().zip(&reference) {
+        let delta = (*a as f64) - (*b as f64);
+        difference += delta * delta;
+        norm += (*b as f64) * (*b as f64);
+        max_abs = max_abs.max(delta.abs());
+    }
+    let relative_l2 = if norm > 0.0 { (difference / norm).sqrt() } else { difference.sqrt() };
+    Ok(Some(TensorError { name: module.to_string(), scheme: scheme.into(), relative_l2, max_abs }))
+}
