@@ -1,0 +1,45 @@
+//! Shared helpers: running the binary, making synthetic models in temporary folders.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr))
+    }
+
+    /// Asserts success and returns self.
+    pub fn ok(self) -> Self {
+        assert_eq!(self.code, 0, "expected success\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        self
+    }
+}
+
+/// Runs `squeeze` with `args`.
+pub fn squeeze(args: &[&str]) -> Run {
+    let output: Output = Command::new(env!("CARGO_BIN_EXE_squeeze")).args(args).output().expect("the squeeze binary runs");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+pub fn path_str(path: &Path) -> &str {
+    path.to_str().expect("temporary paths are UTF-8")
+}
+
+/// Writes a synthetic checkpoint of `arch` into `dir/name` with extra synth flags; returns its path.
+pub fn synth(dir: &Path, name: &str, arch: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let mut args = vec!["synth", "--arch", arch, path_str(&out)];
+    args.extend_from_slice(extra);
+    squeeze(&args).ok();
+    out
+}

@@ -1,0 +1,5 @@
+//! Integration tests: drive the built `squeeze` binary on tiny synthetic checkpoints and check exit codes,
+//! stdout and stderr. One test binary; one module per subcommand.
+
+mod common;
+mod quantize;
