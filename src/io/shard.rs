@@ -122,3 +122,51 @@ fn header_reason(error: &safetensors::SafeTensorError, file_len: usize) -> Strin
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512), header_len in 0u64..600) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("x.safetensors");
+            let mut file = header_len.to_le_bytes().to_vec();
+            file.extend_from_slice(&bytes);
+            std::fs::write(&path, &file).unwrap();
+            let _ = ShardFile::open(&path);
+            std::fs::write(&path, &bytes).unwrap();
+            let _ = ShardFile::open(&path);
+        }
+
+        #[test]
+        fn json_like_headers_never_panic(body in "\\{(\"[a-z]{1,3}\":\\{\"dtype\":\"(F32|BF16|I4|F8_E4M3)\",\"shape\":\\[[0-9]{1,2}(,[0-9]{1,2})?\\],\"data_offsets\":\\[[0-9]{1,3},[0-9]{1,3}\\]\\},?){0,3}\\}", tail in 0usize..300) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("x.safetensors");
+            let mut file = (body.len() as u64).to_le_bytes().to_vec();
+            file.extend_from_slice(body.as_bytes());
+            file.extend(std::iter::repeat_n(7u8, tail));
+            std::fs::write(&path, &file).unwrap();
+            let _ = ShardFile::open(&path);
+        }
+    }
+
+    #[test]
+    fn written_shards_read_back() {
+        use crate::io::writer::{PlannedTensor, ShardWriter};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.safetensors");
+        let tensors = vec![PlannedTensor::new("b", Dtype::BF16, vec![3, 5]), PlannedTensor::new("a", Dtype::I32, vec![7])];
+        let mut writer = ShardWriter::create(&path, tensors).unwrap();
+        writer.write_tensor("b", &[1u8; 30]).unwrap();
+        writer.write_tensor("a", &[2u8; 28]).unwrap();
+        let finished = writer.finish().unwrap();
+        assert_eq!(finished.bytes, std::fs::metadata(&path).unwrap().len());
+        let shard = ShardFile::open(&path).unwrap();
+        assert_eq!(shard.names_by_offset(), vec!["b", "a"]);
+        assert_eq!(shard.get("a").unwrap().bytes, &[2u8; 28]);
+        assert_eq!(shard.get("b").unwrap().shape, &[3, 5]);
+    }
+}

@@ -2,4 +2,6 @@
 //! stdout and stderr. One test binary; one module per subcommand.
 
 mod common;
+mod golden;
 mod quantize;
+mod report;

@@ -1,0 +1,87 @@
+//! squeeze's FP8 codec and INT4 quantizer against golden files produced by torch 2.15 and compressed-tensors
+//! 0.20.1 (`scripts/oracle/make-fp8-golden.py`, `make-int4-golden.py`): bit-exact agreement required.
+
+use std::path::Path;
+
+use half::bf16;
+use squeeze::io::ShardFile;
+use squeeze::quant::fp8_block::{dequantize_row, BlockGrid};
+use squeeze::quant::{fp8, int4, pack, ScaleRule};
+
+fn open(name: &str) -> ShardFile {
+    ShardFile::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)).expect("golden file")
+}
+
+fn f32s(shard: &ShardFile, name: &str) -> Vec<f32> {
+    shard.get(name).unwrap_or_else(|| panic!("{name}")).bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+fn u32s(shard: &ShardFile, name: &str) -> Vec<u32> {
+    shard.get(name).unwrap_or_else(|| panic!("{name}")).bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+#[test]
+fn fp8_decode_matches_torch_on_all_256_codes() {
+    let golden = open("fp8_e4m3fn.safetensors");
+    let decode = f32s(&golden, "decode");
+    for code in 0..=255u8 {
+        let (ours, torch) = (fp8::decode(code), decode[code as usize]);
+        assert!(ours.to_bits() == torch.to_bits() || (ours.is_nan() && torch.is_nan()), "code {code:#04x}: {ours} vs torch {torch}");
+    }
+}
+
+#[test]
+fn fp8_encode_matches_torch_on_every_midpoint_and_random_values() {
+    let golden = open("fp8_e4m3fn.safetensors");
+    for (values, codes) in [("midpoint_values", "midpoint_codes"), ("random_values", "random_codes")] {
+        let values = f32s(&golden, values);
+        let codes = golden.get(codes).unwrap().bytes;
+        assert_eq!(values.len(), codes.len());
+        let mismatches: Vec<String> = values
+            .iter()
+            .zip(codes)
+            .filter(|(v, c)| fp8::encode(**v) != **c)
+            .take(5)
+            .map(|(v, c)| format!("{v:e}: ours {:#04x}, torch {c:#04x}", fp8::encode(*v)))
+            .collect();
+        assert!(mismatches.is_empty(), "{mismatches:?}");
+    }
+}
+
+#[test]
+fn int4_ct_minmax_packs_exactly_as_compressed_tensors() {
+    let golden = open("ct_int4.safetensors");
+    let cases: usize = golden.metadata()["cases"].parse().unwrap();
+    for case in 0..cases {
+        let group_size: usize = golden.metadata()[&format!("case{case}.group_size")].parse().unwrap();
+        let weight = golden.get(&format!("case{case}.weight")).unwrap();
+        let (rows, columns) = (weight.shape[0], weight.shape[1]);
+        let weights = f32s(&golden, &format!("case{case}.weight"));
+        // The F32 weight is exactly the dequantized FP8 source where the golden has one.
+        if let Some(codes) = golden.get(&format!("case{case}.source_fp8")) {
+            let scales = f32s(&golden, &format!("case{case}.source_scale_inv"));
+            let grid = BlockGrid::new(rows, columns, 128, 128);
+            let mut row = vec![0f32; columns];
+            for r in 0..rows {
+                dequantize_row(&grid, r, &codes.bytes[r * columns..][..columns], &scales, &mut row);
+                assert_eq!(row.as_slice(), &weights[r * columns..][..columns], "case {case} row {r} dequant");
+            }
+        }
+        let want_packed = u32s(&golden, &format!("case{case}.weight_packed"));
+        let want_scales: Vec<u16> = golden.get(&format!("case{case}.weight_scale")).unwrap().bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        let (words, groups) = (pack::packed_columns(columns), columns / group_size);
+        let (mut q, mut scales, mut packed) = (vec![0i8; columns], vec![bf16::ZERO; groups], vec![0u32; words]);
+        for r in 0..rows {
+            int4::quantize_row(&weights[r * columns..][..columns], group_size, ScaleRule::CtMinmax, &mut q, &mut scales);
+            pack::pack_row(&q, &mut packed);
+            let got_scales: Vec<u16> = scales.iter().map(|s| s.to_bits()).collect();
+            assert_eq!(got_scales.as_slice(), &want_scales[r * groups..][..groups], "case {case} row {r} scales");
+            assert_eq!(packed.as_slice(), &want_packed[r * words..][..words], "case {case} row {r} packed");
+        }
+    }
+    let example: Vec<i8> = golden.get("pack_example.q").unwrap().bytes.iter().map(|b| *b as i8).collect();
+    let mut word = [0u32];
+    pack::pack_row(&example, &mut word);
+    assert_eq!(word[0], u32s(&golden, "pack_example.packed")[0]);
+    assert_eq!(word[0], 0xfba9_8710);
+}
