@@ -55,7 +55,9 @@ pub fn inspect(dir: &Path) -> Result<InspectReport, IoError> {
             let dtype = dtypes.entry(entry.dtype.to_string()).or_default();
             dtype.tensors += 1;
             dtype.bytes += bytes;
-            let class = classes.entry(TensorClass::of(name, config.map(|c| c.num_hidden_layers)).name().to_string()).or_default();
+            let class = classes
+                .entry(TensorClass::of(name, config.map(|c| c.num_hidden_layers)).name().to_string())
+                .or_default();
             class.tensors += 1;
             class.bytes += bytes;
         }

@@ -5,7 +5,8 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
     let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
     let (number, unit) = trimmed.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("`{text}` is not a size; write e.g. 5GB, 64MB, 2GiB or 1000000"))?;
+    let value: f64 =
+        number.parse().map_err(|_| format!("`{text}` is not a size; write e.g. 5GB, 64MB, 2GiB or 1000000"))?;
     let multiplier: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" | "k" => 1e3,

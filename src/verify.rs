@@ -54,7 +54,8 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     let manifest = Manifest::read(out)?;
     let mut shards_checked = 0;
     match &manifest {
-        None => problems.push(format!("{}: no squeeze-manifest.json; was this folder written by squeeze quantize?", out.display())),
+        None => problems
+            .push(format!("{}: no squeeze-manifest.json; was this folder written by squeeze quantize?", out.display())),
         Some(manifest) => {
             if !manifest.complete {
                 problems.push("manifest says the conversion did not finish; rerun quantize with --resume".into());
@@ -70,7 +71,9 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
                     let (bytes, sha256) = sha256_file(&path)?;
                     Ok(match &record.sha256 {
                         Some(expected) if *expected == sha256 && bytes == record.bytes => None,
-                        Some(_) => Some(format!("{}: SHA-256 or size differs from the manifest ({bytes} bytes)", record.file)),
+                        Some(_) => {
+                            Some(format!("{}: SHA-256 or size differs from the manifest ({bytes} bytes)", record.file))
+                        }
                         None => Some(format!("{}: not recorded as finished in the manifest", record.file)),
                     })
                 })
@@ -110,9 +113,18 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
             match result {
                 Ok(Some(error)) => {
                     compared += 1;
-                    let limit = if error.scheme == "int4" { options.max_int4_error } else if error.scheme == "bf16" { MAX_BF16_ERROR } else { 0.0 };
+                    let limit = if error.scheme == "int4" {
+                        options.max_int4_error
+                    } else if error.scheme == "bf16" {
+                        MAX_BF16_ERROR
+                    } else {
+                        0.0
+                    };
                     if !(error.relative_l2 <= limit) {
-                        problems.push(format!("{}: relative error {:.4} over the {} limit {limit}", error.name, error.relative_l2, error.scheme));
+                        problems.push(format!(
+                            "{}: relative error {:.4} over the {} limit {limit}",
+                            error.name, error.relative_l2, error.scheme
+                        ));
                     }
                     errors.push(error);
                 }
@@ -144,15 +156,29 @@ pub fn int4_group_size(config: Option<&Value>) -> Option<usize> {
 }
 
 fn check_int4_conventions(checkpoint: &Checkpoint, module: &str, group_size: Option<usize>) -> Result<(), String> {
-    let get = |suffix: &str| checkpoint.get(&format!("{module}.{suffix}")).ok_or_else(|| format!("{module}.{suffix}: missing"));
+    let get = |suffix: &str| {
+        checkpoint.get(&format!("{module}.{suffix}")).ok_or_else(|| format!("{module}.{suffix}: missing"))
+    };
     let (packed, scale, shape) = (get("weight_packed")?, get("weight_scale")?, get("weight_shape")?);
-    let [rows, columns] = read_shape(&shape).ok_or_else(|| format!("{module}.weight_shape: must be I32 or I64 [2], got {} {:?}", shape.dtype, shape.shape))?;
+    let [rows, columns] = read_shape(&shape).ok_or_else(|| {
+        format!("{module}.weight_shape: must be I32 or I64 [2], got {} {:?}", shape.dtype, shape.shape)
+    })?;
     if packed.dtype != Dtype::I32 || packed.shape != [rows, pack::packed_columns(columns)] {
-        return Err(format!("{module}.weight_packed: {} {:?}, expected I32 [{rows}, {}]", packed.dtype, packed.shape, pack::packed_columns(columns)));
+        return Err(format!(
+            "{module}.weight_packed: {} {:?}, expected I32 [{rows}, {}]",
+            packed.dtype,
+            packed.shape,
+            pack::packed_columns(columns)
+        ));
     }
     if let Some(group) = group_size {
         if scale.dtype != Dtype::BF16 || scale.shape != [rows, columns.div_ceil(group)] {
-            return Err(format!("{module}.weight_scale: {} {:?}, expected BF16 [{rows}, {}]", scale.dtype, scale.shape, columns.div_ceil(group)));
+            return Err(format!(
+                "{module}.weight_scale: {} {:?}, expected BF16 [{rows}, {}]",
+                scale.dtype,
+                scale.shape,
+                columns.div_ceil(group)
+            ));
         }
     }
     if let Some(position) = scale.bytes.chunks_exact(2).position(|b| {
@@ -169,8 +195,12 @@ fn read_shape(tensor: &TensorRef) -> Option<[usize; 2]> {
         return None;
     }
     let values: Vec<i64> = match tensor.dtype {
-        Dtype::I64 => tensor.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())).collect(),
-        Dtype::I32 => tensor.bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap_or_default()) as i64).collect(),
+        Dtype::I64 => {
+            tensor.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())).collect()
+        }
+        Dtype::I32 => {
+            tensor.bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap_or_default()) as i64).collect()
+        }
         _ => return None,
     };
     Some([usize::try_from(values[0]).ok()?, usize::try_from(values[1]).ok()?])
@@ -194,10 +224,16 @@ pub fn dequantize_int4(checkpoint: &Checkpoint, module: &str, group_size: usize)
 }
 
 /// Compares one source item with what the output holds for it.
-fn compare(source: &Checkpoint, item: &crate::convert::SourceItem, output: &Checkpoint, group_size: Option<usize>) -> Result<Option<TensorError>, String> {
+fn compare(
+    source: &Checkpoint,
+    item: &crate::convert::SourceItem,
+    output: &Checkpoint,
+    group_size: Option<usize>,
+) -> Result<Option<TensorError>, String> {
     let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
     let (scheme, got) = if let (true, Some(group)) = (output.contains(&format!("{module}.weight_packed")), group_size) {
-        let (values, shape) = dequantize_int4(output, module, group).ok_or_else(|| format!("{module}: unreadable INT4 tensors"))?;
+        let (values, shape) =
+            dequantize_int4(output, module, group).ok_or_else(|| format!("{module}: unreadable INT4 tensors"))?;
         if shape.as_slice() != item.shape.as_slice() {
             return Err(format!("{module}: weight_shape {shape:?} but the source has {:?}", item.shape));
         }
@@ -213,7 +249,12 @@ fn compare(source: &Checkpoint, item: &crate::convert::SourceItem, output: &Chec
         if tensor.dtype == Dtype::F8_E4M3 {
             return Ok(None); // kept FP8: its bytes are the source's, checked by the manifest hash
         }
-        let output_item = crate::convert::SourceItem { name: item.name.clone(), dtype: tensor.dtype, shape: tensor.shape.to_vec(), kind: crate::convert::SourceKind::Plain };
+        let output_item = crate::convert::SourceItem {
+            name: item.name.clone(),
+            dtype: tensor.dtype,
+            shape: tensor.shape.to_vec(),
+            kind: crate::convert::SourceKind::Plain,
+        };
         let values = RowReader::new(output, &output_item).map_err(|e| e.to_string())?.read_all();
         ("bf16", values)
     } else {

@@ -35,7 +35,14 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
     let source = base.join("fp8");
     let output = base.join("int4");
     println!("[1/4] synth: tiny {} checkpoint in the vendor FP8 block format", args.arch.name());
-    let made = synth(&SynthOptions { arch: args.arch, size: SynthSize::default(), shards: 2, seed: 0, out: source.clone(), force: true })?;
+    let made = synth(&SynthOptions {
+        arch: args.arch,
+        size: SynthSize::default(),
+        shards: 2,
+        seed: 0,
+        out: source.clone(),
+        force: true,
+    })?;
     println!("      {} tensors, {} parameters, {}", made.tensors, made.parameters, both_units(made.bytes));
 
     println!("[2/4] quantize: routed experts → INT4 g32, rest BF16");
@@ -64,9 +71,20 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
     );
 
     println!("[3/4] verify: manifest hashes, compressed-tensors conventions, error against the FP8 source");
-    let checked = verify(&VerifyOptions { output: output.clone(), source: Some(source.clone()), max_int4_error: DEFAULT_MAX_INT4_ERROR, worst: 3 })?;
-    let worst = checked.worst.first().map(|w| format!("worst {} rel L2 {:.4}", w.name, w.relative_l2)).unwrap_or_default();
-    println!("      {} tensors compared, {}; {}", checked.compared_tensors, if checked.passed { "OK" } else { "FAILED" }, worst);
+    let checked = verify(&VerifyOptions {
+        output: output.clone(),
+        source: Some(source.clone()),
+        max_int4_error: DEFAULT_MAX_INT4_ERROR,
+        worst: 3,
+    })?;
+    let worst =
+        checked.worst.first().map(|w| format!("worst {} rel L2 {:.4}", w.name, w.relative_l2)).unwrap_or_default();
+    println!(
+        "      {} tensors compared, {}; {}",
+        checked.compared_tensors,
+        if checked.passed { "OK" } else { "FAILED" },
+        worst
+    );
     for problem in &checked.problems {
         println!("      mismatch: {problem}");
     }

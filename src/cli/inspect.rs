@@ -44,7 +44,13 @@ pub fn print_human(report: &InspectReport) {
     let method = report
         .quantization_config
         .as_ref()
-        .map(|q| format!("{} {}", q.get("quant_method").and_then(|v| v.as_str()).unwrap_or("?"), q.get("format").and_then(|v| v.as_str()).unwrap_or("")))
+        .map(|q| {
+            format!(
+                "{} {}",
+                q.get("quant_method").and_then(|v| v.as_str()).unwrap_or("?"),
+                q.get("format").and_then(|v| v.as_str()).unwrap_or("")
+            )
+        })
         .unwrap_or_else(|| "none".into());
     println!("  quantization_config: {}\n", method.trim());
     let mut dtypes = Table::new(&["dtype", "tensors", "bytes"]);

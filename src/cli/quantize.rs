@@ -69,7 +69,13 @@ pub fn print_human(report: &QuantizeReport) {
     let mut table = Table::new(&["class", "tensors", "schemes", "before", "after"]);
     for (class, summary) in &report.classes {
         let schemes = summary.schemes.iter().map(|(s, n)| format!("{s}×{n}")).collect::<Vec<_>>().join(" ");
-        table.row(vec![class.clone(), summary.tensors.to_string(), schemes, human(summary.bytes_in), human(summary.bytes_out)]);
+        table.row(vec![
+            class.clone(),
+            summary.tensors.to_string(),
+            schemes,
+            human(summary.bytes_in),
+            human(summary.bytes_out),
+        ]);
     }
     println!("{}", table.render());
     let verb = if report.dry_run { "would write" } else { "wrote" };
@@ -80,7 +86,11 @@ pub fn print_human(report: &QuantizeReport) {
         both_units(report.input_bytes),
         both_units(report.output_bytes),
         report.shards,
-        if report.shards_reused > 0 { format!(" ({} reused from the interrupted run)", report.shards_reused) } else { String::new() }
+        if report.shards_reused > 0 {
+            format!(" ({} reused from the interrupted run)", report.shards_reused)
+        } else {
+            String::new()
+        }
     );
     if !report.dry_run {
         println!(

@@ -46,7 +46,13 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let options = SynthOptions {
         arch: args.arch,
-        size: SynthSize { layers: args.layers, hidden: args.hidden, experts: args.experts, moe_intermediate: args.moe_intermediate, vocab: args.vocab },
+        size: SynthSize {
+            layers: args.layers,
+            hidden: args.hidden,
+            experts: args.experts,
+            moe_intermediate: args.moe_intermediate,
+            vocab: args.vocab,
+        },
         shards: args.shards,
         seed: args.seed,
         out: args.out,

@@ -22,13 +22,20 @@ impl Table {
                 *width = (*width).max(cell.chars().count());
             }
         }
-        let line = |row: &Vec<String>| {
-            row.iter()
-                .enumerate()
-                .map(|(i, cell)| if i == 0 { format!("{cell:<w$}", w = widths[i]) } else { format!("{cell:>w$}", w = widths[i]) })
-                .collect::<Vec<_>>()
-                .join("  ")
-        };
+        let line =
+            |row: &Vec<String>| {
+                row.iter()
+                    .enumerate()
+                    .map(|(i, cell)| {
+                        if i == 0 {
+                            format!("{cell:<w$}", w = widths[i])
+                        } else {
+                            format!("{cell:>w$}", w = widths[i])
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("  ")
+            };
         let mut text = line(&self.header);
         text.push('\n');
         text.push_str(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));

@@ -26,7 +26,12 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
-    let report = verify(&VerifyOptions { output: args.output, source: args.source, max_int4_error: args.max_int4_error, worst: args.worst })?;
+    let report = verify(&VerifyOptions {
+        output: args.output,
+        source: args.source,
+        max_int4_error: args.max_int4_error,
+        worst: args.worst,
+    })?;
     if args.json {
         print_json(&report)?;
     } else {
@@ -43,7 +48,12 @@ pub fn print_human(report: &VerifyReport) {
     if !report.worst.is_empty() {
         let mut table = Table::new(&["worst tensors", "scheme", "rel L2", "max |Δ|"]);
         for error in &report.worst {
-            table.row(vec![error.name.clone(), error.scheme.clone(), format!("{:.5}", error.relative_l2), format!("{:.3e}", error.max_abs)]);
+            table.row(vec![
+                error.name.clone(),
+                error.scheme.clone(),
+                format!("{:.5}", error.relative_l2),
+                format!("{:.3e}", error.max_abs),
+            ]);
         }
         println!("{}", table.render());
     }

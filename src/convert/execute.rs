@@ -78,10 +78,19 @@ pub struct Prepared {
 }
 
 /// Opens the source, validates it (headers, scales, shapes against the config) and builds the plan.
-pub fn prepare(input: &Path, recipe: Option<&str>, group_size: Option<usize>, scale_rule: Option<ScaleRule>, max_shard_bytes: u64) -> Result<Prepared, ConvertError> {
+pub fn prepare(
+    input: &Path,
+    recipe: Option<&str>,
+    group_size: Option<usize>,
+    scale_rule: Option<ScaleRule>,
+    max_shard_bytes: u64,
+) -> Result<Prepared, ConvertError> {
     let checkpoint = Checkpoint::open(input)?;
     let config = match checkpoint.config() {
-        Some(json) => Some(ModelConfig::from_json(json).map_err(|source| ConvertError::Config { path: input.join(CONFIG_FILE), source })?),
+        Some(json) => Some(
+            ModelConfig::from_json(json)
+                .map_err(|source| ConvertError::Config { path: input.join(CONFIG_FILE), source })?,
+        ),
         None => None,
     };
     let recipe_name = match (recipe, &config) {
@@ -107,7 +116,13 @@ pub fn prepare(input: &Path, recipe: Option<&str>, group_size: Option<usize>, sc
 /// Converts a checkpoint as the options say.
 pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<QuantizeReport, ConvertError> {
     let started = Instant::now();
-    let prepared = prepare(&options.input, options.recipe.as_deref(), options.group_size, options.scale_rule, options.max_shard_bytes)?;
+    let prepared = prepare(
+        &options.input,
+        options.recipe.as_deref(),
+        options.group_size,
+        options.scale_rule,
+        options.max_shard_bytes,
+    )?;
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
     let mut report = QuantizeReport {
         dry_run: options.dry_run,
@@ -142,7 +157,11 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         plan_sha256,
         source: options.input.display().to_string(),
         recipe: RecipeRecord { name: recipe.name().into(), sha256: recipe.sha256(), text: recipe.canonical_text() },
-        shards: plan.shards.iter().map(|s| ShardRecord { file: s.file.clone(), bytes: s.bytes, sha256: None }).collect(),
+        shards: plan
+            .shards
+            .iter()
+            .map(|s| ShardRecord { file: s.file.clone(), bytes: s.bytes, sha256: None })
+            .collect(),
         tensors: plan
             .items
             .iter()
@@ -191,7 +210,14 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
 }
 
 /// Transforms `work` items in order on this thread (rows in parallel) while a writer thread streams them out.
-fn run_items(checkpoint: &Checkpoint, plan: &Plan, work: &[usize], out: &Path, manifest: &mut Manifest, reporter: &dyn Reporter) -> Result<(), ConvertError> {
+fn run_items(
+    checkpoint: &Checkpoint,
+    plan: &Plan,
+    work: &[usize],
+    out: &Path,
+    manifest: &mut Manifest,
+    reporter: &dyn Reporter,
+) -> Result<(), ConvertError> {
     let (sender, receiver) = sync_channel::<(usize, Vec<Vec<u8>>)>(2);
     std::thread::scope(|scope| {
         let writer = scope.spawn(move || -> Result<(), ConvertError> {
@@ -210,7 +236,8 @@ fn run_items(checkpoint: &Checkpoint, plan: &Plan, work: &[usize], out: &Path, m
                             finish(shard, writer, manifest)?;
                         }
                         let planned = &plan.shards[item.shard];
-                        current = Some((item.shard, ShardWriter::create(&out.join(&planned.file), planned.tensors.clone())?));
+                        current =
+                            Some((item.shard, ShardWriter::create(&out.join(&planned.file), planned.tensors.clone())?));
                     }
                     let (_, writer) = current.as_mut().expect("a shard is open");
                     for (tensor, bytes) in item.outputs.iter().zip(&outputs) {
@@ -244,7 +271,9 @@ fn run_items(checkpoint: &Checkpoint, plan: &Plan, work: &[usize], out: &Path, m
             }
         }
         drop(sender);
-        let written = writer.join().unwrap_or_else(|_| Err(ConvertError::Output { path: out.to_path_buf(), problem: "writer thread panicked".into() }));
+        let written = writer.join().unwrap_or_else(|_| {
+            Err(ConvertError::Output { path: out.to_path_buf(), problem: "writer thread panicked".into() })
+        });
         written.and(produced)
     })
 }
@@ -264,7 +293,9 @@ fn prepare_output(out: &Path, options: &QuantizeOptions, plan_sha256: &str) -> R
     let non_empty = fs::read_dir(out).map_err(|e| IoError::file(out, e))?.next().is_some();
     let previous = Manifest::read(out)?;
     if non_empty && !options.resume && !options.force {
-        return Err(output_error("is not empty; pass --resume to continue an interrupted run or --force to overwrite".into()));
+        return Err(output_error(
+            "is not empty; pass --resume to continue an interrupted run or --force to overwrite".into(),
+        ));
     }
     let previous = match previous {
         Some(previous) if options.resume && previous.plan_sha256 == plan_sha256 => Some(previous),

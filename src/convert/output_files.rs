@@ -21,7 +21,10 @@ pub fn write_index(out: &Path, plan: &Plan) -> Result<(), IoError> {
             weight_map.insert(tensor.name.clone(), shard.file.clone());
         }
     }
-    write_json(&out.join(INDEX_FILE), &json!({ "metadata": { "total_size": plan.tensor_bytes() }, "weight_map": weight_map }))
+    write_json(
+        &out.join(INDEX_FILE),
+        &json!({ "metadata": { "total_size": plan.tensor_bytes() }, "weight_map": weight_map }),
+    )
 }
 
 /// Writes the source config with `quantization_config` replaced.
@@ -40,12 +43,10 @@ pub fn copy_companions(checkpoint: &Checkpoint, out: &Path) -> Result<Vec<String
         let Some(name) = source.file_name() else { continue };
         let target = out.join(name);
         let temporary = temporary_sibling(&target);
-        fs::copy(&source, &temporary)
-            .and_then(|_| fs::rename(&temporary, &target))
-            .map_err(|e| {
-                let _ = fs::remove_file(&temporary);
-                IoError::file(&target, e)
-            })?;
+        fs::copy(&source, &temporary).and_then(|_| fs::rename(&temporary, &target)).map_err(|e| {
+            let _ = fs::remove_file(&temporary);
+            IoError::file(&target, e)
+        })?;
         copied.push(name.to_string_lossy().to_string());
     }
     Ok(copied)

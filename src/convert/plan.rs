@@ -86,13 +86,19 @@ pub fn outputs_for(item: &SourceItem, action: Action) -> Vec<PlannedTensor> {
             let (rows, columns) = (item.shape[0], item.shape[1]);
             vec![
                 PlannedTensor::new(format!("{module}.weight_packed"), Dtype::I32, vec![rows, packed_columns(columns)]),
-                PlannedTensor::new(format!("{module}.weight_scale"), Dtype::BF16, vec![rows, columns.div_ceil(group_size)]),
+                PlannedTensor::new(
+                    format!("{module}.weight_scale"),
+                    Dtype::BF16,
+                    vec![rows, columns.div_ceil(group_size)],
+                ),
                 PlannedTensor::new(format!("{module}.weight_shape"), Dtype::I64, vec![2]),
             ]
         }
         Action::Bf16 => vec![PlannedTensor::new(item.name.clone(), Dtype::BF16, item.shape.clone())],
         Action::Fp8Block => {
-            let SourceKind::Fp8 { grid, .. } = &item.kind else { unreachable!("fp8-block is only planned for FP8 items") };
+            let SourceKind::Fp8 { grid, .. } = &item.kind else {
+                unreachable!("fp8-block is only planned for FP8 items")
+            };
             vec![
                 PlannedTensor::new(item.name.clone(), Dtype::F8_E4M3, item.shape.clone()),
                 PlannedTensor::new(format!("{module}.weight_scale"), Dtype::F32, grid.scale_shape().to_vec()),
@@ -108,7 +114,10 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe) -> Result<Action, PlanErro
     if let Some(rule) = recipe.rule_for(&item.name) {
         let float = matches!(item.dtype, Dtype::F8_E4M3 | Dtype::BF16 | Dtype::F16 | Dtype::F32);
         if item.shape.len() != 2 || !float {
-            return Err(error(format!("recipe rule `{}` selects it, but INT4 needs a 2-D float weight (got {})", rule.name, item.dtype)));
+            return Err(error(format!(
+                "recipe rule `{}` selects it, but INT4 needs a 2-D float weight (got {})",
+                rule.name, item.dtype
+            )));
         }
         if item.shape[1] % rule.group_size != 0 {
             return Err(error(format!(
@@ -126,7 +135,12 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe) -> Result<Action, PlanErro
 }
 
 /// Builds the plan: actions, outputs and shards of at most `max_shard_bytes` (a single larger item gets its own).
-pub fn build(items: Vec<SourceItem>, recipe: &Recipe, num_hidden_layers: Option<usize>, max_shard_bytes: u64) -> Result<Plan, PlanError> {
+pub fn build(
+    items: Vec<SourceItem>,
+    recipe: &Recipe,
+    num_hidden_layers: Option<usize>,
+    max_shard_bytes: u64,
+) -> Result<Plan, PlanError> {
     let mut planned = Vec::with_capacity(items.len());
     let mut shard_contents: Vec<Vec<PlannedTensor>> = vec![Vec::new()];
     let mut shard_bytes = 0u64;

@@ -20,7 +20,9 @@ pub fn quantization_config(plan: &Plan, recipe: &Recipe) -> Value {
     let mut extra: BTreeSet<String> = BTreeSet::new();
     for item in &plan.items {
         let module = item.module().to_string();
-        let is_linear_weight = item.source.name.ends_with(".weight") && item.source.shape.len() == 2 && item.class != TensorClass::Embeddings;
+        let is_linear_weight = item.source.name.ends_with(".weight")
+            && item.source.shape.len() == 2
+            && item.class != TensorClass::Embeddings;
         match item.action {
             Action::Int4 { group_size, scale_rule } => {
                 int4.get_or_insert((group_size, scale_rule));
@@ -38,7 +40,12 @@ pub fn quantization_config(plan: &Plan, recipe: &Recipe) -> Value {
     let mut groups = serde_json::Map::new();
     if let Some((group_size, scale_rule)) = int4 {
         let targets: Vec<String> = if has_fp8 {
-            recipe.file.rules.iter().map(|rule| format!("re:.*{}", rule.pattern.trim_end_matches('$').trim_end_matches("\\.weight"))).collect()
+            recipe
+                .file
+                .rules
+                .iter()
+                .map(|rule| format!("re:.*{}", rule.pattern.trim_end_matches('$').trim_end_matches("\\.weight")))
+                .collect()
         } else {
             vec!["Linear".to_string()]
         };
@@ -73,7 +80,13 @@ pub fn quantization_config(plan: &Plan, recipe: &Recipe) -> Value {
             }),
         );
     }
-    let format = if int4.is_some() && has_fp8 { "mixed-precision" } else if has_fp8 { "float-quantized" } else { "pack-quantized" };
+    let format = if int4.is_some() && has_fp8 {
+        "mixed-precision"
+    } else if has_fp8 {
+        "float-quantized"
+    } else {
+        "pack-quantized"
+    };
     json!({
         "quant_method": "compressed-tensors",
         "format": format,

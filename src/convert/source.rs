@@ -113,7 +113,12 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
         }
         let one_byte = element_bytes(tensor.dtype) == 1 && tensor.dtype != Dtype::BOOL;
         if !one_byte {
-            items.push(SourceItem { name: name.to_string(), dtype: tensor.dtype, shape: tensor.shape.to_vec(), kind: SourceKind::Plain });
+            items.push(SourceItem {
+                name: name.to_string(),
+                dtype: tensor.dtype,
+                shape: tensor.shape.to_vec(),
+                kind: SourceKind::Plain,
+            });
             continue;
         }
         // A one-byte weight: FP8 e4m3 with a scale sibling.
@@ -126,20 +131,34 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
             ));
         };
         if tensor.dtype != Dtype::F8_E4M3 {
-            return Err(IoError::tensor(shard, name, format!("has a scale but dtype {}; only F8_E4M3 FP8 weights are supported", tensor.dtype)));
+            return Err(IoError::tensor(
+                shard,
+                name,
+                format!("has a scale but dtype {}; only F8_E4M3 FP8 weights are supported", tensor.dtype),
+            ));
         }
         if tensor.shape.len() != 2 {
-            return Err(IoError::tensor(shard, name, format!("is FP8 with shape {:?}; only 2-D weights are supported", tensor.shape)));
+            return Err(IoError::tensor(
+                shard,
+                name,
+                format!("is FP8 with shape {:?}; only 2-D weights are supported", tensor.shape),
+            ));
         }
         let (rows, columns) = (tensor.shape[0], tensor.shape[1]);
         let grid = match layout {
-            ScaleLayout::DeepseekBlock([br, bc]) | ScaleLayout::CompressedTensors(CtStrategy::Block([br, bc])) => BlockGrid::new(rows, columns, br, bc),
+            ScaleLayout::DeepseekBlock([br, bc]) | ScaleLayout::CompressedTensors(CtStrategy::Block([br, bc])) => {
+                BlockGrid::new(rows, columns, br, bc)
+            }
             ScaleLayout::CompressedTensors(CtStrategy::Channel) => BlockGrid::new(rows, columns, 1, columns),
             ScaleLayout::CompressedTensors(CtStrategy::Tensor) => BlockGrid::new(rows, columns, rows, columns),
         };
         let scale_shard = checkpoint.shard_of(&scale).map(|s| s.path().to_path_buf()).unwrap_or_default();
         if scale_tensor.dtype != Dtype::F32 && scale_tensor.dtype != Dtype::BF16 {
-            return Err(IoError::tensor(scale_shard, &scale, format!("has dtype {}; FP8 scales must be F32 or BF16", scale_tensor.dtype)));
+            return Err(IoError::tensor(
+                scale_shard,
+                &scale,
+                format!("has dtype {}; FP8 scales must be F32 or BF16", scale_tensor.dtype),
+            ));
         }
         let expected = grid.scale_shape();
         let elements: usize = scale_tensor.shape.iter().product();
@@ -147,10 +166,18 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
             return Err(IoError::tensor(
                 scale_shard,
                 &scale,
-                format!("has shape {:?} but weight {:?} with blocks {}x{} needs {:?}", scale_tensor.shape, tensor.shape, grid.block_rows, grid.block_columns, expected),
+                format!(
+                    "has shape {:?} but weight {:?} with blocks {}x{} needs {:?}",
+                    scale_tensor.shape, tensor.shape, grid.block_rows, grid.block_columns, expected
+                ),
             ));
         }
-        items.push(SourceItem { name: name.to_string(), dtype: tensor.dtype, shape: tensor.shape.to_vec(), kind: SourceKind::Fp8 { scale_name: scale, grid } });
+        items.push(SourceItem {
+            name: name.to_string(),
+            dtype: tensor.dtype,
+            shape: tensor.shape.to_vec(),
+            kind: SourceKind::Fp8 { scale_name: scale, grid },
+        });
     }
     Ok(items)
 }
@@ -175,7 +202,9 @@ pub fn validate_scales(checkpoint: &Checkpoint, items: &[SourceItem]) -> Result<
             return Err(IoError::tensor(
                 shard,
                 scale_name,
-                format!("block {index} has scale {bad}; FP8 scales must be finite and positive, the checkpoint is corrupt"),
+                format!(
+                    "block {index} has scale {bad}; FP8 scales must be finite and positive, the checkpoint is corrupt"
+                ),
             ));
         }
         Ok(())
@@ -191,12 +220,19 @@ pub fn check_against_config(checkpoint: &Checkpoint, config: &ModelConfig) -> Re
             return Err(IoError::tensor(
                 shard,
                 &spec.name,
-                format!("has shape {:?} but config.json implies {:?}; the config does not belong to these weights", tensor.shape, spec.shape),
+                format!(
+                    "has shape {:?} but config.json implies {:?}; the config does not belong to these weights",
+                    tensor.shape, spec.shape
+                ),
             ));
         }
         let float = matches!(tensor.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::F8_E4M3);
         if !float {
-            return Err(IoError::tensor(shard, &spec.name, format!("has dtype {} but a {:?} tensor must be a float type", tensor.dtype, spec.role)));
+            return Err(IoError::tensor(
+                shard,
+                &spec.name,
+                format!("has dtype {} but a {:?} tensor must be a float type", tensor.dtype, spec.role),
+            ));
         }
     }
     Ok(())
@@ -234,10 +270,13 @@ impl<'a> RowReader<'a> {
     /// A reader over a 2-D item (1-D items read as a single row).
     pub fn new(checkpoint: &'a Checkpoint, item: &SourceItem) -> Result<Self, IoError> {
         let shard = checkpoint.shard_of(&item.name).map(|s| s.path().to_path_buf()).unwrap_or_default();
-        let tensor = checkpoint.get(&item.name).ok_or_else(|| IoError::tensor(&shard, &item.name, "is missing from the checkpoint"))?;
+        let tensor = checkpoint
+            .get(&item.name)
+            .ok_or_else(|| IoError::tensor(&shard, &item.name, "is missing from the checkpoint"))?;
         let fp8 = match &item.kind {
             SourceKind::Fp8 { scale_name, grid } => {
-                let scales = read_scales(checkpoint, scale_name).ok_or_else(|| IoError::tensor(&shard, scale_name, "scale tensor missing"))?;
+                let scales = read_scales(checkpoint, scale_name)
+                    .ok_or_else(|| IoError::tensor(&shard, scale_name, "scale tensor missing"))?;
                 Some((*grid, scales))
             }
             SourceKind::Plain => None,
@@ -247,7 +286,11 @@ impl<'a> RowReader<'a> {
             other => (1, other.iter().product()),
         };
         if !fp8.is_some() && !matches!(tensor.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
-            return Err(IoError::tensor(shard, &item.name, format!("has dtype {}, which has no float value", tensor.dtype)));
+            return Err(IoError::tensor(
+                shard,
+                &item.name,
+                format!("has dtype {}, which has no float value", tensor.dtype),
+            ));
         }
         Ok(Self { bytes: tensor.bytes, dtype: tensor.dtype, rows, columns, fp8 })
     }
@@ -284,4 +327,3 @@ impl<'a> RowReader<'a> {
         }
     }
 }
-

@@ -17,7 +17,8 @@ const ROWS_PER_TASK: usize = 8;
 pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem) -> Result<Vec<Vec<u8>>, IoError> {
     let name = &item.source.name;
     let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
-    let tensor = checkpoint.get(name).ok_or_else(|| IoError::tensor(&shard, name, "disappeared from the checkpoint"))?;
+    let tensor =
+        checkpoint.get(name).ok_or_else(|| IoError::tensor(&shard, name, "disappeared from the checkpoint"))?;
     let reader = || RowReader::new(checkpoint, &item.source);
     let outputs = match item.action {
         Action::Int4 { group_size, scale_rule } => {

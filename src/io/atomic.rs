@@ -30,7 +30,8 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
 
 /// Writes `value` as pretty JSON (with a trailing newline) to `path` atomically.
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), IoError> {
-    let mut text = serde_json::to_vec_pretty(value).map_err(|error| IoError::file(path, std::io::Error::other(error)))?;
+    let mut text =
+        serde_json::to_vec_pretty(value).map_err(|error| IoError::file(path, std::io::Error::other(error)))?;
     text.push(b'\n');
     write_file(path, &text)
 }

@@ -28,18 +28,26 @@ impl Checkpoint {
     /// Opens `dir`, validating every shard header and the index against the shards.
     pub fn open(dir: &Path) -> Result<Self, IoError> {
         if !dir.is_dir() {
-            return Err(IoError::folder(dir, "is not a model folder (expected a directory with config.json and *.safetensors)"));
+            return Err(IoError::folder(
+                dir,
+                "is not a model folder (expected a directory with config.json and *.safetensors)",
+            ));
         }
         let config = read_config(dir)?;
         let index_path = dir.join(INDEX_FILE);
         let (shard_names, weight_map) = if index_path.exists() {
             let index = read_json(&index_path)?;
             let map = index.get("weight_map").and_then(Value::as_object).ok_or_else(|| {
-                IoError::folder(&index_path, "has no `weight_map` object; regenerate the index or remove it for a single-file model")
+                IoError::folder(
+                    &index_path,
+                    "has no `weight_map` object; regenerate the index or remove it for a single-file model",
+                )
             })?;
             let mut weight_map = BTreeMap::new();
             for (tensor, file) in map {
-                let file = file.as_str().ok_or_else(|| IoError::tensor(&index_path, tensor, "maps to a non-string file name"))?;
+                let file = file
+                    .as_str()
+                    .ok_or_else(|| IoError::tensor(&index_path, tensor, "maps to a non-string file name"))?;
                 weight_map.insert(tensor.clone(), file.to_string());
             }
             let mut shard_names: Vec<String> = weight_map.values().cloned().collect();
@@ -60,7 +68,11 @@ impl Checkpoint {
                     .as_ref()
                     .and_then(|map| map.iter().find(|(_, file)| *file == name).map(|(t, _)| t.clone()))
                     .unwrap_or_default();
-                return Err(IoError::tensor(&index_path, tensor, format!("is mapped to {name}, which does not exist; download the missing shard")));
+                return Err(IoError::tensor(
+                    &index_path,
+                    tensor,
+                    format!("is mapped to {name}, which does not exist; download the missing shard"),
+                ));
             }
             shards.push(ShardFile::open(&path)?);
         }
@@ -72,14 +84,32 @@ impl Checkpoint {
                     return Err(IoError::tensor(
                         shard.path(),
                         name,
-                        format!("also appears in {}; a tensor must live in exactly one shard", shards[previous].path().display()),
+                        format!(
+                            "also appears in {}; a tensor must live in exactly one shard",
+                            shards[previous].path().display()
+                        ),
                     ));
                 }
                 if let Some(map) = &weight_map {
                     match map.get(name) {
                         Some(file) if file == &shard_names[position] => {}
-                        Some(file) => return Err(IoError::tensor(&index_path, name, format!("is mapped to {file} but lives in {}", shard_names[position]))),
-                        None => return Err(IoError::tensor(&index_path, name, format!("is in {} but missing from the index; regenerate the index", shard_names[position]))),
+                        Some(file) => {
+                            return Err(IoError::tensor(
+                                &index_path,
+                                name,
+                                format!("is mapped to {file} but lives in {}", shard_names[position]),
+                            ))
+                        }
+                        None => {
+                            return Err(IoError::tensor(
+                                &index_path,
+                                name,
+                                format!(
+                                    "is in {} but missing from the index; regenerate the index",
+                                    shard_names[position]
+                                ),
+                            ))
+                        }
                     }
                 }
             }
@@ -87,7 +117,11 @@ impl Checkpoint {
         if let Some(map) = &weight_map {
             for (tensor, file) in map {
                 if !locations.contains_key(tensor) {
-                    return Err(IoError::tensor(dir.join(file), tensor, format!("is listed in {INDEX_FILE} but not present in {file}")));
+                    return Err(IoError::tensor(
+                        dir.join(file),
+                        tensor,
+                        format!("is listed in {INDEX_FILE} but not present in {file}"),
+                    ));
                 }
             }
         }
@@ -143,7 +177,10 @@ impl Checkpoint {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().to_string();
             let is_weights = name.ends_with(".safetensors");
-            let is_ours = name == INDEX_FILE || name == CONFIG_FILE || name == super::manifest::MANIFEST_FILE || name.ends_with(".squeeze-tmp");
+            let is_ours = name == INDEX_FILE
+                || name == CONFIG_FILE
+                || name == super::manifest::MANIFEST_FILE
+                || name.ends_with(".squeeze-tmp");
             if path.is_file() && !is_weights && !is_ours {
                 files.push(path);
             }

@@ -43,7 +43,11 @@ pub struct ShardRecord {
 
 impl ShardRecord {
     pub fn finished(&self) -> Option<FinishedShard> {
-        self.sha256.as_ref().map(|sha256| FinishedShard { file: self.file.clone(), bytes: self.bytes, sha256: sha256.clone() })
+        self.sha256.as_ref().map(|sha256| FinishedShard {
+            file: self.file.clone(),
+            bytes: self.bytes,
+            sha256: sha256.clone(),
+        })
     }
 }
 

@@ -53,11 +53,20 @@ impl ShardFile {
             let (start, end) = info.data_offsets;
             let expected = tensor_bytes(info.dtype, &info.shape);
             if (end - start) as u64 != expected {
-                return Err(IoError::tensor(path, name, format!("holds {} bytes but {:?} {:?} needs {expected}", end - start, info.dtype, info.shape)));
+                return Err(IoError::tensor(
+                    path,
+                    name,
+                    format!("holds {} bytes but {:?} {:?} needs {expected}", end - start, info.dtype, info.shape),
+                ));
             }
             tensors.insert(
                 name,
-                TensorEntry { dtype: info.dtype, shape: info.shape.clone(), start: data_start + start, end: data_start + end },
+                TensorEntry {
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start: data_start + start,
+                    end: data_start + end,
+                },
             );
         }
         let metadata = metadata.metadata().clone().unwrap_or_default().into_iter().collect();
@@ -158,7 +167,8 @@ mod tests {
         use crate::io::writer::{PlannedTensor, ShardWriter};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.safetensors");
-        let tensors = vec![PlannedTensor::new("b", Dtype::BF16, vec![3, 5]), PlannedTensor::new("a", Dtype::I32, vec![7])];
+        let tensors =
+            vec![PlannedTensor::new("b", Dtype::BF16, vec![3, 5]), PlannedTensor::new("a", Dtype::I32, vec![7])];
         let mut writer = ShardWriter::create(&path, tensors).unwrap();
         writer.write_tensor("b", &[1u8; 30]).unwrap();
         writer.write_tensor("a", &[2u8; 28]).unwrap();

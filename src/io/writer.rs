@@ -101,13 +101,22 @@ impl ShardWriter {
     /// Appends the bytes of the next planned tensor (possibly in several pieces, ended by `end_tensor`).
     pub fn write_tensor(&mut self, name: &str, bytes: &[u8]) -> Result<(), IoError> {
         let Some(planned) = self.tensors.get(self.next) else {
-            return Err(IoError::tensor(&self.path, name, "written after the planned tensors were complete (internal error)"));
+            return Err(IoError::tensor(
+                &self.path,
+                name,
+                "written after the planned tensors were complete (internal error)",
+            ));
         };
         if planned.name != name || planned.bytes() != bytes.len() as u64 {
             return Err(IoError::tensor(
                 &self.path,
                 name,
-                format!("expected `{}` with {} bytes next but got {} bytes (internal error)", planned.name, planned.bytes(), bytes.len()),
+                format!(
+                    "expected `{}` with {} bytes next but got {} bytes (internal error)",
+                    planned.name,
+                    planned.bytes(),
+                    bytes.len()
+                ),
             ));
         }
         self.next += 1;

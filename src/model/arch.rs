@@ -77,14 +77,29 @@ fn attention_specs(config: &ModelConfig, prefix: &str, specs: &mut Vec<TensorSpe
                 }
                 None => push(specs, format!("{attention}.q_proj.weight"), vec![heads * q_head, hidden], Linear),
             }
-            push(specs, format!("{attention}.kv_a_proj_with_mqa.weight"), vec![kv_lora_rank + qk_rope_head_dim, hidden], Linear);
+            push(
+                specs,
+                format!("{attention}.kv_a_proj_with_mqa.weight"),
+                vec![kv_lora_rank + qk_rope_head_dim, hidden],
+                Linear,
+            );
             push(specs, format!("{attention}.kv_a_layernorm.weight"), vec![*kv_lora_rank], Norm);
-            push(specs, format!("{attention}.kv_b_proj.weight"), vec![heads * (qk_nope_head_dim + v_head_dim), *kv_lora_rank], Linear);
+            push(
+                specs,
+                format!("{attention}.kv_b_proj.weight"),
+                vec![heads * (qk_nope_head_dim + v_head_dim), *kv_lora_rank],
+                Linear,
+            );
             push(specs, format!("{attention}.o_proj.weight"), vec![hidden, heads * v_head_dim], Linear);
             if let Some(indexer) = &config.indexer {
                 let q_input = q_lora_rank.unwrap_or(hidden);
                 let index = format!("{attention}.indexer");
-                push(specs, format!("{index}.wq_b.weight"), vec![indexer.index_n_heads * indexer.index_head_dim, q_input], Linear);
+                push(
+                    specs,
+                    format!("{index}.wq_b.weight"),
+                    vec![indexer.index_n_heads * indexer.index_head_dim, q_input],
+                    Linear,
+                );
                 push(specs, format!("{index}.wk.weight"), vec![indexer.index_head_dim, hidden], Linear);
                 push(specs, format!("{index}.k_norm.weight"), vec![indexer.index_head_dim], Norm);
                 push(specs, format!("{index}.k_norm.bias"), vec![indexer.index_head_dim], Norm);

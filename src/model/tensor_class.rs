@@ -57,7 +57,11 @@ impl TensorClass {
             TensorClass::SharedExperts
         } else if name.contains(".indexer.") {
             TensorClass::Indexer
-        } else if name.contains("norm.") || name.contains("norm_") || name.ends_with("norm") || name.contains(".mlp.gate.") {
+        } else if name.contains("norm.")
+            || name.contains("norm_")
+            || name.ends_with("norm")
+            || name.contains(".mlp.gate.")
+        {
             TensorClass::NormsRouter
         } else if name.contains(".self_attn.") {
             TensorClass::Attention

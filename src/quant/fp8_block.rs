@@ -73,7 +73,8 @@ mod tests {
     fn partial_edge_blocks_use_their_own_scale() {
         let grid = BlockGrid::new(130, 200, 128, 128);
         assert_eq!(grid.scale_shape(), [2, 2]);
-        let weights: Vec<f32> = (0..130 * 200).map(|i| ((i * 31 % 97) as f32 - 48.0) * if i % 200 > 128 { 10.0 } else { 0.1 }).collect();
+        let weights: Vec<f32> =
+            (0..130 * 200).map(|i| ((i * 31 % 97) as f32 - 48.0) * if i % 200 > 128 { 10.0 } else { 0.1 }).collect();
         let (codes, scales) = quantize_matrix(&grid, &weights);
         let mut row = vec![0.0f32; 200];
         dequantize_row(&grid, 129, &codes[129 * 200..130 * 200], &scales, &mut row);

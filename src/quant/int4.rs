@@ -113,7 +113,8 @@ mod tests {
 
     #[test]
     fn mse_is_never_worse_than_minmax_in_its_own_norm() {
-        let group: Vec<f32> = (0..32).map(|i| ((i * 7919 % 101) as f32 / 101.0 - 0.5) * if i == 3 { 9.0 } else { 1.0 }).collect();
+        let group: Vec<f32> =
+            (0..32).map(|i| ((i * 7919 % 101) as f32 / 101.0 - 0.5) * if i == 3 { 9.0 } else { 1.0 }).collect();
         let error = |rule| {
             let mut q = [0i8; 32];
             let scale = quantize_group(&group, rule, &mut q).to_f32();

@@ -107,7 +107,9 @@ impl Recipe {
     }
 
     fn from_file(file: RecipeFile) -> Result<Self, String> {
-        let compile = |key: &str, pattern: &str| Regex::new(pattern).map_err(|e| format!("key `{key}`: invalid regex `{pattern}`: {e}"));
+        let compile = |key: &str, pattern: &str| {
+            Regex::new(pattern).map_err(|e| format!("key `{key}`: invalid regex `{pattern}`: {e}"))
+        };
         let mut rule_patterns = Vec::new();
         for (index, rule) in file.rules.iter().enumerate() {
             if rule.group_size == 0 {
@@ -134,11 +136,18 @@ impl Recipe {
     }
 
     /// Applies `--group-size` and `--scale-rule` to every rule.
-    pub fn with_overrides(mut self, group_size: Option<usize>, scale_rule: Option<ScaleRule>) -> Result<Self, RecipeError> {
+    pub fn with_overrides(
+        mut self,
+        group_size: Option<usize>,
+        scale_rule: Option<ScaleRule>,
+    ) -> Result<Self, RecipeError> {
         for rule in &mut self.file.rules {
             if let Some(group_size) = group_size {
                 if group_size == 0 {
-                    return Err(RecipeError::Invalid { source_name: "--group-size".into(), message: "must be positive".into() });
+                    return Err(RecipeError::Invalid {
+                        source_name: "--group-size".into(),
+                        message: "must be positive".into(),
+                    });
                 }
                 rule.group_size = group_size;
             }
@@ -199,7 +208,9 @@ mod tests {
     fn unknown_keys_are_named() {
         let error = Recipe::parse("name = \"x\"\nunselcted = \"bf16\"\n", "test.toml").unwrap_err().to_string();
         assert!(error.contains("unselcted"), "{error}");
-        let error = Recipe::parse("name = \"x\"\n[[rules]]\nname=\"r\"\nmatch='('\nscheme=\"int4\"\n", "t").unwrap_err().to_string();
+        let error = Recipe::parse("name = \"x\"\n[[rules]]\nname=\"r\"\nmatch='('\nscheme=\"int4\"\n", "t")
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("rules[0].match"), "{error}");
     }
 }

@@ -53,13 +53,18 @@ pub enum SynthError {
 pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
     let out = &options.out;
     if out.exists() && fs::read_dir(out).map_err(|e| IoError::file(out, e))?.next().is_some() && !options.force {
-        return Err(SynthError::Invalid(format!("{}: is not empty; choose a new folder or pass --force", out.display())));
+        return Err(SynthError::Invalid(format!(
+            "{}: is not empty; choose a new folder or pass --force",
+            out.display()
+        )));
     }
     if options.shards == 0 {
         return Err(SynthError::Invalid("--shards must be at least 1".into()));
     }
     if options.size.vocab < 258 {
-        return Err(SynthError::Invalid("--vocab must be at least 258 (256 bytes + 2 special tokens of the synthetic tokenizer)".into()));
+        return Err(SynthError::Invalid(
+            "--vocab must be at least 258 (256 bytes + 2 special tokens of the synthetic tokenizer)".into(),
+        ));
     }
     fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
     let config_json = config::config_json(options.arch, &options.size);
@@ -78,9 +83,14 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
                 let grid = BlockGrid::new(spec.shape[0], spec.shape[1], 128, 128);
                 let module = spec.name.trim_end_matches(".weight");
                 layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F8_E4M3, spec.shape.clone())));
-                layout.push((index, PlannedTensor::new(format!("{module}.{fp8_scale_suffix}"), Dtype::F32, grid.scale_shape().to_vec())));
+                layout.push((
+                    index,
+                    PlannedTensor::new(format!("{module}.{fp8_scale_suffix}"), Dtype::F32, grid.scale_shape().to_vec()),
+                ));
             }
-            TensorRole::RouterBias => layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F32, spec.shape.clone()))),
+            TensorRole::RouterBias => {
+                layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F32, spec.shape.clone())))
+            }
             _ => layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::BF16, spec.shape.clone()))),
         }
     }
@@ -126,9 +136,15 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
         }
         writer.finish()?;
     }
-    write_json(&out.join(INDEX_FILE), &serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
+    write_json(
+        &out.join(INDEX_FILE),
+        &serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map }),
+    )?;
     write_json(&out.join("config.json"), &config_json)?;
-    write_json(&out.join("generation_config.json"), &serde_json::json!({ "bos_token_id": 0, "eos_token_id": config::EOS_ID, "do_sample": false }))?;
+    write_json(
+        &out.join("generation_config.json"),
+        &serde_json::json!({ "bos_token_id": 0, "eos_token_id": config::EOS_ID, "do_sample": false }),
+    )?;
     tokenizer::write(out, options.arch, config.vocab_size)?;
     Ok(SynthReport {
         out: out.clone(),
@@ -157,7 +173,9 @@ fn generate(spec: &crate::model::TensorSpec, seed: u64) -> Vec<Vec<u8>> {
         }
         TensorRole::Norm => {
             let is_bias = spec.name.ends_with(".bias");
-            let values: Vec<f32> = (0..spec.shape[0]).map(|_| if is_bias { rng.normal() * 0.02 } else { 1.0 + rng.normal() * 0.05 }).collect();
+            let values: Vec<f32> = (0..spec.shape[0])
+                .map(|_| if is_bias { rng.normal() * 0.02 } else { 1.0 + rng.normal() * 0.05 })
+                .collect();
             vec![random::to_bf16_bytes(&values)]
         }
         TensorRole::Bias => {

@@ -39,7 +39,8 @@ impl Rng {
 /// A `[rows, columns]` weight matrix scaled like an initialised-then-trained linear layer.
 pub fn linear_weights(rng: &mut Rng, rows: usize, columns: usize) -> Vec<f32> {
     let base = 1.0 / (columns as f32).sqrt();
-    let column_gain: Vec<f32> = (0..columns).map(|_| if rng.uniform() < 0.01 { 6.0 + 4.0 * rng.uniform() } else { 1.0 }).collect();
+    let column_gain: Vec<f32> =
+        (0..columns).map(|_| if rng.uniform() < 0.01 { 6.0 + 4.0 * rng.uniform() } else { 1.0 }).collect();
     let mut weights = Vec::with_capacity(rows * columns);
     for _ in 0..rows {
         let row_gain = (0.25 * rng.normal()).exp();

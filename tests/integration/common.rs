@@ -11,7 +11,8 @@ pub struct Run {
 
 impl Run {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr))
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr))
     }
 
     /// Asserts success and returns self.
@@ -23,7 +24,8 @@ impl Run {
 
 /// Runs `squeeze` with `args`.
 pub fn squeeze(args: &[&str]) -> Run {
-    let output: Output = Command::new(env!("CARGO_BIN_EXE_squeeze")).args(args).output().expect("the squeeze binary runs");
+    let output: Output =
+        Command::new(env!("CARGO_BIN_EXE_squeeze")).args(args).output().expect("the squeeze binary runs");
     Run {
         code: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),

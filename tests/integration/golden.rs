@@ -13,11 +13,23 @@ fn open(name: &str) -> ShardFile {
 }
 
 fn f32s(shard: &ShardFile, name: &str) -> Vec<f32> {
-    shard.get(name).unwrap_or_else(|| panic!("{name}")).bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    shard
+        .get(name)
+        .unwrap_or_else(|| panic!("{name}"))
+        .bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
 }
 
 fn u32s(shard: &ShardFile, name: &str) -> Vec<u32> {
-    shard.get(name).unwrap_or_else(|| panic!("{name}")).bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect()
+    shard
+        .get(name)
+        .unwrap_or_else(|| panic!("{name}"))
+        .bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
 }
 
 #[test]
@@ -26,7 +38,10 @@ fn fp8_decode_matches_torch_on_all_256_codes() {
     let decode = f32s(&golden, "decode");
     for code in 0..=255u8 {
         let (ours, torch) = (fp8::decode(code), decode[code as usize]);
-        assert!(ours.to_bits() == torch.to_bits() || (ours.is_nan() && torch.is_nan()), "code {code:#04x}: {ours} vs torch {torch}");
+        assert!(
+            ours.to_bits() == torch.to_bits() || (ours.is_nan() && torch.is_nan()),
+            "code {code:#04x}: {ours} vs torch {torch}"
+        );
     }
 }
 
@@ -68,11 +83,23 @@ fn int4_ct_minmax_packs_exactly_as_compressed_tensors() {
             }
         }
         let want_packed = u32s(&golden, &format!("case{case}.weight_packed"));
-        let want_scales: Vec<u16> = golden.get(&format!("case{case}.weight_scale")).unwrap().bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        let want_scales: Vec<u16> = golden
+            .get(&format!("case{case}.weight_scale"))
+            .unwrap()
+            .bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
         let (words, groups) = (pack::packed_columns(columns), columns / group_size);
         let (mut q, mut scales, mut packed) = (vec![0i8; columns], vec![bf16::ZERO; groups], vec![0u32; words]);
         for r in 0..rows {
-            int4::quantize_row(&weights[r * columns..][..columns], group_size, ScaleRule::CtMinmax, &mut q, &mut scales);
+            int4::quantize_row(
+                &weights[r * columns..][..columns],
+                group_size,
+                ScaleRule::CtMinmax,
+                &mut q,
+                &mut scales,
+            );
             pack::pack_row(&q, &mut packed);
             let got_scales: Vec<u16> = scales.iter().map(|s| s.to_bits()).collect();
             assert_eq!(got_scales.as_slice(), &want_scales[r * groups..][..groups], "case {case} row {r} scales");

@@ -37,7 +37,8 @@ fn shard_of(dir: &Path, name: &str) -> PathBuf {
 }
 
 fn files_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> =
+        fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     names
 }
@@ -50,7 +51,15 @@ fn kimi_k2_converts_to_the_kimi_layout_and_verifies() {
     let source = synth(dir.path(), "fp8", "kimi-k2", &["--shards", "3"]);
     let out = dir.path().join("int4");
     let report = quantize(&source, &out, &[]).ok().json();
-    for key in ["input_bytes", "output_bytes", "tensors_quantized", "tensors_converted", "tensors_copied", "seconds", "peak_rss_bytes"] {
+    for key in [
+        "input_bytes",
+        "output_bytes",
+        "tensors_quantized",
+        "tensors_converted",
+        "tensors_copied",
+        "seconds",
+        "peak_rss_bytes",
+    ] {
         assert!(report.get(key).is_some(), "report lacks {key}: {report}");
     }
     // 2 MoE layers × 8 experts × 3 projections.
@@ -71,7 +80,11 @@ fn kimi_k2_converts_to_the_kimi_layout_and_verifies() {
         assert_eq!(fs::read(source.join(name)).unwrap(), fs::read(out.join(name)).unwrap(), "{name}");
     }
     // Output sizes in the report are the real file sizes; no temporary files are left.
-    let shard_bytes: u64 = files_in(&out).iter().filter(|n| n.ends_with(".safetensors")).map(|n| fs::metadata(out.join(n)).unwrap().len()).sum();
+    let shard_bytes: u64 = files_in(&out)
+        .iter()
+        .filter(|n| n.ends_with(".safetensors"))
+        .map(|n| fs::metadata(out.join(n)).unwrap().len())
+        .sum();
     assert_eq!(report["output_bytes"].as_u64().unwrap(), shard_bytes);
     assert!(files_in(&out).iter().all(|n| !n.contains("tmp")), "{:?}", files_in(&out));
     // Quantized tensor layout.
@@ -111,8 +124,16 @@ fn mse_error_is_not_larger_than_minmax_error() {
     let mean_error = |rule: &str| {
         let out = dir.path().join(rule);
         quantize(&source, &out, &["--scale-rule", rule]).ok();
-        let verified = squeeze(&["verify", path_str(&out), "--source", path_str(&source), "--json", "--worst", "1000"]).ok().json();
-        let int4: Vec<f64> = verified["worst"].as_array().unwrap().iter().filter(|e| e["scheme"] == "int4").map(|e| e["relative_l2"].as_f64().unwrap()).collect();
+        let verified = squeeze(&["verify", path_str(&out), "--source", path_str(&source), "--json", "--worst", "1000"])
+            .ok()
+            .json();
+        let int4: Vec<f64> = verified["worst"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["scheme"] == "int4")
+            .map(|e| e["relative_l2"].as_f64().unwrap())
+            .collect();
         int4.iter().sum::<f64>() / int4.len() as f64
     };
     let (minmax, mse) = (mean_error("ct-minmax"), mean_error("mse"));
@@ -170,7 +191,10 @@ fn resume_reuses_verified_shards_and_matches_an_uninterrupted_run() {
     let _ = fs::remove_file(broken.join(format!("{}.squeeze-tmp", shards[0])));
     assert_eq!(files_in(&clean), files_in(&broken));
     for name in files_in(&clean) {
-        assert!(fs::read(clean.join(&name)).unwrap() == fs::read(broken.join(&name)).unwrap(), "{name} differs after resume");
+        assert!(
+            fs::read(clean.join(&name)).unwrap() == fs::read(broken.join(&name)).unwrap(),
+            "{name} differs after resume"
+        );
     }
 }
 
@@ -189,7 +213,9 @@ fn a_killed_run_resumed_is_byte_identical() {
         .unwrap();
     // Kill it as soon as the first shard is finished.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while std::time::Instant::now() < deadline && !files_in_or_empty(&killed).iter().any(|n| n.starts_with("model-00001") && n.ends_with(".safetensors")) {
+    while std::time::Instant::now() < deadline
+        && !files_in_or_empty(&killed).iter().any(|n| n.starts_with("model-00001") && n.ends_with(".safetensors"))
+    {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     let _ = child.kill();
@@ -234,7 +260,9 @@ fn bf16_sources_and_fp8_block_recipes_work() {
 
     // Unselected FP8 tensors kept as compressed-tensors float-quantized in a second group.
     let mixed = dir.path().join("mixed.toml");
-    let text = fs::read_to_string("recipes/glm5-int4.toml").unwrap().replace("unselected = \"bf16\"", "unselected = \"fp8-block\"");
+    let text = fs::read_to_string("recipes/glm5-int4.toml")
+        .unwrap()
+        .replace("unselected = \"bf16\"", "unselected = \"fp8-block\"");
     fs::write(&mixed, text).unwrap();
     let out = dir.path().join("mixed");
     quantize(&source, &out, &["--recipe", path_str(&mixed)]).ok();
@@ -296,7 +324,12 @@ fn corrupt_and_oversized_headers_are_named() {
     let mut corrupt = original.clone();
     corrupt[12] = b'#';
     fs::write(&shard, &corrupt).unwrap();
-    expect_failure(&source, &dir.path().join("a"), &[], &["model-00001-of-00002.safetensors", "invalid safetensors header"]);
+    expect_failure(
+        &source,
+        &dir.path().join("a"),
+        &[],
+        &["model-00001-of-00002.safetensors", "invalid safetensors header"],
+    );
     let mut oversized = original.clone();
     oversized[..8].copy_from_slice(&(200u64 << 20).to_le_bytes());
     fs::write(&shard, &oversized).unwrap();
@@ -343,7 +376,12 @@ fn shape_not_as_config_implies_is_named() {
     let mut config = read_json(&source.join("config.json"));
     config["moe_intermediate_size"] = Value::from(192);
     fs::write(source.join("config.json"), serde_json::to_vec(&config).unwrap()).unwrap();
-    expect_failure(&source, &dir.path().join("out"), &[], &["model.layers.1.mlp.experts.0.gate_proj.weight", "config.json implies"]);
+    expect_failure(
+        &source,
+        &dir.path().join("out"),
+        &[],
+        &["model.layers.1.mlp.experts.0.gate_proj.weight", "config.json implies"],
+    );
 }
 
 /// Rewrites a safetensors file without tensor `name`.
@@ -352,12 +390,19 @@ fn drop_tensor(file: &Path, name: &str) {
     let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
     let data = &bytes[8 + header_len..];
-    let mut entries: Vec<(String, Value)> = header.as_object().unwrap().iter().filter(|(k, _)| *k != "__metadata__" && *k != name).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut entries: Vec<(String, Value)> = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__" && *k != name)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     entries.sort_by_key(|(_, v)| v["data_offsets"][0].as_u64().unwrap());
     let mut new_header = serde_json::Map::new();
     let mut new_data = Vec::new();
     for (key, mut value) in entries {
-        let (start, end) = (value["data_offsets"][0].as_u64().unwrap() as usize, value["data_offsets"][1].as_u64().unwrap() as usize);
+        let (start, end) =
+            (value["data_offsets"][0].as_u64().unwrap() as usize, value["data_offsets"][1].as_u64().unwrap() as usize);
         let offset = new_data.len();
         new_data.extend_from_slice(&data[start..end]);
         value["data_offsets"] = serde_json::json!([offset, new_data.len()]);
@@ -384,7 +429,12 @@ fn missing_weight_scale_inv_is_named() {
     let mut index = read_json(&source.join("model.safetensors.index.json"));
     index["weight_map"].as_object_mut().unwrap().remove(&scale);
     fs::write(source.join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
-    expect_failure(&source, &dir.path().join("out"), &[], &[&format!("{EXPERT}.weight"), "weight_scale_inv", "missing"]);
+    expect_failure(
+        &source,
+        &dir.path().join("out"),
+        &[],
+        &[&format!("{EXPERT}.weight"), "weight_scale_inv", "missing"],
+    );
 }
 
 #[test]
@@ -455,6 +505,7 @@ fn disk_full_is_reported_and_leaves_nothing_complete() {
     fs::create_dir(&out).unwrap();
     // Every write to the first shard's temporary file fails with ENOSPC.
     std::os::unix::fs::symlink("/dev/full", out.join("model-00001-of-00001.safetensors.squeeze-tmp")).unwrap();
-    let stderr = expect_failure(&source, &out, &["--force"], &["model-00001-of-00001.safetensors", "No space left on device"]);
+    let stderr =
+        expect_failure(&source, &out, &["--force"], &["model-00001-of-00001.safetensors", "No space left on device"]);
     assert!(!out.join("model-00001-of-00001.safetensors").exists(), "{stderr}");
 }
