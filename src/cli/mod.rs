@@ -4,6 +4,7 @@ mod demo;
 mod inspect;
 mod progress;
 mod quantize;
+mod report;
 mod synth;
 mod table;
 mod verify;
@@ -36,6 +37,8 @@ enum Command {
     Synth(synth::Args),
     /// Run every stage on a built-in tiny model in a temporary folder.
     Demo(demo::Args),
+    /// Checkpoint size before/after a recipe and GPU memory budgets (KV capacity, concurrency) from config.json alone.
+    Report(report::Args),
 }
 
 /// Parses the arguments, runs the subcommand and returns the process exit code.
@@ -47,6 +50,7 @@ pub fn run() -> i32 {
         Command::Verify(args) => verify::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Report(args) => report::run(args),
     };
     match result {
         Ok(Outcome::Success) => 0,

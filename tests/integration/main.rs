@@ -5,3 +5,4 @@ mod common;
 mod golden;
 mod quantize;
 mod report;
+mod report;

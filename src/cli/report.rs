@@ -1,0 +1,164 @@
+//! `squeeze report` arguments and output.
+
+use anyhow::Context;
+
+use crate::report::{parse_gpu_memory, report, GpuMemory, Layout, NodeBudget, Report, ReportOptions};
+use crate::units::{both_units, human, parse_bytes};
+
+use super::table::Table;
+use super::{print_json, Outcome};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A model folder (with or without weights), a config.json file, or a preset: kimi-k2, glm-5, glm-4.5.
+    pub model: String,
+    /// Built-in recipe name (kimi-k2-int4, glm5-int4, glm45-int4) or a TOML file; default: chosen from the config.
+    #[arg(long)]
+    pub recipe: Option<String>,
+    /// Override the INT4 group size of every rule, as quantize does.
+    #[arg(long)]
+    pub group_size: Option<usize>,
+    /// Largest output shard, as quantize's (shard headers count in the output bytes).
+    #[arg(long, default_value = "5GB", value_parser = parse_bytes)]
+    pub max_shard_size: u64,
+    /// GPUs per node (one serving deployment; may span machines).
+    #[arg(long, default_value_t = 8)]
+    pub gpus: usize,
+    /// Memory of one GPU: h100-80g, h200-141g, b200-180g (nvidia-smi totals) or a size such as 141GiB.
+    #[arg(long, default_value = "h200-141g", value_parser = parse_gpu_memory)]
+    pub gpu_memory: GpuMemory,
+    /// Tensor-parallel size; default: --gpus. gpus/tp replicas serve side by side.
+    #[arg(long)]
+    pub tp: Option<usize>,
+    /// Data-parallel attention (dp = tp): each rank keeps the KV of its own requests only.
+    #[arg(long)]
+    pub dp_attention: bool,
+    /// Share of GPU memory for weights, reserve and KV pool (SGLang --mem-fraction-static).
+    #[arg(long, default_value_t = 0.9)]
+    pub mem_fraction: f64,
+    /// Per-GPU bytes held back inside that share: CUDA context, NCCL and all-to-all buffers.
+    #[arg(long, default_value = "4GiB", value_parser = parse_reserve)]
+    pub reserve: u64,
+    /// Tokens per request (prompt + output) for the concurrency figure.
+    #[arg(long, default_value_t = 8192)]
+    pub context: u64,
+    /// Use this KV pool per GPU (e.g. what the engine logged) instead of computing it; skips the fit check.
+    #[arg(long, value_parser = parse_bytes)]
+    pub kv_pool: Option<u64>,
+    /// Print one JSON report on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--reserve` accepts 0.
+fn parse_reserve(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    parse_bytes(text)
+}
+
+pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    let options = ReportOptions {
+        model: args.model.clone(),
+        recipe: args.recipe,
+        group_size: args.group_size,
+        max_shard_bytes: args.max_shard_size,
+        layout: Layout {
+            gpus: args.gpus,
+            tp: args.tp.unwrap_or(args.gpus),
+            dp_attention: args.dp_attention,
+            gpu_memory: args.gpu_memory,
+            mem_fraction: args.mem_fraction,
+            reserve_bytes: args.reserve,
+            context: args.context,
+            kv_pool_bytes: args.kv_pool,
+        },
+    };
+    let report = report(&options).with_context(|| format!("report {}", args.model))?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        print_human(&report);
+    }
+    Ok(Outcome::Success)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn count(value: u64) -> String {
+    let digits = value.to_string();
+    let mut text = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            text.push(',');
+        }
+        text.push(digit);
+    }
+    text
+}
+
+pub fn print_human(report: &Report) {
+    let how = if report.exact { "counted from the weights" } else { "computed from config.json" };
+    println!("{} ({} {}, {} input; sizes {how})\n", report.model, report.architecture, report.model_type, report.input);
+    let mut classes = Table::new(&["class", "parameters", "source", "as bf16", &report.recipe]);
+    for (class, size) in &report.sizes.classes {
+        classes.row(vec![class.clone(), count(size.parameters), gib(size.source_bytes), gib(size.bf16_bytes), gib(size.output_bytes)]);
+    }
+    let sizes = &report.sizes;
+    classes.row(vec![
+        "total tensors".into(),
+        count(sizes.parameters),
+        gib(sizes.source_tensors.bytes),
+        gib(sizes.bf16.bytes),
+        gib(sizes.output_tensors.bytes),
+    ]);
+    println!("{}\n", classes.render());
+    println!("source:          {}", both_units(report.source_bytes));
+    println!("source as BF16:  {}", both_units(report.bf16_bytes));
+    println!("after {}: {} in {} shard file(s)\n", report.recipe, both_units(report.output_bytes), sizes.shards);
+
+    let layout = &report.layout;
+    println!(
+        "budget: {} × {} ({}), tp {}{}, {} replica(s), mem fraction {}, reserve {} per GPU, context {} tokens",
+        layout.gpus,
+        layout.gpu_memory.name,
+        human(layout.gpu_memory.bytes),
+        layout.tp,
+        if layout.dp_attention { ", dp attention" } else { "" },
+        layout.replicas(),
+        layout.mem_fraction,
+        human(layout.reserve_bytes),
+        count(layout.context)
+    );
+    println!(
+        "KV per token per GPU ({}, {} layers, MTP excluded): bf16 {} B, fp8 {} B{}\n",
+        report.kv.attention,
+        report.kv.bf16.layers,
+        count(report.kv.bf16.bytes_per_token),
+        count(report.kv.fp8.bytes_per_token),
+        if report.kv.bf16.indexer_bytes_per_layer > 0 {
+            format!(" (each includes the DSA indexer's {} B/layer FP8 key row)", report.kv.bf16.indexer_bytes_per_layer)
+        } else {
+            String::new()
+        }
+    );
+    let (prefill, decode) = (&report.prefill, &report.decode);
+    let mut nodes = Table::new(&["per node", "prefill node", "decode node"]);
+    let mut row = |label: &str, cell: &dyn Fn(&NodeBudget) -> String| nodes.row(vec![label.into(), cell(prefill), cell(decode)]);
+    row("weights", &|n| n.weights.clone());
+    row("weights per GPU", &|n| human(n.weight_bytes_per_gpu));
+    row("KV dtype", &|n| n.kv_dtype.name().into());
+    row("KV bytes/token/layer", &|n| count(n.kv_bytes_per_token_per_layer));
+    row("KV bytes/token", &|n| count(n.kv_bytes_per_token));
+    row("KV pool per GPU", &|n| human(n.kv_pool_bytes_per_gpu));
+    row("KV tokens per GPU", &|n| count(n.kv_capacity_tokens_per_gpu));
+    row("KV tokens per node", &|n| count(n.kv_capacity_tokens));
+    row(&format!("requests of {}", count(layout.context)), &|n| count(n.max_concurrency));
+    println!("{}", nodes.render());
+    if layout.kv_pool_bytes.is_some() {
+        println!("\n(KV pool given with --kv-pool; weights were not checked against GPU memory)");
+    }
+}

@@ -1,0 +1,129 @@
+//! KV-cache bytes per token on one GPU: the MLA latent row (plus the DSA indexer's key row) or GQA's K and V heads,
+//! per layer and over the decoder layers, for a BF16 or FP8 cache.
+
+use crate::model::{Attention, ModelConfig};
+
+/// Elements per FP32 scale in the DSA indexer's FP8 key cache (vLLM `DeepseekV32IndexerCache`, SGLang NSA).
+pub const INDEXER_QUANT_BLOCK: usize = 128;
+
+/// The element type of the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvDtype {
+    Bf16,
+    Fp8,
+}
+
+impl KvDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::Bf16 => 2,
+            KvDtype::Fp8 => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::Bf16 => "bf16",
+            KvDtype::Fp8 => "fp8",
+        }
+    }
+}
+
+/// KV bytes one token costs on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct KvPerToken {
+    pub dtype: KvDtype,
+    /// Decoder layers that cache KV: `num_hidden_layers` (MTP layers excluded).
+    pub layers: usize,
+    /// Elements cached per token per layer on one GPU: MLA `kv_lora_rank + qk_rope_head_dim`;
+    /// GQA `2 × kv_heads_per_gpu × head_dim`.
+    pub elements_per_layer: usize,
+    /// DSA indexer key bytes per token per layer (always FP8 with FP32 scales; 0 without an indexer).
+    pub indexer_bytes_per_layer: u64,
+    /// `elements_per_layer × dtype bytes + indexer_bytes_per_layer`.
+    pub bytes_per_layer: u64,
+    /// `bytes_per_layer × layers`.
+    pub bytes_per_token: u64,
+}
+
+/// KV heads each GPU holds under `attention_tp`-way tensor-parallel attention: heads are split, and a rank
+/// that would get less than one head holds a replica of one.
+pub fn kv_heads_per_gpu(num_key_value_heads: usize, attention_tp: usize) -> usize {
+    num_key_value_heads.div_ceil(attention_tp.max(1)).max(1)
+}
+
+/// Bytes of KV per token on one GPU when attention runs `attention_tp`-way tensor parallel
+/// (`tp` without DP attention, 1 with it). MLA's latent row is replicated on every rank whatever `attention_tp`.
+pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> KvPerToken {
+    let elements_per_layer = match &config.attention {
+        Attention::Mla { kv_lora_rank, qk_rope_head_dim, .. } => kv_lora_rank + qk_rope_head_dim,
+        Attention::Gqa { num_key_value_heads, head_dim, .. } => 2 * kv_heads_per_gpu(*num_key_value_heads, attention_tp) * head_dim,
+    };
+    let indexer_bytes_per_layer =
+        config.indexer.as_ref().map(|indexer| (indexer.index_head_dim + indexer.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64).unwrap_or(0);
+    let bytes_per_layer = (elements_per_layer * dtype.bytes()) as u64 + indexer_bytes_per_layer;
+    let layers = config.num_hidden_layers;
+    KvPerToken { dtype, layers, elements_per_layer, indexer_bytes_per_layer, bytes_per_layer, bytes_per_token: bytes_per_layer * layers as u64 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_from(text: &str) -> ModelConfig {
+        let json: serde_json::Value = serde_json::from_str(crate::report::presets::config_text(text).unwrap()).unwrap();
+        ModelConfig::from_json(&json).unwrap()
+    }
+
+    #[test]
+    fn kimi_k2_mla_row_is_576_wide_on_every_rank() {
+        let kimi = config_from("kimi-k2");
+        let bf16 = per_token(&kimi, KvDtype::Bf16, 8);
+        assert_eq!(bf16.elements_per_layer, 576);
+        assert_eq!(bf16.bytes_per_layer, 1152);
+        assert_eq!(bf16.bytes_per_token, 61 * 576 * 2);
+        assert_eq!(bf16.bytes_per_token, 70_272);
+        let fp8 = per_token(&kimi, KvDtype::Fp8, 8);
+        assert_eq!(fp8.bytes_per_token, 35_136);
+        assert_eq!(per_token(&kimi, KvDtype::Bf16, 1), bf16, "the latent row is not split by tensor parallelism");
+    }
+
+    #[test]
+    fn glm5_adds_the_indexer_key_row() {
+        let glm5 = config_from("glm-5");
+        let bf16 = per_token(&glm5, KvDtype::Bf16, 8);
+        assert_eq!(bf16.indexer_bytes_per_layer, 132, "128 FP8 keys + one FP32 scale");
+        assert_eq!(bf16.bytes_per_layer, 576 * 2 + 132);
+        assert_eq!(bf16.bytes_per_token, 78 * (576 * 2 + 132));
+        assert_eq!(per_token(&glm5, KvDtype::Fp8, 8).bytes_per_token, 78 * (576 + 132));
+    }
+
+    #[test]
+    fn glm45_gqa_heads_are_sharded_then_replicated() {
+        let glm45 = config_from("glm-4.5");
+        // 8 KV heads × 128, K and V, 92 layers.
+        assert_eq!(per_token(&glm45, KvDtype::Bf16, 1).bytes_per_token, 92 * 2 * 8 * 128 * 2);
+        assert_eq!(per_token(&glm45, KvDtype::Bf16, 4).bytes_per_token, 92 * 2 * 2 * 128 * 2);
+        assert_eq!(per_token(&glm45, KvDtype::Bf16, 8).bytes_per_token, 92 * 2 * 128 * 2);
+        // tp 16 > 8 KV heads: each rank keeps a replica of one head.
+        assert_eq!(per_token(&glm45, KvDtype::Bf16, 16).bytes_per_token, 92 * 2 * 128 * 2);
+        assert_eq!(per_token(&glm45, KvDtype::Fp8, 8).bytes_per_token, 92 * 2 * 128);
+    }
+
+    #[test]
+    fn kv_heads_round_up() {
+        assert_eq!(kv_heads_per_gpu(8, 3), 3);
+        assert_eq!(kv_heads_per_gpu(8, 0), 8);
+        assert_eq!(kv_heads_per_gpu(1, 8), 1);
+    }
+
+    #[test]
+    fn indexer_without_a_full_scale_block_has_no_scale_bytes() {
+        let mut glm5 = config_from("glm-5");
+        if let Some(indexer) = glm5.indexer.as_mut() {
+            indexer.index_head_dim = 64;
+        }
+        assert_eq!(per_token(&glm5, KvDtype::Fp8, 8).indexer_bytes_per_layer, 64);
+    }
+}

@@ -1,0 +1,178 @@
+//! `squeeze report`: checkpoint size before and after a recipe, and the GPU memory budget of a prefill node
+//! (source weights, BF16 KV) beside a decode node (recipe weights, FP8 KV), from a model folder, a `config.json`
+//! or a built-in preset.
+
+pub mod budget;
+mod error;
+pub mod gpu;
+pub mod input;
+pub mod kv;
+pub mod presets;
+pub mod size;
+
+pub use budget::{Layout, NodeBudget};
+pub use error::ReportError;
+pub use gpu::{parse_gpu_memory, GpuMemory};
+pub use kv::{KvDtype, KvPerToken};
+pub use size::Sizes;
+
+use crate::convert::execute::prepare;
+use crate::convert::{plan, source};
+use crate::model::ModelConfig;
+use crate::recipe::Recipe;
+use crate::units::both_units;
+use input::{Input, Origin};
+
+/// What to report on and how the nodes are laid out.
+#[derive(Debug, Clone)]
+pub struct ReportOptions {
+    /// A model folder (with or without weights), a `config.json` file or a preset name.
+    pub model: String,
+    /// Built-in recipe name or TOML path; `None` picks the architecture's default.
+    pub recipe: Option<String>,
+    pub group_size: Option<usize>,
+    /// Largest output shard, as `quantize --max-shard-size` (headers per shard change the file bytes).
+    pub max_shard_bytes: u64,
+    pub layout: Layout,
+}
+
+/// KV bytes per token on one GPU for both cache types, at the layout's attention tensor parallelism.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KvSummary {
+    /// `mla` or `gqa`.
+    pub attention: &'static str,
+    pub bf16: KvPerToken,
+    pub fp8: KvPerToken,
+}
+
+/// Everything `squeeze report` prints.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub model: String,
+    /// `checkpoint` (a folder with weights), `config` (a config.json) or `preset`.
+    pub input: &'static str,
+    pub architecture: String,
+    pub model_type: String,
+    pub recipe: String,
+    /// Sizes counted from files (true) or computed from the config (false).
+    pub exact: bool,
+    pub parameters: u64,
+    pub source_bytes: u64,
+    pub source_gib: f64,
+    pub bf16_bytes: u64,
+    pub bf16_gib: f64,
+    pub output_bytes: u64,
+    pub output_gib: f64,
+    pub sizes: Sizes,
+    pub layout: Layout,
+    pub kv: KvSummary,
+    pub prefill: NodeBudget,
+    pub decode: NodeBudget,
+}
+
+/// A model resolved into a config and a plan.
+struct Planned {
+    config: ModelConfig,
+    recipe: String,
+    sizes: Sizes,
+    input: &'static str,
+}
+
+fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
+    match input::resolve(&options.model)? {
+        Input::Weights(dir) => {
+            let prepared = prepare(&dir, options.recipe.as_deref(), options.group_size, None, options.max_shard_bytes)?;
+            let config = prepared.config.ok_or_else(|| ReportError::NoConfig { path: dir.clone() })?;
+            let sizes = size::from_plan(&prepared.plan, Some(prepared.checkpoint.shard_bytes()));
+            Ok(Planned { config, recipe: prepared.recipe.name().to_string(), sizes, input: "checkpoint" })
+        }
+        Input::Config { origin, json } => {
+            let config = ModelConfig::from_json(&json).map_err(|source| ReportError::Config { origin: origin.describe(), source })?;
+            let recipe_name = options.recipe.clone().unwrap_or_else(|| config.architecture.default_recipe().to_string());
+            let recipe = Recipe::load(&recipe_name)?.with_overrides(options.group_size, None)?;
+            let plan = plan::build(source::items_from_config(&config), &recipe, Some(config.num_hidden_layers), options.max_shard_bytes)?;
+            let input = match origin {
+                Origin::Preset(_) => "preset",
+                Origin::File(_) => "config",
+            };
+            Ok(Planned { config, recipe: recipe.name().to_string(), sizes: size::from_plan(&plan, None), input })
+        }
+    }
+}
+
+/// Builds the report: sizes from the plan, then both nodes' budgets.
+pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
+    options.layout.check()?;
+    let Planned { config, recipe, sizes, input } = plan_model(options)?;
+    let layout = &options.layout;
+    let fp8_source = sizes.classes.values().any(|class| class.schemes.contains_key("bf16") || class.schemes.contains_key("fp8-block"));
+    let source_name = if fp8_source { "fp8 source" } else { "source" };
+    let prefill = budget::node(&config, layout, source_name, sizes.source_tensors.bytes, KvDtype::Bf16);
+    let decode = budget::node(&config, layout, &recipe, sizes.output_tensors.bytes, KvDtype::Fp8);
+    let (prefill, decode) = match (prefill, decode) {
+        (Ok(prefill), Ok(decode)) => (prefill, decode),
+        (prefill, decode) => {
+            let mut problems = Vec::new();
+            if let Err(shortfall) = &prefill {
+                problems.push(does_not_fit("prefill", source_name, sizes.source_tensors.bytes, shortfall, layout));
+            }
+            if let Err(shortfall) = &decode {
+                problems.push(does_not_fit("decode", &recipe, sizes.output_tensors.bytes, shortfall, layout));
+            }
+            return Err(ReportError::DoesNotFit(format!(
+                "{}; use more GPUs (--gpus with --tp), a larger --gpu-memory, a higher --mem-fraction or a smaller --reserve",
+                problems.join("; ")
+            )));
+        }
+    };
+    let attention = match config.attention {
+        crate::model::Attention::Mla { .. } => "mla",
+        crate::model::Attention::Gqa { .. } => "gqa",
+    };
+    let kv = KvSummary {
+        attention,
+        bf16: kv::per_token(&config, KvDtype::Bf16, layout.attention_tp()),
+        fp8: kv::per_token(&config, KvDtype::Fp8, layout.attention_tp()),
+    };
+    Ok(Report {
+        model: options.model.clone(),
+        input,
+        architecture: config.architecture.name().to_string(),
+        model_type: config.model_type.clone(),
+        recipe,
+        exact: sizes.exact,
+        parameters: sizes.parameters,
+        source_bytes: sizes.source.bytes,
+        source_gib: sizes.source.gib,
+        bf16_bytes: sizes.bf16.bytes,
+        bf16_gib: sizes.bf16.gib,
+        output_bytes: sizes.output.bytes,
+        output_gib: sizes.output.gib,
+        sizes,
+        layout: layout.clone(),
+        kv,
+        prefill,
+        decode,
+    })
+}
+
+/// One node's "weights do not fit" sentence, with the GPU count that would fit at this memory.
+fn does_not_fit(node: &str, weights: &str, weight_bytes: u64, shortfall: &budget::Shortfall, layout: &Layout) -> String {
+    let needed = if shortfall.available_bytes_per_gpu == 0 {
+        "no GPU count fits".to_string()
+    } else {
+        format!("at least {} GPUs of this size would fit", weight_bytes.div_ceil(shortfall.available_bytes_per_gpu))
+    };
+    format!(
+        "{node} node: weights do not fit: {weights} is {} over tp {}, {} per GPU, but only {} per GPU is free \
+         ({} × {} minus {} reserve); short by {} per GPU ({needed})",
+        both_units(weight_bytes),
+        layout.tp,
+        both_units(shortfall.weight_bytes_per_gpu),
+        both_units(shortfall.available_bytes_per_gpu),
+        layout.gpu_memory.name,
+        layout.mem_fraction,
+        both_units(layout.reserve_bytes),
+        both_units(shortfall.bytes),
+    )
+}

@@ -1,0 +1,48 @@
+//! Built-in model presets: the public `config.json` values of Kimi K2, GLM-5 and GLM-4.5, embedded from
+//! `src/model/presets/` so that `squeeze report kimi-k2` works before anything is downloaded.
+
+/// Preset name and its `config.json` text.
+const PRESETS: [(&str, &str); 3] = [
+    ("kimi-k2", include_str!("../model/presets/kimi-k2.json")),
+    ("glm-5", include_str!("../model/presets/glm-5.json")),
+    ("glm-4.5", include_str!("../model/presets/glm-4.5.json")),
+];
+
+/// The preset names, in the order the help and the errors list them.
+pub fn names() -> Vec<&'static str> {
+    PRESETS.iter().map(|(name, _)| *name).collect()
+}
+
+/// The `config.json` text of preset `name`.
+pub fn config_text(name: &str) -> Option<&'static str> {
+    PRESETS.iter().find(|(preset, _)| *preset == name).map(|(_, text)| *text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Architecture, ModelConfig};
+
+    #[test]
+    fn every_preset_parses_with_a_block_fp8_quantization_config() {
+        for name in names() {
+            let text = config_text(name).expect("listed presets exist");
+            let json: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let config = ModelConfig::from_json(&json).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(config.weight_block_size, Some([128, 128]), "{name}");
+            assert_eq!(json["quantization_config"]["quant_method"], "fp8", "{name}");
+        }
+    }
+
+    #[test]
+    fn presets_map_to_their_architectures() {
+        let architecture = |name: &str| {
+            let json: serde_json::Value = serde_json::from_str(config_text(name).unwrap()).unwrap();
+            ModelConfig::from_json(&json).unwrap().architecture
+        };
+        assert_eq!(architecture("kimi-k2"), Architecture::DeepseekV3);
+        assert_eq!(architecture("glm-5"), Architecture::GlmMoeDsa);
+        assert_eq!(architecture("glm-4.5"), Architecture::Glm4Moe);
+        assert!(config_text("glm-6").is_none());
+    }
+}
