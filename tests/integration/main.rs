@@ -5,4 +5,3 @@ mod common;
 mod golden;
 mod quantize;
 mod report;
-mod report;
