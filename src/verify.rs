@@ -120,7 +120,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
                     } else {
                         0.0
                     };
-                    if !(error.relative_l2 <= limit) {
+                    if error.relative_l2.is_nan() || error.relative_l2 > limit {
                         problems.push(format!(
                             "{}: relative error {:.4} over the {} limit {limit}",
                             error.name, error.relative_l2, error.scheme

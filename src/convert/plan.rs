@@ -119,7 +119,7 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe) -> Result<Action, PlanErro
                 rule.name, item.dtype
             )));
         }
-        if item.shape[1] % rule.group_size != 0 {
+        if !item.shape[1].is_multiple_of(rule.group_size) {
             return Err(error(format!(
                 "rule `{}`: group size {} does not divide the row length {}; choose a divisor with --group-size",
                 rule.name, rule.group_size, item.shape[1]

@@ -285,7 +285,7 @@ impl<'a> RowReader<'a> {
             [rows, columns] => (*rows, *columns),
             other => (1, other.iter().product()),
         };
-        if !fp8.is_some() && !matches!(tensor.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
+        if fp8.is_none() && !matches!(tensor.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
             return Err(IoError::tensor(
                 shard,
                 &item.name,

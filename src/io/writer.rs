@@ -46,7 +46,7 @@ pub fn header_bytes(tensors: &[PlannedTensor]) -> Vec<u8> {
         offset = end;
     }
     let mut json = serde_json::to_vec(&map).expect("a map of strings and numbers always serializes");
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut bytes = Vec::with_capacity(8 + json.len());
