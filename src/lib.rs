@@ -12,6 +12,7 @@ pub mod model;
 pub mod progress;
 pub mod quant;
 pub mod recipe;
+pub mod runtime;
 pub mod report;
 pub mod synth;
 pub mod units;

@@ -39,9 +39,21 @@ impl Architecture {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Attention {
     /// Multi-head latent attention (DeepSeek-V3 / Kimi K2 / GLM-5).
-    Mla { q_lora_rank: Option<usize>, kv_lora_rank: usize, qk_nope_head_dim: usize, qk_rope_head_dim: usize, v_head_dim: usize },
+    Mla {
+        q_lora_rank: Option<usize>,
+        kv_lora_rank: usize,
+        qk_nope_head_dim: usize,
+        qk_rope_head_dim: usize,
+        v_head_dim: usize,
+    },
     /// Grouped-query attention (GLM-4.5).
-    Gqa { num_key_value_heads: usize, head_dim: usize, attention_bias: bool, use_qk_norm: bool, partial_rotary_factor: f64 },
+    Gqa {
+        num_key_value_heads: usize,
+        head_dim: usize,
+        attention_bias: bool,
+        use_qk_norm: bool,
+        partial_rotary_factor: f64,
+    },
 }
 
 /// The DSA lightning indexer of GLM-5.
@@ -50,6 +62,49 @@ pub struct Indexer {
     pub index_n_heads: usize,
     pub index_head_dim: usize,
     pub index_topk: usize,
+    /// Per decoder layer: `true` when the layer runs its own indexer (`"full"`), `false` when it reuses the top-k
+    /// selection of the previous full layer (`"shared"`). From `indexer_types`, `index_topk_pattern` or
+    /// `index_topk_freq`/`index_skip_topk_offset` as transformers' `GlmMoeDsaConfig` derives it; all full by default.
+    pub full_layers: Vec<bool>,
+}
+
+/// Rotary position embedding: `rope_theta` + `rope_scaling` (legacy) or `rope_parameters` (transformers v5).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Rope {
+    pub theta: f64,
+    /// Fraction of the (rotary) head dimension that is rotated (GLM-4.5: 0.5 when absent).
+    pub partial_rotary_factor: f64,
+    /// DeepSeek's interleaved pairs `(x0,x1),(x2,x3),…` (MLA models) instead of rotate-half (GQA).
+    pub interleave: bool,
+    pub scaling: RopeScaling,
+}
+
+/// RoPE frequency scaling.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "rope_type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    Default,
+    /// YaRN as transformers' `_compute_yarn_parameters`; `mscale_all_dim` also scales the MLA softmax.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        attention_factor: Option<f64>,
+        truncate: bool,
+    },
+}
+
+/// MoE routing: sigmoid scores, `e_score_correction_bias` for selection, group-limited top-k.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Routing {
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub norm_topk_prob: bool,
+    pub routed_scaling_factor: f64,
+    pub scoring_func: String,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -72,6 +127,12 @@ pub struct ModelConfig {
     pub indexer: Option<Indexer>,
     /// FP8 block size from `quantization_config.weight_block_size`, if the source declares one.
     pub weight_block_size: Option<[usize; 2]>,
+    pub rope: Rope,
+    pub rms_norm_eps: f64,
+    pub max_position_embeddings: usize,
+    pub routing: Routing,
+    /// Per decoder layer: `true` for a MoE layer (`mlp_layer_types` when given, else `first_k_dense_replace`).
+    pub moe_layers: Vec<bool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,17 +183,34 @@ impl ModelConfig {
                 head_dim: reader.optional_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads.max(1)),
                 attention_bias: reader.bool_or("attention_bias", false),
                 use_qk_norm: reader.bool_or("use_qk_norm", false),
-                partial_rotary_factor: reader.partial_rotary_factor(),
+                partial_rotary_factor: reader.partial_rotary_factor().unwrap_or(0.5),
             },
         };
+        let num_hidden_layers = reader.usize("num_hidden_layers")?;
         let indexer = match architecture {
             Architecture::GlmMoeDsa => Some(Indexer {
                 index_n_heads: reader.usize("index_n_heads")?,
                 index_head_dim: reader.usize("index_head_dim")?,
                 index_topk: reader.usize("index_topk")?,
+                full_layers: reader.indexer_full_layers(num_hidden_layers)?,
             }),
             _ => None,
         };
+        let rope = reader.rope(architecture)?;
+        let routing = Routing {
+            n_group: reader.optional_usize("n_group")?.unwrap_or(1).max(1),
+            topk_group: reader.optional_usize("topk_group")?.unwrap_or(1).max(1),
+            norm_topk_prob: reader.bool_or("norm_topk_prob", true),
+            routed_scaling_factor: reader
+                .f64_or("routed_scaling_factor", if architecture == Architecture::Glm4Moe { 1.0 } else { 2.5 })?,
+            scoring_func: config.get("scoring_func").and_then(Value::as_str).unwrap_or("sigmoid").to_string(),
+        };
+        let first_k_dense_replace = reader.optional_usize("first_k_dense_replace")?.unwrap_or(0);
+        let moe_layers = match config.get("mlp_layer_types").and_then(Value::as_array) {
+            Some(kinds) => kinds.iter().map(|kind| kind.as_str() == Some("sparse")).collect(),
+            None => (0..num_hidden_layers).map(|layer| layer >= first_k_dense_replace).collect(),
+        };
+        let default_eps = if architecture == Architecture::DeepseekV3 { 1e-6 } else { 1e-5 };
         let weight_block_size = config
             .get("quantization_config")
             .and_then(|q| q.get("weight_block_size"))
@@ -145,7 +223,7 @@ impl ModelConfig {
             architecture,
             model_type,
             hidden_size,
-            num_hidden_layers: reader.usize("num_hidden_layers")?,
+            num_hidden_layers,
             vocab_size: reader.usize("vocab_size")?,
             num_attention_heads,
             intermediate_size: reader.usize("intermediate_size")?,
@@ -153,12 +231,17 @@ impl ModelConfig {
             n_routed_experts: reader.usize("n_routed_experts")?,
             n_shared_experts: reader.optional_usize("n_shared_experts")?.unwrap_or(0),
             num_experts_per_tok: reader.usize("num_experts_per_tok")?,
-            first_k_dense_replace: reader.optional_usize("first_k_dense_replace")?.unwrap_or(0),
+            first_k_dense_replace,
             num_nextn_predict_layers: reader.optional_usize("num_nextn_predict_layers")?.unwrap_or(0),
             tie_word_embeddings: reader.bool_or("tie_word_embeddings", false),
             attention,
             indexer,
             weight_block_size,
+            rope,
+            rms_norm_eps: reader.f64_or("rms_norm_eps", default_eps)?,
+            max_position_embeddings: reader.optional_usize("max_position_embeddings")?.unwrap_or(4096),
+            routing,
+            moe_layers,
         })
     }
 
@@ -170,6 +253,12 @@ impl ModelConfig {
     /// Whether layer `layer` is a MoE layer (the first `first_k_dense_replace` layers are dense).
     pub fn is_moe_layer(&self, layer: usize) -> bool {
         layer >= self.first_k_dense_replace
+    }
+
+    /// Whether decoder layer `layer` runs a MoE block in the forward pass (`mlp_layer_types` when the config
+    /// gives it; MTP layers past `num_hidden_layers` follow `first_k_dense_replace`).
+    pub fn runs_moe(&self, layer: usize) -> bool {
+        self.moe_layers.get(layer).copied().unwrap_or_else(|| self.is_moe_layer(layer))
     }
 }
 
@@ -196,11 +285,99 @@ impl Keys<'_> {
     }
 
     /// `partial_rotary_factor` at top level or inside `rope_parameters` (transformers v5 style).
-    fn partial_rotary_factor(&self) -> f64 {
+    fn partial_rotary_factor(&self) -> Option<f64> {
         self.0
             .get("partial_rotary_factor")
             .or_else(|| self.0.get("rope_parameters").and_then(|r| r.get("partial_rotary_factor")))
             .and_then(Value::as_f64)
-            .unwrap_or(1.0)
+    }
+
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(value) => value.as_f64().ok_or_else(|| ConfigError::Unsupported {
+                key: key.into(),
+                value: value.to_string(),
+                hint: "expected a number".into(),
+            }),
+        }
+    }
+
+    /// RoPE settings, resolved like transformers' `convert_rope_params_to_dict`: `rope_scaling` wins over
+    /// `rope_parameters`; `rope_theta` comes from inside the dict or from the top level.
+    fn rope(&self, architecture: Architecture) -> Result<Rope, ConfigError> {
+        let parameters = match self.0.get("rope_scaling") {
+            Some(value @ Value::Object(_)) => Some(value),
+            _ => self.0.get("rope_parameters").filter(|value| value.is_object()),
+        };
+        let inside = |key: &str| parameters.and_then(|p| p.get(key)).filter(|value| !value.is_null());
+        let number = |key: &str| -> Result<Option<f64>, ConfigError> {
+            match inside(key) {
+                None => Ok(None),
+                Some(value) => value.as_f64().map(Some).ok_or_else(|| ConfigError::Unsupported {
+                    key: format!("rope_parameters.{key}"),
+                    value: value.to_string(),
+                    hint: "expected a number".into(),
+                }),
+            }
+        };
+        let theta = match number("rope_theta")? {
+            Some(theta) => theta,
+            None => self.f64_or("rope_theta", 10000.0)?,
+        };
+        let kind = inside("rope_type").or_else(|| inside("type")).and_then(Value::as_str).unwrap_or("default");
+        let scaling = match kind {
+            "default" => RopeScaling::Default,
+            "yarn" => RopeScaling::Yarn {
+                factor: number("factor")?.ok_or_else(|| ConfigError::Missing("rope_scaling.factor".into()))?,
+                original_max_position_embeddings: match number("original_max_position_embeddings")? {
+                    Some(value) => value as usize,
+                    None => self
+                        .optional_usize("original_max_position_embeddings")?
+                        .or(self.optional_usize("max_position_embeddings")?)
+                        .unwrap_or(4096),
+                },
+                beta_fast: number("beta_fast")?.filter(|v| *v != 0.0).unwrap_or(32.0),
+                beta_slow: number("beta_slow")?.filter(|v| *v != 0.0).unwrap_or(1.0),
+                mscale: number("mscale")?,
+                mscale_all_dim: number("mscale_all_dim")?,
+                attention_factor: number("attention_factor")?,
+                truncate: inside("truncate").and_then(Value::as_bool).unwrap_or(true),
+            },
+            other => {
+                return Err(ConfigError::Unsupported {
+                    key: "rope_scaling.rope_type".into(),
+                    value: format!("{other:?}"),
+                    hint: "the runtime supports default and yarn RoPE".into(),
+                })
+            }
+        };
+        let mla = matches!(architecture, Architecture::DeepseekV3 | Architecture::GlmMoeDsa);
+        let interleave = match architecture {
+            Architecture::DeepseekV3 => self.bool_or("rope_interleave", true),
+            Architecture::GlmMoeDsa => true,
+            Architecture::Glm4Moe => false,
+        };
+        let partial_rotary_factor = match number("partial_rotary_factor")? {
+            Some(factor) => factor,
+            None if mla => 1.0,
+            None => self.partial_rotary_factor().unwrap_or(0.5),
+        };
+        Ok(Rope { theta, partial_rotary_factor, interleave, scaling })
+    }
+
+    /// GLM-5's per-layer indexer kinds, as `GlmMoeDsaConfig.__post_init__` derives them.
+    fn indexer_full_layers(&self, layers: usize) -> Result<Vec<bool>, ConfigError> {
+        if let Some(kinds) = self.0.get("indexer_types").and_then(Value::as_array) {
+            return Ok(kinds.iter().map(|kind| kind.as_str() != Some("shared")).collect());
+        }
+        match self.0.get("index_topk_pattern") {
+            Some(Value::String(pattern)) => return Ok(pattern.chars().map(|c| c != 'S').collect()),
+            Some(Value::Array(kinds)) => return Ok(kinds.iter().map(|kind| kind.as_str() != Some("shared")).collect()),
+            _ => {}
+        }
+        let frequency = self.optional_usize("index_topk_freq")?.unwrap_or(1).max(1);
+        let offset = self.optional_usize("index_skip_topk_offset")?.unwrap_or(2);
+        Ok((0..layers).map(|layer| (layer + 1).saturating_sub(offset) % frequency == 0).collect())
     }
 }

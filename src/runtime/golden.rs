@@ -1,0 +1,83 @@
+//! The runtime against HF transformers' float32 logits on the committed tiny checkpoints of
+//! `tests/golden/runtime/` (written by `scripts/oracle/make-runtime-golden.py`; no Python needed here).
+
+use std::path::PathBuf;
+
+use super::{Cpu, Model};
+use crate::io::dtype::Dtype;
+use crate::io::ShardFile;
+use crate::progress::Silent;
+
+/// Relative L2 error of logits allowed against transformers in float32 on the same (exactly dequantized) weights:
+/// both sides compute in f32 with different summation orders (blocked dot products vs BLAS), which leaves ~1e-6;
+/// 1e-4 leaves room for that across three layers while any real mistake (a wrong norm eps, RoPE layout, a flipped
+/// expert) shows up as 1e-3 or more. Top-k near-ties are excluded by the golden script, not by this tolerance.
+const MAX_RELATIVE_L2: f64 = 1e-4;
+/// Sequence 1 is run truncated to this many tokens: a causal model's logits for a prefix are the prefix of its
+/// logits, so this checks uneven sequence lengths in one batch against the same golden rows.
+const TRUNCATED: usize = 17;
+
+fn read_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// Relative L2 and max-abs error of `got` against `want`.
+pub(crate) fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
+    let (mut difference, mut norm, mut max_abs) = (0f64, 0f64, 0f64);
+    for (a, b) in got.iter().zip(want) {
+        let delta = *a as f64 - *b as f64;
+        difference += delta * delta;
+        norm += (*b as f64) * (*b as f64);
+        max_abs = max_abs.max(delta.abs());
+    }
+    ((difference / norm.max(f64::MIN_POSITIVE)).sqrt(), max_abs)
+}
+
+fn check(arch: &str) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime").join(arch);
+    let golden = ShardFile::open(&dir.join("golden.safetensors"))
+        .unwrap_or_else(|e| panic!("{e}: golden data missing; run scripts/oracle/make-runtime-golden.py"));
+    let ids = golden.get("input_ids").expect("input_ids");
+    assert_eq!(ids.dtype, Dtype::I64);
+    let (sequences, length) = (ids.shape[0], ids.shape[1]);
+    let ids: Vec<u32> = ids.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
+    let want = read_f32(golden.get("logits").expect("logits").bytes);
+    let vocab = want.len() / (sequences * length);
+
+    let model = Model::open(&dir).expect("golden checkpoint opens");
+    let mut batch: Vec<Vec<u32>> = ids.chunks(length).map(<[u32]>::to_vec).collect();
+    batch[1].truncate(TRUNCATED);
+    let mut got: Vec<Vec<f32>> = vec![Vec::new(); sequences];
+    let stats = model
+        .forward(&Cpu, &batch, &Silent, &mut |index, logits| {
+            got[index] = logits.to_vec();
+            Ok(())
+        })
+        .expect("forward runs");
+    for (index, logits) in got.iter().enumerate() {
+        let rows = batch[index].len();
+        let reference = &want[index * length * vocab..][..rows * vocab];
+        let (relative_l2, max_abs) = errors(logits, reference);
+        println!("{arch} sequence {index} ({rows} tokens): relative L2 {relative_l2:.3e}, max |Δlogit| {max_abs:.3e}, near-ties {}", stats.near_ties);
+        assert!(
+            relative_l2 <= MAX_RELATIVE_L2,
+            "{arch} sequence {index}: relative L2 {relative_l2:.3e} over {MAX_RELATIVE_L2:e} (max |Δ| {max_abs:.3e}); near-ties seen by the runtime: {}",
+            stats.near_ties
+        );
+    }
+}
+
+#[test]
+fn kimi_k2_matches_transformers() {
+    check("kimi-k2");
+}
+
+#[test]
+fn glm5_matches_transformers() {
+    check("glm5");
+}
+
+#[test]
+fn glm45_matches_transformers() {
+    check("glm45");
+}

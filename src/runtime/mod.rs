@@ -1,0 +1,85 @@
+//! The reference runtime: one op surface ([`Backend`]) with a CPU backend (rayon, f32), and a layer-streamed
+//! forward pass of `DeepseekV3ForCausalLM` (Kimi K2), `GlmMoeDsaForCausalLM` (GLM-5) and `Glm4MoeForCausalLM`
+//! (GLM-4.5) that matches HF transformers' float32 logits.
+//!
+//! # Layer-streamed execution and memory
+//! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
+//! through that layer, then the layer is dropped. Routed experts are streamed further: each expert hit by some token
+//! is dequantized, applied to its tokens and dropped, a few at a time (one per worker thread). Peak memory is
+//!
+//! ```text
+//! peak ≈ one layer's dequantized f32 weights without its routed experts   (attention + router + shared/dense MLP)
+//!      + threads × one routed expert in f32                               (3 · moe_intermediate · hidden · 4 B)
+//!      + activations: tokens × hidden × 4 B × ~6  (+ MLA keys/values tokens × heads × (qk+v) × 4 B)
+//!      + logits of one sequence: ctx × vocab × 4 B  (+ lm_head in f32: vocab × hidden × 4 B)
+//! ```
+//! where `tokens = sequences × ctx`, independent of the number of layers, so a 705 GiB model runs in the memory of
+//! one layer. The checkpoint itself stays memory-mapped (page cache, not process memory).
+
+pub mod backend;
+pub mod cpu;
+#[cfg(test)]
+mod golden;
+mod gqa;
+mod indexer;
+mod layer;
+mod mla;
+pub mod model;
+mod moe;
+pub mod rope_table;
+pub mod weights;
+
+use std::path::PathBuf;
+
+pub use backend::{AttentionShape, Backend, Matrix, RopeStyle};
+pub use cpu::Cpu;
+pub use model::{ForwardStats, Model};
+
+use crate::io::IoError;
+use crate::model::ConfigError;
+
+/// Errors of the runtime: each names the file and tensor or the input at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Input(String),
+    #[error("{0}")]
+    Output(String),
+}
+
+impl RuntimeError {
+    pub fn tensor(path: impl Into<PathBuf>, tensor: impl Into<String>, problem: impl Into<String>) -> Self {
+        RuntimeError::Io(IoError::tensor(path, tensor, problem))
+    }
+}
+
+/// Token positions of each sequence inside the flat `[tokens, width]` activations of a batch.
+#[derive(Debug, Clone)]
+pub struct Spans {
+    pub starts: Vec<usize>,
+    pub lengths: Vec<usize>,
+}
+
+impl Spans {
+    pub fn new(lengths: &[usize]) -> Self {
+        let mut starts = Vec::with_capacity(lengths.len());
+        let mut next = 0;
+        for length in lengths {
+            starts.push(next);
+            next += length;
+        }
+        Self { starts, lengths: lengths.to_vec() }
+    }
+
+    pub fn total(&self) -> usize {
+        self.lengths.iter().sum()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.starts.iter().copied().zip(self.lengths.iter().copied())
+    }
+}
