@@ -92,7 +92,7 @@ fn count(value: u64) -> String {
     let digits = value.to_string();
     let mut text = String::new();
     for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index) % 3 == 0 {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
             text.push(',');
         }
         text.push(digit);
@@ -105,7 +105,13 @@ pub fn print_human(report: &Report) {
     println!("{} ({} {}, {} input; sizes {how})\n", report.model, report.architecture, report.model_type, report.input);
     let mut classes = Table::new(&["class", "parameters", "source", "as bf16", &report.recipe]);
     for (class, size) in &report.sizes.classes {
-        classes.row(vec![class.clone(), count(size.parameters), gib(size.source_bytes), gib(size.bf16_bytes), gib(size.output_bytes)]);
+        classes.row(vec![
+            class.clone(),
+            count(size.parameters),
+            gib(size.source_bytes),
+            gib(size.bf16_bytes),
+            gib(size.output_bytes),
+        ]);
     }
     let sizes = &report.sizes;
     classes.row(vec![
@@ -147,7 +153,8 @@ pub fn print_human(report: &Report) {
     );
     let (prefill, decode) = (&report.prefill, &report.decode);
     let mut nodes = Table::new(&["per node", "prefill node", "decode node"]);
-    let mut row = |label: &str, cell: &dyn Fn(&NodeBudget) -> String| nodes.row(vec![label.into(), cell(prefill), cell(decode)]);
+    let mut row =
+        |label: &str, cell: &dyn Fn(&NodeBudget) -> String| nodes.row(vec![label.into(), cell(prefill), cell(decode)]);
     row("weights", &|n| n.weights.clone());
     row("weights per GPU", &|n| human(n.weight_bytes_per_gpu));
     row("KV dtype", &|n| n.kv_dtype.name().into());

@@ -46,10 +46,11 @@ impl Layout {
         if self.context == 0 {
             return Err(LayoutError::Zero("context"));
         }
-        if self.gpus % self.tp != 0 {
+        if !self.gpus.is_multiple_of(self.tp) {
             return Err(LayoutError::TpDoesNotDivide { tp: self.tp, gpus: self.gpus });
         }
-        if !(self.mem_fraction > 0.0 && self.mem_fraction <= 1.0) {
+        let fraction_valid = self.mem_fraction > 0.0 && self.mem_fraction <= 1.0;
+        if !fraction_valid {
             return Err(LayoutError::Fraction(self.mem_fraction));
         }
         Ok(())
@@ -111,7 +112,13 @@ pub struct Shortfall {
 }
 
 /// Sizes one node; `Err` when its weights and the reserve exceed the usable memory.
-pub fn node(config: &ModelConfig, layout: &Layout, weights: &str, weight_bytes: u64, kv_dtype: KvDtype) -> Result<NodeBudget, Shortfall> {
+pub fn node(
+    config: &ModelConfig,
+    layout: &Layout,
+    weights: &str,
+    weight_bytes: u64,
+    kv_dtype: KvDtype,
+) -> Result<NodeBudget, Shortfall> {
     let weight_bytes_per_gpu = weight_bytes.div_ceil(layout.tp as u64);
     let kv = kv::per_token(config, kv_dtype, layout.attention_tp());
     let kv_pool_bytes_per_gpu = match layout.kv_pool_bytes {
@@ -119,7 +126,11 @@ pub fn node(config: &ModelConfig, layout: &Layout, weights: &str, weight_bytes: 
         None => {
             let available = layout.usable_bytes_per_gpu().saturating_sub(layout.reserve_bytes);
             if weight_bytes_per_gpu >= available {
-                return Err(Shortfall { weight_bytes_per_gpu, available_bytes_per_gpu: available, bytes: weight_bytes_per_gpu - available });
+                return Err(Shortfall {
+                    weight_bytes_per_gpu,
+                    available_bytes_per_gpu: available,
+                    bytes: weight_bytes_per_gpu - available,
+                });
             }
             available - weight_bytes_per_gpu
         }
@@ -146,7 +157,8 @@ mod tests {
     use super::*;
 
     fn kimi() -> ModelConfig {
-        let json: serde_json::Value = serde_json::from_str(crate::report::presets::config_text("kimi-k2").unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(crate::report::presets::config_text("kimi-k2").unwrap()).unwrap();
         ModelConfig::from_json(&json).unwrap()
     }
 

@@ -59,7 +59,8 @@ pub fn resolve(model: &str) -> Result<Input, ReportError> {
     }
     match presets::config_text(model) {
         Some(text) => {
-            let json = serde_json::from_str(text).map_err(|e| ReportError::Preset { name: model.into(), problem: e.to_string() })?;
+            let json = serde_json::from_str(text)
+                .map_err(|e| ReportError::Preset { name: model.into(), problem: e.to_string() })?;
             Ok(Input::Config { json, origin: Origin::Preset(model.into()) })
         }
         None => Err(ReportError::UnknownModel { name: model.into(), presets: presets::names().join(", ") }),

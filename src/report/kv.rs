@@ -58,13 +58,25 @@ pub fn kv_heads_per_gpu(num_key_value_heads: usize, attention_tp: usize) -> usiz
 pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> KvPerToken {
     let elements_per_layer = match &config.attention {
         Attention::Mla { kv_lora_rank, qk_rope_head_dim, .. } => kv_lora_rank + qk_rope_head_dim,
-        Attention::Gqa { num_key_value_heads, head_dim, .. } => 2 * kv_heads_per_gpu(*num_key_value_heads, attention_tp) * head_dim,
+        Attention::Gqa { num_key_value_heads, head_dim, .. } => {
+            2 * kv_heads_per_gpu(*num_key_value_heads, attention_tp) * head_dim
+        }
     };
-    let indexer_bytes_per_layer =
-        config.indexer.as_ref().map(|indexer| (indexer.index_head_dim + indexer.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64).unwrap_or(0);
+    let indexer_bytes_per_layer = config
+        .indexer
+        .as_ref()
+        .map(|indexer| (indexer.index_head_dim + indexer.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64)
+        .unwrap_or(0);
     let bytes_per_layer = (elements_per_layer * dtype.bytes()) as u64 + indexer_bytes_per_layer;
     let layers = config.num_hidden_layers;
-    KvPerToken { dtype, layers, elements_per_layer, indexer_bytes_per_layer, bytes_per_layer, bytes_per_token: bytes_per_layer * layers as u64 }
+    KvPerToken {
+        dtype,
+        layers,
+        elements_per_layer,
+        indexer_bytes_per_layer,
+        bytes_per_layer,
+        bytes_per_token: bytes_per_layer * layers as u64,
+    }
 }
 
 #[cfg(test)]

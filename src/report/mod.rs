@@ -87,10 +87,17 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
             Ok(Planned { config, recipe: prepared.recipe.name().to_string(), sizes, input: "checkpoint" })
         }
         Input::Config { origin, json } => {
-            let config = ModelConfig::from_json(&json).map_err(|source| ReportError::Config { origin: origin.describe(), source })?;
-            let recipe_name = options.recipe.clone().unwrap_or_else(|| config.architecture.default_recipe().to_string());
+            let config = ModelConfig::from_json(&json)
+                .map_err(|source| ReportError::Config { origin: origin.describe(), source })?;
+            let recipe_name =
+                options.recipe.clone().unwrap_or_else(|| config.architecture.default_recipe().to_string());
             let recipe = Recipe::load(&recipe_name)?.with_overrides(options.group_size, None)?;
-            let plan = plan::build(source::items_from_config(&config), &recipe, Some(config.num_hidden_layers), options.max_shard_bytes)?;
+            let plan = plan::build(
+                source::items_from_config(&config),
+                &recipe,
+                Some(config.num_hidden_layers),
+                options.max_shard_bytes,
+            )?;
             let input = match origin {
                 Origin::Preset(_) => "preset",
                 Origin::File(_) => "config",
@@ -105,7 +112,10 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
     options.layout.check()?;
     let Planned { config, recipe, sizes, input } = plan_model(options)?;
     let layout = &options.layout;
-    let fp8_source = sizes.classes.values().any(|class| class.schemes.contains_key("bf16") || class.schemes.contains_key("fp8-block"));
+    let fp8_source = sizes
+        .classes
+        .values()
+        .any(|class| class.schemes.contains_key("bf16") || class.schemes.contains_key("fp8-block"));
     let source_name = if fp8_source { "fp8 source" } else { "source" };
     let prefill = budget::node(&config, layout, source_name, sizes.source_tensors.bytes, KvDtype::Bf16);
     let decode = budget::node(&config, layout, &recipe, sizes.output_tensors.bytes, KvDtype::Fp8);
@@ -157,7 +167,13 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
 }
 
 /// One node's "weights do not fit" sentence, with the GPU count that would fit at this memory.
-fn does_not_fit(node: &str, weights: &str, weight_bytes: u64, shortfall: &budget::Shortfall, layout: &Layout) -> String {
+fn does_not_fit(
+    node: &str,
+    weights: &str,
+    weight_bytes: u64,
+    shortfall: &budget::Shortfall,
+    layout: &Layout,
+) -> String {
     let needed = if shortfall.available_bytes_per_gpu == 0 {
         "no GPU count fits".to_string()
     } else {

@@ -98,10 +98,13 @@ mod tests {
     use crate::recipe::Recipe;
 
     fn sizes(preset: &str, recipe: &str) -> Sizes {
-        let json: serde_json::Value = serde_json::from_str(crate::report::presets::config_text(preset).unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(crate::report::presets::config_text(preset).unwrap()).unwrap();
         let config = ModelConfig::from_json(&json).unwrap();
         let recipe = Recipe::load(recipe).unwrap();
-        let plan = plan::build(source::items_from_config(&config), &recipe, Some(config.num_hidden_layers), 5_000_000_000).unwrap();
+        let plan =
+            plan::build(source::items_from_config(&config), &recipe, Some(config.num_hidden_layers), 5_000_000_000)
+                .unwrap();
         from_plan(&plan, None)
     }
 
@@ -113,7 +116,16 @@ mod tests {
         assert_eq!(glm5.classes.values().map(|c| c.output_bytes).sum::<u64>(), glm5.output_tensors.bytes);
         assert!(glm5.output.bytes > glm5.output_tensors.bytes, "files add headers");
         assert_eq!(glm5.classes["routed_experts"].schemes.keys().collect::<Vec<_>>(), ["int4"]);
-        for class in ["routed_experts", "shared_experts", "attention", "indexer", "dense_mlp", "embeddings", "norms_router", "mtp"] {
+        for class in [
+            "routed_experts",
+            "shared_experts",
+            "attention",
+            "indexer",
+            "dense_mlp",
+            "embeddings",
+            "norms_router",
+            "mtp",
+        ] {
             assert!(glm5.classes.contains_key(class), "{class}");
         }
     }

@@ -68,7 +68,10 @@ fn computed_pool_is_memory_share_less_weights_and_reserve() {
         assert_eq!(number(&json, &format!("/{node}/max_concurrency")), pool / per_token / 8192, "{node}");
     }
     // Prefill holds the FP8 source, decode the INT4 output, each split over tp 8.
-    assert_eq!(number(&json, "/prefill/weight_bytes_per_gpu"), number(&json, "/sizes/source_tensors/bytes").div_ceil(8));
+    assert_eq!(
+        number(&json, "/prefill/weight_bytes_per_gpu"),
+        number(&json, "/sizes/source_tensors/bytes").div_ceil(8)
+    );
     assert_eq!(number(&json, "/decode/weight_bytes_per_gpu"), number(&json, "/sizes/output_tensors/bytes").div_ceil(8));
 }
 
@@ -76,7 +79,11 @@ fn computed_pool_is_memory_share_less_weights_and_reserve() {
 fn dp_attention_multiplies_mla_capacity_by_the_ranks() {
     let plain = report(&["kimi-k2", "--kv-pool", "10GB", "--json"]).ok().json();
     let dp = report(&["kimi-k2", "--kv-pool", "10GB", "--dp-attention", "--json"]).ok().json();
-    assert_eq!(number(&dp, "/decode/kv_bytes_per_token"), number(&plain, "/decode/kv_bytes_per_token"), "the latent row is whole on every rank");
+    assert_eq!(
+        number(&dp, "/decode/kv_bytes_per_token"),
+        number(&plain, "/decode/kv_bytes_per_token"),
+        "the latent row is whole on every rank"
+    );
     assert_eq!(number(&dp, "/decode/kv_capacity_tokens"), 8 * number(&plain, "/decode/kv_capacity_tokens"));
 }
 
@@ -96,12 +103,20 @@ fn glm5_preset_lands_on_the_published_sizes() {
     assert_eq!(json["exact"], false);
     let source_gib = number(&json, "/source_bytes") as f64 / GIB;
     let output_gib = number(&json, "/output_bytes") as f64 / GIB;
-    assert!((source_gib / 705.0 - 1.0).abs() < PUBLISHED_SIZE_TOLERANCE, "FP8 source {source_gib:.2} GiB, published 705 GiB");
-    assert!((output_gib / 421.0 - 1.0).abs() < PUBLISHED_SIZE_TOLERANCE, "glm5-int4 output {output_gib:.2} GiB, published 421 GiB");
+    assert!(
+        (source_gib / 705.0 - 1.0).abs() < PUBLISHED_SIZE_TOLERANCE,
+        "FP8 source {source_gib:.2} GiB, published 705 GiB"
+    );
+    assert!(
+        (output_gib / 421.0 - 1.0).abs() < PUBLISHED_SIZE_TOLERANCE,
+        "glm5-int4 output {output_gib:.2} GiB, published 421 GiB"
+    );
     // 744 B parameters without the MTP layer (zai-org/GLM-5 README).
     let parameters = number(&json, "/parameters") - number(&json, "/sizes/classes/mtp/parameters");
     assert!((parameters as f64 / 744e9 - 1.0).abs() < 0.005, "{parameters}");
-    for class in ["routed_experts", "shared_experts", "attention", "indexer", "dense_mlp", "embeddings", "norms_router", "mtp"] {
+    for class in
+        ["routed_experts", "shared_experts", "attention", "indexer", "dense_mlp", "embeddings", "norms_router", "mtp"]
+    {
         assert!(json["sizes"]["classes"].get(class).is_some(), "class {class} missing");
     }
 }
@@ -111,11 +126,15 @@ fn output_bytes_from_weights_equal_what_quantize_writes() {
     for (arch, shard_size) in [("kimi-k2", "5GB"), ("glm45", "1MB"), ("glm5", "700kB")] {
         let dir = tempfile::tempdir().unwrap();
         let source = synth(dir.path(), "fp8", arch, &["--shards", "2"]);
-        let reported = report(&[path_str(&source), "--max-shard-size", shard_size, "--kv-pool", "1GB", "--json"]).ok().json();
+        let reported =
+            report(&[path_str(&source), "--max-shard-size", shard_size, "--kv-pool", "1GB", "--json"]).ok().json();
         assert_eq!(reported["exact"], true, "{arch}");
         assert_eq!(reported["input"], "checkpoint", "{arch}");
         let out = dir.path().join("int4");
-        let written = squeeze(&["quantize", path_str(&source), path_str(&out), "--max-shard-size", shard_size, "--json"]).ok().json();
+        let written =
+            squeeze(&["quantize", path_str(&source), path_str(&out), "--max-shard-size", shard_size, "--json"])
+                .ok()
+                .json();
         assert_eq!(number(&reported, "/output_bytes"), number(&written, "/output_bytes"), "{arch}: report vs quantize");
         assert_eq!(number(&reported, "/output_bytes"), shard_file_bytes(&out), "{arch}: report vs files on disk");
         assert_eq!(number(&reported, "/source_bytes"), shard_file_bytes(&source), "{arch}: source files");
@@ -144,7 +163,16 @@ fn a_config_alone_gives_the_same_tensor_bytes_as_the_weights() {
 #[test]
 fn human_report_shows_sizes_and_both_nodes() {
     let run = report(&["glm-5"]).ok();
-    for needle in ["prefill node", "decode node", "GiB", "GB", "routed_experts", "glm5-int4", "KV tokens per node", "requests of 8,192"] {
+    for needle in [
+        "prefill node",
+        "decode node",
+        "GiB",
+        "GB",
+        "routed_experts",
+        "glm5-int4",
+        "KV tokens per node",
+        "requests of 8,192",
+    ] {
         assert!(run.stdout.contains(needle), "stdout should contain `{needle}`:\n{}", run.stdout);
     }
 }
@@ -158,7 +186,8 @@ fn unknown_preset_lists_the_known_ones() {
 #[test]
 fn config_missing_a_key_names_it() {
     let dir = tempfile::tempdir().unwrap();
-    let text = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model/presets/kimi-k2.json")).unwrap();
+    let text =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model/presets/kimi-k2.json")).unwrap();
     let mut config: Value = serde_json::from_str(&text).unwrap();
     config.as_object_mut().unwrap().remove("kv_lora_rank");
     let path = dir.path().join("config.json");
