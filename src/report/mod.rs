@@ -112,10 +112,8 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
     options.layout.check()?;
     let Planned { config, recipe, sizes, input } = plan_model(options)?;
     let layout = &options.layout;
-    let fp8_source = sizes
-        .classes
-        .values()
-        .any(|class| class.schemes.contains_key("bf16") || class.schemes.contains_key("fp8-block"));
+    // FP8 weights are the only tensors whose BF16 form differs from the source.
+    let fp8_source = sizes.bf16.bytes != sizes.source_tensors.bytes;
     let source_name = if fp8_source { "fp8 source" } else { "source" };
     let prefill = budget::node(&config, layout, source_name, sizes.source_tensors.bytes, KvDtype::Bf16);
     let decode = budget::node(&config, layout, &recipe, sizes.output_tensors.bytes, KvDtype::Fp8);

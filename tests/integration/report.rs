@@ -143,6 +143,28 @@ fn output_bytes_from_weights_equal_what_quantize_writes() {
 }
 
 #[test]
+fn the_bf16_line_is_what_a_dequantizing_recipe_writes_and_bf16_folders_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = synth(dir.path(), "fp8", "glm5", &[]);
+    let all_bf16 = dir.path().join("bf16.toml");
+    fs::write(&all_bf16, "name = \"all-bf16\"\nunselected = \"bf16\"\n").unwrap();
+    let reported =
+        report(&[path_str(&source), "--recipe", path_str(&all_bf16), "--kv-pool", "1GB", "--json"]).ok().json();
+    assert_eq!(number(&reported, "/bf16_bytes"), number(&reported, "/sizes/output_tensors/bytes"));
+    assert_eq!(reported["prefill"]["weights"], "fp8 source");
+    let bf16 = dir.path().join("bf16");
+    squeeze(&["quantize", path_str(&source), path_str(&bf16), "--recipe", path_str(&all_bf16)]).ok();
+    assert_eq!(number(&reported, "/output_bytes"), shard_file_bytes(&bf16));
+    // The BF16 folder as a source: no FP8 left, and the default recipe's output still matches quantize.
+    let from_bf16 = report(&[path_str(&bf16), "--kv-pool", "1GB", "--json"]).ok().json();
+    assert_eq!(from_bf16["prefill"]["weights"], "source");
+    assert_eq!(number(&from_bf16, "/bf16_bytes"), number(&from_bf16, "/sizes/source_tensors/bytes"));
+    let int4 = dir.path().join("int4");
+    let written = squeeze(&["quantize", path_str(&bf16), path_str(&int4), "--json"]).ok().json();
+    assert_eq!(number(&from_bf16, "/output_bytes"), number(&written, "/output_bytes"));
+}
+
+#[test]
 fn a_config_alone_gives_the_same_tensor_bytes_as_the_weights() {
     let dir = tempfile::tempdir().unwrap();
     let source = synth(dir.path(), "fp8", "kimi-k2", &[]);
