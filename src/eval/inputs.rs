@@ -1,0 +1,72 @@
+//! Evaluation chunks: a text file tokenized with the model's tokenizer and cut into `ctx`-token chunks, or a
+//! safetensors file holding `input_ids` `[n, ctx]` (I32 or I64), used as given (no BOS added).
+
+use std::path::Path;
+
+use super::EvalError;
+use crate::io::dtype::Dtype;
+use crate::io::ShardFile;
+use crate::model::tokenizer::Tokenizer;
+
+/// Non-overlapping `ctx`-token chunks of a UTF-8 text file; a shorter tail is dropped.
+pub fn chunks_from_text(model: &Path, text_file: &Path, ctx: usize) -> Result<Vec<Vec<u32>>, EvalError> {
+    let text = std::fs::read_to_string(text_file)
+        .map_err(|e| EvalError::Input(format!("{}: {e} (expected a UTF-8 text file)", text_file.display())))?;
+    let tokenizer = Tokenizer::from_dir(model)?;
+    let ids = tokenizer.encode(&text)?;
+    if ctx < 2 {
+        return Err(EvalError::Input("--ctx must be at least 2".into()));
+    }
+    if ids.len() < ctx {
+        return Err(EvalError::Input(format!(
+            "{}: {} tokens, fewer than one chunk of --ctx {ctx}; use a longer text or a smaller --ctx",
+            text_file.display(),
+            ids.len()
+        )));
+    }
+    Ok(ids.chunks_exact(ctx).map(<[u32]>::to_vec).collect())
+}
+
+/// The rows of `input_ids` in a safetensors file.
+pub fn read_token_file(path: &Path) -> Result<Vec<Vec<u32>>, EvalError> {
+    let file = ShardFile::open(path)?;
+    let tensor = file.get("input_ids").ok_or_else(|| {
+        EvalError::Input(format!(
+            "{}: has no tensor `input_ids`; write input_ids [n, ctx] as I32 or I64",
+            path.display()
+        ))
+    })?;
+    let [rows, ctx] = match tensor.shape {
+        [rows, ctx] => [*rows, *ctx],
+        other => {
+            return Err(EvalError::Input(format!(
+                "{}: tensor `input_ids` has shape {other:?}, expected [n, ctx]",
+                path.display()
+            )))
+        }
+    };
+    let values: Vec<i64> = match tensor.dtype {
+        Dtype::I64 => tensor
+            .bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect(),
+        Dtype::I32 => {
+            tensor.bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect()
+        }
+        other => {
+            return Err(EvalError::Input(format!(
+                "{}: tensor `input_ids` has dtype {other}, expected I32 or I64",
+                path.display()
+            )))
+        }
+    };
+    if let Some(bad) = values.iter().find(|v| **v < 0 || **v > u32::MAX as i64) {
+        return Err(EvalError::Input(format!(
+            "{}: tensor `input_ids` holds {bad}, which is not a token id",
+            path.display()
+        )));
+    }
+    let ids: Vec<u32> = values.into_iter().map(|v| v as u32).collect();
+    Ok(if ctx == 0 { vec![Vec::new(); rows] } else { ids.chunks(ctx).map(<[u32]>::to_vec).collect() })
+}

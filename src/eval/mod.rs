@@ -1,0 +1,149 @@
+//! `squeeze eval MODEL`: perplexity of one model on token chunks (from a text file through the model's tokenizer,
+//! or a safetensors `input_ids` tensor), computed by the layer-streamed reference runtime.
+
+mod inputs;
+mod logits_file;
+mod nll;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::progress::Reporter;
+use crate::runtime::{Cpu, Model, RuntimeError};
+
+pub use inputs::{chunks_from_text, read_token_file};
+pub use logits_file::LogitsWriter;
+pub use nll::NllStats;
+
+/// Where the evaluation tokens come from.
+#[derive(Debug, Clone)]
+pub enum EvalInput {
+    /// UTF-8 text, tokenized with the model's tokenizer and cut into `ctx`-token chunks.
+    Text { path: PathBuf, ctx: usize },
+    /// A safetensors file with an integer tensor `input_ids` `[n, ctx]` (I32 or I64).
+    Tokens { path: PathBuf },
+}
+
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    pub model: PathBuf,
+    pub input: EvalInput,
+    /// Evaluate at most this many chunks.
+    pub chunks: Option<usize>,
+    /// Write all logits as F32 `logits` `[n, ctx, vocab]` here.
+    pub save_logits: Option<PathBuf>,
+}
+
+/// The result of an evaluation.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalReport {
+    pub model: String,
+    pub architecture: String,
+    pub backend: String,
+    pub chunks: usize,
+    pub ctx: usize,
+    /// Predicted positions (every position after the first of each chunk).
+    pub tokens: usize,
+    /// Mean negative log-likelihood in nats per predicted token.
+    pub mean_nll: f64,
+    /// Standard error of `mean_nll`.
+    pub mean_nll_stderr: f64,
+    pub ppl: f64,
+    /// Standard error of `ppl` (`ppl · stderr(nll)`, first order).
+    pub ppl_stderr: f64,
+    pub seconds: f64,
+    /// Tokens forwarded (chunks × ctx) per second.
+    pub tokens_per_second: f64,
+    pub load_seconds: f64,
+    pub compute_seconds: f64,
+    /// Router / DSA top-k decisions within a near-tie margin (informational).
+    pub near_ties: usize,
+    pub logits_file: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Io(#[from] crate::io::IoError),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::model::tokenizer::TokenizerError),
+    #[error("{0}")]
+    Input(String),
+}
+
+/// Runs the evaluation.
+pub fn evaluate(options: &EvalOptions, reporter: &dyn Reporter) -> Result<EvalReport, EvalError> {
+    let started = Instant::now();
+    let model = Model::open(&options.model)?;
+    let mut sequences = match &options.input {
+        EvalInput::Text { path, ctx } => chunks_from_text(&options.model, path, *ctx)?,
+        EvalInput::Tokens { path } => read_token_file(path)?,
+    };
+    if let Some(limit) = options.chunks {
+        sequences.truncate(limit);
+    }
+    if sequences.is_empty() {
+        return Err(EvalError::Input(
+            "no chunks to evaluate; give a longer text, a smaller --ctx or more input_ids rows".into(),
+        ));
+    }
+    let ctx = sequences[0].len();
+    if ctx < 2 {
+        return Err(EvalError::Input(format!("chunks of {ctx} token(s) have nothing to predict; use --ctx 2 or more")));
+    }
+    let vocab = model.config().vocab_size;
+    if let Some(bad) = sequences.iter().flatten().find(|&&id| id as usize >= vocab) {
+        return Err(EvalError::Input(format!(
+            "token id {bad} is outside the model's vocabulary of {vocab}; the tokens were made for another model"
+        )));
+    }
+    let mut writer = match &options.save_logits {
+        Some(path) => Some(LogitsWriter::create(path, [sequences.len(), ctx, vocab])?),
+        None => None,
+    };
+    let mut stats = NllStats::default();
+    let forward = model.forward(&Cpu, &sequences, reporter, &mut |index, logits| {
+        stats.add_sequence(&sequences[index], logits, vocab);
+        if let Some(writer) = writer.as_mut() {
+            writer.append(logits).map_err(|e| RuntimeError::Output(e.to_string()))?;
+        }
+        Ok(())
+    });
+    let forward = match forward {
+        Ok(forward) => forward,
+        Err(error) => {
+            if let Some(writer) = writer {
+                writer.abandon();
+            }
+            return Err(error.into());
+        }
+    };
+    if let Some(writer) = writer {
+        writer.finish()?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let (mean_nll, mean_nll_stderr) = stats.mean_and_stderr();
+    let ppl = mean_nll.exp();
+    Ok(EvalReport {
+        model: options.model.display().to_string(),
+        architecture: model.config().architecture.name().to_string(),
+        backend: "cpu".into(),
+        chunks: sequences.len(),
+        ctx,
+        tokens: stats.count,
+        mean_nll,
+        mean_nll_stderr,
+        ppl,
+        ppl_stderr: ppl * mean_nll_stderr,
+        seconds,
+        tokens_per_second: (sequences.len() * ctx) as f64 / seconds.max(1e-9),
+        load_seconds: forward.load_seconds,
+        compute_seconds: forward.compute_seconds,
+        near_ties: forward.near_ties,
+        logits_file: options.save_logits.as_ref().map(|p| p.display().to_string()),
+    })
+}
