@@ -1,6 +1,7 @@
 //! Command-line interface: argument parsing, printing and exit codes (0 ok, 1 a gate failed, 2 error). No logic.
 
 mod demo;
+mod eval;
 mod inspect;
 mod progress;
 mod quantize;
@@ -37,6 +38,8 @@ enum Command {
     Synth(synth::Args),
     /// Run every stage on a built-in tiny model in a temporary folder.
     Demo(demo::Args),
+    /// Perplexity of one model on text or token chunks, computed by the layer-streamed reference runtime.
+    Eval(eval::Args),
     /// Checkpoint size before/after a recipe and GPU memory budgets (KV capacity, concurrency) from config.json alone.
     Report(report::Args),
 }
@@ -50,6 +53,7 @@ pub fn run() -> i32 {
         Command::Verify(args) => verify::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Eval(args) => eval::run(args),
         Command::Report(args) => report::run(args),
     };
     match result {

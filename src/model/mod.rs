@@ -3,6 +3,7 @@
 pub mod arch;
 pub mod config;
 pub mod tensor_class;
+pub mod tokenizer;
 
 pub use arch::{tensor_specs, TensorRole, TensorSpec};
 pub use config::{Architecture, Attention, ConfigError, ModelConfig};

@@ -2,6 +2,7 @@
 //! stdout and stderr. One test binary; one module per subcommand.
 
 mod common;
+mod eval;
 mod golden;
 mod quantize;
 mod report;
