@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod convert;
+pub mod cuda;
 pub mod eval;
 pub mod inspect;
 pub mod io;

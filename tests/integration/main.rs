@@ -4,5 +4,6 @@
 mod common;
 mod eval;
 mod golden;
+mod kernels;
 mod quantize;
 mod report;

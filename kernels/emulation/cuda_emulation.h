@@ -1,0 +1,275 @@
+// Host emulation of the CUDA subset squeeze's kernels use, so the same .cu sources compile with g++ and run on CPU.
+//
+// Model: the grid runs block by block; within a block every CUDA thread is a cooperative fiber (ucontext) with its
+// own stack, scheduled round-robin on one OS thread. `__syncthreads` is a barrier over the block's live threads,
+// `__syncwarp` one over the warp's; warp shuffles/votes exchange values through per-thread slots between two warp
+// barriers. `__shared__` variables are function statics (one block runs at a time), atomics are plain
+// read-modify-writes (fibers never preempt each other). Float intrinsics map to the host's IEEE operations
+// (compile with -ffp-contract=off so no FMA appears); rintf, powf and friends are the host libm's, the same ones
+// Rust's f32 methods call.
+//
+// Use: compile with -DSQUEEZE_EMULATION (common.cuh then includes this file) and launch with
+// `cuda_emulation::launch(kernel, grid, block, args...)`.
+#pragma once
+
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __constant__ static
+#define __shared__ static
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint3 {
+    unsigned x, y, z;
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+struct float4 {
+    float x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
+namespace cuda_emulation {
+
+constexpr unsigned kWarpSize = 32;
+constexpr size_t kStackBytes = 256 * 1024;
+
+struct Fiber {
+    ucontext_t context;
+    uint3 thread_idx;
+    bool done;
+    std::vector<char> stack;
+};
+
+struct State {
+    dim3 grid, block;
+    uint3 block_idx{0, 0, 0};
+    std::vector<Fiber> fibers;
+    size_t current = 0;
+    ucontext_t scheduler;
+    std::function<void()> entry;
+    unsigned live = 0;
+    unsigned block_arrived = 0;
+    unsigned long block_generation = 0;
+    std::vector<unsigned> warp_live, warp_arrived;
+    std::vector<unsigned long> warp_generation;
+    std::vector<uint64_t> slots;
+};
+
+inline State& state() {
+    static State s;
+    return s;
+}
+
+inline size_t linear_thread() { return state().current; }
+
+// Gives the CPU back to the scheduler; the fiber resumes on its next turn.
+inline void yield() {
+    State& s = state();
+    swapcontext(&s.fibers[s.current].context, &s.scheduler);
+}
+
+inline void block_barrier() {
+    State& s = state();
+    const unsigned long generation = s.block_generation;
+    s.block_arrived += 1;
+    while (s.block_generation == generation) {
+        if (s.block_arrived >= s.live) {
+            s.block_arrived = 0;
+            s.block_generation += 1;
+            break;
+        }
+        yield();
+    }
+}
+
+inline void warp_barrier() {
+    State& s = state();
+    const size_t warp = s.current / kWarpSize;
+    const unsigned long generation = s.warp_generation[warp];
+    s.warp_arrived[warp] += 1;
+    while (s.warp_generation[warp] == generation) {
+        if (s.warp_arrived[warp] >= s.warp_live[warp]) {
+            s.warp_arrived[warp] = 0;
+            s.warp_generation[warp] += 1;
+            break;
+        }
+        yield();
+    }
+}
+
+inline void trampoline() {
+    State& s = state();
+    s.entry();
+    s.fibers[s.current].done = true;
+    s.live -= 1;
+    s.warp_live[s.current / kWarpSize] -= 1;
+    // returning resumes uc_link, the scheduler
+}
+
+inline void run_block() {
+    State& s = state();
+    const size_t threads = (size_t)s.block.x * s.block.y * s.block.z;
+    const size_t warps = (threads + kWarpSize - 1) / kWarpSize;
+    if (s.fibers.size() < threads) s.fibers.resize(threads);
+    s.warp_live.assign(warps, 0);
+    s.warp_arrived.assign(warps, 0);
+    s.warp_generation.assign(warps, 0);
+    s.slots.assign(threads, 0);
+    s.live = (unsigned)threads;
+    s.block_arrived = 0;
+    for (size_t t = 0; t < threads; ++t) {
+        Fiber& fiber = s.fibers[t];
+        fiber.thread_idx = uint3{(unsigned)(t % s.block.x), (unsigned)((t / s.block.x) % s.block.y),
+                                 (unsigned)(t / ((size_t)s.block.x * s.block.y))};
+        fiber.done = false;
+        if (fiber.stack.empty()) fiber.stack.resize(kStackBytes);
+        getcontext(&fiber.context);
+        fiber.context.uc_stack.ss_sp = fiber.stack.data();
+        fiber.context.uc_stack.ss_size = fiber.stack.size();
+        fiber.context.uc_link = &s.scheduler;
+        makecontext(&fiber.context, trampoline, 0);
+        s.warp_live[t / kWarpSize] += 1;
+    }
+    size_t remaining = threads;
+    while (remaining > 0) {
+        for (size_t t = 0; t < threads; ++t) {
+            if (s.fibers[t].done) continue;
+            s.current = t;
+            swapcontext(&s.scheduler, &s.fibers[t].context);
+            if (s.fibers[t].done) remaining -= 1;
+        }
+    }
+}
+
+// Runs `kernel(args...)` over the grid, block by block.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
+    State& s = state();
+    s.grid = grid;
+    s.block = block;
+    s.entry = [=]() { kernel(static_cast<Params>(args)...); };
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                s.block_idx = uint3{x, y, z};
+                run_block();
+            }
+}
+
+// Writes `value` to this thread's slot, waits for the warp, reads lane `source` (this lane when out of range).
+template <class T>
+T exchange(T value, int source_lane) {
+    static_assert(sizeof(T) <= sizeof(uint64_t), "shuffles move at most 8 bytes");
+    State& s = state();
+    const size_t me = s.current;
+    const size_t base = me - me % kWarpSize;
+    std::memcpy(&s.slots[me], &value, sizeof(T));
+    warp_barrier();
+    const size_t source = base + (size_t)source_lane;
+    T result = value;
+    if (source_lane >= 0 && source_lane < (int)kWarpSize && source < s.fibers.size() && source < s.slots.size())
+        std::memcpy(&result, &s.slots[source], sizeof(T));
+    warp_barrier();
+    return result;
+}
+
+}  // namespace cuda_emulation
+
+#define threadIdx (::cuda_emulation::state().fibers[::cuda_emulation::state().current].thread_idx)
+#define blockIdx (::cuda_emulation::state().block_idx)
+#define blockDim (::cuda_emulation::state().block)
+#define gridDim (::cuda_emulation::state().grid)
+#define warpSize 32
+
+inline void __syncthreads() { cuda_emulation::block_barrier(); }
+inline void __syncwarp(unsigned = 0xFFFFFFFFu) { cuda_emulation::warp_barrier(); }
+inline void __threadfence() {}
+
+inline unsigned emulation_lane() { return (unsigned)(cuda_emulation::linear_thread() % cuda_emulation::kWarpSize); }
+
+template <class T>
+T __shfl_sync(unsigned, T value, int source_lane, int width = 32) {
+    const int lane = (int)emulation_lane();
+    return cuda_emulation::exchange(value, (lane - lane % width) + source_lane % width);
+}
+template <class T>
+T __shfl_xor_sync(unsigned, T value, int lane_mask, int width = 32) {
+    const int lane = (int)emulation_lane();
+    const int source = lane ^ lane_mask;
+    return cuda_emulation::exchange(value, source / width == lane / width ? source : lane);
+}
+template <class T>
+T __shfl_down_sync(unsigned, T value, unsigned delta, int width = 32) {
+    const int lane = (int)emulation_lane();
+    const int source = lane + (int)delta;
+    return cuda_emulation::exchange(value, source / width == lane / width ? source : lane);
+}
+template <class T>
+T __shfl_up_sync(unsigned, T value, unsigned delta, int width = 32) {
+    const int lane = (int)emulation_lane();
+    const int source = lane - (int)delta;
+    return cuda_emulation::exchange(value, source >= 0 && source / width == lane / width ? source : lane);
+}
+inline unsigned __ballot_sync(unsigned, int predicate) {
+    unsigned bits = 0;
+    for (unsigned source = 0; source < cuda_emulation::kWarpSize; ++source) {
+        const int other = cuda_emulation::exchange(predicate ? 1 : 0, (int)source);
+        if (other) bits |= 1u << source;
+    }
+    return bits;
+}
+inline int __all_sync(unsigned mask, int predicate) { return __ballot_sync(mask, !predicate) == 0; }
+inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
+
+template <class T>
+T atomicAdd(T* address, T value) {
+    const T old = *address;
+    *address = old + value;
+    return old;
+}
+template <class T>
+T atomicMax(T* address, T value) {
+    const T old = *address;
+    if (value > old) *address = value;
+    return old;
+}
+
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline unsigned __float_as_uint(float value) {
+    unsigned bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+inline float __uint_as_float(unsigned bits) {
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+inline float __int_as_float(int bits) { return __uint_as_float((unsigned)bits); }
+template <class T>
+T __ldg(const T* address) {
+    return *address;
+}
+// fabsf, fmaxf, fminf, powf, rintf: the global C functions from <cmath>.

@@ -1,0 +1,44 @@
+//! The CUDA backend's API in a build without the `cuda` feature: every constructor reports `BuiltWithoutCuda`.
+
+use crate::quant::scale_rule::{MseSearch, ScaleRule};
+
+use super::{CudaError, DeviceInfo, Fp8Tensor, Int4Output};
+
+/// A GPU; cannot be constructed without the `cuda` feature.
+pub struct Gpu {
+    never: std::convert::Infallible,
+}
+
+impl Gpu {
+    /// Always fails: this build has no CUDA support.
+    pub fn open(_ordinal: usize) -> Result<Gpu, CudaError> {
+        Err(CudaError::BuiltWithoutCuda)
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        match self.never {}
+    }
+
+    pub fn quantize_int4_fp8(
+        &self,
+        _tensor: &Fp8Tensor<'_>,
+        _group_size: usize,
+        _rule: ScaleRule,
+        _search: MseSearch,
+    ) -> Result<Int4Output, CudaError> {
+        match self.never {}
+    }
+
+    pub fn quantize_int4_f32(
+        &self,
+        _name: &str,
+        _values: &[f32],
+        _rows: usize,
+        _columns: usize,
+        _group_size: usize,
+        _rule: ScaleRule,
+        _search: MseSearch,
+    ) -> Result<Int4Output, CudaError> {
+        match self.never {}
+    }
+}

@@ -1,0 +1,337 @@
+//! Kernel logic without a GPU: kernels/*.cu compiled with g++ through kernels/emulation/cuda_emulation.h and run
+//! against squeeze's CPU implementation on the same random inputs (awkward shapes, partial FP8 blocks, NaN codes,
+//! zero groups, overflowing scales). Outputs are poisoned by the harness, so an unwritten element fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use half::bf16;
+use squeeze::cuda::launch::{int4_variant, rule_code, MseParams};
+use squeeze::quant::fp8_block::{dequantize_row, BlockGrid};
+use squeeze::quant::scale_rule::{MseSearch, ScaleRule};
+use squeeze::quant::{int4, pack};
+
+/// The emulation runs the kernels with the host's libm (the one Rust calls), so even `mse` must match exactly:
+/// the count of groups whose chosen scale differs is reported and must be this.
+const MSE_DIFFERENT_GROUPS_ALLOWED: usize = 0;
+
+/// Builds kernels/emulation/harness.cpp once per test process.
+fn harness() -> &'static Path {
+    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
+    HARNESS.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("kernel-harness-{}", std::process::id()));
+        let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        let status = Command::new(&compiler)
+            .args(["-std=c++17", "-O2", "-ffp-contract=off", "-fno-strict-aliasing", "-DSQUEEZE_EMULATION"])
+            .arg("-I")
+            .arg(root.join("kernels"))
+            .arg(root.join("kernels/emulation/harness.cpp"))
+            .arg("-o")
+            .arg(&out)
+            .status()
+            .unwrap_or_else(|e| panic!("running the host C++ compiler `{compiler}` failed ({e}); install g++"));
+        assert!(status.success(), "compiling the kernel emulation harness failed");
+        out
+    })
+}
+
+fn run_harness(args: &[String]) {
+    let output = Command::new(harness()).args(args).output().expect("the harness runs");
+    assert!(
+        output.status.success(),
+        "harness {args:?} failed\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// xorshift64*: fixed seeds, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// A roughly normal value (sum of uniforms), with a rare outlier.
+    fn weight(&mut self) -> f32 {
+        let value: f32 = (0..4).map(|_| self.unit() - 0.5).sum::<f32>() * 0.05;
+        if self.next() % 97 == 0 {
+            value * 20.0
+        } else {
+            value
+        }
+    }
+}
+
+/// FP8 codes: mostly realistic magnitudes, rare NaN codes, one all-zero row (±0 codes).
+fn random_codes(rng: &mut Rng, rows: usize, columns: usize) -> Vec<u8> {
+    let mut codes: Vec<u8> = (0..rows * columns)
+        .map(|_| match rng.next() % 3000 {
+            0 => 0x7F,
+            1 => 0xFF,
+            _ => {
+                let code = (rng.next() % 0x7E) as u8; // finite magnitudes
+                code | if rng.next() % 2 == 0 { 0x80 } else { 0 }
+            }
+        })
+        .collect();
+    if rows > 2 {
+        for (j, code) in codes[columns..2 * columns].iter_mut().enumerate() {
+            *code = if j % 3 == 0 { 0x80 } else { 0x00 };
+        }
+    }
+    codes
+}
+
+/// Block scales: small positive multipliers, one tiny and one that overflows 448·s to infinity.
+fn random_block_scales(rng: &mut Rng, count: usize) -> Vec<f32> {
+    let mut scales: Vec<f32> = (0..count).map(|_| 1e-4 + rng.unit() * 1e-2).collect();
+    if count > 2 {
+        scales[count / 2] = 1e36;
+        scales[count - 1] = 1e-30;
+    }
+    scales
+}
+
+fn write(path: &Path, bytes: Vec<u8>) -> String {
+    std::fs::write(path, bytes).expect("writes test input");
+    path.to_str().expect("utf-8 temp path").to_string()
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn read_u32(path: &Path) -> Vec<u32> {
+    std::fs::read(path)
+        .expect("harness output")
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn read_u16(path: &Path) -> Vec<u16> {
+    std::fs::read(path).expect("harness output").chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
+}
+
+fn same_f32(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// CPU reference for rows `first_row..first_row + rows` of an FP8 tensor: packed words and scale bits.
+fn cpu_int4(
+    grid: &BlockGrid,
+    first_row: usize,
+    rows: usize,
+    codes: &[u8],
+    block_scales: &[f32],
+    group_size: usize,
+    rule: ScaleRule,
+) -> (Vec<u32>, Vec<u16>) {
+    let columns = grid.columns;
+    let mut weights = vec![0f32; columns];
+    let (mut q, mut scales) = (vec![0i8; columns], vec![bf16::ZERO; columns / group_size]);
+    let mut words = vec![0u32; pack::packed_columns(columns)];
+    let (mut all_words, mut all_scales) = (Vec::new(), Vec::new());
+    for local in 0..rows {
+        dequantize_row(grid, first_row + local, &codes[local * columns..][..columns], block_scales, &mut weights);
+        int4::quantize_row(&weights, group_size, rule, &mut q, &mut scales);
+        pack::pack_row(&q, &mut words);
+        all_words.extend_from_slice(&words);
+        all_scales.extend(scales.iter().map(|s| s.to_bits()));
+    }
+    (all_words, all_scales)
+}
+
+/// Compares a kernel's INT4 output with the CPU's; returns how many groups chose a different scale.
+fn compare_int4(
+    label: &str,
+    rule: ScaleRule,
+    group_size: usize,
+    (want_words, want_scales): (Vec<u32>, Vec<u16>),
+    got_words: Vec<u32>,
+    got_scales: Vec<u16>,
+) -> usize {
+    assert_eq!(got_words.len(), want_words.len(), "{label}: packed length");
+    assert_eq!(got_scales.len(), want_scales.len(), "{label}: scale count");
+    let words_per_group = group_size / 8;
+    let mut different = 0;
+    for (group, (got, want)) in got_scales.iter().zip(&want_scales).enumerate() {
+        let words = group * words_per_group..(group + 1) * words_per_group;
+        if got != want || got_words[words.clone()] != want_words[words.clone()] {
+            different += 1;
+            if rule != ScaleRule::Mse || got == want {
+                panic!(
+                    "{label}: group {group} differs: scale {got:#06x} vs CPU {want:#06x}, words {:x?} vs {:x?}",
+                    &got_words[words.clone()],
+                    &want_words[words]
+                );
+            }
+        }
+    }
+    different
+}
+
+#[test]
+fn emulation_primitives_behave_like_cuda() {
+    run_harness(&["primitives".into()]);
+}
+
+#[test]
+fn fp8_block_dequant_matches_the_cpu() {
+    // (total rows, columns, block rows, block columns, first row, rows in the slice)
+    let cases = [(130, 200, 128, 128, 0, 130), (7, 45, 3, 16, 0, 7), (20, 33, 4, 5, 6, 9), (5, 64, 1, 64, 0, 5)];
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut rng = Rng(0x5EED_0001);
+    for (case, &(total_rows, columns, block_rows, block_columns, first_row, rows)) in cases.iter().enumerate() {
+        let grid = BlockGrid::new(total_rows, columns, block_rows, block_columns);
+        let [scale_rows, scale_columns] = grid.scale_shape();
+        let codes = random_codes(&mut rng, total_rows, columns);
+        let block_scales = random_block_scales(&mut rng, scale_rows * scale_columns);
+        let slice = codes[first_row * columns..(first_row + rows) * columns].to_vec();
+        let mut want = vec![0f32; rows * columns];
+        for (local, out) in want.chunks_mut(columns).enumerate() {
+            dequantize_row(&grid, first_row + local, &slice[local * columns..][..columns], &block_scales, out);
+        }
+        let codes_path = write(&dir.path().join("codes"), slice);
+        let scales_path = write(&dir.path().join("scales"), f32_bytes(&block_scales));
+        for op in ["dequant-f32", "dequant-bf16"] {
+            let out = dir.path().join(format!("out-{case}-{op}"));
+            run_harness(&[
+                op.into(),
+                rows.to_string(),
+                columns.to_string(),
+                first_row.to_string(),
+                block_rows.to_string(),
+                block_columns.to_string(),
+                codes_path.clone(),
+                scales_path.clone(),
+                out.to_str().expect("utf-8").into(),
+            ]);
+            if op == "dequant-f32" {
+                let got: Vec<f32> = read_u32(&out).into_iter().map(f32::from_bits).collect();
+                assert_eq!(got.len(), want.len());
+                for (index, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(same_f32(*g, *w), "case {case} element {index}: {g} vs CPU {w}");
+                }
+            } else {
+                let got = read_u16(&out);
+                assert_eq!(got.len(), want.len());
+                for (index, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let w = bf16::from_f32(*w);
+                    assert!(
+                        *g == w.to_bits() || (bf16::from_bits(*g).is_nan() && w.is_nan()),
+                        "case {case} element {index}: {g:#06x} vs CPU {:#06x}",
+                        w.to_bits()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int4_quantize_of_fp8_matches_the_cpu_for_every_rule() {
+    // (total rows, columns, group, block rows, block columns, first row, rows in the slice)
+    let cases = [
+        (131, 96, 32, 128, 128, 0, 131),
+        (9, 320, 64, 128, 128, 0, 9),
+        (5, 384, 128, 128, 128, 0, 5),
+        (7, 48, 16, 3, 40, 0, 7),
+        (11, 72, 24, 4, 7, 0, 11),
+        (3, 64, 32, 1, 64, 0, 3),
+        (20, 160, 32, 4, 48, 6, 9),
+    ];
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut rng = Rng(0x5EED_0002);
+    let search = MseSearch::default();
+    let mse = MseParams::from(search);
+    for (case, &(total_rows, columns, group, block_rows, block_columns, first_row, rows)) in cases.iter().enumerate() {
+        let grid = BlockGrid::new(total_rows, columns, block_rows, block_columns);
+        let [scale_rows, scale_columns] = grid.scale_shape();
+        let codes = random_codes(&mut rng, total_rows, columns);
+        let block_scales = random_block_scales(&mut rng, scale_rows * scale_columns);
+        let slice = codes[first_row * columns..(first_row + rows) * columns].to_vec();
+        let codes_path = write(&dir.path().join("codes"), slice.clone());
+        let scales_path = write(&dir.path().join("scales"), f32_bytes(&block_scales));
+        for rule in ScaleRule::ALL {
+            let (packed, scales) = (dir.path().join("packed"), dir.path().join("out-scales"));
+            run_harness(&[
+                "int4-fp8".into(),
+                int4_variant(group).into(),
+                rows.to_string(),
+                columns.to_string(),
+                first_row.to_string(),
+                group.to_string(),
+                block_rows.to_string(),
+                block_columns.to_string(),
+                rule_code(rule).to_string(),
+                mse.steps.to_string(),
+                mse.grid.to_string(),
+                format!("{:?}", mse.norm),
+                codes_path.clone(),
+                scales_path.clone(),
+                packed.to_str().expect("utf-8").into(),
+                scales.to_str().expect("utf-8").into(),
+            ]);
+            let want = cpu_int4(&grid, first_row, rows, &slice, &block_scales, group, rule);
+            let label = format!("case {case} ({rows}x{columns} group {group}) {rule}");
+            let different = compare_int4(&label, rule, group, want, read_u32(&packed), read_u16(&scales));
+            println!("{label}: {different} group(s) chose a different scale than the CPU");
+            assert!(different <= MSE_DIFFERENT_GROUPS_ALLOWED, "{label}: {different} groups differ");
+        }
+    }
+}
+
+#[test]
+fn int4_quantize_of_f32_matches_the_cpu_for_every_rule() {
+    let cases = [(67, 160, 32), (13, 192, 64), (6, 256, 128), (9, 40, 8)];
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut rng = Rng(0x5EED_0003);
+    let mse = MseParams::from(MseSearch::default());
+    for (case, &(rows, columns, group)) in cases.iter().enumerate() {
+        let mut values: Vec<f32> = (0..rows * columns).map(|_| rng.weight()).collect();
+        values[..group].fill(0.0); // a zero group
+        let values_path = write(&dir.path().join("values"), f32_bytes(&values));
+        for rule in ScaleRule::ALL {
+            let (packed, scales) = (dir.path().join("packed"), dir.path().join("out-scales"));
+            run_harness(&[
+                "int4-f32".into(),
+                int4_variant(group).into(),
+                rows.to_string(),
+                columns.to_string(),
+                group.to_string(),
+                rule_code(rule).to_string(),
+                mse.steps.to_string(),
+                mse.grid.to_string(),
+                format!("{:?}", mse.norm),
+                values_path.clone(),
+                packed.to_str().expect("utf-8").into(),
+                scales.to_str().expect("utf-8").into(),
+            ]);
+            let mut want_words = Vec::new();
+            let mut want_scales = Vec::new();
+            let (mut q, mut row_scales) = (vec![0i8; columns], vec![bf16::ZERO; columns / group]);
+            let mut words = vec![0u32; columns / 8];
+            for row in values.chunks(columns) {
+                int4::quantize_row(row, group, rule, &mut q, &mut row_scales);
+                pack::pack_row(&q, &mut words);
+                want_words.extend_from_slice(&words);
+                want_scales.extend(row_scales.iter().map(|s| s.to_bits()));
+            }
+            let label = format!("f32 case {case} ({rows}x{columns} group {group}) {rule}");
+            let different =
+                compare_int4(&label, rule, group, (want_words, want_scales), read_u32(&packed), read_u16(&scales));
+            println!("{label}: {different} group(s) chose a different scale than the CPU");
+            assert!(different <= MSE_DIFFERENT_GROUPS_ALLOWED, "{label}: {different} groups differ");
+        }
+    }
+}
