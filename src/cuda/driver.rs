@@ -1,0 +1,212 @@
+//! The real CUDA backend (feature `cuda`): probing, context and kernel module, device buffers and launches.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::{
+    result, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::quant::scale_rule::{MseSearch, ScaleRule};
+
+use super::artifacts::ARTIFACTS;
+use super::launch::{blocks_for, KERNELS, THREADS_PER_BLOCK};
+use super::quantize::Staging;
+use super::{CudaError, DeviceInfo, Fp8Tensor, Int4Output};
+
+/// Maps a driver error of `call` into [`CudaError::Driver`].
+pub(super) fn driver(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
+    move |error| CudaError::Driver { call, message: error.to_string() }
+}
+
+/// Probes the driver library and device 0 without creating a context.
+pub fn probe() -> Result<DeviceInfo, CudaError> {
+    // SAFETY: only tries to dlopen libcuda; nothing is called through it.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::NoDriver);
+    }
+    result::init().map_err(|e| CudaError::NoDevice(format!("cuInit: {e}")))?;
+    let device_count = result::device::get_count().map_err(|e| CudaError::NoDevice(format!("{e}")))?;
+    if device_count < 1 {
+        return Err(CudaError::NoDevice("the driver reports 0 devices".into()));
+    }
+    let device = result::device::get(0).map_err(|e| CudaError::NoDevice(format!("{e}")))?;
+    let name = result::device::get_name(device).map_err(driver("cuDeviceGetName"))?;
+    // SAFETY: `device` is a valid handle from cuDeviceGet.
+    let memory_bytes = unsafe { result::device::total_mem(device) }.map_err(driver("cuDeviceTotalMem"))? as u64;
+    let attribute = |attribute| {
+        // SAFETY: valid device handle and attribute enum.
+        unsafe { result::device::get_attribute(device, attribute) }.map_err(driver("cuDeviceGetAttribute"))
+    };
+    let compute_capability = (
+        attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    );
+    let mut driver_version = 0i32;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(driver("cuDriverGetVersion"))?;
+    Ok(DeviceInfo { ordinal: 0, name, compute_capability, memory_bytes, driver_version, device_count })
+}
+
+/// A GPU with squeeze's kernels loaded and two streams.
+pub struct Gpu {
+    info: DeviceInfo,
+    /// Which embedded image loaded: the sm_90a cubin or the sm_90 PTX.
+    image: &'static str,
+    pub(super) context: Arc<CudaContext>,
+    pub(super) streams: [Arc<CudaStream>; 2],
+    functions: HashMap<&'static str, CudaFunction>,
+    pub(super) staging: Mutex<Option<Staging>>,
+}
+
+impl Gpu {
+    /// Probes, creates a context on device `ordinal` and loads the embedded kernels.
+    pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        let mut info = probe()?;
+        if ordinal as i32 >= info.device_count {
+            return Err(CudaError::NoDevice(format!("device {ordinal} requested, {} present", info.device_count)));
+        }
+        info.ordinal = ordinal;
+        let context = CudaContext::new(ordinal).map_err(driver("cuCtxCreate"))?;
+        // The quantize path orders its copies and launches itself (two streams, explicit synchronization).
+        // SAFETY: no CudaSlice is shared across streams without an explicit synchronize in this module.
+        unsafe { context.disable_event_tracking() };
+        let streams = [
+            context.new_stream().map_err(driver("cuStreamCreate"))?,
+            context.new_stream().map_err(driver("cuStreamCreate"))?,
+        ];
+        let use_cubin = info.compute_capability == (9, 0);
+        let mut functions = HashMap::new();
+        for artifact in &ARTIFACTS {
+            let image = if use_cubin {
+                Ptx::from_binary(artifact.cubin_sm90a.to_vec())
+            } else {
+                Ptx::from_src(artifact.ptx_sm90)
+            };
+            let module = context
+                .load_module(image)
+                .map_err(|e| CudaError::Module(format!("{} ({}): {e}", artifact.family, info.name)))?;
+            for name in KERNELS {
+                if let Ok(function) = module.load_function(name) {
+                    functions.insert(name, function);
+                }
+            }
+        }
+        if let Some(missing) = KERNELS.iter().find(|name| !functions.contains_key(*name)) {
+            return Err(CudaError::Module(format!("kernel {missing} is missing from the embedded module")));
+        }
+        let image = if use_cubin { "sm_90a cubin" } else { "sm_90 PTX (JIT)" };
+        Ok(Gpu { info, image, context, streams, functions, staging: Mutex::new(None) })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Which embedded kernel image this device runs.
+    pub fn image(&self) -> &'static str {
+        self.image
+    }
+
+    pub(super) fn function(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        self.functions.get(name).ok_or_else(|| CudaError::Module(format!("no kernel named {name}")))
+    }
+
+    /// Allocates `len` uninitialized elements on `stream`.
+    pub(super) fn alloc<T: cudarc::driver::DeviceRepr>(
+        &self,
+        stream: &Arc<CudaStream>,
+        len: usize,
+    ) -> Result<CudaSlice<T>, CudaError> {
+        // SAFETY: every buffer is written (copy or kernel) before it is read.
+        unsafe { stream.alloc::<T>(len.max(1)) }.map_err(driver("cuMemAlloc"))
+    }
+
+    /// Quantizes a block-scaled FP8 tensor to INT4 (pipelined over row chunks on two streams).
+    pub fn quantize_int4_fp8(
+        &self,
+        tensor: &Fp8Tensor<'_>,
+        group_size: usize,
+        rule: ScaleRule,
+        search: MseSearch,
+    ) -> Result<Int4Output, CudaError> {
+        super::quantize::run(self, super::quantize::Source::Fp8(tensor), group_size, rule, search)
+    }
+
+    /// Quantizes f32 values `[rows, columns]` to INT4.
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantize_int4_f32(
+        &self,
+        name: &str,
+        values: &[f32],
+        rows: usize,
+        columns: usize,
+        group_size: usize,
+        rule: ScaleRule,
+        search: MseSearch,
+    ) -> Result<Int4Output, CudaError> {
+        let source = super::quantize::Source::F32 { name, values, rows, columns };
+        super::quantize::run(self, source, group_size, rule, search)
+    }
+
+    /// Dequantizes a block-scaled FP8 tensor to f32 (`bf16 = false`, 4 bytes per element) or BF16 bits (2 bytes).
+    pub fn dequantize_fp8(&self, tensor: &Fp8Tensor<'_>, bf16: bool) -> Result<Vec<u8>, CudaError> {
+        let stream = &self.streams[0];
+        let elements = tensor.rows * tensor.columns;
+        let codes = stream.clone_htod(tensor.codes).map_err(driver("cuMemcpyHtoD"))?;
+        let scales = stream.clone_htod(tensor.block_scales).map_err(driver("cuMemcpyHtoD"))?;
+        let out_bytes = elements * if bf16 { 2 } else { 4 };
+        let out = self.alloc::<u8>(stream, out_bytes)?;
+        let (codes_ptr, _) = codes.device_ptr(stream);
+        let (scales_ptr, _) = scales.device_ptr(stream);
+        let (out_ptr, _) = out.device_ptr(stream);
+        let (rows, columns, first_row) = (tensor.rows as i64, tensor.columns as i64, 0i64);
+        let (block_rows, block_columns) = (tensor.block_rows as i32, tensor.block_columns as i32);
+        let function = self.function(if bf16 { "fp8_block_dequant_bf16" } else { "fp8_block_dequant_f32" })?;
+        let mut launch = stream.launch_builder(function);
+        launch.arg(&codes_ptr).arg(&scales_ptr).arg(&out_ptr);
+        launch.arg(&rows).arg(&columns).arg(&first_row).arg(&block_rows).arg(&block_columns);
+        let config = LaunchConfig {
+            grid_dim: (blocks_for(elements).min(1 << 20), 1, 1),
+            block_dim: (THREADS_PER_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches fp8_block_dequant_* in kernels/fp8_dequant.cu; buffers hold rows·columns
+        // codes, the whole scale grid and rows·columns outputs.
+        unsafe { launch.launch(config) }.map_err(driver("cuLaunchKernel"))?;
+        let bytes = stream.clone_dtoh(&out).map_err(driver("cuMemcpyDtoH"))?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        Ok(bytes[..out_bytes].to_vec())
+    }
+
+    /// Device-to-device copy bandwidth over `bytes` (read + write bytes per second), best of a few copies.
+    pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64, CudaError> {
+        let stream = &self.streams[0];
+        let source = self.alloc::<u8>(stream, bytes)?;
+        let mut target = self.alloc::<u8>(stream, bytes)?;
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
+            let started = Instant::now();
+            stream.memcpy_dtod(&source, &mut target).map_err(driver("cuMemcpyDtoD"))?;
+            stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
+            best = best.min(started.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * bytes as f64 / best)
+    }
+
+    /// Seconds one INT4 kernel launch takes over a device-resident FP8 tensor (best of `repeats`), without copies.
+    pub fn time_int4_fp8_kernel(
+        &self,
+        tensor: &Fp8Tensor<'_>,
+        group_size: usize,
+        rule: ScaleRule,
+        search: MseSearch,
+        repeats: usize,
+    ) -> Result<f64, CudaError> {
+        super::quantize::time_kernel(self, tensor, group_size, rule, search, repeats)
+    }
+}
