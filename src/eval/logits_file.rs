@@ -22,7 +22,7 @@ impl LogitsWriter {
             serde_json::json!({ "logits": { "dtype": "F32", "shape": shape, "data_offsets": [0, bytes] } })
                 .to_string()
                 .into_bytes();
-        while header.len() % 8 != 0 {
+        while !header.len().is_multiple_of(8) {
             header.push(b' ');
         }
         let temporary = temporary_sibling(path);

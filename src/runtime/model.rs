@@ -18,6 +18,9 @@ use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
 
+/// Receives each sequence's logits: `(sequence index, [len, vocab] logits)`.
+pub type LogitsSink<'a> = dyn FnMut(usize, &[f32]) -> Result<(), RuntimeError> + 'a;
+
 /// A model ready to run: the mapped checkpoint and its parsed config.
 pub struct Model {
     checkpoint: Checkpoint,
@@ -67,7 +70,7 @@ impl Model {
         backend: &dyn Backend,
         sequences: &[Vec<u32>],
         reporter: &dyn Reporter,
-        sink: &mut dyn FnMut(usize, &[f32]) -> Result<(), RuntimeError>,
+        sink: &mut LogitsSink,
     ) -> Result<ForwardStats, RuntimeError> {
         let config = &self.config;
         let reader = WeightReader::new(&self.checkpoint);

@@ -132,6 +132,7 @@ impl MoeWeights {
     }
 
     /// The MoE output `[tokens, hidden]` for normed input `x`.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         backend: &dyn Backend,

@@ -20,7 +20,7 @@ fn write_tokens(path: &Path, name: &str, rows: usize, ctx: usize, vocab: u64) {
         serde_json::json!({ name: { "dtype": "I64", "shape": [rows, ctx], "data_offsets": [0, bytes.len()] } })
             .to_string()
             .into_bytes();
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
     let mut file = (header.len() as u64).to_le_bytes().to_vec();
