@@ -22,9 +22,24 @@ impl BlockGrid {
     }
 }
 
-/// Dequantizes row `row` of an FP8 weight (`codes` holds that row only) into `out`.
-#[inline]
+/// Dequantizes row `row` of an FP8 weight (`codes` holds that row only) into `out`; AVX2 when available.
 pub fn dequantize_row(grid: &BlockGrid, row: usize, codes: &[u8], scales: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { dequantize_row_avx2(grid, row, codes, scales, out) };
+    }
+    dequantize_row_portable(grid, row, codes, scales, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dequantize_row_avx2(grid: &BlockGrid, row: usize, codes: &[u8], scales: &[f32], out: &mut [f32]) {
+    dequantize_row_portable(grid, row, codes, scales, out)
+}
+
+#[inline(always)]
+fn dequantize_row_portable(grid: &BlockGrid, row: usize, codes: &[u8], scales: &[f32], out: &mut [f32]) {
     let scale_columns = grid.scale_shape()[1];
     let scale_row = &scales[(row / grid.block_rows) * scale_columns..][..scale_columns];
     for ((code_block, out_block), scale) in

@@ -8,8 +8,25 @@ use super::scale_rule::{MseSearch, ScaleRule};
 /// compressed-tensors replaces a zero scale by this (float32 machine epsilon) so that q stays 0.
 pub const ZERO_GROUP_SCALE: f32 = f32::EPSILON;
 
-/// Quantizes one row `weights` into `q` (same length) and `scales` (one per group).
+/// Quantizes one row `weights` into `q` (same length) and `scales` (one per group). Uses AVX2 when the CPU has
+/// it (same operations in the same order, so the result is bit-identical either way).
 pub fn quantize_row(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { quantize_row_avx2(weights, group_size, rule, q, scales) };
+    }
+    quantize_row_portable(weights, group_size, rule, q, scales)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row_avx2(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
+    quantize_row_portable(weights, group_size, rule, q, scales)
+}
+
+#[inline(always)]
+fn quantize_row_portable(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
     debug_assert_eq!(weights.len() % group_size, 0);
     debug_assert_eq!(scales.len(), weights.len() / group_size);
     for ((group, q_group), scale) in weights.chunks(group_size).zip(q.chunks_mut(group_size)).zip(scales.iter_mut()) {
@@ -18,8 +35,9 @@ pub fn quantize_row(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut
 }
 
 /// Quantizes one group and returns its stored scale.
+#[inline(always)]
 pub fn quantize_group(group: &[f32], rule: ScaleRule, q: &mut [i8]) -> bf16 {
-    let absmax = group.iter().fold(0.0f32, |acc, &w| acc.max(w.abs()));
+    let absmax = absmax(group);
     match rule {
         ScaleRule::CtMinmax => {
             let scale = stored_scale(absmax / 7.5);
@@ -41,12 +59,55 @@ fn stored_scale(scale: f32) -> bf16 {
     bf16::from_f32(scale)
 }
 
-#[inline]
-fn round_group(group: &[f32], scale: f32, q_min: i8, q: &mut [i8]) {
-    let (low, high) = (q_min as f32, 7.0f32);
-    for (value, out) in group.iter().zip(q.iter_mut()) {
-        *out = (value / scale).round_ties_even().clamp(low, high) as i8;
+/// Largest magnitude in a group (NaN ignored), in eight independent lanes so that it vectorizes.
+#[inline(always)]
+pub fn absmax(group: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = group.chunks_exact(8);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, value) in lanes.iter_mut().zip(chunk) {
+            let magnitude = value.abs();
+            *lane = if magnitude > *lane { magnitude } else { *lane };
+        }
     }
+    let mut result = tail.iter().fold(0.0f32, |acc, v| if v.abs() > acc { v.abs() } else { acc });
+    for lane in lanes {
+        result = if lane > result { lane } else { result };
+    }
+    result
+}
+
+/// 1.5·2^23: see [`round_clamped`].
+const ROUNDING_MAGIC: f32 = 12_582_912.0;
+
+/// `q = round_half_even(clamp(w / scale, q_min, 7))`, which equals clamping after rounding because the bounds
+/// are integers (compressed-tensors clamps first, too). A NaN weight gives q = 0. The rounded value is read
+/// straight from the bits of `clamped + 1.5·2^23`, whose low mantissa bits hold the integer.
+#[inline(always)]
+fn round_group(group: &[f32], scale: f32, q_min: i8, q: &mut [i8]) {
+    let low = q_min as f32;
+    for (value, out) in group.iter().zip(q.iter_mut()) {
+        *out = round_clamped(value / scale, low) as i8;
+    }
+}
+
+/// `round_half_even(clamp(ratio, low, 7))` (NaN gives 0): adding 1.5·2^23 moves
+/// the value where the float spacing is 1, so the addition itself rounds, ties to even; the integer is then read
+/// from the low mantissa bits. Equal to clamping after rounding because the bounds are integers
+/// (compressed-tensors clamps first, too).
+#[inline(always)]
+fn round_clamped(ratio: f32, low: f32) -> i32 {
+    let clamped = if ratio < low {
+        low
+    } else if ratio > 7.0 {
+        7.0
+    } else if ratio.is_nan() {
+        0.0
+    } else {
+        ratio
+    };
+    (clamped + ROUNDING_MAGIC).to_bits() as i32 - ROUNDING_MAGIC.to_bits() as i32
 }
 
 /// llm-compressor's mse observer, per group: for shrink `p = 1 - i/grid`, `i < max_shrink·grid`, the scale
@@ -59,14 +120,7 @@ pub fn mse_group(group: &[f32], absmax: f32, search: MseSearch, q: &mut [i8]) ->
     for step in 0..steps.max(1) {
         let shrink = 1.0 - step as f32 / search.grid as f32;
         let scale = stored_scale(shrink * absmax / 7.5);
-        let scale_f32 = scale.to_f32();
-        let error: f32 = group
-            .iter()
-            .map(|&w| {
-                let q = (w / scale_f32).round_ties_even().clamp(-8.0, 7.0);
-                (w - q * scale_f32).abs().powf(search.norm)
-            })
-            .sum();
+        let error = group_error(group, scale.to_f32(), search.norm);
         if error < best_error {
             best_error = error;
             best_scale = scale;
@@ -74,6 +128,36 @@ pub fn mse_group(group: &[f32], absmax: f32, search: MseSearch, q: &mut [i8]) ->
     }
     round_group(group, best_scale.to_f32(), -8, q);
     best_scale
+}
+
+/// `Σ|w − q·scale|^norm` over a group. Element `j` accumulates into lane `j % 8`; the lanes are combined as
+/// `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`. The order is part of the definition (a GPU kernel must follow it to
+/// choose the same scale), and eight independent sums let the loop vectorize.
+#[inline(always)]
+fn group_error(group: &[f32], scale: f32, norm: f32) -> f32 {
+    if norm == 2.4 {
+        group_error_with(group, scale, super::pow::abs_pow_2_4)
+    } else {
+        group_error_with(group, scale, |e| e.abs().powf(norm))
+    }
+}
+
+#[inline(always)]
+fn group_error_with(group: &[f32], scale: f32, error_norm: impl Fn(f32) -> f32) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = group.chunks_exact(8);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &w) in lanes.iter_mut().zip(chunk) {
+            let q = round_clamped(w / scale, -8.0) as f32;
+            *lane += error_norm(w - q * scale);
+        }
+    }
+    for (lane, &w) in lanes.iter_mut().zip(tail) {
+        let q = round_clamped(w / scale, -8.0) as f32;
+        *lane += error_norm(w - q * scale);
+    }
+    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
 }
 
 /// Dequantizes one row: `w = q · scale` per group.

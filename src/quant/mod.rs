@@ -4,6 +4,7 @@ pub mod fp8;
 pub mod fp8_block;
 pub mod int4;
 pub mod pack;
+pub mod pow;
 pub mod scale_rule;
 
 pub use scale_rule::ScaleRule;

@@ -10,13 +10,28 @@ pub fn packed_columns(columns: usize) -> usize {
 /// zero nibbles, as compressed-tensors pads after adding the offset.
 pub fn pack_row(values: &[i8], out: &mut [u32]) {
     debug_assert_eq!(out.len(), packed_columns(values.len()));
-    for (word, chunk) in out.iter_mut().zip(values.chunks(8)) {
+    let full = values.len() / 8;
+    for (word, chunk) in out.iter_mut().zip(values.chunks_exact(8)) {
+        *word = pack_eight(chunk.try_into().expect("chunks_exact gives eight"));
+    }
+    let tail = &values[full * 8..];
+    if !tail.is_empty() {
         let mut packed = 0u32;
-        for (position, &q) in chunk.iter().enumerate() {
+        for (position, &q) in tail.iter().enumerate() {
             packed |= (((q + 8) as u32) & 0xF) << (4 * position);
         }
-        *word = packed;
+        out[full] = packed;
     }
+}
+
+/// Eight values into one word with a few 64-bit operations: `(q + 8) mod 16` is the low nibble of `q` with its
+/// top bit flipped, done for all eight bytes at once; then fold neighbouring bytes into nibbles, pairs into bytes, quads into the word.
+#[inline(always)]
+fn pack_eight(values: &[i8; 8]) -> u32 {
+    let bytes = (u64::from_le_bytes(values.map(|v| v as u8)) & 0x0F0F_0F0F_0F0F_0F0F) ^ 0x0808_0808_0808_0808;
+    let nibbles = (bytes | (bytes >> 4)) & 0x00FF_00FF_00FF_00FF;
+    let pairs = (nibbles | (nibbles >> 8)) & 0x0000_FFFF_0000_FFFF;
+    (pairs | (pairs >> 16)) as u32
 }
 
 /// Unpacks `columns` signed 4-bit values of one row.
