@@ -56,6 +56,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
         resume: false,
         force: true,
         dry_run: false,
+        device: crate::cuda::DeviceChoice::Cpu,
     };
     let report = quantize(&options, &Silent)?;
     println!(

@@ -6,6 +6,7 @@ mod inspect;
 mod progress;
 mod quantize;
 mod report;
+mod selftest;
 mod synth;
 mod table;
 mod verify;
@@ -20,10 +21,16 @@ pub enum Outcome {
 }
 
 #[derive(Parser)]
-#[command(name = "squeeze", version, about = "FP8 MoE checkpoints (Kimi K2, GLM-5, GLM-4.5) → INT4 compressed-tensors for SGLang and vLLM", long_about = None)]
+#[command(name = "squeeze", disable_version_flag = true, about = "FP8 MoE checkpoints (Kimi K2, GLM-5, GLM-4.5) → INT4 compressed-tensors for SGLang and vLLM", long_about = None)]
 pub struct Cli {
+    /// Print the version; with --verbose also whether CUDA support is built in and which device the probe finds.
+    #[arg(short = 'V', long)]
+    version: bool,
+    /// With --version: CUDA build and device details.
+    #[arg(long, requires = "version")]
+    verbose: bool,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -42,12 +49,23 @@ enum Command {
     Eval(eval::Args),
     /// Checkpoint size before/after a recipe and GPU memory budgets (KV capacity, concurrency) from config.json alone.
     Report(report::Args),
+    /// Check every GPU kernel against the CPU path on random data, then benchmark (needs a CUDA build and a GPU).
+    Selftest(selftest::Args),
 }
 
 /// Parses the arguments, runs the subcommand and returns the process exit code.
 pub fn run() -> i32 {
     let cli = Cli::parse();
-    let result = match cli.command {
+    if cli.version {
+        print_version(cli.verbose);
+        return 0;
+    }
+    let Some(command) = cli.command else {
+        use clap::CommandFactory;
+        let _ = Cli::command().print_help();
+        return 2;
+    };
+    let result = match command {
         Command::Quantize(args) => quantize::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Verify(args) => verify::run(args),
@@ -55,6 +73,7 @@ pub fn run() -> i32 {
         Command::Demo(args) => demo::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Report(args) => report::run(args),
+        Command::Selftest(args) => selftest::run(args),
     };
     match result {
         Ok(Outcome::Success) => 0,
@@ -63,6 +82,24 @@ pub fn run() -> i32 {
             eprintln!("error: {error:#}");
             2
         }
+    }
+}
+
+/// `--version [--verbose]`: the version, and with --verbose the CUDA build and what the device probe finds.
+fn print_version(verbose: bool) {
+    println!("squeeze {}", env!("CARGO_PKG_VERSION"));
+    if !verbose {
+        return;
+    }
+    if crate::cuda::BUILT_WITH_CUDA {
+        println!("cuda: built in (kernels: sm_90a cubins and sm_90 PTX from CUDA 13.0; driver loaded at run time)");
+    } else {
+        println!("cuda: not built in (rebuild with `cargo build --release --features cuda`)");
+    }
+    match crate::cuda::probe() {
+        Ok(device) => println!("device: {device}"),
+        Err(crate::cuda::CudaError::BuiltWithoutCuda) => println!("device: cpu only"),
+        Err(reason) => println!("device: none usable ({reason})"),
     }
 }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
+use crate::cuda::DeviceChoice;
 use crate::quant::ScaleRule;
 use crate::units::{both_units, human, parse_bytes};
 
@@ -42,6 +43,9 @@ pub struct Args {
     /// Print one JSON report on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Where INT4 quantization runs: auto (the GPU when one is usable, else the CPU with a notice), cpu or cuda.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceChoice,
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
@@ -55,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         resume: args.resume,
         force: args.force,
         dry_run: args.dry_run,
+        device: args.device,
     };
     let report = quantize(&options, &Bar::new(true)).with_context(|| format!("quantize {}", args.input.display()))?;
     if args.json {

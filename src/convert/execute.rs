@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
+use crate::cuda::{CudaError, DeviceChoice, Gpu, Selection};
 use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE};
 use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord, MANIFEST_FILE};
 use crate::io::writer::{sha256_file, ShardWriter};
@@ -33,6 +34,8 @@ pub struct QuantizeOptions {
     pub resume: bool,
     pub force: bool,
     pub dry_run: bool,
+    /// Where INT4 quantization runs (`auto`: the GPU when usable, else the CPU with a notice).
+    pub device: DeviceChoice,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +50,8 @@ pub enum ConvertError {
     Config { path: PathBuf, source: ConfigError },
     #[error("{}: {problem}", path.display())]
     Output { path: PathBuf, problem: String },
+    #[error("--device")]
+    Device(#[from] CudaError),
 }
 
 /// The result of `quantize` (or its dry run).
@@ -147,6 +152,14 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         return Ok(report);
     }
 
+    let gpu = match crate::cuda::select(options.device)? {
+        Selection::Gpu(gpu) => Some(gpu),
+        Selection::Cpu => None,
+        Selection::CpuFallback(reason) => {
+            reporter.warn(&format!("quantizing on the CPU: {reason}"));
+            None
+        }
+    };
     let out = &options.output;
     let plan_sha256 = plan.sha256(&source_fingerprint(checkpoint), &recipe.sha256());
     let previous = prepare_output(out, options, &plan_sha256)?;
@@ -193,7 +206,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
 
     let work: Vec<usize> = (0..plan.items.len()).filter(|&i| !reused[plan.items[i].shard]).collect();
     reporter.begin("quantize", work.iter().map(|&i| plan.items[i].source.bytes()).sum());
-    let result = run_items(checkpoint, plan, &work, out, &mut manifest, reporter);
+    let result = run_items(checkpoint, plan, &work, out, &mut manifest, reporter, gpu.as_ref());
     reporter.end();
     result?;
 
@@ -217,6 +230,7 @@ fn run_items(
     out: &Path,
     manifest: &mut Manifest,
     reporter: &dyn Reporter,
+    gpu: Option<&Gpu>,
 ) -> Result<(), ConvertError> {
     let (sender, receiver) = sync_channel::<(usize, Vec<Vec<u8>>)>(2);
     std::thread::scope(|scope| {
@@ -257,7 +271,7 @@ fn run_items(
         let mut produced = Ok(());
         for &index in work {
             let item = &plan.items[index];
-            match transform::transform(checkpoint, item) {
+            match transform::transform(checkpoint, item, gpu) {
                 Ok(outputs) => {
                     if sender.send((index, outputs)).is_err() {
                         break; // the writer failed; its error is reported below

@@ -4,7 +4,9 @@
 use half::bf16;
 use rayon::prelude::*;
 
+use crate::cuda::{launch::check_int4_shape, Fp8Tensor, Gpu};
 use crate::io::{Checkpoint, IoError};
+use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{int4, pack};
 
 use super::plan::{Action, PlannedItem};
@@ -13,14 +15,22 @@ use super::source::{read_scales, RowReader, SourceKind};
 /// Rows handed to one rayon task (keeps scheduling overhead small on short rows).
 const ROWS_PER_TASK: usize = 8;
 
-/// Produces the bytes of every output tensor of `item`, in planned order.
-pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem) -> Result<Vec<Vec<u8>>, IoError> {
+/// Produces the bytes of every output tensor of `item`, in planned order. With `gpu`, INT4 items from FP8
+/// sources are quantized on it (byte-identical output); everything else runs on the CPU.
+pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, gpu: Option<&Gpu>) -> Result<Vec<Vec<u8>>, IoError> {
     let name = &item.source.name;
     let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
     let tensor =
         checkpoint.get(name).ok_or_else(|| IoError::tensor(&shard, name, "disappeared from the checkpoint"))?;
     let reader = || RowReader::new(checkpoint, &item.source);
+    let gpu_outputs = match (gpu, item.action) {
+        (Some(gpu), Action::Int4 { group_size, scale_rule }) => {
+            int4_on_gpu(gpu, checkpoint, item, tensor.bytes, &shard, group_size, scale_rule)?
+        }
+        _ => None,
+    };
     let outputs = match item.action {
+        _ if gpu_outputs.is_some() => gpu_outputs.unwrap_or_default(),
         Action::Int4 { group_size, scale_rule } => {
             let source = reader()?;
             let (rows, columns) = (source.rows, source.columns);
@@ -80,6 +90,41 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem) -> Result<Vec<Vec<
         }
     }
     Ok(outputs)
+}
+
+/// INT4 outputs of an FP8 item computed on the GPU; `None` when the item is not FP8 or has a shape the kernels
+/// do not take (group size not a multiple of 8), which then runs on the CPU.
+fn int4_on_gpu(
+    gpu: &Gpu,
+    checkpoint: &Checkpoint,
+    item: &PlannedItem,
+    codes: &[u8],
+    shard: &std::path::Path,
+    group_size: usize,
+    scale_rule: ScaleRule,
+) -> Result<Option<Vec<Vec<u8>>>, IoError> {
+    let SourceKind::Fp8 { scale_name, grid } = &item.source.kind else { return Ok(None) };
+    let name = &item.source.name;
+    if check_int4_shape(name, grid.columns, group_size).is_err() || codes.len() != grid.rows * grid.columns {
+        return Ok(None);
+    }
+    let block_scales = read_scales(checkpoint, scale_name)
+        .ok_or_else(|| IoError::tensor(shard, scale_name, "scale tensor missing"))?;
+    let tensor = Fp8Tensor {
+        name,
+        codes,
+        block_scales: &block_scales,
+        rows: grid.rows,
+        columns: grid.columns,
+        block_rows: grid.block_rows,
+        block_columns: grid.block_columns,
+    };
+    let output = gpu
+        .quantize_int4_fp8(&tensor, group_size, scale_rule, MseSearch::default())
+        .map_err(|e| IoError::tensor(shard, name, format!("GPU quantize failed: {e}; rerun with --device cpu")))?;
+    let shape: Vec<u8> = [grid.rows as i64, grid.columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let scales: Vec<u8> = output.scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Ok(Some(vec![words_to_bytes(&output.packed), scales, shape]))
 }
 
 fn words_to_bytes(words: &[u32]) -> Vec<u8> {

@@ -163,6 +163,10 @@ impl Gpu {
         let (codes_ptr, _) = codes.device_ptr(stream);
         let (scales_ptr, _) = scales.device_ptr(stream);
         let (out_ptr, _) = out.device_ptr(stream);
+        // Poison the output so an element the kernel skips cannot pass as a value.
+        // SAFETY: `out` holds at least `out_bytes` bytes.
+        unsafe { result::memset_d8_async(out_ptr, 0xA5, out_bytes, stream.cu_stream()) }
+            .map_err(driver("cuMemsetD8Async"))?;
         let (rows, columns, first_row) = (tensor.rows as i64, tensor.columns as i64, 0i64);
         let (block_rows, block_columns) = (tensor.block_rows as i32, tensor.block_columns as i32);
         let function = self.function(if bf16 { "fp8_block_dequant_bf16" } else { "fp8_block_dequant_f32" })?;
@@ -180,6 +184,11 @@ impl Gpu {
         let bytes = stream.clone_dtoh(&out).map_err(driver("cuMemcpyDtoH"))?;
         stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
         Ok(bytes[..out_bytes].to_vec())
+    }
+
+    /// Fills the cached quantize output buffers with 0xA5 bytes (self-test).
+    pub fn poison_outputs(&self) -> Result<(), CudaError> {
+        super::quantize::poison(self)
     }
 
     /// Device-to-device copy bandwidth over `bytes` (read + write bytes per second), best of a few copies.

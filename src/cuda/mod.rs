@@ -15,6 +15,8 @@ mod quantize;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
+pub mod selftest;
+
 #[cfg(feature = "cuda")]
 pub use driver::Gpu;
 #[cfg(not(feature = "cuda"))]
@@ -125,10 +127,12 @@ pub enum Selection {
     CpuFallback(CudaError),
 }
 
-/// Resolves `--device`: `cpu` never touches the driver, `cuda` fails with the reason, `auto` falls back to the CPU.
+/// Resolves `--device`: `cpu` never touches the driver, `cuda` fails with the reason, `auto` falls back to the CPU
+/// (silently in a build without CUDA, where the CPU is the only choice).
 pub fn select(choice: DeviceChoice) -> Result<Selection, CudaError> {
     match choice {
         DeviceChoice::Cpu => Ok(Selection::Cpu),
+        DeviceChoice::Auto if !BUILT_WITH_CUDA => Ok(Selection::Cpu),
         DeviceChoice::Cuda => Gpu::open(0).map(Selection::Gpu),
         DeviceChoice::Auto => Ok(match Gpu::open(0) {
             Ok(gpu) => Selection::Gpu(gpu),

@@ -96,6 +96,28 @@ fn new_staging(gpu: &Gpu, input_bytes: usize, words: usize, groups: usize) -> Re
     Ok(Staging { slots, input_bytes, words, groups })
 }
 
+/// Fills every cached output buffer (device and pinned) with 0xA5 bytes, so a kernel that skips an element fails
+/// the self-test instead of returning a previous tensor's value.
+pub fn poison(gpu: &Gpu) -> Result<(), CudaError> {
+    let mut staging = gpu.staging.lock().map_err(|_| CudaError::Module("staging lock poisoned".into()))?;
+    let Some(staging) = staging.as_mut() else { return Ok(()) };
+    for (stream, slot) in gpu.streams.iter().zip(staging.slots.iter_mut()) {
+        let (packed, _) = slot.device_packed.device_ptr(stream);
+        let (scales, _) = slot.device_scales.device_ptr(stream);
+        // SAFETY: the pointers and byte counts are those of the slot's own allocations.
+        unsafe {
+            result::memset_d8_async(packed, 0xA5, slot.device_packed.len() * 4, stream.cu_stream())
+                .map_err(driver("cuMemsetD8Async"))?;
+            result::memset_d8_async(scales, 0xA5, slot.device_scales.len() * 2, stream.cu_stream())
+                .map_err(driver("cuMemsetD8Async"))?;
+        }
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        slot.packed.as_mut_slice().map_err(driver("cuEventSynchronize"))?.fill(0xA5A5_A5A5);
+        slot.scales.as_mut_slice().map_err(driver("cuEventSynchronize"))?.fill(0xA5A5);
+    }
+    Ok(())
+}
+
 /// The launch parameters shared by every chunk of one tensor.
 struct Launch {
     function: String,

@@ -19,6 +19,10 @@ impl Gpu {
         match self.never {}
     }
 
+    pub fn image(&self) -> &'static str {
+        match self.never {}
+    }
+
     pub fn quantize_int4_fp8(
         &self,
         _tensor: &Fp8Tensor<'_>,
@@ -29,6 +33,7 @@ impl Gpu {
         match self.never {}
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn quantize_int4_f32(
         &self,
         _name: &str,
@@ -39,6 +44,29 @@ impl Gpu {
         _rule: ScaleRule,
         _search: MseSearch,
     ) -> Result<Int4Output, CudaError> {
+        match self.never {}
+    }
+
+    pub fn dequantize_fp8(&self, _tensor: &Fp8Tensor<'_>, _bf16: bool) -> Result<Vec<u8>, CudaError> {
+        match self.never {}
+    }
+
+    pub fn poison_outputs(&self) -> Result<(), CudaError> {
+        match self.never {}
+    }
+
+    pub fn copy_bandwidth(&self, _bytes: usize) -> Result<f64, CudaError> {
+        match self.never {}
+    }
+
+    pub fn time_int4_fp8_kernel(
+        &self,
+        _tensor: &Fp8Tensor<'_>,
+        _group_size: usize,
+        _rule: ScaleRule,
+        _search: MseSearch,
+        _repeats: usize,
+    ) -> Result<f64, CudaError> {
         match self.never {}
     }
 }

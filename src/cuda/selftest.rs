@@ -1,0 +1,351 @@
+//! `squeeze selftest`: every kernel against the CPU path on fresh random inputs with awkward shapes (outputs
+//! poisoned first), then benchmarks against the measured device copy bandwidth and the CPU.
+
+use std::time::Instant;
+
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::quant::fp8_block::{dequantize_row, BlockGrid};
+use crate::quant::scale_rule::{MseSearch, ScaleRule};
+use crate::quant::{int4, pack};
+
+use super::{CudaError, DeviceInfo, Fp8Tensor, Gpu, Int4Output};
+
+/// `mse` groups may choose a different candidate only when the two candidates' errors, both measured on the CPU,
+/// agree to this relative tolerance (device and host `powf` differ in the last ulp; the sum of 32 terms then
+/// differs by a few ulps, which can flip a strict `<` between near-equal candidates).
+pub const MSE_TIE_TOLERANCE: f64 = 1e-5;
+
+/// One line of the self-test table.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SelftestRow {
+    pub op: String,
+    pub shape: String,
+    /// max |gpu − cpu| over the tensor / max |cpu| (dequantized values), 0 when bit-identical.
+    pub max_rel_error: f64,
+    /// Elements (dequant) or groups (quantize) that differ from the CPU.
+    pub mismatches: usize,
+    pub passed: bool,
+    pub seconds: Option<f64>,
+    pub gb_per_s: Option<f64>,
+    /// Share of the measured device copy bandwidth.
+    pub copy_share: Option<f64>,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SelftestReport {
+    pub device: DeviceInfo,
+    pub image: String,
+    pub seed: u64,
+    pub copy_gb_per_s: Option<f64>,
+    pub rows: Vec<SelftestRow>,
+    pub passed: bool,
+}
+
+/// xorshift64* random numbers.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// An owned FP8 tensor.
+struct Fp8Owned {
+    name: String,
+    codes: Vec<u8>,
+    block_scales: Vec<f32>,
+    grid: BlockGrid,
+}
+
+impl Fp8Owned {
+    fn random(rng: &mut Rng, rows: usize, columns: usize, block_rows: usize, block_columns: usize) -> Self {
+        let grid = BlockGrid::new(rows, columns, block_rows, block_columns);
+        let [scale_rows, scale_columns] = grid.scale_shape();
+        let codes = (0..rows * columns)
+            .map(|_| match rng.below(5000) {
+                0 => 0x7F,
+                1 => 0xFF,
+                _ => (rng.below(0x7E) as u8) | if rng.below(2) == 0 { 0x80 } else { 0 },
+            })
+            .collect();
+        let block_scales = (0..scale_rows * scale_columns).map(|_| 1e-4 + rng.unit() * 1e-2).collect();
+        Self { name: format!("selftest.{rows}x{columns}"), codes, block_scales, grid }
+    }
+    fn view(&self) -> Fp8Tensor<'_> {
+        Fp8Tensor {
+            name: &self.name,
+            codes: &self.codes,
+            block_scales: &self.block_scales,
+            rows: self.grid.rows,
+            columns: self.grid.columns,
+            block_rows: self.grid.block_rows,
+            block_columns: self.grid.block_columns,
+        }
+    }
+    fn bytes(&self) -> usize {
+        self.codes.len() + self.block_scales.len() * 4
+    }
+    fn dequantize_cpu(&self) -> Vec<f32> {
+        let columns = self.grid.columns;
+        let mut out = vec![0f32; self.codes.len()];
+        out.par_chunks_mut(columns).enumerate().for_each(|(row, values)| {
+            dequantize_row(&self.grid, row, &self.codes[row * columns..][..columns], &self.block_scales, values)
+        });
+        out
+    }
+}
+
+/// The CPU path's INT4 output of f32 rows `[len / columns, columns]`.
+pub fn quantize_cpu(weights: &[f32], columns: usize, group_size: usize, rule: ScaleRule) -> Int4Output {
+    let rows = weights.len() / columns;
+    let mut output = Int4Output { packed: vec![0; rows * columns / 8], scales: vec![0; rows * columns / group_size] };
+    output
+        .packed
+        .par_chunks_mut(columns / 8)
+        .zip(output.scales.par_chunks_mut(columns / group_size))
+        .enumerate()
+        .for_each(|(row, (words, scale_bits))| {
+            let mut q = vec![0i8; columns];
+            let mut scales = vec![bf16::ZERO; columns / group_size];
+            int4::quantize_row(&weights[row * columns..][..columns], group_size, rule, &mut q, &mut scales);
+            pack::pack_row(&q, words);
+            for (bits, scale) in scale_bits.iter_mut().zip(&scales) {
+                *bits = scale.to_bits();
+            }
+        });
+    output
+}
+
+/// `Σ|w − q·s|^2.4` of a group at scale `scale`, as the CPU's mse rule measures it.
+fn group_error(group: &[f32], scale: f32, norm: f32) -> f64 {
+    group
+        .iter()
+        .map(|&w| {
+            let q = (w / scale).round_ties_even().clamp(-8.0, 7.0);
+            (w - q * scale).abs().powf(norm)
+        })
+        .sum::<f32>() as f64
+}
+
+/// Compares a kernel's INT4 output of `weights` with the CPU's: (groups that differ, groups that differ other than
+/// by an `mse` tie within [`MSE_TIE_TOLERANCE`], max |Δŵ| / max |w|). Also used by the emulation tests.
+pub fn compare_int4(
+    weights: &[f32],
+    group_size: usize,
+    rule: ScaleRule,
+    gpu: &Int4Output,
+    cpu: &Int4Output,
+) -> (usize, usize, f64) {
+    let words_per_group = group_size / 8;
+    let max_abs = weights.iter().filter(|w| w.is_finite()).fold(0f32, |a, w| a.max(w.abs())).max(f32::MIN_POSITIVE);
+    let norm = MseSearch::default().norm;
+    let (mut different, mut unexplained, mut max_error) = (0, 0, 0f64);
+    for group in 0..cpu.scales.len() {
+        let words = group * words_per_group..(group + 1) * words_per_group;
+        if gpu.scales[group] == cpu.scales[group] && gpu.packed[words.clone()] == cpu.packed[words.clone()] {
+            continue;
+        }
+        different += 1;
+        let values = &weights[group * group_size..(group + 1) * group_size];
+        let (gpu_scale, cpu_scale) =
+            (bf16::from_bits(gpu.scales[group]).to_f32(), bf16::from_bits(cpu.scales[group]).to_f32());
+        // Dequantized difference.
+        let mut q_gpu = vec![0i8; group_size];
+        let mut q_cpu = vec![0i8; group_size];
+        let mut unpacked = vec![0i8; group_size];
+        pack::unpack_row(&gpu.packed[words.clone()], group_size, &mut q_gpu);
+        pack::unpack_row(&cpu.packed[words], group_size, &mut q_cpu);
+        for (a, b) in q_gpu.iter().zip(&q_cpu) {
+            let error = ((*a as f32 * gpu_scale) - (*b as f32 * cpu_scale)).abs() as f64 / max_abs as f64;
+            max_error = max_error.max(error);
+        }
+        // Explained only for mse, when the GPU's codes are the CPU's rounding at the GPU's scale and both
+        // candidates' errors tie within rounding.
+        let tie = rule == ScaleRule::Mse && {
+            let (e_gpu, e_cpu) = (group_error(values, gpu_scale, norm), group_error(values, cpu_scale, norm));
+            let mut words_at_gpu_scale = vec![0u32; words_per_group];
+            for (value, q) in values.iter().zip(unpacked.iter_mut()) {
+                let level = (value / gpu_scale).round_ties_even().clamp(-8.0, 7.0);
+                *q = level as i8;
+            }
+            pack::pack_row(&unpacked, &mut words_at_gpu_scale);
+            let mut packed_gpu = vec![0u32; words_per_group];
+            pack::pack_row(&q_gpu, &mut packed_gpu);
+            words_at_gpu_scale == packed_gpu
+                && (e_gpu - e_cpu).abs() <= MSE_TIE_TOLERANCE * e_cpu.abs().max(f64::MIN_POSITIVE)
+        };
+        if !tie {
+            unexplained += 1;
+        }
+    }
+    (different, unexplained, max_error)
+}
+
+fn row(op: String, shape: String, max_rel_error: f64, mismatches: usize, passed: bool, note: String) -> SelftestRow {
+    SelftestRow { op, shape, max_rel_error, mismatches, passed, seconds: None, gb_per_s: None, copy_share: None, note }
+}
+
+/// Runs every kernel against the CPU on random shapes from `seed`; with `bench`, adds the benchmarks.
+pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<SelftestReport, CudaError> {
+    let mut rng = Rng(seed | 1);
+    let mut rows_out = Vec::new();
+    let search = MseSearch::default();
+
+    // FP8 block dequant, f32 and BF16, awkward shapes and block sizes.
+    for _ in 0..3 {
+        let (rows, columns) = (1 + rng.below(300), 1 + rng.below(700));
+        let (block_rows, block_columns) =
+            if rng.below(2) == 0 { (128, 128) } else { (1 + rng.below(40), 1 + rng.below(200)) };
+        let tensor = Fp8Owned::random(&mut rng, rows, columns, block_rows, block_columns);
+        let cpu = tensor.dequantize_cpu();
+        let max_abs = cpu.iter().filter(|w| w.is_finite()).fold(0f32, |a, w| a.max(w.abs())).max(f32::MIN_POSITIVE);
+        for bf16_out in [false, true] {
+            let bytes = gpu.dequantize_fp8(&tensor.view(), bf16_out)?;
+            let (mut mismatches, mut max_error) = (0, 0f64);
+            for (index, want) in cpu.iter().enumerate() {
+                let (got, want) = if bf16_out {
+                    let bits = u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]]);
+                    (bf16::from_bits(bits).to_f32(), bf16::from_f32(*want).to_f32())
+                } else {
+                    (f32::from_le_bytes(bytes[4 * index..4 * index + 4].try_into().expect("4 bytes")), *want)
+                };
+                if got.to_bits() != want.to_bits() && !(got.is_nan() && want.is_nan()) {
+                    mismatches += 1;
+                    max_error = max_error.max(((got - want).abs() / max_abs) as f64);
+                }
+            }
+            let op = if bf16_out { "fp8_block_dequant_bf16" } else { "fp8_block_dequant_f32" };
+            rows_out.push(row(
+                op.into(),
+                format!("{rows}x{columns} blocks {block_rows}x{block_columns}"),
+                max_error,
+                mismatches,
+                mismatches == 0,
+                String::new(),
+            ));
+        }
+    }
+
+    // INT4 quantize from FP8 and from f32, every rule and group size (32/64 in registers, others re-read).
+    for group_size in [32usize, 64, 128, 48] {
+        for rule in ScaleRule::ALL {
+            let (rows, columns) = (1 + rng.below(200), group_size * (1 + rng.below(24)));
+            let (block_rows, block_columns) =
+                if rng.below(2) == 0 { (128, 128) } else { (1 + rng.below(40), 1 + rng.below(200)) };
+            let tensor = Fp8Owned::random(&mut rng, rows, columns, block_rows, block_columns);
+            let weights = tensor.dequantize_cpu();
+            gpu.poison_outputs()?;
+            let got = gpu.quantize_int4_fp8(&tensor.view(), group_size, rule, search)?;
+            let want = quantize_cpu(&weights, columns, group_size, rule);
+            let (different, unexplained, max_error) = compare_int4(&weights, group_size, rule, &got, &want);
+            rows_out.push(row(
+                format!("int4_quantize_fp8 {rule} g{group_size}"),
+                format!("{rows}x{columns} blocks {block_rows}x{block_columns}"),
+                max_error,
+                different,
+                unexplained == 0,
+                if different > unexplained { format!("{different} mse tie(s)") } else { String::new() },
+            ));
+
+            let values: Vec<f32> = (0..rows * columns).map(|_| (rng.unit() - 0.5) * 0.1).collect();
+            gpu.poison_outputs()?;
+            let got = gpu.quantize_int4_f32("selftest.f32", &values, rows, columns, group_size, rule, search)?;
+            let want = quantize_cpu(&values, columns, group_size, rule);
+            let (different, unexplained, max_error) = compare_int4(&values, group_size, rule, &got, &want);
+            rows_out.push(row(
+                format!("int4_quantize_f32 {rule} g{group_size}"),
+                format!("{rows}x{columns}"),
+                max_error,
+                different,
+                unexplained == 0,
+                if different > unexplained { format!("{different} mse tie(s)") } else { String::new() },
+            ));
+        }
+    }
+
+    let mut copy_gb_per_s = None;
+    if bench {
+        let copy = gpu.copy_bandwidth(1 << 30)? / 1e9;
+        copy_gb_per_s = Some(copy);
+        rows_out.push(SelftestRow {
+            seconds: Some(2.0 * (1u64 << 30) as f64 / 1e9 / copy),
+            gb_per_s: Some(copy),
+            copy_share: Some(1.0),
+            ..row("device copy (DtoD)".into(), "1 GiB".into(), 0.0, 0, true, "read + write bytes".into())
+        });
+        // A stack of GLM-5 routed experts' gate/up rows: [bench_rows, 6144], 128×128 blocks, group 32.
+        let columns = 6144;
+        let tensor = Fp8Owned::random(&mut rng, bench_rows, columns, 128, 128);
+        let elements = bench_rows * columns;
+        let moved = (tensor.bytes() + elements / 2 + elements / 32 * 2) as f64;
+        let weights = tensor.dequantize_cpu();
+        for rule in ScaleRule::ALL {
+            let seconds = gpu.time_int4_fp8_kernel(&tensor.view(), 32, rule, search, 5)?;
+            let gb_per_s = moved / seconds / 1e9;
+            let mut note = "kernel only, device-resident".to_string();
+            if rule == ScaleRule::Mse {
+                // The CPU's mse on 64 rows, one thread, scaled to 2 cores and to the whole tensor.
+                let sample = 64.min(bench_rows);
+                let started = Instant::now();
+                let mut q = vec![0i8; columns];
+                let mut scales = vec![bf16::ZERO; columns / 32];
+                for row in weights.chunks(columns).take(sample) {
+                    int4::quantize_row(row, 32, rule, &mut q, &mut scales);
+                }
+                let cpu_two_cores = started.elapsed().as_secs_f64() * (bench_rows as f64 / sample as f64) / 2.0;
+                note = format!("{:.0}x the 2-core CPU path (estimated from 1 thread)", cpu_two_cores / seconds);
+            }
+            rows_out.push(SelftestRow {
+                seconds: Some(seconds),
+                gb_per_s: Some(gb_per_s),
+                copy_share: Some(gb_per_s / copy),
+                ..row(format!("int4_quantize_fp8 {rule} g32"), format!("{bench_rows}x{columns}"), 0.0, 0, true, note)
+            });
+        }
+        // End to end through the pinned two-stream pipeline, checked against the CPU.
+        for rule in [ScaleRule::CtMinmax, ScaleRule::Mse] {
+            gpu.poison_outputs()?;
+            let started = Instant::now();
+            let got = gpu.quantize_int4_fp8(&tensor.view(), 32, rule, search)?;
+            let seconds = started.elapsed().as_secs_f64();
+            let want = quantize_cpu(&weights, columns, 32, rule);
+            let (different, unexplained, max_error) = compare_int4(&weights, 32, rule, &got, &want);
+            let gb_per_s = moved / seconds / 1e9;
+            rows_out.push(SelftestRow {
+                seconds: Some(seconds),
+                gb_per_s: Some(gb_per_s),
+                copy_share: Some(gb_per_s / copy),
+                ..row(
+                    format!("quantize pipeline {rule} g32"),
+                    format!("{bench_rows}x{columns}"),
+                    max_error,
+                    different,
+                    unexplained == 0,
+                    "host→pinned→device→host, 2 streams".into(),
+                )
+            });
+        }
+    }
+    let passed = rows_out.iter().all(|r| r.passed);
+    Ok(SelftestReport {
+        device: gpu.info().clone(),
+        image: gpu.image().to_string(),
+        seed,
+        copy_gb_per_s,
+        rows: rows_out,
+        passed,
+    })
+}
