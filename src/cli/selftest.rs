@@ -19,7 +19,7 @@ pub struct Args {
     #[arg(long)]
     pub no_bench: bool,
     /// Rows of the benchmark tensor (6144 columns of FP8).
-    #[arg(long, default_value_t = 65536)]
+    #[arg(long, default_value_t = 16384)]
     pub bench_rows: usize,
     /// Print one JSON report on stdout.
     #[arg(long)]

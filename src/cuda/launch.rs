@@ -71,7 +71,7 @@ pub const KERNELS: [&str; 8] = [
 
 /// Checks what the INT4 kernels assume: `group_size % 8 == 0` (whole words per group) and whole groups per row.
 pub fn check_int4_shape(tensor: &str, columns: usize, group_size: usize) -> Result<(), CudaError> {
-    if group_size == 0 || group_size % 8 != 0 {
+    if group_size == 0 || !group_size.is_multiple_of(8) {
         return Err(CudaError::Unsupported {
             tensor: tensor.to_string(),
             problem: format!(
@@ -79,7 +79,7 @@ pub fn check_int4_shape(tensor: &str, columns: usize, group_size: usize) -> Resu
             ),
         });
     }
-    if columns % group_size != 0 {
+    if !columns.is_multiple_of(group_size) {
         return Err(CudaError::Unsupported {
             tensor: tensor.to_string(),
             problem: format!("{columns} columns are not a whole number of groups of {group_size}"),

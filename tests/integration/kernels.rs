@@ -63,7 +63,7 @@ impl Rng {
     /// A roughly normal value (sum of uniforms), with a rare outlier.
     fn weight(&mut self) -> f32 {
         let value: f32 = (0..4).map(|_| self.unit() - 0.5).sum::<f32>() * 0.05;
-        if self.next() % 97 == 0 {
+        if self.next().is_multiple_of(97) {
             value * 20.0
         } else {
             value
@@ -79,7 +79,7 @@ fn random_codes(rng: &mut Rng, rows: usize, columns: usize) -> Vec<u8> {
             1 => 0xFF,
             _ => {
                 let code = (rng.next() % 0x7E) as u8; // finite magnitudes
-                code | if rng.next() % 2 == 0 { 0x80 } else { 0 }
+                code | if rng.next().is_multiple_of(2) { 0x80 } else { 0 }
             }
         })
         .collect();

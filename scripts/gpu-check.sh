@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# GPU check of a prebuilt `squeeze` (built with `cargo build --release --features cuda` on the development machine,
+# x86-64 glibc 2.36): kernels against the CPU path, kernel and pipeline benchmarks, then an end-to-end GPU quantize
+# of a synthetic GLM-5-shaped checkpoint against the time to read its input and write its output. Needs an NVIDIA
+# GPU with a CUDA 13.0+ driver (libcuda.so.1) and bash/coreutils; no Rust, no CUDA toolkit. Finishes in < 8 min.
+#
+# Device steps (exactly what to run on the GPU machine):
+#   1. copy the binary and this script over: target/release/squeeze  scripts/gpu-check.sh
+#   2. bash gpu-check.sh ./squeeze [WORK_DIR]        (WORK_DIR: a local disk with ~20 GB free; default /tmp)
+#   3. keep the output: the self-test table (op, shape, max rel error vs CPU, time, GB/s, share of device copy
+#      bandwidth) and the end-to-end line; exit status 0 = every kernel matched and both runs succeeded.
+# Knobs: EXPERTS (72) and LAYERS (3) size the synthetic checkpoint (~8 GB FP8 at hidden 6144, expert width 2048);
+#        BENCH_ROWS (16384) sizes the kernel benchmark tensor [BENCH_ROWS, 6144].
+set -euo pipefail
+
+binary="${1:-./squeeze}"
+work="${2:-/tmp}/squeeze-gpu-check.$$"
+experts="${EXPERTS:-72}"
+layers="${LAYERS:-3}"
+bench_rows="${BENCH_ROWS:-16384}"
+mkdir -p "$work"
+trap 'rm -rf "$work"' EXIT
+step() { printf '\n== %s\n' "$*"; }
+seconds() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+step "device"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv || true
+"$binary" --version --verbose
+
+step "self-test: every kernel vs the CPU path (fresh random inputs, poisoned outputs) and benchmarks"
+timeout 300 "$binary" selftest --device cuda --bench-rows "$bench_rows"
+
+step "byte identity: a small checkpoint quantized on the CPU and on the GPU, every rule"
+timeout 60 "$binary" synth --arch glm5 "$work/small" --hidden 576 --moe-intermediate 320 --experts 8 >/dev/null
+for rule in ct-minmax absmax7 mse; do
+    "$binary" quantize "$work/small" "$work/small-cpu" --device cpu --scale-rule "$rule" --force >/dev/null
+    "$binary" quantize "$work/small" "$work/small-gpu" --device cuda --scale-rule "$rule" --force >/dev/null
+    for shard in "$work"/small-cpu/*.safetensors; do
+        if cmp -s "$shard" "$work/small-gpu/$(basename "$shard")"; then
+            echo "$rule $(basename "$shard"): identical"
+        else
+            echo "$rule $(basename "$shard"): DIFFERENT (for mse: count tied groups with squeeze verify / the self-test)"
+            [[ $rule == mse ]] || exit 1
+        fi
+    done
+done
+rm -rf "$work/small" "$work/small-cpu" "$work/small-gpu"
+
+step "synthetic GLM-5-shaped checkpoint: hidden 6144, expert width 2048, $experts experts, $layers layers"
+timeout 150 "$binary" synth --arch glm5 "$work/in" --hidden 6144 --moe-intermediate 2048 --experts "$experts" \
+    --layers "$layers" --shards 8
+input_bytes=$(du -sb "$work/in" | cut -f1)
+echo "input: $input_bytes bytes"
+
+step "baseline: read the input and write an output-sized file"
+sync
+echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || echo "(page cache not dropped: not root; the read may come from memory)"
+t0=$(seconds)
+cat "$work"/in/*.safetensors >/dev/null
+t1=$(seconds)
+# INT4 output is ~ 4.5/8 of the FP8 input for the experts; write that much and flush it.
+output_estimate=$((input_bytes * 9 / 16))
+dd if=/dev/zero of="$work/baseline.bin" bs=16M count=$((output_estimate / 16777216 + 1)) conv=fsync status=none
+t2=$(seconds)
+rm -f "$work/baseline.bin"
+read_s=$(elapsed "$t0" "$t1")
+write_s=$(elapsed "$t1" "$t2")
+echo "read ${read_s} s, write ${write_s} s"
+
+step "end-to-end GPU quantize (ct-minmax, then mse)"
+for rule in ct-minmax mse; do
+    sync
+    echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+    t0=$(seconds)
+    timeout 150 "$binary" quantize "$work/in" "$work/out-$rule" --device cuda --scale-rule "$rule" --force >/dev/null
+    sync
+    t1=$(seconds)
+    quantize_s=$(elapsed "$t0" "$t1")
+    awk -v q="$quantize_s" -v r="$read_s" -v w="$write_s" -v b="$input_bytes" -v rule="$rule" 'BEGIN {
+        printf "quantize %-9s %8.2f s  %6.2f GB/s input  %.2fx of read+write (%.2f s)  target <= 1.2x\n",
+            rule, q, b / q / 1e9, q / (r + w), r + w }'
+    rm -rf "$work/out-$rule"
+done
