@@ -1,8 +1,9 @@
-//! `squeeze demo`: synth → quantize → verify → inspect on a tiny GLM-5-shaped model in a temporary folder.
+//! `squeeze demo`: synth → quantize → verify → inspect → eval on a tiny GLM-5-shaped model in a temporary folder.
 
 use std::path::PathBuf;
 
 use crate::convert::{quantize, QuantizeOptions};
+use crate::eval::{evaluate, EvalInput, EvalOptions};
 use crate::inspect::inspect;
 use crate::progress::Silent;
 use crate::synth::{synth, SynthArch, SynthOptions, SynthSize};
@@ -21,6 +22,9 @@ pub struct Args {
     pub keep: Option<PathBuf>,
 }
 
+/// The demo's evaluation text: public-domain sonnets shipped in `eval/`.
+const SONNETS: &str = include_str!("../../eval/sonnets.txt");
+
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let temporary = std::env::temp_dir().join(format!("squeeze-demo-{}", std::process::id()));
     let base = args.keep.clone().unwrap_or(temporary.clone());
@@ -34,7 +38,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
 fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
     let source = base.join("fp8");
     let output = base.join("int4");
-    println!("[1/4] synth: tiny {} checkpoint in the vendor FP8 block format", args.arch.name());
+    println!("[1/5] synth: tiny {} checkpoint in the vendor FP8 block format", args.arch.name());
     let made = synth(&SynthOptions {
         arch: args.arch,
         size: SynthSize::default(),
@@ -45,7 +49,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
     })?;
     println!("      {} tensors, {} parameters, {}", made.tensors, made.parameters, both_units(made.bytes));
 
-    println!("[2/4] quantize: routed experts → INT4 g32, rest BF16");
+    println!("[2/5] quantize: routed experts → INT4 g32, rest BF16");
     let options = QuantizeOptions {
         input: source.clone(),
         output: output.clone(),
@@ -71,7 +75,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
         report.seconds
     );
 
-    println!("[3/4] verify: manifest hashes, compressed-tensors conventions, error against the FP8 source");
+    println!("[3/5] verify: manifest hashes, compressed-tensors conventions, error against the FP8 source");
     let checked = verify(&VerifyOptions {
         output: output.clone(),
         source: Some(source.clone()),
@@ -90,10 +94,32 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
         println!("      mismatch: {problem}");
     }
 
-    println!("[4/4] inspect: the INT4 output");
+    println!("[4/5] inspect: the INT4 output");
     let seen = inspect(&output)?;
     let dtypes = seen.dtypes.iter().map(|(d, c)| format!("{d}×{}", c.tensors)).collect::<Vec<_>>().join(", ");
     println!("      {} tensors: {dtypes}", seen.tensors);
+    println!("[5/5] eval: perplexity of the FP8 source and the INT4 output on eval/sonnets.txt (64-token chunks)");
+    let text = base.join("sonnets.txt");
+    std::fs::write(&text, SONNETS)?;
+    let mut perplexities = Vec::new();
+    for (label, model) in [("FP8", &source), ("INT4", &output)] {
+        let options = EvalOptions {
+            model: model.clone(),
+            input: EvalInput::Text { path: text.clone(), ctx: 64 },
+            chunks: Some(4),
+            save_logits: None,
+        };
+        let report = evaluate(&options, &Silent)?;
+        println!(
+            "      {label:<4} ppl {:.3} ± {:.3} over {} tokens ({:.0} tokens/s)",
+            report.ppl, report.ppl_stderr, report.tokens, report.tokens_per_second
+        );
+        perplexities.push(report.ppl);
+    }
+    println!(
+        "      INT4 / FP8 perplexity ratio {:.4} (random weights: only the ratio is meaningful)",
+        perplexities[1] / perplexities[0]
+    );
     if args.keep.is_some() {
         println!("\nfolders kept: {} (FP8) and {} (INT4)", source.display(), output.display());
     }

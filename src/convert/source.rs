@@ -106,6 +106,17 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
         let Some(tensor) = checkpoint.get(name) else { continue };
         if is_scale_name(name) {
             let weight = name.trim_end_matches("_scale_inv").trim_end_matches("_scale");
+            let module = weight.trim_end_matches(".weight");
+            if checkpoint.contains(&format!("{module}.weight_packed")) {
+                // An INT4 pack-quantized module's scale: part of an already quantized output, read as stored.
+                items.push(SourceItem {
+                    name: name.to_string(),
+                    dtype: tensor.dtype,
+                    shape: tensor.shape.to_vec(),
+                    kind: SourceKind::Plain,
+                });
+                continue;
+            }
             if !checkpoint.contains(weight) {
                 return Err(IoError::tensor(shard, name, format!("is a scale without its weight `{weight}`")));
             }

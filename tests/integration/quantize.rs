@@ -359,7 +359,7 @@ fn offsets_out_of_bounds_are_named() {
         .unwrap();
     header[&name]["data_offsets"][1] = Value::from(end + 4096);
     let mut text = serde_json::to_vec(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut rebuilt = (text.len() as u64).to_le_bytes().to_vec();
@@ -409,7 +409,7 @@ fn drop_tensor(file: &Path, name: &str) {
         new_header.insert(key, value);
     }
     let mut text = serde_json::to_vec(&new_header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut rebuilt = (text.len() as u64).to_le_bytes().to_vec();
