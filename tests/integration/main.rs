@@ -7,3 +7,4 @@ mod golden;
 mod kernels;
 mod quantize;
 mod report;
+mod tokenizer;
