@@ -1,0 +1,111 @@
+//! Fault injection into a pool's block tables and tags, for tests and demos: the mapping bugs a serving engine can
+//! have (use after free, crossed tables, wild page ids, corrupted metadata, aliasing within a request).
+
+use super::{KvPool, Mapping, RequestId};
+
+/// A kind of mapping fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// A page of the victim is freed while still mapped (and handed to the next request that allocates).
+    StalePage,
+    /// One entry of the victim's table exchanged with one entry of another request's table (both are hit).
+    Swap,
+    /// An entry of the victim points past the end of the pool.
+    OutOfRange,
+    /// One bit of the tag of one of the victim's pages flipped.
+    TagCorrupt,
+    /// One page mapped twice within the victim's table.
+    DoubleMap,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 5] =
+        [FaultKind::StalePage, FaultKind::Swap, FaultKind::OutOfRange, FaultKind::TagCorrupt, FaultKind::DoubleMap];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::StalePage => "stale-page",
+            FaultKind::Swap => "swap",
+            FaultKind::OutOfRange => "out-of-range",
+            FaultKind::TagCorrupt => "tag-corrupt",
+            FaultKind::DoubleMap => "double-map",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == text)
+    }
+}
+
+/// What an injection did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InjectedFault {
+    pub kind: FaultKind,
+    pub victim: RequestId,
+    /// Requests whose mappings are now wrong (the victim; for `swap` also the other party).
+    pub affected: Vec<RequestId>,
+    pub description: String,
+}
+
+/// Injects `kind` into `victim`'s mappings; `active` lists the requests that hold pages (for `swap`'s other party).
+/// Returns `None` when the victim has no page (or `swap` finds no other request with a page).
+pub fn inject(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[RequestId]) -> Option<InjectedFault> {
+    let pages = pool.shape.pages;
+    let parts = pool.parts();
+    let entries = parts.tables.get(&victim)?.entries.len();
+    if entries == 0 {
+        return None;
+    }
+    let last = entries - 1;
+    let mut affected = vec![victim];
+    let description = match kind {
+        FaultKind::StalePage => {
+            let mapping = parts.tables[&victim].entries[last];
+            let page = mapping.page as usize;
+            parts.tags[page] = None;
+            parts.on_free[page] = true;
+            parts.free.push(mapping.page);
+            format!("freed physical page {} while request {victim} still maps it as logical page {last}", mapping.page)
+        }
+        FaultKind::Swap => {
+            let other = active
+                .iter()
+                .copied()
+                .filter(|&r| r != victim)
+                .find(|r| parts.tables.get(r).is_some_and(|t| !t.entries.is_empty()))?;
+            let theirs = parts.tables[&other].entries[0];
+            let mine = std::mem::replace(&mut parts.tables.get_mut(&victim)?.entries[last], theirs);
+            parts.tables.get_mut(&other)?.entries[0] = mine;
+            affected.push(other);
+            affected.sort_unstable();
+            format!(
+                "exchanged request {victim}'s logical page {last} (physical {}) with request {other}'s logical page 0 (physical {})",
+                mine.page, theirs.page
+            )
+        }
+        FaultKind::OutOfRange => {
+            let entry = &mut parts.tables.get_mut(&victim)?.entries[last];
+            let old = entry.page;
+            entry.page = (pages + 3) as u32;
+            format!("pointed request {victim}'s logical page {last} (physical {old}) at page {}", entry.page)
+        }
+        FaultKind::TagCorrupt => {
+            let page = parts.tables[&victim].entries[last].page as usize;
+            let tag = parts.tags[page].as_mut()?;
+            tag.generation ^= 1 << 5;
+            format!("flipped bit 5 of the generation in the tag of physical page {page}")
+        }
+        FaultKind::DoubleMap => {
+            let table = parts.tables.get_mut(&victim)?;
+            let first: Mapping = table.entries[0];
+            if entries >= 2 {
+                table.entries[last] = first;
+            } else {
+                table.entries.push(first);
+            }
+            format!("mapped physical page {} a second time in request {victim}'s table", first.page)
+        }
+    };
+    Some(InjectedFault { kind, victim, affected, description })
+}

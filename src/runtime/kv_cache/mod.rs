@@ -1,0 +1,410 @@
+//! Paged KV cache: a pool of fixed-size pages, a free list, per-request block tables, and a tag on every physical
+//! page (owner request, logical page index, allocation generation) that [`KvPool::verify`] checks for every mapping
+//! before each decode step.
+//!
+//! # Layout
+//! A page holds `page_size` token positions of every layer: `[layers, page_size, row_width]` elements in the pool's
+//! [`KvDtype`], plus `[layers, page_size, aux_width]` f32 values kept beside it (GLM-5's DSA indexer keys, which the
+//! decode step's top-k selection scores; 0 wide for other models). A row is what the engines cache per token and
+//! layer: MLA the 576-wide latent (`kv_c_normed` 512 + post-RoPE `k_pe` 64), GQA `[K heads·dim, V heads·dim]`.
+//! Bytes per page: `layers · page_size · (row_width · dtype + aux_width · 4)`.
+
+mod fault;
+mod storage;
+
+use std::collections::BTreeMap;
+
+pub use fault::{inject, FaultKind, InjectedFault};
+pub use storage::KvDtype;
+
+/// A request's id as the pool knows it.
+pub type RequestId = u64;
+
+/// What a physical page says about itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageTag {
+    pub owner: RequestId,
+    /// Logical page index within the owner's block table.
+    pub index: u32,
+    /// Allocation generation: unique per allocation, so a page freed and reallocated is told apart.
+    pub generation: u64,
+}
+
+/// One block-table entry: the physical page and the generation it was given with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mapping {
+    pub page: u32,
+    pub generation: u64,
+}
+
+/// A request's block table: logical page `i` lives in `entries[i]`; `tokens` positions are written.
+#[derive(Debug, Clone, Default)]
+pub struct BlockTable {
+    pub entries: Vec<Mapping>,
+    pub tokens: usize,
+}
+
+/// Geometry of a pool.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolShape {
+    pub layers: usize,
+    pub row_width: usize,
+    pub aux_width: usize,
+    pub page_size: usize,
+    pub pages: usize,
+}
+
+impl PoolShape {
+    pub fn page_bytes(&self, dtype: KvDtype) -> usize {
+        self.layers * self.page_size * (self.row_width * dtype.bytes() + self.aux_width * 4)
+    }
+
+    pub fn pages_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.page_size)
+    }
+}
+
+/// Integrity counters.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Counters {
+    pub mappings_verified: u64,
+    pub faults_detected: u64,
+    pub requests_aborted: u64,
+}
+
+/// Why a request's mappings are not trustworthy. The message names the page and the disagreement.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IntegrityError {
+    #[error("request {request}: logical page {index} maps to physical page {page}, outside the pool of {pages} pages")]
+    OutOfRange { request: RequestId, index: usize, page: u32, pages: usize },
+    #[error("request {request}: logical page {index} maps to physical page {page}, which is on the free list")]
+    OnFreeList { request: RequestId, index: usize, page: u32 },
+    #[error(
+        "request {request}: logical page {index} maps to physical page {page}, which has no tag (never allocated)"
+    )]
+    Untagged { request: RequestId, index: usize, page: u32 },
+    #[error("request {request}: logical page {index} maps to physical page {page}, whose tag disagrees on {field}: expected {expected}, found {found}")]
+    TagMismatch { request: RequestId, index: usize, page: u32, field: &'static str, expected: u64, found: u64 },
+    #[error("request {request}: the block table has {entries} pages but {tokens} written tokens need {needed}")]
+    Length { request: RequestId, entries: usize, tokens: usize, needed: usize },
+}
+
+/// Errors of pool operations (not integrity faults).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error("the KV pool has no free page (all {0} pages in use)")]
+    Full(usize),
+    #[error("request {0} has no block table")]
+    Unknown(RequestId),
+    #[error(transparent)]
+    Integrity(#[from] IntegrityError),
+}
+
+/// The page pool with its tags, free list and block tables.
+pub struct KvPool {
+    shape: PoolShape,
+    dtype: KvDtype,
+    /// Per layer, one scale per row element (FP8 only; 1.0 otherwise).
+    scales: Vec<Vec<f32>>,
+    data: Vec<u8>,
+    aux: Vec<f32>,
+    tags: Vec<Option<PageTag>>,
+    on_free: Vec<bool>,
+    /// LIFO: the page freed last is handed out next.
+    free: Vec<u32>,
+    next_generation: u64,
+    tables: BTreeMap<RequestId, BlockTable>,
+    pub counters: Counters,
+    peak_used: usize,
+}
+
+impl KvPool {
+    /// A pool whose FP8 elements use `scales[layer][element]` (`row_width` per layer).
+    pub fn new(shape: PoolShape, dtype: KvDtype, scales: Vec<Vec<f32>>) -> Self {
+        assert_eq!(scales.len(), shape.layers, "one scale row per layer");
+        let row_bytes = shape.row_width * dtype.bytes();
+        Self {
+            shape,
+            dtype,
+            scales,
+            data: vec![0u8; shape.pages * shape.layers * shape.page_size * row_bytes],
+            aux: vec![0f32; shape.pages * shape.layers * shape.page_size * shape.aux_width],
+            tags: vec![None; shape.pages],
+            on_free: vec![true; shape.pages],
+            free: (0..shape.pages as u32).rev().collect(),
+            next_generation: 1,
+            tables: BTreeMap::new(),
+            counters: Counters::default(),
+            peak_used: 0,
+        }
+    }
+
+    pub fn shape(&self) -> PoolShape {
+        self.shape
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    pub fn free_pages(&self) -> usize {
+        self.free.len()
+    }
+
+    pub fn used_pages(&self) -> usize {
+        self.shape.pages - self.free.len()
+    }
+
+    /// Most pages in use at any time.
+    pub fn peak_used_pages(&self) -> usize {
+        self.peak_used
+    }
+
+    pub fn table(&self, request: RequestId) -> Option<&BlockTable> {
+        self.tables.get(&request)
+    }
+
+    pub fn requests(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.tables.keys().copied()
+    }
+
+    /// Starts an empty block table for `request`.
+    pub fn open(&mut self, request: RequestId) {
+        self.tables.entry(request).or_default();
+    }
+
+    /// Allocates pages so that `request` can hold `tokens` positions.
+    pub fn reserve(&mut self, request: RequestId, tokens: usize) -> Result<(), PoolError> {
+        let needed = self.shape.pages_for(tokens);
+        let have = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.entries.len();
+        for index in have..needed {
+            let page = self.free.pop().ok_or(PoolError::Full(self.shape.pages))?;
+            let generation = self.next_generation;
+            self.next_generation += 1;
+            self.on_free[page as usize] = false;
+            self.tags[page as usize] = Some(PageTag { owner: request, index: index as u32, generation });
+            let table = self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?;
+            table.entries.push(Mapping { page, generation });
+        }
+        self.peak_used = self.peak_used.max(self.used_pages());
+        Ok(())
+    }
+
+    fn slot(&self, request: RequestId, position: usize) -> Result<usize, PoolError> {
+        let table = self.tables.get(&request).ok_or(PoolError::Unknown(request))?;
+        let index = position / self.shape.page_size;
+        let mapping = table.entries.get(index).ok_or(PoolError::Full(self.shape.pages))?;
+        if mapping.page as usize >= self.shape.pages {
+            return Err(
+                IntegrityError::OutOfRange { request, index, page: mapping.page, pages: self.shape.pages }.into()
+            );
+        }
+        Ok(mapping.page as usize * self.shape.page_size + position % self.shape.page_size)
+    }
+
+    /// Writes one position's row (and aux values) of `layer`; the position must be reserved.
+    pub fn write(
+        &mut self,
+        request: RequestId,
+        layer: usize,
+        position: usize,
+        row: &[f32],
+        aux: &[f32],
+    ) -> Result<(), PoolError> {
+        let PoolShape { layers, row_width, aux_width, .. } = self.shape;
+        let slot = self.slot(request, position)?;
+        let (page, offset) = (slot / self.shape.page_size, slot % self.shape.page_size);
+        let element = (page * layers + layer) * self.shape.page_size + offset;
+        let bytes = row_width * self.dtype.bytes();
+        storage::encode(self.dtype, row, &self.scales[layer], &mut self.data[element * bytes..][..bytes]);
+        self.aux[element * aux_width..][..aux_width].copy_from_slice(&aux[..aux_width]);
+        let table = self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?;
+        table.tokens = table.tokens.max(position + 1);
+        Ok(())
+    }
+
+    /// Reads positions `0..count` of `layer` into `rows` (`[count, row_width]`) and `aux` (`[count, aux_width]`).
+    pub fn read(
+        &self,
+        request: RequestId,
+        layer: usize,
+        count: usize,
+        rows: &mut Vec<f32>,
+        aux: &mut Vec<f32>,
+    ) -> Result<(), PoolError> {
+        let PoolShape { layers, row_width, aux_width, page_size, .. } = self.shape;
+        rows.resize(count * row_width, 0.0);
+        aux.resize(count * aux_width, 0.0);
+        let bytes = row_width * self.dtype.bytes();
+        let mut position = 0;
+        while position < count {
+            let slot = self.slot(request, position)?;
+            let (page, offset) = (slot / page_size, slot % page_size);
+            let run = (page_size - offset).min(count - position);
+            let element = (page * layers + layer) * page_size + offset;
+            storage::decode(
+                self.dtype,
+                &self.data[element * bytes..][..run * bytes],
+                &self.scales[layer].repeat(run),
+                &mut rows[position * row_width..][..run * row_width],
+            );
+            aux[position * aux_width..][..run * aux_width]
+                .copy_from_slice(&self.aux[element * aux_width..][..run * aux_width]);
+            position += run;
+        }
+        Ok(())
+    }
+
+    /// Checks every mapping of `request`: page id in range, page not on the free list, tag owner, logical index and
+    /// generation equal to what the table recorded. Counts the mappings checked.
+    pub fn verify(&mut self, request: RequestId) -> Result<(), IntegrityError> {
+        let table = match self.tables.get(&request) {
+            Some(table) => table,
+            None => return Ok(()),
+        };
+        let needed = self.shape.pages_for(table.tokens);
+        self.counters.mappings_verified += table.entries.len() as u64;
+        let result = check_table(request, table, &self.tags, &self.on_free, needed);
+        if result.is_err() {
+            self.counters.faults_detected += 1;
+        }
+        result
+    }
+
+    /// Returns `request`'s pages to the free list and drops its table. A finished request frees its (verified)
+    /// mappings; an aborted one frees every page whose tag names it, wherever it is mapped, and leaves pages whose
+    /// tags are damaged out of circulation (quarantined).
+    pub fn release(&mut self, request: RequestId, aborted: bool) {
+        let Some(table) = self.tables.remove(&request) else { return };
+        if aborted {
+            self.counters.requests_aborted += 1;
+            for page in 0..self.shape.pages {
+                if !self.on_free[page] && self.tags[page].is_some_and(|tag| tag.owner == request) {
+                    self.free_page(page as u32);
+                }
+            }
+        } else {
+            for (index, mapping) in table.entries.iter().enumerate() {
+                let page = mapping.page as usize;
+                let expected = PageTag { owner: request, index: index as u32, generation: mapping.generation };
+                if page < self.shape.pages && !self.on_free[page] && self.tags[page] == Some(expected) {
+                    self.free_page(mapping.page);
+                }
+            }
+        }
+    }
+
+    fn free_page(&mut self, page: u32) {
+        self.tags[page as usize] = None;
+        self.on_free[page as usize] = true;
+        self.free.push(page);
+    }
+
+    /// Mutable access for fault injection.
+    fn parts(&mut self) -> Parts<'_> {
+        Parts { tables: &mut self.tables, tags: &mut self.tags, on_free: &mut self.on_free, free: &mut self.free }
+    }
+}
+
+struct Parts<'a> {
+    tables: &'a mut BTreeMap<RequestId, BlockTable>,
+    tags: &'a mut Vec<Option<PageTag>>,
+    on_free: &'a mut Vec<bool>,
+    free: &'a mut Vec<u32>,
+}
+
+fn check_table(
+    request: RequestId,
+    table: &BlockTable,
+    tags: &[Option<PageTag>],
+    on_free: &[bool],
+    needed: usize,
+) -> Result<(), IntegrityError> {
+    if table.entries.len() < needed {
+        return Err(IntegrityError::Length { request, entries: table.entries.len(), tokens: table.tokens, needed });
+    }
+    for (index, mapping) in table.entries.iter().enumerate() {
+        let page = mapping.page;
+        if page as usize >= tags.len() {
+            return Err(IntegrityError::OutOfRange { request, index, page, pages: tags.len() });
+        }
+        if on_free[page as usize] {
+            return Err(IntegrityError::OnFreeList { request, index, page });
+        }
+        let Some(tag) = tags[page as usize] else {
+            return Err(IntegrityError::Untagged { request, index, page });
+        };
+        let mismatch = |field, expected: u64, found: u64| IntegrityError::TagMismatch {
+            request,
+            index,
+            page,
+            field,
+            expected,
+            found,
+        };
+        if tag.owner != request {
+            return Err(mismatch("owner", request, tag.owner));
+        }
+        if tag.index as usize != index {
+            return Err(mismatch("logical index", index as u64, tag.index as u64));
+        }
+        if tag.generation != mapping.generation {
+            return Err(mismatch("generation", mapping.generation, tag.generation));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(pages: usize, page_size: usize, dtype: KvDtype) -> KvPool {
+        let shape = PoolShape { layers: 2, row_width: 5, aux_width: 2, page_size, pages };
+        KvPool::new(shape, dtype, vec![vec![0.1; 5]; 2])
+    }
+
+    #[test]
+    fn write_read_across_pages_and_release() {
+        let mut pool = pool(6, 3, KvDtype::F32);
+        pool.open(7);
+        pool.reserve(7, 7).unwrap();
+        assert_eq!(pool.used_pages(), 3);
+        for position in 0..7 {
+            let row: Vec<f32> = (0..5).map(|e| (position * 10 + e) as f32).collect();
+            pool.write(7, 1, position, &row, &[position as f32, -1.0]).unwrap();
+        }
+        let (mut rows, mut aux) = (Vec::new(), Vec::new());
+        pool.read(7, 1, 7, &mut rows, &mut aux).unwrap();
+        assert_eq!(rows[6 * 5 + 4], 64.0);
+        assert_eq!(aux[2 * 5 % 14], 5.0);
+        pool.verify(7).unwrap();
+        assert_eq!(pool.counters.mappings_verified, 3);
+        pool.release(7, false);
+        assert_eq!(pool.free_pages(), 6);
+        assert_eq!(pool.reserve(7, 1), Err(PoolError::Unknown(7)));
+    }
+
+    #[test]
+    fn every_fault_kind_is_detected_and_only_the_victim_fails() {
+        for kind in FaultKind::ALL {
+            let mut pool = pool(16, 2, KvDtype::Bf16);
+            for request in 0..3 {
+                pool.open(request);
+                pool.reserve(request, 5).unwrap();
+                for position in 0..5 {
+                    pool.write(request, 0, position, &[1.0; 5], &[0.0; 2]).unwrap();
+                }
+            }
+            let injected = inject(&mut pool, kind, 1, &[0, 1, 2]).expect("injectable");
+            // The next allocation may take a stale page: the victim must still be caught.
+            pool.reserve(2, 7).unwrap();
+            let failed: Vec<RequestId> = (0..3).filter(|&r| pool.verify(r).is_err()).collect();
+            assert_eq!(failed, injected.affected, "{kind:?}");
+            for request in failed {
+                pool.release(request, true);
+            }
+            assert_eq!(pool.counters.requests_aborted as usize, injected.affected.len());
+        }
+    }
+}
