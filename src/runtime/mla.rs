@@ -3,6 +3,7 @@
 
 use super::backend::{AttentionShape, Backend, Matrix, RopeStyle};
 use super::indexer::{self, IndexerWeights, Selection};
+use super::layer::{CachedKv, KvTap};
 use super::rope_table::RopeTable;
 use super::weights::WeightReader;
 use super::{RuntimeError, Spans};
@@ -88,6 +89,7 @@ impl MlaWeights {
     /// Attention output `[tokens, hidden]` for normed input `x`. `selection` carries the DSA top-k between layers:
     /// a layer with an indexer replaces it, a shared layer reuses it.
     #[allow(clippy::too_many_arguments)]
+    #[allow(dead_code)] // the untapped entry point, kept for other callers
     pub fn forward(
         &self,
         backend: &dyn Backend,
@@ -99,9 +101,76 @@ impl MlaWeights {
         selection: &mut Option<Selection>,
         near_ties: &mut usize,
     ) -> Result<Vec<f32>, RuntimeError> {
+        self.forward_tapped(backend, config, x, spans, table, scale, selection, near_ties, &mut KvTap::default())
+    }
+
+    /// [`Self::forward`] with a tap on the cached latent rows: observed, then fake-quantized to FP8 if asked.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_tapped(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        x: &[f32],
+        spans: &Spans,
+        table: &RopeTable,
+        scale: f32,
+        selection: &mut Option<Selection>,
+        near_ties: &mut usize,
+        tap: &mut KvTap,
+    ) -> Result<Vec<f32>, RuntimeError> {
         let (d, _) = dims(config);
+        let (q, q_resid) = self.queries(backend, x, spans.total());
+        let mut rows = self.cache_rows(backend, config, x, spans, table)?;
+        tap.apply(CachedKv::Mla { rows: &mut rows, width: d.kv_lora + d.rope });
+        self.attend(backend, config, x, q, &q_resid, &rows, spans, table, scale, selection, near_ties)
+    }
+
+    /// Split prefill/decode: the cached rows of each sequence's first `prompt[i]` tokens come from `prefill`
+    /// (weights) applied to `x_prefill`, the rest from `self` applied to `x`; all rows are fake-quantized to FP8
+    /// with `tap` (the handoff and the decode cache), and every query, the latent expansion and the output
+    /// projection use `self`. Rows of prompt positions in the result are not meaningful.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_split(
+        &self,
+        prefill: &MlaWeights,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        x_prefill: &[f32],
+        x: &[f32],
+        spans: &Spans,
+        prompt: &[usize],
+        table: &RopeTable,
+        scale: f32,
+        selection: &mut Option<Selection>,
+        near_ties: &mut usize,
+        tap: &mut KvTap,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let (d, _) = dims(config);
+        let width = d.kv_lora + d.rope;
         let tokens = spans.total();
-        let qk = d.nope + d.rope;
+        let (q, q_resid_decode) = self.queries(backend, x, tokens);
+        let (_, q_resid_prefill) = prefill.queries(backend, x_prefill, tokens);
+        let mut rows = self.cache_rows(backend, config, x, spans, table)?;
+        let rows_prefill = prefill.cache_rows(backend, config, x_prefill, spans, table)?;
+        let hidden = config.hidden_size;
+        let q_width = q_resid_decode.len() / tokens.max(1);
+        let mut x_mixed = x.to_vec();
+        let mut q_resid = q_resid_decode;
+        for ((start, _), &length) in spans.iter().zip(prompt) {
+            let range = start..start + length;
+            rows[range.start * width..range.end * width]
+                .copy_from_slice(&rows_prefill[range.start * width..range.end * width]);
+            x_mixed[range.start * hidden..range.end * hidden]
+                .copy_from_slice(&x_prefill[range.start * hidden..range.end * hidden]);
+            q_resid[range.start * q_width..range.end * q_width]
+                .copy_from_slice(&q_resid_prefill[range.start * q_width..range.end * q_width]);
+        }
+        tap.apply(CachedKv::Mla { rows: &mut rows, width });
+        self.attend(backend, config, &x_mixed, q, &q_resid, &rows, spans, table, scale, selection, near_ties)
+    }
+
+    /// Queries `[tokens, heads·qk]` (before RoPE) and the query input of the indexer (the normed q latent).
+    fn queries(&self, backend: &dyn Backend, x: &[f32], tokens: usize) -> (Vec<f32>, Vec<f32>) {
         let q_resid = match &self.q_a {
             Some((q_a, norm)) => {
                 let mut latent = backend.linear(x, tokens, q_a, None);
@@ -110,7 +179,21 @@ impl MlaWeights {
             }
             None => x.to_vec(),
         };
-        let mut q = backend.linear(&q_resid, tokens, &self.q_b, None);
+        (backend.linear(&q_resid, tokens, &self.q_b, None), q_resid)
+    }
+
+    /// What the engines cache per token: `[tokens, kv_lora + rope]` rows of the normed latent `kv_c_normed` and
+    /// the post-RoPE shared key `k_pe`.
+    fn cache_rows(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        x: &[f32],
+        spans: &Spans,
+        table: &RopeTable,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let (d, _) = dims(config);
+        let tokens = spans.total();
         let compressed = backend.linear(x, tokens, &self.kv_a, None);
         let mut latent = Vec::with_capacity(tokens * d.kv_lora);
         let mut k_rot = Vec::with_capacity(tokens * d.rope);
@@ -119,10 +202,48 @@ impl MlaWeights {
             k_rot.extend_from_slice(&row[d.kv_lora..]);
         }
         backend.rms_norm(&mut latent, d.kv_lora, &self.kv_a_norm, LATENT_NORM_EPS);
+        let style = if config.rope.interleave { RopeStyle::Interleaved } else { RopeStyle::Half };
+        for (start, length) in spans.iter() {
+            check_positions(table, length)?;
+            let k_rot_seq = &mut k_rot[start * d.rope..(start + length) * d.rope];
+            backend.rope(k_rot_seq, length, d.rope, d.rope, 0, d.rope, &table.cos, &table.sin, style);
+        }
+        let mut rows = Vec::with_capacity(tokens * (d.kv_lora + d.rope));
+        for (latent_row, rot_row) in latent.chunks(d.kv_lora).zip(k_rot.chunks(d.rope)) {
+            rows.extend_from_slice(latent_row);
+            rows.extend_from_slice(rot_row);
+        }
+        Ok(rows)
+    }
+
+    /// Attention over cached rows: the latent expanded per head by `kv_b_proj`, the DSA selection, output projection.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        x: &[f32],
+        mut q: Vec<f32>,
+        q_resid: &[f32],
+        rows: &[f32],
+        spans: &Spans,
+        table: &RopeTable,
+        scale: f32,
+        selection: &mut Option<Selection>,
+        near_ties: &mut usize,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let (d, _) = dims(config);
+        let tokens = spans.total();
+        let qk = d.nope + d.rope;
+        let width = d.kv_lora + d.rope;
+        let mut latent = Vec::with_capacity(tokens * d.kv_lora);
+        for row in rows.chunks(width) {
+            latent.extend_from_slice(&row[..d.kv_lora]);
+        }
         let kv = backend.linear(&latent, tokens, &self.kv_b, None);
 
         if let Some(indexer) = &self.indexer {
-            let (chosen, ties) = indexer::select(backend, indexer, config, x, &q_resid, spans, table)?;
+            let (chosen, ties) = indexer::select(backend, indexer, config, x, q_resid, spans, table)?;
             *near_ties += ties;
             *selection = Some(chosen);
         }
@@ -132,18 +253,17 @@ impl MlaWeights {
             check_positions(table, length)?;
             let q_seq = &mut q[start * d.heads * qk..(start + length) * d.heads * qk];
             backend.rope(q_seq, length, d.heads * qk, qk, d.nope, d.rope, &table.cos, &table.sin, style);
-            let mut k_rot_seq = k_rot[start * d.rope..(start + length) * d.rope].to_vec();
-            backend.rope(&mut k_rot_seq, length, d.rope, d.rope, 0, d.rope, &table.cos, &table.sin, style);
             // Expand the latent per head: k = [k_nope_h, k_rot], v = v_h.
             let mut k = vec![0f32; length * d.heads * qk];
             let mut v = vec![0f32; length * d.heads * d.v];
             for t in 0..length {
                 let kv_row = &kv[(start + t) * d.heads * (d.nope + d.v)..][..d.heads * (d.nope + d.v)];
+                let k_rot = &rows[(start + t) * width + d.kv_lora..][..d.rope];
                 for h in 0..d.heads {
                     let source = &kv_row[h * (d.nope + d.v)..][..d.nope + d.v];
                     let key = &mut k[(t * d.heads + h) * qk..][..qk];
                     key[..d.nope].copy_from_slice(&source[..d.nope]);
-                    key[d.nope..].copy_from_slice(&k_rot_seq[t * d.rope..][..d.rope]);
+                    key[d.nope..].copy_from_slice(k_rot);
                     v[(t * d.heads + h) * d.v..][..d.v].copy_from_slice(&source[d.nope..]);
                 }
             }

@@ -8,8 +8,6 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::backend::{Backend, Matrix};
-use super::layer::{Layer, LayerContext};
-use super::moe::ExpertTimes;
 use super::rope_table::{mla_softmax_scale, RopeTable};
 use super::weights::WeightReader;
 use super::{RuntimeError, Spans};
@@ -17,6 +15,10 @@ use crate::io::Checkpoint;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
+
+pub use super::indexer::Selection;
+pub use super::layer::{fake_fp8, CachedKv, KvObserver, KvTap, Layer, LayerContext, LayerTap};
+pub use super::moe::ExpertTimes as LayerTimes;
 
 /// Receives each sequence's logits: `(sequence index, [len, vocab] logits)`.
 pub type LogitsSink<'a> = dyn FnMut(usize, &[f32]) -> Result<(), RuntimeError> + 'a;
@@ -37,6 +39,26 @@ pub struct ForwardStats {
     /// Router and DSA top-k decisions whose boundary margin is within `NEAR_TIE_RELATIVE` (may flip between
     /// implementations without either being wrong).
     pub near_ties: usize,
+}
+
+/// The RoPE table for `positions` positions and the MLA softmax scale (1.0 for GQA) of a model.
+pub fn rope_setup(config: &ModelConfig, positions: usize) -> (RopeTable, f32) {
+    let (rope_head, mla_scale) = match &config.attention {
+        Attention::Mla { qk_nope_head_dim, qk_rope_head_dim, .. } => {
+            (*qk_rope_head_dim, mla_softmax_scale(&config.rope, qk_nope_head_dim + qk_rope_head_dim))
+        }
+        Attention::Gqa { head_dim, .. } => (*head_dim, 1.0),
+    };
+    (RopeTable::new(&config.rope, rope_head, positions), mla_scale)
+}
+
+/// The name of the output head's weight (`lm_head.weight`, or the embedding when tied and absent).
+pub fn head_name(config: &ModelConfig, reader: &WeightReader) -> &'static str {
+    if config.tie_word_embeddings && !reader.contains("lm_head.weight") {
+        "model.embed_tokens.weight"
+    } else {
+        "lm_head.weight"
+    }
 }
 
 impl Model {
@@ -78,13 +100,7 @@ impl Model {
         let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
         let spans = Spans::new(&lengths);
         let longest = lengths.iter().copied().max().unwrap_or(0);
-        let (rope_head, mla_scale) = match &config.attention {
-            Attention::Mla { qk_nope_head_dim, qk_rope_head_dim, .. } => {
-                (*qk_rope_head_dim, mla_softmax_scale(&config.rope, qk_nope_head_dim + qk_rope_head_dim))
-            }
-            Attention::Gqa { head_dim, .. } => (*head_dim, 1.0),
-        };
-        let table = RopeTable::new(&config.rope, rope_head, longest);
+        let (table, mla_scale) = rope_setup(config, longest);
         let mut stats = ForwardStats::default();
 
         let started = Instant::now();
@@ -99,7 +115,7 @@ impl Model {
             let started = Instant::now();
             let layer = Layer::load(&reader, config, index)?;
             let loaded = started.elapsed().as_secs_f64();
-            let times = ExpertTimes::default();
+            let times = LayerTimes::default();
             let computing = Instant::now();
             layer.forward(&context, &mut hidden, &spans, &mut selection, &times, &mut stats.near_ties)?;
             let compute_wall = computing.elapsed().as_secs_f64();
@@ -117,12 +133,7 @@ impl Model {
 
         let started = Instant::now();
         let norm = reader.vector("model.norm.weight", width)?;
-        let head_name = if config.tie_word_embeddings && !reader.contains("lm_head.weight") {
-            "model.embed_tokens.weight"
-        } else {
-            "lm_head.weight"
-        };
-        let head: Matrix = reader.matrix(head_name, [config.vocab_size, width])?;
+        let head: Matrix = reader.matrix(head_name(config, &reader), [config.vocab_size, width])?;
         stats.load_seconds += started.elapsed().as_secs_f64();
         let started = Instant::now();
         backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32);

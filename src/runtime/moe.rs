@@ -78,7 +78,7 @@ impl MoeWeights {
     }
 
     /// `(experts, weights)` per token, and the number of near-ties at the top-k boundary.
-    fn route(
+    pub(super) fn route(
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
