@@ -4,6 +4,7 @@
 //! Data flow: `io` (read/write checkpoints) → `quant` (math) → `recipe` (what gets which scheme) → `model`
 //! (configs, architectures) → jobs (`convert`, `inspect`, `verify`, `synth`, `report`) → `cli`.
 
+pub mod calib;
 pub mod cli;
 pub mod convert;
 pub mod cuda;

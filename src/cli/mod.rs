@@ -1,5 +1,6 @@
 //! Command-line interface: argument parsing, printing and exit codes (0 ok, 1 a gate failed, 2 error). No logic.
 
+mod calibrate_kv;
 mod demo;
 mod eval;
 mod inspect;
@@ -45,6 +46,8 @@ enum Command {
     Synth(synth::Args),
     /// Run every stage on a built-in tiny model in a temporary folder.
     Demo(demo::Args),
+    /// Calibrate per-layer FP8 KV-cache scales (k_scale/v_scale) and write them where vLLM and SGLang read them.
+    CalibrateKv(calibrate_kv::Args),
     /// Perplexity of one model on text or token chunks, computed by the layer-streamed reference runtime.
     Eval(eval::Args),
     /// Checkpoint size before/after a recipe and GPU memory budgets (KV capacity, concurrency) from config.json alone.
@@ -72,6 +75,7 @@ pub fn run() -> i32 {
         Command::Synth(args) => synth::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::CalibrateKv(args) => calibrate_kv::run(args),
         Command::Report(args) => report::run(args),
         Command::Selftest(args) => selftest::run(args),
     };

@@ -1,0 +1,267 @@
+//! `squeeze calibrate-kv MODEL`: runs calibration text through the layer-streamed reference runtime, observes per
+//! layer exactly the values the engines store in an FP8 KV cache (MLA: the normed latent `kv_c_normed` and the
+//! post-RoPE `k_pe` of each token's 576-wide row, under one scale; GQA: post-RoPE K and V, per tensor or per KV
+//! head), and derives `scale = amax / 448` (or a percentile of |x| / 448).
+
+mod observe;
+mod write;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+
+pub use observe::AbsStats;
+pub use write::{write_scales, WrittenFiles, SCALES_FILE};
+
+use crate::eval::{chunks_from_text, read_token_file, EvalError, EvalInput};
+use crate::progress::Reporter;
+use crate::runtime::model::{rope_setup, CachedKv, KvTap, Layer, LayerContext, LayerTap, LayerTimes};
+use crate::runtime::weights::WeightReader;
+use crate::runtime::{Cpu, Model, Spans};
+
+/// Largest finite FP8 e4m3 magnitude.
+pub const FP8_MAX: f32 = 448.0;
+/// A layer whose amax differs from the geometric mean of its neighbours' by more than this factor is flagged.
+pub const NEIGHBOUR_FACTOR: f32 = 8.0;
+
+/// One scale per layer or one per KV head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    Tensor,
+    Head,
+}
+
+#[derive(Debug, Clone)]
+pub struct CalibOptions {
+    pub model: PathBuf,
+    pub input: EvalInput,
+    pub samples: usize,
+    /// Percentile of |x| the scale maps to 448; `None` is amax.
+    pub percentile: Option<f64>,
+    pub strategy: Strategy,
+}
+
+/// Calibrated scales and statistics of one layer.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerReport {
+    pub layer: usize,
+    /// amax of K (MLA: of the whole latent row) — the maximum over heads for per-head scales.
+    pub k_amax: f32,
+    pub v_amax: f32,
+    /// One value, or one per KV head.
+    pub k_scale: Vec<f32>,
+    pub v_scale: Vec<f32>,
+    /// Share of the observed values that would saturate at ±448 with these scales (the clip rate).
+    pub k_saturated: f64,
+    pub v_saturated: f64,
+    /// Tokens observed.
+    pub tokens: u64,
+    /// Why this layer looks suspicious, if it does.
+    pub warning: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CalibReport {
+    pub model: String,
+    pub architecture: String,
+    /// `mla` (one scale covers the latent row; v_scale = k_scale) or `gqa`.
+    pub cache: String,
+    pub strategy: Strategy,
+    pub rule: String,
+    pub samples: usize,
+    pub seq_len: usize,
+    pub layers: Vec<LayerReport>,
+    pub seconds: f64,
+    /// Files written, filled in by the caller.
+    pub written: Vec<String>,
+}
+
+/// Per layer: K and V statistics per KV head (MLA: one "head", K only).
+struct LayerObservation {
+    k: Vec<AbsStats>,
+    v: Vec<AbsStats>,
+}
+
+/// Runs the calibration and returns the report (nothing is written; see [`write_scales`]).
+pub fn calibrate(options: &CalibOptions, reporter: &dyn Reporter) -> Result<CalibReport, EvalError> {
+    let started = Instant::now();
+    let model = Model::open(&options.model)?;
+    let config = model.config();
+    let mut sequences = match &options.input {
+        EvalInput::Text { path, ctx } => chunks_from_text(&options.model, path, *ctx)?,
+        EvalInput::Tokens { path } => read_token_file(path)?,
+    };
+    sequences.truncate(options.samples.max(1));
+    if sequences.is_empty() || sequences[0].is_empty() {
+        return Err(EvalError::Input("no calibration tokens; give a longer text or a smaller --seq-len".into()));
+    }
+    if let Some(bad) = sequences.iter().flatten().find(|&&id| id as usize >= config.vocab_size) {
+        return Err(EvalError::Input(format!(
+            "token id {bad} is outside the model's vocabulary of {}; the tokens were made for another model",
+            config.vocab_size
+        )));
+    }
+    if let Some(p) = options.percentile {
+        if !(p > 0.0 && p <= 100.0) {
+            return Err(EvalError::Input(format!("--percentile {p} must be in (0, 100]")));
+        }
+    }
+    let mla = matches!(config.attention, crate::model::config::Attention::Mla { .. });
+    let heads = match (&config.attention, options.strategy) {
+        (crate::model::config::Attention::Gqa { num_key_value_heads, .. }, Strategy::Head) => *num_key_value_heads,
+        _ => 1,
+    };
+    if mla && options.strategy == Strategy::Head {
+        reporter.warn("MLA caches one latent row per token under one scale; --strategy head is ignored");
+    }
+
+    let reader = WeightReader::new(model.checkpoint());
+    let width = config.hidden_size;
+    let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
+    let spans = Spans::new(&lengths);
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let (table, mla_scale) = rope_setup(config, longest);
+    let ids: Vec<u32> = sequences.concat();
+    let mut hidden = reader.rows("model.embed_tokens.weight", width, &ids)?;
+    let context = LayerContext { backend: &Cpu, reader: &reader, config, table: &table, mla_scale };
+    let mut selection = None;
+    let mut near_ties = 0;
+    let mut observations = Vec::with_capacity(config.num_hidden_layers);
+    reporter.begin("layers", config.num_hidden_layers as u64);
+    for index in 0..config.num_hidden_layers {
+        let layer = Layer::load(&reader, config, index)?;
+        let mut observation =
+            LayerObservation { k: vec![AbsStats::default(); heads], v: vec![AbsStats::default(); heads] };
+        let mut observer = |cached: &CachedKv| match cached {
+            CachedKv::Mla { rows, .. } => observation.k[0].add(rows),
+            CachedKv::Gqa { k, v, heads: kv_heads, head_dim } => {
+                for (row, chunk) in k.chunks(*head_dim).enumerate() {
+                    observation.k[(row % kv_heads) % heads].add(chunk);
+                }
+                for (row, chunk) in v.chunks(*head_dim).enumerate() {
+                    observation.v[(row % kv_heads) % heads].add(chunk);
+                }
+            }
+        };
+        let mut tap = LayerTap { kv: KvTap { observer: Some(&mut observer), fp8: None }, routes: None };
+        // The last layer's MLP does not change what is cached; it still runs (cheap next to loading).
+        layer.forward_tapped(
+            &context,
+            &mut hidden,
+            &spans,
+            &mut selection,
+            &LayerTimes::default(),
+            &mut near_ties,
+            &mut tap,
+        )?;
+        drop(tap);
+        observations.push(observation);
+        reporter.advance(1);
+    }
+    reporter.end();
+
+    let percent = options.percentile.unwrap_or(100.0);
+    let mut layers: Vec<LayerReport> = observations
+        .iter()
+        .enumerate()
+        .map(|(layer, observation)| {
+            let scales = |stats: &[AbsStats]| -> Vec<f32> {
+                stats.iter().map(|s| (s.percentile(percent) / FP8_MAX).max(f32::MIN_POSITIVE)).collect()
+            };
+            let saturated = |stats: &[AbsStats], scale: &[f32]| -> f64 {
+                let total: u64 = stats.iter().map(|s| s.count).sum();
+                let above: f64 =
+                    stats.iter().zip(scale).map(|(s, &c)| s.share_above(c * FP8_MAX) * s.count as f64).sum();
+                if total == 0 {
+                    0.0
+                } else {
+                    above / total as f64
+                }
+            };
+            let k_scale = scales(&observation.k);
+            let (v_scale, v_amax, v_saturated) = if mla {
+                (
+                    k_scale.clone(),
+                    observation.k.iter().map(|s| s.amax).fold(0.0, f32::max),
+                    saturated(&observation.k, &k_scale),
+                )
+            } else {
+                let v_scale = scales(&observation.v);
+                let v_saturated = saturated(&observation.v, &v_scale);
+                (v_scale, observation.v.iter().map(|s| s.amax).fold(0.0, f32::max), v_saturated)
+            };
+            let row_values: u64 = observation.k.iter().map(|s| s.count).sum();
+            let per_token = match &config.attention {
+                crate::model::config::Attention::Mla { kv_lora_rank, qk_rope_head_dim, .. } => {
+                    kv_lora_rank + qk_rope_head_dim
+                }
+                crate::model::config::Attention::Gqa { num_key_value_heads, head_dim, .. } => {
+                    num_key_value_heads * head_dim
+                }
+            };
+            LayerReport {
+                layer,
+                k_amax: observation.k.iter().map(|s| s.amax).fold(0.0, f32::max),
+                v_amax,
+                k_saturated: saturated(&observation.k, &k_scale),
+                v_saturated,
+                k_scale,
+                v_scale,
+                tokens: row_values / per_token.max(1) as u64,
+                warning: None,
+            }
+        })
+        .collect();
+    flag_outliers(&mut layers);
+    for layer in &layers {
+        if let Some(warning) = &layer.warning {
+            reporter.warn(&format!("layer {}: {warning}", layer.layer));
+        }
+    }
+    Ok(CalibReport {
+        model: options.model.display().to_string(),
+        architecture: config.architecture.name().to_string(),
+        cache: if mla { "mla".into() } else { "gqa".into() },
+        strategy: if mla { Strategy::Tensor } else { options.strategy },
+        rule: match options.percentile {
+            Some(p) => format!("p{p} / 448"),
+            None => "amax / 448".into(),
+        },
+        samples: sequences.len(),
+        seq_len: longest,
+        layers,
+        seconds: started.elapsed().as_secs_f64(),
+        written: Vec::new(),
+    })
+}
+
+/// Flags layers whose K or V amax is far (×[`NEIGHBOUR_FACTOR`]) from the geometric mean of their neighbours'.
+fn flag_outliers(layers: &mut [LayerReport]) {
+    let amax: Vec<(f32, f32)> = layers.iter().map(|l| (l.k_amax, l.v_amax)).collect();
+    for (index, layer) in layers.iter_mut().enumerate() {
+        let neighbours: Vec<usize> =
+            [index.checked_sub(1), Some(index + 1)].into_iter().flatten().filter(|&n| n < amax.len()).collect();
+        if neighbours.is_empty() {
+            continue;
+        }
+        let mut notes = Vec::new();
+        for (label, pick) in [("K", 0usize), ("V", 1)] {
+            let value = if pick == 0 { amax[index].0 } else { amax[index].1 };
+            let logs: Vec<f32> = neighbours
+                .iter()
+                .map(|&n| if pick == 0 { amax[n].0 } else { amax[n].1 })
+                .map(|a| a.max(f32::MIN_POSITIVE).ln())
+                .collect();
+            let mean = (logs.iter().sum::<f32>() / logs.len() as f32).exp();
+            let ratio = value.max(f32::MIN_POSITIVE) / mean;
+            if !(1.0 / NEIGHBOUR_FACTOR..=NEIGHBOUR_FACTOR).contains(&ratio) {
+                notes.push(format!("{label} amax {value:.4} is {ratio:.1}× its neighbours' ({mean:.4})"));
+            }
+        }
+        if !notes.is_empty() {
+            layer.warning = Some(format!("{}; check the calibration text covers this layer's range", notes.join(", ")));
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Writes calibrated KV scales the way the engines read them: F32 `model.layers.N.self_attn.k_scale`/`.v_scale`
+//! (`[1]`, or `[kv_heads, 1, 1]` per head) in a new shard `kv-scales.safetensors` added to the index, and
+//! `quantization_config.kv_cache_scheme` in `config.json` — each file written to a temporary sibling and renamed,
+//! shard first, then index, then config, so an interrupted run never leaves a config that names missing scales.
+//! Optionally SGLang's `--quantization-param-path` JSON.
+//!
+//! F32, not the module dtype (BF16): vLLM and SGLang load the scale into an f32 parameter from either, and BF16
+//! would round amax/448 to 8 significant bits — rounding down lets the amax value saturate.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+use super::{CalibReport, Strategy};
+use crate::io::checkpoint::{read_json, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
+use crate::io::dtype::Dtype;
+use crate::io::writer::{PlannedTensor, ShardWriter};
+use crate::io::{atomic, IoError, ShardFile};
+
+pub const SCALES_FILE: &str = "kv-scales.safetensors";
+
+/// What was written where.
+#[derive(Debug, Clone)]
+pub struct WrittenFiles {
+    pub files: Vec<PathBuf>,
+}
+
+fn tensor_shape(values: usize, strategy: Strategy) -> Vec<usize> {
+    match strategy {
+        Strategy::Tensor => vec![1],
+        Strategy::Head => vec![values, 1, 1],
+    }
+}
+
+/// Writes the scales into `model` (or, with `out`, writes `config.json`, the index and the scales shard into `out`
+/// and leaves `model` untouched), and SGLang's JSON to `sglang` if given.
+pub fn write_scales(
+    report: &CalibReport,
+    model: &Path,
+    out: Option<&Path>,
+    sglang: Option<&Path>,
+) -> Result<WrittenFiles, IoError> {
+    let target = out.unwrap_or(model);
+    if let Some(out) = out {
+        std::fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
+    }
+    let mut files = Vec::new();
+    // 1. the shard
+    let mut planned = Vec::new();
+    let mut payload: Vec<(String, Vec<u8>)> = Vec::new();
+    for layer in &report.layers {
+        for (which, values) in [("k_scale", &layer.k_scale), ("v_scale", &layer.v_scale)] {
+            let name = format!("model.layers.{}.self_attn.{which}", layer.layer);
+            planned.push(PlannedTensor::new(name.clone(), Dtype::F32, tensor_shape(values.len(), report.strategy)));
+            payload.push((name, values.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        }
+    }
+    let shard_path = target.join(SCALES_FILE);
+    let mut writer = ShardWriter::create(&shard_path, planned)?;
+    for (name, bytes) in &payload {
+        if let Err(error) = writer.write_tensor(name, bytes) {
+            writer.abandon();
+            return Err(error);
+        }
+    }
+    let finished = writer.finish()?;
+    files.push(shard_path);
+
+    // 2. the index: every existing entry, the scale names routed to the new shard
+    let index_path = model.join(INDEX_FILE);
+    let mut index = if index_path.exists() {
+        read_json(&index_path)?
+    } else {
+        let single = model.join(SINGLE_FILE);
+        let shard = ShardFile::open(&single)?;
+        let map: Map<String, Value> =
+            shard.entries().keys().map(|name| (name.clone(), Value::from(SINGLE_FILE))).collect();
+        json!({ "metadata": { "total_size": shard.file_bytes() }, "weight_map": map })
+    };
+    let weight_map = index
+        .get_mut("weight_map")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| IoError::folder(&index_path, "has no weight_map object"))?;
+    let previous_scales = weight_map.values().filter(|v| v.as_str() == Some(SCALES_FILE)).count();
+    weight_map.retain(|_, file| file.as_str() != Some(SCALES_FILE));
+    for (name, _) in &payload {
+        weight_map.insert(name.clone(), Value::from(SCALES_FILE));
+    }
+    if let Some(total) = index.pointer_mut("/metadata/total_size") {
+        if previous_scales == 0 {
+            *total = Value::from(total.as_u64().unwrap_or(0) + finished.bytes);
+        }
+    }
+    let out_index = target.join(INDEX_FILE);
+    atomic::write_json(&out_index, &index)?;
+    files.push(out_index);
+
+    // 3. config.json
+    let config_path = model.join(CONFIG_FILE);
+    let mut config = read_json(&config_path)?;
+    let scheme = json!({
+        "num_bits": 8,
+        "type": "float",
+        "strategy": match report.strategy { Strategy::Tensor => "tensor", Strategy::Head => "attn_head" },
+        "dynamic": false,
+        "symmetric": true,
+    });
+    let object = config.as_object_mut().ok_or_else(|| IoError::folder(&config_path, "is not a JSON object"))?;
+    match object.get_mut("quantization_config").and_then(Value::as_object_mut) {
+        Some(quantization) => {
+            quantization.insert("kv_cache_scheme".into(), scheme);
+        }
+        None => {
+            object.insert("kv_cache_scheme".into(), scheme);
+        }
+    }
+    let out_config = target.join(CONFIG_FILE);
+    atomic::write_json(&out_config, &config)?;
+    files.push(out_config);
+
+    if let Some(path) = sglang {
+        let model_type = config.get("model_type").cloned().unwrap_or(Value::Null);
+        atomic::write_json(path, &sglang_json(report, model_type))?;
+        files.push(path.to_path_buf());
+    }
+    Ok(WrittenFiles { files })
+}
+
+/// SGLang/vLLM `--quantization-param-path`: `{"model_type", "kv_cache": {"dtype": "float8_e4m3fn",
+/// "scaling_factor": {"<tp rank>": {"<layer>": scale}}}}`. The format has one scale per layer: the larger of K
+/// and V (and of the heads) so nothing saturates; rank 0 only (the scales do not depend on the rank).
+pub fn sglang_json(report: &CalibReport, model_type: Value) -> Value {
+    let layers: Map<String, Value> = report
+        .layers
+        .iter()
+        .map(|layer| {
+            let scale = layer.k_scale.iter().chain(&layer.v_scale).copied().fold(0.0f32, f32::max);
+            (layer.layer.to_string(), Value::from(scale as f64))
+        })
+        .collect();
+    json!({
+        "model_type": model_type,
+        "kv_cache": { "dtype": "float8_e4m3fn", "scaling_factor": { "0": layers } },
+    })
+}

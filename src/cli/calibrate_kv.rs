@@ -1,0 +1,114 @@
+//! `squeeze calibrate-kv` arguments and output.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use crate::calib::{calibrate, write_scales, CalibOptions, Strategy};
+use crate::eval::EvalInput;
+
+use super::progress::Bar;
+use super::table::Table;
+use super::{print_json, Outcome};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model folder to calibrate (its weights produce the observed KV values; the scales are written into it).
+    pub model: PathBuf,
+    /// UTF-8 calibration text, tokenized with the model's tokenizer and cut into --seq-len chunks.
+    #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
+    pub data: Option<PathBuf>,
+    /// safetensors file with an integer tensor `input_ids` [n, seq] (I32 or I64), used as given.
+    #[arg(long)]
+    pub tokens: Option<PathBuf>,
+    /// Calibration sequences (chunks) to run.
+    #[arg(long, default_value_t = 128)]
+    pub samples: usize,
+    /// Tokens per sequence for --data.
+    #[arg(long, default_value_t = 512)]
+    pub seq_len: usize,
+    /// Map this percentile of |x| (not the amax) to 448, clipping the rarer outliers; the clip rate is reported.
+    #[arg(long)]
+    pub percentile: Option<f64>,
+    /// One scale per layer (tensor) or per KV head (head; GQA only — MLA has one latent row).
+    #[arg(long, value_enum, default_value = "tensor")]
+    pub strategy: Strategy,
+    /// Write config.json, the index and kv-scales.safetensors into this folder instead of the model folder.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Also write SGLang's --quantization-param-path JSON here.
+    #[arg(long)]
+    pub sglang_json: Option<PathBuf>,
+    /// Compute and report only; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    let input = match (&args.data, &args.tokens) {
+        (Some(path), _) => EvalInput::Text { path: path.clone(), ctx: args.seq_len },
+        (None, Some(path)) => EvalInput::Tokens { path: path.clone() },
+        (None, None) => anyhow::bail!("give --data TEXT_FILE or --tokens SAFETENSORS_FILE"),
+    };
+    let options = CalibOptions {
+        model: args.model.clone(),
+        input,
+        samples: args.samples,
+        percentile: args.percentile,
+        strategy: args.strategy,
+    };
+    let bar = Bar::new(false);
+    let mut report =
+        calibrate(&options, &bar).with_context(|| format!("calibrating KV scales of {}", args.model.display()))?;
+    if !args.dry_run {
+        let written = write_scales(&report, &args.model, args.out.as_deref(), args.sglang_json.as_deref())
+            .with_context(|| format!("writing KV scales for {}", args.model.display()))?;
+        report.written = written.files.iter().map(|p| p.display().to_string()).collect();
+    }
+    if args.json {
+        print_json(&report)?;
+        return Ok(Outcome::Success);
+    }
+    println!(
+        "{} ({}, {} cache, {} scales, {}): {} sequences × {} tokens",
+        report.model,
+        report.architecture,
+        report.cache,
+        format!("{:?}", report.strategy).to_lowercase(),
+        report.rule,
+        report.samples,
+        report.seq_len
+    );
+    let mut table = Table::new(&["layer", "K amax", "k_scale", "K sat %", "V amax", "v_scale", "V sat %", "tokens"]);
+    let show = |values: &[f32]| {
+        if values.len() == 1 {
+            format!("{:.6}", values[0])
+        } else {
+            format!(
+                "{:.6}…{:.6}",
+                values.iter().copied().fold(f32::MAX, f32::min),
+                values.iter().copied().fold(0.0, f32::max)
+            )
+        }
+    };
+    for layer in &report.layers {
+        table.row(vec![
+            layer.layer.to_string(),
+            format!("{:.4}", layer.k_amax),
+            show(&layer.k_scale),
+            format!("{:.4}", layer.k_saturated * 100.0),
+            format!("{:.4}", layer.v_amax),
+            show(&layer.v_scale),
+            format!("{:.4}", layer.v_saturated * 100.0),
+            layer.tokens.to_string(),
+        ]);
+    }
+    println!("{}", table.render().trim_end());
+    for file in &report.written {
+        println!("wrote {file}");
+    }
+    Ok(Outcome::Success)
+}
