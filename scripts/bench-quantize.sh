@@ -14,8 +14,9 @@ mkdir -p "$work"
 cargo build --release --quiet
 bin=target/release/squeeze
 
-# name layers experts: 1 dense layer + (layers-1) MoE layers of `experts` GLM-5-shaped experts.
-sizes=("2gb 2 52" "8gb 5 52")
+# name layers experts: 1 dense layer + (layers-1) MoE layers + 1 MTP layer (also MoE) of `experts` GLM-5-shaped
+# experts ([2048, 6144] gate/up, [6144, 2048] down, 37.7 MB of FP8 each): 2.1 GB and 8.1 GB of shards.
+sizes=("2gb 2 26" "8gb 4 52")
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB RAM, $(date -u +%F)"
 printf '%-5s %-9s %10s %10s %10s %8s %8s %10s\n' size rule input_GB q_GB/s floor_GB/s ratio seconds peak_RSS
 for entry in "${sizes[@]}"; do
