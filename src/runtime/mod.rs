@@ -23,6 +23,7 @@ mod golden;
 mod gqa;
 mod indexer;
 mod layer;
+pub mod decode;
 pub mod kv_cache;
 pub mod kv_scales;
 mod mla;

@@ -1,0 +1,392 @@
+//! Incremental attention of one decoder layer over cached rows: new tokens' cache rows (MLA latent + post-RoPE
+//! `k_pe`, or GQA post-RoPE K and V) and their queries at their own positions, then single-query softmax attention
+//! over a context of rows with the same arithmetic as the full-sequence CPU kernel.
+
+use crate::model::config::{Attention, Indexer};
+use crate::model::ModelConfig;
+use crate::runtime::backend::{Backend, Matrix, RopeStyle};
+use crate::runtime::cpu::dot;
+use crate::runtime::rope_table::RopeTable;
+use crate::runtime::weights::WeightReader;
+use crate::runtime::RuntimeError;
+
+/// transformers builds `q_a_layernorm`/`kv_a_layernorm` with the RMSNorm default eps.
+const LATENT_NORM_EPS: f32 = 1e-6;
+/// transformers' indexer `k_norm` is `nn.LayerNorm(head_dim, eps=1e-6)`.
+const INDEX_K_NORM_EPS: f32 = 1e-6;
+
+pub struct IndexerStep {
+    wq_b: Matrix,
+    wk: Matrix,
+    k_norm: (Vec<f32>, Vec<f32>),
+    weights_proj: Matrix,
+}
+
+pub enum StepAttention {
+    Mla {
+        q_a: Option<(Matrix, Vec<f32>)>,
+        q_b: Matrix,
+        kv_a: Matrix,
+        kv_a_norm: Vec<f32>,
+        kv_b: Matrix,
+        o: Matrix,
+        indexer: Option<IndexerStep>,
+    },
+    Gqa {
+        q: (Matrix, Option<Vec<f32>>),
+        k: (Matrix, Option<Vec<f32>>),
+        v: (Matrix, Option<Vec<f32>>),
+        o: Matrix,
+        qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    },
+}
+
+/// Per new token: its queries and what the DSA indexer needs to select its keys.
+pub struct Queries {
+    /// `[tokens, heads, qk]`, post-RoPE.
+    pub q: Vec<f32>,
+    /// Indexer queries `[tokens, index_heads, index_dim]` (post-RoPE) and head weights `[tokens, index_heads]`.
+    pub index: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+fn rope_at(
+    backend: &dyn Backend,
+    table: &RopeTable,
+    row: &mut [f32],
+    head_dim: usize,
+    offset: usize,
+    rotary: usize,
+    position: usize,
+    style: RopeStyle,
+) {
+    let half = table.rotary_dim / 2;
+    let (cos, sin) = (&table.cos[position * half..][..half], &table.sin[position * half..][..half]);
+    backend.rope(row, 1, row.len(), head_dim, offset, rotary, cos, sin, style);
+}
+
+impl StepAttention {
+    pub fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
+        let hidden = config.hidden_size;
+        let heads = config.num_attention_heads;
+        let name = |suffix: &str| format!("model.layers.{layer}.self_attn.{suffix}");
+        match &config.attention {
+            Attention::Mla { q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } => {
+                let (kv_lora, nope, rope, v) = (*kv_lora_rank, *qk_nope_head_dim, *qk_rope_head_dim, *v_head_dim);
+                let qk = nope + rope;
+                let (q_a, q_b) = match q_lora_rank {
+                    Some(rank) => (
+                        Some((
+                            reader.matrix(&name("q_a_proj.weight"), [*rank, hidden])?,
+                            reader.vector(&name("q_a_layernorm.weight"), *rank)?,
+                        )),
+                        reader.matrix(&name("q_b_proj.weight"), [heads * qk, *rank])?,
+                    ),
+                    None => (None, reader.matrix(&name("q_proj.weight"), [heads * qk, hidden])?),
+                };
+                let with_indexer =
+                    config.indexer.as_ref().is_some_and(|i| i.full_layers.get(layer).copied().unwrap_or(true));
+                let indexer = match (&config.indexer, with_indexer) {
+                    (Some(Indexer { index_n_heads, index_head_dim, .. }), true) => {
+                        let prefix = name("indexer");
+                        let q_input = q_lora_rank.unwrap_or(hidden);
+                        Some(IndexerStep {
+                            wq_b: reader
+                                .matrix(&format!("{prefix}.wq_b.weight"), [index_n_heads * index_head_dim, q_input])?,
+                            wk: reader.matrix(&format!("{prefix}.wk.weight"), [*index_head_dim, hidden])?,
+                            k_norm: (
+                                reader.vector(&format!("{prefix}.k_norm.weight"), *index_head_dim)?,
+                                reader.vector(&format!("{prefix}.k_norm.bias"), *index_head_dim)?,
+                            ),
+                            weights_proj: reader
+                                .matrix(&format!("{prefix}.weights_proj.weight"), [*index_n_heads, hidden])?,
+                        })
+                    }
+                    _ => None,
+                };
+                Ok(StepAttention::Mla {
+                    q_a,
+                    q_b,
+                    kv_a: reader.matrix(&name("kv_a_proj_with_mqa.weight"), [kv_lora + rope, hidden])?,
+                    kv_a_norm: reader.vector(&name("kv_a_layernorm.weight"), kv_lora)?,
+                    kv_b: reader.matrix(&name("kv_b_proj.weight"), [heads * (nope + v), kv_lora])?,
+                    o: reader.matrix(&name("o_proj.weight"), [hidden, heads * v])?,
+                    indexer,
+                })
+            }
+            Attention::Gqa { num_key_value_heads, head_dim, attention_bias, use_qk_norm, .. } => {
+                let projection = |which: &str, out: usize| -> Result<(Matrix, Option<Vec<f32>>), RuntimeError> {
+                    let weight = reader.matrix(&name(&format!("{which}.weight")), [out, hidden])?;
+                    let bias =
+                        if *attention_bias { Some(reader.vector(&name(&format!("{which}.bias")), out)?) } else { None };
+                    Ok((weight, bias))
+                };
+                Ok(StepAttention::Gqa {
+                    q: projection("q_proj", heads * head_dim)?,
+                    k: projection("k_proj", num_key_value_heads * head_dim)?,
+                    v: projection("v_proj", num_key_value_heads * head_dim)?,
+                    o: reader.matrix(&name("o_proj.weight"), [hidden, heads * head_dim])?,
+                    qk_norm: if *use_qk_norm {
+                        Some((
+                            reader.vector(&name("q_norm.weight"), *head_dim)?,
+                            reader.vector(&name("k_norm.weight"), *head_dim)?,
+                        ))
+                    } else {
+                        None
+                    },
+                })
+            }
+        }
+    }
+
+    pub fn has_indexer(&self) -> bool {
+        matches!(self, StepAttention::Mla { indexer: Some(_), .. })
+    }
+
+    /// Cache rows `[tokens, row_width]` and indexer keys `[tokens, aux_width]` of normed input `x` at `positions`,
+    /// and the queries of the same tokens.
+    pub fn project(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        table: &RopeTable,
+        x: &[f32],
+        positions: &[usize],
+        aux_width: usize,
+    ) -> (Vec<f32>, Vec<f32>, Queries) {
+        let tokens = positions.len();
+        match (self, &config.attention) {
+            (
+                StepAttention::Mla { q_a, q_b, kv_a, kv_a_norm, indexer, .. },
+                Attention::Mla { kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, .. },
+            ) => {
+                let (kv_lora, nope, rope) = (*kv_lora_rank, *qk_nope_head_dim, *qk_rope_head_dim);
+                let heads = config.num_attention_heads;
+                let qk = nope + rope;
+                let style = if config.rope.interleave { RopeStyle::Interleaved } else { RopeStyle::Half };
+                let q_resid = match q_a {
+                    Some((q_a, norm)) => {
+                        let mut latent = backend.linear(x, tokens, q_a, None);
+                        backend.rms_norm(&mut latent, q_a.rows, norm, LATENT_NORM_EPS);
+                        latent
+                    }
+                    None => x.to_vec(),
+                };
+                let mut q = backend.linear(&q_resid, tokens, q_b, None);
+                let compressed = backend.linear(x, tokens, kv_a, None);
+                let mut latent = Vec::with_capacity(tokens * kv_lora);
+                for row in compressed.chunks(kv_lora + rope) {
+                    latent.extend_from_slice(&row[..kv_lora]);
+                }
+                backend.rms_norm(&mut latent, kv_lora, kv_a_norm, LATENT_NORM_EPS);
+                let mut rows = Vec::with_capacity(tokens * (kv_lora + rope));
+                for (t, &position) in positions.iter().enumerate() {
+                    rope_at(backend, table, &mut q[t * heads * qk..][..heads * qk], qk, nope, rope, position, style);
+                    let mut k_pe = compressed[t * (kv_lora + rope) + kv_lora..][..rope].to_vec();
+                    rope_at(backend, table, &mut k_pe, rope, 0, rope, position, style);
+                    rows.extend_from_slice(&latent[t * kv_lora..][..kv_lora]);
+                    rows.extend_from_slice(&k_pe);
+                }
+                let (aux, index) = match (indexer, &config.indexer) {
+                    (Some(weights), Some(settings)) => {
+                        let (index_heads, dim) = (settings.index_n_heads, settings.index_head_dim);
+                        let mut iq = backend.linear(&q_resid, tokens, &weights.wq_b, None);
+                        let mut ik = backend.linear(x, tokens, &weights.wk, None);
+                        backend.layer_norm(&mut ik, dim, &weights.k_norm.0, &weights.k_norm.1, INDEX_K_NORM_EPS);
+                        let head_weights = backend.linear(x, tokens, &weights.weights_proj, None);
+                        for (t, &position) in positions.iter().enumerate() {
+                            let rot = table.rotary_dim;
+                            let q_row = &mut iq[t * index_heads * dim..][..index_heads * dim];
+                            rope_at(backend, table, q_row, dim, 0, rot, position, RopeStyle::Interleaved);
+                            rope_at(
+                                backend,
+                                table,
+                                &mut ik[t * dim..][..dim],
+                                dim,
+                                0,
+                                rot,
+                                position,
+                                RopeStyle::Interleaved,
+                            );
+                        }
+                        (ik, Some((iq, head_weights)))
+                    }
+                    _ => (vec![0f32; tokens * aux_width], None),
+                };
+                (rows, aux, Queries { q, index })
+            }
+            (StepAttention::Gqa { q, k, v, qk_norm, .. }, Attention::Gqa { num_key_value_heads, head_dim, .. }) => {
+                let (kv_heads, head_dim) = (*num_key_value_heads, *head_dim);
+                let heads = config.num_attention_heads;
+                let eps = config.rms_norm_eps as f32;
+                let mut queries = backend.linear(x, tokens, &q.0, q.1.as_deref());
+                let mut keys = backend.linear(x, tokens, &k.0, k.1.as_deref());
+                let values = backend.linear(x, tokens, &v.0, v.1.as_deref());
+                if let Some((q_norm, k_norm)) = qk_norm {
+                    backend.rms_norm(&mut queries, head_dim, q_norm, eps);
+                    backend.rms_norm(&mut keys, head_dim, k_norm, eps);
+                }
+                let width = kv_heads * head_dim;
+                let mut rows = Vec::with_capacity(tokens * 2 * width);
+                for (t, &position) in positions.iter().enumerate() {
+                    let rot = table.rotary_dim;
+                    let q_row = &mut queries[t * heads * head_dim..][..heads * head_dim];
+                    rope_at(backend, table, q_row, head_dim, 0, rot, position, RopeStyle::Half);
+                    let k_row = &mut keys[t * width..][..width];
+                    rope_at(backend, table, k_row, head_dim, 0, rot, position, RopeStyle::Half);
+                    rows.extend_from_slice(k_row);
+                    rows.extend_from_slice(&values[t * width..][..width]);
+                }
+                (rows, vec![0f32; tokens * aux_width], Queries { q: queries, index: None })
+            }
+            _ => unreachable!("attention weights of the other architecture"),
+        }
+    }
+
+    /// DSA selection of one query over `count` cached indexer keys (`aux`): `None` when every key is kept.
+    pub fn select(
+        config: &ModelConfig,
+        queries: &Queries,
+        token: usize,
+        aux: &[f32],
+        count: usize,
+    ) -> Option<Vec<bool>> {
+        let settings = config.indexer.as_ref()?;
+        let (iq, head_weights) = queries.index.as_ref()?;
+        let (heads, dim, topk) = (settings.index_n_heads, settings.index_head_dim, settings.index_topk);
+        if count <= topk {
+            return None;
+        }
+        let softmax_scale = (dim as f32).powf(-0.5);
+        let head_scale = (heads as f32).powf(-0.5);
+        let q = &iq[token * heads * dim..][..heads * dim];
+        let w = &head_weights[token * heads..][..heads];
+        let mut scored: Vec<(f32, usize)> = (0..count)
+            .map(|s| {
+                let key = &aux[s * dim..][..dim];
+                let score = (0..heads)
+                    .map(|h| w[h] * head_scale * (dot(&q[h * dim..][..dim], key) * softmax_scale).max(0.0))
+                    .sum::<f32>();
+                (score, s)
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut mask = vec![false; count];
+        for &(_, s) in &scored[..topk] {
+            mask[s] = true;
+        }
+        Some(mask)
+    }
+
+    /// Attention output (before `o_proj`) `[heads · v_dim]` of query `token` over `count` context rows.
+    pub fn attend(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        mla_scale: f32,
+        queries: &Queries,
+        token: usize,
+        rows: &[f32],
+        count: usize,
+        allowed: Option<&[bool]>,
+    ) -> Vec<f32> {
+        let heads = config.num_attention_heads;
+        match (self, &config.attention) {
+            (
+                StepAttention::Mla { kv_b, .. },
+                Attention::Mla { kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, .. },
+            ) => {
+                let (kv_lora, nope, rope, v) = (*kv_lora_rank, *qk_nope_head_dim, *qk_rope_head_dim, *v_head_dim);
+                let qk = nope + rope;
+                let width = kv_lora + rope;
+                let mut latents = Vec::with_capacity(count * kv_lora);
+                for row in rows[..count * width].chunks(width) {
+                    latents.extend_from_slice(&row[..kv_lora]);
+                }
+                let kv = backend.linear(&latents, count, kv_b, None);
+                let mut k = vec![0f32; count * heads * qk];
+                let mut values = vec![0f32; count * heads * v];
+                for s in 0..count {
+                    let k_pe = &rows[s * width + kv_lora..][..rope];
+                    for h in 0..heads {
+                        let source = &kv[(s * heads + h) * (nope + v)..][..nope + v];
+                        let key = &mut k[(s * heads + h) * qk..][..qk];
+                        key[..nope].copy_from_slice(&source[..nope]);
+                        key[nope..].copy_from_slice(k_pe);
+                        values[(s * heads + h) * v..][..v].copy_from_slice(&source[nope..]);
+                    }
+                }
+                let q = &queries.q[token * heads * qk..][..heads * qk];
+                single_query(q, &k, &values, heads, heads, qk, v, mla_scale, count, allowed)
+            }
+            (StepAttention::Gqa { .. }, Attention::Gqa { num_key_value_heads, head_dim, .. }) => {
+                let (kv_heads, head_dim) = (*num_key_value_heads, *head_dim);
+                let width = kv_heads * head_dim;
+                let mut k = Vec::with_capacity(count * width);
+                let mut values = Vec::with_capacity(count * width);
+                for row in rows[..count * 2 * width].chunks(2 * width) {
+                    k.extend_from_slice(&row[..width]);
+                    values.extend_from_slice(&row[width..]);
+                }
+                let q = &queries.q[token * heads * head_dim..][..heads * head_dim];
+                let scale = (head_dim as f32).powf(-0.5);
+                single_query(q, &k, &values, heads, kv_heads, head_dim, head_dim, scale, count, allowed)
+            }
+            _ => unreachable!("attention weights of the other architecture"),
+        }
+    }
+
+    pub fn output(&self, backend: &dyn Backend, attended: &[f32], tokens: usize) -> Vec<f32> {
+        let o = match self {
+            StepAttention::Mla { o, .. } | StepAttention::Gqa { o, .. } => o,
+        };
+        backend.linear(attended, tokens, o, None)
+    }
+}
+
+/// Softmax attention of one query over `count` keys, the arithmetic of `cpu::attention::causal` for its last row.
+#[allow(clippy::too_many_arguments)]
+fn single_query(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    kv_heads: usize,
+    qk_dim: usize,
+    v_dim: usize,
+    scale: f32,
+    count: usize,
+    allowed: Option<&[bool]>,
+) -> Vec<f32> {
+    let group = heads / kv_heads.max(1);
+    let mut out = vec![0f32; heads * v_dim];
+    for (head, y) in out.chunks_mut(v_dim).enumerate() {
+        let kv_head = head / group.max(1);
+        let q_row = &q[head * qk_dim..][..qk_dim];
+        let mut weights = Vec::with_capacity(count);
+        let mut max = f32::NEG_INFINITY;
+        for key in 0..count {
+            if allowed.is_some_and(|mask| !mask[key]) {
+                weights.push(f32::NEG_INFINITY);
+                continue;
+            }
+            let score = dot(q_row, &k[(key * kv_heads + kv_head) * qk_dim..][..qk_dim]) * scale;
+            max = max.max(score);
+            weights.push(score);
+        }
+        let mut total = 0f32;
+        for weight in weights.iter_mut() {
+            *weight = if *weight == f32::NEG_INFINITY { 0.0 } else { (*weight - max).exp() };
+            total += *weight;
+        }
+        for (key, weight) in weights.iter().enumerate() {
+            if *weight == 0.0 {
+                continue;
+            }
+            let p = weight / total;
+            for (o, value) in y.iter_mut().zip(&v[(key * kv_heads + kv_head) * v_dim..][..v_dim]) {
+                *o += p * value;
+            }
+        }
+    }
+    out
+}
