@@ -8,6 +8,7 @@ mod progress;
 mod quantize;
 mod report;
 mod selftest;
+mod serve_test;
 mod synth;
 mod table;
 mod verify;
@@ -54,6 +55,8 @@ enum Command {
     Report(report::Args),
     /// Check every GPU kernel against the CPU path on random data, then benchmark (needs a CUDA build and a GPU).
     Selftest(selftest::Args),
+    /// Decode prompts through the paged KV cache with continuous batching and page-tag integrity checks.
+    ServeTest(serve_test::Args),
 }
 
 /// Parses the arguments, runs the subcommand and returns the process exit code.
@@ -78,6 +81,7 @@ pub fn run() -> i32 {
         Command::CalibrateKv(args) => calibrate_kv::run(args),
         Command::Report(args) => report::run(args),
         Command::Selftest(args) => selftest::run(args),
+        Command::ServeTest(args) => serve_test::run(args),
     };
     match result {
         Ok(Outcome::Success) => 0,

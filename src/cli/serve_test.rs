@@ -1,0 +1,138 @@
+//! `squeeze serve-test` arguments and output.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+
+use crate::runtime::kv_cache::{FaultKind, KvDtype};
+use crate::runtime::Cpu;
+use crate::serve::prompts::read_prompts;
+use crate::serve::sampling::Sampling;
+use crate::serve::{serve_test, ServeOptions};
+
+use super::{print_json, Outcome};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model folder to decode with (e.g. the INT4 output), with config.json and a tokenizer.
+    pub model: PathBuf,
+    /// A prompt (repeatable).
+    #[arg(long)]
+    pub prompt: Vec<String>,
+    /// File of prompts: one per line, or JSONL with a `prompt` field.
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// Most tokens generated per request (stops earlier at EOS).
+    #[arg(long, default_value_t = 32)]
+    pub max_new_tokens: usize,
+    /// Requests decoded together; new ones join as others finish (admission waits while the pool is full).
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    pub page_size: usize,
+    /// Pages in the KV pool (default: a quarter of available memory).
+    #[arg(long)]
+    pub kv_pages: Option<usize>,
+    /// KV storage: bf16, fp8 (e4m3 with the checkpoint's k_scale/v_scale) or f32.
+    #[arg(long, default_value = "bf16")]
+    pub kv_dtype: String,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling mass (with --temperature > 0).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Seed for sampling and for the choice of the fault's victim.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Run prefill on this model (e.g. the FP8 source); its KV is handed to MODEL converted to --kv-dtype.
+    #[arg(long)]
+    pub prefill_model: Option<PathBuf>,
+    /// Inject a mapping fault: stale-page, swap, out-of-range, tag-corrupt or double-map, optionally @STEP
+    /// (the decode step before whose verification it happens; default 1).
+    #[arg(long)]
+    pub inject_fault: Option<String>,
+    /// Skip mapping verification (to measure its cost; faults then go undetected).
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_fault(text: &str) -> anyhow::Result<(FaultKind, u64)> {
+    let (kind, step) = match text.split_once('@') {
+        Some((kind, step)) => {
+            (kind, step.parse::<u64>().with_context(|| format!("--inject-fault {text}: STEP must be an integer"))?)
+        }
+        None => (text, 1),
+    };
+    let Some(kind) = FaultKind::parse(kind) else {
+        bail!("--inject-fault {text}: unknown kind; known: stale-page, swap, out-of-range, tag-corrupt, double-map")
+    };
+    Ok((kind, step))
+}
+
+pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    let mut prompts = args.prompt.clone();
+    if let Some(path) = &args.prompts {
+        prompts.extend(read_prompts(path).map_err(anyhow::Error::msg)?);
+    }
+    let Some(kv_dtype) = KvDtype::parse(&args.kv_dtype) else {
+        bail!("--kv-dtype {}: expected bf16, fp8 or f32", args.kv_dtype)
+    };
+    let fault = args.inject_fault.as_deref().map(parse_fault).transpose()?;
+    let options = ServeOptions {
+        model: args.model.clone(),
+        prefill_model: args.prefill_model.clone(),
+        prompts,
+        max_new_tokens: args.max_new_tokens,
+        concurrency: args.concurrency,
+        page_size: args.page_size,
+        kv_pages: args.kv_pages,
+        kv_dtype,
+        sampling: Sampling { temperature: args.temperature, top_p: args.top_p },
+        seed: args.seed,
+        fault,
+        verify: !args.no_verify,
+    };
+    let report = serve_test(&Cpu, &options)?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        for request in &report.requests {
+            match &request.error {
+                None => println!("[{}] {} → {}", request.id, request.prompt, request.text),
+                Some(error) => println!("[{}] {} → ABORTED ({error})", request.id, request.prompt),
+            }
+        }
+        println!(
+            "requests: {} completed, {} aborted; prefill {} tokens {:.1} tok/s, decode {} tokens {:.1} tok/s",
+            report.completed,
+            report.aborted,
+            report.prefill_tokens,
+            report.prefill_tokens_per_second,
+            report.decode_tokens,
+            report.decode_tokens_per_second
+        );
+        println!(
+            "kv: {} pool of {} pages × {} tokens, peak {} pages; verification {:.3} % of decode time",
+            report.kv_dtype.name(),
+            report.kv_pages,
+            report.page_size,
+            report.pages_peak,
+            report.verify_share * 100.0
+        );
+        println!(
+            "integrity: {} mappings verified, {} faults injected, {} detected, {} requests aborted, {} false positives, {} undetected",
+            report.mappings_verified,
+            report.faults_injected,
+            report.faults_detected,
+            report.requests_aborted,
+            report.false_positives,
+            report.undetected
+        );
+    }
+    Ok(if report.passed() { Outcome::Success } else { Outcome::GateFailed })
+}

@@ -1,0 +1,97 @@
+//! Next-token choice: greedy (argmax, lowest id on ties) by default, or temperature + top-p (nucleus) sampling from
+//! a per-request seeded generator, so a request samples the same tokens whatever else is in the batch.
+
+/// splitmix64: small, seedable, reproducible across platforms.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.unit() * n as f64) as usize % n.max(1)
+    }
+}
+
+/// How tokens are chosen.
+#[derive(Debug, Clone, Copy)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+}
+
+impl Sampling {
+    pub fn choose(&self, logits: &[f32], rng: &mut Rng) -> u32 {
+        if self.temperature <= 0.0 {
+            return argmax(logits);
+        }
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut weights: Vec<(f64, u32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(id, &l)| ((((l - max) / self.temperature) as f64).exp(), id as u32))
+            .collect();
+        weights.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let total: f64 = weights.iter().map(|w| w.0).sum();
+        let mut kept = 0.0;
+        let mut cut = weights.len();
+        for (index, (weight, _)) in weights.iter().enumerate() {
+            kept += weight / total;
+            if kept >= self.top_p as f64 {
+                cut = index + 1;
+                break;
+            }
+        }
+        let nucleus = &weights[..cut];
+        let mass: f64 = nucleus.iter().map(|w| w.0).sum();
+        let mut target = rng.unit() * mass;
+        for &(weight, id) in nucleus {
+            if target < weight {
+                return id;
+            }
+            target -= weight;
+        }
+        nucleus[nucleus.len() - 1].1
+    }
+}
+
+/// Index of the largest logit; the lowest index wins ties.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (index, &value) in logits.iter().enumerate() {
+        if value > logits[best] {
+            best = index;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_ties_and_top_p_one_token() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
+        let sampling = Sampling { temperature: 0.7, top_p: 0.01 };
+        let mut rng = Rng::new(5);
+        for _ in 0..10 {
+            assert_eq!(sampling.choose(&[0.1, 2.0, 1.9, -4.0], &mut rng), 1);
+        }
+    }
+}
