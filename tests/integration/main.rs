@@ -7,4 +7,5 @@ mod golden;
 mod kernels;
 mod quantize;
 mod report;
+mod serve;
 mod tokenizer;
