@@ -1,9 +1,11 @@
-//! `squeeze eval` arguments and output.
+//! `squeeze eval` arguments and output: one model's perplexity, or `--reference REF --candidate CAND` parity with
+//! gates (exit 1 naming the failed gate).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 
+use crate::eval::parity::{evaluate_parity, plot, Gates, Mode, ParityOptions, ParityReport};
 use crate::eval::{evaluate, EvalInput, EvalOptions};
 
 use super::progress::Bar;
@@ -13,7 +15,29 @@ use super::{print_json, Outcome};
 #[derive(clap::Args)]
 pub struct Args {
     /// Model folder (FP8, INT4 compressed-tensors or BF16 checkpoint with config.json).
-    pub model: PathBuf,
+    #[arg(required_unless_present = "reference", conflicts_with = "reference")]
+    pub model: Option<PathBuf>,
+    /// Parity: the reference model (the prefill checkpoint, e.g. the FP8 release).
+    #[arg(long, requires = "candidate")]
+    pub reference: Option<PathBuf>,
+    /// Parity: the candidate (the decode checkpoint, e.g. INT4), whose k_scale/v_scale set the FP8 KV cache.
+    #[arg(long, requires = "reference")]
+    pub candidate: Option<PathBuf>,
+    /// Parity modes to run (comma-separated); default all: reference, kv, weights, split.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub modes: Vec<Mode>,
+    /// Gate: fail when a mode's mean KLD against the reference exceeds this (nats).
+    #[arg(long, default_value_t = DEFAULT_MAX_MEAN_KLD)]
+    pub max_mean_kld: f64,
+    /// Gate: fail when a mode's same-top-1 share is below this (percent).
+    #[arg(long, default_value_t = DEFAULT_MIN_SAME_TOP)]
+    pub min_same_top: f64,
+    /// Gate: fail when a mode's PPL(Q)/PPL(reference) exceeds this.
+    #[arg(long, default_value_t = DEFAULT_MAX_PPL_RATIO)]
+    pub max_ppl_ratio: f64,
+    /// Parity: draw the KLD distribution and per-layer error of each mode into this SVG file.
+    #[arg(long, requires = "reference")]
+    pub plot: Option<PathBuf>,
     /// UTF-8 text file, tokenized with the model's tokenizer and cut into --ctx chunks.
     #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
     pub data: Option<PathBuf>,
@@ -34,16 +58,27 @@ pub struct Args {
     pub json: bool,
 }
 
+/// Default gates, measured (BENCHMARKS.md, "eval parity"): see the constants' notes.
+pub const DEFAULT_MAX_MEAN_KLD: f64 = 0.05;
+pub const DEFAULT_MIN_SAME_TOP: f64 = 90.0;
+pub const DEFAULT_MAX_PPL_RATIO: f64 = 1.05;
+
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let input = match (&args.data, &args.tokens) {
         (Some(path), _) => EvalInput::Text { path: path.clone(), ctx: args.ctx },
         (None, Some(path)) => EvalInput::Tokens { path: path.clone() },
         (None, None) => anyhow::bail!("give --data TEXT_FILE or --tokens SAFETENSORS_FILE"),
     };
+    if let (Some(reference), Some(candidate)) = (&args.reference, &args.candidate) {
+        return run_parity(&args, reference.clone(), candidate.clone(), input);
+    }
+    let Some(model) = args.model.clone() else { anyhow::bail!("give MODEL, or --reference REF --candidate CAND") };
+    if !args.modes.is_empty() {
+        anyhow::bail!("--modes needs --reference and --candidate");
+    }
     let options =
-        EvalOptions { model: args.model.clone(), input, chunks: args.chunks, save_logits: args.save_logits.clone() };
-    let report =
-        evaluate(&options, &Bar::new(false)).with_context(|| format!("evaluating {}", args.model.display()))?;
+        EvalOptions { model: model.clone(), input, chunks: args.chunks, save_logits: args.save_logits.clone() };
+    let report = evaluate(&options, &Bar::new(false)).with_context(|| format!("evaluating {}", model.display()))?;
     if args.json {
         print_json(&report)?;
         return Ok(Outcome::Success);
@@ -70,4 +105,148 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     }
     println!("{}", table.render().trim_end());
     Ok(Outcome::Success)
+}
+
+fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalInput) -> anyhow::Result<Outcome> {
+    if args.save_logits.is_some() {
+        anyhow::bail!("--save-logits applies to single-model eval; drop it or drop --reference/--candidate");
+    }
+    let options = ParityOptions {
+        reference: reference.clone(),
+        candidate: candidate.clone(),
+        input,
+        chunks: args.chunks,
+        modes: args.modes.clone(),
+        gates: Gates {
+            max_mean_kld: args.max_mean_kld,
+            min_same_top: args.min_same_top,
+            max_ppl_ratio: args.max_ppl_ratio,
+        },
+    };
+    let report = evaluate_parity(&options, &Bar::new(false))
+        .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))?;
+    if let Some(path) = &args.plot {
+        crate::io::atomic::write_file(path, plot::render(&report).as_bytes())
+            .with_context(|| format!("writing the plot {}", path.display()))?;
+    }
+    if args.json {
+        print_json(&report)?;
+    } else {
+        print_parity(&report);
+    }
+    for failure in &report.failures {
+        eprintln!(
+            "gate {} failed: mode {} has {} {:.6}, limit {}",
+            failure.gate,
+            failure.mode,
+            match failure.gate.as_str() {
+                "max-mean-kld" => "mean KLD",
+                "min-same-top" => "same top-1 %",
+                _ => "PPL ratio",
+            },
+            failure.value,
+            failure.limit
+        );
+    }
+    Ok(if report.failures.is_empty() { Outcome::Success } else { Outcome::GateFailed })
+}
+
+fn print_parity(report: &ParityReport) {
+    println!(
+        "parity: {} (candidate) against {} (reference), {}: {} chunks × {} tokens, prompt {} (prefill), {} scored per chunk",
+        report.candidate,
+        report.reference,
+        report.architecture,
+        report.chunks,
+        report.ctx,
+        report.prompt,
+        report.ctx - 1 - report.prompt
+    );
+    if !report.missing_kv_scales.is_empty() {
+        println!(
+            "FP8 KV scales missing in the candidate for {} of its layers: scale 1.0 used (as the engines do)",
+            report.missing_kv_scales.len()
+        );
+    }
+    let modes: Vec<&str> = report.mode_reports.iter().map(|(mode, _)| mode.name()).collect();
+    let mut header = vec!["statistic"];
+    header.extend(modes.iter().copied());
+    let mut table = Table::new(&header);
+    let percentile = |map: &serde_json::Map<String, serde_json::Value>, key: &str| {
+        map.get(key).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN)
+    };
+    type Cell = Box<dyn Fn(&crate::eval::parity::Summary) -> String>;
+    let rows: Vec<(&str, Cell)> = vec![
+        ("Mean PPL(Q)", Box::new(|s| format!("{:.4} ± {:.4}", s.ppl, s.ppl_stderr))),
+        ("Mean PPL(base)", Box::new(|s| format!("{:.4} ± {:.4}", s.ppl_base, s.ppl_base_stderr))),
+        ("Cor(ln PPL(Q), ln PPL(base))", Box::new(|s| format!("{:.2} %", 100.0 * s.cor_ln_ppl))),
+        (
+            "Mean ln(PPL(Q)/PPL(base))",
+            Box::new(|s| format!("{:.6} ± {:.6}", s.mean_ln_ppl_ratio, s.mean_ln_ppl_ratio_stderr)),
+        ),
+        ("Mean PPL(Q)/PPL(base)", Box::new(|s| format!("{:.6} ± {:.6}", s.ppl_ratio, s.ppl_ratio_stderr))),
+        ("Mean PPL(Q)-PPL(base)", Box::new(|s| format!("{:.6} ± {:.6}", s.ppl_diff, s.ppl_diff_stderr))),
+        ("Mean KLD", Box::new(|s| format!("{:.6} ± {:.6}", s.mean_kld, s.mean_kld_stderr))),
+    ];
+    for (label, cell) in &rows {
+        let mut row = vec![label.to_string()];
+        row.extend(report.mode_reports.iter().map(|(_, m)| cell(&m.summary)));
+        table.row(row);
+    }
+    for key in ["max", "99.9", "99", "95", "90", "median", "10", "5", "1", "0.1", "min"] {
+        let mut row = vec![format!("KLD {key}")];
+        row.extend(
+            report.mode_reports.iter().map(|(_, m)| format!("{:.6}", percentile(&m.summary.kld_percentiles, key))),
+        );
+        table.row(row);
+    }
+    let rows: Vec<(&str, Cell)> = vec![
+        ("Mean Δp", Box::new(|s| format!("{:.3} ± {:.3} %", s.mean_dp, s.mean_dp_stderr))),
+        ("RMS Δp", Box::new(|s| format!("{:.3} ± {:.3} %", s.rms_dp, s.rms_dp_stderr))),
+        ("Same top p", Box::new(|s| format!("{:.3} ± {:.3} %", s.same_top, s.same_top_stderr))),
+    ];
+    for key in ["max", "99.9", "99", "95", "90", "75", "median", "25", "10", "5", "1", "0.1", "min"] {
+        let mut row = vec![format!("Δp {key}")];
+        row.extend(
+            report.mode_reports.iter().map(|(_, m)| format!("{:.3} %", percentile(&m.summary.dp_percentiles, key))),
+        );
+        table.row(row);
+    }
+    for (label, cell) in &rows {
+        let mut row = vec![label.to_string()];
+        row.extend(report.mode_reports.iter().map(|(_, m)| cell(&m.summary)));
+        table.row(row);
+    }
+    println!("{}", table.render().trim_end());
+    let mut header = vec!["layer".to_string()];
+    for (mode, _) in &report.mode_reports {
+        if *mode != Mode::Reference {
+            header.push(format!("{} rel L2", mode.name()));
+            header.push(format!("{} experts", mode.name()));
+        }
+    }
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut layers = Table::new(&header);
+    let count = report.mode_reports.first().map_or(0, |(_, m)| m.layers.len());
+    for index in 0..count {
+        let mut row = vec![index.to_string()];
+        for (mode, m) in &report.mode_reports {
+            if *mode == Mode::Reference {
+                continue;
+            }
+            let layer = &m.layers[index];
+            row.push(format!("{:.3e}", layer.hidden_rel_l2));
+            row.push(layer.expert_agreement.map_or("-".into(), |a| format!("{:.1} %", 100.0 * a)));
+        }
+        layers.row(row);
+    }
+    println!("{}", layers.render().trim_end());
+    let gates = &report.gates;
+    println!(
+        "gates (every mode but reference): mean KLD ≤ {}, same top ≥ {} %, PPL ratio ≤ {} — {}",
+        gates.max_mean_kld,
+        gates.min_same_top,
+        gates.max_ppl_ratio,
+        if report.failures.is_empty() { "pass".to_string() } else { format!("{} failed", report.failures.len()) }
+    );
 }

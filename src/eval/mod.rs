@@ -4,6 +4,7 @@
 mod inputs;
 mod logits_file;
 mod nll;
+pub mod parity;
 
 use std::path::PathBuf;
 use std::time::Instant;

@@ -1,0 +1,417 @@
+//! `squeeze eval --reference REF --candidate CAND`: the four deployment modes in one layer-streamed pass, scored
+//! as llama.cpp's KL mode does (each chunk's first half is the prompt, the second half is scored).
+//!
+//! | mode | prompt (first half) | scored (second half) |
+//! |---|---|---|
+//! | `reference` | REF weights, BF16 KV | REF weights, BF16 KV |
+//! | `kv` | REF weights, FP8 KV | REF weights, FP8 KV |
+//! | `weights` | CAND weights, BF16 KV | CAND weights, BF16 KV |
+//! | `split` | REF weights, BF16 KV (the prefill node), cache handed over as FP8 | CAND weights, FP8 KV, teacher-forced |
+//!
+//! "BF16 KV" is the runtime's f32 cache (no rounding); FP8 KV is `decode(encode(x / s)) · s` on exactly the cached
+//! values with CAND's `k_scale`/`v_scale` (1.0 where missing, reported). Per layer the residual stream of every mode
+//! is compared with the reference's on the scored positions (relative L2) and, on MoE layers, the routed top-k
+//! expert sets (share of scored tokens whose set equals the reference's).
+
+pub mod plot;
+pub mod stats;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::Map;
+
+use super::{chunks_from_text, read_token_file, EvalError, EvalInput};
+use crate::progress::Reporter;
+use crate::runtime::backend::Matrix;
+use crate::runtime::kv_scales::KvScales;
+use crate::runtime::model::{head_name, rope_setup, KvTap, Layer, LayerContext, LayerTap, LayerTimes, Selection};
+use crate::runtime::weights::WeightReader;
+use crate::runtime::{Backend, Cpu, Model, Spans};
+pub use stats::{Summary, TokenSamples};
+
+/// An evaluation mode (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Reference,
+    Kv,
+    Weights,
+    Split,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 4] = [Mode::Reference, Mode::Kv, Mode::Weights, Mode::Split];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Reference => "reference",
+            Mode::Kv => "kv",
+            Mode::Weights => "weights",
+            Mode::Split => "split",
+        }
+    }
+
+    fn fp8_kv(self) -> bool {
+        matches!(self, Mode::Kv | Mode::Split)
+    }
+}
+
+/// Pass/fail thresholds, applied to every mode but `reference`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Gates {
+    pub max_mean_kld: f64,
+    /// Percent.
+    pub min_same_top: f64,
+    pub max_ppl_ratio: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ParityOptions {
+    pub reference: PathBuf,
+    pub candidate: PathBuf,
+    pub input: EvalInput,
+    pub chunks: Option<usize>,
+    pub modes: Vec<Mode>,
+    pub gates: Gates,
+}
+
+/// Per decoder layer, one mode against the reference on the scored positions.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerError {
+    pub layer: usize,
+    /// ‖h_mode − h_ref‖ / ‖h_ref‖ of the residual stream leaving the layer.
+    pub hidden_rel_l2: f64,
+    /// Share of scored tokens whose routed top-k expert set equals the reference's (`null` on dense layers).
+    pub expert_agreement: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeReport {
+    #[serde(flatten)]
+    pub summary: Summary,
+    pub layers: Vec<LayerError>,
+    /// Sorted per-token KLD (for the plot; not serialized).
+    #[serde(skip)]
+    pub kld_sorted: Vec<f64>,
+}
+
+/// A failed gate.
+#[derive(Debug, Clone, Serialize)]
+pub struct GateFailure {
+    pub gate: String,
+    pub mode: String,
+    pub value: f64,
+    pub limit: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ParityReport {
+    pub reference: String,
+    pub candidate: String,
+    pub architecture: String,
+    pub chunks: usize,
+    pub ctx: usize,
+    /// Prompt tokens per chunk (the first half); the rest minus the last are scored.
+    pub prompt: usize,
+    /// KV scale layers missing in CAND (1.0 used), for the FP8-KV modes.
+    pub missing_kv_scales: Vec<usize>,
+    pub modes: Map<String, serde_json::Value>,
+    pub gates: Gates,
+    pub failures: Vec<GateFailure>,
+    pub seconds: f64,
+    #[serde(skip)]
+    pub mode_reports: Vec<(Mode, ModeReport)>,
+}
+
+/// One mode's running state through the layers.
+struct Stream {
+    mode: Mode,
+    hidden: Vec<f32>,
+    selection: Option<Selection>,
+    near_ties: usize,
+    routes: Vec<Vec<usize>>,
+    layers: Vec<LayerError>,
+}
+
+/// Runs every requested mode and returns the report with the gates evaluated.
+pub fn evaluate_parity(options: &ParityOptions, reporter: &dyn Reporter) -> Result<ParityReport, EvalError> {
+    let started = Instant::now();
+    let reference = Model::open(&options.reference)?;
+    let candidate = Model::open(&options.candidate)?;
+    let config = reference.config();
+    let other = candidate.config();
+    if (config.hidden_size, config.num_hidden_layers, config.vocab_size, config.architecture.name())
+        != (other.hidden_size, other.num_hidden_layers, other.vocab_size, other.architecture.name())
+    {
+        return Err(EvalError::Input(format!(
+            "{} and {} are different models (architecture, hidden size, layers or vocabulary differ); the candidate must be a quantization of the reference",
+            options.reference.display(),
+            options.candidate.display()
+        )));
+    }
+    let mut sequences = match &options.input {
+        EvalInput::Text { path, ctx } => chunks_from_text(&options.reference, path, *ctx)?,
+        EvalInput::Tokens { path } => read_token_file(path)?,
+    };
+    if let Some(limit) = options.chunks {
+        sequences.truncate(limit);
+    }
+    if sequences.is_empty() {
+        return Err(EvalError::Input(
+            "no chunks to evaluate; give a longer text, a smaller --ctx or more input_ids rows".into(),
+        ));
+    }
+    let ctx = sequences[0].len();
+    if ctx < 4 {
+        return Err(EvalError::Input(format!(
+            "chunks of {ctx} tokens leave nothing to score after the prompt half; use --ctx 4 or more"
+        )));
+    }
+    let vocab = config.vocab_size;
+    if let Some(bad) = sequences.iter().flatten().find(|&&id| id as usize >= vocab) {
+        return Err(EvalError::Input(format!(
+            "token id {bad} is outside the model's vocabulary of {vocab}; the tokens were made for another model"
+        )));
+    }
+    let mut modes = options.modes.clone();
+    modes.sort();
+    modes.dedup();
+    if modes.is_empty() {
+        modes = Mode::ALL.to_vec();
+    }
+    let prompt = ctx / 2;
+    let needs_candidate = modes.iter().any(|m| matches!(m, Mode::Weights | Mode::Split));
+    let scales = KvScales::read(candidate.checkpoint(), other)?;
+    if modes.iter().any(|m| m.fp8_kv()) {
+        if let Some(warning) = scales.warning(&options.candidate) {
+            reporter.warn(warning.strip_prefix("warning: ").unwrap_or(&warning));
+        }
+    }
+
+    let width = config.hidden_size;
+    let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
+    let spans = Spans::new(&lengths);
+    let prompts = vec![prompt; sequences.len()];
+    let scored_rows: Vec<usize> =
+        spans.iter().flat_map(|(start, length)| start + prompt.min(length)..start + length).collect();
+    let (table, mla_scale) = rope_setup(config, ctx);
+    let ref_reader = WeightReader::new(reference.checkpoint());
+    let cand_reader = WeightReader::new(candidate.checkpoint());
+    let ids: Vec<u32> = sequences.concat();
+    let ref_embedded = ref_reader.rows("model.embed_tokens.weight", width, &ids)?;
+    let cand_embedded =
+        if needs_candidate { cand_reader.rows("model.embed_tokens.weight", width, &ids)? } else { Vec::new() };
+    // The reference always runs: it is what every mode is compared with.
+    let mut streams: Vec<Stream> = std::iter::once(Mode::Reference)
+        .chain(modes.iter().copied().filter(|&m| m != Mode::Reference))
+        .map(|mode| Stream {
+            mode,
+            hidden: if matches!(mode, Mode::Weights | Mode::Split) {
+                cand_embedded.clone()
+            } else {
+                ref_embedded.clone()
+            },
+            selection: None,
+            near_ties: 0,
+            routes: Vec::new(),
+            layers: Vec::new(),
+        })
+        .collect();
+    drop(ref_embedded);
+    drop(cand_embedded);
+    let ref_context = LayerContext { backend: &Cpu, reader: &ref_reader, config, table: &table, mla_scale };
+    let cand_context = LayerContext { backend: &Cpu, reader: &cand_reader, config: other, table: &table, mla_scale };
+
+    reporter.begin("layers", config.num_hidden_layers as u64 + 1);
+    for index in 0..config.num_hidden_layers {
+        let ref_layer = Layer::load(&ref_reader, config, index)?;
+        let cand_layer = if needs_candidate { Some(Layer::load(&cand_reader, other, index)?) } else { None };
+        let layer_scales = &scales.layers[index];
+        let (first, rest) = streams.split_first_mut().expect("the reference stream exists");
+        let prefill_hidden = first.hidden.clone();
+        let times = LayerTimes::default();
+        let mut tap = LayerTap { kv: KvTap::default(), routes: Some(&mut first.routes) };
+        ref_layer.forward_tapped(
+            &ref_context,
+            &mut first.hidden,
+            &spans,
+            &mut first.selection,
+            &times,
+            &mut first.near_ties,
+            &mut tap,
+        )?;
+        for stream in rest.iter_mut() {
+            let fp8 = if stream.mode.fp8_kv() { Some(layer_scales) } else { None };
+            let mut tap = LayerTap { kv: KvTap { observer: None, fp8 }, routes: Some(&mut stream.routes) };
+            match (stream.mode, cand_layer.as_ref()) {
+                (Mode::Kv, _) => ref_layer.forward_tapped(
+                    &ref_context,
+                    &mut stream.hidden,
+                    &spans,
+                    &mut stream.selection,
+                    &times,
+                    &mut stream.near_ties,
+                    &mut tap,
+                )?,
+                (Mode::Weights, Some(cand)) => cand.forward_tapped(
+                    &cand_context,
+                    &mut stream.hidden,
+                    &spans,
+                    &mut stream.selection,
+                    &times,
+                    &mut stream.near_ties,
+                    &mut tap,
+                )?,
+                (Mode::Split, Some(cand)) => cand.forward_split(
+                    &ref_layer,
+                    &cand_context,
+                    &prefill_hidden,
+                    &mut stream.hidden,
+                    &spans,
+                    &prompts,
+                    &mut stream.selection,
+                    &times,
+                    &mut stream.near_ties,
+                    &mut tap,
+                )?,
+                _ => unreachable!("the candidate layer is loaded for the modes that use it"),
+            }
+            let moe = config.runs_moe(index);
+            stream.layers.push(LayerError {
+                layer: index,
+                hidden_rel_l2: relative_l2(&stream.hidden, &first.hidden, &scored_rows, width),
+                expert_agreement: if moe { Some(agreement(&stream.routes, &first.routes, &scored_rows)) } else { None },
+            });
+        }
+        first.layers.push(LayerError {
+            layer: index,
+            hidden_rel_l2: 0.0,
+            expert_agreement: if config.runs_moe(index) { Some(1.0) } else { None },
+        });
+        reporter.advance(1);
+    }
+
+    // Final norm and head: REF's for the modes on REF weights, CAND's for the others; only scored rows.
+    let ref_norm = ref_reader.vector("model.norm.weight", width)?;
+    let ref_head: Matrix = ref_reader.matrix(head_name(config, &ref_reader), [vocab, width])?;
+    let cand_parts = if needs_candidate {
+        Some((
+            cand_reader.vector("model.norm.weight", width)?,
+            cand_reader.matrix(head_name(other, &cand_reader), [vocab, width])?,
+        ))
+    } else {
+        None
+    };
+    let rows_per_seq = ctx - 1 - prompt;
+    let logits_of = |stream: &Stream, start: usize| -> Vec<f32> {
+        let (norm, head) = match (stream.mode, &cand_parts) {
+            (Mode::Weights | Mode::Split, Some((norm, head))) => (norm, head),
+            _ => (&ref_norm, &ref_head),
+        };
+        let mut rows = stream.hidden[(start + prompt) * width..(start + prompt + rows_per_seq) * width].to_vec();
+        Cpu.rms_norm(&mut rows, width, norm, config.rms_norm_eps as f32);
+        Cpu.linear(&rows, rows_per_seq, head, None)
+    };
+    let mut samples: Vec<TokenSamples> = vec![TokenSamples::default(); streams.len()];
+    for (sequence, (start, _)) in spans.iter().enumerate() {
+        let base = logits_of(&streams[0], start);
+        for (stream, sample) in streams.iter().zip(samples.iter_mut()) {
+            let logits = if stream.mode == Mode::Reference { base.clone() } else { logits_of(stream, start) };
+            for row in 0..rows_per_seq {
+                let target = sequences[sequence][prompt + row + 1] as usize;
+                sample.add(&base[row * vocab..][..vocab], &logits[row * vocab..][..vocab], target);
+            }
+        }
+    }
+    reporter.advance(1);
+    reporter.end();
+
+    let mut mode_reports = Vec::new();
+    let mut json_modes = Map::new();
+    let mut failures = Vec::new();
+    for (stream, sample) in streams.iter().zip(&samples) {
+        if !modes.contains(&stream.mode) {
+            continue;
+        }
+        let summary = Summary::of(sample);
+        let mut kld_sorted = sample.kld.clone();
+        kld_sorted.sort_by(f64::total_cmp);
+        let report = ModeReport { summary, layers: stream.layers.clone(), kld_sorted };
+        if stream.mode != Mode::Reference {
+            failures.extend(check_gates(stream.mode, &report.summary, &options.gates));
+        }
+        json_modes.insert(
+            stream.mode.name().into(),
+            serde_json::to_value(&report).map_err(|e| EvalError::Input(e.to_string()))?,
+        );
+        mode_reports.push((stream.mode, report));
+    }
+    mode_reports.sort_by_key(|(mode, _)| *mode);
+    Ok(ParityReport {
+        reference: options.reference.display().to_string(),
+        candidate: options.candidate.display().to_string(),
+        architecture: config.architecture.name().to_string(),
+        chunks: sequences.len(),
+        ctx,
+        prompt,
+        missing_kv_scales: scales.missing_layers.clone(),
+        modes: json_modes,
+        gates: options.gates,
+        failures,
+        seconds: started.elapsed().as_secs_f64(),
+        mode_reports,
+    })
+}
+
+fn check_gates(mode: Mode, summary: &Summary, gates: &Gates) -> Vec<GateFailure> {
+    let mut failures = Vec::new();
+    let mut fail = |gate: &str, value: f64, limit: f64| {
+        failures.push(GateFailure { gate: gate.into(), mode: mode.name().into(), value, limit })
+    };
+    if !(summary.mean_kld <= gates.max_mean_kld) {
+        fail("max-mean-kld", summary.mean_kld, gates.max_mean_kld);
+    }
+    if !(summary.same_top >= gates.min_same_top) {
+        fail("min-same-top", summary.same_top, gates.min_same_top);
+    }
+    if !(summary.ppl_ratio <= gates.max_ppl_ratio) {
+        fail("max-ppl-ratio", summary.ppl_ratio, gates.max_ppl_ratio);
+    }
+    failures
+}
+
+/// ‖a − b‖ / ‖b‖ over the listed rows.
+fn relative_l2(a: &[f32], b: &[f32], rows: &[usize], width: usize) -> f64 {
+    let (mut difference, mut norm) = (0f64, 0f64);
+    for &row in rows {
+        for (x, y) in a[row * width..(row + 1) * width].iter().zip(&b[row * width..(row + 1) * width]) {
+            difference += ((x - y) as f64).powi(2);
+            norm += (*y as f64).powi(2);
+        }
+    }
+    if norm > 0.0 {
+        (difference / norm).sqrt()
+    } else {
+        difference.sqrt()
+    }
+}
+
+/// Share of rows whose expert sets agree.
+fn agreement(routes: &[Vec<usize>], reference: &[Vec<usize>], rows: &[usize]) -> f64 {
+    if rows.is_empty() {
+        return 1.0;
+    }
+    let same = rows
+        .iter()
+        .filter(|&&row| {
+            let (mut a, mut b) =
+                (routes.get(row).cloned().unwrap_or_default(), reference.get(row).cloned().unwrap_or_default());
+            a.sort_unstable();
+            b.sort_unstable();
+            a == b
+        })
+        .count();
+    same as f64 / rows.len() as f64
+}
