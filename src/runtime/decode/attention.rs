@@ -49,6 +49,7 @@ pub struct Queries {
     pub index: Option<(Vec<f32>, Vec<f32>)>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rope_at(
     backend: &dyn Backend,
     table: &RopeTable,
@@ -277,6 +278,7 @@ impl StepAttention {
         Some(mask)
     }
 
+    #[allow(clippy::too_many_arguments)]
     /// Attention output (before `o_proj`) `[heads · v_dim]` of query `token` over `count` context rows.
     pub fn attend(
         &self,

@@ -193,11 +193,11 @@ impl DecodeModel {
             let (rows, aux, queries) =
                 layer.attention.project(backend, &self.config, &self.table, &x, &positions, self.aux_width());
             let mut attended = Vec::new();
-            for t in 0..count {
+            for (t, selected) in selection.iter_mut().enumerate() {
                 if layer.attention.has_indexer() {
-                    selection[t] = StepAttention::select(&self.config, &queries, t, &aux, t + 1);
+                    *selected = StepAttention::select(&self.config, &queries, t, &aux, t + 1);
                 }
-                let allowed = selection[t].as_deref();
+                let allowed = selected.as_deref();
                 attended.extend(layer.attention.attend(
                     backend,
                     &self.config,

@@ -377,7 +377,7 @@ mod tests {
         let (mut rows, mut aux) = (Vec::new(), Vec::new());
         pool.read(7, 1, 7, &mut rows, &mut aux).unwrap();
         assert_eq!(rows[6 * 5 + 4], 64.0);
-        assert_eq!(aux[2 * 5 % 14], 5.0);
+        assert_eq!(aux[5 * 2], 5.0);
         pool.verify(7).unwrap();
         assert_eq!(pool.counters.mappings_verified, 3);
         pool.release(7, false);
