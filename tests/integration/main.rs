@@ -1,10 +1,12 @@
 //! Integration tests: drive the built `squeeze` binary on tiny synthetic checkpoints and check exit codes,
 //! stdout and stderr. One test binary; one module per subcommand.
 
+mod calibrate;
 mod common;
 mod eval;
 mod golden;
 mod kernels;
+mod parity;
 mod quantize;
 mod report;
 mod serve;
