@@ -156,7 +156,6 @@ pub fn calibrate(options: &CalibOptions, reporter: &dyn Reporter) -> Result<Cali
             &mut near_ties,
             &mut tap,
         )?;
-        drop(tap);
         observations.push(observation);
         reporter.advance(1);
     }

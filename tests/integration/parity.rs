@@ -4,8 +4,6 @@
 
 use std::fs;
 
-use serde_json::Value;
-
 use crate::calibrate::{edit_tensor, write_tokens};
 use crate::common::{path_str, squeeze, synth};
 

@@ -370,13 +370,14 @@ fn check_gates(mode: Mode, summary: &Summary, gates: &Gates) -> Vec<GateFailure>
     let mut fail = |gate: &str, value: f64, limit: f64| {
         failures.push(GateFailure { gate: gate.into(), mode: mode.name().into(), value, limit })
     };
-    if !(summary.mean_kld <= gates.max_mean_kld) {
+    // NaN statistics fail every gate.
+    if summary.mean_kld.is_nan() || summary.mean_kld > gates.max_mean_kld {
         fail("max-mean-kld", summary.mean_kld, gates.max_mean_kld);
     }
-    if !(summary.same_top >= gates.min_same_top) {
+    if summary.same_top.is_nan() || summary.same_top < gates.min_same_top {
         fail("min-same-top", summary.same_top, gates.min_same_top);
     }
-    if !(summary.ppl_ratio <= gates.max_ppl_ratio) {
+    if summary.ppl_ratio.is_nan() || summary.ppl_ratio > gates.max_ppl_ratio {
         fail("max-ppl-ratio", summary.ppl_ratio, gates.max_ppl_ratio);
     }
     failures

@@ -103,7 +103,7 @@ fn median(sorted: &[f64]) -> f64 {
     let n = sorted.len();
     if n == 0 {
         f64::NAN
-    } else if n % 2 == 0 {
+    } else if n.is_multiple_of(2) {
         0.5 * (sorted[n / 2] + sorted[n / 2 - 1])
     } else {
         sorted[n / 2]
