@@ -1,15 +1,22 @@
-//! `squeeze demo`: synth → quantize → verify → inspect → eval on a tiny GLM-5-shaped model in a temporary folder.
+//! `squeeze demo`: synth → quantize → verify → inspect → eval → calibrate-kv → parity → serve-test on a tiny GLM-5-shaped model in a temporary folder.
 
 use std::path::PathBuf;
 
+use crate::calib::{calibrate, write_scales, CalibOptions, Strategy};
 use crate::convert::{quantize, QuantizeOptions};
+use crate::eval::parity::{evaluate_parity, Gates, Mode, ParityOptions};
 use crate::eval::{evaluate, EvalInput, EvalOptions};
 use crate::inspect::inspect;
 use crate::progress::Silent;
+use crate::runtime::kv_cache::KvDtype;
+use crate::runtime::Cpu;
+use crate::serve::sampling::Sampling;
+use crate::serve::{serve_test, ServeOptions};
 use crate::synth::{synth, SynthArch, SynthOptions, SynthSize};
 use crate::units::both_units;
 use crate::verify::{verify, VerifyOptions, DEFAULT_MAX_INT4_ERROR};
 
+use super::eval::{DEFAULT_MAX_MEAN_KLD, DEFAULT_MAX_PPL_RATIO, DEFAULT_MIN_SAME_TOP};
 use super::Outcome;
 
 #[derive(clap::Args)]
@@ -38,7 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
 fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
     let source = base.join("fp8");
     let output = base.join("int4");
-    println!("[1/5] synth: tiny {} checkpoint in the vendor FP8 block format", args.arch.name());
+    println!("[1/8] synth: tiny {} checkpoint in the vendor FP8 block format", args.arch.name());
     let made = synth(&SynthOptions {
         arch: args.arch,
         size: SynthSize::default(),
@@ -49,7 +56,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
     })?;
     println!("      {} tensors, {} parameters, {}", made.tensors, made.parameters, both_units(made.bytes));
 
-    println!("[2/5] quantize: routed experts → INT4 g32, rest BF16");
+    println!("[2/8] quantize: routed experts → INT4 g32, rest BF16");
     let options = QuantizeOptions {
         input: source.clone(),
         output: output.clone(),
@@ -75,7 +82,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
         report.seconds
     );
 
-    println!("[3/5] verify: manifest hashes, compressed-tensors conventions, error against the FP8 source");
+    println!("[3/8] verify: manifest hashes, compressed-tensors conventions, error against the FP8 source");
     let checked = verify(&VerifyOptions {
         output: output.clone(),
         source: Some(source.clone()),
@@ -94,11 +101,11 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
         println!("      mismatch: {problem}");
     }
 
-    println!("[4/5] inspect: the INT4 output");
+    println!("[4/8] inspect: the INT4 output");
     let seen = inspect(&output)?;
     let dtypes = seen.dtypes.iter().map(|(d, c)| format!("{d}×{}", c.tensors)).collect::<Vec<_>>().join(", ");
     println!("      {} tensors: {dtypes}", seen.tensors);
-    println!("[5/5] eval: perplexity of the FP8 source and the INT4 output on eval/sonnets.txt (64-token chunks)");
+    println!("[5/8] eval: perplexity of the FP8 source and the INT4 output on eval/sonnets.txt (64-token chunks)");
     let text = base.join("sonnets.txt");
     std::fs::write(&text, SONNETS)?;
     let mut perplexities = Vec::new();
@@ -120,8 +127,86 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
         "      INT4 / FP8 perplexity ratio {:.4} (random weights: only the ratio is meaningful)",
         perplexities[1] / perplexities[0]
     );
+
+    println!("[6/8] calibrate-kv: FP8 KV scales of the INT4 model from the same text, written into its folder");
+    let calibration = calibrate(
+        &CalibOptions {
+            model: output.clone(),
+            input: EvalInput::Text { path: text.clone(), ctx: 64 },
+            samples: 8,
+            percentile: None,
+            strategy: Strategy::Tensor,
+        },
+        &Silent,
+    )?;
+    write_scales(&calibration, &output, None, None)?;
+    let scales: Vec<String> = calibration.layers.iter().map(|l| format!("{:.3e}", l.k_scale[0])).collect();
+    println!("      {} layers, k_scale per layer: {}", calibration.layers.len(), scales.join(" "));
+
+    println!("[7/8] eval parity: FP8 reference vs the split deployment (prefill FP8 + BF16 KV, decode INT4 + FP8 KV)");
+    let parity = evaluate_parity(
+        &ParityOptions {
+            reference: source.clone(),
+            candidate: output.clone(),
+            input: EvalInput::Text { path: text.clone(), ctx: 64 },
+            chunks: Some(4),
+            modes: Mode::ALL.to_vec(),
+            gates: Gates {
+                max_mean_kld: DEFAULT_MAX_MEAN_KLD,
+                min_same_top: DEFAULT_MIN_SAME_TOP,
+                max_ppl_ratio: DEFAULT_MAX_PPL_RATIO,
+            },
+        },
+        &Silent,
+    )?;
+    for (mode, report) in &parity.mode_reports {
+        println!(
+            "      {:<9} mean KLD {:.5}  same top {:.1} %  PPL ratio {:.4}",
+            mode.name(),
+            report.summary.mean_kld,
+            report.summary.same_top,
+            report.summary.ppl_ratio
+        );
+    }
+    let gates = if parity.failures.is_empty() {
+        "gates passed".to_string()
+    } else {
+        format!("{} gate(s) failed", parity.failures.len())
+    };
+    println!("      {gates} (random tiny weights: the numbers show the machinery, not a real model's accuracy)");
+
+    println!("[8/8] serve-test: two prompts decoded on the INT4 model through the paged FP8 KV cache, pages verified");
+    let served = serve_test(
+        &Cpu,
+        &ServeOptions {
+            model: output.clone(),
+            prefill_model: Some(source.clone()),
+            prompts: vec!["Shall I compare thee".into(), "From fairest creatures".into()],
+            max_new_tokens: 12,
+            concurrency: 2,
+            page_size: 16,
+            kv_pages: None,
+            kv_dtype: KvDtype::Fp8,
+            sampling: Sampling { temperature: 0.0, top_p: 1.0 },
+            seed: 0,
+            fault: None,
+            verify: true,
+        },
+    )?;
+    println!(
+        "      {} completed, {} aborted; {} mappings verified, {} faults; verification {:.3} % of decode time",
+        served.completed,
+        served.aborted,
+        served.mappings_verified,
+        served.faults_detected,
+        100.0 * served.verify_share
+    );
+    for request in &served.requests {
+        println!("      {:?} → {:?}", request.prompt, request.text);
+    }
     if args.keep.is_some() {
         println!("\nfolders kept: {} (FP8) and {} (INT4)", source.display(), output.display());
     }
-    Ok(if checked.passed { Outcome::Success } else { Outcome::GateFailed })
+    let passed = checked.passed && served.passed();
+    Ok(if passed { Outcome::Success } else { Outcome::GateFailed })
 }
