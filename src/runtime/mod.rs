@@ -18,14 +18,14 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod decode;
 #[cfg(test)]
 mod golden;
 mod gqa;
 mod indexer;
-mod layer;
-pub mod decode;
 pub mod kv_cache;
 pub mod kv_scales;
+mod layer;
 mod mla;
 pub mod model;
 mod moe;
