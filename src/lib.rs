@@ -16,6 +16,7 @@ pub mod progress;
 pub mod quant;
 pub mod recipe;
 pub mod report;
+pub mod rng;
 pub mod runtime;
 pub mod serve;
 pub mod synth;

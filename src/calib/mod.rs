@@ -14,7 +14,7 @@ use serde::Serialize;
 pub use observe::AbsStats;
 pub use write::{write_scales, WrittenFiles, SCALES_FILE};
 
-use crate::eval::{chunks_from_text, read_token_file, EvalError, EvalInput};
+use crate::eval::{load_sequences, EvalError, EvalInput};
 use crate::progress::Reporter;
 use crate::runtime::model::{rope_setup, CachedKv, KvTap, Layer, LayerContext, LayerTap, LayerTimes};
 use crate::runtime::weights::WeightReader;
@@ -89,20 +89,7 @@ pub fn calibrate(options: &CalibOptions, reporter: &dyn Reporter) -> Result<Cali
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let config = model.config();
-    let mut sequences = match &options.input {
-        EvalInput::Text { path, ctx } => chunks_from_text(&options.model, path, *ctx)?,
-        EvalInput::Tokens { path } => read_token_file(path)?,
-    };
-    sequences.truncate(options.samples.max(1));
-    if sequences.is_empty() || sequences[0].is_empty() {
-        return Err(EvalError::Input("no calibration tokens; give a longer text or a smaller --seq-len".into()));
-    }
-    if let Some(bad) = sequences.iter().flatten().find(|&&id| id as usize >= config.vocab_size) {
-        return Err(EvalError::Input(format!(
-            "token id {bad} is outside the model's vocabulary of {}; the tokens were made for another model",
-            config.vocab_size
-        )));
-    }
+    let sequences = load_sequences(&options.input, &options.model, Some(options.samples), 1, config.vocab_size)?;
     if let Some(p) = options.percentile {
         if !(p > 0.0 && p <= 100.0) {
             return Err(EvalError::Input(format!("--percentile {p} must be in (0, 100]")));

@@ -44,23 +44,7 @@ pub struct SelftestReport {
     pub passed: bool,
 }
 
-/// xorshift64* random numbers.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
+use crate::rng::Rng;
 
 /// An owned FP8 tensor.
 struct Fp8Owned {
@@ -81,7 +65,7 @@ impl Fp8Owned {
                 _ => (rng.below(0x7E) as u8) | if rng.below(2) == 0 { 0x80 } else { 0 },
             })
             .collect();
-        let block_scales = (0..scale_rows * scale_columns).map(|_| 1e-4 + rng.unit() * 1e-2).collect();
+        let block_scales = (0..scale_rows * scale_columns).map(|_| 1e-4 + rng.unit() as f32 * 1e-2).collect();
         Self { name: format!("selftest.{rows}x{columns}"), codes, block_scales, grid }
     }
     fn view(&self) -> Fp8Tensor<'_> {
@@ -200,7 +184,7 @@ fn row(op: String, shape: String, max_rel_error: f64, mismatches: usize, passed:
 
 /// Runs every kernel against the CPU on random shapes from `seed`; with `bench`, adds the benchmarks.
 pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<SelftestReport, CudaError> {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut rows_out = Vec::new();
     let search = MseSearch::default();
 
@@ -260,7 +244,7 @@ pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<Selft
                 if different > unexplained { format!("{different} mse tie(s)") } else { String::new() },
             ));
 
-            let values: Vec<f32> = (0..rows * columns).map(|_| (rng.unit() - 0.5) * 0.1).collect();
+            let values: Vec<f32> = (0..rows * columns).map(|_| (rng.unit() as f32 - 0.5) * 0.1).collect();
             gpu.poison_outputs()?;
             let got = gpu.quantize_int4_f32("selftest.f32", &values, rows, columns, group_size, rule, search)?;
             let want = quantize_cpu(&values, columns, group_size, rule);

@@ -70,3 +70,38 @@ pub fn read_token_file(path: &Path) -> Result<Vec<Vec<u32>>, EvalError> {
     let ids: Vec<u32> = values.into_iter().map(|v| v as u32).collect();
     Ok(if ctx == 0 { vec![Vec::new(); rows] } else { ids.chunks(ctx).map(<[u32]>::to_vec).collect() })
 }
+
+/// Reads `input` (text tokenized with the tokenizer in `model`, or a token file), keeps at most `limit` chunks and
+/// checks there is at least one chunk of at least `min_ctx` tokens, all inside a vocabulary of `vocab`.
+pub fn load_sequences(
+    input: &super::EvalInput,
+    model: &Path,
+    limit: Option<usize>,
+    min_ctx: usize,
+    vocab: usize,
+) -> Result<Vec<Vec<u32>>, EvalError> {
+    let mut sequences = match input {
+        super::EvalInput::Text { path, ctx } => chunks_from_text(model, path, *ctx)?,
+        super::EvalInput::Tokens { path } => read_token_file(path)?,
+    };
+    if let Some(limit) = limit {
+        sequences.truncate(limit.max(1));
+    }
+    if sequences.is_empty() {
+        return Err(EvalError::Input(
+            "no chunks to evaluate; give a longer text, a smaller --ctx/--seq-len or more input_ids rows".into(),
+        ));
+    }
+    let ctx = sequences[0].len();
+    if ctx < min_ctx {
+        return Err(EvalError::Input(format!(
+            "chunks of {ctx} token(s) are too short: this needs at least {min_ctx} per chunk; use a larger --ctx"
+        )));
+    }
+    if let Some(bad) = sequences.iter().flatten().find(|&&id| id as usize >= vocab) {
+        return Err(EvalError::Input(format!(
+            "token id {bad} is outside the model's vocabulary of {vocab}; the tokens were made for another model"
+        )));
+    }
+    Ok(sequences)
+}

@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::progress::Reporter;
 use crate::runtime::{Cpu, Model, RuntimeError};
 
-pub use inputs::{chunks_from_text, read_token_file};
+pub use inputs::{chunks_from_text, load_sequences, read_token_file};
 pub use logits_file::LogitsWriter;
 pub use nll::NllStats;
 
@@ -80,28 +80,9 @@ pub enum EvalError {
 pub fn evaluate(options: &EvalOptions, reporter: &dyn Reporter) -> Result<EvalReport, EvalError> {
     let started = Instant::now();
     let model = Model::open(&options.model)?;
-    let mut sequences = match &options.input {
-        EvalInput::Text { path, ctx } => chunks_from_text(&options.model, path, *ctx)?,
-        EvalInput::Tokens { path } => read_token_file(path)?,
-    };
-    if let Some(limit) = options.chunks {
-        sequences.truncate(limit);
-    }
-    if sequences.is_empty() {
-        return Err(EvalError::Input(
-            "no chunks to evaluate; give a longer text, a smaller --ctx or more input_ids rows".into(),
-        ));
-    }
-    let ctx = sequences[0].len();
-    if ctx < 2 {
-        return Err(EvalError::Input(format!("chunks of {ctx} token(s) have nothing to predict; use --ctx 2 or more")));
-    }
     let vocab = model.config().vocab_size;
-    if let Some(bad) = sequences.iter().flatten().find(|&&id| id as usize >= vocab) {
-        return Err(EvalError::Input(format!(
-            "token id {bad} is outside the model's vocabulary of {vocab}; the tokens were made for another model"
-        )));
-    }
+    let sequences = load_sequences(&options.input, &options.model, options.chunks, 2, vocab)?;
+    let ctx = sequences[0].len();
     let mut writer = match &options.save_logits {
         Some(path) => Some(LogitsWriter::create(path, [sequences.len(), ctx, vocab])?),
         None => None,

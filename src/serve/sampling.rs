@@ -1,32 +1,7 @@
 //! Next-token choice: greedy (argmax, lowest id on ties) by default, or temperature + top-p (nucleus) sampling from
 //! a per-request seeded generator, so a request samples the same tokens whatever else is in the batch.
 
-/// splitmix64: small, seedable, reproducible across platforms.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.unit() * n as f64) as usize % n.max(1)
-    }
-}
+pub use crate::rng::Rng;
 
 /// How tokens are chosen.
 #[derive(Debug, Clone, Copy)]

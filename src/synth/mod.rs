@@ -158,7 +158,7 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
 
 /// The stored bytes of one spec: FP8 codes and scales for linears, BF16/F32 otherwise.
 fn generate(spec: &crate::model::TensorSpec, seed: u64) -> Vec<Vec<u8>> {
-    let mut rng = random::Rng::for_tensor(seed, &spec.name);
+    let mut rng = random::Rng::for_name(seed, &spec.name);
     match spec.role {
         TensorRole::Linear => {
             let (rows, columns) = (spec.shape[0], spec.shape[1]);

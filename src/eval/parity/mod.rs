@@ -22,7 +22,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::Map;
 
-use super::{chunks_from_text, read_token_file, EvalError, EvalInput};
+use super::{load_sequences, EvalError, EvalInput};
 use crate::progress::Reporter;
 use crate::runtime::backend::Matrix;
 use crate::runtime::kv_scales::KvScales;
@@ -151,30 +151,10 @@ pub fn evaluate_parity(options: &ParityOptions, reporter: &dyn Reporter) -> Resu
             options.candidate.display()
         )));
     }
-    let mut sequences = match &options.input {
-        EvalInput::Text { path, ctx } => chunks_from_text(&options.reference, path, *ctx)?,
-        EvalInput::Tokens { path } => read_token_file(path)?,
-    };
-    if let Some(limit) = options.chunks {
-        sequences.truncate(limit);
-    }
-    if sequences.is_empty() {
-        return Err(EvalError::Input(
-            "no chunks to evaluate; give a longer text, a smaller --ctx or more input_ids rows".into(),
-        ));
-    }
-    let ctx = sequences[0].len();
-    if ctx < 4 {
-        return Err(EvalError::Input(format!(
-            "chunks of {ctx} tokens leave nothing to score after the prompt half; use --ctx 4 or more"
-        )));
-    }
     let vocab = config.vocab_size;
-    if let Some(bad) = sequences.iter().flatten().find(|&&id| id as usize >= vocab) {
-        return Err(EvalError::Input(format!(
-            "token id {bad} is outside the model's vocabulary of {vocab}; the tokens were made for another model"
-        )));
-    }
+    // Half of each chunk is the prompt; at least two scored positions must remain.
+    let sequences = load_sequences(&options.input, &options.reference, options.chunks, 4, vocab)?;
+    let ctx = sequences[0].len();
     let mut modes = options.modes.clone();
     modes.sort();
     modes.dedup();
