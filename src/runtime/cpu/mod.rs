@@ -1,7 +1,7 @@
 //! The CPU backend: rayon-parallel f32 arithmetic, always built; the reference the other backends are tested against.
 
 mod activation;
-mod attention;
+pub mod attention;
 mod matmul;
 mod norm;
 mod rope;

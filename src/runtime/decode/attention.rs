@@ -5,6 +5,7 @@
 use crate::model::config::{Attention, Indexer};
 use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, Matrix, RopeStyle};
+use crate::runtime::cpu::attention::{attend, KeyValues};
 use crate::runtime::cpu::dot;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::weights::WeightReader;
@@ -364,31 +365,8 @@ fn single_query(
     for (head, y) in out.chunks_mut(v_dim).enumerate() {
         let kv_head = head / group.max(1);
         let q_row = &q[head * qk_dim..][..qk_dim];
-        let mut weights = Vec::with_capacity(count);
-        let mut max = f32::NEG_INFINITY;
-        for key in 0..count {
-            if allowed.is_some_and(|mask| !mask[key]) {
-                weights.push(f32::NEG_INFINITY);
-                continue;
-            }
-            let score = dot(q_row, &k[(key * kv_heads + kv_head) * qk_dim..][..qk_dim]) * scale;
-            max = max.max(score);
-            weights.push(score);
-        }
-        let mut total = 0f32;
-        for weight in weights.iter_mut() {
-            *weight = if *weight == f32::NEG_INFINITY { 0.0 } else { (*weight - max).exp() };
-            total += *weight;
-        }
-        for (key, weight) in weights.iter().enumerate() {
-            if *weight == 0.0 {
-                continue;
-            }
-            let p = weight / total;
-            for (o, value) in y.iter_mut().zip(&v[(key * kv_heads + kv_head) * v_dim..][..v_dim]) {
-                *o += p * value;
-            }
-        }
+        let keys = KeyValues { k, v, kv_heads, kv_head, qk_dim, v_dim };
+        attend(q_row, &keys, count, scale, |key| allowed.is_none_or(|mask| mask[key]), y);
     }
     out
 }
