@@ -61,19 +61,25 @@ pub fn head_name(config: &ModelConfig, reader: &WeightReader) -> &'static str {
     }
 }
 
+/// Opens a model folder for the runtime: the validated checkpoint and its config, refusing routers it does not run.
+pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeError> {
+    let checkpoint = Checkpoint::open(dir)?;
+    let json = checkpoint.config().ok_or_else(|| {
+        RuntimeError::Input(format!("{}: has no config.json; the runtime needs the model's config", dir.display()))
+    })?;
+    let config = ModelConfig::from_json(json)?;
+    if config.routing.scoring_func != "sigmoid" {
+        return Err(RuntimeError::Input(format!(
+            "config.json: scoring_func {:?} is not supported; the runtime implements the sigmoid router of DeepSeek-V3/Kimi K2/GLM",
+            config.routing.scoring_func
+        )));
+    }
+    Ok((checkpoint, config))
+}
+
 impl Model {
     pub fn open(dir: &Path) -> Result<Self, RuntimeError> {
-        let checkpoint = Checkpoint::open(dir)?;
-        let json = checkpoint.config().ok_or_else(|| {
-            RuntimeError::Input(format!("{}: has no config.json; the runtime needs the model's config", dir.display()))
-        })?;
-        let config = ModelConfig::from_json(json)?;
-        if config.routing.scoring_func != "sigmoid" {
-            return Err(RuntimeError::Input(format!(
-                "config.json: scoring_func {:?} is not supported; the runtime implements the sigmoid router of DeepSeek-V3/Kimi K2/GLM",
-                config.routing.scoring_func
-            )));
-        }
+        let (checkpoint, config) = open_checkpoint(dir)?;
         Ok(Self { checkpoint, config })
     }
 

@@ -71,17 +71,7 @@ pub struct DecodeModel {
 impl DecodeModel {
     /// Loads every layer's resident weights; positions up to `max_positions` are supported.
     pub fn open(dir: &Path, max_positions: usize) -> Result<Self, RuntimeError> {
-        let checkpoint = Checkpoint::open(dir)?;
-        let json = checkpoint.config().ok_or_else(|| {
-            RuntimeError::Input(format!("{}: has no config.json; the runtime needs the model's config", dir.display()))
-        })?;
-        let config = ModelConfig::from_json(json)?;
-        if config.routing.scoring_func != "sigmoid" {
-            return Err(RuntimeError::Input(format!(
-                "config.json: scoring_func {:?} is not supported",
-                config.routing.scoring_func
-            )));
-        }
+        let (checkpoint, config) = crate::runtime::model::open_checkpoint(dir)?;
         let reader = WeightReader::new(&checkpoint);
         let hidden = config.hidden_size;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
