@@ -47,3 +47,8 @@ extern "C" __global__ void fp8_block_dequant_bf16(const uint8_t* __restrict__ co
             squeeze::fp8_block_value(codes, block_scales, e, columns, first_row, block_rows, block_columns));
     }
 }
+
+#ifdef SQUEEZE_EMULATION
+SQUEEZE_EMULATION_KERNEL(fp8_block_dequant_f32);
+SQUEEZE_EMULATION_KERNEL(fp8_block_dequant_bf16);
+#endif

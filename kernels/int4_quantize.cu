@@ -257,3 +257,12 @@ SQUEEZE_INT4_FP8_KERNEL(int4_quantize_fp8_gany, 0)
 SQUEEZE_INT4_F32_KERNEL(int4_quantize_f32_g32, 32)
 SQUEEZE_INT4_F32_KERNEL(int4_quantize_f32_g64, 64)
 SQUEEZE_INT4_F32_KERNEL(int4_quantize_f32_gany, 0)
+
+#ifdef SQUEEZE_EMULATION
+SQUEEZE_EMULATION_KERNEL(int4_quantize_fp8_g32);
+SQUEEZE_EMULATION_KERNEL(int4_quantize_fp8_g64);
+SQUEEZE_EMULATION_KERNEL(int4_quantize_fp8_gany);
+SQUEEZE_EMULATION_KERNEL(int4_quantize_f32_g32);
+SQUEEZE_EMULATION_KERNEL(int4_quantize_f32_g64);
+SQUEEZE_EMULATION_KERNEL(int4_quantize_f32_gany);
+#endif

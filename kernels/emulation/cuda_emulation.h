@@ -20,6 +20,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -192,7 +197,60 @@ T exchange(T value, int source_lane) {
     return result;
 }
 
+// A launch argument as the emulation server receives it: a pointer (a buffer address or null) or a number.
+struct LaunchArg {
+    bool pointer;
+    void* address;
+    long long integer;
+    double real;
+};
+
+template <class T>
+T convert_arg(const LaunchArg& arg, size_t index) {
+    if constexpr (std::is_pointer_v<T>) {
+        if (!arg.pointer) throw std::runtime_error("argument " + std::to_string(index) + " must be a buffer");
+        return static_cast<T>(arg.address);
+    } else {
+        if (arg.pointer) throw std::runtime_error("argument " + std::to_string(index) + " must be a number");
+        if constexpr (std::is_floating_point_v<T>) return static_cast<T>(arg.real);
+        else return static_cast<T>(arg.integer);
+    }
+}
+
+using Launcher = std::function<void(dim3, dim3, const std::vector<LaunchArg>&)>;
+
+// Kernels by name, filled by SQUEEZE_EMULATION_KERNEL at static initialization.
+inline std::map<std::string, Launcher>& registry() {
+    static std::map<std::string, Launcher> kernels;
+    return kernels;
+}
+
+template <class... Params, size_t... I>
+void launch_converted(void (*kernel)(Params...), dim3 grid, dim3 block, const std::vector<LaunchArg>& args,
+                      std::index_sequence<I...>) {
+    launch(kernel, grid, block, convert_arg<Params>(args[I], I)...);
+}
+
+template <class... Params>
+Launcher launcher(void (*kernel)(Params...)) {
+    return [kernel](dim3 grid, dim3 block, const std::vector<LaunchArg>& args) {
+        if (args.size() != sizeof...(Params))
+            throw std::runtime_error("expected " + std::to_string(sizeof...(Params)) + " arguments, got " +
+                                     std::to_string(args.size()));
+        launch_converted(kernel, grid, block, args, std::index_sequence_for<Params...>{});
+    };
+}
+
+struct Registrar {
+    Registrar(const char* name, Launcher launch) { registry()[name] = std::move(launch); }
+};
+
 }  // namespace cuda_emulation
+
+// Makes an extern "C" __global__ kernel launchable by name from kernels/emulation/server.cpp. Every .cu file ends
+// with one line per kernel inside `#ifdef SQUEEZE_EMULATION`.
+#define SQUEEZE_EMULATION_KERNEL(name) \
+    static ::cuda_emulation::Registrar squeeze_emulation_registrar_##name(#name, ::cuda_emulation::launcher(name))
 
 #define threadIdx (::cuda_emulation::state().fibers[::cuda_emulation::state().current].thread_idx)
 #define blockIdx (::cuda_emulation::state().block_idx)

@@ -219,3 +219,94 @@ impl Gpu {
         super::quantize::time_kernel(self, tensor, group_size, rule, search, repeats)
     }
 }
+
+/// The device surface of the runtime backend, on stream 0 (copies synchronize it; launches are asynchronous).
+impl super::device::Device for Gpu {
+    fn describe(&self) -> String {
+        format!("{} ({})", self.info, self.image)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<super::device::DeviceBuffer, CudaError> {
+        let slice = self.alloc::<u8>(&self.streams[0], bytes)?;
+        Ok(super::device::DeviceBuffer::new(bytes, Box::new(slice)))
+    }
+
+    fn write(&self, buffer: &super::device::DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError> {
+        let stream = &self.streams[0];
+        let slice = device_slice(buffer)?;
+        let (pointer, _) = slice.device_ptr(stream);
+        // SAFETY: the buffer holds at least `bytes.len()` bytes (checked); the copy completes before returning.
+        if bytes.len() > buffer.bytes() {
+            return Err(CudaError::Driver { call: "cuMemcpyHtoD", message: "write past the end of a buffer".into() });
+        }
+        unsafe { result::memcpy_htod_async(pointer, bytes, stream.cu_stream()) }.map_err(driver("cuMemcpyHtoD"))?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    fn read(&self, buffer: &super::device::DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError> {
+        let stream = &self.streams[0];
+        let slice = device_slice(buffer)?;
+        if out.len() > buffer.bytes() {
+            return Err(CudaError::Driver { call: "cuMemcpyDtoH", message: "read past the end of a buffer".into() });
+        }
+        let (pointer, _) = slice.device_ptr(stream);
+        // SAFETY: the buffer holds at least `out.len()` bytes (checked); synchronized before `out` is used.
+        unsafe { result::memcpy_dtoh_async(out, pointer, stream.cu_stream()) }.map_err(driver("cuMemcpyDtoH"))?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    fn launch(
+        &self,
+        kernel: &str,
+        shape: super::device::LaunchShape,
+        args: &[super::device::Arg],
+    ) -> Result<(), CudaError> {
+        use super::device::Arg;
+        let stream = &self.streams[0];
+        let function = self.function(kernel)?;
+        enum Value {
+            Pointer(u64),
+            I32(i32),
+            I64(i64),
+            U32(u32),
+            F32(f32),
+        }
+        let mut values = Vec::with_capacity(args.len());
+        for arg in args {
+            values.push(match *arg {
+                Arg::Buffer(buffer) => Value::Pointer(device_slice(buffer)?.device_ptr(stream).0),
+                Arg::At(buffer, offset) => Value::Pointer(device_slice(buffer)?.device_ptr(stream).0 + offset as u64),
+                Arg::Null => Value::Pointer(0),
+                Arg::I32(value) => Value::I32(value),
+                Arg::I64(value) => Value::I64(value),
+                Arg::U32(value) => Value::U32(value),
+                Arg::F32(value) => Value::F32(value),
+            });
+        }
+        let mut builder = stream.launch_builder(function);
+        for value in &values {
+            match value {
+                Value::Pointer(pointer) => builder.arg(pointer),
+                Value::I32(value) => builder.arg(value),
+                Value::I64(value) => builder.arg(value),
+                Value::U32(value) => builder.arg(value),
+                Value::F32(value) => builder.arg(value),
+            };
+        }
+        let config = LaunchConfig {
+            grid_dim: (shape.grid[0], shape.grid[1], shape.grid[2]),
+            block_dim: (shape.block[0], shape.block[1], shape.block[2]),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every launch wrapper in src/runtime/cuda passes the argument kinds of the kernel's C signature
+        // (checked against the emulated device, which rejects a mismatch) and buffers it sized for the shape.
+        unsafe { builder.launch(config) }.map_err(driver("cuLaunchKernel")).map(|_| ())
+    }
+}
+
+fn device_slice(buffer: &super::device::DeviceBuffer) -> Result<&CudaSlice<u8>, CudaError> {
+    buffer
+        .handle
+        .downcast_ref::<CudaSlice<u8>>()
+        .ok_or_else(|| CudaError::Driver { call: "launch", message: "a buffer of another device".into() })
+}

@@ -4,6 +4,8 @@
 //! The driver library is loaded at run time (cudarc `dynamic-loading`), so a `cuda` build runs on machines without
 //! CUDA; [`select`] probes for the library before creating a context (cudarc's constructor panics without it).
 
+pub mod device;
+pub mod emulated;
 pub mod launch;
 
 #[cfg(feature = "cuda")]
@@ -54,6 +56,8 @@ pub enum DeviceChoice {
     Auto,
     Cpu,
     Cuda,
+    /// The CUDA kernels compiled for the host and run under emulation (tests and development; slow).
+    Emulated,
 }
 
 impl fmt::Display for DeviceChoice {
@@ -62,6 +66,7 @@ impl fmt::Display for DeviceChoice {
             DeviceChoice::Auto => "auto",
             DeviceChoice::Cpu => "cpu",
             DeviceChoice::Cuda => "cuda",
+            DeviceChoice::Emulated => "emulated",
         })
     }
 }
@@ -73,6 +78,7 @@ impl FromStr for DeviceChoice {
             "auto" => Ok(DeviceChoice::Auto),
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" | "gpu" => Ok(DeviceChoice::Cuda),
+            "emulated" => Ok(DeviceChoice::Emulated),
             other => Err(format!("unknown device `{other}`; known: auto, cpu, cuda")),
         }
     }
@@ -132,6 +138,10 @@ pub enum Selection {
 pub fn select(choice: DeviceChoice) -> Result<Selection, CudaError> {
     match choice {
         DeviceChoice::Cpu => Ok(Selection::Cpu),
+        DeviceChoice::Emulated => Err(CudaError::Unsupported {
+            tensor: "--device emulated".into(),
+            problem: "the emulated device runs the runtime commands (eval, calibrate-kv, serve-test); quantize takes cpu, cuda or auto".into(),
+        }),
         DeviceChoice::Auto if !BUILT_WITH_CUDA => Ok(Selection::Cpu),
         DeviceChoice::Cuda => Gpu::open(0).map(Selection::Gpu),
         DeviceChoice::Auto => Ok(match Gpu::open(0) {

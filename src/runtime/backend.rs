@@ -3,18 +3,46 @@
 //! Layouts (row-major, f32): activations `[tokens, width]`; a linear weight `[out_features, in_features]` as
 //! PyTorch stores it (`y = x·Wᵀ + b`); attention inputs per sequence `[tokens, heads, head_dim]`.
 
-/// A dequantized weight matrix `[rows, columns]` (f32, row-major).
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A dequantized weight matrix `[rows, columns]` (f32, row-major), with its packed INT4 form when it was read from a
+/// compressed-tensors INT4 checkpoint (the CUDA backend multiplies by that directly, W4A16).
 #[derive(Debug, Clone)]
 pub struct Matrix {
     pub rows: usize,
     pub columns: usize,
     pub data: Vec<f32>,
+    pub int4: Option<Int4Weight>,
+    /// Unique per loaded matrix: the key of device-resident copies.
+    pub id: u64,
 }
 
+/// compressed-tensors `pack-quantized` INT4: `weight_packed` words `[rows, ceil(columns / 8)]` (nibble `j % 8` of
+/// word `j / 8` holds `q + 8`) and BF16 `weight_scale` bits `[rows, ceil(columns / group_size)]`; `w = q · scale`.
+#[derive(Debug, Clone)]
+pub struct Int4Weight {
+    pub packed: Vec<u32>,
+    pub scales: Vec<u16>,
+    pub group_size: usize,
+}
+
+static NEXT_MATRIX_ID: AtomicU64 = AtomicU64::new(1);
+
 impl Matrix {
+    /// A matrix with a fresh id.
+    pub fn new(rows: usize, columns: usize, data: Vec<f32>) -> Self {
+        Self { rows, columns, data, int4: None, id: NEXT_MATRIX_ID.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    /// The same matrix carrying its packed INT4 form.
+    pub fn with_int4(mut self, int4: Int4Weight) -> Self {
+        self.int4 = Some(int4);
+        self
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.data.len() * 4
+        self.data.len() * 4 + self.int4.as_ref().map_or(0, |w| w.packed.len() * 4 + w.scales.len() * 2)
     }
 }
 
@@ -41,6 +69,11 @@ pub struct AttentionShape {
 /// The operations a decoder layer needs. The CPU backend is the reference (and the oracle for other backends).
 pub trait Backend: Sync {
     fn name(&self) -> &'static str;
+    /// The first error a device backend hit since it was created (its ops return NaNs after one); the runtime checks
+    /// after each layer. The CPU backend never fails.
+    fn failure(&self) -> Option<String> {
+        None
+    }
     /// `y[rows, out] = x[rows, in]·Wᵀ (+ bias)`.
     fn linear(&self, input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>) -> Vec<f32>;
     /// RMSNorm over each `width`-row in place: `w · x / sqrt(mean(x²) + eps)`.

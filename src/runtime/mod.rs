@@ -18,6 +18,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda;
 pub mod decode;
 #[cfg(test)]
 mod golden;

@@ -11,7 +11,7 @@ use crate::io::Checkpoint;
 use crate::quant::fp8_block::BlockGrid;
 use crate::verify::{dequantize_int4, int4_group_size};
 
-use super::backend::Matrix;
+use super::backend::{Int4Weight, Matrix};
 use super::RuntimeError;
 
 /// Dequantizing reader over an opened checkpoint.
@@ -79,7 +79,8 @@ impl<'a> WeightReader<'a> {
                     "has unreadable INT4 tensors (weight_packed/weight_scale/weight_shape)",
                 )
             })?;
-            return self.checked(name, Matrix { rows, columns, data }, expected);
+            let int4 = self.int4_weight(module, group)?;
+            return self.checked(name, Matrix::new(rows, columns, data).with_int4(int4), expected);
         }
         let tensor = self
             .checkpoint
@@ -121,7 +122,21 @@ impl<'a> WeightReader<'a> {
         };
         let item = SourceItem { name: name.to_string(), dtype: tensor.dtype, shape, kind };
         let data = RowReader::new(self.checkpoint, &item)?.read_all();
-        self.checked(name, Matrix { rows, columns, data }, expected)
+        self.checked(name, Matrix::new(rows, columns, data), expected)
+    }
+
+    /// The packed words and BF16 scale bits of INT4 module `module` as stored.
+    fn int4_weight(&self, module: &str, group_size: usize) -> Result<Int4Weight, RuntimeError> {
+        let bytes = |suffix: &str| {
+            let name = format!("{module}.{suffix}");
+            self.checkpoint.get(&name).map(|t| t.bytes).ok_or_else(|| {
+                RuntimeError::tensor(self.shard(&name), &name, "is missing next to its INT4 `weight_packed`")
+            })
+        };
+        let packed =
+            bytes("weight_packed")?.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let scales = bytes("weight_scale")?.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        Ok(Int4Weight { packed, scales, group_size })
     }
 
     /// A 1-D tensor (norm weight, bias) of `length` values.

@@ -3,6 +3,7 @@
 
 mod calibrate;
 mod common;
+mod cuda_ops;
 mod eval;
 mod golden;
 mod kernels;

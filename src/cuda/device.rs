@@ -1,0 +1,117 @@
+//! The device surface the CUDA runtime backend is written against: memory, copies and launches by kernel name.
+//! Two implementations: the real GPU ([`super::Gpu`], feature `cuda`) and the emulated device
+//! ([`super::emulated::Emulator`]: the same kernels compiled for the host), so every launch wrapper and the whole
+//! backend run in `cargo test` on machines without a GPU.
+
+use std::any::Any;
+
+use super::CudaError;
+
+/// A device allocation; freed when dropped. `handle` is the implementation's own type.
+pub struct DeviceBuffer {
+    bytes: usize,
+    pub(crate) handle: Box<dyn Any + Send + Sync>,
+}
+
+impl DeviceBuffer {
+    pub(crate) fn new(bytes: usize, handle: Box<dyn Any + Send + Sync>) -> Self {
+        Self { bytes, handle }
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({} bytes)", self.bytes)
+    }
+}
+
+/// One kernel argument. The kinds must match the kernel's C parameter types exactly: `I32` for `int`, `I64` for
+/// `long long`, `U32` for `uint32_t`, `F32` for `float`, a buffer or `Null` for a pointer.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    Buffer(&'a DeviceBuffer),
+    /// A buffer starting `offset` bytes in.
+    At(&'a DeviceBuffer, usize),
+    Null,
+    I32(i32),
+    I64(i64),
+    U32(u32),
+    F32(f32),
+}
+
+/// Grid and block shape of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchShape {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+}
+
+impl LaunchShape {
+    /// A 1-D grid of `blocks` blocks of `threads` threads.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        Self { grid: [blocks.max(1), 1, 1], block: [threads, 1, 1] }
+    }
+}
+
+/// Memory, copies and launches. Work is ordered: a read returns after every earlier launch finished.
+pub trait Device: Send + Sync {
+    /// E.g. `cuda:0 NVIDIA H200` or `emulated`.
+    fn describe(&self) -> String;
+    /// Allocates `bytes` (contents unspecified; the emulated device fills them with 0xA5).
+    fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, CudaError>;
+    /// Copies `bytes` to the start of `buffer`.
+    fn write(&self, buffer: &DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError>;
+    /// Copies the first `out.len()` bytes of `buffer` to `out`.
+    fn read(&self, buffer: &DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError>;
+    /// Launches kernel `kernel` (an `extern "C"` name in kernels/*.cu).
+    fn launch(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError>;
+}
+
+/// Plain element types that travel to and from the device as their little-endian bytes.
+pub trait Plain: Copy + Default + 'static {}
+impl Plain for f32 {}
+impl Plain for u32 {}
+impl Plain for i32 {}
+impl Plain for u16 {}
+impl Plain for u8 {}
+
+fn bytes_of<T: Plain>(values: &[T]) -> &[u8] {
+    // SAFETY: `Plain` types have no padding and no invalid bit patterns; u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
+}
+
+fn bytes_of_mut<T: Plain>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `bytes_of`; every bit pattern is a valid `Plain` value.
+    unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
+}
+
+impl dyn Device + '_ {
+    /// A new buffer holding `values`.
+    pub fn upload<T: Plain>(&self, values: &[T]) -> Result<DeviceBuffer, CudaError> {
+        let buffer = self.alloc(std::mem::size_of_val(values))?;
+        self.write(&buffer, bytes_of(values))?;
+        Ok(buffer)
+    }
+
+    /// Copies `values` into the start of `buffer`.
+    pub fn write_values<T: Plain>(&self, buffer: &DeviceBuffer, values: &[T]) -> Result<(), CudaError> {
+        self.write(buffer, bytes_of(values))
+    }
+
+    /// A buffer of `count` elements of `T`.
+    pub fn alloc_for<T: Plain>(&self, count: usize) -> Result<DeviceBuffer, CudaError> {
+        self.alloc(count * std::mem::size_of::<T>())
+    }
+
+    /// The first `count` elements of `buffer`.
+    pub fn download<T: Plain>(&self, buffer: &DeviceBuffer, count: usize) -> Result<Vec<T>, CudaError> {
+        let mut out = vec![T::default(); count];
+        self.read(buffer, bytes_of_mut(&mut out))?;
+        Ok(out)
+    }
+}

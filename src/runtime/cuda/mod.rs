@@ -1,0 +1,151 @@
+//! The CUDA backend: the runtime's op surface ([`Backend`]) on a [`Device`] — a GPU, or the emulated device that runs
+//! the same kernels on the host (how CI checks this backend against the CPU oracle).
+//!
+//! Each op uploads its activations, launches the kernels of its family (one file per family here, one `.cu` per
+//! family in kernels/) and downloads the result. Weights are uploaded once per loaded [`Matrix`] and kept in a
+//! bounded cache keyed by the matrix id; INT4 matrices stay packed on the device (W4A16). A device error does not
+//! panic: the op returns NaNs and the error is kept until the runtime asks for it with [`Backend::failure`]
+//! after each layer.
+
+mod activation;
+mod attention;
+mod linear;
+mod norm;
+mod rope;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use crate::cuda::device::{Device, DeviceBuffer};
+use crate::cuda::CudaError;
+
+use super::backend::{AttentionShape, Backend, Matrix, RopeStyle};
+
+/// Device bytes of weights kept resident between uses (a layer's dense weights plus a few experts on GLM-5).
+const WEIGHT_CACHE_BYTES: usize = 8 << 30;
+
+/// A weight as it lives on the device.
+pub(crate) enum DeviceWeight {
+    /// f32 `[rows, columns]`.
+    Dense(DeviceBuffer),
+    /// compressed-tensors INT4: packed words and BF16 scale bits.
+    Int4 { packed: DeviceBuffer, scales: DeviceBuffer, group_size: usize },
+}
+
+#[derive(Default)]
+struct WeightCache {
+    entries: VecDeque<(u64, Arc<DeviceWeight>, usize)>,
+    bytes: usize,
+}
+
+/// The CUDA backend over a device.
+pub struct CudaBackend {
+    device: Arc<dyn Device>,
+    weights: Mutex<WeightCache>,
+    failure: Mutex<Option<CudaError>>,
+}
+
+impl CudaBackend {
+    pub fn new(device: Arc<dyn Device>) -> Self {
+        Self { device, weights: Mutex::default(), failure: Mutex::default() }
+    }
+
+    pub fn device(&self) -> &dyn Device {
+        self.device.as_ref()
+    }
+
+    /// The device copy of `matrix`, uploading it on first use (packed when it carries its INT4 form).
+    pub(crate) fn weight(&self, matrix: &Matrix) -> Result<Arc<DeviceWeight>, CudaError> {
+        let mut cache = self.weights.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, weight, _)) = cache.entries.iter().find(|(id, _, _)| *id == matrix.id) {
+            return Ok(weight.clone());
+        }
+        let device = self.device();
+        let (weight, bytes) = match &matrix.int4 {
+            Some(int4) => (
+                DeviceWeight::Int4 {
+                    packed: device.upload(&int4.packed)?,
+                    scales: device.upload(&int4.scales)?,
+                    group_size: int4.group_size,
+                },
+                int4.packed.len() * 4 + int4.scales.len() * 2,
+            ),
+            None => (DeviceWeight::Dense(device.upload(&matrix.data)?), matrix.data.len() * 4),
+        };
+        let weight = Arc::new(weight);
+        cache.entries.push_back((matrix.id, weight.clone(), bytes));
+        cache.bytes += bytes;
+        while cache.bytes > WEIGHT_CACHE_BYTES && cache.entries.len() > 1 {
+            if let Some((_, _, evicted)) = cache.entries.pop_front() {
+                cache.bytes -= evicted;
+            }
+        }
+        Ok(weight)
+    }
+
+    /// Keeps the first error; the op that failed returns `fallback`.
+    fn settle<T>(&self, result: Result<T, CudaError>, fallback: impl FnOnce() -> T) -> T {
+        match result {
+            Ok(value) => value,
+            Err(error) => {
+                let mut failure = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                failure.get_or_insert(error);
+                fallback()
+            }
+        }
+    }
+}
+
+fn nans(count: usize) -> Vec<f32> {
+    vec![f32::NAN; count]
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn failure(&self) -> Option<String> {
+        let failure = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        failure.as_ref().map(|error| format!("{} ({error})", self.device.describe()))
+    }
+
+    fn linear(&self, input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>) -> Vec<f32> {
+        self.settle(linear::linear(self, input, rows, weight, bias), || nans(rows * weight.rows))
+    }
+
+    fn rms_norm(&self, data: &mut [f32], width: usize, weight: &[f32], eps: f32) {
+        let result = norm::rms_norm(self, data, width, weight, eps);
+        self.settle(result, || data.fill(f32::NAN))
+    }
+
+    fn layer_norm(&self, data: &mut [f32], width: usize, weight: &[f32], bias: &[f32], eps: f32) {
+        let result = norm::layer_norm(self, data, width, weight, bias, eps);
+        self.settle(result, || data.fill(f32::NAN))
+    }
+
+    fn silu_mul(&self, gate: &[f32], up: &[f32]) -> Vec<f32> {
+        self.settle(activation::silu_mul(self, gate, up), || nans(gate.len()))
+    }
+
+    fn rope(
+        &self,
+        data: &mut [f32],
+        tokens: usize,
+        row_width: usize,
+        head_dim: usize,
+        offset: usize,
+        rotary_dim: usize,
+        cos: &[f32],
+        sin: &[f32],
+        style: RopeStyle,
+    ) {
+        let result = rope::apply(self, data, tokens, row_width, head_dim, offset, rotary_dim, cos, sin, style);
+        self.settle(result, || data.fill(f32::NAN))
+    }
+
+    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: Option<&[bool]>) -> Vec<f32> {
+        let result = attention::causal(self, q, k, v, shape, allowed);
+        self.settle(result, || nans(shape.tokens * shape.heads * shape.v_dim))
+    }
+}
