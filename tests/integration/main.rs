@@ -3,7 +3,10 @@
 
 mod calibrate;
 mod common;
+mod cuda_attention;
+mod cuda_linear;
 mod cuda_ops;
+mod cuda_routing;
 mod eval;
 mod golden;
 mod kernels;
