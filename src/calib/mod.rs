@@ -18,7 +18,7 @@ use crate::eval::{load_sequences, EvalError, EvalInput};
 use crate::progress::Reporter;
 use crate::runtime::model::{rope_setup, CachedKv, KvTap, Layer, LayerContext, LayerTap, LayerTimes};
 use crate::runtime::weights::WeightReader;
-use crate::runtime::{Cpu, Model, Spans};
+use crate::runtime::{Backend, Model, RuntimeError, Spans};
 
 /// Largest finite FP8 e4m3 magnitude.
 pub const FP8_MAX: f32 = 448.0;
@@ -85,7 +85,11 @@ struct LayerObservation {
 }
 
 /// Runs the calibration and returns the report (nothing is written; see [`write_scales`]).
-pub fn calibrate(options: &CalibOptions, reporter: &dyn Reporter) -> Result<CalibReport, EvalError> {
+pub fn calibrate(
+    options: &CalibOptions,
+    backend: &dyn Backend,
+    reporter: &dyn Reporter,
+) -> Result<CalibReport, EvalError> {
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let config = model.config();
@@ -112,7 +116,7 @@ pub fn calibrate(options: &CalibOptions, reporter: &dyn Reporter) -> Result<Cali
     let (table, mla_scale) = rope_setup(config, longest);
     let ids: Vec<u32> = sequences.concat();
     let mut hidden = reader.rows("model.embed_tokens.weight", width, &ids)?;
-    let context = LayerContext { backend: &Cpu, reader: &reader, config, table: &table, mla_scale };
+    let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
     let mut selection = None;
     let mut near_ties = 0;
     let mut observations = Vec::with_capacity(config.num_hidden_layers);
@@ -143,6 +147,7 @@ pub fn calibrate(options: &CalibOptions, reporter: &dyn Reporter) -> Result<Cali
             &mut near_ties,
             &mut tap,
         )?;
+        RuntimeError::check(backend)?;
         observations.push(observation);
         reporter.advance(1);
     }

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+use crate::cuda::DeviceChoice;
+
 use crate::calib::{calibrate, write_scales, CalibOptions, Strategy};
 use crate::eval::EvalInput;
 
@@ -45,6 +47,10 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
+    /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceChoice,
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
@@ -62,7 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     };
     let bar = Bar::new(false);
     let mut report =
-        calibrate(&options, &bar).with_context(|| format!("calibrating KV scales of {}", args.model.display()))?;
+        calibrate(&options, super::open_backend(args.device)?.as_ref(), &bar).with_context(|| format!("calibrating KV scales of {}", args.model.display()))?;
     if !args.dry_run {
         let written = write_scales(&report, &args.model, args.out.as_deref(), args.sglang_json.as_deref())
             .with_context(|| format!("writing KV scales for {}", args.model.display()))?;

@@ -116,7 +116,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
             chunks: Some(4),
             save_logits: None,
         };
-        let report = evaluate(&options, &Silent)?;
+        let report = evaluate(&options, &Cpu, &Silent)?;
         println!(
             "      {label:<4} ppl {:.3} ± {:.3} over {} tokens ({:.0} tokens/s)",
             report.ppl, report.ppl_stderr, report.tokens, report.tokens_per_second
@@ -137,6 +137,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
             percentile: None,
             strategy: Strategy::Tensor,
         },
+        &Cpu,
         &Silent,
     )?;
     write_scales(&calibration, &output, None, None)?;
@@ -157,6 +158,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
                 max_ppl_ratio: DEFAULT_MAX_PPL_RATIO,
             },
         },
+        &Cpu,
         &Silent,
     )?;
     for (mode, report) in &parity.mode_reports {

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+use crate::cuda::DeviceChoice;
+
 use crate::eval::parity::{evaluate_parity, plot, Gates, Mode, ParityOptions, ParityReport};
 use crate::eval::{evaluate, EvalInput, EvalOptions};
 
@@ -56,6 +58,10 @@ pub struct Args {
     /// Print the report as JSON (keys include ppl, mean_nll, tokens, seconds).
     #[arg(long)]
     pub json: bool,
+    /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
+    /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceChoice,
 }
 
 /// Default gates, measured (BENCHMARKS.md, "eval parity"): see the constants' notes.
@@ -78,7 +84,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     }
     let options =
         EvalOptions { model: model.clone(), input, chunks: args.chunks, save_logits: args.save_logits.clone() };
-    let report = evaluate(&options, &Bar::new(false)).with_context(|| format!("evaluating {}", model.display()))?;
+    let backend = super::open_backend(args.device)?;
+    let report = evaluate(&options, backend.as_ref(), &Bar::new(false)).with_context(|| format!("evaluating {}", model.display()))?;
     if args.json {
         print_json(&report)?;
         return Ok(Outcome::Success);
@@ -123,7 +130,8 @@ fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalIn
             max_ppl_ratio: args.max_ppl_ratio,
         },
     };
-    let report = evaluate_parity(&options, &Bar::new(false))
+    let backend = super::open_backend(args.device)?;
+    let report = evaluate_parity(&options, backend.as_ref(), &Bar::new(false))
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))?;
     if let Some(path) = &args.plot {
         crate::io::atomic::write_file(path, plot::render(&report).as_bytes())

@@ -93,6 +93,15 @@ pub fn run() -> i32 {
     }
 }
 
+/// The runtime backend for `--device`, printing the CPU-fallback notice of `auto` to stderr.
+pub(crate) fn open_backend(choice: crate::cuda::DeviceChoice) -> anyhow::Result<Box<dyn crate::runtime::Backend>> {
+    let (backend, notice) = crate::runtime::device::open_backend(choice)?;
+    if let Some(notice) = notice {
+        eprintln!("note: {notice}");
+    }
+    Ok(backend)
+}
+
 /// `--version [--verbose]`: the version, and with --verbose the CUDA build and what the device probe finds.
 fn print_version(verbose: bool) {
     println!("squeeze {}", env!("CARGO_PKG_VERSION"));

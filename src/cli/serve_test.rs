@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 
 use crate::runtime::kv_cache::{FaultKind, KvDtype};
-use crate::runtime::Cpu;
+use crate::cuda::DeviceChoice;
 use crate::serve::prompts::read_prompts;
 use crate::serve::sampling::Sampling;
 use crate::serve::{serve_test, ServeOptions};
@@ -59,6 +59,10 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
+    /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceChoice,
 }
 
 fn parse_fault(text: &str) -> anyhow::Result<(FaultKind, u64)> {
@@ -97,7 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         fault,
         verify: !args.no_verify,
     };
-    let report = serve_test(&Cpu, &options)?;
+    let report = serve_test(super::open_backend(args.device)?.as_ref(), &options)?;
     if args.json {
         print_json(&report)?;
     } else {

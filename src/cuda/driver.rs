@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{
-    result, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PushKernelArg,
+    result, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -58,7 +58,9 @@ pub struct Gpu {
     image: &'static str,
     pub(super) context: Arc<CudaContext>,
     pub(super) streams: [Arc<CudaStream>; 2],
-    functions: HashMap<&'static str, CudaFunction>,
+    modules: Vec<Arc<CudaModule>>,
+    /// Functions looked up so far, by name (any module may export it).
+    functions: Mutex<HashMap<String, CudaFunction>>,
     pub(super) staging: Mutex<Option<Staging>>,
 }
 
@@ -80,6 +82,7 @@ impl Gpu {
         ];
         let use_cubin = info.compute_capability == (9, 0);
         let mut functions = HashMap::new();
+        let mut modules = Vec::new();
         for artifact in &ARTIFACTS {
             let image = if use_cubin {
                 Ptx::from_binary(artifact.cubin_sm90a.to_vec())
@@ -91,15 +94,17 @@ impl Gpu {
                 .map_err(|e| CudaError::Module(format!("{} ({}): {e}", artifact.family, info.name)))?;
             for name in KERNELS {
                 if let Ok(function) = module.load_function(name) {
-                    functions.insert(name, function);
+                    functions.insert(name.to_string(), function);
                 }
             }
+            modules.push(module);
         }
-        if let Some(missing) = KERNELS.iter().find(|name| !functions.contains_key(*name)) {
+        if let Some(missing) = KERNELS.iter().find(|name| !functions.contains_key(**name)) {
             return Err(CudaError::Module(format!("kernel {missing} is missing from the embedded module")));
         }
         let image = if use_cubin { "sm_90a cubin" } else { "sm_90 PTX (JIT)" };
-        Ok(Gpu { info, image, context, streams, functions, staging: Mutex::new(None) })
+        let functions = Mutex::new(functions);
+        Ok(Gpu { info, image, context, streams, modules, functions, staging: Mutex::new(None) })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -111,8 +116,19 @@ impl Gpu {
         self.image
     }
 
-    pub(super) fn function(&self, name: &str) -> Result<&CudaFunction, CudaError> {
-        self.functions.get(name).ok_or_else(|| CudaError::Module(format!("no kernel named {name}")))
+    /// The kernel `name` from whichever embedded module exports it.
+    pub(super) fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
+        let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(function) = functions.get(name) {
+            return Ok(function.clone());
+        }
+        let function = self
+            .modules
+            .iter()
+            .find_map(|module| module.load_function(name).ok())
+            .ok_or_else(|| CudaError::Module(format!("no kernel named {name} in the embedded modules")))?;
+        functions.insert(name.to_string(), function.clone());
+        Ok(function)
     }
 
     /// Allocates `len` uninitialized elements on `stream`.
@@ -170,7 +186,7 @@ impl Gpu {
         let (rows, columns, first_row) = (tensor.rows as i64, tensor.columns as i64, 0i64);
         let (block_rows, block_columns) = (tensor.block_rows as i32, tensor.block_columns as i32);
         let function = self.function(if bf16 { "fp8_block_dequant_bf16" } else { "fp8_block_dequant_f32" })?;
-        let mut launch = stream.launch_builder(function);
+        let mut launch = stream.launch_builder(&function);
         launch.arg(&codes_ptr).arg(&scales_ptr).arg(&out_ptr);
         launch.arg(&rows).arg(&columns).arg(&first_row).arg(&block_rows).arg(&block_columns);
         let config = LaunchConfig {
@@ -283,7 +299,7 @@ impl super::device::Device for Gpu {
                 Arg::F32(value) => Value::F32(value),
             });
         }
-        let mut builder = stream.launch_builder(function);
+        let mut builder = stream.launch_builder(&function);
         for value in &values {
             match value {
                 Value::Pointer(pointer) => builder.arg(pointer),

@@ -140,7 +140,7 @@ fn enqueue_kernel(
     let function = gpu.function(&launch.function)?;
     let groups = rows * columns / launch.group_size as usize;
     let (rows, columns, first_row) = (rows as i64, columns as i64, first_row as i64);
-    let mut builder = stream.launch_builder(function);
+    let mut builder = stream.launch_builder(&function);
     match &launch.block_scales {
         Some((block_scales, block_rows, block_columns)) => {
             builder.arg(&input).arg(block_scales).arg(&packed).arg(&scales);

@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::progress::Reporter;
-use crate::runtime::{Cpu, Model, RuntimeError};
+use crate::runtime::{Backend, Model, RuntimeError};
 
 pub use inputs::{chunks_from_text, load_sequences, read_token_file};
 pub use logits_file::LogitsWriter;
@@ -77,7 +77,7 @@ pub enum EvalError {
 }
 
 /// Runs the evaluation.
-pub fn evaluate(options: &EvalOptions, reporter: &dyn Reporter) -> Result<EvalReport, EvalError> {
+pub fn evaluate(options: &EvalOptions, backend: &dyn Backend, reporter: &dyn Reporter) -> Result<EvalReport, EvalError> {
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let vocab = model.config().vocab_size;
@@ -88,7 +88,7 @@ pub fn evaluate(options: &EvalOptions, reporter: &dyn Reporter) -> Result<EvalRe
         None => None,
     };
     let mut stats = NllStats::default();
-    let forward = model.forward(&Cpu, &sequences, reporter, &mut |index, logits| {
+    let forward = model.forward(backend, &sequences, reporter, &mut |index, logits| {
         stats.add_sequence(&sequences[index], logits, vocab);
         if let Some(writer) = writer.as_mut() {
             writer.append(logits).map_err(|e| RuntimeError::Output(e.to_string()))?;
@@ -113,7 +113,7 @@ pub fn evaluate(options: &EvalOptions, reporter: &dyn Reporter) -> Result<EvalRe
     Ok(EvalReport {
         model: options.model.display().to_string(),
         architecture: model.config().architecture.name().to_string(),
-        backend: "cpu".into(),
+        backend: backend.describe(),
         chunks: sequences.len(),
         ctx,
         tokens: stats.count,

@@ -74,6 +74,10 @@ pub trait Backend: Sync {
     fn failure(&self) -> Option<String> {
         None
     }
+    /// The backend and its device in words, for reports.
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
     /// `y[rows, out] = x[rows, in]·Wᵀ (+ bias)`.
     fn linear(&self, input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>) -> Vec<f32>;
     /// RMSNorm over each `width`-row in place: `w · x / sqrt(mean(x²) + eps)`.

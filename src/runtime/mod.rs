@@ -20,6 +20,7 @@ pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod decode;
+pub mod device;
 #[cfg(test)]
 mod golden;
 mod gqa;
@@ -53,9 +54,16 @@ pub enum RuntimeError {
     Input(String),
     #[error("{0}")]
     Output(String),
+    #[error("the device failed: {0}; rerun with --device cpu")]
+    Device(String),
 }
 
 impl RuntimeError {
+    /// The backend's first failure as an error (device backends keep going with NaNs after one).
+    pub fn check(backend: &dyn Backend) -> Result<(), RuntimeError> {
+        backend.failure().map_or(Ok(()), |failure| Err(RuntimeError::Device(failure)))
+    }
+
     pub fn tensor(path: impl Into<PathBuf>, tensor: impl Into<String>, problem: impl Into<String>) -> Self {
         RuntimeError::Io(IoError::tensor(path, tensor, problem))
     }

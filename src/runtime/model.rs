@@ -124,6 +124,7 @@ impl Model {
             let times = LayerTimes::default();
             let computing = Instant::now();
             layer.forward(&context, &mut hidden, &spans, &mut selection, &times, &mut stats.near_ties)?;
+            RuntimeError::check(backend)?;
             let compute_wall = computing.elapsed().as_secs_f64();
             let (expert_load, expert_compute) =
                 (times.load_nanos.load(Ordering::Relaxed) as f64, times.compute_nanos.load(Ordering::Relaxed) as f64);
@@ -145,6 +146,7 @@ impl Model {
         backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32);
         for (index, (start, length)) in spans.iter().enumerate() {
             let logits = backend.linear(&hidden[start * width..(start + length) * width], length, &head, None);
+            RuntimeError::check(backend)?;
             sink(index, &logits)?;
         }
         stats.compute_seconds += started.elapsed().as_secs_f64();

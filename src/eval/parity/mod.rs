@@ -28,7 +28,7 @@ use crate::runtime::backend::Matrix;
 use crate::runtime::kv_scales::KvScales;
 use crate::runtime::model::{head_name, rope_setup, KvTap, Layer, LayerContext, LayerTap, LayerTimes, Selection};
 use crate::runtime::weights::WeightReader;
-use crate::runtime::{Backend, Cpu, Model, Spans};
+use crate::runtime::{Backend, Model, RuntimeError, Spans};
 pub use stats::{Summary, TokenSamples};
 
 /// An evaluation mode (see the module docs).
@@ -136,7 +136,11 @@ struct Stream {
 }
 
 /// Runs every requested mode and returns the report with the gates evaluated.
-pub fn evaluate_parity(options: &ParityOptions, reporter: &dyn Reporter) -> Result<ParityReport, EvalError> {
+pub fn evaluate_parity(
+    options: &ParityOptions,
+    backend: &dyn Backend,
+    reporter: &dyn Reporter,
+) -> Result<ParityReport, EvalError> {
     let started = Instant::now();
     let reference = Model::open(&options.reference)?;
     let candidate = Model::open(&options.candidate)?;
@@ -201,8 +205,8 @@ pub fn evaluate_parity(options: &ParityOptions, reporter: &dyn Reporter) -> Resu
         .collect();
     drop(ref_embedded);
     drop(cand_embedded);
-    let ref_context = LayerContext { backend: &Cpu, reader: &ref_reader, config, table: &table, mla_scale };
-    let cand_context = LayerContext { backend: &Cpu, reader: &cand_reader, config: other, table: &table, mla_scale };
+    let ref_context = LayerContext { backend, reader: &ref_reader, config, table: &table, mla_scale };
+    let cand_context = LayerContext { backend, reader: &cand_reader, config: other, table: &table, mla_scale };
 
     reporter.begin("layers", config.num_hidden_layers as u64 + 1);
     for index in 0..config.num_hidden_layers {
@@ -270,6 +274,7 @@ pub fn evaluate_parity(options: &ParityOptions, reporter: &dyn Reporter) -> Resu
             hidden_rel_l2: 0.0,
             expert_agreement: if config.runs_moe(index) { Some(1.0) } else { None },
         });
+        RuntimeError::check(backend)?;
         reporter.advance(1);
     }
 
@@ -291,8 +296,8 @@ pub fn evaluate_parity(options: &ParityOptions, reporter: &dyn Reporter) -> Resu
             _ => (&ref_norm, &ref_head),
         };
         let mut rows = stream.hidden[(start + prompt) * width..(start + prompt + rows_per_seq) * width].to_vec();
-        Cpu.rms_norm(&mut rows, width, norm, config.rms_norm_eps as f32);
-        Cpu.linear(&rows, rows_per_seq, head, None)
+        backend.rms_norm(&mut rows, width, norm, config.rms_norm_eps as f32);
+        backend.linear(&rows, rows_per_seq, head, None)
     };
     let mut samples: Vec<TokenSamples> = vec![TokenSamples::default(); streams.len()];
     for (sequence, (start, _)) in spans.iter().enumerate() {
@@ -305,6 +310,7 @@ pub fn evaluate_parity(options: &ParityOptions, reporter: &dyn Reporter) -> Resu
             }
         }
     }
+    RuntimeError::check(backend)?;
     reporter.advance(1);
     reporter.end();
 

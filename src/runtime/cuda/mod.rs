@@ -105,6 +105,10 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn describe(&self) -> String {
+        format!("cuda: {}", self.device.describe())
+    }
+
     fn failure(&self) -> Option<String> {
         let failure = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         failure.as_ref().map(|error| format!("{} ({error})", self.device.describe()))

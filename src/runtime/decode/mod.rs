@@ -204,7 +204,9 @@ impl DecodeModel {
             all_aux.push(aux);
         }
         let last = &hidden[(count - 1) * self.config.hidden_size..];
-        Ok(Prefilled { logits: self.logits(backend, last, 1), rows: all_rows, aux: all_aux })
+        let logits = self.logits(backend, last, 1);
+        RuntimeError::check(backend)?;
+        Ok(Prefilled { logits, rows: all_rows, aux: all_aux })
     }
 
     /// Writes a prefilled prompt's rows into `pool` for `request` (converted to the pool's dtype and scales).
@@ -285,6 +287,7 @@ impl DecodeModel {
             self.finish_layer(backend, &reader, layer, &mut hidden, &attended, count)?;
         }
         let logits = self.logits(backend, &hidden, count);
+        RuntimeError::check(backend)?;
         Ok(logits.chunks(self.config.vocab_size).map(<[f32]>::to_vec).collect())
     }
 
