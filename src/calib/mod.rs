@@ -16,7 +16,7 @@ pub use write::{write_scales, WrittenFiles, SCALES_FILE};
 
 use crate::eval::{load_sequences, EvalError, EvalInput};
 use crate::progress::Reporter;
-use crate::runtime::model::{rope_setup, CachedKv, KvTap, Layer, LayerContext, LayerTap, LayerTimes};
+use crate::runtime::model::{rope_setup, CachedKv, KvTap, LayerContext, LayerStream, LayerTap, LayerTimes};
 use crate::runtime::weights::WeightReader;
 use crate::runtime::{Backend, Model, RuntimeError, Spans};
 
@@ -121,8 +121,9 @@ pub fn calibrate(
     let mut near_ties = 0;
     let mut observations = Vec::with_capacity(config.num_hidden_layers);
     reporter.begin("layers", config.num_hidden_layers as u64);
-    for index in 0..config.num_hidden_layers {
-        let layer = Layer::load(&reader, config, index)?;
+    let mut layers = LayerStream::start(&options.model, config.num_hidden_layers);
+    for _ in 0..config.num_hidden_layers {
+        let (layer, _) = layers.next_layer()?;
         let mut observation =
             LayerObservation { k: vec![AbsStats::default(); heads], v: vec![AbsStats::default(); heads] };
         let mut observer = |cached: &CachedKv| match cached {

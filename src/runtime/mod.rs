@@ -28,6 +28,7 @@ mod indexer;
 pub mod kv_cache;
 pub mod kv_scales;
 mod layer;
+pub mod layer_stream;
 mod mla;
 pub mod model;
 mod moe;

@@ -18,6 +18,7 @@ use crate::progress::Reporter;
 
 pub use super::indexer::Selection;
 pub use super::layer::{fake_fp8, CachedKv, KvObserver, KvTap, Layer, LayerContext, LayerTap};
+pub use super::layer_stream::LayerStream;
 pub use super::moe::ExpertTimes as LayerTimes;
 
 /// Receives each sequence's logits: `(sequence index, [len, vocab] logits)`.
@@ -117,10 +118,10 @@ impl Model {
         reporter.begin("layers", config.num_hidden_layers as u64 + 1);
         let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
         let mut selection = None;
-        for index in 0..config.num_hidden_layers {
-            let started = Instant::now();
-            let layer = Layer::load(&reader, config, index)?;
-            let loaded = started.elapsed().as_secs_f64();
+        let mut layers = LayerStream::start(self.checkpoint.dir(), config.num_hidden_layers);
+        for _ in 0..config.num_hidden_layers {
+            // Only the wait counts as load time: the rest of the loading overlapped the previous layer's compute.
+            let (layer, loaded) = layers.next_layer()?;
             let times = LayerTimes::default();
             let computing = Instant::now();
             layer.forward(&context, &mut hidden, &spans, &mut selection, &times, &mut stats.near_ties)?;

@@ -26,7 +26,7 @@ use super::{load_sequences, EvalError, EvalInput};
 use crate::progress::Reporter;
 use crate::runtime::backend::Matrix;
 use crate::runtime::kv_scales::KvScales;
-use crate::runtime::model::{head_name, rope_setup, KvTap, Layer, LayerContext, LayerTap, LayerTimes, Selection};
+use crate::runtime::model::{head_name, rope_setup, KvTap, LayerContext, LayerStream, LayerTap, LayerTimes, Selection};
 use crate::runtime::weights::WeightReader;
 use crate::runtime::{Backend, Model, RuntimeError, Spans};
 pub use stats::{Summary, TokenSamples};
@@ -209,9 +209,14 @@ pub fn evaluate_parity(
     let cand_context = LayerContext { backend, reader: &cand_reader, config: other, table: &table, mla_scale };
 
     reporter.begin("layers", config.num_hidden_layers as u64 + 1);
+    let mut ref_layers = LayerStream::start(&options.reference, config.num_hidden_layers);
+    let mut cand_layers = needs_candidate.then(|| LayerStream::start(&options.candidate, config.num_hidden_layers));
     for index in 0..config.num_hidden_layers {
-        let ref_layer = Layer::load(&ref_reader, config, index)?;
-        let cand_layer = if needs_candidate { Some(Layer::load(&cand_reader, other, index)?) } else { None };
+        let (ref_layer, _) = ref_layers.next_layer()?;
+        let cand_layer = match cand_layers.as_mut() {
+            Some(stream) => Some(stream.next_layer()?.0),
+            None => None,
+        };
         let layer_scales = &scales.layers[index];
         let (first, rest) = streams.split_first_mut().expect("the reference stream exists");
         let prefill_hidden = first.hidden.clone();

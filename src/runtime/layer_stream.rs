@@ -1,0 +1,68 @@
+//! Double-buffered layer streaming: a loader thread reads and dequantizes decoder layer `i + 1` while the caller
+//! computes layer `i`, so a layer-streamed pass runs at the slower of loading and compute instead of their sum.
+//! At most two layers' resident weights are in memory (the one computing and the one loaded ahead).
+
+use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::layer::Layer;
+use super::model::open_checkpoint;
+use super::weights::WeightReader;
+use super::RuntimeError;
+
+/// The decoder layers of one checkpoint, in order.
+pub struct LayerStream {
+    receiver: Receiver<Result<Layer, RuntimeError>>,
+    loader: Option<JoinHandle<()>>,
+}
+
+impl LayerStream {
+    /// Starts loading layers `0..count` of the model folder `dir` (opened again on the loader thread; the
+    /// checkpoint is memory-mapped, so this costs only the header parse).
+    pub fn start(dir: &Path, count: usize) -> Self {
+        // Capacity 1: one layer waits in the channel while the loader holds none (it blocks on send).
+        let (sender, receiver) = sync_channel(1);
+        let dir = dir.to_path_buf();
+        let loader = std::thread::spawn(move || {
+            let (checkpoint, config) = match open_checkpoint(&dir) {
+                Ok(opened) => opened,
+                Err(error) => {
+                    let _ = sender.send(Err(error));
+                    return;
+                }
+            };
+            let reader = WeightReader::new(&checkpoint);
+            for index in 0..count {
+                let layer = Layer::load(&reader, &config, index);
+                let failed = layer.is_err();
+                if sender.send(layer).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Self { receiver, loader: Some(loader) }
+    }
+
+    /// The next layer and the seconds spent waiting for it (loading not hidden behind compute).
+    pub fn next_layer(&mut self) -> Result<(Layer, f64), RuntimeError> {
+        let started = Instant::now();
+        let layer = self
+            .receiver
+            .recv()
+            .map_err(|_| RuntimeError::Input("the layer loader stopped early (it panicked; see stderr)".into()))??;
+        Ok((layer, started.elapsed().as_secs_f64()))
+    }
+}
+
+impl Drop for LayerStream {
+    fn drop(&mut self) {
+        // Unblock a loader waiting to send, then wait for it so no thread outlives the pass.
+        let (_, receiver) = sync_channel(0);
+        drop(std::mem::replace(&mut self.receiver, receiver));
+        if let Some(loader) = self.loader.take() {
+            let _ = loader.join();
+        }
+    }
+}
