@@ -20,7 +20,9 @@
 // Every kernel family; each registers its kernels with SQUEEZE_EMULATION_KERNEL.
 #include "../activation.cu"
 #include "../fp8_dequant.cu"
+#include "../indexer.cu"
 #include "../int4_quantize.cu"
+#include "../routing.cu"
 
 namespace {
 

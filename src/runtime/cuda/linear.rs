@@ -1,15 +1,281 @@
-//! Linear layers on the device: dense f32 (kernels/linear.cu) and INT4 W4A16 (kernels/w4a16.cu).
+//! Linear layers on the device: dense f32/BF16 weights (kernels/linear.cu) and INT4 W4A16 (kernels/w4a16.cu).
+//!
+//! The host-level [`linear`] serves [`crate::runtime::Backend::linear`]; the device-level functions
+//! ([`linear_f32`], [`linear_bf16`], [`w4a16_linear`], [`w4a16_grouped`]) take device-resident buffers, check
+//! shapes and sizes, and launch (no copies), so the MoE path and benchmarks can chain them.
+
+use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
 use crate::cuda::CudaError;
 use crate::runtime::backend::Matrix;
 
-use super::CudaBackend;
+use super::{CudaBackend, DeviceWeight};
 
+/// Threads per block of the matrix kernels: 8 warps, one output feature each.
+const THREADS: u32 = 256;
+/// Output features per block.
+const FEATURES_PER_BLOCK: usize = 8;
+/// Input rows one warp handles at once (kRowTile in kernels/row_tile.cuh).
+const ROW_TILE: usize = 16;
+
+fn unsupported(tensor: &str, problem: String) -> CudaError {
+    CudaError::Unsupported { tensor: tensor.into(), problem }
+}
+
+/// `value` as a kernel `int`.
+fn int(tensor: &str, what: &str, value: usize) -> Result<i32, CudaError> {
+    i32::try_from(value).map_err(|_| unsupported(tensor, format!("{what} {value} does not fit a 32-bit kernel index")))
+}
+
+/// Fails unless `buffer` holds at least `count` elements of `element_bytes` bytes.
+fn holds(tensor: &str, what: &str, buffer: &DeviceBuffer, count: usize, element_bytes: usize) -> Result<(), CudaError> {
+    let need = count.checked_mul(element_bytes).ok_or_else(|| unsupported(tensor, format!("{what} size overflows")))?;
+    if buffer.bytes() < need {
+        return Err(unsupported(tensor, format!("{what} buffer has {} bytes, needs {need}", buffer.bytes())));
+    }
+    Ok(())
+}
+
+/// The grid of a matrix kernel: output features over x, row tiles (or segments) over y.
+fn grid(out_features: usize, y_blocks: usize) -> Result<LaunchShape, CudaError> {
+    let x_blocks = out_features.div_ceil(FEATURES_PER_BLOCK);
+    let x = u32::try_from(x_blocks).map_err(|_| unsupported("linear", format!("{out_features} output features")))?;
+    let y = u32::try_from(y_blocks)
+        .ok()
+        .filter(|&y| y < 65_536)
+        .ok_or_else(|| unsupported("linear", format!("{y_blocks} row tiles exceed the grid's y limit 65535")))?;
+    Ok(LaunchShape { grid: [x.max(1), y.max(1), 1], block: [THREADS, 1, 1] })
+}
+
+/// Checks the INT4 layout constraints of the W4A16 kernels.
+fn check_int4(tensor: &str, in_features: usize, group_size: usize) -> Result<(), CudaError> {
+    if group_size == 0 || !group_size.is_multiple_of(8) {
+        return Err(unsupported(
+            tensor,
+            format!("W4A16 needs a group size that is a multiple of 8, got {group_size}; use the CPU backend"),
+        ));
+    }
+    if !in_features.is_multiple_of(group_size) {
+        return Err(unsupported(
+            tensor,
+            format!(
+                "W4A16 needs input features ({in_features}) to be a multiple of the group size {group_size}; \
+                 use the CPU backend"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `y = x · Wᵀ + bias` for `rows` rows of `weight.columns` inputs: W4A16 when the weight is INT4 on the device,
+/// dense f32 otherwise.
 pub fn linear(
-    _backend: &CudaBackend,
-    _input: &[f32],
-    _rows: usize,
-    _weight: &Matrix,
-    _bias: Option<&[f32]>,
+    backend: &CudaBackend,
+    input: &[f32],
+    rows: usize,
+    weight: &Matrix,
+    bias: Option<&[f32]>,
 ) -> Result<Vec<f32>, CudaError> {
-    Err(CudaError::Unsupported { tensor: "linear".into(), problem: "not written yet".into() })
+    let (out_features, in_features) = (weight.rows, weight.columns);
+    if input.len() != rows * in_features {
+        return Err(unsupported(
+            "linear",
+            format!("input has {} values, expected {rows} rows × {in_features}", input.len()),
+        ));
+    }
+    if let Some(bias) = bias.filter(|b| b.len() != out_features) {
+        return Err(unsupported("linear", format!("bias has {} values, expected {out_features}", bias.len())));
+    }
+    if rows == 0 || out_features == 0 {
+        return Ok(Vec::new());
+    }
+    if in_features == 0 {
+        // An empty dot product: y = 0 + bias, as on the CPU (and no zero-byte device allocation).
+        return Ok((0..rows).flat_map(|_| (0..out_features).map(|o| 0.0 + bias.map_or(0.0, |b| b[o]))).collect());
+    }
+    let device = backend.device();
+    let weight = backend.weight(weight)?;
+    if let DeviceWeight::Int4 { group_size, .. } = weight.as_ref() {
+        check_int4("linear", in_features, *group_size)?;
+    }
+    let x = device.upload(input)?;
+    let bias_buffer = bias.map(|b| device.upload(b)).transpose()?;
+    let y = device.alloc_for::<f32>(rows * out_features)?;
+    match weight.as_ref() {
+        DeviceWeight::Dense(w) => linear_f32(device, &x, w, bias_buffer.as_ref(), &y, rows, in_features, out_features)?,
+        DeviceWeight::Int4 { packed, scales, group_size } => w4a16_linear(
+            device,
+            &x,
+            packed,
+            scales,
+            *group_size,
+            bias_buffer.as_ref(),
+            &y,
+            rows,
+            in_features,
+            out_features,
+        )?,
+    }
+    device.download(&y, rows * out_features)
+}
+
+/// Launches a dense kernel (`linear_f32` or `linear_bf16`) after the shape checks.
+#[allow(clippy::too_many_arguments)]
+fn dense(
+    kernel: &str,
+    weight_bytes: usize,
+    device: &dyn Device,
+    x: &DeviceBuffer,
+    weight: &DeviceBuffer,
+    bias: Option<&DeviceBuffer>,
+    y: &DeviceBuffer,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+) -> Result<(), CudaError> {
+    holds(kernel, "x", x, rows * in_features, 4)?;
+    holds(kernel, "weight", weight, out_features * in_features, weight_bytes)?;
+    holds(kernel, "y", y, rows * out_features, 4)?;
+    if let Some(bias) = bias {
+        holds(kernel, "bias", bias, out_features, 4)?;
+    }
+    if rows == 0 || out_features == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::Buffer(x),
+        Arg::Buffer(weight),
+        bias.map_or(Arg::Null, Arg::Buffer),
+        Arg::Buffer(y),
+        Arg::I32(int(kernel, "rows", rows)?),
+        Arg::I32(int(kernel, "input features", in_features)?),
+        Arg::I32(int(kernel, "output features", out_features)?),
+    ];
+    device.launch(kernel, grid(out_features, rows.div_ceil(ROW_TILE))?, &args)
+}
+
+/// Device-level dense linear: `y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ bias[out])`, all f32.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_f32(
+    device: &dyn Device,
+    x: &DeviceBuffer,
+    weight: &DeviceBuffer,
+    bias: Option<&DeviceBuffer>,
+    y: &DeviceBuffer,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+) -> Result<(), CudaError> {
+    dense("linear_f32", 4, device, x, weight, bias, y, rows, in_features, out_features)
+}
+
+/// Device-level dense linear with BF16 weight bits (u16 `[out, in]`); x, bias and y f32. The bandwidth baseline
+/// the W4A16 kernels are compared with.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_bf16(
+    device: &dyn Device,
+    x: &DeviceBuffer,
+    weight: &DeviceBuffer,
+    bias: Option<&DeviceBuffer>,
+    y: &DeviceBuffer,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+) -> Result<(), CudaError> {
+    dense("linear_bf16", 2, device, x, weight, bias, y, rows, in_features, out_features)
+}
+
+/// Device-level W4A16 linear: `packed` u32 `[out, in / 8]`, `scales` BF16 bits `[out, in / group_size]`
+/// (compressed-tensors layout), x f32 `[rows, in]`, optional f32 bias `[out]`, y f32 `[rows, out]`.
+#[allow(clippy::too_many_arguments)]
+pub fn w4a16_linear(
+    device: &dyn Device,
+    x: &DeviceBuffer,
+    packed: &DeviceBuffer,
+    scales: &DeviceBuffer,
+    group_size: usize,
+    bias: Option<&DeviceBuffer>,
+    y: &DeviceBuffer,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+) -> Result<(), CudaError> {
+    const KERNEL: &str = "w4a16_linear";
+    check_int4(KERNEL, in_features, group_size)?;
+    holds(KERNEL, "x", x, rows * in_features, 4)?;
+    holds(KERNEL, "weight_packed", packed, out_features * (in_features / 8), 4)?;
+    holds(KERNEL, "weight_scale", scales, out_features * (in_features / group_size), 2)?;
+    holds(KERNEL, "y", y, rows * out_features, 4)?;
+    if let Some(bias) = bias {
+        holds(KERNEL, "bias", bias, out_features, 4)?;
+    }
+    if rows == 0 || out_features == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::Buffer(x),
+        Arg::Buffer(packed),
+        Arg::Buffer(scales),
+        bias.map_or(Arg::Null, Arg::Buffer),
+        Arg::Buffer(y),
+        Arg::I32(int(KERNEL, "rows", rows)?),
+        Arg::I32(int(KERNEL, "input features", in_features)?),
+        Arg::I32(int(KERNEL, "output features", out_features)?),
+        Arg::I32(int(KERNEL, "group size", group_size)?),
+    ];
+    device.launch(KERNEL, grid(out_features, rows.div_ceil(ROW_TILE))?, &args)
+}
+
+/// The experts' INT4 weights of one MoE projection, concatenated on the device: `packed` u32
+/// `[experts, out, in / 8]`, `scales` BF16 bits `[experts, out, in / group_size]`.
+pub struct GroupedInt4<'a> {
+    pub packed: &'a DeviceBuffer,
+    pub scales: &'a DeviceBuffer,
+    pub group_size: usize,
+    pub experts: usize,
+    pub in_features: usize,
+    pub out_features: usize,
+}
+
+/// Device-level grouped W4A16 for MoE experts: x f32 `[rows, in]` holds the routed tokens sorted by expert;
+/// segment `s` covers rows `segment_start[s] .. segment_start[s + 1]` (i32 `[segments + 1]`) and uses expert
+/// `segment_expert[s]` (i32 `[segments]`); y f32 `[rows, out]` in the same row order. Segment contents live on the
+/// device and are not checked here: a segment with an expert out of range or rows outside `0..=rows` gets NaN
+/// rows (rows no segment covers are left unwritten).
+#[allow(clippy::too_many_arguments)]
+pub fn w4a16_grouped(
+    device: &dyn Device,
+    x: &DeviceBuffer,
+    weights: &GroupedInt4,
+    segment_expert: &DeviceBuffer,
+    segment_start: &DeviceBuffer,
+    segments: usize,
+    rows: usize,
+    y: &DeviceBuffer,
+) -> Result<(), CudaError> {
+    const KERNEL: &str = "w4a16_grouped";
+    let GroupedInt4 { packed, scales, group_size, experts, in_features, out_features } = *weights;
+    check_int4(KERNEL, in_features, group_size)?;
+    holds(KERNEL, "x", x, rows * in_features, 4)?;
+    holds(KERNEL, "weight_packed", packed, experts * out_features * (in_features / 8), 4)?;
+    holds(KERNEL, "weight_scale", scales, experts * out_features * (in_features / group_size), 2)?;
+    holds(KERNEL, "segment_expert", segment_expert, segments, 4)?;
+    holds(KERNEL, "segment_start", segment_start, segments + 1, 4)?;
+    holds(KERNEL, "y", y, rows * out_features, 4)?;
+    if segments == 0 || rows == 0 || out_features == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::Buffer(x),
+        Arg::Buffer(packed),
+        Arg::Buffer(scales),
+        Arg::Buffer(segment_expert),
+        Arg::Buffer(segment_start),
+        Arg::Buffer(y),
+        Arg::I32(int(KERNEL, "rows", rows)?),
+        Arg::I32(int(KERNEL, "experts", experts)?),
+        Arg::I32(int(KERNEL, "input features", in_features)?),
+        Arg::I32(int(KERNEL, "output features", out_features)?),
+        Arg::I32(int(KERNEL, "group size", group_size)?),
+    ];
+    device.launch(KERNEL, grid(out_features, segments)?, &args)
 }

@@ -9,9 +9,11 @@
 
 mod activation;
 mod attention;
+pub mod indexer;
 mod linear;
 mod norm;
 mod rope;
+pub mod routing;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -19,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use crate::cuda::device::{Device, DeviceBuffer};
 use crate::cuda::CudaError;
 
-use super::backend::{AttentionShape, Backend, Matrix, RopeStyle};
+use super::backend::{AttentionShape, Backend, IndexerShape, KeySelection, Matrix, RopeStyle, Routes, RoutingShape};
 
 /// Device bytes of weights kept resident between uses (a layer's dense weights plus a few experts on GLM-5).
 const WEIGHT_CACHE_BYTES: usize = 8 << 30;
@@ -151,5 +153,27 @@ impl Backend for CudaBackend {
     fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: Option<&[bool]>) -> Vec<f32> {
         let result = attention::causal(self, q, k, v, shape, allowed);
         self.settle(result, || nans(shape.tokens * shape.heads * shape.v_dim))
+    }
+
+    fn route(&self, logits: &[f32], tokens: usize, correction_bias: &[f32], shape: &RoutingShape) -> Routes {
+        let result = routing::route(self, logits, tokens, correction_bias, shape);
+        // The first experts with NaN weights: the layer's output turns NaN and the failure is reported after it.
+        let top_k = shape.top_k.min(shape.experts);
+        self.settle(result, || Routes {
+            top_k,
+            experts: (0..tokens).flat_map(|_| 0..top_k).collect(),
+            weights: nans(tokens * top_k),
+            near_ties: 0,
+        })
+    }
+
+    fn indexer_top_k(&self, q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection {
+        let result = indexer::top_k(self, q, k, head_weights, shape);
+        let tokens = shape.tokens;
+        // Every causal key: the failure is reported after the layer.
+        self.settle(result, || KeySelection {
+            mask: (0..tokens * tokens).map(|cell| cell % tokens <= cell / tokens).collect(),
+            near_ties: 0,
+        })
     }
 }

@@ -1,25 +1,117 @@
 //! RMSNorm and LayerNorm on the device: kernels/norm.cu.
+
+use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
 use crate::cuda::CudaError;
 
 use super::CudaBackend;
 
-pub fn rms_norm(
-    _backend: &CudaBackend,
-    _data: &mut [f32],
-    _width: usize,
-    _weight: &[f32],
-    _eps: f32,
-) -> Result<(), CudaError> {
-    Err(CudaError::Unsupported { tensor: "rms_norm".into(), problem: "not written yet".into() })
+/// Threads per block: one block per row.
+const THREADS: u32 = 256;
+
+fn unsupported(tensor: &str, problem: String) -> CudaError {
+    CudaError::Unsupported { tensor: tensor.into(), problem }
 }
 
-pub fn layer_norm(
-    _backend: &CudaBackend,
-    _data: &mut [f32],
-    _width: usize,
-    _weight: &[f32],
-    _bias: &[f32],
-    _eps: f32,
+/// Rows of `values` values of `width`, checked against the parameter vectors' lengths.
+fn rows_of(tensor: &str, values: usize, width: usize, parameters: &[(&str, usize)]) -> Result<usize, CudaError> {
+    if width == 0 || !values.is_multiple_of(width) {
+        return Err(unsupported(tensor, format!("{values} values are not whole rows of width {width}")));
+    }
+    for &(name, length) in parameters {
+        if length < width {
+            return Err(unsupported(tensor, format!("{name} has {length} values, the rows have {width}")));
+        }
+    }
+    Ok(values / width)
+}
+
+/// The launch of a row kernel over `rows` rows.
+fn launch_rows(
+    kernel: &str,
+    device: &dyn Device,
+    data: &DeviceBuffer,
+    rows: usize,
+    width: usize,
+    parameters: &[&DeviceBuffer],
+    eps: f32,
 ) -> Result<(), CudaError> {
-    Err(CudaError::Unsupported { tensor: "layer_norm".into(), problem: "not written yet".into() })
+    if data.bytes() < rows * width * 4 || parameters.iter().any(|p| p.bytes() < width * 4) {
+        return Err(unsupported(kernel, format!("a buffer is smaller than {rows} rows × {width} values")));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let blocks = u32::try_from(rows).map_err(|_| unsupported(kernel, format!("{rows} rows exceed the grid")))?;
+    let width = i32::try_from(width).map_err(|_| unsupported(kernel, format!("width {width} exceeds 32 bits")))?;
+    let mut args = vec![Arg::Buffer(data)];
+    args.extend(parameters.iter().map(|p| Arg::Buffer(p)));
+    args.extend([Arg::I32(width), Arg::F32(eps)]);
+    device.launch(kernel, LaunchShape::linear(blocks, THREADS), &args)
+}
+
+/// Device-level RMSNorm in place on `data[rows, width]` with f32 `weight[width]`.
+pub fn rms_norm_f32(
+    device: &dyn Device,
+    data: &DeviceBuffer,
+    rows: usize,
+    width: usize,
+    weight: &DeviceBuffer,
+    eps: f32,
+) -> Result<(), CudaError> {
+    launch_rows("rms_norm_f32", device, data, rows, width, &[weight], eps)
+}
+
+/// Device-level LayerNorm in place on `data[rows, width]` with f32 `weight[width]` and `bias[width]`.
+pub fn layer_norm_f32(
+    device: &dyn Device,
+    data: &DeviceBuffer,
+    rows: usize,
+    width: usize,
+    weight: &DeviceBuffer,
+    bias: &DeviceBuffer,
+    eps: f32,
+) -> Result<(), CudaError> {
+    launch_rows("layer_norm_f32", device, data, rows, width, &[weight, bias], eps)
+}
+
+/// RMSNorm of every `width`-wide row of `data`, in place.
+pub fn rms_norm(
+    backend: &CudaBackend,
+    data: &mut [f32],
+    width: usize,
+    weight: &[f32],
+    eps: f32,
+) -> Result<(), CudaError> {
+    let rows = rows_of("rms_norm", data.len(), width, &[("weight", weight.len())])?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let device = backend.device();
+    let buffer = device.upload(data)?;
+    let weight = device.upload(&weight[..width])?;
+    rms_norm_f32(device, &buffer, rows, width, &weight, eps)?;
+    data.copy_from_slice(&device.download(&buffer, data.len())?);
+    Ok(())
+}
+
+/// LayerNorm of every `width`-wide row of `data`, in place.
+pub fn layer_norm(
+    backend: &CudaBackend,
+    data: &mut [f32],
+    width: usize,
+    weight: &[f32],
+    bias: &[f32],
+    eps: f32,
+) -> Result<(), CudaError> {
+    let rows = rows_of("layer_norm", data.len(), width, &[("weight", weight.len()), ("bias", bias.len())])?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let device = backend.device();
+    let buffer = device.upload(data)?;
+    let weight = device.upload(&weight[..width])?;
+    let bias = device.upload(&bias[..width])?;
+    layer_norm_f32(device, &buffer, rows, width, &weight, &bias, eps)?;
+    data.copy_from_slice(&device.download(&buffer, data.len())?);
+    Ok(())
 }

@@ -1,0 +1,91 @@
+// Dense linear layers: y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ bias[out]), x and y f32 row-major, W f32
+// (linear_f32) or BF16 bits (linear_bf16, w = bits << 16 as f32). Matches src/runtime/cpu/matmul.rs `linear` up to
+// the summation order of each dot product (the CPU sums 8 strided lanes, here 32 lanes × 4 or 8 then a butterfly).
+//
+// Launch: 256 threads = 8 warps, one output feature per warp; grid.x = ceil(out / 8), grid.y = ceil(rows / 16).
+// __launch_bounds__(256, 4): at most 64 registers, 4 blocks per SM, no spills.
+// A warp streams its weight row once per 16-row tile with 16-byte loads (4 f32 or 8 BF16 per lane; when `in` is
+// not a multiple of that, one element per lane) and keeps the 16 rows' partial sums in registers; x is read
+// through the read-only cache, shared by the block's 8 warps. bias may be null.
+#include "row_tile.cuh"
+
+namespace squeeze {
+namespace linear {
+
+template <bool kBf16>
+__device__ __forceinline__ void dense_tile(const float* __restrict__ x, const void* __restrict__ weight,
+                                           const float* __restrict__ bias, float* __restrict__ y, int rows, int in,
+                                           int out) {
+    const unsigned lane = threadIdx.x & 31u;
+    const int feature = (int)(blockIdx.x * kWarpsPerBlock + threadIdx.x / 32u);
+    if (feature >= out) return;  // the whole warp leaves together
+    const int first_row = (int)blockIdx.y * kRowTile;
+    const int count = rows - first_row < kRowTile ? rows - first_row : kRowTile;
+    const float* tile = x + (long long)first_row * in;
+    float partial[kRowTile];
+#pragma unroll
+    for (int r = 0; r < kRowTile; ++r) partial[r] = 0.0f;
+
+    if constexpr (kBf16) {
+        const uint16_t* w = static_cast<const uint16_t*>(weight) + (long long)feature * in;
+        if (in % 8 == 0) {
+            for (long long column = lane * 8ll; column < in; column += 32 * 8) {
+                const uint4 bits = __ldg(reinterpret_cast<const uint4*>(w + column));
+                const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+                float values[8];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    values[2 * k] = __uint_as_float(words[k] << 16);
+                    values[2 * k + 1] = __uint_as_float(words[k] & 0xFFFF0000u);
+                }
+                accumulate_rows<8>(tile, in, count, column, values, partial);
+            }
+        } else {
+            for (long long column = lane; column < in; column += 32) {
+                const float values[1] = {bf16_value(__ldg(w + column))};
+                accumulate_rows<1>(tile, in, count, column, values, partial);
+            }
+        }
+    } else {
+        const float* w = static_cast<const float*>(weight) + (long long)feature * in;
+        if (in % 4 == 0) {
+            for (long long column = lane * 4ll; column < in; column += 32 * 4) {
+                const float4 v = __ldg(reinterpret_cast<const float4*>(w + column));
+                const float values[4] = {v.x, v.y, v.z, v.w};
+                accumulate_rows<4>(tile, in, count, column, values, partial);
+            }
+        } else {
+            for (long long column = lane; column < in; column += 32) {
+                const float values[1] = {__ldg(w + column)};
+                accumulate_rows<1>(tile, in, count, column, values, partial);
+            }
+        }
+    }
+
+    warp_sum_row_tile(partial);
+    const int r = row_tile_row(lane);
+    if ((lane & 1u) == 0u && r < count) {
+        // + 0 without a bias, as the CPU does (it turns a -0 sum into +0).
+        y[(long long)(first_row + r) * out + feature] = __fadd_rn(partial[0], bias ? bias[feature] : 0.0f);
+    }
+}
+
+}  // namespace linear
+}  // namespace squeeze
+
+extern "C" __global__ void __launch_bounds__(256, 4)
+    linear_f32(const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias,
+               float* __restrict__ y, int rows, int in, int out) {
+    squeeze::linear::dense_tile<false>(x, weight, bias, y, rows, in, out);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4)
+    linear_bf16(const float* __restrict__ x, const uint16_t* __restrict__ weight, const float* __restrict__ bias,
+                float* __restrict__ y, int rows, int in, int out) {
+    squeeze::linear::dense_tile<true>(x, weight, bias, y, rows, in, out);
+}
+
+#ifdef SQUEEZE_EMULATION
+SQUEEZE_EMULATION_KERNEL(linear_f32);
+SQUEEZE_EMULATION_KERNEL(linear_bf16);
+#endif

@@ -1,0 +1,111 @@
+// INT4 W4A16 linear layers reading compressed-tensors `pack-quantized` tensors directly:
+//   weight_packed u32 [out, in / 8]: element j of a row is nibble j % 8 (bits 4·(j % 8)) of word j / 8, holding q + 8;
+//   weight_scale BF16 bits [out, in / group_size];  w[o, j] = q · scale[o, j / group_size]  (exact in f32);
+//   y[rows, out] = x[rows, in] · Wᵀ (+ bias[out]), x and y f32 row-major.
+// Matches src/runtime/cpu/matmul.rs `linear` on the dequantized matrix (src/quant/int4.rs `dequantize_row`) up to
+// the summation order. group_size is a multiple of 8 (a word never straddles two groups) and divides `in`; the
+// Rust wrappers check both.
+//
+// w4a16_linear: 256 threads = 8 warps, one output feature per warp; grid.x = ceil(out / 8),
+// grid.y = ceil(rows / 16).
+// A lane loads 4 words (32 weights) with one 16-byte load when in is a multiple of 32, else one word, unpacks them
+// once and applies them to the tile's up to 16 rows (partial sums in registers).
+// w4a16_grouped (MoE experts): packed [experts, out, in / 8], scales [experts, out, in / group_size]; x rows sorted
+// by expert; segment s covers rows segment_start[s] .. segment_start[s + 1] and uses expert segment_expert[s];
+// grid.x = ceil(out / 8), grid.y = segments, each block walks its segment in tiles of 16 rows. A segment naming an
+// expert out of range, or a row range outside [0, rows], writes NaN to the rows it can name (a visible fault).
+// Both: __launch_bounds__(256, 4), at most 64 registers, 4 blocks per SM, no spills.
+#include "row_tile.cuh"
+
+namespace squeeze {
+namespace w4a16 {
+
+// The 8 weights of one packed word, all in one group of scale `scale`.
+__device__ __forceinline__ void unpack_word(uint32_t word, float scale, float (&values)[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) values[k] = __fmul_rn((float)((int)((word >> (4 * k)) & 0xFu) - 8), scale);
+}
+
+// Rows [first_row, first_row + count) of x against output feature `feature` of one weight matrix; writes y rows.
+__device__ __forceinline__ void feature_tile(const float* __restrict__ x, const uint32_t* __restrict__ packed_row,
+                                             const uint16_t* __restrict__ scale_row, float bias, float* __restrict__ y,
+                                             int first_row, int count, int in, int out, int feature, int group_size) {
+    const unsigned lane = threadIdx.x & 31u;
+    const int words = in / 8;
+    const float* tile = x + (long long)first_row * in;
+    float partial[kRowTile];
+#pragma unroll
+    for (int r = 0; r < kRowTile; ++r) partial[r] = 0.0f;
+
+    if (words % 4 == 0) {
+        for (int word = (int)lane * 4; word < words; word += 32 * 4) {
+            const uint4 quad = __ldg(reinterpret_cast<const uint4*>(packed_row + word));
+            const uint32_t bits[4] = {quad.x, quad.y, quad.z, quad.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float values[8];
+                unpack_word(bits[k], bf16_value(__ldg(scale_row + (word + k) * 8 / group_size)), values);
+                accumulate_rows<8>(tile, in, count, (long long)(word + k) * 8, values, partial);
+            }
+        }
+    } else {
+        for (int word = (int)lane; word < words; word += 32) {
+            float values[8];
+            unpack_word(__ldg(packed_row + word), bf16_value(__ldg(scale_row + word * 8 / group_size)), values);
+            accumulate_rows<8>(tile, in, count, (long long)word * 8, values, partial);
+        }
+    }
+
+    warp_sum_row_tile(partial);
+    const int r = row_tile_row(lane);
+    if ((lane & 1u) == 0u && r < count) y[(long long)(first_row + r) * out + feature] = __fadd_rn(partial[0], bias);
+}
+
+}  // namespace w4a16
+}  // namespace squeeze
+
+extern "C" __global__ void __launch_bounds__(256, 4)
+    w4a16_linear(const float* __restrict__ x, const uint32_t* __restrict__ packed, const uint16_t* __restrict__ scales,
+                 const float* __restrict__ bias, float* __restrict__ y, int rows, int in, int out, int group_size) {
+    const int feature = (int)(blockIdx.x * squeeze::kWarpsPerBlock + threadIdx.x / 32u);
+    if (feature >= out) return;
+    const int first_row = (int)blockIdx.y * squeeze::kRowTile;
+    const int count = rows - first_row < squeeze::kRowTile ? rows - first_row : squeeze::kRowTile;
+    squeeze::w4a16::feature_tile(x, packed + (long long)feature * (in / 8),
+                                 scales + (long long)feature * (in / group_size), bias ? bias[feature] : 0.0f, y,
+                                 first_row, count, in, out, feature, group_size);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4)
+    w4a16_grouped(const float* __restrict__ x, const uint32_t* __restrict__ packed,
+                  const uint16_t* __restrict__ scales, const int* __restrict__ segment_expert,
+                  const int* __restrict__ segment_start, float* __restrict__ y, int rows, int experts, int in, int out,
+                  int group_size) {
+    const int feature = (int)(blockIdx.x * squeeze::kWarpsPerBlock + threadIdx.x / 32u);
+    if (feature >= out) return;
+    const int segment = (int)blockIdx.y;
+    const int expert = segment_expert[segment];
+    int start = segment_start[segment];
+    int end = segment_start[segment + 1];
+    const bool valid = expert >= 0 && expert < experts && start >= 0 && start <= end && end <= rows;
+    if (!valid) {
+        start = start < 0 ? 0 : start;
+        end = end > rows ? rows : end;
+        if ((threadIdx.x & 31u) == 0u)
+            for (int row = start; row < end; ++row) y[(long long)row * out + feature] = __uint_as_float(0x7FC00000u);
+        return;
+    }
+    const long long matrix = (long long)expert * out + feature;
+    const uint32_t* packed_row = packed + matrix * (in / 8);
+    const uint16_t* scale_row = scales + matrix * (in / group_size);
+    for (int first_row = start; first_row < end; first_row += squeeze::kRowTile) {
+        const int count = end - first_row < squeeze::kRowTile ? end - first_row : squeeze::kRowTile;
+        squeeze::w4a16::feature_tile(x, packed_row, scale_row, 0.0f, y, first_row, count, in, out, feature,
+                                     group_size);
+    }
+}
+
+#ifdef SQUEEZE_EMULATION
+SQUEEZE_EMULATION_KERNEL(w4a16_linear);
+SQUEEZE_EMULATION_KERNEL(w4a16_grouped);
+#endif
