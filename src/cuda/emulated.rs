@@ -124,6 +124,10 @@ fn sources_hash(dir: &Path) -> Result<String, CudaError> {
 
 /// The compiled server for the current sources, building it when absent.
 fn server_binary() -> Result<PathBuf, CudaError> {
+    // One build at a time in this process: threads (parallel tests) share the pid-named partial file, and a
+    // thread could start the binary while another's compiler still writes it ("text file busy").
+    static BUILD: Mutex<()> = Mutex::new(());
+    let _build = BUILD.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = kernels_dir();
     let hash = sources_hash(&dir)?;
     let cache = std::env::var_os("SQUEEZE_EMULATOR_CACHE")
