@@ -75,4 +75,42 @@ __device__ __forceinline__ uint32_t int4_nibble(int q, int position) {
     return ((uint32_t)(q + 8) & 0xFu) << (4 * position);
 }
 
+// ---- KV cache element codecs (kernels/kv_write.cu, kernels/paged_attention.cu; src/runtime/kv_cache/storage.rs) ----
+
+// How cached KV elements are stored; the numbers are the launch parameter `dtype` (Rust `KvDtype`).
+enum KvElement : int { kKvF32 = 0, kKvBf16 = 1, kKvFp8 = 2 };
+
+// Bytes of one cached element of `dtype`.
+__device__ __forceinline__ int kv_element_bytes(int dtype) { return dtype == kKvF32 ? 4 : dtype == kKvBf16 ? 2 : 1; }
+
+// The e4m3fn byte of `value` (src/quant/fp8.rs `encode`): round to nearest even, magnitudes >= 448 and infinities
+// saturate to ±448 (0x7E), NaN becomes 0x7F with the input's sign bit, subnormals round onto the 2^-9 grid.
+__device__ __forceinline__ uint32_t e4m3_encode(float value) {
+    const uint32_t bits = __float_as_uint(value);
+    const uint32_t sign = (bits >> 24) & 0x80u;
+    if (value != value) return sign | 0x7Fu;
+    const float magnitude = fabsf(value);
+    if (magnitude >= 448.0f) return sign | 0x7Eu;
+    if (magnitude < 0.015625f) {
+        // steps of 2^-9: the product is exact; rintf rounds half to even; 8 steps is the smallest normal, 0x08.
+        return sign | (uint32_t)rintf(__fmul_rn(magnitude, 512.0f));
+    }
+    const uint32_t magnitude_bits = __float_as_uint(magnitude);
+    const int exponent = (int)(magnitude_bits >> 23) - 127;
+    const uint32_t mantissa = magnitude_bits & 0x007FFFFFu;
+    const uint32_t dropped = mantissa & 0x000FFFFFu;
+    const uint32_t kept = mantissa >> 20;
+    uint32_t code = ((uint32_t)(exponent + 7) << 3) | kept;
+    const uint32_t halfway = 0x00080000u;
+    if (dropped > halfway || (dropped == halfway && (kept & 1u) == 1u)) code += 1u;  // a carry moves into the exponent
+    return sign | (code < 0x7Eu ? code : 0x7Eu);
+}
+
+// Element `e` of a cached row at `row` (storage.rs `decode`): f32 as is, BF16 widened, FP8 `decode(byte) · scale`.
+__device__ __forceinline__ float kv_load(const unsigned char* row, int e, int dtype, float scale) {
+    if (dtype == kKvFp8) return __fmul_rn(e4m3_decode(row[e]), scale);
+    if (dtype == kKvBf16) return bf16_value(reinterpret_cast<const uint16_t*>(row)[e]);
+    return reinterpret_cast<const float*>(row)[e];
+}
+
 }  // namespace squeeze

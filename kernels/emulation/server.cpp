@@ -19,9 +19,12 @@
 
 // Every kernel family; each registers its kernels with SQUEEZE_EMULATION_KERNEL.
 #include "../activation.cu"
+#include "../attention.cu"
 #include "../fp8_dequant.cu"
 #include "../indexer.cu"
 #include "../int4_quantize.cu"
+#include "../kv_write.cu"
+#include "../paged_attention.cu"
 #include "../routing.cu"
 
 namespace {

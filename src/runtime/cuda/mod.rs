@@ -8,10 +8,11 @@
 //! after each layer.
 
 mod activation;
-mod attention;
+pub mod attention;
 pub mod indexer;
 mod linear;
 mod norm;
+pub mod paged;
 mod rope;
 pub mod routing;
 

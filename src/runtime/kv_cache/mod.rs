@@ -160,6 +160,21 @@ impl KvPool {
         self.peak_used
     }
 
+    /// The element bytes `[pages, layers, page_size, row_width]` (what a device pool mirrors).
+    pub fn page_data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Physical page `page`'s tag and whether it is on the free list.
+    pub fn page_state(&self, page: usize) -> (Option<PageTag>, bool) {
+        (self.tags[page], self.on_free[page])
+    }
+
+    /// `layer`'s per-element scales (`row_width` values).
+    pub fn layer_scales(&self, layer: usize) -> &[f32] {
+        &self.scales[layer]
+    }
+
     pub fn table(&self, request: RequestId) -> Option<&BlockTable> {
         self.tables.get(&request)
     }
