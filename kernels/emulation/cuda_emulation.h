@@ -326,6 +326,7 @@ inline float __uint_as_float(unsigned bits) {
     return value;
 }
 inline float __int_as_float(int bits) { return __uint_as_float((unsigned)bits); }
+inline int __popc(unsigned bits) { return __builtin_popcount(bits); }
 template <class T>
 T __ldg(const T* address) {
     return *address;

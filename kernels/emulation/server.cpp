@@ -24,8 +24,12 @@
 #include "../indexer.cu"
 #include "../int4_quantize.cu"
 #include "../kv_write.cu"
+#include "../linear.cu"
+#include "../norm.cu"
 #include "../paged_attention.cu"
+#include "../rope.cu"
 #include "../routing.cu"
+#include "../w4a16.cu"
 
 namespace {
 

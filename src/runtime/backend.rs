@@ -66,6 +66,53 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// One MoE routing problem (sigmoid scores, group-limited top-k): the settings of [`crate::model::config::Routing`]
+/// resolved for a layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoutingShape {
+    pub experts: usize,
+    /// Experts chosen per token (`num_experts_per_tok`), at most `experts`.
+    pub top_k: usize,
+    /// Expert groups (`n_group`, at most `experts`, at least 1); group `g` holds experts `g·per_group..` with
+    /// `per_group = experts / groups`.
+    pub groups: usize,
+    /// Groups kept per token (`topk_group`); grouping applies when `1 < groups` and `topk_group < groups`.
+    pub topk_group: usize,
+    pub norm_topk_prob: bool,
+    pub routed_scaling_factor: f32,
+}
+
+/// The experts chosen per token, in rank order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routes {
+    pub top_k: usize,
+    /// `[tokens, top_k]` expert indices.
+    pub experts: Vec<usize>,
+    /// `[tokens, top_k]` gate weights (normalized when asked, times `routed_scaling_factor`).
+    pub weights: Vec<f32>,
+    /// Tokens whose top-k boundary margin is within the runtime's routing `NEAR_TIE_RELATIVE`.
+    pub near_ties: usize,
+}
+
+/// One DSA indexer top-k problem for one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexerShape {
+    pub tokens: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Keys kept per query (`index_topk`).
+    pub top_k: usize,
+}
+
+/// The keys each query of a sequence may attend to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeySelection {
+    /// `[tokens, tokens]`, only causal keys set.
+    pub mask: Vec<bool>,
+    /// Queries whose top-k boundary margin is within the runtime's indexer `NEAR_TIE_RELATIVE`.
+    pub near_ties: usize,
+}
+
 /// The operations a decoder layer needs. The CPU backend is the reference (and the oracle for other backends).
 pub trait Backend: Sync {
     fn name(&self) -> &'static str;
@@ -105,4 +152,12 @@ pub trait Backend: Sync {
     /// `v` `[tokens, kv_heads, v_dim]` → `[tokens, heads, v_dim]`. `allowed`, when given, is a `[tokens, tokens]`
     /// mask of the keys each query may attend to in addition to causality (DSA top-k selection).
     fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: Option<&[bool]>) -> Vec<f32>;
+    /// MoE routing from router logits `[tokens, experts]` (before the sigmoid): `σ(logit) + correction_bias` picks the
+    /// groups and experts (ties to the lower index), `σ(logit)` of the chosen experts are the weights.
+    fn route(&self, logits: &[f32], tokens: usize, correction_bias: &[f32], shape: &RoutingShape) -> Routes;
+    /// DSA indexer selection for one sequence: `q` `[tokens, heads, head_dim]`, `k` `[tokens, head_dim]`,
+    /// `head_weights` `[tokens, heads]`; score of key `s` for query `t` is
+    /// `Σ_h w[t,h]·heads^-½ · ReLU(q[t,h]·k[s]·head_dim^-½)`, and each query keeps its `top_k` best causal keys
+    /// (ties to the lower key; all of them while `t < top_k`).
+    fn indexer_top_k(&self, q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection;
 }

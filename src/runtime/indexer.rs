@@ -1,7 +1,7 @@
 //! GLM-5's DSA lightning indexer: scores every past token for each query with a few ReLU heads and keeps the
 //! `index_topk` best; the attention of the layer (and of following `shared` layers) sees only those keys.
 
-use super::backend::{Backend, Matrix, RopeStyle};
+use super::backend::{Backend, IndexerShape, Matrix, RopeStyle};
 use super::rope_table::RopeTable;
 use super::weights::WeightReader;
 use super::{RuntimeError, Spans};
@@ -66,8 +66,6 @@ pub fn select(
     let mut k = backend.linear(x, tokens, &weights.wk, None);
     backend.layer_norm(&mut k, dim, &weights.k_norm_weight, &weights.k_norm_bias, K_NORM_EPS);
     let head_weights = backend.linear(x, tokens, &weights.weights_proj, None);
-    let softmax_scale = (dim as f32).powf(-0.5);
-    let head_scale = (heads as f32).powf(-0.5);
     let mut masks = Vec::with_capacity(spans.lengths.len());
     let mut near_ties = 0;
     for (start, length) in spans.iter() {
@@ -76,38 +74,11 @@ pub fn select(
         backend.rope(q_seq, length, heads * dim, dim, 0, rope, &table.cos, &table.sin, RopeStyle::Interleaved);
         let k_seq = &mut k[start * dim..(start + length) * dim];
         backend.rope(k_seq, length, dim, dim, 0, rope, &table.cos, &table.sin, RopeStyle::Interleaved);
-        let mut mask = vec![false; length * length];
-        let keep = topk.min(length);
-        for t in 0..length {
-            let row = &mut mask[t * length..][..length];
-            if t < keep {
-                // Every past key fits in the top-k (the rest of the k slots fall on masked future keys).
-                row[..=t].iter_mut().for_each(|m| *m = true);
-                continue;
-            }
-            let w = &head_weights[(start + t) * heads..][..heads];
-            let mut scored: Vec<(f32, usize)> = (0..=t)
-                .map(|s| {
-                    let key = &k_seq[s * dim..][..dim];
-                    let score = (0..heads)
-                        .map(|h| {
-                            let logit = super::cpu::dot(&q_seq[(t * heads + h) * dim..][..dim], key) * softmax_scale;
-                            w[h] * head_scale * logit.max(0.0)
-                        })
-                        .sum::<f32>();
-                    (score, s)
-                })
-                .collect();
-            scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            let (inside, outside) = (scored[keep - 1].0, scored[keep].0);
-            if inside - outside <= NEAR_TIE_RELATIVE * inside.abs().max(outside.abs()).max(f32::MIN_POSITIVE) {
-                near_ties += 1;
-            }
-            for &(_, s) in &scored[..keep] {
-                row[s] = true;
-            }
-        }
-        masks.push(mask);
+        let w = &head_weights[start * heads..(start + length) * heads];
+        let shape = IndexerShape { tokens: length, heads, head_dim: dim, top_k: topk };
+        let selection = backend.indexer_top_k(q_seq, k_seq, w, &shape);
+        near_ties += selection.near_ties;
+        masks.push(selection.mask);
     }
     Ok((Selection { masks }, near_ties))
 }

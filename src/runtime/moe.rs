@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::backend::{Backend, Matrix};
+use super::backend::{Backend, Matrix, RoutingShape};
 use super::weights::WeightReader;
 use super::RuntimeError;
 use crate::model::ModelConfig;
@@ -87,48 +87,23 @@ impl MoeWeights {
     ) -> (Vec<Vec<(usize, f32)>>, usize) {
         let experts = config.n_routed_experts;
         let routing = &config.routing;
-        let top_k = config.num_experts_per_tok;
         let logits = backend.linear(x, tokens, &self.router, None);
-        let groups = routing.n_group.min(experts).max(1);
-        let per_group = experts / groups;
-        let mut near_ties = 0;
-        let routes = logits
-            .chunks(experts)
-            .map(|row| {
-                let scores: Vec<f32> = row.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect();
-                let mut choice: Vec<f32> = scores.iter().zip(&self.correction_bias).map(|(s, b)| s + b).collect();
-                if groups > 1 && routing.topk_group < groups {
-                    let mut group_scores: Vec<(f32, usize)> = (0..groups)
-                        .map(|g| {
-                            let mut members: Vec<f32> = choice[g * per_group..][..per_group].to_vec();
-                            members.sort_by(|a, b| b.total_cmp(a));
-                            (members.iter().take(2).sum(), g)
-                        })
-                        .collect();
-                    group_scores.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                    for &(_, g) in &group_scores[routing.topk_group..] {
-                        choice[g * per_group..][..per_group].iter_mut().for_each(|c| *c = f32::NEG_INFINITY);
-                    }
-                }
-                let mut order: Vec<usize> = (0..experts).collect();
-                order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
-                if top_k < experts {
-                    let (inside, outside) = (choice[order[top_k - 1]], choice[order[top_k]]);
-                    if outside.is_finite() && inside - outside <= NEAR_TIE_RELATIVE * inside.abs().max(outside.abs()) {
-                        near_ties += 1;
-                    }
-                }
-                let chosen = &order[..top_k];
-                let mut weights: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
-                if routing.norm_topk_prob {
-                    let denominator = weights.iter().sum::<f32>() + 1e-20;
-                    weights.iter_mut().for_each(|w| *w /= denominator);
-                }
-                let factor = routing.routed_scaling_factor as f32;
-                chosen.iter().zip(weights).map(|(&e, w)| (e, w * factor)).collect()
-            })
+        let shape = RoutingShape {
+            experts,
+            top_k: config.num_experts_per_tok,
+            groups: routing.n_group.min(experts).max(1),
+            topk_group: routing.topk_group,
+            norm_topk_prob: routing.norm_topk_prob,
+            routed_scaling_factor: routing.routed_scaling_factor as f32,
+        };
+        let routes = backend.route(&logits, tokens, &self.correction_bias, &shape);
+        let chosen = routes
+            .experts
+            .chunks(routes.top_k.max(1))
+            .zip(routes.weights.chunks(routes.top_k.max(1)))
+            .map(|(experts, weights)| experts.iter().copied().zip(weights.iter().copied()).collect())
             .collect();
-        (routes, near_ties)
+        (chosen, routes.near_ties)
     }
 
     /// The MoE output `[tokens, hidden]` for normed input `x`.

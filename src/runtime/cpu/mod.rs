@@ -2,11 +2,13 @@
 
 mod activation;
 pub mod attention;
+mod indexer;
 mod matmul;
 mod norm;
 mod rope;
+mod routing;
 
-use super::backend::{AttentionShape, Backend, Matrix, RopeStyle};
+use super::backend::{AttentionShape, Backend, IndexerShape, KeySelection, Matrix, RopeStyle, Routes, RoutingShape};
 
 /// The CPU backend.
 #[derive(Debug, Default, Clone, Copy)]
@@ -50,6 +52,14 @@ impl Backend for Cpu {
 
     fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: Option<&[bool]>) -> Vec<f32> {
         attention::causal(q, k, v, shape, allowed)
+    }
+
+    fn route(&self, logits: &[f32], tokens: usize, correction_bias: &[f32], shape: &RoutingShape) -> Routes {
+        routing::route(logits, tokens, correction_bias, shape)
+    }
+
+    fn indexer_top_k(&self, q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection {
+        indexer::top_k(q, k, head_weights, shape)
     }
 }
 

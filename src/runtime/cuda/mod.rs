@@ -10,10 +10,10 @@
 mod activation;
 pub mod attention;
 pub mod indexer;
-mod linear;
-mod norm;
+pub mod linear;
+pub mod norm;
 pub mod paged;
-mod rope;
+pub mod rope;
 pub mod routing;
 
 use std::collections::VecDeque;

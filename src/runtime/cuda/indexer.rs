@@ -1,0 +1,145 @@
+//! The DSA indexer's top-k selection on the device: kernels/indexer.cu (index scores, then a per-query top-k mask).
+
+use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
+use crate::cuda::CudaError;
+use crate::runtime::backend::{IndexerShape, KeySelection};
+use crate::runtime::indexer::NEAR_TIE_RELATIVE;
+
+use super::CudaBackend;
+
+/// Threads per block of both kernels (one block per query).
+const THREADS: u32 = 256;
+/// Query row values held in shared memory (the kernel's `kIndexerMaxQuery`).
+pub const MAX_QUERY_WIDTH: usize = 4096;
+/// Head weights held in shared memory (the kernel's `kIndexerMaxHeads`).
+pub const MAX_HEADS: usize = 128;
+
+fn unsupported(problem: String) -> CudaError {
+    CudaError::Unsupported { tensor: "indexer_top_k".into(), problem }
+}
+
+/// Checks what the kernels support.
+pub fn check(shape: &IndexerShape) -> Result<(), CudaError> {
+    let IndexerShape { tokens, heads, head_dim, top_k } = *shape;
+    if heads == 0 || heads > MAX_HEADS || head_dim == 0 || heads * head_dim > MAX_QUERY_WIDTH {
+        return Err(unsupported(format!(
+            "{heads} heads of dimension {head_dim}; the indexer kernels take up to {MAX_HEADS} heads and \
+             {MAX_QUERY_WIDTH} query values"
+        )));
+    }
+    if top_k == 0 {
+        return Err(unsupported("top-k 0 keeps no key".into()));
+    }
+    if tokens.checked_mul(tokens).is_none_or(|cells| cells > i64::MAX as usize / 4) || tokens > i32::MAX as usize {
+        return Err(unsupported(format!("{tokens} tokens overflow the score matrix")));
+    }
+    Ok(())
+}
+
+/// Device buffers of one sequence: `q` f32 `[tokens, heads, head_dim]`, `k` f32 `[tokens, head_dim]`,
+/// `head_weights` f32 `[tokens, heads]`; scratch `scores` f32 `[tokens, tokens]`; out `mask` u8 `[tokens, tokens]`
+/// and `near_tie` i32 `[tokens]`.
+pub struct IndexerBuffers<'a> {
+    pub q: &'a DeviceBuffer,
+    pub k: &'a DeviceBuffer,
+    pub head_weights: &'a DeviceBuffer,
+    pub scores: &'a DeviceBuffer,
+    pub mask: &'a DeviceBuffer,
+    pub near_tie: &'a DeviceBuffer,
+}
+
+/// Launches `indexer_scores` then `indexer_top_k_mask` on device-resident buffers.
+pub fn launch_indexer_top_k(
+    device: &dyn Device,
+    buffers: &IndexerBuffers,
+    shape: &IndexerShape,
+) -> Result<(), CudaError> {
+    check(shape)?;
+    let IndexerShape { tokens, heads, head_dim, top_k } = *shape;
+    let need = [
+        ("q", buffers.q, tokens * heads * head_dim * 4),
+        ("k", buffers.k, tokens * head_dim * 4),
+        ("head weight", buffers.head_weights, tokens * heads * 4),
+        ("score", buffers.scores, tokens * tokens * 4),
+        ("mask", buffers.mask, tokens * tokens),
+        ("near-tie", buffers.near_tie, tokens * 4),
+    ];
+    for (name, buffer, bytes) in need {
+        if buffer.bytes() < bytes {
+            return Err(unsupported(format!("the {name} buffer holds {} bytes, {bytes} needed", buffer.bytes())));
+        }
+    }
+    if tokens == 0 {
+        return Ok(());
+    }
+    let softmax_scale = (head_dim as f32).powf(-0.5);
+    let head_scale = (heads as f32).powf(-0.5);
+    let grid = LaunchShape::linear(tokens as u32, THREADS);
+    device.launch(
+        "indexer_scores",
+        grid,
+        &[
+            Arg::Buffer(buffers.q),
+            Arg::Buffer(buffers.k),
+            Arg::Buffer(buffers.head_weights),
+            Arg::Buffer(buffers.scores),
+            Arg::I32(tokens as i32),
+            Arg::I32(heads as i32),
+            Arg::I32(head_dim as i32),
+            Arg::F32(softmax_scale),
+            Arg::F32(head_scale),
+        ],
+    )?;
+    device.launch(
+        "indexer_top_k_mask",
+        grid,
+        &[
+            Arg::Buffer(buffers.scores),
+            Arg::Buffer(buffers.mask),
+            Arg::Buffer(buffers.near_tie),
+            Arg::I32(tokens as i32),
+            Arg::I32(top_k.min(tokens) as i32),
+            Arg::F32(NEAR_TIE_RELATIVE),
+        ],
+    )
+}
+
+/// The keys each query of one sequence keeps, computed on the device.
+pub fn top_k(
+    backend: &CudaBackend,
+    q: &[f32],
+    k: &[f32],
+    head_weights: &[f32],
+    shape: &IndexerShape,
+) -> Result<KeySelection, CudaError> {
+    check(shape)?;
+    let IndexerShape { tokens, heads, head_dim, .. } = *shape;
+    if q.len() != tokens * heads * head_dim || k.len() != tokens * head_dim || head_weights.len() != tokens * heads {
+        return Err(unsupported(format!(
+            "q has {} values, k {}, head weights {}; {tokens} tokens of {heads} heads of dimension {head_dim} need {}, \
+             {} and {}",
+            q.len(),
+            k.len(),
+            head_weights.len(),
+            tokens * heads * head_dim,
+            tokens * head_dim,
+            tokens * heads
+        )));
+    }
+    if tokens == 0 {
+        return Ok(KeySelection { mask: Vec::new(), near_ties: 0 });
+    }
+    let device = backend.device();
+    let q = device.upload(q)?;
+    let k = device.upload(k)?;
+    let head_weights = device.upload(head_weights)?;
+    let scores = device.alloc_for::<f32>(tokens * tokens)?;
+    let mask = device.alloc_for::<u8>(tokens * tokens)?;
+    let near_tie = device.alloc_for::<i32>(tokens)?;
+    let buffers =
+        IndexerBuffers { q: &q, k: &k, head_weights: &head_weights, scores: &scores, mask: &mask, near_tie: &near_tie };
+    launch_indexer_top_k(device, &buffers, shape)?;
+    let mask = device.download::<u8>(&mask, tokens * tokens)?;
+    let near_ties = device.download::<i32>(&near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
+    Ok(KeySelection { mask: mask.into_iter().map(|cell| cell != 0).collect(), near_ties })
+}

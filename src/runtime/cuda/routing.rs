@@ -1,0 +1,140 @@
+//! MoE routing on the device: kernels/routing.cu (sigmoid scores, group-limited top-k, gate weights).
+
+use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
+use crate::cuda::CudaError;
+use crate::runtime::backend::{Routes, RoutingShape};
+use crate::runtime::moe::NEAR_TIE_RELATIVE;
+
+use super::CudaBackend;
+
+/// Tokens per block: one warp each (the kernel's `kRouteWarps`).
+const TOKENS_PER_BLOCK: usize = 4;
+/// Experts a warp holds (the kernel's `kRouteMaxExperts`).
+pub const MAX_EXPERTS: usize = 512;
+/// Groups are scored one per lane.
+pub const MAX_GROUPS: usize = 32;
+/// Chosen experts are held one per lane.
+pub const MAX_TOP_K: usize = 32;
+
+fn unsupported(problem: String) -> CudaError {
+    CudaError::Unsupported { tensor: "route".into(), problem }
+}
+
+/// Checks what the kernel supports.
+pub fn check(tokens: usize, shape: &RoutingShape) -> Result<(), CudaError> {
+    let RoutingShape { experts, top_k, groups, .. } = *shape;
+    if experts == 0 || experts > MAX_EXPERTS {
+        return Err(unsupported(format!("{experts} experts; the routing kernel takes 1 to {MAX_EXPERTS}")));
+    }
+    if top_k == 0 || top_k > experts.min(MAX_TOP_K) {
+        return Err(unsupported(format!(
+            "top-k {top_k} of {experts} experts; the routing kernel takes 1 to {}",
+            experts.min(MAX_TOP_K)
+        )));
+    }
+    if groups == 0 || groups > experts.min(MAX_GROUPS) {
+        return Err(unsupported(format!(
+            "{groups} expert groups of {experts} experts; the routing kernel takes 1 to {}",
+            experts.min(MAX_GROUPS)
+        )));
+    }
+    if tokens > i32::MAX as usize / experts {
+        return Err(unsupported(format!("{tokens} tokens of {experts} logits overflow the kernel's indices")));
+    }
+    Ok(())
+}
+
+/// Device buffers of one routing launch: `logits` f32 `[tokens, experts]`, `bias` f32 `[experts]`; out
+/// `experts` i32 `[tokens, top_k]`, `weights` f32 `[tokens, top_k]`, `near_tie` i32 `[tokens]`.
+pub struct RouteBuffers<'a> {
+    pub logits: &'a DeviceBuffer,
+    pub bias: &'a DeviceBuffer,
+    pub experts: &'a DeviceBuffer,
+    pub weights: &'a DeviceBuffer,
+    pub near_tie: &'a DeviceBuffer,
+}
+
+/// Launches `route_sigmoid_topk` on device-resident buffers.
+pub fn launch_route(
+    device: &dyn Device,
+    buffers: &RouteBuffers,
+    tokens: usize,
+    shape: &RoutingShape,
+) -> Result<(), CudaError> {
+    check(tokens, shape)?;
+    let need = [
+        ("logits", buffers.logits, tokens * shape.experts * 4),
+        ("correction bias", buffers.bias, shape.experts * 4),
+        ("expert output", buffers.experts, tokens * shape.top_k * 4),
+        ("weight output", buffers.weights, tokens * shape.top_k * 4),
+        ("near-tie output", buffers.near_tie, tokens * 4),
+    ];
+    for (name, buffer, bytes) in need {
+        if buffer.bytes() < bytes {
+            return Err(unsupported(format!("the {name} buffer holds {} bytes, {bytes} needed", buffer.bytes())));
+        }
+    }
+    if tokens == 0 {
+        return Ok(());
+    }
+    let blocks = tokens.div_ceil(TOKENS_PER_BLOCK);
+    device.launch(
+        "route_sigmoid_topk",
+        LaunchShape::linear(blocks as u32, (TOKENS_PER_BLOCK * 32) as u32),
+        &[
+            Arg::Buffer(buffers.logits),
+            Arg::Buffer(buffers.bias),
+            Arg::Buffer(buffers.experts),
+            Arg::Buffer(buffers.weights),
+            Arg::Buffer(buffers.near_tie),
+            Arg::I32(tokens as i32),
+            Arg::I32(shape.experts as i32),
+            Arg::I32(shape.groups as i32),
+            Arg::I32(shape.topk_group.min(shape.groups) as i32),
+            Arg::I32(shape.top_k as i32),
+            Arg::I32(shape.norm_topk_prob as i32),
+            Arg::F32(shape.routed_scaling_factor),
+            Arg::F32(NEAR_TIE_RELATIVE),
+        ],
+    )
+}
+
+/// Routes each `[experts]`-row of `logits` on the device.
+pub fn route(
+    backend: &CudaBackend,
+    logits: &[f32],
+    tokens: usize,
+    correction_bias: &[f32],
+    shape: &RoutingShape,
+) -> Result<Routes, CudaError> {
+    check(tokens, shape)?;
+    if logits.len() != tokens * shape.experts || correction_bias.len() != shape.experts {
+        return Err(unsupported(format!(
+            "{} logits and {} biases for {tokens} tokens of {} experts",
+            logits.len(),
+            correction_bias.len(),
+            shape.experts
+        )));
+    }
+    let device = backend.device();
+    let logits = device.upload(logits)?;
+    let bias = device.upload(correction_bias)?;
+    let experts = device.alloc_for::<i32>(tokens * shape.top_k)?;
+    let weights = device.alloc_for::<f32>(tokens * shape.top_k)?;
+    let near_tie = device.alloc_for::<i32>(tokens)?;
+    let buffers =
+        RouteBuffers { logits: &logits, bias: &bias, experts: &experts, weights: &weights, near_tie: &near_tie };
+    launch_route(device, &buffers, tokens, shape)?;
+    let chosen = device.download::<i32>(&experts, tokens * shape.top_k)?;
+    let near_ties = device.download::<i32>(&near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
+    let chosen: Vec<usize> = chosen.into_iter().map(|expert| usize::try_from(expert).unwrap_or(usize::MAX)).collect();
+    if let Some(bad) = chosen.iter().find(|&&expert| expert >= shape.experts) {
+        return Err(unsupported(format!("the kernel chose expert {bad} of {}", shape.experts)));
+    }
+    Ok(Routes {
+        top_k: shape.top_k,
+        experts: chosen,
+        weights: device.download::<f32>(&weights, tokens * shape.top_k)?,
+        near_ties,
+    })
+}
