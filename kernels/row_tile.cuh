@@ -41,7 +41,8 @@ __device__ __forceinline__ void warp_sum_row_tile(float (&partial)[kRowTile]) {
 __device__ __forceinline__ int row_tile_row(unsigned lane) { return (int)(lane >> 1); }
 
 // partial[r] += Σ_k w[k] · x[r, column + k] over k < kWidth, for the tile's first `count` rows of `x` (row stride
-// `in`). `x + column` must be 16-byte aligned for every row when kWidth is 4 or 8.
+// `in`), as a chain of fused multiply-adds (one rounding each; the decode case is instruction-bound on W4A16).
+// `x + column` must be 16-byte aligned for every row when kWidth is a multiple of 4.
 template <int kWidth>
 __device__ __forceinline__ void accumulate_rows(const float* __restrict__ x, long long in, int count, long long column,
                                                 const float (&w)[kWidth], float (&partial)[kRowTile]) {
@@ -49,19 +50,21 @@ __device__ __forceinline__ void accumulate_rows(const float* __restrict__ x, lon
     for (int r = 0; r < kRowTile; ++r) {
         if (r < count) {
             const float* row = x + r * in + column;
-            float sum = 0.0f;
+            float sum = partial[r];
             if constexpr (kWidth % 4 == 0) {
 #pragma unroll
                 for (int k = 0; k < kWidth; k += 4) {
                     const float4 v = __ldg(reinterpret_cast<const float4*>(row + k));
-                    sum = __fadd_rn(sum, __fadd_rn(__fadd_rn(__fmul_rn(w[k], v.x), __fmul_rn(w[k + 1], v.y)),
-                                                   __fadd_rn(__fmul_rn(w[k + 2], v.z), __fmul_rn(w[k + 3], v.w))));
+                    sum = __fmaf_rn(w[k], v.x, sum);
+                    sum = __fmaf_rn(w[k + 1], v.y, sum);
+                    sum = __fmaf_rn(w[k + 2], v.z, sum);
+                    sum = __fmaf_rn(w[k + 3], v.w, sum);
                 }
             } else {
 #pragma unroll
-                for (int k = 0; k < kWidth; ++k) sum = __fadd_rn(sum, __fmul_rn(w[k], __ldg(row + k)));
+                for (int k = 0; k < kWidth; ++k) sum = __fmaf_rn(w[k], __ldg(row + k), sum);
             }
-            partial[r] = __fadd_rn(partial[r], sum);
+            partial[r] = sum;
         }
     }
 }

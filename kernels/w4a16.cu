@@ -3,8 +3,9 @@
 //   weight_scale BF16 bits [out, in / group_size];  w[o, j] = q · scale[o, j / group_size]  (exact in f32);
 //   y[rows, out] = x[rows, in] · Wᵀ (+ bias[out]), x and y f32 row-major.
 // Matches src/runtime/cpu/matmul.rs `linear` on the dequantized matrix (src/quant/int4.rs `dequantize_row`) up to
-// the summation order. group_size is a multiple of 8 (a word never straddles two groups) and divides `in`; the
-// Rust wrappers check both.
+// the summation order (and fused multiply-adds): the weights themselves are the CPU's bit
+// for bit. group_size is a multiple of 8 (a word never straddles two groups) and divides `in`; the Rust wrappers
+// check both.
 //
 // w4a16_linear: 256 threads = 8 warps, one output feature per warp; grid.x = ceil(out / 8),
 // grid.y = ceil(rows / 16).
@@ -14,16 +15,21 @@
 // by expert; segment s covers rows segment_start[s] .. segment_start[s + 1] and uses expert segment_expert[s];
 // grid.x = ceil(out / 8), grid.y = segments, each block walks its segment in tiles of 16 rows. A segment naming an
 // expert out of range, or a row range outside [0, rows], writes NaN to the rows it can name (a visible fault).
-// Both: __launch_bounds__(256, 4), at most 64 registers, 4 blocks per SM, no spills.
+// Both: __launch_bounds__(256, 4): at most 64 registers (ptxas spills 8 bytes), 4 blocks per SM.
 #include "row_tile.cuh"
 
 namespace squeeze {
 namespace w4a16 {
 
-// The 8 weights of one packed word, all in one group of scale `scale`.
+// The 8 weights of one packed word, all in one group of scale `scale`. Nibble u becomes the float 2^23 + u by
+// OR-ing it into the mantissa of 2^23 (no integer-to-float conversion), minus 2^23 + 8 gives q exactly, and
+// q · scale is exact (4-bit times 8-bit significands), so w equals the CPU's dequantized value bit for bit.
 __device__ __forceinline__ void unpack_word(uint32_t word, float scale, float (&values)[8]) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) values[k] = __fmul_rn((float)((int)((word >> (4 * k)) & 0xFu) - 8), scale);
+    for (int k = 0; k < 8; ++k) {
+        const float biased = __uint_as_float(0x4B000000u | ((word >> (4 * k)) & 0xFu));
+        values[k] = __fmul_rn(__fsub_rn(biased, 8388616.0f), scale);
+    }
 }
 
 // Rows [first_row, first_row + count) of x against output feature `feature` of one weight matrix; writes y rows.
@@ -32,6 +38,8 @@ __device__ __forceinline__ void feature_tile(const float* __restrict__ x, const 
                                              int first_row, int count, int in, int out, int feature, int group_size) {
     const unsigned lane = threadIdx.x & 31u;
     const int words = in / 8;
+    const int words_per_group = group_size / 8;
+    const bool same_group = words_per_group % 4 == 0;
     const float* tile = x + (long long)first_row * in;
     float partial[kRowTile];
 #pragma unroll
@@ -40,18 +48,23 @@ __device__ __forceinline__ void feature_tile(const float* __restrict__ x, const 
     if (words % 4 == 0) {
         for (int word = (int)lane * 4; word < words; word += 32 * 4) {
             const uint4 quad = __ldg(reinterpret_cast<const uint4*>(packed_row + word));
-            const uint32_t bits[4] = {quad.x, quad.y, quad.z, quad.w};
-#pragma unroll
+            // One scale for the 4 words when groups are multiples of 32 (the usual 32/128), else one per word.
+            const float shared_scale = bf16_value(__ldg(scale_row + word / words_per_group));
+            // Not unrolled: one word's 8 weights and x values live at a time (unrolling spills at 64 registers).
+#pragma unroll 1
             for (int k = 0; k < 4; ++k) {
+                const uint32_t bits = k == 0 ? quad.x : k == 1 ? quad.y : k == 2 ? quad.z : quad.w;
+                const float scale =
+                    same_group ? shared_scale : bf16_value(__ldg(scale_row + (word + k) / words_per_group));
                 float values[8];
-                unpack_word(bits[k], bf16_value(__ldg(scale_row + (word + k) * 8 / group_size)), values);
+                unpack_word(bits, scale, values);
                 accumulate_rows<8>(tile, in, count, (long long)(word + k) * 8, values, partial);
             }
         }
     } else {
         for (int word = (int)lane; word < words; word += 32) {
             float values[8];
-            unpack_word(__ldg(packed_row + word), bf16_value(__ldg(scale_row + word * 8 / group_size)), values);
+            unpack_word(__ldg(packed_row + word), bf16_value(__ldg(scale_row + word / words_per_group)), values);
             accumulate_rows<8>(tile, in, count, (long long)word * 8, values, partial);
         }
     }

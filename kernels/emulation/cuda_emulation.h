@@ -315,6 +315,8 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+// One rounding, as the GPU's FFMA.
+inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline unsigned __float_as_uint(float value) {
     unsigned bits;
     std::memcpy(&bits, &value, sizeof bits);

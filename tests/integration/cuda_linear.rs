@@ -91,9 +91,9 @@ fn quantized(rng: &mut Rng, rows: usize, columns: usize, group_size: usize) -> (
 fn w4a16_linear_matches_cpu_on_the_dequantized_weights() {
     let backends = cuda_backends();
     let mut rng = Rng(13);
-    // (in, group, out): 16-byte word loads (in a multiple of 32) with group 32 and 128; one word per lane
-    // (200 / 8 = 25 words) with group 40.
-    for (in_features, group_size, out_features) in [(256, 32, 75), (384, 128, 37), (200, 40, 19)] {
+    // (in, group, out): 16-byte word loads (in a multiple of 32) with group 32 and 128 (one scale per 4 words) and
+    // 16 (a scale per word); one word per lane (200 / 8 = 25 words) with group 40.
+    for (in_features, group_size, out_features) in [(256, 32, 75), (384, 128, 37), (256, 16, 23), (200, 40, 19)] {
         let (int4, values) = quantized(&mut rng, out_features, in_features, group_size);
         let dense = Matrix::new(out_features, in_features, values);
         // The device copy of this matrix is the packed form only: NaN dense data proves W4A16 ran.
