@@ -67,8 +67,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         strategy: args.strategy,
     };
     let bar = Bar::new(false);
-    let mut report =
-        calibrate(&options, super::open_backend(args.device)?.as_ref(), &bar).with_context(|| format!("calibrating KV scales of {}", args.model.display()))?;
+    let mut report = calibrate(&options, super::open_backend(args.device)?.as_ref(), &bar)
+        .with_context(|| format!("calibrating KV scales of {}", args.model.display()))?;
     if !args.dry_run {
         let written = write_scales(&report, &args.model, args.out.as_deref(), args.sglang_json.as_deref())
             .with_context(|| format!("writing KV scales for {}", args.model.display()))?;

@@ -85,7 +85,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let options =
         EvalOptions { model: model.clone(), input, chunks: args.chunks, save_logits: args.save_logits.clone() };
     let backend = super::open_backend(args.device)?;
-    let report = evaluate(&options, backend.as_ref(), &Bar::new(false)).with_context(|| format!("evaluating {}", model.display()))?;
+    let report = evaluate(&options, backend.as_ref(), &Bar::new(false))
+        .with_context(|| format!("evaluating {}", model.display()))?;
     if args.json {
         print_json(&report)?;
         return Ok(Outcome::Success);

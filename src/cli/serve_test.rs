@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 
-use crate::runtime::kv_cache::{FaultKind, KvDtype};
 use crate::cuda::DeviceChoice;
+use crate::runtime::kv_cache::{FaultKind, KvDtype};
 use crate::serve::prompts::read_prompts;
 use crate::serve::sampling::Sampling;
 use crate::serve::{serve_test, ServeOptions};

@@ -77,7 +77,11 @@ pub enum EvalError {
 }
 
 /// Runs the evaluation.
-pub fn evaluate(options: &EvalOptions, backend: &dyn Backend, reporter: &dyn Reporter) -> Result<EvalReport, EvalError> {
+pub fn evaluate(
+    options: &EvalOptions,
+    backend: &dyn Backend,
+    reporter: &dyn Reporter,
+) -> Result<EvalReport, EvalError> {
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let vocab = model.config().vocab_size;

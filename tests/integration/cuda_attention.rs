@@ -22,8 +22,8 @@ fn prefill_case(backends: &[squeeze::runtime::cuda::CudaBackend], rng: &mut Rng,
     let q = rng.values(tokens * heads * qk_dim, 1.5);
     let k = rng.values(tokens * kv_heads * qk_dim, 1.5);
     let v = rng.values(tokens * kv_heads * v_dim, 1.0);
-    let mask: Option<Vec<bool>> =
-        masked.then(|| (0..tokens * tokens).map(|i| i / tokens == i % tokens || !rng.next().is_multiple_of(3)).collect());
+    let mask: Option<Vec<bool>> = masked
+        .then(|| (0..tokens * tokens).map(|i| i / tokens == i % tokens || !rng.next().is_multiple_of(3)).collect());
     let want = Cpu.attention(&q, &k, &v, &shape, mask.as_deref());
     for backend in backends {
         let got = backend.attention(&q, &k, &v, &shape, mask.as_deref());

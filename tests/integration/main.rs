@@ -4,6 +4,7 @@
 mod calibrate;
 mod common;
 mod cuda_attention;
+mod cuda_backend;
 mod cuda_linear;
 mod cuda_ops;
 mod cuda_routing;

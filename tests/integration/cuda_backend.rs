@@ -1,0 +1,233 @@
+//! The CUDA backend end to end: `eval`, parity `eval`, `calibrate-kv` and `serve-test` with `--device emulated`
+//! (every runtime op through kernels/*.cu compiled for the host) against `--device cpu` on tiny synthetic models of
+//! the three architectures. On a machine with a GPU, scripts/gpu-check.sh runs the same comparison with
+//! `--device cuda`.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::common::{path_str, squeeze, synth};
+
+/// The kernels sum in a different order than the CPU (warp-shuffle trees, split rows); over a few layers this moves
+/// f32 logits by ~1e-6 relative. 1e-4 leaves headroom and still catches any wrong index, scale or mask.
+const LOGITS_REL_L2: f64 = 1e-4;
+/// Mean NLL moves with the logits: well under 1e-4 nats.
+const NLL_ABS: f64 = 1e-4;
+/// KV scales are amax / 448 of values that differ by summation order only.
+const SCALE_REL: f64 = 1e-4;
+
+/// Parity KLD: see the comment where it is used.
+const PARITY_KLD_REL: f64 = 5e-2;
+
+/// A small model: emulation runs every CUDA thread as a fiber, so keep it to a few hundred thousand weights.
+const SMALL: [&str; 10] =
+    ["--layers", "2", "--hidden", "96", "--experts", "4", "--moe-intermediate", "64", "--vocab", "260"];
+
+fn read_logits(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let logits = tensors.tensor("logits").unwrap();
+    logits.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite logit {g}");
+        diff += (g as f64 - w as f64).powi(2);
+        norm += (w as f64).powi(2);
+    }
+    (diff / norm).sqrt()
+}
+
+fn eval(model: &Path, device: &str, logits: &Path) -> Value {
+    squeeze(&[
+        "eval",
+        path_str(model),
+        "--data",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt"),
+        "--ctx",
+        "24",
+        "--chunks",
+        "2",
+        "--device",
+        device,
+        "--save-logits",
+        path_str(logits),
+        "--json",
+    ])
+    .ok()
+    .json()
+}
+
+fn eval_matches_cpu(arch: &str, int4: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = synth(dir.path(), "fp8", arch, &SMALL);
+    if int4 {
+        let out = dir.path().join("int4");
+        squeeze(&["quantize", path_str(&model), path_str(&out)]).ok();
+        model = out;
+    }
+    let (cpu_logits, gpu_logits) = (dir.path().join("cpu.safetensors"), dir.path().join("gpu.safetensors"));
+    let cpu = eval(&model, "cpu", &cpu_logits);
+    let gpu = eval(&model, "emulated", &gpu_logits);
+    assert!(gpu["backend"].as_str().unwrap().starts_with("cuda: emulated"), "{gpu}");
+    assert_eq!(cpu["backend"], "cpu");
+    let rel = rel_l2(&read_logits(&gpu_logits), &read_logits(&cpu_logits));
+    assert!(rel < LOGITS_REL_L2, "{arch} int4={int4}: logits rel L2 {rel:e}");
+    let nll = (gpu["mean_nll"].as_f64().unwrap() - cpu["mean_nll"].as_f64().unwrap()).abs();
+    assert!(nll < NLL_ABS, "{arch} int4={int4}: mean NLL differs by {nll:e}");
+    eprintln!("{arch} int4={int4}: logits rel L2 {rel:.2e}, NLL diff {nll:.2e}");
+}
+
+#[test]
+fn eval_on_the_cuda_backend_matches_the_cpu_kimi_k2() {
+    eval_matches_cpu("kimi-k2", false);
+}
+
+#[test]
+fn eval_on_the_cuda_backend_matches_the_cpu_glm5_int4() {
+    // INT4 weights: the linear layers go through the W4A16 kernels reading weight_packed/weight_scale.
+    eval_matches_cpu("glm5", true);
+}
+
+#[test]
+fn eval_on_the_cuda_backend_matches_the_cpu_glm45() {
+    eval_matches_cpu("glm45", false);
+}
+
+#[test]
+fn calibration_and_parity_on_the_cuda_backend_match_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let fp8 = synth(dir.path(), "fp8", "glm5", &SMALL);
+    let int4 = dir.path().join("int4");
+    squeeze(&["quantize", path_str(&fp8), path_str(&int4)]).ok();
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt");
+    let calibrate = |device: &str| {
+        squeeze(&[
+            "calibrate-kv",
+            path_str(&int4),
+            "--data",
+            text,
+            "--seq-len",
+            "24",
+            "--samples",
+            "2",
+            "--dry-run",
+            "--json",
+            "--device",
+            device,
+        ])
+        .ok()
+        .json()
+    };
+    let (cpu, gpu) = (calibrate("cpu"), calibrate("emulated"));
+    let scales = |report: &Value| -> Vec<f64> {
+        report["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|l| l["k_scale"].as_array().unwrap().clone())
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    let (cpu_scales, gpu_scales) = (scales(&cpu), scales(&gpu));
+    assert_eq!(cpu_scales.len(), gpu_scales.len());
+    assert!(!cpu_scales.is_empty());
+    for (c, g) in cpu_scales.iter().zip(&gpu_scales) {
+        assert!((c - g).abs() <= SCALE_REL * c.abs(), "k_scale cpu {c} vs emulated {g}");
+    }
+
+    let parity = |device: &str| {
+        squeeze(&[
+            "eval",
+            "--reference",
+            path_str(&fp8),
+            "--candidate",
+            path_str(&int4),
+            "--data",
+            text,
+            "--ctx",
+            "24",
+            "--chunks",
+            "2",
+            "--max-mean-kld",
+            "100",
+            "--min-same-top",
+            "0",
+            "--max-ppl-ratio",
+            "100",
+            "--json",
+            "--device",
+            device,
+        ])
+        .ok()
+        .json()
+    };
+    let (cpu, gpu) = (parity("cpu"), parity("emulated"));
+    let (cpu_modes, gpu_modes) = (cpu["modes"].as_object().unwrap(), gpu["modes"].as_object().unwrap());
+    assert_eq!(cpu_modes.len(), 4, "{cpu}");
+    for (mode, c) in cpu_modes {
+        let g = &gpu_modes[mode];
+        let (c_ppl, g_ppl) = (c["ppl"].as_f64().unwrap(), g["ppl"].as_f64().unwrap());
+        assert!((c_ppl - g_ppl).abs() <= 1e-4 * c_ppl, "{mode} ppl: cpu {c_ppl} vs emulated {g_ppl}");
+        // FP8 KV modes: a value that moves by summation order can round to the neighbouring FP8 code, so the
+        // KLD (itself ~1e-3 here) is compared loosely.
+        let (c_kld, g_kld) = (c["mean_kld"].as_f64().unwrap(), g["mean_kld"].as_f64().unwrap());
+        assert!(
+            (c_kld - g_kld).abs() <= PARITY_KLD_REL * c_kld + 1e-6,
+            "{mode} mean KLD: cpu {c_kld} vs emulated {g_kld}"
+        );
+        eprintln!("{mode}: ppl {c_ppl} vs {g_ppl}, mean KLD {c_kld:e} vs {g_kld:e}");
+    }
+}
+
+#[test]
+fn serve_test_on_the_cuda_backend_decodes_like_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "fp8", "glm45", &SMALL);
+    let serve = |device: &str| {
+        squeeze(&[
+            "serve-test",
+            path_str(&model),
+            "--prompt",
+            "Shall I compare thee",
+            "--prompt",
+            "to a summer's day?",
+            "--max-new-tokens",
+            "6",
+            "--json",
+            "--device",
+            device,
+        ])
+        .ok()
+        .json()
+    };
+    let (cpu, gpu) = (serve("cpu"), serve("emulated"));
+    let tokens = |report: &Value| -> Vec<Value> {
+        report["requests"].as_array().unwrap().iter().map(|r| r["token_ids"].clone()).collect()
+    };
+    assert_eq!(tokens(&cpu), tokens(&gpu), "greedy tokens differ between cpu and emulated");
+}
+
+#[test]
+fn unusable_devices_are_errors_naming_the_remedy() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "fp8", "glm45", &SMALL);
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt");
+    if !cfg!(feature = "cuda") {
+        let run = squeeze(&["eval", path_str(&model), "--data", text, "--ctx", "16", "--device", "cuda"]);
+        assert_eq!(run.code, 2, "{}", run.stderr);
+        assert!(run.stderr.contains("built without CUDA"), "{}", run.stderr);
+    }
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_squeeze"))
+        .args(["eval", path_str(&model), "--data", text, "--ctx", "16", "--device", "emulated"])
+        .env("SQUEEZE_KERNELS_DIR", dir.path().join("no-kernels-here"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no-kernels-here") && stderr.contains("SQUEEZE_KERNELS_DIR"), "{stderr}");
+}
