@@ -27,6 +27,11 @@ fn dims(config: &ModelConfig) -> (usize, usize, bool, bool) {
 }
 
 impl GqaWeights {
+    /// Every weight matrix (for device prefetch).
+    pub fn matrices(&self) -> [&Matrix; 4] {
+        [&self.q.0, &self.k.0, &self.v.0, &self.o]
+    }
+
     pub fn load(reader: &WeightReader, config: &ModelConfig, prefix: &str) -> Result<Self, RuntimeError> {
         let (kv_heads, head_dim, bias, qk_norm) = dims(config);
         let hidden = config.hidden_size;

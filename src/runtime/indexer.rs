@@ -27,6 +27,11 @@ pub struct Selection {
 }
 
 impl IndexerWeights {
+    /// Every weight matrix (for device prefetch).
+    pub fn matrices(&self) -> [&Matrix; 3] {
+        [&self.wq_b, &self.wk, &self.weights_proj]
+    }
+
     pub fn load(
         reader: &WeightReader,
         settings: &Indexer,

@@ -1,7 +1,7 @@
 //! One decoder layer: its resident weights (norms, attention, router, shared or dense MLP) loaded and dequantized
 //! together, and the pre-norm residual forward `h += attn(norm(h)); h += mlp(norm(h))`.
 
-use super::backend::Backend;
+use super::backend::{Backend, Matrix};
 use super::gqa::GqaWeights;
 use super::indexer::Selection;
 use super::kv_scales::LayerKvScales;
@@ -15,7 +15,7 @@ use crate::model::ModelConfig;
 use crate::quant::fp8;
 
 enum AttentionWeights {
-    Mla(MlaWeights),
+    Mla(Box<MlaWeights>),
     Gqa(GqaWeights),
 }
 
@@ -41,6 +41,19 @@ pub struct LayerContext<'a> {
 }
 
 impl Layer {
+    /// The layer's resident weight matrices (routed experts excluded), for device prefetch.
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut all = match &self.attention {
+            AttentionWeights::Mla(mla) => mla.matrices(),
+            AttentionWeights::Gqa(gqa) => gqa.matrices().to_vec(),
+        };
+        match &self.mlp {
+            Mlp::Dense(mlp) => all.extend(mlp.matrices()),
+            Mlp::Moe(moe) => all.extend(moe.matrices()),
+        }
+        all
+    }
+
     pub fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
         let prefix = format!("model.layers.{layer}");
         let hidden = config.hidden_size;
@@ -48,7 +61,7 @@ impl Layer {
             Attention::Mla { .. } => {
                 let with_indexer =
                     config.indexer.as_ref().is_some_and(|i| i.full_layers.get(layer).copied().unwrap_or(true));
-                AttentionWeights::Mla(MlaWeights::load(reader, config, &prefix, with_indexer)?)
+                AttentionWeights::Mla(Box::new(MlaWeights::load(reader, config, &prefix, with_indexer)?))
             }
             Attention::Gqa { .. } => AttentionWeights::Gqa(GqaWeights::load(reader, config, &prefix)?),
         };

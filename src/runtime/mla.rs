@@ -49,6 +49,14 @@ fn dims(config: &ModelConfig) -> (Dims, Option<usize>) {
 }
 
 impl MlaWeights {
+    /// Every weight matrix (for device prefetch).
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut all: Vec<&Matrix> = self.q_a.iter().map(|(m, _)| m).collect();
+        all.extend([&self.q_b, &self.kv_a, &self.kv_b, &self.o]);
+        all.extend(self.indexer.iter().flat_map(IndexerWeights::matrices));
+        all
+    }
+
     pub fn load(
         reader: &WeightReader,
         config: &ModelConfig,

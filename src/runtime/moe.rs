@@ -22,6 +22,11 @@ pub struct DenseMlp {
 }
 
 impl DenseMlp {
+    /// Every weight matrix (for device prefetch).
+    pub fn matrices(&self) -> [&Matrix; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+
     pub fn load(reader: &WeightReader, module: &str, hidden: usize, inner: usize) -> Result<Self, RuntimeError> {
         Ok(Self {
             gate: reader.matrix(&format!("{module}.gate_proj.weight"), [inner, hidden])?,
@@ -54,6 +59,13 @@ pub struct ExpertTimes {
 }
 
 impl MoeWeights {
+    /// The resident weight matrices: router and shared experts (routed experts stream separately).
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut all = vec![&self.router];
+        all.extend(self.shared.iter().flat_map(DenseMlp::matrices));
+        all
+    }
+
     pub fn load(reader: &WeightReader, config: &ModelConfig, prefix: &str) -> Result<Self, RuntimeError> {
         let (hidden, experts) = (config.hidden_size, config.n_routed_experts);
         let shared = match config.n_shared_experts {
