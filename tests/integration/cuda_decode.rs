@@ -1,0 +1,1 @@
+//! placeholder; the helper owning this file replaces it.
