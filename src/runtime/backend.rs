@@ -12,7 +12,7 @@ pub struct Matrix {
     pub rows: usize,
     pub columns: usize,
     pub data: Vec<f32>,
-    pub int4: Option<Int4Weight>,
+    pub int4: Option<Box<Int4Weight>>,
     /// Unique per loaded matrix: the key of device-resident copies.
     pub id: u64,
 }
@@ -36,7 +36,7 @@ impl Matrix {
 
     /// The same matrix carrying its packed INT4 form.
     pub fn with_int4(mut self, int4: Int4Weight) -> Self {
-        self.int4 = Some(int4);
+        self.int4 = Some(Box::new(int4));
         self
     }
 

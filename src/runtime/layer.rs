@@ -15,7 +15,7 @@ use crate::model::ModelConfig;
 use crate::quant::fp8;
 
 enum AttentionWeights {
-    Mla(Box<MlaWeights>),
+    Mla(MlaWeights),
     Gqa(GqaWeights),
 }
 
@@ -61,7 +61,7 @@ impl Layer {
             Attention::Mla { .. } => {
                 let with_indexer =
                     config.indexer.as_ref().is_some_and(|i| i.full_layers.get(layer).copied().unwrap_or(true));
-                AttentionWeights::Mla(Box::new(MlaWeights::load(reader, config, &prefix, with_indexer)?))
+                AttentionWeights::Mla(MlaWeights::load(reader, config, &prefix, with_indexer)?)
             }
             Attention::Gqa { .. } => AttentionWeights::Gqa(GqaWeights::load(reader, config, &prefix)?),
         };
