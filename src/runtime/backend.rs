@@ -160,4 +160,19 @@ pub trait Backend: Sync {
     /// `Σ_h w[t,h]·heads^-½ · ReLU(q[t,h]·k[s]·head_dim^-½)`, and each query keeps its `top_k` best causal keys
     /// (ties to the lower key; all of them while `t < top_k`).
     fn indexer_top_k(&self, q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection;
+    /// Applies a batch of routed MoE experts to their tokens and adds the results to `output`: `x` and `output` are
+    /// `[tokens, hidden]`; for each expert in slice order and each of its `(token, weight)` pairs in list order,
+    /// `output[token] += weight · down(silu(gate · x[token]) ⊙ (up · x[token]))` (the product rounded, then added),
+    /// so each token sums its experts in slice order whatever the backend computes in between.
+    fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]);
+}
+
+/// One routed expert of a batch: its SwiGLU weights (`gate`, `up` `[inner, hidden]`, `down` `[hidden, inner]`) and
+/// the `(token, routing weight)` pairs routed to it.
+#[derive(Debug, Clone, Copy)]
+pub struct RoutedExpert<'a> {
+    pub gate: &'a Matrix,
+    pub up: &'a Matrix,
+    pub down: &'a Matrix,
+    pub tokens: &'a [(usize, f32)],
 }

@@ -4,12 +4,15 @@
 //!
 //! # Layer-streamed execution and memory
 //! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
-//! through that layer, then the layer is dropped. Routed experts are streamed further: each expert hit by some token
-//! is dequantized, applied to its tokens and dropped, a few at a time (one per worker thread). Peak memory is
+//! through that layer, then the layer is dropped. Routed experts are streamed further: the experts hit by some token
+//! are read in batches of at most `EXPERT_BATCH_BYTES` (2 GiB, ~10 Kimi K2 experts; at least one expert), a loader
+//! thread reading batch `b + 1` while the backend applies batch `b` ([`Backend::routed_experts`]: grouped W4A16 on
+//! the device for INT4 checkpoints), and each batch is dropped after use. Peak memory is
 //!
 //! ```text
 //! peak ≈ one layer's dequantized f32 weights without its routed experts   (attention + router + shared/dense MLP)
-//!      + threads × one routed expert in f32                               (3 · moe_intermediate · hidden · 4 B)
+//!      + 2 × one batch of routed experts: ≤ 2 × max(2 GiB, one expert)    (expert ≤ 3 · moe_intermediate · hidden · 5 B:
+//!                                                                          f32 + packed INT4 + scales)
 //!      + activations: tokens × hidden × 4 B × ~6  (+ MLA keys/values tokens × heads × (qk+v) × 4 B)
 //!      + logits of one sequence: ctx × vocab × 4 B  (+ lm_head in f32: vocab × hidden × 4 B)
 //! ```

@@ -1,13 +1,14 @@
 //! SwiGLU MLPs: the dense MLP of the first layers, and the MoE block — sigmoid router with
 //! `e_score_correction_bias` for selection only, group-limited top-k, `norm_topk_prob`, `routed_scaling_factor`,
-//! routed experts streamed one at a time per worker, plus shared experts.
+//! routed experts streamed in double-buffered batches (read ahead on a loader thread), plus shared experts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::backend::{Backend, Matrix, RoutingShape};
+use super::backend::{Backend, Matrix, RoutedExpert, RoutingShape};
 use super::weights::WeightReader;
 use super::RuntimeError;
 use crate::model::ModelConfig;
@@ -49,10 +50,30 @@ pub struct MoeWeights {
     prefix: String,
 }
 
-/// Nanoseconds spent dequantizing and computing routed experts, summed over worker threads.
+/// Host bytes of routed experts read in one batch. Two batches are in memory at once (one computing, one read
+/// ahead), so routed experts take at most 2 × 2 GiB (or two experts when one alone is larger). A Kimi K2 / GLM-5
+/// expert (3 × 2048 × 7168 / 6144 weights) is ~150–180 MiB in f32 plus its packed INT4 form, so a batch holds ~10:
+/// enough experts to keep the CPU's threads busy and to amortize the device's launches and copies over a batch,
+/// while the two batches stay small next to one layer's resident weights plus activations of a long prefill.
+pub const EXPERT_BATCH_BYTES: usize = 2 << 30;
+
+/// Host bytes one routed expert takes once read: f32 values (4 B) plus, for INT4 checkpoints, the packed nibbles
+/// (½ B) and BF16 scales (2 B per group of at least 8 weights, ≤ ¼ B): at most 5 B per weight.
+fn expert_bytes(hidden: usize, inner: usize) -> usize {
+    3 * hidden * inner * 5
+}
+
+/// Routed experts read per batch under [`EXPERT_BATCH_BYTES`] (at least one).
+pub fn experts_per_batch(hidden: usize, inner: usize) -> usize {
+    (EXPERT_BATCH_BYTES / expert_bytes(hidden, inner).max(1)).max(1)
+}
+
+/// Where the routed-expert phase spends its time (nanoseconds, summed over the layer's MoE calls).
 #[derive(Default)]
 pub struct ExpertTimes {
+    /// Waiting for the loader thread to finish reading a batch: the reading not hidden behind compute.
     pub load_nanos: AtomicU64,
+    /// Applying routed experts (and the shared experts).
     pub compute_nanos: AtomicU64,
     /// Wall nanoseconds of the routed-expert phase.
     pub phase_nanos: AtomicU64,
@@ -119,6 +140,11 @@ impl MoeWeights {
     }
 
     /// The MoE output `[tokens, hidden]` for normed input `x`.
+    ///
+    /// The experts hit by some token are read in ascending order, in batches of [`experts_per_batch`]: a loader
+    /// thread reads batch `b + 1` while the backend applies batch `b` ([`Backend::routed_experts`]), so at most two
+    /// batches are in memory. Each token sums its experts in ascending expert order (as transformers' expert loop
+    /// does), whatever the batching.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -141,36 +167,51 @@ impl MoeWeights {
                 assigned[expert].push((token, weight));
             }
         }
-        let phase = Instant::now();
-        let results: Vec<Result<(usize, Vec<f32>), RuntimeError>> = assigned
-            .par_iter()
-            .enumerate()
-            .filter(|(_, members)| !members.is_empty())
-            .map(|(expert, members)| {
-                let started = Instant::now();
-                let mlp = DenseMlp::load(reader, &format!("{}.mlp.experts.{expert}", self.prefix), hidden, inner)?;
-                let loaded = Instant::now();
-                let mut gathered = Vec::with_capacity(members.len() * hidden);
-                for &(token, _) in members {
-                    gathered.extend_from_slice(&x[token * hidden..][..hidden]);
-                }
-                let out = mlp.forward(backend, &gathered, members.len());
-                times.load_nanos.fetch_add((loaded - started).as_nanos() as u64, Ordering::Relaxed);
-                times.compute_nanos.fetch_add(loaded.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                Ok((expert, out))
-            })
-            .collect();
-        times.phase_nanos.fetch_add(phase.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        // Accumulate in expert order, as transformers' expert loop does.
+        let hit: Vec<usize> = (0..assigned.len()).filter(|&expert| !assigned[expert].is_empty()).collect();
+        let per_batch = experts_per_batch(hidden, inner);
         let mut output = vec![0f32; tokens * hidden];
-        for result in results {
-            let (expert, out) = result?;
-            for (&(token, weight), row) in assigned[expert].iter().zip(out.chunks(hidden)) {
-                for (o, value) in output[token * hidden..][..hidden].iter_mut().zip(row) {
-                    *o += value * weight;
+        let phase = Instant::now();
+        std::thread::scope(|scope| -> Result<(), RuntimeError> {
+            // Rendezvous: the loader holds the batch it read until the previous one is done (two in memory).
+            let (sender, receiver) = sync_channel::<Result<Vec<(usize, DenseMlp)>, RuntimeError>>(0);
+            let hit = &hit;
+            scope.spawn(move || {
+                for batch in hit.chunks(per_batch) {
+                    let loaded: Result<Vec<_>, _> = batch
+                        .par_iter()
+                        .map(|&expert| {
+                            let module = format!("{}.mlp.experts.{expert}", self.prefix);
+                            Ok((expert, DenseMlp::load(reader, &module, hidden, inner)?))
+                        })
+                        .collect();
+                    let failed = loaded.is_err();
+                    if sender.send(loaded).is_err() || failed {
+                        return;
+                    }
                 }
+            });
+            for _ in hit.chunks(per_batch) {
+                let waiting = Instant::now();
+                let batch = receiver.recv().map_err(|_| {
+                    RuntimeError::Input("the expert loader stopped early (it panicked; see stderr)".into())
+                })??;
+                let computing = Instant::now();
+                times.load_nanos.fetch_add((computing - waiting).as_nanos() as u64, Ordering::Relaxed);
+                let experts: Vec<RoutedExpert> = batch
+                    .iter()
+                    .map(|(expert, mlp)| RoutedExpert {
+                        gate: &mlp.gate,
+                        up: &mlp.up,
+                        down: &mlp.down,
+                        tokens: &assigned[*expert],
+                    })
+                    .collect();
+                backend.routed_experts(x, hidden, &experts, &mut output);
+                times.compute_nanos.fetch_add(computing.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
-        }
+            Ok(())
+        })?;
+        times.phase_nanos.fetch_add(phase.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if let Some(shared) = &self.shared {
             let started = Instant::now();
             let extra = shared.forward(backend, x, tokens);

@@ -2,13 +2,16 @@
 
 mod activation;
 pub mod attention;
+pub(crate) mod experts;
 mod indexer;
 mod matmul;
 mod norm;
 mod rope;
 mod routing;
 
-use super::backend::{AttentionShape, Backend, IndexerShape, KeySelection, Matrix, RopeStyle, Routes, RoutingShape};
+use super::backend::{
+    AttentionShape, Backend, IndexerShape, KeySelection, Matrix, RopeStyle, RoutedExpert, Routes, RoutingShape,
+};
 
 /// The CPU backend.
 #[derive(Debug, Default, Clone, Copy)]
@@ -60,6 +63,10 @@ impl Backend for Cpu {
 
     fn indexer_top_k(&self, q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection {
         indexer::top_k(q, k, head_weights, shape)
+    }
+
+    fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]) {
+        experts::apply(x, hidden, experts, output)
     }
 }
 

@@ -1,6 +1,6 @@
 //! SiLU-gate on the device: kernels/activation.cu.
 
-use crate::cuda::device::LaunchShape;
+use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
 use crate::cuda::CudaError;
 
 use super::CudaBackend;
@@ -10,7 +10,6 @@ const THREADS: u32 = 256;
 
 /// `silu(gate) · up`, elementwise.
 pub fn silu_mul(backend: &CudaBackend, gate: &[f32], up: &[f32]) -> Result<Vec<f32>, CudaError> {
-    use crate::cuda::device::Arg;
     if gate.len() != up.len() {
         return Err(CudaError::Unsupported {
             tensor: "silu_mul".into(),
@@ -22,11 +21,34 @@ pub fn silu_mul(backend: &CudaBackend, gate: &[f32], up: &[f32]) -> Result<Vec<f
     let gate_buffer = device.upload(gate)?;
     let up_buffer = device.upload(up)?;
     let out = device.alloc_for::<f32>(count)?;
+    silu_mul_f32(device, &gate_buffer, &up_buffer, &out, count)?;
+    device.download(&out, count)
+}
+
+/// Device-level `out[i] = silu(gate[i]) · up[i]` for `count` f32 values.
+pub fn silu_mul_f32(
+    device: &dyn Device,
+    gate: &DeviceBuffer,
+    up: &DeviceBuffer,
+    out: &DeviceBuffer,
+    count: usize,
+) -> Result<(), CudaError> {
+    let need = count * 4;
+    for (what, buffer) in [("gate", gate), ("up", up), ("out", out)] {
+        if buffer.bytes() < need {
+            return Err(CudaError::Unsupported {
+                tensor: "silu_mul_f32".into(),
+                problem: format!("{what} buffer has {} bytes, needs {need}", buffer.bytes()),
+            });
+        }
+    }
+    if count == 0 {
+        return Ok(());
+    }
     let blocks = (count.div_ceil(THREADS as usize)).min(1 << 16) as u32;
     device.launch(
         "silu_mul_f32",
         LaunchShape::linear(blocks, THREADS),
-        &[Arg::Buffer(&gate_buffer), Arg::Buffer(&up_buffer), Arg::Buffer(&out), Arg::I64(count as i64)],
-    )?;
-    device.download(&out, count)
+        &[Arg::Buffer(gate), Arg::Buffer(up), Arg::Buffer(out), Arg::I64(count as i64)],
+    )
 }

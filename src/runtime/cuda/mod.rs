@@ -9,6 +9,7 @@
 
 mod activation;
 pub mod attention;
+pub mod experts;
 pub mod indexer;
 pub mod linear;
 pub mod norm;
@@ -176,5 +177,17 @@ impl Backend for CudaBackend {
             mask: (0..tokens * tokens).map(|cell| cell % tokens <= cell / tokens).collect(),
             near_ties: 0,
         })
+    }
+
+    fn routed_experts(
+        &self,
+        x: &[f32],
+        hidden: usize,
+        experts: &[super::backend::RoutedExpert<'_>],
+        output: &mut [f32],
+    ) {
+        let result = experts::routed_experts(self, x, hidden, experts, output);
+        // A NaN output: the failure is reported after the layer.
+        self.settle(result, || output.fill(f32::NAN))
     }
 }

@@ -1,0 +1,221 @@
+//! Routed MoE experts on the device: a batch of INT4 experts concatenated, uploaded once and applied to its
+//! expert-sorted tokens with grouped W4A16 launches (kernels/w4a16.cu, kernels/activation.cu).
+//!
+//! Per batch: gather the tokens' rows sorted by expert (one segment per expert with tokens), upload them and the
+//! experts' packed weights and scales (`[experts, out, in / 8]`, `[experts, out, in / group_size]`), then
+//! `w4a16_grouped` gate and up, `silu_mul_f32`, `w4a16_grouped` down: four launches for the whole batch. The
+//! weighted sum runs on the host after one download, with the CPU backend's own combine
+//! ([`crate::runtime::cpu::experts::accumulate`]), so each token adds its experts in batch order exactly as the CPU
+//! does. A batch whose experts are not all INT4 with one readable group size (FP8/BF16 checkpoints) runs expert by
+//! expert on the dense f32 weights instead (gate, up, SiLU-gate and down chained on the device, one download each).
+
+use crate::cuda::device::{Device, DeviceBuffer};
+use crate::cuda::CudaError;
+use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
+use crate::runtime::cpu::experts::accumulate;
+
+use super::activation::silu_mul_f32;
+use super::linear::{linear_f32, w4a16_grouped, GroupedInt4};
+use super::CudaBackend;
+
+fn unsupported(problem: String) -> CudaError {
+    CudaError::Unsupported { tensor: "routed_experts".into(), problem }
+}
+
+/// [`crate::runtime::Backend::routed_experts`] on the device.
+pub fn routed_experts(
+    backend: &CudaBackend,
+    x: &[f32],
+    hidden: usize,
+    experts: &[RoutedExpert<'_>],
+    output: &mut [f32],
+) -> Result<(), CudaError> {
+    let active: Vec<&RoutedExpert> = experts.iter().filter(|expert| !expert.tokens.is_empty()).collect();
+    let Some(first) = active.first() else { return Ok(()) };
+    let inner = first.gate.rows;
+    check(x, hidden, inner, &active, output)?;
+    let device = backend.device();
+    match common_group_size(&active, hidden, inner) {
+        Some(group_size) => grouped(device, x, hidden, inner, group_size, &active, output),
+        None => {
+            for expert in active {
+                dense(device, x, hidden, inner, expert, output)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Shapes: every expert `[inner, hidden]` gate/up and `[hidden, inner]` down, tokens inside `x`.
+fn check(
+    x: &[f32],
+    hidden: usize,
+    inner: usize,
+    experts: &[&RoutedExpert],
+    output: &mut [f32],
+) -> Result<(), CudaError> {
+    if hidden == 0 || inner == 0 || !x.len().is_multiple_of(hidden) || output.len() != x.len() {
+        return Err(unsupported(format!(
+            "x has {} values and output {}, expected equal multiples of hidden {hidden} (inner {inner})",
+            x.len(),
+            output.len()
+        )));
+    }
+    let tokens = x.len() / hidden;
+    for (index, expert) in experts.iter().enumerate() {
+        let shapes = [(expert.gate, inner, hidden), (expert.up, inner, hidden), (expert.down, hidden, inner)];
+        if let Some((matrix, rows, columns)) =
+            shapes.into_iter().find(|(m, rows, columns)| m.rows != *rows || m.columns != *columns)
+        {
+            return Err(unsupported(format!(
+                "expert {index} of the batch has a {}×{} matrix, expected {rows}×{columns}",
+                matrix.rows, matrix.columns
+            )));
+        }
+        if let Some(&(token, _)) = expert.tokens.iter().find(|(token, _)| *token >= tokens) {
+            return Err(unsupported(format!("expert {index} of the batch names token {token} of {tokens}")));
+        }
+    }
+    Ok(())
+}
+
+/// The INT4 form of `matrix` when the grouped kernel can read it with `group_size`.
+fn readable_int4(matrix: &Matrix, group_size: usize) -> Option<&Int4Weight> {
+    let int4 = matrix.int4.as_deref()?;
+    let fits = int4.group_size == group_size
+        && matrix.columns.is_multiple_of(group_size)
+        && int4.packed.len() == matrix.rows * (matrix.columns / 8)
+        && int4.scales.len() == matrix.rows * (matrix.columns / group_size);
+    fits.then_some(int4)
+}
+
+/// The group size every matrix of the batch shares, when all are INT4 and the W4A16 kernels can read them (a
+/// multiple of 8 dividing `hidden` and `inner`).
+fn common_group_size(experts: &[&RoutedExpert], hidden: usize, inner: usize) -> Option<usize> {
+    let group_size = experts.first()?.gate.int4.as_ref()?.group_size;
+    let usable = group_size > 0
+        && group_size.is_multiple_of(8)
+        && hidden.is_multiple_of(group_size)
+        && inner.is_multiple_of(group_size);
+    let all = experts.iter().all(|expert| {
+        [expert.gate, expert.up, expert.down].into_iter().all(|m| readable_int4(m, group_size).is_some())
+    });
+    (usable && all).then_some(group_size)
+}
+
+/// One projection of the batch concatenated on the device: packed words and scales of every expert in batch order.
+struct Concatenated {
+    packed: DeviceBuffer,
+    scales: DeviceBuffer,
+}
+
+fn concatenate<'a>(
+    device: &dyn Device,
+    experts: &[&RoutedExpert<'a>],
+    group_size: usize,
+    pick: impl Fn(&RoutedExpert<'a>) -> &'a Matrix,
+) -> Result<Concatenated, CudaError> {
+    let int4 = |expert: &RoutedExpert<'a>| readable_int4(pick(expert), group_size);
+    let words: usize = experts.iter().filter_map(|e| int4(e)).map(|w| w.packed.len()).sum();
+    let groups: usize = experts.iter().filter_map(|e| int4(e)).map(|w| w.scales.len()).sum();
+    let (mut packed, mut scales) = (Vec::with_capacity(words), Vec::with_capacity(groups));
+    for weight in experts.iter().filter_map(|e| int4(e)) {
+        packed.extend_from_slice(&weight.packed);
+        scales.extend_from_slice(&weight.scales);
+    }
+    Ok(Concatenated { packed: device.upload(&packed)?, scales: device.upload(&scales)? })
+}
+
+/// The INT4 batch: four launches over expert-sorted rows, one download, the combine on the host.
+fn grouped(
+    device: &dyn Device,
+    x: &[f32],
+    hidden: usize,
+    inner: usize,
+    group_size: usize,
+    experts: &[&RoutedExpert],
+    output: &mut [f32],
+) -> Result<(), CudaError> {
+    let rows: usize = experts.iter().map(|expert| expert.tokens.len()).sum();
+    let mut sorted = Vec::with_capacity(rows * hidden);
+    let mut segment_start = Vec::with_capacity(experts.len() + 1);
+    segment_start.push(0i32);
+    for expert in experts {
+        for &(token, _) in expert.tokens {
+            sorted.extend_from_slice(&x[token * hidden..][..hidden]);
+        }
+        let end = i32::try_from(sorted.len() / hidden)
+            .map_err(|_| unsupported(format!("{rows} routed rows do not fit a 32-bit kernel index")))?;
+        segment_start.push(end);
+    }
+    let segment_expert: Vec<i32> = (0..experts.len() as i32).collect();
+    let segments = experts.len();
+
+    let gate_weights = concatenate(device, experts, group_size, |e| e.gate)?;
+    let up_weights = concatenate(device, experts, group_size, |e| e.up)?;
+    let down_weights = concatenate(device, experts, group_size, |e| e.down)?;
+    let x_sorted = device.upload(&sorted)?;
+    let segment_expert = device.upload(&segment_expert)?;
+    let segment_start = device.upload(&segment_start)?;
+    let gate = device.alloc_for::<f32>(rows * inner)?;
+    let up = device.alloc_for::<f32>(rows * inner)?;
+    let activated = device.alloc_for::<f32>(rows * inner)?;
+    let down = device.alloc_for::<f32>(rows * hidden)?;
+
+    let projection = |weights: &Concatenated, in_features, out_features, input: &DeviceBuffer, y: &DeviceBuffer| {
+        let shape = GroupedInt4 {
+            packed: &weights.packed,
+            scales: &weights.scales,
+            group_size,
+            experts: segments,
+            in_features,
+            out_features,
+        };
+        w4a16_grouped(device, input, &shape, &segment_expert, &segment_start, segments, rows, y)
+    };
+    projection(&gate_weights, hidden, inner, &x_sorted, &gate)?;
+    projection(&up_weights, hidden, inner, &x_sorted, &up)?;
+    silu_mul_f32(device, &gate, &up, &activated, rows * inner)?;
+    projection(&down_weights, inner, hidden, &activated, &down)?;
+    let down = device.download::<f32>(&down, rows * hidden)?;
+
+    let mut offset = 0;
+    for expert in experts {
+        let count = expert.tokens.len() * hidden;
+        accumulate(output, hidden, expert.tokens, &down[offset..offset + count]);
+        offset += count;
+    }
+    Ok(())
+}
+
+/// One expert on its dense f32 weights (uploaded for this use only, not cached): gate, up, SiLU-gate and down
+/// chained on the device, one download, the combine on the host.
+fn dense(
+    device: &dyn Device,
+    x: &[f32],
+    hidden: usize,
+    inner: usize,
+    expert: &RoutedExpert,
+    output: &mut [f32],
+) -> Result<(), CudaError> {
+    let rows = expert.tokens.len();
+    let mut gathered = Vec::with_capacity(rows * hidden);
+    for &(token, _) in expert.tokens {
+        gathered.extend_from_slice(&x[token * hidden..][..hidden]);
+    }
+    let x_rows = device.upload(&gathered)?;
+    let gate_weight = device.upload(&expert.gate.data)?;
+    let up_weight = device.upload(&expert.up.data)?;
+    let down_weight = device.upload(&expert.down.data)?;
+    let gate = device.alloc_for::<f32>(rows * inner)?;
+    let up = device.alloc_for::<f32>(rows * inner)?;
+    let activated = device.alloc_for::<f32>(rows * inner)?;
+    let down = device.alloc_for::<f32>(rows * hidden)?;
+    linear_f32(device, &x_rows, &gate_weight, None, &gate, rows, hidden, inner)?;
+    linear_f32(device, &x_rows, &up_weight, None, &up, rows, hidden, inner)?;
+    silu_mul_f32(device, &gate, &up, &activated, rows * inner)?;
+    linear_f32(device, &activated, &down_weight, None, &down, rows, inner, hidden)?;
+    let down = device.download::<f32>(&down, rows * hidden)?;
+    accumulate(output, hidden, expert.tokens, &down);
+    Ok(())
+}
