@@ -165,6 +165,14 @@ pub trait Backend: Sync {
     /// `output[token] += weight · down(silu(gate · x[token]) ⊙ (up · x[token]))` (the product rounded, then added),
     /// so each token sums its experts in slice order whatever the backend computes in between.
     fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]);
+    /// Writes cached rows of `layer` into `pool` (encoded in its dtype), and into the backend's resident copy of the
+    /// pool's pages where it keeps one.
+    fn kv_write(&self, pool: &mut KvPool, layer: usize, rows: &[KvRow<'_>]) -> Result<(), PoolError>;
+    /// One layer of a decode step over the paged cache: writes each request's new row at its position, verifies its
+    /// mappings ([`KvPool::verify`]; when `step.verify`, or always where the check is fused into the attention) and
+    /// attends its query over positions `0..=position` (only the `selection` keys when given). A request whose
+    /// mappings fail is neither written through a bad mapping nor attended: its output is NaN and its fault given.
+    fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> PagedDecode;
 }
 
 /// One routed expert of a batch: its SwiGLU weights (`gate`, `up` `[inner, hidden]`, `down` `[hidden, inner]`) and
@@ -175,4 +183,82 @@ pub struct RoutedExpert<'a> {
     pub up: &'a Matrix,
     pub down: &'a Matrix,
     pub tokens: &'a [(usize, f32)],
+}
+
+use super::kv_cache::{KvPool, PoolError, RequestId};
+
+/// Where each query head of a paged decode finds its key and value in a cached row: key head `g` at `g · k_stride`
+/// (`qk_dim` wide), its value at `v_base + g · v_stride` (`v_dim` wide); query head `h` reads key head
+/// `h / (heads / kv_heads)`; `score = scale · q · key`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PagedLayout {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub qk_dim: usize,
+    pub v_dim: usize,
+    pub k_stride: usize,
+    pub v_base: usize,
+    pub v_stride: usize,
+    pub scale: f32,
+}
+
+impl PagedLayout {
+    /// GQA rows `[K kv_heads·head_dim | V kv_heads·head_dim]`.
+    pub fn gqa(heads: usize, kv_heads: usize, head_dim: usize, scale: f32) -> Self {
+        Self {
+            heads,
+            kv_heads,
+            qk_dim: head_dim,
+            v_dim: head_dim,
+            k_stride: head_dim,
+            v_base: kv_heads * head_dim,
+            v_stride: head_dim,
+            scale,
+        }
+    }
+
+    /// MLA in the absorbed form: rows `[latent kv_lora | k_pe rope]`; each query head is `kv_lora + rope` wide
+    /// (q_nope through kv_b's K part, then q_pe) and its output `kv_lora` wide (kv_b's V part and o_proj follow).
+    pub fn mla_absorbed(heads: usize, kv_lora: usize, rope: usize, scale: f32) -> Self {
+        Self { heads, kv_heads: 1, qk_dim: kv_lora + rope, v_dim: kv_lora, k_stride: 0, v_base: 0, v_stride: 0, scale }
+    }
+}
+
+/// One cached row: `request`'s `position` (`row` `[row_width]`, `aux` `[aux_width]`, f32).
+#[derive(Debug, Clone, Copy)]
+pub struct KvRow<'a> {
+    pub request: RequestId,
+    pub position: usize,
+    pub row: &'a [f32],
+    pub aux: &'a [f32],
+}
+
+/// One request of a paged decode step: its new row (written at `row.position`, then attended with positions before
+/// it) and, on DSA layers, the keys it may attend to (`[position + 1]`).
+#[derive(Debug, Clone, Copy)]
+pub struct PagedRequest<'a> {
+    pub row: KvRow<'a>,
+    pub selection: Option<&'a [bool]>,
+}
+
+/// One layer of a decode step: queries `q` `[requests, heads, qk_dim]` laid out as `layout`.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedStep<'a> {
+    pub layer: usize,
+    pub layout: PagedLayout,
+    /// Verify every mapping of each request (the step's first layer); counted in the pool's counters.
+    pub verify: bool,
+    pub q: &'a [f32],
+    pub requests: &'a [PagedRequest<'a>],
+}
+
+/// A paged decode's result.
+#[derive(Debug)]
+pub struct PagedDecode {
+    /// `[requests, heads, v_dim]`; NaN rows for faulted requests.
+    pub out: Vec<f32>,
+    /// Per request, why its mappings cannot be trusted.
+    pub faults: Vec<Option<PoolError>>,
+    /// Host time spent verifying (0 where the check runs inside the attention kernel).
+    pub verify_seconds: f64,
 }

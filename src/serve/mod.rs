@@ -1,6 +1,6 @@
 //! `serve-test`: continuous batching of prompts through the paged KV cache: admission while pages allow, prefill
-//! (optionally on another model, the KV handed over converted to the decode dtype), decode steps preceded by the
-//! verification of every mapping, aborts of requests whose mappings disagree, and the run's report.
+//! (optionally on another model, the KV handed over converted to the decode dtype), decode steps that verify every
+//! mapping before using it, aborts of requests whose mappings disagree, and the run's report.
 
 pub mod prompts;
 pub mod sampling;
@@ -250,7 +250,7 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
             let started = Instant::now();
             let prefilled = prefiller.as_ref().unwrap_or(&decoder).prefill(backend, &encoded[index])?;
             pool.open(id);
-            DecodeModel::hand_over(&mut pool, id, &prefilled)
+            DecodeModel::hand_over(backend, &mut pool, id, &prefilled)
                 .map_err(|e| input(format!("kv cache handoff of request {id}: {e}")))?;
             prefill_seconds += started.elapsed().as_secs_f64();
             prefill_tokens += encoded[index].len();
@@ -281,38 +281,39 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
                 }
             }
         }
-        if options.verify {
-            let started = Instant::now();
-            let mut failed = Vec::new();
-            for request in &active {
-                if let Err(error) = pool.verify(request.id) {
-                    failed.push((request.id, error.to_string()));
-                }
-            }
-            verify_seconds += started.elapsed().as_secs_f64();
-            for (id, error) in failed {
-                eprintln!("aborted request {id} before decode step {step}: kv integrity: {error}");
-                pool.release(id, true);
-                let position = active.iter().position(|a| a.id == id).expect("failed request is active");
-                let request = active.remove(position);
-                committed -= need[id as usize];
-                finished[id as usize] = Some((request.generated, Finish::Aborted(format!("kv integrity: {error}"))));
-            }
-        }
         let items: Vec<DecodeItem> = active
             .iter()
             .map(|a| DecodeItem { request: a.id, token: *a.generated.last().expect("one token"), position: a.position })
             .collect();
-        let logits = decoder.decode(backend, &mut pool, &items)?;
+        // The step verifies every mapping before writing or attending through it (on a device, inside the attention
+        // kernel); a request that fails is aborted and the others go on.
+        let decoded = decoder.decode(backend, &mut pool, &items, options.verify)?;
+        verify_seconds += decoded.verify_seconds;
         decode_tokens += items.len();
         let mut done = Vec::new();
-        for (request, logits) in active.iter_mut().zip(&logits) {
-            let next = options.sampling.choose(logits, &mut request.rng);
+        let mut failed = Vec::new();
+        for (request, logits) in active.iter_mut().zip(decoded.logits) {
+            let logits = match logits {
+                Ok(logits) => logits,
+                Err(error) => {
+                    failed.push((request.id, error.to_string()));
+                    continue;
+                }
+            };
+            let next = options.sampling.choose(&logits, &mut request.rng);
             request.generated.push(next);
             request.position += 1;
             if eos.contains(&next) || request.generated.len() >= options.max_new_tokens {
                 done.push(request.id);
             }
+        }
+        for (id, error) in failed {
+            eprintln!("aborted request {id} at decode step {step}: kv integrity: {error}");
+            pool.release(id, true);
+            let position = active.iter().position(|a| a.id == id).expect("failed request is active");
+            let request = active.remove(position);
+            committed -= need[id as usize];
+            finished[id as usize] = Some((request.generated, Finish::Aborted(format!("kv integrity: {error}"))));
         }
         for id in done {
             pool.release(id, false);

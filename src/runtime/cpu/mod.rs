@@ -6,6 +6,7 @@ pub(crate) mod experts;
 mod indexer;
 mod matmul;
 mod norm;
+pub mod paged;
 mod rope;
 mod routing;
 
@@ -67,6 +68,23 @@ impl Backend for Cpu {
 
     fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]) {
         experts::apply(x, hidden, experts, output)
+    }
+
+    fn kv_write(
+        &self,
+        pool: &mut crate::runtime::kv_cache::KvPool,
+        layer: usize,
+        rows: &[super::backend::KvRow<'_>],
+    ) -> Result<(), crate::runtime::kv_cache::PoolError> {
+        paged::kv_write(pool, layer, rows)
+    }
+
+    fn paged_decode(
+        &self,
+        pool: &mut crate::runtime::kv_cache::KvPool,
+        step: &super::backend::PagedStep<'_>,
+    ) -> super::backend::PagedDecode {
+        paged::decode(pool, step)
     }
 }
 

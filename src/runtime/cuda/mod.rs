@@ -14,6 +14,7 @@ pub mod indexer;
 pub mod linear;
 pub mod norm;
 pub mod paged;
+mod paged_decode;
 pub mod rope;
 pub mod routing;
 
@@ -189,5 +190,30 @@ impl Backend for CudaBackend {
         let result = experts::routed_experts(self, x, hidden, experts, output);
         // A NaN output: the failure is reported after the layer.
         self.settle(result, || output.fill(f32::NAN))
+    }
+
+    fn kv_write(
+        &self,
+        pool: &mut super::kv_cache::KvPool,
+        layer: usize,
+        rows: &[super::backend::KvRow<'_>],
+    ) -> Result<(), super::kv_cache::PoolError> {
+        // A device error: the host pool holds the rows, the failure is reported after the step.
+        let result = paged_decode::kv_write(self, pool, layer, rows);
+        self.settle(result, || Ok(()))
+    }
+
+    fn paged_decode(
+        &self,
+        pool: &mut super::kv_cache::KvPool,
+        step: &super::backend::PagedStep<'_>,
+    ) -> super::backend::PagedDecode {
+        let result = paged_decode::decode(self, pool, step);
+        // NaN outputs, no faults: the failure is reported after the layer.
+        self.settle(result, || super::backend::PagedDecode {
+            out: nans(step.requests.len() * step.layout.heads * step.layout.v_dim),
+            faults: vec![None; step.requests.len()],
+            verify_seconds: 0.0,
+        })
     }
 }

@@ -9,6 +9,7 @@
 
 use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
 use crate::cuda::CudaError;
+use crate::runtime::backend::PagedLayout;
 use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PageTag, PoolShape, RequestId};
 
 pub const TAG_WORDS: usize = 8;
@@ -216,56 +217,22 @@ pub fn write_rows(
     write_rows_on(device, pool, layer, &rows_buffer, &slots_buffer, slots.len())
 }
 
-/// Where each head finds its key and value in a cached row: key head `g` at `g · k_stride` (`qk_dim` wide), its value
-/// at `v_base + g · v_stride` (`v_dim` wide); query head `h` reads key head `h / (heads / kv_heads)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DecodeLayout {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub qk_dim: usize,
-    pub v_dim: usize,
-    pub k_stride: usize,
-    pub v_base: usize,
-    pub v_stride: usize,
-    pub scale: f32,
-}
+/// Where each head finds its key and value in a cached row (the backend's [`PagedLayout`]).
+pub type DecodeLayout = PagedLayout;
 
-impl DecodeLayout {
-    /// GQA rows `[K kv_heads·head_dim | V kv_heads·head_dim]`.
-    pub fn gqa(heads: usize, kv_heads: usize, head_dim: usize, scale: f32) -> Self {
-        Self {
-            heads,
-            kv_heads,
-            qk_dim: head_dim,
-            v_dim: head_dim,
-            k_stride: head_dim,
-            v_base: kv_heads * head_dim,
-            v_stride: head_dim,
-            scale,
-        }
-    }
-
-    /// MLA in the absorbed form: rows `[latent kv_lora | k_pe rope]`; each query head is `kv_lora + rope` wide
-    /// (q_nope through kv_b's K part, then q_pe) and its output `kv_lora` wide (kv_b's V part and o_proj follow).
-    pub fn mla_absorbed(heads: usize, kv_lora: usize, rope: usize, scale: f32) -> Self {
-        Self { heads, kv_heads: 1, qk_dim: kv_lora + rope, v_dim: kv_lora, k_stride: 0, v_base: 0, v_stride: 0, scale }
-    }
-
-    fn check(&self, row_width: usize) -> Result<(), CudaError> {
-        let Self { heads, kv_heads, qk_dim, v_dim, k_stride, v_base, v_stride, .. } = *self;
-        let problem = if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            format!("{heads} query heads cannot be grouped over {kv_heads} key/value heads")
-        } else if qk_dim == 0 || qk_dim > MAX_QK_DIM || v_dim == 0 || v_dim > MAX_V_DIM {
-            format!("head widths qk {qk_dim} / v {v_dim}: the kernel supports 1..={MAX_QK_DIM} / 1..={MAX_V_DIM}")
-        } else if (kv_heads - 1) * k_stride + qk_dim > row_width
-            || v_base + (kv_heads - 1) * v_stride + v_dim > row_width
-        {
-            format!("keys or values of {kv_heads} heads reach past the {row_width}-wide cached row")
-        } else {
-            return Ok(());
-        };
-        Err(unsupported("paged attention", problem))
-    }
+/// Whether the kernels can run `layout` over `row_width`-wide rows.
+pub fn check_layout(layout: &DecodeLayout, row_width: usize) -> Result<(), CudaError> {
+    let DecodeLayout { heads, kv_heads, qk_dim, v_dim, k_stride, v_base, v_stride, .. } = *layout;
+    let problem = if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        format!("{heads} query heads cannot be grouped over {kv_heads} key/value heads")
+    } else if qk_dim == 0 || qk_dim > MAX_QK_DIM || v_dim == 0 || v_dim > MAX_V_DIM {
+        format!("head widths qk {qk_dim} / v {v_dim}: the kernel supports 1..={MAX_QK_DIM} / 1..={MAX_V_DIM}")
+    } else if (kv_heads - 1) * k_stride + qk_dim > row_width || v_base + (kv_heads - 1) * v_stride + v_dim > row_width {
+        format!("keys or values of {kv_heads} heads reach past the {row_width}-wide cached row")
+    } else {
+        return Ok(());
+    };
+    Err(unsupported("paged attention", problem))
 }
 
 /// One request of a decode batch: its id, how many cached positions its query attends to, and its block table.
@@ -386,7 +353,7 @@ pub fn decode_on(
 ) -> Result<(), CudaError> {
     pool.check_layer(layer)?;
     let PoolShape { layers, row_width, page_size, pages, .. } = pool.shape;
-    layout.check(row_width)?;
+    check_layout(layout, row_width)?;
     let DecodeLayout { heads, kv_heads, qk_dim, v_dim, k_stride, v_base, v_stride, scale } = *layout;
     let requests = batch.requests;
     let sizes = [
@@ -472,7 +439,7 @@ pub fn decode(
     requests: &[DecodeRequest],
     plan: Option<DecodePlan>,
 ) -> Result<DecodeOutput, CudaError> {
-    layout.check(pool.shape.row_width)?;
+    check_layout(layout, pool.shape.row_width)?;
     if q.len() != requests.len() * layout.heads * layout.qk_dim {
         return Err(unsupported(
             "paged attention",

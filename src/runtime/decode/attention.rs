@@ -4,8 +4,7 @@
 
 use crate::model::config::{Attention, Indexer};
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, Matrix, RopeStyle};
-use crate::runtime::cpu::attention::{attend, KeyValues};
+use crate::runtime::backend::{Backend, Matrix, PagedLayout, RopeStyle};
 use crate::runtime::cpu::dot;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::weights::WeightReader;
@@ -23,23 +22,32 @@ pub struct IndexerStep {
     weights_proj: Matrix,
 }
 
+/// MLA weights, with kv_b split per head for the absorbed form: the query's no-RoPE part goes through
+/// `absorb_k[h]` (`W_UK_hᵀ` `[kv_lora, nope]`) to a latent query, and the attended latent through `absorb_v[h]`
+/// (`W_UV_h` `[v, kv_lora]`) to the head's value.
+pub struct MlaStep {
+    q_a: Option<(Matrix, Vec<f32>)>,
+    q_b: Matrix,
+    kv_a: Matrix,
+    kv_a_norm: Vec<f32>,
+    absorb_k: Vec<Matrix>,
+    absorb_v: Vec<Matrix>,
+    o: Matrix,
+    indexer: Option<IndexerStep>,
+}
+
 pub enum StepAttention {
-    Mla {
-        q_a: Option<(Matrix, Vec<f32>)>,
-        q_b: Matrix,
-        kv_a: Matrix,
-        kv_a_norm: Vec<f32>,
-        kv_b: Matrix,
-        o: Matrix,
-        indexer: Option<IndexerStep>,
-    },
-    Gqa {
-        q: (Matrix, Option<Vec<f32>>),
-        k: (Matrix, Option<Vec<f32>>),
-        v: (Matrix, Option<Vec<f32>>),
-        o: Matrix,
-        qk_norm: Option<(Vec<f32>, Vec<f32>)>,
-    },
+    Mla(Box<MlaStep>),
+    Gqa(Box<GqaStep>),
+}
+
+/// GQA weights (projections with their optional biases) and the optional per-head q/k RMSNorm.
+pub struct GqaStep {
+    q: (Matrix, Option<Vec<f32>>),
+    k: (Matrix, Option<Vec<f32>>),
+    v: (Matrix, Option<Vec<f32>>),
+    o: Matrix,
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 /// Per new token: its queries and what the DSA indexer needs to select its keys.
@@ -105,15 +113,28 @@ impl StepAttention {
                     }
                     _ => None,
                 };
-                Ok(StepAttention::Mla {
+                let kv_b = reader.matrix(&name("kv_b_proj.weight"), [heads * (nope + v), kv_lora])?;
+                // kv_b rows per head: nope rows of W_UK_h, then v rows of W_UV_h, each kv_lora wide.
+                let head_rows = |h: usize| &kv_b.data[h * (nope + v) * kv_lora..][..(nope + v) * kv_lora];
+                let absorb_k = (0..heads)
+                    .map(|h| {
+                        let w_uk = &head_rows(h)[..nope * kv_lora];
+                        let transposed = (0..kv_lora * nope).map(|i| w_uk[(i % nope) * kv_lora + i / nope]).collect();
+                        Matrix::new(kv_lora, nope, transposed)
+                    })
+                    .collect();
+                let absorb_v =
+                    (0..heads).map(|h| Matrix::new(v, kv_lora, head_rows(h)[nope * kv_lora..].to_vec())).collect();
+                Ok(StepAttention::Mla(Box::new(MlaStep {
                     q_a,
                     q_b,
                     kv_a: reader.matrix(&name("kv_a_proj_with_mqa.weight"), [kv_lora + rope, hidden])?,
                     kv_a_norm: reader.vector(&name("kv_a_layernorm.weight"), kv_lora)?,
-                    kv_b: reader.matrix(&name("kv_b_proj.weight"), [heads * (nope + v), kv_lora])?,
+                    absorb_k,
+                    absorb_v,
                     o: reader.matrix(&name("o_proj.weight"), [hidden, heads * v])?,
                     indexer,
-                })
+                })))
             }
             Attention::Gqa { num_key_value_heads, head_dim, attention_bias, use_qk_norm, .. } => {
                 let projection = |which: &str, out: usize| -> Result<(Matrix, Option<Vec<f32>>), RuntimeError> {
@@ -122,7 +143,7 @@ impl StepAttention {
                         if *attention_bias { Some(reader.vector(&name(&format!("{which}.bias")), out)?) } else { None };
                     Ok((weight, bias))
                 };
-                Ok(StepAttention::Gqa {
+                Ok(StepAttention::Gqa(Box::new(GqaStep {
                     q: projection("q_proj", heads * head_dim)?,
                     k: projection("k_proj", num_key_value_heads * head_dim)?,
                     v: projection("v_proj", num_key_value_heads * head_dim)?,
@@ -135,13 +156,13 @@ impl StepAttention {
                     } else {
                         None
                     },
-                })
+                })))
             }
         }
     }
 
     pub fn has_indexer(&self) -> bool {
-        matches!(self, StepAttention::Mla { indexer: Some(_), .. })
+        matches!(self, StepAttention::Mla(mla) if mla.indexer.is_some())
     }
 
     /// Cache rows `[tokens, row_width]` and indexer keys `[tokens, aux_width]` of normed input `x` at `positions`,
@@ -157,10 +178,8 @@ impl StepAttention {
     ) -> (Vec<f32>, Vec<f32>, Queries) {
         let tokens = positions.len();
         match (self, &config.attention) {
-            (
-                StepAttention::Mla { q_a, q_b, kv_a, kv_a_norm, indexer, .. },
-                Attention::Mla { kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, .. },
-            ) => {
+            (StepAttention::Mla(mla), Attention::Mla { kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, .. }) => {
+                let MlaStep { q_a, q_b, kv_a, kv_a_norm, indexer, .. } = mla.as_ref();
                 let (kv_lora, nope, rope) = (*kv_lora_rank, *qk_nope_head_dim, *qk_rope_head_dim);
                 let heads = config.num_attention_heads;
                 let qk = nope + rope;
@@ -216,7 +235,8 @@ impl StepAttention {
                 };
                 (rows, aux, Queries { q, index })
             }
-            (StepAttention::Gqa { q, k, v, qk_norm, .. }, Attention::Gqa { num_key_value_heads, head_dim, .. }) => {
+            (StepAttention::Gqa(gqa), Attention::Gqa { num_key_value_heads, head_dim, .. }) => {
+                let GqaStep { q, k, v, qk_norm, .. } = gqa.as_ref();
                 let (kv_heads, head_dim) = (*num_key_value_heads, *head_dim);
                 let heads = config.num_attention_heads;
                 let eps = config.rms_norm_eps as f32;
@@ -279,94 +299,72 @@ impl StepAttention {
         Some(mask)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    /// Attention output (before `o_proj`) `[heads · v_dim]` of query `token` over `count` context rows.
-    pub fn attend(
-        &self,
-        backend: &dyn Backend,
-        config: &ModelConfig,
-        mla_scale: f32,
-        queries: &Queries,
-        token: usize,
-        rows: &[f32],
-        count: usize,
-        allowed: Option<&[bool]>,
-    ) -> Vec<f32> {
+    /// How the paged attention reads this layer's cached rows: GQA heads over `[K | V]`, MLA in the absorbed form.
+    pub fn layout(config: &ModelConfig, mla_scale: f32) -> PagedLayout {
         let heads = config.num_attention_heads;
-        match (self, &config.attention) {
-            (
-                StepAttention::Mla { kv_b, .. },
-                Attention::Mla { kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, .. },
-            ) => {
-                let (kv_lora, nope, rope, v) = (*kv_lora_rank, *qk_nope_head_dim, *qk_rope_head_dim, *v_head_dim);
-                let qk = nope + rope;
-                let width = kv_lora + rope;
-                let mut latents = Vec::with_capacity(count * kv_lora);
-                for row in rows[..count * width].chunks(width) {
-                    latents.extend_from_slice(&row[..kv_lora]);
-                }
-                let kv = backend.linear(&latents, count, kv_b, None);
-                let mut k = vec![0f32; count * heads * qk];
-                let mut values = vec![0f32; count * heads * v];
-                for s in 0..count {
-                    let k_pe = &rows[s * width + kv_lora..][..rope];
-                    for h in 0..heads {
-                        let source = &kv[(s * heads + h) * (nope + v)..][..nope + v];
-                        let key = &mut k[(s * heads + h) * qk..][..qk];
-                        key[..nope].copy_from_slice(&source[..nope]);
-                        key[nope..].copy_from_slice(k_pe);
-                        values[(s * heads + h) * v..][..v].copy_from_slice(&source[nope..]);
-                    }
-                }
-                let q = &queries.q[token * heads * qk..][..heads * qk];
-                single_query(q, &k, &values, heads, heads, qk, v, mla_scale, count, allowed)
+        match &config.attention {
+            Attention::Mla { kv_lora_rank, qk_rope_head_dim, .. } => {
+                PagedLayout::mla_absorbed(heads, *kv_lora_rank, *qk_rope_head_dim, mla_scale)
             }
-            (StepAttention::Gqa { .. }, Attention::Gqa { num_key_value_heads, head_dim, .. }) => {
-                let (kv_heads, head_dim) = (*num_key_value_heads, *head_dim);
-                let width = kv_heads * head_dim;
-                let mut k = Vec::with_capacity(count * width);
-                let mut values = Vec::with_capacity(count * width);
-                for row in rows[..count * 2 * width].chunks(2 * width) {
-                    k.extend_from_slice(&row[..width]);
-                    values.extend_from_slice(&row[width..]);
-                }
-                let q = &queries.q[token * heads * head_dim..][..heads * head_dim];
-                let scale = (head_dim as f32).powf(-0.5);
-                single_query(q, &k, &values, heads, kv_heads, head_dim, head_dim, scale, count, allowed)
+            Attention::Gqa { num_key_value_heads, head_dim, .. } => {
+                PagedLayout::gqa(heads, *num_key_value_heads, *head_dim, (*head_dim as f32).powf(-0.5))
             }
-            _ => unreachable!("attention weights of the other architecture"),
         }
+    }
+
+    /// The queries the paged attention takes, `[tokens, heads, layout.qk_dim]`: GQA as projected; MLA absorbed —
+    /// each head's `q_nope · W_UK_h` (kv_lora wide) followed by its `q_pe`.
+    pub fn attention_queries(&self, backend: &dyn Backend, config: &ModelConfig, queries: &Queries) -> Vec<f32> {
+        let (StepAttention::Mla(mla), Attention::Mla { kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, .. }) =
+            (self, &config.attention)
+        else {
+            return queries.q.clone();
+        };
+        let (kv_lora, nope, rope) = (*kv_lora_rank, *qk_nope_head_dim, *qk_rope_head_dim);
+        let heads = config.num_attention_heads;
+        let (qk, width) = (nope + rope, kv_lora + rope);
+        let tokens = queries.q.len() / (heads * qk);
+        let mut absorbed = vec![0f32; tokens * heads * width];
+        for (h, absorb_k) in mla.absorb_k.iter().enumerate() {
+            let q_nope: Vec<f32> =
+                (0..tokens).flat_map(|t| &queries.q[(t * heads + h) * qk..][..nope]).copied().collect();
+            let latent = backend.linear(&q_nope, tokens, absorb_k, None);
+            for t in 0..tokens {
+                let row = &mut absorbed[(t * heads + h) * width..][..width];
+                row[..kv_lora].copy_from_slice(&latent[t * kv_lora..][..kv_lora]);
+                row[kv_lora..].copy_from_slice(&queries.q[(t * heads + h) * qk + nope..][..rope]);
+            }
+        }
+        absorbed
+    }
+
+    /// The attention outputs `[tokens, heads · v_dim]` that `o_proj` takes, from the paged attention's
+    /// `[tokens, heads, layout.v_dim]`: GQA as they are; MLA each head's attended latent through `W_UV_h`.
+    pub fn attention_values(&self, backend: &dyn Backend, config: &ModelConfig, attended: Vec<f32>) -> Vec<f32> {
+        let (StepAttention::Mla(mla), Attention::Mla { kv_lora_rank, v_head_dim, .. }) = (self, &config.attention)
+        else {
+            return attended;
+        };
+        let (kv_lora, v) = (*kv_lora_rank, *v_head_dim);
+        let heads = config.num_attention_heads;
+        let tokens = attended.len() / (heads * kv_lora);
+        let mut values = vec![0f32; tokens * heads * v];
+        for (h, absorb_v) in mla.absorb_v.iter().enumerate() {
+            let latent: Vec<f32> =
+                (0..tokens).flat_map(|t| &attended[(t * heads + h) * kv_lora..][..kv_lora]).copied().collect();
+            let head = backend.linear(&latent, tokens, absorb_v, None);
+            for t in 0..tokens {
+                values[(t * heads + h) * v..][..v].copy_from_slice(&head[t * v..][..v]);
+            }
+        }
+        values
     }
 
     pub fn output(&self, backend: &dyn Backend, attended: &[f32], tokens: usize) -> Vec<f32> {
         let o = match self {
-            StepAttention::Mla { o, .. } | StepAttention::Gqa { o, .. } => o,
+            StepAttention::Mla(mla) => &mla.o,
+            StepAttention::Gqa(gqa) => &gqa.o,
         };
         backend.linear(attended, tokens, o, None)
     }
-}
-
-/// Softmax attention of one query over `count` keys, the arithmetic of `cpu::attention::causal` for its last row.
-#[allow(clippy::too_many_arguments)]
-fn single_query(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    heads: usize,
-    kv_heads: usize,
-    qk_dim: usize,
-    v_dim: usize,
-    scale: f32,
-    count: usize,
-    allowed: Option<&[bool]>,
-) -> Vec<f32> {
-    let group = heads / kv_heads.max(1);
-    let mut out = vec![0f32; heads * v_dim];
-    for (head, y) in out.chunks_mut(v_dim).enumerate() {
-        let kv_head = head / group.max(1);
-        let q_row = &q[head * qk_dim..][..qk_dim];
-        let keys = KeyValues { k, v, kv_heads, kv_head, qk_dim, v_dim };
-        attend(q_row, &keys, count, scale, |key| allowed.is_none_or(|mask| mask[key]), y);
-    }
-    out
 }

@@ -17,7 +17,8 @@ use std::sync::atomic::Ordering;
 
 use attention::StepAttention;
 
-use super::backend::{Backend, Matrix};
+use super::backend::{Backend, KvRow, Matrix, PagedRequest, PagedStep};
+use super::cpu::paged::attend_rows;
 use super::kv_cache::{KvPool, PoolError, RequestId};
 use super::kv_scales::{KvLayout, KvScales};
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
@@ -55,6 +56,14 @@ pub struct Prefilled {
     /// Per layer `[tokens, row_width]` and `[tokens, aux_width]`, f32 (the handoff converts them to the pool dtype).
     pub rows: Vec<Vec<f32>>,
     pub aux: Vec<Vec<f32>>,
+}
+
+/// One decode step's results, in item order: logits `[vocab]`, or why the item's cached mappings cannot be trusted
+/// (it was dropped from the step at the first layer that found it).
+pub struct DecodeStep {
+    pub logits: Vec<Result<Vec<f32>, PoolError>>,
+    /// Host time spent verifying mappings (0 where the device verifies inside the attention kernel).
+    pub verify_seconds: f64,
 }
 
 /// A model opened for incremental decoding.
@@ -178,27 +187,23 @@ impl DecodeModel {
         let mut hidden = reader.rows("model.embed_tokens.weight", self.config.hidden_size, tokens)?;
         let (mut all_rows, mut all_aux) = (Vec::new(), Vec::new());
         let mut selection: Vec<Option<Vec<bool>>> = vec![None; count];
+        let layout = StepAttention::layout(&self.config, self.mla_scale);
+        let (row_width, heads) = (self.row_width(), self.config.num_attention_heads);
         for layer in &self.layers {
             let x = self.normed(backend, &hidden, &layer.input_norm);
             let (rows, aux, queries) =
                 layer.attention.project(backend, &self.config, &self.table, &x, &positions, self.aux_width());
-            let mut attended = Vec::new();
+            let q = layer.attention.attention_queries(backend, &self.config, &queries);
+            let mut attended = vec![0f32; count * heads * layout.v_dim];
             for (t, selected) in selection.iter_mut().enumerate() {
                 if layer.attention.has_indexer() {
                     *selected = StepAttention::select(&self.config, &queries, t, &aux, t + 1);
                 }
-                let allowed = selected.as_deref();
-                attended.extend(layer.attention.attend(
-                    backend,
-                    &self.config,
-                    self.mla_scale,
-                    &queries,
-                    t,
-                    &rows,
-                    t + 1,
-                    allowed,
-                ));
+                let q_row = &q[t * heads * layout.qk_dim..][..heads * layout.qk_dim];
+                let y = &mut attended[t * heads * layout.v_dim..][..heads * layout.v_dim];
+                attend_rows(&layout, q_row, &rows, row_width, t + 1, selected.as_deref(), y);
             }
+            let attended = layer.attention.attention_values(backend, &self.config, attended);
             self.finish_layer(backend, &reader, layer, &mut hidden, &attended, count)?;
             all_rows.push(rows);
             all_aux.push(aux);
@@ -209,86 +214,123 @@ impl DecodeModel {
         Ok(Prefilled { logits, rows: all_rows, aux: all_aux })
     }
 
-    /// Writes a prefilled prompt's rows into `pool` for `request` (converted to the pool's dtype and scales).
-    pub fn hand_over(pool: &mut KvPool, request: RequestId, prefilled: &Prefilled) -> Result<(), PoolError> {
+    /// Writes a prefilled prompt's rows into `pool` for `request` (converted to the pool's dtype and scales) through
+    /// `backend`, which keeps its own copy of the pool where it attends.
+    pub fn hand_over(
+        backend: &dyn Backend,
+        pool: &mut KvPool,
+        request: RequestId,
+        prefilled: &Prefilled,
+    ) -> Result<(), PoolError> {
         let shape = pool.shape();
         let count = prefilled.rows.first().map_or(0, |rows| rows.len() / shape.row_width);
         pool.reserve(request, count)?;
         for (layer, (rows, aux)) in prefilled.rows.iter().zip(&prefilled.aux).enumerate() {
-            for position in 0..count {
-                pool.write(
+            let rows: Vec<KvRow> = (0..count)
+                .map(|position| KvRow {
                     request,
-                    layer,
                     position,
-                    &rows[position * shape.row_width..][..shape.row_width],
-                    &aux[position * shape.aux_width..][..shape.aux_width],
-                )?;
-            }
+                    row: &rows[position * shape.row_width..][..shape.row_width],
+                    aux: &aux[position * shape.aux_width..][..shape.aux_width],
+                })
+                .collect();
+            backend.kv_write(pool, layer, &rows)?;
         }
         Ok(())
     }
 
-    /// Advances every item by one token: writes its rows at its position, attends over positions `0..=position`
-    /// read back from the pool, and returns each item's logits `[vocab]` in order.
+    /// Advances every item by one token: writes its rows at its position and attends over positions `0..=position`
+    /// of the pool, through [`Backend::paged_decode`], which verifies each item's mappings at the first layer (with
+    /// `verify`; a device verifies at every layer inside its attention kernel). An item that fails is dropped from
+    /// the rest of the step and gets its fault instead of logits.
     pub fn decode(
         &self,
         backend: &dyn Backend,
         pool: &mut KvPool,
         items: &[DecodeItem],
-    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        verify: bool,
+    ) -> Result<DecodeStep, RuntimeError> {
         if items.is_empty() {
-            return Ok(Vec::new());
+            return Ok(DecodeStep { logits: Vec::new(), verify_seconds: 0.0 });
         }
         let pool_error = |e: PoolError| RuntimeError::Input(format!("kv cache: {e}"));
         let reader = WeightReader::new(&self.checkpoint);
-        let count = items.len();
         for item in items {
             self.check_positions(item.position + 1)?;
             pool.reserve(item.request, item.position + 1).map_err(pool_error)?;
         }
-        let positions: Vec<usize> = items.iter().map(|i| i.position).collect();
         let tokens: Vec<u32> = items.iter().map(|i| i.token).collect();
         let mut hidden = reader.rows("model.embed_tokens.weight", self.config.hidden_size, &tokens)?;
         let (row_width, aux_width) = (self.row_width(), self.aux_width());
-        let mut selection: Vec<Option<Vec<bool>>> = vec![None; count];
-        let (mut rows, mut aux) = (Vec::new(), Vec::new());
+        let layout = StepAttention::layout(&self.config, self.mla_scale);
+        let per_item = self.config.num_attention_heads * layout.v_dim;
+        // Items still in the step (indices into `items`), their DSA selections, and each item's result.
+        let mut live: Vec<usize> = (0..items.len()).collect();
+        let mut selection: Vec<Option<Vec<bool>>> = vec![None; items.len()];
+        let mut results: Vec<Option<Result<Vec<f32>, PoolError>>> = vec![None; items.len()];
+        let mut verify_seconds = 0.0;
+        let mut aux = Vec::new();
         for (index, layer) in self.layers.iter().enumerate() {
+            let positions: Vec<usize> = live.iter().map(|&i| items[i].position).collect();
             let x = self.normed(backend, &hidden, &layer.input_norm);
             let (new_rows, new_aux, queries) =
                 layer.attention.project(backend, &self.config, &self.table, &x, &positions, aux_width);
-            for (t, item) in items.iter().enumerate() {
-                pool.write(
-                    item.request,
-                    index,
-                    item.position,
-                    &new_rows[t * row_width..][..row_width],
-                    &new_aux[t * aux_width..][..aux_width],
-                )
-                .map_err(pool_error)?;
-            }
-            let mut attended = Vec::new();
-            for (t, item) in items.iter().enumerate() {
-                let context = item.position + 1;
-                pool.read(item.request, index, context, &mut rows, &mut aux).map_err(pool_error)?;
-                if layer.attention.has_indexer() {
-                    selection[t] = StepAttention::select(&self.config, &queries, t, &aux, context);
+            let q = layer.attention.attention_queries(backend, &self.config, &queries);
+            if layer.attention.has_indexer() {
+                for (t, &i) in live.iter().enumerate() {
+                    let item = items[i];
+                    // A mapping the read cannot follow leaves the keys unselected; the verification faults it.
+                    selection[t] = pool.read_aux(item.request, index, item.position, &mut aux).ok().and_then(|()| {
+                        aux.extend_from_slice(&new_aux[t * aux_width..][..aux_width]);
+                        StepAttention::select(&self.config, &queries, t, &aux, item.position + 1)
+                    });
                 }
-                attended.extend(layer.attention.attend(
-                    backend,
-                    &self.config,
-                    self.mla_scale,
-                    &queries,
-                    t,
-                    &rows,
-                    context,
-                    selection[t].as_deref(),
-                ));
             }
-            self.finish_layer(backend, &reader, layer, &mut hidden, &attended, count)?;
+            let requests: Vec<PagedRequest> = live
+                .iter()
+                .enumerate()
+                .map(|(t, &i)| PagedRequest {
+                    row: KvRow {
+                        request: items[i].request,
+                        position: items[i].position,
+                        row: &new_rows[t * row_width..][..row_width],
+                        aux: &new_aux[t * aux_width..][..aux_width],
+                    },
+                    selection: selection[t].as_deref(),
+                })
+                .collect();
+            let step = PagedStep { layer: index, layout, verify: verify && index == 0, q: &q, requests: &requests };
+            let decoded = backend.paged_decode(pool, &step);
+            verify_seconds += decoded.verify_seconds;
+            let mut attended = decoded.out;
+            if decoded.faults.iter().any(Option::is_some) {
+                let hidden_size = self.config.hidden_size;
+                let kept: Vec<usize> = (0..live.len()).filter(|&t| decoded.faults[t].is_none()).collect();
+                for (t, fault) in decoded.faults.into_iter().enumerate() {
+                    if let Some(fault) = fault {
+                        results[live[t]] = Some(Err(fault));
+                    }
+                }
+                hidden = kept.iter().flat_map(|&t| &hidden[t * hidden_size..][..hidden_size]).copied().collect();
+                attended = kept.iter().flat_map(|&t| &attended[t * per_item..][..per_item]).copied().collect();
+                selection = kept.iter().map(|&t| selection[t].take()).collect();
+                live = kept.iter().map(|&t| live[t]).collect();
+            }
+            if live.is_empty() {
+                break;
+            }
+            let attended = layer.attention.attention_values(backend, &self.config, attended);
+            self.finish_layer(backend, &reader, layer, &mut hidden, &attended, live.len())?;
         }
-        let logits = self.logits(backend, &hidden, count);
+        if !live.is_empty() {
+            let logits = self.logits(backend, &hidden, live.len());
+            for (&i, logits) in live.iter().zip(logits.chunks(self.config.vocab_size)) {
+                results[i] = Some(Ok(logits.to_vec()));
+            }
+        }
         RuntimeError::check(backend)?;
-        Ok(logits.chunks(self.config.vocab_size).map(<[f32]>::to_vec).collect())
+        let logits = results.into_iter().map(|result| result.expect("every item decoded or faulted")).collect();
+        Ok(DecodeStep { logits, verify_seconds })
     }
 
     fn normed(&self, backend: &dyn Backend, hidden: &[f32], weight: &[f32]) -> Vec<f32> {
@@ -375,11 +417,11 @@ mod tests {
             let mut pool = KvPool::new(shape, dtype, decoder.element_scales(&scales));
             pool.open(1);
             let prefilled = decoder.prefill(&Cpu, &tokens[..prompt]).unwrap();
-            DecodeModel::hand_over(&mut pool, 1, &prefilled).unwrap();
+            DecodeModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
             let mut worst = max_abs(&prefilled.logits, &full[(prompt - 1) * vocab..][..vocab]);
             for position in prompt..tokens.len() {
                 let item = DecodeItem { request: 1, token: tokens[position], position };
-                let logits = decoder.decode(&Cpu, &mut pool, &[item]).unwrap().remove(0);
+                let logits = decoder.decode(&Cpu, &mut pool, &[item], true).unwrap().logits.remove(0).unwrap();
                 worst = worst.max(max_abs(&logits, &full[position * vocab..][..vocab]));
             }
             assert!(worst <= tolerance, "{arch:?} {dtype:?}: max |Δlogit| {worst} > {tolerance}");

@@ -12,6 +12,7 @@
 mod fault;
 mod storage;
 
+use std::any::Any;
 use std::collections::BTreeMap;
 
 pub use fault::{inject, FaultKind, InjectedFault};
@@ -98,6 +99,8 @@ pub enum PoolError {
     Unknown(RequestId),
     #[error(transparent)]
     Integrity(#[from] IntegrityError),
+    #[error("request {request}: logical page {index} disagrees with its page tag on the device, but the host tags agree (the device copy of the tags is stale)")]
+    DeviceTags { request: RequestId, index: usize },
 }
 
 /// The page pool with its tags, free list and block tables.
@@ -116,6 +119,13 @@ pub struct KvPool {
     tables: BTreeMap<RequestId, BlockTable>,
     pub counters: Counters,
     peak_used: usize,
+    /// Rows written so far, and changes of tags / free-list state so far: a backend's resident copy compares them
+    /// with what it has mirrored.
+    writes: u64,
+    tag_version: u64,
+    /// A backend's copy of this pool where it computes (the CUDA backend's device pages and tags), kept with the
+    /// pool so that it lives and dies with it.
+    resident: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl KvPool {
@@ -136,6 +146,9 @@ impl KvPool {
             tables: BTreeMap::new(),
             counters: Counters::default(),
             peak_used: 0,
+            writes: 0,
+            tag_version: 0,
+            resident: None,
         }
     }
 
@@ -183,6 +196,26 @@ impl KvPool {
         self.tables.keys().copied()
     }
 
+    /// Rows written since the pool was created.
+    pub fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    /// Changes of page tags or free-list state since the pool was created (allocations, releases, injected faults).
+    pub fn tag_version(&self) -> u64 {
+        self.tag_version
+    }
+
+    /// Takes the backend copy kept with the pool (see [`KvPool::keep_resident`]).
+    pub fn take_resident(&mut self) -> Option<Box<dyn Any + Send + Sync>> {
+        self.resident.take()
+    }
+
+    /// Keeps a backend's copy of the pool with it until taken back.
+    pub fn keep_resident(&mut self, resident: Box<dyn Any + Send + Sync>) {
+        self.resident = Some(resident);
+    }
+
     /// Starts an empty block table for `request`.
     pub fn open(&mut self, request: RequestId) {
         self.tables.entry(request).or_default();
@@ -198,6 +231,7 @@ impl KvPool {
             self.next_generation += 1;
             self.on_free[page as usize] = false;
             self.tags[page as usize] = Some(PageTag { owner: request, index: index as u32, generation });
+            self.tag_version += 1;
             let table = self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?;
             table.entries.push(Mapping { page, generation });
         }
@@ -205,7 +239,8 @@ impl KvPool {
         Ok(())
     }
 
-    fn slot(&self, request: RequestId, position: usize) -> Result<usize, PoolError> {
+    /// The slot (physical page · page_size + offset) `request`'s `position` maps to.
+    pub fn slot(&self, request: RequestId, position: usize) -> Result<usize, PoolError> {
         let table = self.tables.get(&request).ok_or(PoolError::Unknown(request))?;
         let index = position / self.shape.page_size;
         let mapping = table.entries.get(index).ok_or(PoolError::Full(self.shape.pages))?;
@@ -235,6 +270,42 @@ impl KvPool {
         self.aux[element * aux_width..][..aux_width].copy_from_slice(&aux[..aux_width]);
         let table = self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?;
         table.tokens = table.tokens.max(position + 1);
+        self.writes += 1;
+        Ok(())
+    }
+
+    /// Whether the mapping that holds `request`'s `position` agrees with its page's tag (the one check a write
+    /// needs so that it never lands in another request's page).
+    pub fn mapping_agrees(&self, request: RequestId, position: usize) -> bool {
+        let Some(table) = self.tables.get(&request) else { return false };
+        let index = position / self.shape.page_size;
+        let Some(mapping) = table.entries.get(index) else { return false };
+        let page = mapping.page as usize;
+        page < self.shape.pages
+            && !self.on_free[page]
+            && self.tags[page] == Some(PageTag { owner: request, index: index as u32, generation: mapping.generation })
+    }
+
+    /// Reads the aux values of positions `0..count` of `layer` into `aux` (`[count, aux_width]`).
+    pub fn read_aux(
+        &self,
+        request: RequestId,
+        layer: usize,
+        count: usize,
+        aux: &mut Vec<f32>,
+    ) -> Result<(), PoolError> {
+        let PoolShape { layers, aux_width, page_size, .. } = self.shape;
+        aux.resize(count * aux_width, 0.0);
+        let mut position = 0;
+        while position < count {
+            let slot = self.slot(request, position)?;
+            let (page, offset) = (slot / page_size, slot % page_size);
+            let run = (page_size - offset).min(count - position);
+            let element = (page * layers + layer) * page_size + offset;
+            aux[position * aux_width..][..run * aux_width]
+                .copy_from_slice(&self.aux[element * aux_width..][..run * aux_width]);
+            position += run;
+        }
         Ok(())
     }
 
@@ -273,17 +344,18 @@ impl KvPool {
     /// Checks every mapping of `request`: page id in range, page not on the free list, tag owner, logical index and
     /// generation equal to what the table recorded. Counts the mappings checked.
     pub fn verify(&mut self, request: RequestId) -> Result<(), IntegrityError> {
-        let table = match self.tables.get(&request) {
-            Some(table) => table,
-            None => return Ok(()),
-        };
-        let needed = self.shape.pages_for(table.tokens);
-        self.counters.mappings_verified += table.entries.len() as u64;
-        let result = check_table(request, table, &self.tags, &self.on_free, needed);
+        self.counters.mappings_verified += self.tables.get(&request).map_or(0, |table| table.entries.len() as u64);
+        let result = self.check(request);
         if result.is_err() {
             self.counters.faults_detected += 1;
         }
         result
+    }
+
+    /// [`KvPool::verify`]'s checks without counting (to name the fault a device reported).
+    pub fn check(&self, request: RequestId) -> Result<(), IntegrityError> {
+        let Some(table) = self.tables.get(&request) else { return Ok(()) };
+        check_table(request, table, &self.tags, &self.on_free, self.shape.pages_for(table.tokens))
     }
 
     /// Returns `request`'s pages to the free list and drops its table. A finished request frees its (verified)
@@ -310,6 +382,7 @@ impl KvPool {
     }
 
     fn free_page(&mut self, page: u32) {
+        self.tag_version += 1;
         self.tags[page as usize] = None;
         self.on_free[page as usize] = true;
         self.free.push(page);
@@ -317,6 +390,7 @@ impl KvPool {
 
     /// Mutable access for fault injection.
     fn parts(&mut self) -> Parts<'_> {
+        self.tag_version += 1;
         Parts { tables: &mut self.tables, tags: &mut self.tags, on_free: &mut self.on_free, free: &mut self.free }
     }
 }
