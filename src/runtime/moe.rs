@@ -53,8 +53,8 @@ pub struct MoeWeights {
 /// Host bytes of routed experts read in one batch. Two batches are in memory at once (one computing, one read
 /// ahead), so routed experts take at most 2 × 2 GiB (or two experts when one alone is larger). A Kimi K2 / GLM-5
 /// expert (3 × 2048 × 7168 / 6144 weights) is ~150–180 MiB in f32 plus its packed INT4 form, so a batch holds ~10:
-/// enough experts to keep the CPU's threads busy and to amortize the device's launches and copies over a batch,
-/// while the two batches stay small next to one layer's resident weights plus activations of a long prefill.
+/// enough experts to keep the CPU's threads busy and to amortize the device's launches and copies over a batch.
+/// (Streaming one expert per worker thread, as before, held 64 × 176 MiB = 11 GiB on a 64-core host.)
 pub const EXPERT_BATCH_BYTES: usize = 2 << 30;
 
 /// Host bytes one routed expert takes once read: f32 values (4 B) plus, for INT4 checkpoints, the packed nibbles
