@@ -121,7 +121,7 @@ pub fn calibrate(
     let mut near_ties = 0;
     let mut observations = Vec::with_capacity(config.num_hidden_layers);
     reporter.begin("layers", config.num_hidden_layers as u64);
-    let mut layers = LayerStream::start(&options.model, config.num_hidden_layers);
+    let mut layers = LayerStream::start(&options.model, config.num_hidden_layers, backend.prefetcher());
     for _ in 0..config.num_hidden_layers {
         let (layer, _) = layers.next_layer()?;
         let mut observation =

@@ -68,6 +68,13 @@ pub trait Device: Send + Sync {
     fn write(&self, buffer: &DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError>;
     /// Copies the first `out.len()` bytes of `buffer` to `out`.
     fn read(&self, buffer: &DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError>;
+    /// A new buffer holding `bytes`, for data that stays resident (weights). A GPU copies on its copy stream through
+    /// pinned staging, so another thread may upload while kernels run; the buffer is ready when this returns.
+    fn upload_bytes_resident(&self, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
+        let buffer = self.alloc(bytes.len())?;
+        self.write(&buffer, bytes)?;
+        Ok(buffer)
+    }
     /// Launches kernel `kernel` (an `extern "C"` name in kernels/*.cu).
     fn launch(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError>;
 }
@@ -96,6 +103,11 @@ impl dyn Device + '_ {
         let buffer = self.alloc(std::mem::size_of_val(values))?;
         self.write(&buffer, bytes_of(values))?;
         Ok(buffer)
+    }
+
+    /// A new resident buffer holding `values` (see [`Device::upload_bytes_resident`]).
+    pub fn upload_resident<T: Plain>(&self, values: &[T]) -> Result<DeviceBuffer, CudaError> {
+        self.upload_bytes_resident(bytes_of(values))
     }
 
     /// Copies `values` into the start of `buffer`.

@@ -63,6 +63,7 @@ pub struct Gpu {
     /// Functions looked up so far, by name (any module may export it).
     functions: Mutex<HashMap<String, CudaFunction>>,
     pub(super) staging: Mutex<Option<Staging>>,
+    pub(super) resident_staging: Mutex<Option<super::resident::Staging>>,
 }
 
 impl Gpu {
@@ -105,7 +106,16 @@ impl Gpu {
         }
         let image = if use_cubin { "sm_90a cubin" } else { "sm_90 PTX (JIT)" };
         let functions = Mutex::new(functions);
-        Ok(Gpu { info, image, context, streams, modules, functions, staging: Mutex::new(None) })
+        Ok(Gpu {
+            info,
+            image,
+            context,
+            streams,
+            modules,
+            functions,
+            staging: Mutex::new(None),
+            resident_staging: Mutex::new(None),
+        })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -248,25 +258,27 @@ impl super::device::Device for Gpu {
         Ok(super::device::DeviceBuffer::new(bytes, Box::new(slice)))
     }
 
+    fn upload_bytes_resident(&self, bytes: &[u8]) -> Result<super::device::DeviceBuffer, CudaError> {
+        super::resident::upload(self, bytes)
+    }
+
     fn write(&self, buffer: &super::device::DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError> {
         let stream = &self.streams[0];
-        let slice = device_slice(buffer)?;
-        let (pointer, _) = slice.device_ptr(stream);
-        // SAFETY: the buffer holds at least `bytes.len()` bytes (checked); the copy completes before returning.
+        let pointer = device_pointer(buffer, stream)?;
         if bytes.len() > buffer.bytes() {
             return Err(CudaError::Driver { call: "cuMemcpyHtoD", message: "write past the end of a buffer".into() });
         }
+        // SAFETY: the buffer holds at least `bytes.len()` bytes (checked); the copy completes before returning.
         unsafe { result::memcpy_htod_async(pointer, bytes, stream.cu_stream()) }.map_err(driver("cuMemcpyHtoD"))?;
         stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 
     fn read(&self, buffer: &super::device::DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError> {
         let stream = &self.streams[0];
-        let slice = device_slice(buffer)?;
         if out.len() > buffer.bytes() {
             return Err(CudaError::Driver { call: "cuMemcpyDtoH", message: "read past the end of a buffer".into() });
         }
-        let (pointer, _) = slice.device_ptr(stream);
+        let pointer = device_pointer(buffer, stream)?;
         // SAFETY: the buffer holds at least `out.len()` bytes (checked); synchronized before `out` is used.
         unsafe { result::memcpy_dtoh_async(out, pointer, stream.cu_stream()) }.map_err(driver("cuMemcpyDtoH"))?;
         stream.synchronize().map_err(driver("cuStreamSynchronize"))
@@ -291,8 +303,8 @@ impl super::device::Device for Gpu {
         let mut values = Vec::with_capacity(args.len());
         for arg in args {
             values.push(match *arg {
-                Arg::Buffer(buffer) => Value::Pointer(device_slice(buffer)?.device_ptr(stream).0),
-                Arg::At(buffer, offset) => Value::Pointer(device_slice(buffer)?.device_ptr(stream).0 + offset as u64),
+                Arg::Buffer(buffer) => Value::Pointer(device_pointer(buffer, stream)?),
+                Arg::At(buffer, offset) => Value::Pointer(device_pointer(buffer, stream)? + offset as u64),
                 Arg::Null => Value::Pointer(0),
                 Arg::I32(value) => Value::I32(value),
                 Arg::I64(value) => Value::I64(value),
@@ -321,9 +333,13 @@ impl super::device::Device for Gpu {
     }
 }
 
-fn device_slice(buffer: &super::device::DeviceBuffer) -> Result<&CudaSlice<u8>, CudaError> {
-    buffer
-        .handle
-        .downcast_ref::<CudaSlice<u8>>()
-        .ok_or_else(|| CudaError::Driver { call: "launch", message: "a buffer of another device".into() })
+/// The device address of a buffer of this GPU (a stream-ordered `CudaSlice` or a resident allocation).
+fn device_pointer(buffer: &super::device::DeviceBuffer, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
+    if let Some(slice) = buffer.handle.downcast_ref::<CudaSlice<u8>>() {
+        return Ok(slice.device_ptr(stream).0);
+    }
+    if let Some(resident) = buffer.handle.downcast_ref::<super::resident::Resident>() {
+        return Ok(resident.pointer);
+    }
+    Err(CudaError::Driver { call: "launch", message: "a buffer of another device".into() })
 }

@@ -113,12 +113,33 @@ pub struct KeySelection {
     pub near_ties: usize,
 }
 
+/// Weight bytes a device backend uploaded and the seconds the uploads took (summed over threads).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Uploads {
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// Moves weights to where a backend computes, ahead of their use, from another thread.
+pub trait Prefetch: Send + Sync {
+    fn prefetch(&self, matrices: &[&Matrix]);
+}
+
 /// The operations a decoder layer needs. The CPU backend is the reference (and the oracle for other backends).
 pub trait Backend: Sync {
     fn name(&self) -> &'static str;
     /// The first error a device backend hit since it was created (its ops return NaNs after one); the runtime checks
     /// after each layer. The CPU backend never fails.
     fn failure(&self) -> Option<String> {
+        None
+    }
+    /// A handle the layer loader thread uploads the next layer's weights through while this layer computes (device
+    /// backends); `None` where weights need no upload (the CPU).
+    fn prefetcher(&self) -> Option<std::sync::Arc<dyn Prefetch>> {
+        None
+    }
+    /// Weight uploads so far (device backends).
+    fn uploads(&self) -> Option<Uploads> {
         None
     }
     /// The backend and its device in words, for reports.
@@ -160,11 +181,6 @@ pub trait Backend: Sync {
     /// `Σ_h w[t,h]·heads^-½ · ReLU(q[t,h]·k[s]·head_dim^-½)`, and each query keeps its `top_k` best causal keys
     /// (ties to the lower key; all of them while `t < top_k`).
     fn indexer_top_k(&self, q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection;
-    /// Applies a batch of routed MoE experts to their tokens and adds the results to `output`: `x` and `output` are
-    /// `[tokens, hidden]`; for each expert in slice order and each of its `(token, weight)` pairs in list order,
-    /// `output[token] += weight · down(silu(gate · x[token]) ⊙ (up · x[token]))` (the product rounded, then added),
-    /// so each token sums its experts in slice order whatever the backend computes in between.
-    fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]);
     /// Writes cached rows of `layer` into `pool` (encoded in its dtype), and into the backend's resident copy of the
     /// pool's pages where it keeps one.
     fn kv_write(&self, pool: &mut KvPool, layer: usize, rows: &[KvRow<'_>]) -> Result<(), PoolError>;
@@ -173,6 +189,11 @@ pub trait Backend: Sync {
     /// attends its query over positions `0..=position` (only the `selection` keys when given). A request whose
     /// mappings fail is neither written through a bad mapping nor attended: its output is NaN and its fault given.
     fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> PagedDecode;
+    /// Applies a batch of routed MoE experts to their tokens and adds the results to `output`: `x` and `output` are
+    /// `[tokens, hidden]`; for each expert in slice order and each of its `(token, weight)` pairs in list order,
+    /// `output[token] += weight · down(silu(gate · x[token]) ⊙ (up · x[token]))` (the product rounded, then added),
+    /// so each token sums its experts in slice order whatever the backend computes in between.
+    fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]);
 }
 
 /// One routed expert of a batch: its SwiGLU weights (`gate`, `up` `[inner, hidden]`, `down` `[hidden, inner]`) and

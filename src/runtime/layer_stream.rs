@@ -1,12 +1,16 @@
 //! Double-buffered layer streaming: a loader thread reads and dequantizes decoder layer `i + 1` while the caller
 //! computes layer `i`, so a layer-streamed pass runs at the slower of loading and compute instead of their sum.
-//! At most two layers' resident weights are in memory (the one computing and the one loaded ahead).
+//! At most two layers' resident weights are in memory (the one computing and the one loaded ahead). With a device
+//! backend the loader also uploads the loaded layer's weights ([`Prefetch`]) before handing it over, so the copy to
+//! the GPU overlaps the current layer's kernels too.
 
 use std::path::Path;
 use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use super::backend::Prefetch;
 use super::layer::Layer;
 use super::model::open_checkpoint;
 use super::weights::WeightReader;
@@ -21,7 +25,7 @@ pub struct LayerStream {
 impl LayerStream {
     /// Starts loading layers `0..count` of the model folder `dir` (opened again on the loader thread; the
     /// checkpoint is memory-mapped, so this costs only the header parse).
-    pub fn start(dir: &Path, count: usize) -> Self {
+    pub fn start(dir: &Path, count: usize, prefetch: Option<Arc<dyn Prefetch>>) -> Self {
         // Capacity 1: one layer waits in the channel while the loader holds none (it blocks on send).
         let (sender, receiver) = sync_channel(1);
         let dir = dir.to_path_buf();
@@ -36,6 +40,9 @@ impl LayerStream {
             let reader = WeightReader::new(&checkpoint);
             for index in 0..count {
                 let layer = Layer::load(&reader, &config, index);
+                if let (Ok(layer), Some(prefetch)) = (&layer, &prefetch) {
+                    prefetch.prefetch(&layer.matrices());
+                }
                 let failed = layer.is_err();
                 if sender.send(layer).is_err() || failed {
                     return;

@@ -118,7 +118,7 @@ impl Model {
         reporter.begin("layers", config.num_hidden_layers as u64 + 1);
         let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
         let mut selection = None;
-        let mut layers = LayerStream::start(self.checkpoint.dir(), config.num_hidden_layers);
+        let mut layers = LayerStream::start(self.checkpoint.dir(), config.num_hidden_layers, backend.prefetcher());
         for _ in 0..config.num_hidden_layers {
             // Only the wait counts as load time: the rest of the loading overlapped the previous layer's compute.
             let (layer, loaded) = layers.next_layer()?;

@@ -209,8 +209,9 @@ pub fn evaluate_parity(
     let cand_context = LayerContext { backend, reader: &cand_reader, config: other, table: &table, mla_scale };
 
     reporter.begin("layers", config.num_hidden_layers as u64 + 1);
-    let mut ref_layers = LayerStream::start(&options.reference, config.num_hidden_layers);
-    let mut cand_layers = needs_candidate.then(|| LayerStream::start(&options.candidate, config.num_hidden_layers));
+    let mut ref_layers = LayerStream::start(&options.reference, config.num_hidden_layers, backend.prefetcher());
+    let mut cand_layers =
+        needs_candidate.then(|| LayerStream::start(&options.candidate, config.num_hidden_layers, backend.prefetcher()));
     for index in 0..config.num_hidden_layers {
         let (ref_layer, _) = ref_layers.next_layer()?;
         let cand_layer = match cand_layers.as_mut() {

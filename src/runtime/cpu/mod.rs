@@ -66,10 +66,6 @@ impl Backend for Cpu {
         indexer::top_k(q, k, head_weights, shape)
     }
 
-    fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]) {
-        experts::apply(x, hidden, experts, output)
-    }
-
     fn kv_write(
         &self,
         pool: &mut crate::runtime::kv_cache::KvPool,
@@ -85,6 +81,10 @@ impl Backend for Cpu {
         step: &super::backend::PagedStep<'_>,
     ) -> super::backend::PagedDecode {
         paged::decode(pool, step)
+    }
+
+    fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]) {
+        experts::apply(x, hidden, experts, output)
     }
 }
 

@@ -17,42 +17,31 @@ pub mod paged;
 mod paged_decode;
 pub mod rope;
 pub mod routing;
+pub mod selftest;
+mod weights;
 
-use std::collections::VecDeque;
+pub(crate) use weights::DeviceWeight;
+use weights::WeightStore;
+
 use std::sync::{Arc, Mutex};
 
-use crate::cuda::device::{Device, DeviceBuffer};
+use crate::cuda::device::Device;
 use crate::cuda::CudaError;
 
-use super::backend::{AttentionShape, Backend, IndexerShape, KeySelection, Matrix, RopeStyle, Routes, RoutingShape};
-
-/// Device bytes of weights kept resident between uses (a layer's dense weights plus a few experts on GLM-5).
-const WEIGHT_CACHE_BYTES: usize = 8 << 30;
-
-/// A weight as it lives on the device.
-pub(crate) enum DeviceWeight {
-    /// f32 `[rows, columns]`.
-    Dense(DeviceBuffer),
-    /// compressed-tensors INT4: packed words and BF16 scale bits.
-    Int4 { packed: DeviceBuffer, scales: DeviceBuffer, group_size: usize },
-}
-
-#[derive(Default)]
-struct WeightCache {
-    entries: VecDeque<(u64, Arc<DeviceWeight>, usize)>,
-    bytes: usize,
-}
+use super::backend::{
+    AttentionShape, Backend, IndexerShape, KeySelection, Matrix, Prefetch, RopeStyle, Routes, RoutingShape,
+};
 
 /// The CUDA backend over a device.
 pub struct CudaBackend {
     device: Arc<dyn Device>,
-    weights: Mutex<WeightCache>,
+    weights: Arc<WeightStore>,
     failure: Mutex<Option<CudaError>>,
 }
 
 impl CudaBackend {
     pub fn new(device: Arc<dyn Device>) -> Self {
-        Self { device, weights: Mutex::default(), failure: Mutex::default() }
+        Self { weights: Arc::new(WeightStore::new(device.clone())), device, failure: Mutex::default() }
     }
 
     pub fn device(&self) -> &dyn Device {
@@ -61,31 +50,7 @@ impl CudaBackend {
 
     /// The device copy of `matrix`, uploading it on first use (packed when it carries its INT4 form).
     pub(crate) fn weight(&self, matrix: &Matrix) -> Result<Arc<DeviceWeight>, CudaError> {
-        let mut cache = self.weights.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((_, weight, _)) = cache.entries.iter().find(|(id, _, _)| *id == matrix.id) {
-            return Ok(weight.clone());
-        }
-        let device = self.device();
-        let (weight, bytes) = match &matrix.int4 {
-            Some(int4) => (
-                DeviceWeight::Int4 {
-                    packed: device.upload(&int4.packed)?,
-                    scales: device.upload(&int4.scales)?,
-                    group_size: int4.group_size,
-                },
-                int4.packed.len() * 4 + int4.scales.len() * 2,
-            ),
-            None => (DeviceWeight::Dense(device.upload(&matrix.data)?), matrix.data.len() * 4),
-        };
-        let weight = Arc::new(weight);
-        cache.entries.push_back((matrix.id, weight.clone(), bytes));
-        cache.bytes += bytes;
-        while cache.bytes > WEIGHT_CACHE_BYTES && cache.entries.len() > 1 {
-            if let Some((_, _, evicted)) = cache.entries.pop_front() {
-                cache.bytes -= evicted;
-            }
-        }
-        Ok(weight)
+        self.weights.get(matrix)
     }
 
     /// Keeps the first error; the op that failed returns `fallback`.
@@ -112,6 +77,14 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!("cuda: {}", self.device.describe())
+    }
+
+    fn prefetcher(&self) -> Option<Arc<dyn Prefetch>> {
+        Some(self.weights.clone())
+    }
+
+    fn uploads(&self) -> Option<super::backend::Uploads> {
+        Some(self.weights.uploads())
     }
 
     fn failure(&self) -> Option<String> {

@@ -1,0 +1,74 @@
+//! Resident uploads on the GPU: weights copied on the copy stream (stream 1) through two pinned staging buffers,
+//! so the layer loader thread moves the next layer while stream 0 runs the current one's kernels.
+//!
+//! The buffers are allocated with the synchronous `cuMemAlloc` (usable by any stream at once) and freed only after
+//! stream 0 has drained, so a kernel still reading an evicted weight is never left with freed memory.
+
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaStream, PinnedHostSlice};
+use rayon::prelude::*;
+
+use super::device::DeviceBuffer;
+use super::driver::{driver, Gpu};
+use super::CudaError;
+
+/// Bytes per staging buffer: large enough that each copy runs at full PCIe speed, small enough to double-buffer.
+pub(super) const STAGING_BYTES: usize = 64 << 20;
+
+/// A device allocation made with `cuMemAlloc`.
+pub(super) struct Resident {
+    pub pointer: sys::CUdeviceptr,
+    compute: Arc<CudaStream>,
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        // Kernels on the compute stream may still read this buffer; wait for them before freeing.
+        let _ = self.compute.synchronize();
+        // SAFETY: `pointer` came from cuMemAlloc and is freed once, here, with no kernel still using it.
+        let _ = unsafe { result::free_sync(self.pointer) };
+    }
+}
+
+/// The two pinned staging buffers, allocated on the first resident upload.
+pub(super) struct Staging {
+    buffers: [PinnedHostSlice<u8>; 2],
+}
+
+/// Copies `bytes` into a new resident buffer on the copy stream: chunk i is copied into pinned buffer i % 2 (by all
+/// cores) while chunk i − 1 crosses the bus.
+pub(super) fn upload(gpu: &Gpu, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
+    let copy = &gpu.streams[1];
+    // SAFETY: plain allocation of at least one byte.
+    let pointer = unsafe { result::malloc_sync(bytes.len().max(1)) }.map_err(driver("cuMemAlloc"))?;
+    let resident = Resident { pointer, compute: gpu.streams[0].clone() };
+    let mut staging = gpu.resident_staging.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if staging.is_none() {
+        let allocate = || {
+            // SAFETY: pinned memory is plain bytes; written by the CPU before each copy reads it.
+            unsafe { gpu.context.alloc_pinned::<u8>(STAGING_BYTES) }.map_err(driver("cuMemHostAlloc"))
+        };
+        *staging = Some(Staging { buffers: [allocate()?, allocate()?] });
+    }
+    let Some(staging) = staging.as_mut() else { unreachable!("allocated above") };
+    for (index, chunk) in bytes.chunks(STAGING_BYTES).enumerate() {
+        let buffer = &mut staging.buffers[index % 2];
+        if index >= 2 {
+            // The copy that last read this buffer (chunk index − 2) must be done; it was queued before the
+            // previous one, so synchronizing the stream waits for at most one more chunk than needed.
+            copy.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        }
+        let host = buffer.as_mut_slice().map_err(driver("cuEventSynchronize"))?;
+        host[..chunk.len()].par_chunks_mut(1 << 20).zip(chunk.par_chunks(1 << 20)).for_each(|(to, from)| {
+            to.copy_from_slice(from);
+        });
+        let target = pointer + (index * STAGING_BYTES) as u64;
+        // SAFETY: the pinned source holds `chunk.len()` bytes and is not rewritten until this copy completed (the
+        // synchronize above); the target lies inside the allocation.
+        unsafe { result::memcpy_htod_async(target, &host[..chunk.len()], copy.cu_stream()) }
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
+    }
+    copy.synchronize().map_err(driver("cuStreamSynchronize"))?;
+    Ok(DeviceBuffer::new(bytes.len(), Box::new(resident)))
+}
