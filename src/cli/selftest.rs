@@ -2,14 +2,22 @@
 
 use anyhow::Context;
 
+use std::sync::Arc;
+
+use crate::cuda::device::Device;
+use crate::cuda::emulated::Emulator;
+use crate::cuda::selftest::SelftestReport;
 use crate::cuda::{select, selftest, DeviceChoice, Selection};
+use crate::runtime::cuda::selftest as runtime_selftest;
+use crate::runtime::cuda::CudaBackend;
 
 use super::table::Table;
 use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Device to test: cuda (or auto, which fails the same way when no GPU is usable).
+    /// Device to test: cuda (or auto, which fails the same way when no GPU is usable), or emulated (the runtime
+    /// kernels compiled for the host; no benchmarks).
     #[arg(long, default_value = "cuda")]
     pub device: DeviceChoice,
     /// Seed of the random inputs; default: fresh from the clock.
@@ -27,18 +35,16 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
-    if args.device == DeviceChoice::Cpu {
-        anyhow::bail!("selftest compares the GPU kernels with the CPU path; use --device cuda");
-    }
-    let gpu = match select(DeviceChoice::Cuda).context("selftest")? {
-        Selection::Gpu(gpu) => gpu,
-        Selection::Cpu | Selection::CpuFallback(_) => anyhow::bail!("selftest: no GPU selected"),
-    };
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
-    eprintln!("selftest on {} ({}), seed {seed}", gpu.info(), gpu.image());
-    let report = selftest::run(&gpu, seed, !args.no_bench, args.bench_rows).context("selftest")?;
+    let report = match args.device {
+        DeviceChoice::Cpu => {
+            anyhow::bail!("selftest compares the GPU kernels with the CPU path; use --device cuda (or emulated)")
+        }
+        DeviceChoice::Emulated => emulated_report(seed)?,
+        DeviceChoice::Auto | DeviceChoice::Cuda => gpu_report(&args, seed)?,
+    };
     if args.json {
         print_json(&report)?;
     } else {
@@ -59,7 +65,35 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             ]);
         }
         println!("{}", table.render());
-        println!("\n{}: {}", report.device, if report.passed { "all kernels match the CPU path" } else { "MISMATCH" });
+        let device = report.device.as_ref().map_or_else(|| report.image.clone(), |device| device.to_string());
+        println!("\n{device}: {}", if report.passed { "all kernels match the CPU path" } else { "MISMATCH" });
     }
     Ok(if report.passed { Outcome::Success } else { Outcome::GateFailed })
+}
+
+/// The quantize kernels, the runtime ops and (unless --no-bench) the benchmarks on the GPU.
+fn gpu_report(args: &Args, seed: u64) -> anyhow::Result<SelftestReport> {
+    let gpu = match select(DeviceChoice::Cuda).context("selftest")? {
+        Selection::Gpu(gpu) => *gpu,
+        Selection::Cpu | Selection::CpuFallback(_) => anyhow::bail!("selftest: no GPU selected"),
+    };
+    eprintln!("selftest on {} ({}), seed {seed}", gpu.info(), gpu.image());
+    let mut report = selftest::run(&gpu, seed, !args.no_bench, args.bench_rows).context("selftest")?;
+    let backend = CudaBackend::new(Arc::new(gpu));
+    report.rows.extend(runtime_selftest::check_ops(&backend, seed));
+    if let (false, Some(copy)) = (args.no_bench, report.copy_gb_per_s) {
+        report.rows.extend(runtime_selftest::bench(&backend, copy).context("runtime benchmarks")?);
+    }
+    report.passed = report.rows.iter().all(|row| row.passed);
+    Ok(report)
+}
+
+/// The runtime ops on the emulated device (the quantize kernels' emulation runs in `cargo test`).
+fn emulated_report(seed: u64) -> anyhow::Result<SelftestReport> {
+    let emulator = Emulator::start().context("starting the kernel emulator")?;
+    let image = emulator.describe();
+    let backend = CudaBackend::new(Arc::new(emulator));
+    let rows = runtime_selftest::check_ops(&backend, seed);
+    let passed = rows.iter().all(|row| row.passed);
+    Ok(SelftestReport { device: None, image, seed, copy_gb_per_s: None, rows, passed })
 }

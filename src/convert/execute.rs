@@ -153,7 +153,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     }
 
     let gpu = match crate::cuda::select(options.device)? {
-        Selection::Gpu(gpu) => Some(gpu),
+        Selection::Gpu(gpu) => Some(*gpu),
         Selection::Cpu => None,
         Selection::CpuFallback(reason) => {
             reporter.warn(&format!("quantizing on the CPU: {reason}"));

@@ -14,6 +14,8 @@ mod artifacts;
 mod driver;
 #[cfg(feature = "cuda")]
 mod quantize;
+#[cfg(feature = "cuda")]
+mod resident;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
@@ -128,7 +130,7 @@ pub fn probe() -> Result<DeviceInfo, CudaError> {
 /// The outcome of resolving `--device`.
 pub enum Selection {
     Cpu,
-    Gpu(Gpu),
+    Gpu(Box<Gpu>),
     /// `auto` found no usable GPU; the reason is worth one line on stderr.
     CpuFallback(CudaError),
 }
@@ -143,9 +145,9 @@ pub fn select(choice: DeviceChoice) -> Result<Selection, CudaError> {
             problem: "the emulated device runs the runtime commands (eval, calibrate-kv, serve-test); quantize takes cpu, cuda or auto".into(),
         }),
         DeviceChoice::Auto if !BUILT_WITH_CUDA => Ok(Selection::Cpu),
-        DeviceChoice::Cuda => Gpu::open(0).map(Selection::Gpu),
+        DeviceChoice::Cuda => Gpu::open(0).map(|gpu| Selection::Gpu(Box::new(gpu))),
         DeviceChoice::Auto => Ok(match Gpu::open(0) {
-            Ok(gpu) => Selection::Gpu(gpu),
+            Ok(gpu) => Selection::Gpu(Box::new(gpu)),
             Err(reason) => Selection::CpuFallback(reason),
         }),
     }

@@ -36,7 +36,8 @@ pub struct SelftestRow {
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SelftestReport {
-    pub device: DeviceInfo,
+    /// The GPU; `None` on the emulated device.
+    pub device: Option<DeviceInfo>,
     pub image: String,
     pub seed: u64,
     pub copy_gb_per_s: Option<f64>,
@@ -325,7 +326,7 @@ pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<Selft
     }
     let passed = rows_out.iter().all(|r| r.passed);
     Ok(SelftestReport {
-        device: gpu.info().clone(),
+        device: Some(gpu.info().clone()),
         image: gpu.image().to_string(),
         seed,
         copy_gb_per_s,

@@ -17,7 +17,7 @@ pub fn open_backend(choice: DeviceChoice) -> Result<(Box<dyn Backend>, Option<St
     }
     Ok(match select(choice)? {
         Selection::Cpu => (Box::new(Cpu), None),
-        Selection::Gpu(gpu) => (Box::new(CudaBackend::new(Arc::new(gpu))), None),
+        Selection::Gpu(gpu) => (Box::new(CudaBackend::new(Arc::new(*gpu))), None),
         Selection::CpuFallback(reason) => {
             (Box::new(Cpu), Some(format!("no usable GPU ({reason}); running on the CPU")))
         }
