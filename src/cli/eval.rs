@@ -93,6 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     }
     let mut table = Table::new(&["eval", ""]);
     table.row(vec!["model".into(), format!("{} ({})", report.model, report.architecture)]);
+    table.row(vec!["backend".into(), report.backend.clone()]);
     table.row(vec!["chunks × ctx".into(), format!("{} × {}", report.chunks, report.ctx)]);
     table.row(vec!["tokens predicted".into(), report.tokens.to_string()]);
     table.row(vec!["perplexity".into(), format!("{:.4} ± {:.4}", report.ppl, report.ppl_stderr)]);
@@ -105,6 +106,19 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         ),
     ]);
     table.row(vec!["tokens/s".into(), format!("{:.1}", report.tokens_per_second)]);
+    if let Some(uploads) = report.uploads {
+        table.row(vec![
+            "weight uploads".into(),
+            format!(
+                "{:.3} GB in {:.2} s ({:.1} GB/s; per layer {:.3} s of {:.3} s wall)",
+                uploads.bytes as f64 / 1e9,
+                uploads.seconds,
+                uploads.bytes as f64 / 1e9 / uploads.seconds.max(1e-9),
+                uploads.seconds / report.layers.max(1) as f64,
+                report.seconds / report.layers.max(1) as f64
+            ),
+        ]);
+    }
     if report.near_ties > 0 {
         table.row(vec!["top-k near-ties".into(), report.near_ties.to_string()]);
     }

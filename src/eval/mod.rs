@@ -12,6 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::progress::Reporter;
+use crate::runtime::backend::Uploads;
 use crate::runtime::{Backend, Model, RuntimeError};
 
 pub use inputs::{chunks_from_text, load_sequences, read_token_file};
@@ -62,6 +63,12 @@ pub struct EvalReport {
     /// Router / DSA top-k decisions within a near-tie margin (informational).
     pub near_ties: usize,
     pub logits_file: Option<String>,
+    /// Decoder layers streamed.
+    pub layers: usize,
+    /// Weight uploads of a device backend (absent on the CPU): with layer streaming they overlap compute, so the
+    /// per-layer wall time `seconds / layers` is bounded below by `uploads.seconds / layers`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uploads: Option<Uploads>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,5 +138,7 @@ pub fn evaluate(
         compute_seconds: forward.compute_seconds,
         near_ties: forward.near_ties,
         logits_file: options.save_logits.as_ref().map(|p| p.display().to_string()),
+        layers: model.config().num_hidden_layers,
+        uploads: backend.uploads(),
     })
 }
