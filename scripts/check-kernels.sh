@@ -57,6 +57,18 @@ for source in kernels/*.cu; do
     ' "$work/$name.ptxas"
 done
 
+for source in kernels/*.cu; do
+    name="$(basename "$source" .cu)"
+    if ! grep -q "family: \"$name\"" src/cuda/artifacts.rs; then
+        echo "check-kernels: $source is not embedded: add its family to ARTIFACTS in src/cuda/artifacts.rs" >&2
+        status=1
+    fi
+    if ! grep -q "#include \"../$name.cu\"" kernels/emulation/server.cpp; then
+        echo "check-kernels: $source is not in the emulated device: #include it in kernels/emulation/server.cpp" >&2
+        status=1
+    fi
+done
+
 if [[ $update == 1 ]]; then
     rm -rf kernels/build
     cp -r "$work/build" kernels/build
