@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of a prebuilt `squeeze` (built with `cargo build --release --features cuda` on the development machine,
-# x86-64 glibc 2.36): kernels against the CPU path, kernel and pipeline benchmarks, then an end-to-end GPU quantize
-# of a synthetic GLM-5-shaped checkpoint against the time to read its input and write its output. Needs an NVIDIA
-# GPU with a CUDA 13.0+ driver (libcuda.so.1) and bash/coreutils; no Rust, no CUDA toolkit. Finishes in < 8 min.
+# x86-64 glibc 2.36): every kernel (quantize and runtime) against the CPU path, kernel and pipeline benchmarks, the
+# runtime commands on cuda against cpu, a layer-streamed eval of a GLM-5-shaped INT4 model against its upload time,
+# then an end-to-end GPU quantize of a synthetic GLM-5-shaped checkpoint against the time to read its input and
+# write its output. Needs an NVIDIA GPU with a CUDA 13.0+ driver (libcuda.so.1) and bash/coreutils/awk; no Rust,
+# no CUDA toolkit. Finishes in < 9 min.
 #
 # Device steps (exactly what to run on the GPU machine):
 #   1. copy the binary and this script over: target/release/squeeze  scripts/gpu-check.sh
@@ -30,6 +32,39 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pc
 
 step "self-test: every kernel vs the CPU path (fresh random inputs, poisoned outputs) and benchmarks"
 timeout 300 "$binary" selftest --device cuda --bench-rows "$bench_rows"
+
+step "runtime on cuda vs cpu: eval logits, parity, calibrate-kv and serve-test on a small model"
+timeout 60 "$binary" synth --arch glm5 "$work/rt" --layers 2 --hidden 256 --experts 8 --moe-intermediate 128 \
+    --vocab 512 >/dev/null
+"$binary" quantize "$work/rt" "$work/rt-int4" --device cuda --force >/dev/null
+printf 'Shall I compare thee to a summer%ss day? Thou art more lovely and more temperate.\n%.0s' "'" {1..40} \
+    >"$work/text.txt"
+for device in cpu cuda; do
+    "$binary" eval "$work/rt-int4" --data "$work/text.txt" --ctx 64 --chunks 4 --device "$device" --json \
+        --save-logits "$work/logits-$device.safetensors" >"$work/eval-$device.json"
+    "$binary" calibrate-kv "$work/rt-int4" --data "$work/text.txt" --seq-len 64 --samples 4 --dry-run --json \
+        --device "$device" >"$work/calib-$device.json"
+    "$binary" serve-test "$work/rt-int4" --prompt "Shall I compare thee" --prompt "to a summer's day" \
+        --max-new-tokens 8 --kv-dtype fp8 --json --device "$device" >"$work/serve-$device.json"
+done
+# The logits files are identical in layout; compare their f32 payloads after the (equal) headers.
+cmp -s <(head -c 200 "$work/logits-cpu.safetensors") <(head -c 200 "$work/logits-cuda.safetensors") ||
+    echo "logits headers differ"
+grep -o '"mean_nll":[^,]*' "$work/eval-cpu.json" "$work/eval-cuda.json"
+grep -o '"token_ids":\[[^]]*\]' "$work/serve-cpu.json" >"$work/tokens-cpu"
+grep -o '"token_ids":\[[^]]*\]' "$work/serve-cuda.json" >"$work/tokens-cuda"
+if cmp -s "$work/tokens-cpu" "$work/tokens-cuda"; then echo "serve-test greedy tokens: identical"; else
+    echo "serve-test greedy tokens: DIFFERENT"; diff "$work/tokens-cpu" "$work/tokens-cuda" || true; fi
+rm -rf "$work/rt" "$work/rt-int4"
+
+step "layer-streamed eval of a GLM-5-shaped INT4 model (hidden 6144, experts of width 2048): per-layer time vs upload"
+timeout 200 "$binary" synth --arch glm5 "$work/glm5" --hidden 6144 --moe-intermediate 2048 --experts 32 \
+    --layers 3 --shards 4 >/dev/null
+"$binary" quantize "$work/glm5" "$work/glm5-int4" --device cuda --force >/dev/null
+rm -rf "$work/glm5"
+"$binary" eval "$work/glm5-int4" --data "$work/text.txt" --ctx 64 --chunks 4 --device cuda --json >"$work/layer.json"
+cat "$work/layer.json"
+rm -rf "$work/glm5-int4"
 
 step "byte identity: a small checkpoint quantized on the CPU and on the GPU, every rule"
 timeout 60 "$binary" synth --arch glm5 "$work/small" --hidden 576 --moe-intermediate 320 --experts 8 >/dev/null
