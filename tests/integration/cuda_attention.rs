@@ -338,3 +338,37 @@ fn check_others_unchanged(got: &paged::DecodeOutput, clean: &[f32], faults: &[u3
         }
     }
 }
+
+/// The self-test times the verification share against the same launch with `verify = false`: that launch must do
+/// exactly the attention (bit-identical output on a clean batch) and nothing of the checking (a corrupted mapping is
+/// not flagged).
+#[test]
+fn unverified_launch_is_the_same_attention_without_the_checks() {
+    let (_, row_width, layout) = layouts()[0];
+    let pool = filled_pool(KvDtype::Fp8, row_width, &CONTEXTS, 29);
+    let q = Rng(37).values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
+    let plan = Some(DecodePlan::with_pages_per_split(7, 2));
+    for backend in cuda_backends() {
+        let device = backend.device();
+        let device_pool = DevicePool::mirror(device, &pool).unwrap();
+        let run = |tables: &[(u64, usize, Vec<Mapping>)], verify: bool| {
+            let mut batch = paged::DecodeBatch::new(device, &layout, 16, &as_requests(tables), plan).unwrap();
+            batch.verify = verify;
+            let q_buffer = device.upload(&q).unwrap();
+            let count = CONTEXTS.len() * layout.heads * layout.v_dim;
+            let out = device.alloc_for::<f32>(count).unwrap();
+            let faults = device.alloc_for::<u32>(CONTEXTS.len()).unwrap();
+            paged::decode_on(device, &device_pool, 1, &layout, &batch, &q_buffer, &out, &faults).unwrap();
+            (device.download::<f32>(&out, count).unwrap(), device.download::<u32>(&faults, CONTEXTS.len()).unwrap())
+        };
+        let clean = requests_of(&pool, &CONTEXTS);
+        let (verified, _) = run(&clean, true);
+        let (unverified, faults) = run(&clean, false);
+        assert_eq!(faults, vec![0; CONTEXTS.len()]);
+        assert!(verified.iter().zip(&unverified).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let mut corrupted = clean.clone();
+        corrupted[3].2[4].generation += 1;
+        assert_eq!(run(&corrupted, true).1, vec![0, 0, 0, 5]);
+        assert_eq!(run(&corrupted, false).1, vec![0; CONTEXTS.len()]);
+    }
+}

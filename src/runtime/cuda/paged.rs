@@ -270,6 +270,8 @@ impl DecodePlan {
 pub struct DecodeBatch {
     pub requests: usize,
     pub plan: DecodePlan,
+    /// Verify every mapping inside the attention launch (always, except to time the verification's share).
+    pub verify: bool,
     pub descriptors: DeviceBuffer,
     pub mappings: DeviceBuffer,
     partial_max: DeviceBuffer,
@@ -327,6 +329,7 @@ impl DecodeBatch {
         Ok(Self {
             requests: requests.len(),
             plan,
+            verify: true,
             descriptors: device.upload(&descriptors)?,
             mappings: device.upload(&mappings)?,
             partial_max: device.alloc_for::<f32>(slots * layout.heads)?,
@@ -401,6 +404,7 @@ pub fn decode_on(
             Arg::I32(v_stride as i32),
             Arg::F32(scale),
             Arg::I32(batch.plan.pages_per_split as i32),
+            Arg::I32(batch.verify as i32),
         ],
     )?;
     let combine = LaunchShape { grid: [heads as u32, requests as u32, 1], block: [COMBINE_THREADS, 1, 1] };

@@ -1,7 +1,8 @@
 //! The runtime half of `squeeze selftest`: every CUDA backend op against the CPU backend on random awkward shapes
 //! (the same comparisons the integration tests make on the emulated device), then, on a real GPU, the issue's
 //! benchmarks: INT4 W4A16 matrix-vector at batch 1–16 on GLM-5 expert shapes against the device copy bandwidth and
-//! against BF16 weights, and the host-to-device bandwidth of resident (weight) uploads.
+//! against BF16 weights, FP8 paged decode attention at 32 K tokens with the share of its fused page verification,
+//! and the host-to-device bandwidth of resident (weight) uploads.
 
 use std::time::Instant;
 
@@ -13,10 +14,14 @@ use crate::cuda::CudaError;
 use crate::quant::scale_rule::ScaleRule;
 use crate::quant::{int4, pack};
 use crate::rng::Rng;
-use crate::runtime::backend::{AttentionShape, Backend, IndexerShape, Int4Weight, Matrix, RopeStyle, RoutingShape};
+use crate::runtime::backend::{
+    AttentionShape, Backend, IndexerShape, Int4Weight, Matrix, PagedLayout, RopeStyle, RoutingShape,
+};
 use crate::runtime::cpu::Cpu;
+use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PoolError, PoolShape};
 
 use super::linear::{linear_bf16, w4a16_linear};
+use super::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
 use super::CudaBackend;
 
 /// Products and attention sum in another order than the CPU (shuffle trees, split rows): rel L2 ~1e-7 measured;
@@ -278,6 +283,7 @@ pub fn bench(backend: &CudaBackend, copy_gb_per_s: f64) -> Result<Vec<SelftestRo
             ));
         }
     }
+    rows.extend(bench_paged(device, &fence, copy_gb_per_s)?);
     let bytes = 1usize << 30;
     let payload = vec![0x5Au8; bytes];
     let started = Instant::now();
@@ -304,5 +310,60 @@ pub fn bench(backend: &CudaBackend, copy_gb_per_s: f64) -> Result<Vec<SelftestRo
         copy_gb_per_s,
         "activations path".into(),
     ));
+    Ok(rows)
+}
+
+/// Paged FP8-KV decode attention over 32 K tokens per request on device-resident pages: GLM-5's absorbed MLA (64
+/// heads over one 576-wide latent row, page 64) at batch 1 and 8, and GLM-4.5's GQA (96 heads over 8 KV heads of 128,
+/// page 16) at batch 1; GB/s counts the KV bytes read once. The verification share is the time the same launch
+/// loses to its fused page-tag checks (measured against the launch with the checks skipped).
+fn bench_paged(device: &dyn Device, fence: &DeviceBuffer, copy_gb_per_s: f64) -> Result<Vec<SelftestRow>, CudaError> {
+    const CONTEXT: usize = 32 * 1024;
+    let pool_error =
+        |e: PoolError| CudaError::Unsupported { tensor: "paged decode benchmark".into(), problem: e.to_string() };
+    let mut rng = Rng::new(0xDEC0DE);
+    let mut rows = Vec::new();
+    let cases = [
+        ("mla absorbed", PagedLayout::mla_absorbed(64, 512, 64, 0.0417), 576, 64, 1),
+        ("mla absorbed", PagedLayout::mla_absorbed(64, 512, 64, 0.0417), 576, 64, 8),
+        ("gqa", PagedLayout::gqa(96, 8, 128, 0.0884), 2 * 8 * 128, 16, 1),
+    ];
+    for (name, layout, row_width, page_size, requests) in cases {
+        let shape = PoolShape { layers: 1, row_width, aux_width: 0, page_size, pages: requests * CONTEXT / page_size };
+        let mut pool = KvPool::new(shape, KvDtype::Fp8, vec![vec![0.05; row_width]]);
+        for request in 0..requests as u64 {
+            pool.open(request);
+            pool.reserve(request, CONTEXT).map_err(pool_error)?;
+        }
+        let device_pool = DevicePool::mirror(device, &pool)?;
+        let tables: Vec<Vec<Mapping>> = (0..requests as u64)
+            .map(|request| pool.table(request).map(|table| table.entries.clone()).unwrap_or_default())
+            .collect();
+        let descriptors: Vec<DecodeRequest> = tables
+            .iter()
+            .enumerate()
+            .map(|(id, entries)| DecodeRequest { id: id as u64, context: CONTEXT, entries })
+            .collect();
+        let mut batch = DecodeBatch::new(device, &layout, page_size, &descriptors, None)?;
+        let q = device.upload(&random(&mut rng, requests * layout.heads * layout.qk_dim, 1.0))?;
+        let out = device.alloc_for::<f32>(requests * layout.heads * layout.v_dim)?;
+        let faults = device.alloc_for::<i32>(requests)?;
+        let timed = |batch: &DecodeBatch| {
+            time_launches(device, fence, 20, || decode_on(device, &device_pool, 0, &layout, batch, &q, &out, &faults))
+        };
+        let verified = timed(&batch)?;
+        batch.verify = false;
+        let unverified = timed(&batch)?;
+        let share = (verified - unverified).max(0.0) / verified;
+        let kv_bytes = requests * CONTEXT * row_width;
+        rows.push(bench_row(
+            format!("paged decode fp8 {name}"),
+            format!("{requests} × 32768 tokens, {} heads, row {row_width}, page {page_size}", layout.heads),
+            verified,
+            kv_bytes,
+            copy_gb_per_s,
+            format!("verification {:.2}% of the step (target < 1%); target >= 60% of copy bw", share * 100.0),
+        ));
+    }
     Ok(rows)
 }
