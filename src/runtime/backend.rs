@@ -26,6 +26,26 @@ pub struct Int4Weight {
     pub group_size: usize,
 }
 
+impl Int4Weight {
+    /// `weights` `[rows, columns]` through squeeze's INT4 quantizer (ct-minmax): the packed form and the dequantized
+    /// values it stands for (what the CPU multiplies by). For tests and the self-test.
+    pub fn quantize(weights: &[f32], columns: usize, group_size: usize) -> (Self, Vec<f32>) {
+        use crate::quant::{int4, pack, ScaleRule};
+        let (mut packed, mut scales, mut values) = (Vec::new(), Vec::new(), vec![0f32; weights.len()]);
+        let mut q = vec![0i8; columns];
+        let mut row_scales = vec![half::bf16::ZERO; columns.div_ceil(group_size)];
+        let mut words = vec![0u32; pack::packed_columns(columns)];
+        for (row, out) in weights.chunks(columns).zip(values.chunks_mut(columns)) {
+            int4::quantize_row(row, group_size, ScaleRule::CtMinmax, &mut q, &mut row_scales);
+            int4::dequantize_row(&q, &row_scales, group_size, out);
+            pack::pack_row(&q, &mut words);
+            packed.extend_from_slice(&words);
+            scales.extend(row_scales.iter().map(|s| s.to_bits()));
+        }
+        (Self { packed, scales, group_size }, values)
+    }
+}
+
 static NEXT_MATRIX_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Matrix {

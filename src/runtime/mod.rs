@@ -1,16 +1,19 @@
-//! The reference runtime: one op surface ([`Backend`]) with a CPU backend (rayon, f32), and a layer-streamed
+//! The reference runtime: one op surface ([`Backend`]) with a CPU backend (rayon, f32, the oracle) and a CUDA
+//! backend ([`cuda`], on a GPU or the emulated device), and a layer-streamed
 //! forward pass of `DeepseekV3ForCausalLM` (Kimi K2), `GlmMoeDsaForCausalLM` (GLM-5) and `Glm4MoeForCausalLM`
 //! (GLM-4.5) that matches HF transformers' float32 logits.
 //!
 //! # Layer-streamed execution and memory
 //! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
-//! through that layer, then the layer is dropped. Routed experts are streamed further: the experts hit by some token
+//! through that layer, then the layer is dropped; a loader thread ([`layer_stream`]) reads — and on a device
+//! uploads — layer `i + 1` while layer `i` computes. Routed experts are streamed further: the experts hit by some token
 //! are read in batches of at most `EXPERT_BATCH_BYTES` (2 GiB, ~10 Kimi K2 experts; at least one expert), a loader
 //! thread reading batch `b + 1` while the backend applies batch `b` ([`Backend::routed_experts`]: grouped W4A16 on
 //! the device for INT4 checkpoints), and each batch is dropped after use. Peak memory is
 //!
 //! ```text
-//! peak ≈ one layer's dequantized f32 weights without its routed experts   (attention + router + shared/dense MLP)
+//! peak ≈ two layers' dequantized f32 weights without routed experts      (attention + router + shared/dense MLP;
+//!                                                                          the one computing and the one loaded ahead)
 //!      + 2 × one batch of routed experts: ≤ 2 × max(2 GiB, one expert)    (expert ≤ 3 · moe_intermediate · hidden · 5 B:
 //!                                                                          f32 + packed INT4 + scales)
 //!      + activations: tokens × hidden × 4 B × ~6  (+ MLA keys/values tokens × heads × (qk+v) × 4 B)

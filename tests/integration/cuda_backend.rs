@@ -24,14 +24,14 @@ const PARITY_KLD_REL: f64 = 5e-2;
 const SMALL: [&str; 10] =
     ["--layers", "2", "--hidden", "96", "--experts", "4", "--moe-intermediate", "64", "--vocab", "260"];
 
-fn read_logits(path: &Path) -> Vec<f32> {
+pub fn read_logits(path: &Path) -> Vec<f32> {
     let bytes = std::fs::read(path).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let logits = tensors.tensor("logits").unwrap();
     logits.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let (mut diff, mut norm) = (0f64, 0f64);
     for (&g, &w) in got.iter().zip(want) {
@@ -42,7 +42,7 @@ fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
     (diff / norm).sqrt()
 }
 
-fn eval(model: &Path, device: &str, logits: &Path) -> Value {
+pub fn eval(model: &Path, device: &str, logits: &Path) -> Value {
     squeeze(&[
         "eval",
         path_str(model),

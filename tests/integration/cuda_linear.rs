@@ -2,7 +2,7 @@
 //! RoPE against the CPU backend on random awkward shapes, on the emulated device always and on a GPU when present.
 
 use half::bf16;
-use squeeze::quant::{int4, pack, ScaleRule};
+use squeeze::quant::pack;
 use squeeze::runtime::backend::Int4Weight;
 use squeeze::runtime::cuda::linear::{self, GroupedInt4};
 use squeeze::runtime::cuda::CudaBackend;
@@ -69,22 +69,9 @@ fn bf16_linear_matches_cpu_on_the_rounded_weights() {
     }
 }
 
-/// A random `[rows, columns]` weight quantized with squeeze's own INT4 quantizer (ct-minmax): the packed form and
-/// the dequantized values it stands for.
+/// A random `[rows, columns]` weight through squeeze's INT4 quantizer: packed form and dequantized values.
 fn quantized(rng: &mut Rng, rows: usize, columns: usize, group_size: usize) -> (Int4Weight, Vec<f32>) {
-    let weights = rng.values(rows * columns, 0.3);
-    let (mut packed, mut scales, mut values) = (Vec::new(), Vec::new(), vec![0f32; rows * columns]);
-    let mut q = vec![0i8; columns];
-    let mut row_scales = vec![bf16::ZERO; columns / group_size];
-    let mut words = vec![0u32; pack::packed_columns(columns)];
-    for (row, out) in weights.chunks(columns).zip(values.chunks_mut(columns)) {
-        int4::quantize_row(row, group_size, ScaleRule::CtMinmax, &mut q, &mut row_scales);
-        int4::dequantize_row(&q, &row_scales, group_size, out);
-        pack::pack_row(&q, &mut words);
-        packed.extend_from_slice(&words);
-        scales.extend(row_scales.iter().map(|s| s.to_bits()));
-    }
-    (Int4Weight { packed, scales, group_size }, values)
+    Int4Weight::quantize(&rng.values(rows * columns, 0.3), columns, group_size)
 }
 
 #[test]

@@ -2,16 +2,13 @@
 //! dense linears otherwise) against the CPU backend, op by op on random awkward batches and end to end: `eval`
 //! with `--device emulated` against `--device cpu` on INT4 GLM-5 and Kimi K2 tiny models with 8 experts.
 
-use std::path::Path;
-
-use half::bf16;
 use serde_json::Value;
-use squeeze::quant::{int4, pack, ScaleRule};
 use squeeze::runtime::backend::{Int4Weight, RoutedExpert};
 use squeeze::runtime::cuda::CudaBackend;
 use squeeze::runtime::{Backend, Cpu, Matrix};
 
 use crate::common::{path_str, squeeze, synth};
+use crate::cuda_backend::{eval, read_logits};
 use crate::cuda_ops::{cuda_backends, errors, Rng};
 
 /// Two chained dot products (gate/up over `hidden`, down over `inner`, both ≤ 96 terms) summed in another order than
@@ -20,21 +17,9 @@ const EXPERTS_REL_L2: f64 = 1e-5;
 /// End to end: see tests/integration/cuda_backend.rs (summation order over a few layers moves logits by ~1e-6).
 const LOGITS_REL_L2: f64 = 1e-4;
 
-/// A random `[rows, columns]` weight through squeeze's INT4 quantizer (ct-minmax): packed form and dequantized values.
+/// A random `[rows, columns]` weight through squeeze's INT4 quantizer: packed form and dequantized values.
 fn quantized(rng: &mut Rng, rows: usize, columns: usize, group_size: usize) -> (Int4Weight, Vec<f32>) {
-    let weights = rng.values(rows * columns, 0.3);
-    let (mut packed, mut scales, mut values) = (Vec::new(), Vec::new(), vec![0f32; rows * columns]);
-    let mut q = vec![0i8; columns];
-    let mut row_scales = vec![bf16::ZERO; columns / group_size];
-    let mut words = vec![0u32; pack::packed_columns(columns)];
-    for (row, out) in weights.chunks(columns).zip(values.chunks_mut(columns)) {
-        int4::quantize_row(row, group_size, ScaleRule::CtMinmax, &mut q, &mut row_scales);
-        int4::dequantize_row(&q, &row_scales, group_size, out);
-        pack::pack_row(&q, &mut words);
-        packed.extend_from_slice(&words);
-        scales.extend(row_scales.iter().map(|s| s.to_bits()));
-    }
-    (Int4Weight { packed, scales, group_size }, values)
+    Int4Weight::quantize(&rng.values(rows * columns, 0.3), columns, group_size)
 }
 
 /// One expert's three matrices: what the CPU multiplies (dense values) and what the device gets.
@@ -189,33 +174,6 @@ fn routed_experts_refuse_a_token_outside_the_batch() {
     let failure = backend.failure().expect("a token index past x is refused");
     assert!(failure.contains("token 2 of 2"), "{failure}");
     assert!(output.iter().all(|v| v.is_nan()), "a refused batch leaves NaN rows");
-}
-
-fn read_logits(path: &Path) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap();
-    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let logits = tensors.tensor("logits").unwrap();
-    logits.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-}
-
-fn eval(model: &Path, device: &str, logits: &Path) -> Value {
-    squeeze(&[
-        "eval",
-        path_str(model),
-        "--data",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt"),
-        "--ctx",
-        "24",
-        "--chunks",
-        "2",
-        "--device",
-        device,
-        "--save-logits",
-        path_str(logits),
-        "--json",
-    ])
-    .ok()
-    .json()
 }
 
 /// INT4 tiny model with 8 routed experts: `eval` on the emulated device matches the CPU.

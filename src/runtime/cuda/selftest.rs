@@ -11,8 +11,6 @@ use half::bf16;
 use crate::cuda::device::{Device, DeviceBuffer};
 use crate::cuda::selftest::SelftestRow;
 use crate::cuda::CudaError;
-use crate::quant::scale_rule::ScaleRule;
-use crate::quant::{int4, pack};
 use crate::rng::Rng;
 use crate::runtime::backend::{
     AttentionShape, Backend, IndexerShape, Int4Weight, Matrix, PagedLayout, RopeStyle, RoutingShape,
@@ -61,19 +59,8 @@ fn row(op: &str, shape: String, error: f64, mismatches: usize, tolerance: f64) -
 
 /// A random INT4 matrix `[rows, columns]` quantized with squeeze's own quantizer; `data` is its dequantized form.
 fn int4_matrix(rng: &mut Rng, rows: usize, columns: usize, group_size: usize) -> Matrix {
-    let weights = random(rng, rows * columns, 0.05);
-    let (mut data, mut packed, mut scales) = (vec![0f32; rows * columns], Vec::new(), Vec::new());
-    let mut q = vec![0i8; columns];
-    let mut row_scales = vec![bf16::ZERO; columns.div_ceil(group_size)];
-    let mut words = vec![0u32; pack::packed_columns(columns)];
-    for (source, out) in weights.chunks(columns).zip(data.chunks_mut(columns)) {
-        int4::quantize_row(source, group_size, ScaleRule::CtMinmax, &mut q, &mut row_scales);
-        int4::dequantize_row(&q, &row_scales, group_size, out);
-        pack::pack_row(&q, &mut words);
-        packed.extend_from_slice(&words);
-        scales.extend(row_scales.iter().map(|s| s.to_bits()));
-    }
-    Matrix::new(rows, columns, data).with_int4(Int4Weight { packed, scales, group_size })
+    let (int4, data) = Int4Weight::quantize(&random(rng, rows * columns, 0.05), columns, group_size);
+    Matrix::new(rows, columns, data).with_int4(int4)
 }
 
 /// Every backend op against the CPU on fresh random inputs from `seed`.
