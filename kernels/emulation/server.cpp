@@ -7,6 +7,7 @@
 //   'W' u64 id, u64 offset, u64 length, bytes  write
 //   'R' u64 id, u64 offset, u64 length         read
 //   'F' u64 id                                 free
+//   'C' u64 source, u64 target, u64 offset, u64 length   copy device to device
 //   'L' u32 name_length, name, u32 grid[3], u32 block[3], u32 count, count × argument   launch (synchronous)
 //       argument: u8 kind (0 null pointer, 1 buffer: u64 id + u64 byte offset, 2 integer: i64, 3 real: f64)
 #include <cstdio>
@@ -98,6 +99,16 @@ void serve_one(char command) {
                 std::free(buffer->data);
                 buffers.erase(id);
             }
+            return reply(0, nullptr, 0);
+        }
+        case 'C': {
+            const uint64_t source_id = take<uint64_t>(), target_id = take<uint64_t>();
+            const uint64_t offset = take<uint64_t>(), length = take<uint64_t>();
+            Buffer* source = find(source_id);
+            Buffer* target = find(target_id);
+            if (!source || !target) return fail("copy between unknown buffers");
+            if (length > source->bytes || offset + length > target->bytes) return fail("copy past the end of a buffer");
+            std::memmove((unsigned char*)target->data + offset, source->data, length);
             return reply(0, nullptr, 0);
         }
         case 'L': {

@@ -75,6 +75,8 @@ pub trait Device: Send + Sync {
         self.write(&buffer, bytes)?;
         Ok(buffer)
     }
+    /// Copies all of `source` into `target` starting `offset` bytes in, on the device (ordered with launches).
+    fn copy(&self, source: &DeviceBuffer, target: &DeviceBuffer, offset: usize) -> Result<(), CudaError>;
     /// Launches kernel `kernel` (an `extern "C"` name in kernels/*.cu).
     fn launch(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError>;
 }

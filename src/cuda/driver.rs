@@ -284,6 +284,22 @@ impl super::device::Device for Gpu {
         stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 
+    fn copy(
+        &self,
+        source: &super::device::DeviceBuffer,
+        target: &super::device::DeviceBuffer,
+        offset: usize,
+    ) -> Result<(), CudaError> {
+        let stream = &self.streams[0];
+        if offset + source.bytes() > target.bytes() {
+            return Err(CudaError::Driver { call: "cuMemcpyDtoD", message: "copy past the end of a buffer".into() });
+        }
+        let (from, to) = (device_pointer(source, stream)?, device_pointer(target, stream)? + offset as u64);
+        // SAFETY: both ranges lie inside their allocations (checked); stream-ordered with the launches on stream 0.
+        unsafe { result::memcpy_dtod_async(to, from, source.bytes(), stream.cu_stream()) }
+            .map_err(driver("cuMemcpyDtoDAsync"))
+    }
+
     fn launch(
         &self,
         kernel: &str,

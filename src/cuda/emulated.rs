@@ -214,6 +214,15 @@ impl Device for Emulator {
         Ok(())
     }
 
+    fn copy(&self, source: &DeviceBuffer, target: &DeviceBuffer, offset: usize) -> Result<(), CudaError> {
+        let mut command = vec![b'C'];
+        command.extend(handle_id(source).to_le_bytes());
+        command.extend(handle_id(target).to_le_bytes());
+        command.extend((offset as u64).to_le_bytes());
+        command.extend((source.bytes() as u64).to_le_bytes());
+        self.connection.call(&command, &[]).map(|_| ())
+    }
+
     fn launch(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError> {
         let mut command = vec![b'L'];
         command.extend((kernel.len() as u32).to_le_bytes());

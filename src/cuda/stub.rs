@@ -84,6 +84,14 @@ impl super::device::Device for Gpu {
     fn read(&self, _buffer: &super::device::DeviceBuffer, _out: &mut [u8]) -> Result<(), CudaError> {
         match self.never {}
     }
+    fn copy(
+        &self,
+        _source: &super::device::DeviceBuffer,
+        _target: &super::device::DeviceBuffer,
+        _offset: usize,
+    ) -> Result<(), CudaError> {
+        match self.never {}
+    }
     fn launch(
         &self,
         _kernel: &str,

@@ -175,6 +175,8 @@ impl MoeWeights {
             // Rendezvous: the loader holds the batch it read until the previous one is done (two in memory).
             let (sender, receiver) = sync_channel::<Result<Vec<(usize, DenseMlp)>, RuntimeError>>(0);
             let hit = &hit;
+            // On a device backend the loader also uploads each batch it read, overlapping the previous batch.
+            let prefetch = backend.prefetcher();
             scope.spawn(move || {
                 for batch in hit.chunks(per_batch) {
                     let loaded: Result<Vec<_>, _> = batch
@@ -184,6 +186,10 @@ impl MoeWeights {
                             Ok((expert, DenseMlp::load(reader, &module, hidden, inner)?))
                         })
                         .collect();
+                    if let (Ok(batch), Some(prefetch)) = (&loaded, &prefetch) {
+                        let matrices: Vec<&Matrix> = batch.iter().flat_map(|(_, mlp)| mlp.matrices()).collect();
+                        prefetch.prefetch(&matrices);
+                    }
                     let failed = loaded.is_err();
                     if sender.send(loaded).is_err() || failed {
                         return;

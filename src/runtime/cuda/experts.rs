@@ -1,22 +1,25 @@
-//! Routed MoE experts on the device: a batch of INT4 experts concatenated, uploaded once and applied to its
+//! Routed MoE experts on the device: a batch of INT4 experts concatenated on the device and applied to its
 //! expert-sorted tokens with grouped W4A16 launches (kernels/w4a16.cu, kernels/activation.cu).
 //!
-//! Per batch: gather the tokens' rows sorted by expert (one segment per expert with tokens), upload them and the
-//! experts' packed weights and scales (`[experts, out, in / 8]`, `[experts, out, in / group_size]`), then
+//! Per batch: gather the tokens' rows sorted by expert (one segment per expert with tokens) and upload them; copy
+//! the experts' packed weights and scales from the device weight cache (where the expert loader's prefetch put them
+//! while the previous batch computed) side by side (`[experts, out, in / 8]`, `[experts, out, in / group_size]`), then
 //! `w4a16_grouped` gate and up, `silu_mul_f32`, `w4a16_grouped` down: four launches for the whole batch. The
 //! weighted sum runs on the host after one download, with the CPU backend's own combine
 //! ([`crate::runtime::cpu::experts::accumulate`]), so each token adds its experts in batch order exactly as the CPU
 //! does. A batch whose experts are not all INT4 with one readable group size (FP8/BF16 checkpoints) runs expert by
 //! expert on the dense f32 weights instead (gate, up, SiLU-gate and down chained on the device, one download each).
 
-use crate::cuda::device::{Device, DeviceBuffer};
+use std::sync::Arc;
+
+use crate::cuda::device::DeviceBuffer;
 use crate::cuda::CudaError;
 use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
 use crate::runtime::cpu::experts::accumulate;
 
 use super::activation::silu_mul_f32;
 use super::linear::{linear_f32, w4a16_grouped, GroupedInt4};
-use super::CudaBackend;
+use super::{CudaBackend, DeviceWeight};
 
 fn unsupported(problem: String) -> CudaError {
     CudaError::Unsupported { tensor: "routed_experts".into(), problem }
@@ -34,12 +37,11 @@ pub fn routed_experts(
     let Some(first) = active.first() else { return Ok(()) };
     let inner = first.gate.rows;
     check(x, hidden, inner, &active, output)?;
-    let device = backend.device();
     match common_group_size(&active, hidden, inner) {
-        Some(group_size) => grouped(device, x, hidden, inner, group_size, &active, output),
+        Some(group_size) => grouped(backend, x, hidden, inner, group_size, &active, output),
         None => {
             for expert in active {
-                dense(device, x, hidden, inner, expert, output)?;
+                dense(backend, x, hidden, inner, expert, output)?;
             }
             Ok(())
         }
@@ -110,25 +112,36 @@ struct Concatenated {
 }
 
 fn concatenate<'a>(
-    device: &dyn Device,
+    backend: &CudaBackend,
     experts: &[&RoutedExpert<'a>],
-    group_size: usize,
     pick: impl Fn(&RoutedExpert<'a>) -> &'a Matrix,
 ) -> Result<Concatenated, CudaError> {
-    let int4 = |expert: &RoutedExpert<'a>| readable_int4(pick(expert), group_size);
-    let words: usize = experts.iter().filter_map(|e| int4(e)).map(|w| w.packed.len()).sum();
-    let groups: usize = experts.iter().filter_map(|e| int4(e)).map(|w| w.scales.len()).sum();
-    let (mut packed, mut scales) = (Vec::with_capacity(words), Vec::with_capacity(groups));
-    for weight in experts.iter().filter_map(|e| int4(e)) {
-        packed.extend_from_slice(&weight.packed);
-        scales.extend_from_slice(&weight.scales);
+    // Each expert's packed weights come from the device weight cache (uploaded ahead by the expert loader's
+    // prefetch), then are copied side by side on the device.
+    let weights = experts.iter().map(|expert| backend.weight(pick(expert))).collect::<Result<Vec<_>, _>>()?;
+    let mut parts = Vec::with_capacity(weights.len());
+    for weight in &weights {
+        match weight.as_ref() {
+            DeviceWeight::Int4 { packed, scales, .. } => parts.push((packed, scales)),
+            DeviceWeight::Dense(_) => return Err(unsupported("an expert of an INT4 batch has no INT4 form".into())),
+        }
     }
-    Ok(Concatenated { packed: device.upload(&packed)?, scales: device.upload(&scales)? })
+    let device = backend.device();
+    let packed = device.alloc(parts.iter().map(|(packed, _)| packed.bytes()).sum())?;
+    let scales = device.alloc(parts.iter().map(|(_, scales)| scales.bytes()).sum())?;
+    let (mut packed_offset, mut scales_offset) = (0, 0);
+    for (part_packed, part_scales) in parts {
+        device.copy(part_packed, &packed, packed_offset)?;
+        device.copy(part_scales, &scales, scales_offset)?;
+        packed_offset += part_packed.bytes();
+        scales_offset += part_scales.bytes();
+    }
+    Ok(Concatenated { packed, scales })
 }
 
 /// The INT4 batch: four launches over expert-sorted rows, one download, the combine on the host.
 fn grouped(
-    device: &dyn Device,
+    backend: &CudaBackend,
     x: &[f32],
     hidden: usize,
     inner: usize,
@@ -151,9 +164,10 @@ fn grouped(
     let segment_expert: Vec<i32> = (0..experts.len() as i32).collect();
     let segments = experts.len();
 
-    let gate_weights = concatenate(device, experts, group_size, |e| e.gate)?;
-    let up_weights = concatenate(device, experts, group_size, |e| e.up)?;
-    let down_weights = concatenate(device, experts, group_size, |e| e.down)?;
+    let gate_weights = concatenate(backend, experts, |e| e.gate)?;
+    let up_weights = concatenate(backend, experts, |e| e.up)?;
+    let down_weights = concatenate(backend, experts, |e| e.down)?;
+    let device = backend.device();
     let x_sorted = device.upload(&sorted)?;
     let segment_expert = device.upload(&segment_expert)?;
     let segment_start = device.upload(&segment_start)?;
@@ -188,10 +202,36 @@ fn grouped(
     Ok(())
 }
 
-/// One expert on its dense f32 weights (uploaded for this use only, not cached): gate, up, SiLU-gate and down
-/// chained on the device, one download, the combine on the host.
+/// A dense f32 weight on the device: the cached copy (prefetched by the expert loader), or, for a matrix whose
+/// cached copy is its packed INT4 form, its f32 values uploaded for this use.
+enum DenseWeight {
+    Cached(Arc<DeviceWeight>),
+    Owned(DeviceBuffer),
+}
+
+impl DenseWeight {
+    fn of(backend: &CudaBackend, matrix: &Matrix) -> Result<Self, CudaError> {
+        if matrix.int4.is_none() {
+            return Ok(DenseWeight::Cached(backend.weight(matrix)?));
+        }
+        Ok(DenseWeight::Owned(backend.device().upload(&matrix.data)?))
+    }
+
+    fn buffer(&self) -> Result<&DeviceBuffer, CudaError> {
+        match self {
+            DenseWeight::Cached(weight) => match weight.as_ref() {
+                DeviceWeight::Dense(buffer) => Ok(buffer),
+                DeviceWeight::Int4 { .. } => Err(unsupported("a dense expert weight is cached packed".into())),
+            },
+            DenseWeight::Owned(buffer) => Ok(buffer),
+        }
+    }
+}
+
+/// One expert on its dense f32 weights: gate, up, SiLU-gate and down chained on the device, one download, the
+/// combine on the host.
 fn dense(
-    device: &dyn Device,
+    backend: &CudaBackend,
     x: &[f32],
     hidden: usize,
     inner: usize,
@@ -203,18 +243,22 @@ fn dense(
     for &(token, _) in expert.tokens {
         gathered.extend_from_slice(&x[token * hidden..][..hidden]);
     }
+    let device = backend.device();
     let x_rows = device.upload(&gathered)?;
-    let gate_weight = device.upload(&expert.gate.data)?;
-    let up_weight = device.upload(&expert.up.data)?;
-    let down_weight = device.upload(&expert.down.data)?;
+    let (gate_weight, up_weight, down_weight) = (
+        DenseWeight::of(backend, expert.gate)?,
+        DenseWeight::of(backend, expert.up)?,
+        DenseWeight::of(backend, expert.down)?,
+    );
+    let (gate_weight, up_weight, down_weight) = (gate_weight.buffer()?, up_weight.buffer()?, down_weight.buffer()?);
     let gate = device.alloc_for::<f32>(rows * inner)?;
     let up = device.alloc_for::<f32>(rows * inner)?;
     let activated = device.alloc_for::<f32>(rows * inner)?;
     let down = device.alloc_for::<f32>(rows * hidden)?;
-    linear_f32(device, &x_rows, &gate_weight, None, &gate, rows, hidden, inner)?;
-    linear_f32(device, &x_rows, &up_weight, None, &up, rows, hidden, inner)?;
+    linear_f32(device, &x_rows, gate_weight, None, &gate, rows, hidden, inner)?;
+    linear_f32(device, &x_rows, up_weight, None, &up, rows, hidden, inner)?;
     silu_mul_f32(device, &gate, &up, &activated, rows * inner)?;
-    linear_f32(device, &activated, &down_weight, None, &down, rows, inner, hidden)?;
+    linear_f32(device, &activated, down_weight, None, &down, rows, inner, hidden)?;
     let down = device.download::<f32>(&down, rows * hidden)?;
     accumulate(output, hidden, expert.tokens, &down);
     Ok(())
