@@ -231,3 +231,17 @@ fn unusable_devices_are_errors_naming_the_remedy() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("no-kernels-here") && stderr.contains("SQUEEZE_KERNELS_DIR"), "{stderr}");
 }
+
+#[test]
+fn selftest_on_the_emulated_device_checks_every_runtime_op() {
+    // The same library self-test scripts/gpu-check.sh runs with --device cuda.
+    let report = squeeze(&["selftest", "--device", "emulated", "--seed", "3", "--json"]).ok().json();
+    let rows = report["rows"].as_array().unwrap();
+    let ops: std::collections::BTreeSet<&str> = rows.iter().map(|row| row["op"].as_str().unwrap()).collect();
+    for op in ["linear f32", "linear w4a16", "rms_norm", "layer_norm", "silu_mul", "attention causal+mask"] {
+        assert!(ops.contains(op), "self-test lacks {op}: {ops:?}");
+    }
+    assert!(ops.iter().any(|op| op.starts_with("route")) && ops.iter().any(|op| op.starts_with("indexer")));
+    assert!(rows.iter().all(|row| row["passed"] == true), "{report}");
+    assert_eq!(report["passed"], true);
+}
