@@ -4,6 +4,7 @@ use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
 use crate::cuda::CudaError;
 use crate::runtime::backend::AttentionShape;
 
+use super::checks::buffers_hold;
 use super::CudaBackend;
 
 /// Threads per block of `attention_causal`: 4 warps, one (query, head) pair each.
@@ -55,11 +56,7 @@ pub fn causal_on(
         ("out", out.bytes(), tokens * heads * v_dim * 4),
         ("allowed", allowed.map_or(usize::MAX, DeviceBuffer::bytes), tokens * tokens),
     ];
-    for (name, have, need) in sizes {
-        if have < need {
-            return Err(unsupported(format!("{name} buffer holds {have} bytes, the shape needs {need}")));
-        }
-    }
+    buffers_hold("attention", &sizes)?;
     if tokens == 0 {
         return Ok(());
     }

@@ -5,6 +5,7 @@ use crate::cuda::CudaError;
 use crate::runtime::backend::{IndexerShape, KeySelection};
 use crate::runtime::indexer::NEAR_TIE_RELATIVE;
 
+use super::checks::buffers_hold;
 use super::CudaBackend;
 
 /// Threads per block of both kernels (one block per query).
@@ -56,19 +57,15 @@ pub fn launch_indexer_top_k(
 ) -> Result<(), CudaError> {
     check(shape)?;
     let IndexerShape { tokens, heads, head_dim, top_k } = *shape;
-    let need = [
-        ("q", buffers.q, tokens * heads * head_dim * 4),
-        ("k", buffers.k, tokens * head_dim * 4),
-        ("head weight", buffers.head_weights, tokens * heads * 4),
-        ("score", buffers.scores, tokens * tokens * 4),
-        ("mask", buffers.mask, tokens * tokens),
-        ("near-tie", buffers.near_tie, tokens * 4),
+    let sizes = [
+        ("q", buffers.q.bytes(), tokens * heads * head_dim * 4),
+        ("k", buffers.k.bytes(), tokens * head_dim * 4),
+        ("head weight", buffers.head_weights.bytes(), tokens * heads * 4),
+        ("score", buffers.scores.bytes(), tokens * tokens * 4),
+        ("mask", buffers.mask.bytes(), tokens * tokens),
+        ("near-tie", buffers.near_tie.bytes(), tokens * 4),
     ];
-    for (name, buffer, bytes) in need {
-        if buffer.bytes() < bytes {
-            return Err(unsupported(format!("the {name} buffer holds {} bytes, {bytes} needed", buffer.bytes())));
-        }
-    }
+    buffers_hold("indexer_top_k", &sizes)?;
     if tokens == 0 {
         return Ok(());
     }

@@ -9,6 +9,7 @@
 
 mod activation;
 pub mod attention;
+mod checks;
 pub mod experts;
 pub mod indexer;
 pub mod linear;

@@ -12,6 +12,8 @@ use crate::cuda::CudaError;
 use crate::runtime::backend::PagedLayout;
 use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PageTag, PoolShape, RequestId};
 
+use super::checks::buffers_hold;
+
 pub const TAG_WORDS: usize = 8;
 pub const REQUEST_WORDS: usize = 8;
 pub const MAPPING_WORDS: usize = 4;
@@ -365,11 +367,7 @@ pub fn decode_on(
         ("faults", faults.bytes(), requests * 4),
         ("workspace", batch.partial_acc.bytes(), requests * batch.plan.splits * heads * v_dim * 4),
     ];
-    for (name, have, need) in sizes {
-        if have < need {
-            return Err(unsupported("paged attention", format!("{name} holds {have} bytes, the batch needs {need}")));
-        }
-    }
+    buffers_hold("paged attention", &sizes)?;
     let head_blocks = kv_heads * (heads / kv_heads).div_ceil(HEADS_PER_BLOCK);
     let partial = LaunchShape {
         grid: [batch.plan.splits as u32, head_blocks as u32, requests as u32],

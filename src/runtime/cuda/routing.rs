@@ -5,6 +5,7 @@ use crate::cuda::CudaError;
 use crate::runtime::backend::{Routes, RoutingShape};
 use crate::runtime::moe::NEAR_TIE_RELATIVE;
 
+use super::checks::buffers_hold;
 use super::CudaBackend;
 
 /// Tokens per block: one warp each (the kernel's `kRouteWarps`).
@@ -62,18 +63,14 @@ pub fn launch_route(
     shape: &RoutingShape,
 ) -> Result<(), CudaError> {
     check(tokens, shape)?;
-    let need = [
-        ("logits", buffers.logits, tokens * shape.experts * 4),
-        ("correction bias", buffers.bias, shape.experts * 4),
-        ("expert output", buffers.experts, tokens * shape.top_k * 4),
-        ("weight output", buffers.weights, tokens * shape.top_k * 4),
-        ("near-tie output", buffers.near_tie, tokens * 4),
+    let sizes = [
+        ("logits", buffers.logits.bytes(), tokens * shape.experts * 4),
+        ("correction bias", buffers.bias.bytes(), shape.experts * 4),
+        ("expert output", buffers.experts.bytes(), tokens * shape.top_k * 4),
+        ("weight output", buffers.weights.bytes(), tokens * shape.top_k * 4),
+        ("near-tie output", buffers.near_tie.bytes(), tokens * 4),
     ];
-    for (name, buffer, bytes) in need {
-        if buffer.bytes() < bytes {
-            return Err(unsupported(format!("the {name} buffer holds {} bytes, {bytes} needed", buffer.bytes())));
-        }
-    }
+    buffers_hold("route", &sizes)?;
     if tokens == 0 {
         return Ok(());
     }
