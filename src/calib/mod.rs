@@ -14,6 +14,7 @@ use serde::Serialize;
 pub use observe::AbsStats;
 pub use write::{write_scales, WrittenFiles, SCALES_FILE};
 
+use crate::engines::{kv_scale_handling, kv_scale_names, CacheLayout, Engine, KvScaleHandling};
 use crate::eval::{load_sequences, EvalError, EvalInput};
 use crate::progress::Reporter;
 use crate::runtime::model::{rope_setup, CachedKv, KvTap, LayerContext, LayerStream, LayerTap, LayerTimes};
@@ -22,6 +23,9 @@ use crate::runtime::{Backend, Model, RuntimeError, Spans};
 
 /// Largest finite FP8 e4m3 magnitude.
 pub const FP8_MAX: f32 = 448.0;
+/// Smallest normal FP8 e4m3 magnitude (2^-6); below it values are subnormal (3 bits of precision at most, fewer
+/// further down) and below 2^-10 they round to zero.
+pub const FP8_MIN_NORMAL: f32 = 0.015625;
 /// A layer whose amax differs from the geometric mean of its neighbours' by more than this factor is flagged.
 pub const NEIGHBOUR_FACTOR: f32 = 8.0;
 
@@ -41,6 +45,8 @@ pub struct CalibOptions {
     /// Percentile of |x| the scale maps to 448; `None` is amax.
     pub percentile: Option<f64>,
     pub strategy: Strategy,
+    /// The engines the scales are written for (their tensor names; the report says what each does with them).
+    pub engines: Vec<Engine>,
 }
 
 /// Calibrated scales and statistics of one layer.
@@ -56,6 +62,14 @@ pub struct LayerReport {
     /// Share of the observed values that would saturate at ±448 with these scales (the clip rate).
     pub k_saturated: f64,
     pub v_saturated: f64,
+    /// Share that would land in the e4m3 subnormal range (|x / scale| < 2^-6, zeros included) with these scales.
+    pub k_subnormal: f64,
+    pub v_subnormal: f64,
+    /// The same two shares at scale 1.0: what a cache that ignores the checkpoint's scales stores.
+    pub k_saturated_at_one: f64,
+    pub v_saturated_at_one: f64,
+    pub k_subnormal_at_one: f64,
+    pub v_subnormal_at_one: f64,
     /// Tokens observed.
     pub tokens: u64,
     /// Why this layer looks suspicious, if it does.
@@ -73,6 +87,10 @@ pub struct CalibReport {
     pub samples: usize,
     pub seq_len: usize,
     pub layers: Vec<LayerReport>,
+    /// What each target engine does with the scales of this cache layout.
+    pub engines: Vec<KvScaleHandling>,
+    /// Tensor-name suffixes (after `model.layers.N.`) the scales are written under, K then V per pair.
+    pub tensor_names: Vec<(String, String)>,
     pub seconds: f64,
     /// Files written, filled in by the caller.
     pub written: Vec<String>,
@@ -162,28 +180,29 @@ pub fn calibrate(
             let scales = |stats: &[AbsStats]| -> Vec<f32> {
                 stats.iter().map(|s| (s.percentile(percent) / FP8_MAX).max(f32::MIN_POSITIVE)).collect()
             };
-            let saturated = |stats: &[AbsStats], scale: &[f32]| -> f64 {
+            // Share of values above (saturating) or below (subnormal) a threshold given in FP8 units, per scale.
+            let share = |stats: &[AbsStats], scale: &[f32], threshold: f32, above: bool| -> f64 {
                 let total: u64 = stats.iter().map(|s| s.count).sum();
-                let above: f64 =
-                    stats.iter().zip(scale).map(|(s, &c)| s.share_above(c * FP8_MAX) * s.count as f64).sum();
+                let part: f64 = stats
+                    .iter()
+                    .zip(scale.iter().cycle())
+                    .map(|(s, &c)| {
+                        let share = if above { s.share_above(c * threshold) } else { s.share_below(c * threshold) };
+                        share * s.count as f64
+                    })
+                    .sum();
                 if total == 0 {
                     0.0
                 } else {
-                    above / total as f64
+                    part / total as f64
                 }
             };
+            let saturated = |stats: &[AbsStats], scale: &[f32]| share(stats, scale, FP8_MAX, true);
+            let subnormal = |stats: &[AbsStats], scale: &[f32]| share(stats, scale, FP8_MIN_NORMAL, false);
             let k_scale = scales(&observation.k);
-            let (v_scale, v_amax, v_saturated) = if mla {
-                (
-                    k_scale.clone(),
-                    observation.k.iter().map(|s| s.amax).fold(0.0, f32::max),
-                    saturated(&observation.k, &k_scale),
-                )
-            } else {
-                let v_scale = scales(&observation.v);
-                let v_saturated = saturated(&observation.v, &v_scale);
-                (v_scale, observation.v.iter().map(|s| s.amax).fold(0.0, f32::max), v_saturated)
-            };
+            let v_stats = if mla { &observation.k } else { &observation.v };
+            let v_scale = if mla { k_scale.clone() } else { scales(&observation.v) };
+            let v_amax = v_stats.iter().map(|s| s.amax).fold(0.0, f32::max);
             let row_values: u64 = observation.k.iter().map(|s| s.count).sum();
             let per_token = match &config.attention {
                 crate::model::config::Attention::Mla { kv_lora_rank, qk_rope_head_dim, .. } => {
@@ -198,7 +217,13 @@ pub fn calibrate(
                 k_amax: observation.k.iter().map(|s| s.amax).fold(0.0, f32::max),
                 v_amax,
                 k_saturated: saturated(&observation.k, &k_scale),
-                v_saturated,
+                v_saturated: saturated(v_stats, &v_scale),
+                k_subnormal: subnormal(&observation.k, &k_scale),
+                v_subnormal: subnormal(v_stats, &v_scale),
+                k_saturated_at_one: saturated(&observation.k, &[1.0]),
+                v_saturated_at_one: saturated(v_stats, &[1.0]),
+                k_subnormal_at_one: subnormal(&observation.k, &[1.0]),
+                v_subnormal_at_one: subnormal(v_stats, &[1.0]),
                 k_scale,
                 v_scale,
                 tokens: row_values / per_token.max(1) as u64,
@@ -224,6 +249,11 @@ pub fn calibrate(
         samples: sequences.len(),
         seq_len: longest,
         layers,
+        engines: options.engines.iter().map(|&engine| kv_scale_handling(engine, CacheLayout::of(config))).collect(),
+        tensor_names: kv_scale_names(&options.engines, CacheLayout::of(config))
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         seconds: started.elapsed().as_secs_f64(),
         written: Vec::new(),
     })

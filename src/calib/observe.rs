@@ -67,6 +67,20 @@ impl AbsStats {
         self.amax
     }
 
+    /// Share of values with |x| below `threshold` (exact when the threshold is above amax; else resolved to histogram
+    /// bins, counting a bin that straddles the threshold as not below it). Zeros count as below.
+    pub fn share_below(&self, threshold: f32) -> f64 {
+        if self.count == 0 {
+            return 0.0;
+        }
+        if threshold > self.amax {
+            return 1.0;
+        }
+        let first = bin_of(threshold);
+        let below: u64 = self.histogram[..first].iter().sum();
+        below as f64 / self.count as f64
+    }
+
     /// Share of values with |x| above `threshold` (exact when the threshold is at or above amax; else resolved to
     /// histogram bins, counting a bin that straddles the threshold as above it).
     pub fn share_above(&self, threshold: f32) -> f64 {
@@ -96,5 +110,9 @@ mod tests {
         assert_eq!(stats.share_above(10.0), 0.0);
         let share = stats.share_above(9.0);
         assert!((0.09..0.13).contains(&share), "share {share}");
+        let below = stats.share_below(1.0);
+        assert!((0.09..0.11).contains(&below), "share below {below}");
+        assert_eq!(stats.share_below(0.001), 0.0);
+        assert_eq!(stats.share_below(11.0), 1.0);
     }
 }

@@ -1,5 +1,6 @@
-//! Writes calibrated KV scales the way the engines read them: F32 `model.layers.N.self_attn.k_scale`/`.v_scale`
-//! (`[1]`, or `[kv_heads, 1, 1]` per head) in a new shard `kv-scales.safetensors` added to the index, and
+//! Writes calibrated KV scales the way the engines read them: F32 `model.layers.N.<name>` for every name pair of
+//! the report (`self_attn.k_scale`/`.v_scale`, and the names each target engine loads: [`crate::engines`]),
+//! `[1]` or `[kv_heads, 1, 1]` per head, in a new shard `kv-scales.safetensors` added to the index, and
 //! `quantization_config.kv_cache_scheme` in `config.json` — each file written to a temporary sibling and renamed,
 //! shard first, then index, then config, so an interrupted run never leaves a config that names missing scales.
 //! Optionally SGLang's `--quantization-param-path` JSON.
@@ -49,10 +50,13 @@ pub fn write_scales(
     let mut planned = Vec::new();
     let mut payload: Vec<(String, Vec<u8>)> = Vec::new();
     for layer in &report.layers {
-        for (which, values) in [("k_scale", &layer.k_scale), ("v_scale", &layer.v_scale)] {
-            let name = format!("model.layers.{}.self_attn.{which}", layer.layer);
-            planned.push(PlannedTensor::new(name.clone(), Dtype::F32, tensor_shape(values.len(), report.strategy)));
-            payload.push((name, values.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        for (k_name, v_name) in &report.tensor_names {
+            for (suffix, values) in [(k_name, &layer.k_scale), (v_name, &layer.v_scale)] {
+                let name = format!("model.layers.{}.{suffix}", layer.layer);
+                let shape = tensor_shape(values.len(), report.strategy);
+                planned.push(PlannedTensor::new(name.clone(), Dtype::F32, shape));
+                payload.push((name, values.iter().flat_map(|v| v.to_le_bytes()).collect()));
+            }
         }
     }
     let shard_path = target.join(SCALES_FILE);
@@ -63,8 +67,8 @@ pub fn write_scales(
             return Err(error);
         }
     }
-    let finished = writer.finish()?;
-    files.push(shard_path);
+    writer.finish()?;
+    files.push(shard_path.clone());
 
     // 2. the index: every existing entry, the scale names routed to the new shard
     let index_path = model.join(INDEX_FILE);
@@ -81,14 +85,22 @@ pub fn write_scales(
         .get_mut("weight_map")
         .and_then(Value::as_object_mut)
         .ok_or_else(|| IoError::folder(&index_path, "has no weight_map object"))?;
-    let previous_scales = weight_map.values().filter(|v| v.as_str() == Some(SCALES_FILE)).count();
     weight_map.retain(|_, file| file.as_str() != Some(SCALES_FILE));
     for (name, _) in &payload {
         weight_map.insert(name.clone(), Value::from(SCALES_FILE));
     }
-    if let Some(total) = index.pointer_mut("/metadata/total_size") {
-        if previous_scales == 0 {
-            *total = Value::from(total.as_u64().unwrap_or(0) + finished.bytes);
+    // `total_size` is the sum of the tensors' data bytes (no headers), recounted from the shards so that a
+    // rerun with other names or another strategy stays exact.
+    let total = tensor_bytes_of(weight_map, model, &shard_path)?;
+    match index.get_mut("metadata").and_then(Value::as_object_mut) {
+        Some(metadata) => {
+            metadata.insert("total_size".into(), Value::from(total));
+        }
+        None => {
+            index
+                .as_object_mut()
+                .ok_or_else(|| IoError::folder(&index_path, "is not a JSON object"))?
+                .insert("metadata".into(), json!({ "total_size": total }));
         }
     }
     let out_index = target.join(INDEX_FILE);
@@ -124,6 +136,27 @@ pub fn write_scales(
         files.push(path.to_path_buf());
     }
     Ok(WrittenFiles { files })
+}
+
+/// The data bytes of every tensor the weight map lists, read from the shard headers (the scales shard from
+/// `scales`, the others from `model`).
+fn tensor_bytes_of(weight_map: &Map<String, Value>, model: &Path, scales: &Path) -> Result<u64, IoError> {
+    let mut shards: std::collections::BTreeMap<&str, ShardFile> = std::collections::BTreeMap::new();
+    let mut total = 0u64;
+    for (name, file) in weight_map {
+        let file =
+            file.as_str().ok_or_else(|| IoError::tensor(model.join(INDEX_FILE), name, "maps to a non-string file"))?;
+        if !shards.contains_key(file) {
+            let path = if file == SCALES_FILE { scales.to_path_buf() } else { model.join(file) };
+            shards.insert(file, ShardFile::open(&path)?);
+        }
+        let entry = shards[file]
+            .entries()
+            .get(name)
+            .ok_or_else(|| IoError::tensor(model.join(file), name, "is listed in the index but not in this shard"))?;
+        total += (entry.end - entry.start) as u64;
+    }
+    Ok(total)
 }
 
 /// SGLang/vLLM `--quantization-param-path`: `{"model_type", "kv_cache": {"dtype": "float8_e4m3fn",

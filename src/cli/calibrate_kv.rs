@@ -7,6 +7,7 @@ use anyhow::Context;
 use crate::cuda::DeviceChoice;
 
 use crate::calib::{calibrate, write_scales, CalibOptions, Strategy};
+use crate::engines::{EngineChoice, ScaleUse};
 use crate::eval::EvalInput;
 
 use super::progress::Bar;
@@ -35,6 +36,10 @@ pub struct Args {
     /// One scale per layer (tensor) or per KV head (head; GQA only — MLA has one latent row).
     #[arg(long, value_enum, default_value = "tensor")]
     pub strategy: Strategy,
+    /// The engines to write for: each engine's loadable tensor names are written (besides self_attn.k_scale/v_scale),
+    /// and the report says what each engine does with the scales of this cache layout (MLA: ignored).
+    #[arg(long, value_enum, default_value = "all")]
+    pub engine: EngineChoice,
     /// Write config.json, the index and kv-scales.safetensors into this folder instead of the model folder.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -65,6 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         samples: args.samples,
         percentile: args.percentile,
         strategy: args.strategy,
+        engines: args.engine.engines(),
     };
     let bar = Bar::new(false);
     let mut report = calibrate(&options, super::open_backend(args.device)?.as_ref(), &bar)
@@ -88,7 +94,30 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         report.samples,
         report.seq_len
     );
-    let mut table = Table::new(&["layer", "K amax", "k_scale", "K sat %", "V amax", "v_scale", "V sat %", "tokens"]);
+    for engine in &report.engines {
+        let verdict = match engine.uses {
+            ScaleUse::Checkpoint => "uses these scales",
+            ScaleUse::Unit => "ignores these scales (caches with 1.0)",
+            ScaleUse::DynamicTiles => "ignores these scales (dynamic per-128 tile scales)",
+        };
+        println!("{}: {verdict} — {} [{}]", engine.engine.label(), engine.summary, engine.source);
+    }
+    let names: Vec<String> = report.tensor_names.iter().map(|(k, v)| format!("{k}/{v}")).collect();
+    println!("tensor names per layer: {}", names.join(", "));
+    let mut table = Table::new(&[
+        "layer",
+        "K amax",
+        "k_scale",
+        "K sat %",
+        "K sub %",
+        "V amax",
+        "v_scale",
+        "V sat %",
+        "V sub %",
+        "@1.0 sat %",
+        "@1.0 sub %",
+        "tokens",
+    ]);
     let show = |values: &[f32]| {
         if values.len() == 1 {
             format!("{:.6}", values[0])
@@ -100,19 +129,28 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             )
         }
     };
+    let percent = |share: f64| format!("{:.4}", share * 100.0);
     for layer in &report.layers {
         table.row(vec![
             layer.layer.to_string(),
             format!("{:.4}", layer.k_amax),
             show(&layer.k_scale),
-            format!("{:.4}", layer.k_saturated * 100.0),
+            percent(layer.k_saturated),
+            percent(layer.k_subnormal),
             format!("{:.4}", layer.v_amax),
             show(&layer.v_scale),
-            format!("{:.4}", layer.v_saturated * 100.0),
+            percent(layer.v_saturated),
+            percent(layer.v_subnormal),
+            format!("{}/{}", percent(layer.k_saturated_at_one), percent(layer.v_saturated_at_one)),
+            format!("{}/{}", percent(layer.k_subnormal_at_one), percent(layer.v_subnormal_at_one)),
             layer.tokens.to_string(),
         ]);
     }
     println!("{}", table.render().trim_end());
+    println!(
+        "sat: share saturating at ±448; sub: share in the e4m3 subnormal range (|x / scale| < 2^-6); @1.0: the same \
+         for K/V at scale 1.0, what a cache that ignores the scales stores"
+    );
     for file in &report.written {
         println!("wrote {file}");
     }

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use crate::calib::{calibrate, write_scales, CalibOptions, Strategy};
 use crate::convert::{quantize, QuantizeOptions};
-use crate::eval::parity::{evaluate_parity, Gates, Mode, ParityOptions};
+use crate::engines::Engine;
+use crate::eval::parity::{evaluate_parity, Gates, KvScaleChoice, Mode, ParityOptions};
 use crate::eval::{evaluate, EvalInput, EvalOptions};
 use crate::inspect::inspect;
 use crate::progress::Silent;
@@ -136,6 +137,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
             samples: 8,
             percentile: None,
             strategy: Strategy::Tensor,
+            engines: Engine::ALL.to_vec(),
         },
         &Cpu,
         &Silent,
@@ -157,6 +159,8 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
                 min_same_top: DEFAULT_MIN_SAME_TOP,
                 max_ppl_ratio: DEFAULT_MAX_PPL_RATIO,
             },
+            kv_scales: KvScaleChoice::Engine,
+            engine: Engine::Vllm,
         },
         &Cpu,
         &Silent,

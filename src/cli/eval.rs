@@ -7,7 +7,8 @@ use anyhow::Context;
 
 use crate::cuda::DeviceChoice;
 
-use crate::eval::parity::{evaluate_parity, plot, Gates, Mode, ParityOptions, ParityReport};
+use crate::engines::Engine;
+use crate::eval::parity::{evaluate_parity, plot, Gates, KvScaleChoice, Mode, ParityOptions, ParityReport};
 use crate::eval::{evaluate, EvalInput, EvalOptions};
 
 use super::progress::Bar;
@@ -37,6 +38,14 @@ pub struct Args {
     /// Gate: fail when a mode's PPL(Q)/PPL(reference) exceeds this.
     #[arg(long, default_value_t = DEFAULT_MAX_PPL_RATIO)]
     pub max_ppl_ratio: f64,
+    /// Parity: the scales the FP8-KV modes (kv, split) cache with — engine: what --engine really uses for this
+    /// cache layout (the candidate's k_scale/v_scale for GQA; 1.0 for MLA in vLLM 0.32 and SGLang's Hopper
+    /// backends; per-128 dynamic tiles for GLM-5's sparse MLA), calibrated: the candidate's scales, one: 1.0.
+    #[arg(long, value_enum, default_value = "engine", requires = "reference")]
+    pub kv_scales: KvScaleChoice,
+    /// Parity: the serving engine whose KV-cache behaviour --kv-scales engine follows.
+    #[arg(long, value_enum, default_value = "vllm", requires = "reference")]
+    pub engine: Engine,
     /// Parity: draw the KLD distribution and per-layer error of each mode into this SVG file.
     #[arg(long, requires = "reference")]
     pub plot: Option<PathBuf>,
@@ -144,6 +153,8 @@ fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalIn
             min_same_top: args.min_same_top,
             max_ppl_ratio: args.max_ppl_ratio,
         },
+        kv_scales: args.kv_scales,
+        engine: args.engine,
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate_parity(&options, backend.as_ref(), &Bar::new(false))
@@ -184,6 +195,15 @@ fn print_parity(report: &ParityReport) {
         report.ctx,
         report.prompt,
         report.ctx - 1 - report.prompt
+    );
+    println!(
+        "FP8 KV (kv, split modes): {} — {}",
+        match report.kv_scales.applied {
+            crate::engines::ScaleUse::Checkpoint => "the candidate's k_scale/v_scale",
+            crate::engines::ScaleUse::Unit => "scale 1.0",
+            crate::engines::ScaleUse::DynamicTiles => "dynamic per-128 tile scales",
+        },
+        report.kv_scales.reason
     );
     if !report.missing_kv_scales.is_empty() {
         println!(

@@ -45,8 +45,21 @@ impl ShardFile {
         // SAFETY: the file is opened read-only and squeeze never writes to its inputs; a concurrent writer
         // outside squeeze could change the bytes under us, which the safetensors format cannot prevent either.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| IoError::file(path, e))?;
-        let (header_len, metadata) = SafeTensors::read_metadata(&map)
-            .map_err(|error| IoError::Header { path: path.to_path_buf(), reason: header_reason(&error, map.len()) })?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|error| {
+            if let (safetensors::SafeTensorError::MetadataIncompleteBuffer, Some((name, end, available))) =
+                (&error, tensor_past_end(&map))
+            {
+                return IoError::tensor(
+                    path,
+                    &name,
+                    format!(
+                        "has data up to byte {end} of the data section, but the file holds only {available} data \
+                         bytes: the shard is truncated; download or copy it again"
+                    ),
+                );
+            }
+            IoError::Header { path: path.to_path_buf(), reason: header_reason(&error, map.len()) }
+        })?;
         let data_start = 8 + header_len;
         let mut tensors = BTreeMap::new();
         for (name, info) in metadata.tensors() {
@@ -117,6 +130,22 @@ impl ShardFile {
     }
 }
 
+/// The tensor whose `data_offsets` end furthest past the end of the file's data section, with that end and the
+/// data bytes the file has; `None` when the header does not parse or no tensor runs past the end.
+fn tensor_past_end(file: &[u8]) -> Option<(String, u64, u64)> {
+    let length = u64::from_le_bytes(file.get(..8)?.try_into().ok()?);
+    let header_end = 8usize.checked_add(usize::try_from(length).ok()?)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(file.get(8..header_end)?).ok()?;
+    let available = (file.len() - header_end) as u64;
+    header
+        .iter()
+        .filter(|(name, _)| name.as_str() != "__metadata__")
+        .filter_map(|(name, info)| Some((name.clone(), info.get("data_offsets")?.get(1)?.as_u64()?)))
+        .filter(|&(_, end)| end > available)
+        .max_by_key(|&(_, end)| end)
+        .map(|(name, end)| (name, end, available))
+}
+
 fn header_reason(error: &safetensors::SafeTensorError, file_len: usize) -> String {
     use safetensors::SafeTensorError as E;
     match error {
@@ -160,6 +189,24 @@ mod tests {
             std::fs::write(&path, &file).unwrap();
             let _ = ShardFile::open(&path);
         }
+    }
+
+    #[test]
+    fn a_truncated_shard_names_the_tensor_past_the_end() {
+        use crate::io::writer::{PlannedTensor, ShardWriter};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.safetensors");
+        let tensors =
+            vec![PlannedTensor::new("first", Dtype::F32, vec![4]), PlannedTensor::new("last", Dtype::F32, vec![4])];
+        let mut writer = ShardWriter::create(&path, tensors).unwrap();
+        writer.write_tensor("first", &[1u8; 16]).unwrap();
+        writer.write_tensor("last", &[2u8; 16]).unwrap();
+        writer.finish().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
+        let error = ShardFile::open(&path).unwrap_err().to_string();
+        assert!(error.contains("last") && !error.contains("first"), "{error}");
+        assert!(error.contains("a.safetensors") && error.contains("truncated"), "{error}");
     }
 
     #[test]

@@ -240,12 +240,23 @@ pub enum CachedKv<'a> {
 /// Receives the cached values of one layer before any fake quantization.
 pub type KvObserver<'a> = dyn FnMut(&CachedKv) + 'a;
 
-/// A tap on an attention layer's cache: an observer (calibration), then FP8 fake quantization
-/// (`x ← decode(encode(x / s)) · s`, the engines' store/read) with the layer's scales.
+/// How a tap stores the cached values as FP8.
+#[derive(Debug, Clone, Copy)]
+pub enum KvFp8<'a> {
+    /// Static per-tensor or per-head scales (the checkpoint's, or 1.0): `x ← decode(encode(x / s)) · s`.
+    Static(&'a LayerKvScales),
+    /// MLA rows with a dynamic scale per `tile` elements of the first `latent` elements of each row, computed from
+    /// that tile (`max(amax / 448, f32::MIN_POSITIVE)`); the rest of the row (RoPE) is left as it is (the
+    /// runtime's 16-bit cache is f32). vLLM's `fp8_ds_mla` and SGLang's DSA cache.
+    DynamicTiles { tile: usize, latent: usize },
+}
+
+/// A tap on an attention layer's cache: an observer (calibration), then FP8 fake quantization (the engines'
+/// store/read).
 #[derive(Default)]
 pub struct KvTap<'a> {
     pub observer: Option<&'a mut KvObserver<'a>>,
-    pub fp8: Option<&'a LayerKvScales>,
+    pub fp8: Option<KvFp8<'a>>,
 }
 
 impl KvTap<'_> {
@@ -253,16 +264,28 @@ impl KvTap<'_> {
         if let Some(observer) = self.observer.as_mut() {
             observer(&cached);
         }
-        let Some(scales) = self.fp8 else { return };
-        match &mut cached {
-            CachedKv::Mla { rows, .. } => fake_fp8(rows, scales.k_for(0)),
-            CachedKv::Gqa { k, v, heads, head_dim } => {
+        let Some(fp8) = self.fp8 else { return };
+        match (&mut cached, fp8) {
+            (CachedKv::Mla { rows, .. }, KvFp8::Static(scales)) => fake_fp8(rows, scales.k_for(0)),
+            (CachedKv::Mla { rows, width }, KvFp8::DynamicTiles { tile, latent }) => {
+                for row in rows.chunks_mut(*width) {
+                    for values in row[..latent.min(*width)].chunks_mut(tile.max(1)) {
+                        let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                        fake_fp8(values, (amax / fp8::E4M3_MAX).max(f32::MIN_POSITIVE));
+                    }
+                }
+            }
+            (CachedKv::Gqa { k, v, heads, head_dim }, KvFp8::Static(scales)) => {
                 for (index, chunk) in k.chunks_mut(*head_dim).enumerate() {
                     fake_fp8(chunk, scales.k_for(index % *heads));
                 }
                 for (index, chunk) in v.chunks_mut(*head_dim).enumerate() {
                     fake_fp8(chunk, scales.v_for(index % *heads));
                 }
+            }
+            // No engine stores a GQA cache with dynamic tiles; callers resolve the mode from the cache layout.
+            (CachedKv::Gqa { .. }, KvFp8::DynamicTiles { .. }) => {
+                debug_assert!(false, "dynamic-tile FP8 applies to MLA rows only")
             }
         }
     }

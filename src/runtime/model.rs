@@ -17,7 +17,7 @@ use crate::model::ModelConfig;
 use crate::progress::Reporter;
 
 pub use super::indexer::Selection;
-pub use super::layer::{fake_fp8, CachedKv, KvObserver, KvTap, Layer, LayerContext, LayerTap};
+pub use super::layer::{fake_fp8, CachedKv, KvFp8, KvObserver, KvTap, Layer, LayerContext, LayerTap};
 pub use super::layer_stream::LayerStream;
 pub use super::moe::ExpertTimes as LayerTimes;
 

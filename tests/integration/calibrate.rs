@@ -207,3 +207,144 @@ fn mla_writes_one_latent_scale_and_percentile_reports_clipping() {
     assert_eq!(bad.code, 2, "{}", bad.stderr);
     assert!(bad.stderr.contains("--percentile"), "{}", bad.stderr);
 }
+
+/// Sum of the data bytes of every tensor in the folder's `.safetensors` files (what `metadata.total_size` holds).
+fn tensor_data_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            let bytes = fs::read(&path).unwrap();
+            let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+            for (name, info) in header.as_object().unwrap() {
+                if name != "__metadata__" {
+                    total += info["data_offsets"][1].as_u64().unwrap() - info["data_offsets"][0].as_u64().unwrap();
+                }
+            }
+        }
+    }
+    total
+}
+
+fn index_of(dir: &Path) -> Value {
+    serde_json::from_slice(&fs::read(dir.join("model.safetensors.index.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn names_follow_the_engines_and_total_size_stays_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let gqa = synth(dir.path(), "glm45", "glm45", &[]);
+    let tokens = dir.path().join("tokens.safetensors");
+    write_tokens(&tokens, 2, 24, 384);
+    let calibrate = |model: &Path, engine: &str| {
+        squeeze(&["calibrate-kv", path_str(model), "--tokens", path_str(&tokens), "--engine", engine, "--json"])
+            .ok()
+            .json()
+    };
+    let report = calibrate(&gqa, "vllm");
+    assert_eq!(report["tensor_names"], serde_json::json!([["self_attn.k_scale", "self_attn.v_scale"]]));
+    assert_eq!(report["engines"][0]["uses"], "checkpoint");
+    let index = index_of(&gqa);
+    assert_eq!(index["weight_map"]["model.layers.1.self_attn.k_scale"], "kv-scales.safetensors");
+    assert!(index["weight_map"].get("model.layers.1.self_attn.attn.k_scale").is_none());
+    assert_eq!(index["metadata"]["total_size"].as_u64().unwrap(), tensor_data_bytes(&gqa));
+    // SGLang loads only the exact parameter name self_attn.attn.k_scale: written as well, same values.
+    calibrate(&gqa, "sglang");
+    let index = index_of(&gqa);
+    for layer in 0..3 {
+        for (vllm, sglang) in [("k_scale", "attn.k_scale"), ("v_scale", "attn.v_scale")] {
+            let shard = gqa.join("kv-scales.safetensors");
+            let a = read_f32_tensor(&shard, &format!("model.layers.{layer}.self_attn.{vllm}"));
+            let b = read_f32_tensor(&shard, &format!("model.layers.{layer}.self_attn.{sglang}"));
+            assert_eq!(a, b, "layer {layer} {vllm}");
+            assert_eq!(
+                index["weight_map"][format!("model.layers.{layer}.self_attn.{sglang}")],
+                "kv-scales.safetensors"
+            );
+        }
+    }
+    assert_eq!(index["metadata"]["total_size"].as_u64().unwrap(), tensor_data_bytes(&gqa));
+
+    // MLA: the report says plainly that both engines ignore the scales, with the figures at 1.0 and calibrated.
+    let mla = synth(dir.path(), "kimi", "kimi-k2", &[]);
+    let run = squeeze(&["calibrate-kv", path_str(&mla), "--tokens", path_str(&tokens)]).ok();
+    assert!(run.stdout.contains("vLLM 0.32: ignores these scales (caches with 1.0)"), "{}", run.stdout);
+    assert!(run.stdout.contains("SGLang 0.5.23: ignores these scales (caches with 1.0)"), "{}", run.stdout);
+    assert!(run.stdout.contains("@1.0 sub %"), "{}", run.stdout);
+    let report =
+        squeeze(&["calibrate-kv", path_str(&mla), "--tokens", path_str(&tokens), "--json", "--dry-run"]).ok().json();
+    assert!(report["engines"].as_array().unwrap().iter().all(|e| e["uses"] == "unit"), "{}", report["engines"]);
+    assert_eq!(
+        report["tensor_names"][1],
+        serde_json::json!(["self_attn.attn_mqa.k_scale", "self_attn.attn_mqa.v_scale"])
+    );
+    for layer in report["layers"].as_array().unwrap() {
+        for key in ["k_saturated_at_one", "k_subnormal_at_one", "k_subnormal", "v_subnormal_at_one"] {
+            let share = layer[key].as_f64().unwrap_or(-1.0);
+            assert!((0.0..=1.0).contains(&share), "{key}: {layer}");
+        }
+        // A calibrated scale maps the amax to 448: nothing saturates, whatever happens at 1.0.
+        assert_eq!(layer["k_saturated"].as_f64().unwrap(), 0.0, "{layer}");
+    }
+    // The GLM-5 sparse cache: dynamic tiles in both engines.
+    let dsa = synth(dir.path(), "glm5", "glm5", &[]);
+    let report =
+        squeeze(&["calibrate-kv", path_str(&dsa), "--tokens", path_str(&tokens), "--json", "--dry-run"]).ok().json();
+    assert!(
+        report["engines"].as_array().unwrap().iter().all(|e| e["uses"] == "dynamic-tiles"),
+        "{}",
+        report["engines"]
+    );
+}
+
+#[test]
+fn kv_scales_one_equals_a_candidate_without_scales() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = synth(dir.path(), "ref", "glm45", &[]);
+    let tokens = dir.path().join("tokens.safetensors");
+    write_tokens(&tokens, 3, 32, 384);
+    let bare = dir.path().join("int4");
+    squeeze(&["quantize", path_str(&reference), path_str(&bare)]).ok();
+    let scaled = dir.path().join("int4-scaled");
+    squeeze(&["quantize", path_str(&reference), path_str(&scaled)]).ok();
+    squeeze(&["calibrate-kv", path_str(&scaled), "--tokens", path_str(&tokens)]).ok();
+    let parity = |candidate: &Path, choice: &str| {
+        squeeze(&[
+            "eval",
+            "--reference",
+            path_str(&reference),
+            "--candidate",
+            path_str(candidate),
+            "--tokens",
+            path_str(&tokens),
+            "--modes",
+            "kv,split",
+            "--kv-scales",
+            choice,
+            "--json",
+            "--max-mean-kld",
+            "100",
+            "--min-same-top",
+            "0",
+            "--max-ppl-ratio",
+            "100",
+        ])
+        .ok()
+        .json()
+    };
+    let one = parity(&scaled, "one");
+    let without = parity(&bare, "calibrated");
+    let calibrated = parity(&scaled, "calibrated");
+    let engine = parity(&scaled, "engine");
+    assert_eq!(one["kv_scales"]["applied"], "unit");
+    assert_eq!(without["missing_kv_scales"].as_array().unwrap().len(), 3);
+    for mode in ["kv", "split"] {
+        let kld = |report: &Value| report["modes"][mode]["mean_kld"].as_f64().unwrap();
+        assert_eq!(kld(&one), kld(&without), "{mode}: --kv-scales one is a candidate without scales");
+        assert_ne!(kld(&one), kld(&calibrated), "{mode}: the calibrated scales change the FP8 cache");
+        // GLM-4.5 is GQA: vLLM divides by the checkpoint's scales, so `engine` is `calibrated`.
+        assert_eq!(kld(&engine), kld(&calibrated), "{mode}");
+    }
+    assert_eq!(engine["kv_scales"]["applied"], "checkpoint");
+}

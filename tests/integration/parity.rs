@@ -25,6 +25,8 @@ fn candidate_equal_to_reference_is_exact_without_fp8_kv() {
         "--json",
         "--plot",
         path_str(&plot),
+        "--kv-scales",
+        "calibrated",
         "--min-same-top",
         "0",
         "--max-mean-kld",

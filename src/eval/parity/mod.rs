@@ -9,7 +9,9 @@
 //! | `split` | REF weights, BF16 KV (the prefill node), cache handed over as FP8 | CAND weights, FP8 KV, teacher-forced |
 //!
 //! "BF16 KV" is the runtime's f32 cache (no rounding); FP8 KV is `decode(encode(x / s)) · s` on exactly the cached
-//! values with CAND's `k_scale`/`v_scale` (1.0 where missing, reported). Per layer the residual stream of every mode
+//! values, with the scales `--kv-scales` names: `engine` (default) what the chosen engine really caches with
+//! ([`crate::engines`]: CAND's `k_scale`/`v_scale` for GQA, 1.0 for MLA, dynamic per-128 tiles for GLM-5's sparse
+//! MLA), `calibrated` CAND's scales (1.0 where missing, reported) or `one` 1.0 everywhere. Per layer the residual stream of every mode
 //! is compared with the reference's on the scored positions (relative L2) and, on MoE layers, the routed top-k
 //! expert sets (share of scored tokens whose set equals the reference's).
 
@@ -23,10 +25,14 @@ use serde::Serialize;
 use serde_json::Map;
 
 use super::{load_sequences, EvalError, EvalInput};
+use crate::engines::{kv_scale_handling, CacheLayout, Engine, ScaleUse, DYNAMIC_TILE};
+use crate::model::config::Attention;
 use crate::progress::Reporter;
 use crate::runtime::backend::Matrix;
-use crate::runtime::kv_scales::KvScales;
-use crate::runtime::model::{head_name, rope_setup, KvTap, LayerContext, LayerStream, LayerTap, LayerTimes, Selection};
+use crate::runtime::kv_scales::{KvLayout, KvScales};
+use crate::runtime::model::{
+    head_name, rope_setup, KvFp8, KvTap, LayerContext, LayerStream, LayerTap, LayerTimes, Selection,
+};
 use crate::runtime::weights::WeightReader;
 use crate::runtime::{Backend, Model, RuntimeError, Spans};
 pub use stats::{Summary, TokenSamples};
@@ -67,6 +73,18 @@ pub struct Gates {
     pub max_ppl_ratio: f64,
 }
 
+/// Which scales the FP8-KV modes (`kv`, `split`) cache with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KvScaleChoice {
+    /// What the chosen engine really uses for this cache layout.
+    Engine,
+    /// The candidate's `k_scale`/`v_scale` (1.0 where missing).
+    Calibrated,
+    /// 1.0 everywhere.
+    One,
+}
+
 #[derive(Debug, Clone)]
 pub struct ParityOptions {
     pub reference: PathBuf,
@@ -75,6 +93,20 @@ pub struct ParityOptions {
     pub chunks: Option<usize>,
     pub modes: Vec<Mode>,
     pub gates: Gates,
+    pub kv_scales: KvScaleChoice,
+    /// The engine whose behaviour `KvScaleChoice::Engine` follows.
+    pub engine: Engine,
+}
+
+/// The KV scales the FP8-KV modes used, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct KvScalesUsed {
+    pub choice: KvScaleChoice,
+    pub engine: Engine,
+    pub layout: CacheLayout,
+    /// `checkpoint`, `unit` or `dynamic-tiles`.
+    pub applied: ScaleUse,
+    pub reason: String,
 }
 
 /// Per decoder layer, one mode against the reference on the scored positions.
@@ -115,8 +147,9 @@ pub struct ParityReport {
     pub ctx: usize,
     /// Prompt tokens per chunk (the first half); the rest minus the last are scored.
     pub prompt: usize,
-    /// KV scale layers missing in CAND (1.0 used), for the FP8-KV modes.
+    /// KV scale layers missing in CAND (1.0 used), when the FP8-KV modes read CAND's scales.
     pub missing_kv_scales: Vec<usize>,
+    pub kv_scales: KvScalesUsed,
     pub modes: Map<String, serde_json::Value>,
     pub gates: Gates,
     pub failures: Vec<GateFailure>,
@@ -167,10 +200,12 @@ pub fn evaluate_parity(
     }
     let prompt = ctx / 2;
     let needs_candidate = modes.iter().any(|m| matches!(m, Mode::Weights | Mode::Split));
-    let scales = KvScales::read(candidate.checkpoint(), other)?;
+    let (kv_fp8, kv_scales) = resolve_kv_scales(options, &candidate)?;
     if modes.iter().any(|m| m.fp8_kv()) {
-        if let Some(warning) = scales.warning(&options.candidate) {
-            reporter.warn(warning.strip_prefix("warning: ").unwrap_or(&warning));
+        if let KvMode::Static(scales) = &kv_fp8 {
+            if let Some(warning) = scales.warning(&options.candidate) {
+                reporter.warn(warning.strip_prefix("warning: ").unwrap_or(&warning));
+            }
         }
     }
 
@@ -218,7 +253,7 @@ pub fn evaluate_parity(
             Some(stream) => Some(stream.next_layer()?.0),
             None => None,
         };
-        let layer_scales = &scales.layers[index];
+        let layer_fp8 = kv_fp8.layer(index);
         let (first, rest) = streams.split_first_mut().expect("the reference stream exists");
         let prefill_hidden = first.hidden.clone();
         let times = LayerTimes::default();
@@ -233,7 +268,7 @@ pub fn evaluate_parity(
             &mut tap,
         )?;
         for stream in rest.iter_mut() {
-            let fp8 = if stream.mode.fp8_kv() { Some(layer_scales) } else { None };
+            let fp8 = if stream.mode.fp8_kv() { Some(layer_fp8) } else { None };
             let mut tap = LayerTap { kv: KvTap { observer: None, fp8 }, routes: Some(&mut stream.routes) };
             match (stream.mode, cand_layer.as_ref()) {
                 (Mode::Kv, _) => ref_layer.forward_tapped(
@@ -348,13 +383,60 @@ pub fn evaluate_parity(
         chunks: sequences.len(),
         ctx,
         prompt,
-        missing_kv_scales: scales.missing_layers.clone(),
+        missing_kv_scales: match &kv_fp8 {
+            KvMode::Static(scales) => scales.missing_layers.clone(),
+            KvMode::DynamicTiles { .. } => Vec::new(),
+        },
+        kv_scales,
         modes: json_modes,
         gates: options.gates,
         failures,
         seconds: started.elapsed().as_secs_f64(),
         mode_reports,
     })
+}
+
+/// The FP8 KV storage of the FP8-KV modes, resolved for every layer.
+enum KvMode {
+    Static(KvScales),
+    DynamicTiles { latent: usize },
+}
+
+impl KvMode {
+    fn layer(&self, index: usize) -> KvFp8<'_> {
+        match self {
+            KvMode::Static(scales) => KvFp8::Static(&scales.layers[index]),
+            KvMode::DynamicTiles { latent } => KvFp8::DynamicTiles { tile: DYNAMIC_TILE, latent: *latent },
+        }
+    }
+}
+
+/// Resolves `--kv-scales` (and `--engine`) against the candidate's cache layout.
+fn resolve_kv_scales(
+    options: &ParityOptions,
+    candidate: &crate::runtime::Model,
+) -> Result<(KvMode, KvScalesUsed), EvalError> {
+    let config = candidate.config();
+    let layout = CacheLayout::of(config);
+    let handling = kv_scale_handling(options.engine, layout);
+    let (applied, reason) = match options.kv_scales {
+        KvScaleChoice::Engine => (handling.uses, format!("{}: {}", options.engine.label(), handling.summary)),
+        KvScaleChoice::Calibrated => {
+            (ScaleUse::Checkpoint, "--kv-scales calibrated: the candidate's k_scale/v_scale".into())
+        }
+        KvScaleChoice::One => (ScaleUse::Unit, "--kv-scales one: scale 1.0 in every layer".into()),
+    };
+    let mode = match applied {
+        ScaleUse::Checkpoint => KvMode::Static(KvScales::read(candidate.checkpoint(), config)?),
+        ScaleUse::Unit => KvMode::Static(KvScales::unit(KvLayout::of(config), config.num_hidden_layers)),
+        ScaleUse::DynamicTiles => match &config.attention {
+            Attention::Mla { kv_lora_rank, .. } => KvMode::DynamicTiles { latent: *kv_lora_rank },
+            Attention::Gqa { .. } => {
+                return Err(EvalError::Input("dynamic-tile FP8 caches exist only for MLA models".into()))
+            }
+        },
+    };
+    Ok((mode, KvScalesUsed { choice: options.kv_scales, engine: options.engine, layout, applied, reason }))
 }
 
 fn check_gates(mode: Mode, summary: &Summary, gates: &Gates) -> Vec<GateFailure> {
