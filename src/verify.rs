@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::convert::source::{items_from_checkpoint, RowReader};
-use crate::io::dtype::Dtype;
+use crate::io::dtype::{first_nonfinite, Dtype};
 use crate::io::manifest::Manifest;
 use crate::io::writer::sha256_file;
 use crate::io::{Checkpoint, IoError, TensorRef};
@@ -101,6 +101,24 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
             problems.push(problem);
         }
     }
+    // The weights agree with config.json (layers, shapes, MTP layers).
+    if let Some(json) = checkpoint.config() {
+        match crate::model::ModelConfig::from_json(json) {
+            Ok(config) => problems.extend(crate::runtime::validate::mismatches(&checkpoint, &config)),
+            Err(error) => problems.push(format!("config.json: {error}")),
+        }
+    }
+    // Every float tensor finite (quantize refuses non-finite sources unless --allow-nonfinite).
+    let names = checkpoint.names_in_file_order();
+    let nonfinite: Vec<String> = names
+        .par_iter()
+        .filter_map(|name| {
+            let tensor = checkpoint.get(name)?;
+            let index = first_nonfinite(tensor.dtype, tensor.bytes)?;
+            Some(format!("{name}: element {index} is NaN or infinite"))
+        })
+        .collect();
+    problems.extend(nonfinite);
 
     let mut errors = Vec::new();
     let mut compared = 0;
@@ -206,11 +224,19 @@ fn read_shape(tensor: &TensorRef) -> Option<[usize; 2]> {
     Some([usize::try_from(values[0]).ok()?, usize::try_from(values[1]).ok()?])
 }
 
-/// Dequantizes an INT4 module of `checkpoint` into f32, row-major.
-pub fn dequantize_int4(checkpoint: &Checkpoint, module: &str, group_size: usize) -> Option<(Vec<f32>, [usize; 2])> {
-    let packed = checkpoint.get(&format!("{module}.weight_packed"))?;
-    let scale = checkpoint.get(&format!("{module}.weight_scale"))?;
-    let [rows, columns] = read_shape(&checkpoint.get(&format!("{module}.weight_shape"))?)?;
+/// Dequantizes an INT4 module of `checkpoint` into f32, row-major, after checking its three tensors against each
+/// other and the conventions (so that no shape a file declares can index out of range); the error names the tensor.
+pub fn dequantize_int4(
+    checkpoint: &Checkpoint,
+    module: &str,
+    group_size: usize,
+) -> Result<(Vec<f32>, [usize; 2]), String> {
+    check_int4_conventions(checkpoint, module, Some(group_size))?;
+    let missing = |suffix: &str| format!("{module}.{suffix}: missing");
+    let packed = checkpoint.get(&format!("{module}.weight_packed")).ok_or_else(|| missing("weight_packed"))?;
+    let scale = checkpoint.get(&format!("{module}.weight_scale")).ok_or_else(|| missing("weight_scale"))?;
+    let shape = checkpoint.get(&format!("{module}.weight_shape")).ok_or_else(|| missing("weight_shape"))?;
+    let [rows, columns] = read_shape(&shape).ok_or_else(|| missing("weight_shape"))?;
     let words: Vec<u32> = packed.bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     let scales: Vec<bf16> = scale.bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect();
     let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(group_size));
@@ -220,7 +246,7 @@ pub fn dequantize_int4(checkpoint: &Checkpoint, module: &str, group_size: usize)
         pack::unpack_row(&words[row * words_per_row..][..words_per_row], columns, &mut q);
         int4::dequantize_row(&q, &scales[row * groups_per_row..][..groups_per_row], group_size, values);
     }
-    Some((out, [rows, columns]))
+    Ok((out, [rows, columns]))
 }
 
 /// Compares one source item with what the output holds for it.
@@ -232,8 +258,7 @@ fn compare(
 ) -> Result<Option<TensorError>, String> {
     let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
     let (scheme, got) = if let (true, Some(group)) = (output.contains(&format!("{module}.weight_packed")), group_size) {
-        let (values, shape) =
-            dequantize_int4(output, module, group).ok_or_else(|| format!("{module}: unreadable INT4 tensors"))?;
+        let (values, shape) = dequantize_int4(output, module, group)?;
         if shape.as_slice() != item.shape.as_slice() {
             return Err(format!("{module}: weight_shape {shape:?} but the source has {:?}", item.shape));
         }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 pub use observe::AbsStats;
-pub use write::{write_scales, WrittenFiles, SCALES_FILE};
+pub use write::{open_for_edit, write_scales, WrittenFiles, SCALES_FILE};
 
 use crate::engines::{kv_scale_handling, kv_scale_names, CacheLayout, Engine, KvScaleHandling};
 use crate::eval::{load_sequences, EvalError, EvalInput};

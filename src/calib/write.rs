@@ -1,8 +1,9 @@
 //! Writes calibrated KV scales the way the engines read them: F32 `model.layers.N.<name>` for every name pair of
 //! the report (`self_attn.k_scale`/`.v_scale`, and the names each target engine loads: [`crate::engines`]),
 //! `[1]` or `[kv_heads, 1, 1]` per head, in a new shard `kv-scales.safetensors` added to the index, and
-//! `quantization_config.kv_cache_scheme` in `config.json` — each file written to a temporary sibling and renamed,
-//! shard first, then index, then config, so an interrupted run never leaves a config that names missing scales.
+//! `quantization_config.kv_cache_scheme` in `config.json` — as one transaction ([`crate::io::journal`]): all three
+//! are written complete under staged names, then renamed shard, index, config, so that no reader sees a config
+//! naming scales the index lacks, and a failure before the commit leaves the folder as it was.
 //! Optionally SGLang's `--quantization-param-path` JSON.
 //!
 //! F32, not the module dtype (BF16): vLLM and SGLang load the scale into an f32 parameter from either, and BF16
@@ -15,8 +16,9 @@ use serde_json::{json, Map, Value};
 use super::{CalibReport, Strategy};
 use crate::io::checkpoint::{read_json, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
 use crate::io::dtype::Dtype;
+use crate::io::lock::FolderLock;
 use crate::io::writer::{PlannedTensor, ShardWriter};
-use crate::io::{atomic, IoError, ShardFile};
+use crate::io::{atomic, journal, IoError, ShardFile};
 
 pub const SCALES_FILE: &str = "kv-scales.safetensors";
 
@@ -33,8 +35,19 @@ fn tensor_shape(values: usize, strategy: Strategy) -> Vec<usize> {
     }
 }
 
+/// Takes the lock of the folder the scales go to (`target`, created if needed) for the whole run, completes an
+/// edit an interrupted run left half-committed and removes what a run killed before its commit staged.
+pub fn open_for_edit(target: &Path) -> Result<FolderLock, IoError> {
+    std::fs::create_dir_all(target).map_err(|e| IoError::file(target, e))?;
+    let lock = FolderLock::acquire(target, "calibrate-kv")?;
+    journal::complete(target)?;
+    journal::remove_orphans(target)?;
+    Ok(lock)
+}
+
 /// Writes the scales into `model` (or, with `out`, writes `config.json`, the index and the scales shard into `out`
-/// and leaves `model` untouched), and SGLang's JSON to `sglang` if given.
+/// and leaves `model` untouched), and SGLang's JSON to `sglang` if given. The caller holds the folder
+/// ([`open_for_edit`]) when other runs could touch it.
 pub fn write_scales(
     report: &CalibReport,
     model: &Path,
@@ -45,7 +58,23 @@ pub fn write_scales(
     if let Some(out) = out {
         std::fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
     }
-    let mut files = Vec::new();
+    let staged = write_staged(report, model, target);
+    if staged.is_err() {
+        let _ = journal::remove_orphans(target);
+    }
+    let config = staged?;
+    journal::commit(target, "calibrate-kv", &[SCALES_FILE, INDEX_FILE, CONFIG_FILE])?;
+    let mut files: Vec<PathBuf> = [SCALES_FILE, INDEX_FILE, CONFIG_FILE].iter().map(|f| target.join(f)).collect();
+    if let Some(path) = sglang {
+        let model_type = config.get("model_type").cloned().unwrap_or(Value::Null);
+        atomic::write_json(path, &sglang_json(report, model_type))?;
+        files.push(path.to_path_buf());
+    }
+    Ok(WrittenFiles { files })
+}
+
+/// Writes the shard, the index and the config under their staged names in `target`; returns the new config.
+fn write_staged(report: &CalibReport, model: &Path, target: &Path) -> Result<Value, IoError> {
     // 1. the shard
     let mut planned = Vec::new();
     let mut payload: Vec<(String, Vec<u8>)> = Vec::new();
@@ -59,7 +88,7 @@ pub fn write_scales(
             }
         }
     }
-    let shard_path = target.join(SCALES_FILE);
+    let shard_path = journal::staged(&target.join(SCALES_FILE));
     let mut writer = ShardWriter::create(&shard_path, planned)?;
     for (name, bytes) in &payload {
         if let Err(error) = writer.write_tensor(name, bytes) {
@@ -68,7 +97,6 @@ pub fn write_scales(
         }
     }
     writer.finish()?;
-    files.push(shard_path.clone());
 
     // 2. the index: every existing entry, the scale names routed to the new shard
     let index_path = model.join(INDEX_FILE);
@@ -103,9 +131,7 @@ pub fn write_scales(
                 .insert("metadata".into(), json!({ "total_size": total }));
         }
     }
-    let out_index = target.join(INDEX_FILE);
-    atomic::write_json(&out_index, &index)?;
-    files.push(out_index);
+    atomic::write_json(&journal::staged(&target.join(INDEX_FILE)), &index)?;
 
     // 3. config.json
     let config_path = model.join(CONFIG_FILE);
@@ -126,16 +152,8 @@ pub fn write_scales(
             object.insert("kv_cache_scheme".into(), scheme);
         }
     }
-    let out_config = target.join(CONFIG_FILE);
-    atomic::write_json(&out_config, &config)?;
-    files.push(out_config);
-
-    if let Some(path) = sglang {
-        let model_type = config.get("model_type").cloned().unwrap_or(Value::Null);
-        atomic::write_json(path, &sglang_json(report, model_type))?;
-        files.push(path.to_path_buf());
-    }
-    Ok(WrittenFiles { files })
+    atomic::write_json(&journal::staged(&target.join(CONFIG_FILE)), &config)?;
+    Ok(config)
 }
 
 /// The data bytes of every tensor the weight map lists, read from the shard headers (the scales shard from

@@ -6,7 +6,7 @@ use anyhow::Context;
 
 use crate::cuda::DeviceChoice;
 
-use crate::calib::{calibrate, write_scales, CalibOptions, Strategy};
+use crate::calib::{calibrate, open_for_edit, write_scales, CalibOptions, Strategy};
 use crate::engines::{EngineChoice, ScaleUse};
 use crate::eval::EvalInput;
 
@@ -25,13 +25,13 @@ pub struct Args {
     #[arg(long)]
     pub tokens: Option<PathBuf>,
     /// Calibration sequences (chunks) to run.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = super::values::count)]
     pub samples: usize,
     /// Tokens per sequence for --data.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::values::count)]
     pub seq_len: usize,
     /// Map this percentile of |x| (not the amax) to 448, clipping the rarer outliers; the clip rate is reported.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::positive)]
     pub percentile: Option<f64>,
     /// One scale per layer (tensor) or per KV head (head; GQA only — MLA has one latent row).
     #[arg(long, value_enum, default_value = "tensor")]
@@ -71,6 +71,13 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         percentile: args.percentile,
         strategy: args.strategy,
         engines: args.engine.engines(),
+    };
+    let target = args.out.clone().unwrap_or_else(|| args.model.clone());
+    let _lock = if args.dry_run {
+        None
+    } else {
+        crate::io::interrupt::set_hint(format!("the folder {} is unchanged", target.display()));
+        Some(open_for_edit(&target).with_context(|| format!("opening {} for the scales", target.display()))?)
     };
     let bar = Bar::new(false);
     let mut report = calibrate(&options, super::open_backend(args.device)?.as_ref(), &bar)

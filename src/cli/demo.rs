@@ -59,6 +59,7 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
 
     println!("[2/8] quantize: routed experts → INT4 g32, rest BF16");
     let options = QuantizeOptions {
+        allow_nonfinite: false,
         input: source.clone(),
         output: output.clone(),
         recipe: None,

@@ -30,13 +30,13 @@ pub struct Args {
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<Mode>,
     /// Gate: fail when a mode's mean KLD against the reference exceeds this (nats).
-    #[arg(long, default_value_t = DEFAULT_MAX_MEAN_KLD)]
+    #[arg(long, default_value_t = DEFAULT_MAX_MEAN_KLD, value_parser = super::values::non_negative)]
     pub max_mean_kld: f64,
     /// Gate: fail when a mode's same-top-1 share is below this (percent).
-    #[arg(long, default_value_t = DEFAULT_MIN_SAME_TOP)]
+    #[arg(long, default_value_t = DEFAULT_MIN_SAME_TOP, value_parser = super::values::percent)]
     pub min_same_top: f64,
     /// Gate: fail when a mode's PPL(Q)/PPL(reference) exceeds this.
-    #[arg(long, default_value_t = DEFAULT_MAX_PPL_RATIO)]
+    #[arg(long, default_value_t = DEFAULT_MAX_PPL_RATIO, value_parser = super::values::positive)]
     pub max_ppl_ratio: f64,
     /// Parity: the scales the FP8-KV modes (kv, split) cache with — engine: what --engine really uses for this
     /// cache layout (the candidate's k_scale/v_scale for GQA; 1.0 for MLA in vLLM 0.32 and SGLang's Hopper
@@ -56,10 +56,10 @@ pub struct Args {
     #[arg(long)]
     pub tokens: Option<PathBuf>,
     /// Tokens per chunk for --data.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::values::count)]
     pub ctx: usize,
     /// Evaluate at most this many chunks.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::count)]
     pub chunks: Option<usize>,
     /// Write all logits as an F32 tensor `logits` [n, ctx, vocab] to this safetensors file.
     #[arg(long)]

@@ -1,5 +1,17 @@
 //! Command-line interface: argument parsing, printing and exit codes (0 ok, 1 a gate failed, 2 error). No logic.
 
+/// Every result line the CLI prints goes through this `println!` (it shadows std's in this module and its children):
+/// a closed stdout (`squeeze report glm-5 | head -1`) ends the process quietly with exit 0, as ripgrep does, instead
+/// of panicking. Jobs print only after their folder is complete, so nothing is left half-written.
+macro_rules! println {
+    () => {
+        $crate::cli::print_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::print_line(format_args!($($arg)*))
+    };
+}
+
 mod calibrate_kv;
 mod demo;
 mod eval;
@@ -11,6 +23,7 @@ mod selftest;
 mod serve_test;
 mod synth;
 mod table;
+mod values;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -61,6 +74,7 @@ enum Command {
 
 /// Parses the arguments, runs the subcommand and returns the process exit code.
 pub fn run() -> i32 {
+    crate::io::interrupt::install();
     let cli = Cli::parse();
     if cli.version {
         print_version(cli.verbose);
@@ -117,6 +131,20 @@ fn print_version(verbose: bool) {
         Ok(device) => println!("device: {device}"),
         Err(crate::cuda::CudaError::BuiltWithoutCuda) => println!("device: cpu only"),
         Err(reason) => println!("device: none usable ({reason})"),
+    }
+}
+
+/// Writes one line to stdout; on a closed pipe exits 0 (the reader has what it wanted), on another write error
+/// exits 2 naming it.
+pub(crate) fn print_line(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = out.write_fmt(line).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush()) {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: writing to stdout: {error}");
+        std::process::exit(2);
     }
 }
 

@@ -40,6 +40,9 @@ pub struct Args {
     /// Print the plan and predicted output size without writing anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Carry NaN or infinite source weights into the output (default: refuse, naming the tensor and element).
+    #[arg(long)]
+    pub allow_nonfinite: bool,
     /// Print one JSON report on stdout.
     #[arg(long)]
     pub json: bool,
@@ -50,6 +53,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let options = QuantizeOptions {
+        allow_nonfinite: args.allow_nonfinite,
         input: args.input.clone(),
         output: args.output.clone(),
         recipe: args.recipe.clone(),

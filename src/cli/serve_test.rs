@@ -23,25 +23,25 @@ pub struct Args {
     #[arg(long)]
     pub prompts: Option<PathBuf>,
     /// Most tokens generated per request (stops earlier at EOS).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = super::values::count)]
     pub max_new_tokens: usize,
     /// Requests decoded together; new ones join as others finish (admission waits while the pool is full).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::values::count)]
     pub concurrency: usize,
     /// Tokens per KV page.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = super::values::page_size)]
     pub page_size: usize,
     /// Pages in the KV pool (default: a quarter of available memory).
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::count)]
     pub kv_pages: Option<usize>,
     /// KV storage: bf16, fp8 (e4m3 with the checkpoint's k_scale/v_scale) or f32.
     #[arg(long, default_value = "bf16")]
     pub kv_dtype: String,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = super::values::temperature)]
     pub temperature: f32,
     /// Nucleus sampling mass (with --temperature > 0).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = super::values::mass)]
     pub top_p: f32,
     /// Seed for sampling and for the choice of the fault's victim.
     #[arg(long, default_value_t = 0)]
@@ -129,10 +129,11 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             report.verify_share * 100.0
         );
         println!(
-            "integrity: {} mappings verified, {} faults injected, {} detected, {} requests aborted, {} false positives, {} undetected",
+            "integrity: {} mappings verified, {} faults injected, {} detected by verification, {} stopped, {} requests aborted, {} false positives, {} undetected",
             report.mappings_verified,
             report.faults_injected,
             report.faults_detected,
+            report.faults_stopped,
             report.requests_aborted,
             report.false_positives,
             report.undetected

@@ -15,7 +15,7 @@ pub struct Args {
     #[arg(long)]
     pub source: Option<PathBuf>,
     /// Largest relative L2 error an INT4 tensor may have against its source.
-    #[arg(long, default_value_t = DEFAULT_MAX_INT4_ERROR)]
+    #[arg(long, default_value_t = DEFAULT_MAX_INT4_ERROR, value_parser = super::values::positive)]
     pub max_int4_error: f64,
     /// How many of the worst tensors to list.
     #[arg(long, default_value_t = 10)]

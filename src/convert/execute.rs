@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
-use crate::cuda::{CudaError, DeviceChoice, Gpu, Selection};
+use crate::cuda::{CudaError, DeviceChoice, Selection};
 use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE};
+use crate::io::lock::{FolderLock, LOCK_FILE};
 use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord, MANIFEST_FILE};
 use crate::io::writer::{sha256_file, ShardWriter};
 use crate::io::{Checkpoint, IoError};
@@ -36,6 +37,8 @@ pub struct QuantizeOptions {
     pub dry_run: bool,
     /// Where INT4 quantization runs (`auto`: the GPU when usable, else the CPU with a notice).
     pub device: DeviceChoice,
+    /// Carry NaN/infinite source elements into the output instead of refusing.
+    pub allow_nonfinite: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +165,12 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     };
     let out = &options.output;
     let plan_sha256 = plan.sha256(&source_fingerprint(checkpoint), &recipe.sha256());
-    let previous = prepare_output(out, options, &plan_sha256)?;
+    let (previous, _lock) = prepare_output(out, options, &plan_sha256)?;
+    crate::io::interrupt::set_hint(format!(
+        "rerun `squeeze quantize {} {} --resume` to continue",
+        options.input.display(),
+        out.display()
+    ));
     let mut manifest = Manifest {
         tool: "squeeze".into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -206,7 +214,8 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
 
     let work: Vec<usize> = (0..plan.items.len()).filter(|&i| !reused[plan.items[i].shard]).collect();
     reporter.begin("quantize", work.iter().map(|&i| plan.items[i].source.bytes()).sum());
-    let result = run_items(checkpoint, plan, &work, out, &mut manifest, reporter, gpu.as_ref());
+    let compute = transform::Compute { gpu: gpu.as_ref(), allow_nonfinite: options.allow_nonfinite };
+    let result = run_items(checkpoint, plan, &work, out, &mut manifest, reporter, compute);
     reporter.end();
     result?;
 
@@ -230,7 +239,7 @@ fn run_items(
     out: &Path,
     manifest: &mut Manifest,
     reporter: &dyn Reporter,
-    gpu: Option<&Gpu>,
+    compute: transform::Compute,
 ) -> Result<(), ConvertError> {
     let (sender, receiver) = sync_channel::<(usize, Vec<Vec<u8>>)>(2);
     std::thread::scope(|scope| {
@@ -271,7 +280,7 @@ fn run_items(
         let mut produced = Ok(());
         for &index in work {
             let item = &plan.items[index];
-            match transform::transform(checkpoint, item, gpu) {
+            match transform::transform(checkpoint, item, compute) {
                 Ok(outputs) => {
                     if sender.send((index, outputs)).is_err() {
                         break; // the writer failed; its error is reported below
@@ -288,12 +297,21 @@ fn run_items(
         let written = writer.join().unwrap_or_else(|_| {
             Err(ConvertError::Output { path: out.to_path_buf(), problem: "writer thread panicked".into() })
         });
-        written.and(produced)
+        // A failed transform ends the stream early, so the writer's complaint about the unfinished shard follows
+        // from it: report the cause.
+        produced.and(written)
     })
 }
 
-/// Checks and prepares the output folder; returns the previous manifest when resuming the same plan.
-fn prepare_output(out: &Path, options: &QuantizeOptions, plan_sha256: &str) -> Result<Option<Manifest>, ConvertError> {
+/// Checks and prepares the output folder and locks it for this run; returns the previous manifest when resuming
+/// the same plan. Leftover temporary files (an interrupted run) are removed and do not make the folder count as
+/// used; `--force` also removes the previous run's shards, index, config and manifest, so that no stray shard of
+/// another run survives next to this one.
+fn prepare_output(
+    out: &Path,
+    options: &QuantizeOptions,
+    plan_sha256: &str,
+) -> Result<(Option<Manifest>, FolderLock), ConvertError> {
     let output_error = |problem: String| ConvertError::Output { path: out.to_path_buf(), problem };
     if out.exists() && !out.is_dir() {
         return Err(output_error("exists and is not a folder".into()));
@@ -304,7 +322,21 @@ fn prepare_output(out: &Path, options: &QuantizeOptions, plan_sha256: &str) -> R
         }
     }
     fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
-    let non_empty = fs::read_dir(out).map_err(|e| IoError::file(out, e))?.next().is_some();
+    let lock = FolderLock::acquire(out, "quantize")?;
+    let mut non_empty = false;
+    for entry in fs::read_dir(out).map_err(|e| IoError::file(out, e))? {
+        let path = entry.map_err(|e| IoError::file(out, e))?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name == LOCK_FILE {
+            continue;
+        }
+        let ours = name.ends_with(".safetensors") || name == MANIFEST_FILE;
+        if name.ends_with(".squeeze-tmp") || (options.force && !options.resume && ours) {
+            fs::remove_file(&path).map_err(|e| IoError::file(&path, e))?;
+            continue;
+        }
+        non_empty = true;
+    }
     let previous = Manifest::read(out)?;
     if non_empty && !options.resume && !options.force {
         return Err(output_error(
@@ -330,7 +362,7 @@ fn prepare_output(out: &Path, options: &QuantizeOptions, plan_sha256: &str) -> R
             fs::remove_file(&path).map_err(|e| IoError::file(&path, e))?;
         }
     }
-    Ok(previous)
+    Ok((previous, lock))
 }
 
 /// Digest of the source's shard names, sizes and headers.

@@ -5,6 +5,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::cuda::{launch::check_int4_shape, Fp8Tensor, Gpu};
+use crate::io::dtype::first_nonfinite;
 use crate::io::{Checkpoint, IoError};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{int4, pack};
@@ -15,13 +16,38 @@ use super::source::{read_scales, RowReader, SourceKind};
 /// Rows handed to one rayon task (keeps scheduling overhead small on short rows).
 const ROWS_PER_TASK: usize = 8;
 
-/// Produces the bytes of every output tensor of `item`, in planned order. With `gpu`, INT4 items from FP8
-/// sources are quantized on it (byte-identical output); everything else runs on the CPU.
-pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, gpu: Option<&Gpu>) -> Result<Vec<Vec<u8>>, IoError> {
+/// How items are computed.
+#[derive(Clone, Copy, Default)]
+pub struct Compute<'a> {
+    /// INT4 items from FP8 sources are quantized on this GPU (byte-identical output); the rest on the CPU.
+    pub gpu: Option<&'a Gpu>,
+    /// Carry NaN/infinite source elements through instead of refusing them.
+    pub allow_nonfinite: bool,
+}
+
+/// Produces the bytes of every output tensor of `item`, in planned order. A NaN or infinite source element is an
+/// error naming the tensor and its first bad element, unless `compute.allow_nonfinite`.
+pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) -> Result<Vec<Vec<u8>>, IoError> {
+    let Compute { gpu, allow_nonfinite } = compute;
     let name = &item.source.name;
     let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
     let tensor =
         checkpoint.get(name).ok_or_else(|| IoError::tensor(&shard, name, "disappeared from the checkpoint"))?;
+    if !allow_nonfinite {
+        if let Some(index) = first_nonfinite(tensor.dtype, tensor.bytes) {
+            let columns = tensor.shape.last().copied().unwrap_or(1).max(1);
+            return Err(IoError::tensor(
+                &shard,
+                name,
+                format!(
+                    "element {index} (row {}, column {}) is NaN or infinite; fix the source, or pass \
+                     --allow-nonfinite to carry such values into the output",
+                    index / columns,
+                    index % columns
+                ),
+            ));
+        }
+    }
     let reader = || RowReader::new(checkpoint, &item.source);
     let gpu_outputs = match (gpu, item.action) {
         (Some(gpu), Action::Int4 { group_size, scale_rule }) => {

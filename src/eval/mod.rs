@@ -100,6 +100,15 @@ pub fn evaluate(
     };
     let mut stats = NllStats::default();
     let forward = model.forward(backend, &sequences, reporter, &mut |index, logits| {
+        if let Some(position) = logits.iter().position(|v| !v.is_finite()) {
+            return Err(RuntimeError::Input(format!(
+                "{}: chunk {index} produced a non-finite logit (token position {}): a weight or scale of the model \
+                 is NaN or infinite; find it with `squeeze verify` (INT4 outputs) or rerun `squeeze quantize`, which \
+                 rejects non-finite weights",
+                options.model.display(),
+                position / vocab.max(1)
+            )));
+        }
         stats.add_sequence(&sequences[index], logits, vocab);
         if let Some(writer) = writer.as_mut() {
             writer.append(logits).map_err(|e| RuntimeError::Output(e.to_string()))?;

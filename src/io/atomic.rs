@@ -16,12 +16,14 @@ pub fn temporary_sibling(path: &Path) -> PathBuf {
 /// Writes `bytes` to `path` atomically.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     let temporary = temporary_sibling(path);
+    super::interrupt::register_temporary(&temporary);
     let result = (|| {
         let mut file = fs::File::create(&temporary)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         fs::rename(&temporary, path)
     })();
+    super::interrupt::unregister_temporary(&temporary);
     result.map_err(|source| {
         let _ = fs::remove_file(&temporary);
         IoError::file(path, source)

@@ -180,6 +180,9 @@ impl Checkpoint {
             let is_ours = name == INDEX_FILE
                 || name == CONFIG_FILE
                 || name == super::manifest::MANIFEST_FILE
+                || name == super::lock::LOCK_FILE
+                || name == super::journal::JOURNAL_FILE
+                || name.ends_with(super::journal::STAGED_SUFFIX)
                 || name.ends_with(".squeeze-tmp");
             if path.is_file() && !is_weights && !is_ours {
                 files.push(path);

@@ -8,6 +8,20 @@ pub fn element_bytes(dtype: Dtype) -> usize {
     dtype.bitsize() / 8
 }
 
+/// Index of the first NaN or infinite element of little-endian float `bytes` of `dtype` (e4m3fn has no
+/// infinities: `0x7F`/`0xFF` are its NaNs); `None` when all are finite or the dtype is not a float.
+pub fn first_nonfinite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
+    match dtype {
+        Dtype::F8_E4M3 => bytes.iter().position(|b| b & 0x7F == 0x7F),
+        Dtype::BF16 => bytes.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80),
+        Dtype::F16 => bytes.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7C00 == 0x7C00),
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .position(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7F80_0000 == 0x7F80_0000),
+        _ => None,
+    }
+}
+
 /// Number of elements of a shape.
 pub fn element_count(shape: &[usize]) -> usize {
     shape.iter().product()
@@ -21,4 +35,21 @@ pub fn tensor_bytes(dtype: Dtype, shape: &[usize]) -> u64 {
 /// The safetensors name of a dtype (`"F8_E4M3"`, `"BF16"`, ...).
 pub fn dtype_name(dtype: Dtype) -> String {
     dtype.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_first_nan_or_infinity() {
+        assert_eq!(first_nonfinite(Dtype::F8_E4M3, &[0x00, 0x7E, 0xFE, 0xFF]), Some(3));
+        assert_eq!(first_nonfinite(Dtype::F8_E4M3, &[0x7E, 0xFE]), None);
+        let bf16: Vec<u8> =
+            [1.0f32, f32::INFINITY].iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
+        assert_eq!(first_nonfinite(Dtype::BF16, &bf16), Some(1));
+        let f32s: Vec<u8> = [0.5f32, -3.0, f32::NAN].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(first_nonfinite(Dtype::F32, &f32s), Some(2));
+        assert_eq!(first_nonfinite(Dtype::I32, &[0xFF; 8]), None);
+    }
 }

@@ -84,6 +84,7 @@ impl ShardWriter {
     pub fn create(path: &Path, tensors: Vec<PlannedTensor>) -> Result<Self, IoError> {
         let temporary = temporary_sibling(path);
         let file = File::create(&temporary).map_err(|e| IoError::file(&temporary, e))?;
+        super::interrupt::register_temporary(&temporary);
         let mut writer = Self {
             path: path.to_path_buf(),
             temporary,
@@ -133,7 +134,9 @@ impl ShardWriter {
     pub fn finish(mut self) -> Result<FinishedShard, IoError> {
         if self.next != self.tensors.len() {
             let missing = self.tensors[self.next].name.clone();
-            return Err(IoError::tensor(&self.path, missing, "was planned but never written (internal error)"));
+            let path = self.path.clone();
+            self.abandon();
+            return Err(IoError::tensor(path, missing, "was planned but never written (internal error)"));
         }
         let temporary = self.temporary.clone();
         let result = (|| {
@@ -141,6 +144,7 @@ impl ShardWriter {
             self.out.get_ref().sync_all()?;
             fs::rename(&self.temporary, &self.path)
         })();
+        super::interrupt::unregister_temporary(&temporary);
         if let Err(source) = result {
             let _ = fs::remove_file(&temporary);
             return Err(IoError::file(&temporary, source));
@@ -153,6 +157,7 @@ impl ShardWriter {
     pub fn abandon(self) {
         let temporary = self.temporary.clone();
         drop(self.out);
+        super::interrupt::unregister_temporary(&temporary);
         let _ = fs::remove_file(temporary);
     }
 }

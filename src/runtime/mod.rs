@@ -39,6 +39,7 @@ mod mla;
 pub mod model;
 mod moe;
 pub mod rope_table;
+pub mod validate;
 pub mod weights;
 
 use std::path::PathBuf;

@@ -64,6 +64,9 @@ pub fn head_name(config: &ModelConfig, reader: &WeightReader) -> &'static str {
 
 /// Opens a model folder for the runtime: the validated checkpoint and its config, refusing routers it does not run.
 pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeError> {
+    if let Some(problem) = crate::io::journal::pending(dir) {
+        return Err(RuntimeError::Input(problem));
+    }
     let checkpoint = Checkpoint::open(dir)?;
     let json = checkpoint.config().ok_or_else(|| {
         RuntimeError::Input(format!("{}: has no config.json; the runtime needs the model's config", dir.display()))
@@ -74,6 +77,9 @@ pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeE
             "config.json: scoring_func {:?} is not supported; the runtime implements the sigmoid router of DeepSeek-V3/Kimi K2/GLM",
             config.routing.scoring_func
         )));
+    }
+    if let Some(problem) = super::validate::describe(&checkpoint, &config) {
+        return Err(RuntimeError::Input(problem));
     }
     Ok((checkpoint, config))
 }

@@ -72,12 +72,11 @@ impl<'a> WeightReader<'a> {
                     "is INT4 packed but config.json has no compressed-tensors INT4 group size",
                 )
             })?;
-            let (data, [rows, columns]) = dequantize_int4(self.checkpoint, module, group).ok_or_else(|| {
-                RuntimeError::tensor(
-                    self.shard(name),
-                    format!("{module}.weight_packed"),
-                    "has unreadable INT4 tensors (weight_packed/weight_scale/weight_shape)",
-                )
+            let (data, [rows, columns]) = dequantize_int4(self.checkpoint, module, group).map_err(|problem| {
+                RuntimeError::Input(format!(
+                    "{}: {problem}; the INT4 folder is damaged: check it with `squeeze verify` and rerun `squeeze quantize`",
+                    self.shard(name).display()
+                ))
             })?;
             let int4 = self.int4_weight(module, group)?;
             return self.checked(name, Matrix::new(rows, columns, data).with_int4(int4), expected);
@@ -193,5 +192,64 @@ impl<'a> WeightReader<'a> {
             reader.read(row as usize, slot);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::writer::{PlannedTensor, ShardWriter};
+    use proptest::prelude::*;
+
+    /// Writes an INT4 module with the given (possibly inconsistent) shapes and a config with `group`.
+    fn int4_folder(packed: [usize; 2], scale: [usize; 2], shape: [i64; 2], group: usize) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = vec![
+            PlannedTensor::new("m.weight_packed", Dtype::I32, packed.to_vec()),
+            PlannedTensor::new("m.weight_scale", Dtype::BF16, scale.to_vec()),
+            PlannedTensor::new("m.weight_shape", Dtype::I64, vec![2]),
+        ];
+        let mut writer = ShardWriter::create(&dir.path().join("model.safetensors"), tensors.clone()).unwrap();
+        for tensor in &tensors {
+            let bytes = match tensor.name.as_str() {
+                "m.weight_shape" => shape.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                // BF16 1.0 for the scales, arbitrary words for the packed values.
+                "m.weight_scale" => [0x80u8, 0x3F].repeat(tensor.bytes() as usize / 2),
+                _ => vec![0x5A; tensor.bytes() as usize],
+            };
+            writer.write_tensor(&tensor.name, &bytes).unwrap();
+        }
+        writer.finish().unwrap();
+        let config = serde_json::json!({"quantization_config": {"quant_method": "compressed-tensors", "config_groups":
+            {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": group}}}}});
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        dir
+    }
+
+    proptest! {
+        /// Whatever shapes an INT4 folder declares, reading it is an error naming a tensor or a consistent matrix.
+        #[test]
+        fn inconsistent_int4_shapes_never_panic(
+            rows in 0usize..6, words in 0usize..6, scale_rows in 0usize..6, scale_columns in 0usize..6,
+            out in -2i64..7, columns in -2i64..50, group in 1usize..40,
+        ) {
+            let dir = int4_folder([rows, words], [scale_rows, scale_columns], [out, columns], group);
+            let checkpoint = Checkpoint::open(dir.path()).unwrap();
+            let reader = WeightReader::new(&checkpoint);
+            let expected = [out.max(0) as usize, columns.max(0) as usize];
+            match reader.matrix("m.weight", expected) {
+                Ok(matrix) => prop_assert_eq!(matrix.data.len(), expected[0] * expected[1]),
+                Err(error) => prop_assert!(error.to_string().contains("m.weight"), "{}", error),
+            }
+        }
+    }
+
+    #[test]
+    fn a_consistent_module_reads() {
+        let dir = int4_folder([3, 2], [3, 1], [3, 16], 16);
+        let checkpoint = Checkpoint::open(dir.path()).unwrap();
+        let matrix = WeightReader::new(&checkpoint).matrix("m.weight", [3, 16]).unwrap();
+        assert_eq!(matrix.data.len(), 48);
+        assert!(matrix.data.iter().all(|v| v.is_finite()));
     }
 }

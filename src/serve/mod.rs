@@ -76,6 +76,9 @@ pub struct ServeReport {
     pub aborted: usize,
     pub faults_injected: usize,
     pub faults_detected: u64,
+    /// Injected faults all of whose requests were aborted: by the page verification or, with `--no-verify`, by a
+    /// bounds check. `faults_injected = faults_stopped + undetected`.
+    pub faults_stopped: usize,
     pub false_positives: usize,
     /// Injected faults some of whose requests finished without being aborted.
     pub undetected: usize,
@@ -200,13 +203,28 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
         pages: 0,
     };
     let page_bytes = shape.page_bytes(options.kv_dtype);
+    let available = available_memory().unwrap_or(1 << 30);
     shape.pages = match options.kv_pages {
         Some(pages) => pages,
         None => {
-            let memory = available_memory().unwrap_or(1 << 30) as f64 * DEFAULT_MEMORY_SHARE;
+            let memory = available as f64 * DEFAULT_MEMORY_SHARE;
             ((memory / page_bytes as f64) as usize).clamp(1, MAX_DEFAULT_PAGES)
         }
     };
+    // The pool is allocated up front: refuse one that does not fit rather than abort on allocation.
+    let pool_bytes = (shape.pages as u64).checked_mul(page_bytes as u64);
+    if pool_bytes.is_none_or(|bytes| bytes > available) {
+        return Err(ServeError::Input(format!(
+            "the KV pool of {} pages × {} bytes (--page-size {} tokens, {} layers) needs {} but {} of memory is \
+             available; lower --page-size or --kv-pages",
+            shape.pages,
+            page_bytes,
+            shape.page_size,
+            shape.layers,
+            pool_bytes.map_or("more than 2^64 bytes".into(), crate::units::both_units),
+            crate::units::both_units(available)
+        )));
+    }
     let need: Vec<usize> = encoded.iter().map(|p| shape.pages_for(p.len() + options.max_new_tokens)).collect();
     for (index, prompt) in encoded.iter().enumerate() {
         if shape.pages_for(prompt.len()) > shape.pages {
@@ -226,6 +244,27 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
         }
     }
 
+    if let Some((kind, at)) = options.fault {
+        // Each decode step advances at least one request by one token, and a request takes at most
+        // max_new_tokens − 1 decode steps after its prefill.
+        let most_steps = (encoded.len() * options.max_new_tokens.saturating_sub(1)) as u64;
+        if at >= most_steps {
+            return Err(input(format!(
+                "--inject-fault {}@{at}: decoding takes at most {most_steps} steps ({} prompts × (--max-new-tokens {} − 1)), \
+                 so the fault would never be injected; choose a STEP below {most_steps}",
+                kind.name(),
+                encoded.len(),
+                options.max_new_tokens
+            )));
+        }
+        if kind == FaultKind::Swap && encoded.len().min(options.concurrency) < 2 {
+            return Err(input(
+                "--inject-fault swap exchanges pages of two requests decoded together: give at least two prompts and \
+                 --concurrency ≥ 2"
+                    .into(),
+            ));
+        }
+    }
     let eos = eos_ids(config_json(&decoder));
     let mut pool = KvPool::new(shape, options.kv_dtype, decoder.element_scales(&scales));
     let mut pending: VecDeque<usize> = (0..encoded.len()).collect();
@@ -275,10 +314,16 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
             if at == step {
                 let ids: Vec<RequestId> = active.iter().map(|a| a.id).collect();
                 let victim = ids[fault_rng.below(ids.len())];
-                if let Some(fault) = inject(&mut pool, kind, victim, &ids) {
-                    eprintln!("injected {} at decode step {step}: {}", kind.name(), fault.description);
-                    injected.push(fault);
-                }
+                let Some(fault) = inject(&mut pool, kind, victim, &ids) else {
+                    return Err(input(format!(
+                        "--inject-fault {}@{step}: the fault cannot apply at this step ({} request(s) decoding); \
+                         choose another STEP or more prompts",
+                        kind.name(),
+                        ids.len()
+                    )));
+                };
+                eprintln!("injected {} at decode step {step}: {}", kind.name(), fault.description);
+                injected.push(fault);
             }
         }
         let items: Vec<DecodeItem> = active
@@ -326,6 +371,13 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
         step += 1;
     }
 
+    if let (Some((kind, at)), true) = (options.fault, injected.is_empty()) {
+        return Err(input(format!(
+            "--inject-fault {}@{at}: decoding ended after {step} steps (requests stopped at EOS), so nothing was \
+             injected; choose a STEP below {step}",
+            kind.name()
+        )));
+    }
     let affected: BTreeSet<RequestId> = injected.iter().flat_map(|f| f.affected.iter().copied()).collect();
     let mut requests = Vec::with_capacity(encoded.len());
     let (mut completed, mut aborted, mut false_positives) = (0, 0, 0);
@@ -372,6 +424,7 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
         completed,
         aborted,
         faults_injected: injected.len(),
+        faults_stopped: injected.len() - undetected,
         faults_detected: pool.counters.faults_detected,
         false_positives,
         undetected,

@@ -15,6 +15,7 @@ mod golden;
 mod kernels;
 mod parity;
 mod quantize;
+mod reliability;
 mod report;
 mod serve;
 mod tokenizer;

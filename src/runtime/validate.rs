@@ -1,0 +1,93 @@
+//! A checkpoint checked against its `config.json` before the runtime reads a layer: every tensor the architecture
+//! needs for the configured layers is present with the configured shape (as a plain/FP8 `weight` or as an INT4
+//! `weight_packed` whose `weight_shape` says it), no decoder layer holds multi-token-prediction tensors, and no
+//! layer lies beyond the configured ones — so a config edited to disagree with the weights fails with the tensor
+//! named instead of running the wrong network.
+
+use std::collections::BTreeSet;
+
+use crate::io::dtype::Dtype;
+use crate::io::Checkpoint;
+use crate::model::arch::tensor_specs;
+use crate::model::ModelConfig;
+
+/// Problems listed in one error before "and N more".
+const SHOWN: usize = 5;
+
+/// The problems found, empty when the checkpoint matches the config.
+pub fn mismatches(checkpoint: &Checkpoint, config: &ModelConfig) -> Vec<String> {
+    let mut problems = Vec::new();
+    for spec in tensor_specs(config) {
+        if layer_of(&spec.name).is_some_and(|layer| layer >= config.num_hidden_layers) {
+            continue; // MTP layers are carried, not run: vendors differ in what they hold.
+        }
+        let module = spec.name.strip_suffix(".weight").unwrap_or(&spec.name);
+        let stored = match checkpoint.get(&spec.name) {
+            Some(tensor) => Some(tensor.shape.to_vec()),
+            None => int4_shape(checkpoint, module),
+        };
+        match stored {
+            None => problems.push(format!("`{}` is missing", spec.name)),
+            Some(shape) if shape != spec.shape => {
+                problems.push(format!("`{}` has shape {shape:?}, the config implies {:?}", spec.name, spec.shape))
+            }
+            Some(_) => {}
+        }
+    }
+    let mut beyond = BTreeSet::new();
+    for name in checkpoint.names_in_file_order() {
+        match layer_of(name) {
+            Some(layer) if layer >= config.stored_layers() => {
+                beyond.insert(layer);
+            }
+            Some(layer) if layer < config.num_hidden_layers && name.ends_with(".eh_proj.weight") => problems.push(
+                format!("`{name}` is a multi-token-prediction tensor inside decoder layer {layer}: num_hidden_layers is too large"),
+            ),
+            _ => {}
+        }
+    }
+    if let Some(first) = beyond.first() {
+        let more = if beyond.len() > 1 { format!(" and {} more", beyond.len() - 1) } else { String::new() };
+        problems.push(format!(
+            "the weights hold layer {first}{more}, beyond num_hidden_layers {} + num_nextn_predict_layers {}",
+            config.num_hidden_layers, config.num_nextn_predict_layers
+        ));
+    }
+    problems
+}
+
+/// An error message for `mismatches`, or `None` when there are none.
+pub fn describe(checkpoint: &Checkpoint, config: &ModelConfig) -> Option<String> {
+    let problems = mismatches(checkpoint, config);
+    if problems.is_empty() {
+        return None;
+    }
+    let mut shown = problems.iter().take(SHOWN).cloned().collect::<Vec<_>>().join("; ");
+    if problems.len() > SHOWN {
+        shown.push_str(&format!("; and {} more", problems.len() - SHOWN));
+    }
+    Some(format!(
+        "{}: config.json disagrees with the weights: {shown}; restore the config the checkpoint was released with",
+        checkpoint.dir().display()
+    ))
+}
+
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")?.split('.').next()?.parse().ok()
+}
+
+/// `[out, in]` of an INT4 module, from its `weight_shape`.
+fn int4_shape(checkpoint: &Checkpoint, module: &str) -> Option<Vec<usize>> {
+    checkpoint.get(&format!("{module}.weight_packed"))?;
+    let shape = checkpoint.get(&format!("{module}.weight_shape"))?;
+    let values: Vec<i64> = match shape.dtype {
+        Dtype::I64 => {
+            shape.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())).collect()
+        }
+        Dtype::I32 => {
+            shape.bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap_or_default()) as i64).collect()
+        }
+        _ => return Some(Vec::new()),
+    };
+    Some(values.into_iter().map(|v| usize::try_from(v).unwrap_or(usize::MAX)).collect())
+}
