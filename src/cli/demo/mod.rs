@@ -7,6 +7,8 @@ mod stages;
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
+
 use crate::demo_model::{heldout_dialogue, SONNETS};
 use crate::runtime::kv_cache::KvDtype;
 use crate::synth::SynthArch;
@@ -66,8 +68,9 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
     }
 
     let text = heldout_dialogue(stages::EVAL_CHUNKS * stages::CTX);
-    std::fs::write(&folders.heldout, text)?;
-    std::fs::write(&folders.calibration, SONNETS)?;
+    for (path, content) in [(&folders.heldout, text), (&folders.calibration, SONNETS)] {
+        std::fs::write(path, content).with_context(|| format!("writing {}", path.display()))?;
+    }
     let eval = clock.time("eval", || {
         let fp8 = stages::eval_model(&folders.source, &folders.heldout)?;
         let int4 = stages::eval_model(&folders.output, &folders.heldout)?;

@@ -7,14 +7,13 @@ use crate::convert::QuantizeReport;
 use crate::eval::parity::{Mode, ParityReport};
 use crate::inspect::InspectReport;
 use crate::report::Report;
-use crate::serve::ServeReport;
 use crate::units::human;
-use crate::verify::VerifyReport;
+use crate::verify::{VerifyReport, DEFAULT_MAX_INT4_ERROR};
 
 use super::super::report::count;
 use super::super::table::Table;
 use super::report::{EvalPair, ServePair};
-use super::stages::{Folders, SourceReport, Weights, MAX_NEW_TOKENS, PROMPTS, REPORT_PRESET, TEMPERATURE};
+use super::stages::{Folders, SourceReport, Weights, MAX_NEW_TOKENS, REPORT_PRESET, TEMPERATURE};
 
 /// What the eval and parity stages read.
 pub const HELDOUT_TEXT: &str = "The Tempest, held out of training (eval/shakespeare-heldout.txt from Act 1)";
@@ -81,11 +80,11 @@ pub fn verify(report: &VerifyReport, seconds: f64) {
     let worst = report
         .worst
         .first()
-        .map(|w| format!("; worst {} relative L2 {:.4}", w.name, w.relative_l2))
+        .map(|w| format!(" (worst relative L2 {:.4} ≤ {DEFAULT_MAX_INT4_ERROR}: {})", w.relative_l2, w.name))
         .unwrap_or_default();
     let verdict = if report.passed { "OK" } else { "FAILED" };
     let line = format!(
-        "{} shard(s) re-hashed, {} INT4 tensors checked, {} tensors compared with the FP8 source: {verdict}{worst}",
+        "{} shard(s) match the manifest, {} INT4 tensors the conventions, {} tensors the FP8 source: {verdict}{worst}",
         report.shards_checked, report.quantized_tensors, report.compared_tensors
     );
     stage(3, "verify --source", line, seconds);
@@ -203,23 +202,22 @@ pub fn parity(report: &ParityReport, weights: Weights, seconds: f64) {
 
 pub fn serve(pair: &ServePair, weights: Weights, seconds: f64) {
     let line = format!(
-        "{} prompts, {MAX_NEW_TOKENS} new bytes each sampled at temperature {TEMPERATURE} (same seed for both), paged KV cache verified before every decode step",
-        PROMPTS.len()
+        "FP8 weights + BF16 KV beside INT4 weights + FP8 KV (prompts prefilled on FP8), {MAX_NEW_TOKENS} bytes sampled at \
+         temperature {TEMPERATURE} with one seed (the texts agree until a near-tie flips a byte)",
     );
     stage(8, "serve-test", line, seconds);
-    let counters = |label: &str, report: &ServeReport| {
-        println!(
-            "{INDENT}{label}: {} completed, {} aborted; {} page mappings verified, {} faults, verification {:.2} % of decode time",
-            report.completed,
-            report.aborted,
-            report.mappings_verified,
-            report.faults_detected,
-            100.0 * report.verify_share
-        )
-    };
-    counters("FP8  weights, BF16 KV                  ", &pair.fp8);
-    counters("INT4 weights, FP8 KV, prefill on FP8   ", &pair.int4);
-    for (fp8, int4) in pair.fp8.requests.iter().zip(&pair.int4.requests) {
+    let (fp8, int4) = (&pair.fp8, &pair.int4);
+    println!(
+        "{INDENT}paged KV cache: FP8 {} / INT4 {} page mappings verified before their decode steps, {} faults, {} aborted, \
+         verification {:.2} % / {:.2} % of decode time",
+        fp8.mappings_verified,
+        int4.mappings_verified,
+        fp8.faults_detected + int4.faults_detected,
+        fp8.aborted + int4.aborted,
+        100.0 * fp8.verify_share,
+        100.0 * int4.verify_share
+    );
+    for (fp8, int4) in fp8.requests.iter().zip(&int4.requests) {
         let same = fp8.token_ids.iter().zip(&int4.token_ids).take_while(|(a, b)| a == b).count();
         println!("{INDENT}{:?} (the first {same} of {} bytes agree)", fp8.prompt, fp8.tokens);
         println!("{INDENT}  FP8  → {:?}", fp8.text);
