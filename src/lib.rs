@@ -8,6 +8,7 @@ pub mod calib;
 pub mod cli;
 pub mod convert;
 pub mod cuda;
+pub mod demo_model;
 pub mod engines;
 pub mod eval;
 pub mod inspect;

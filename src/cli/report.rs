@@ -59,23 +59,7 @@ fn parse_reserve(text: &str) -> Result<u64, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
-    let options = ReportOptions {
-        model: args.model.clone(),
-        recipe: args.recipe,
-        group_size: args.group_size,
-        max_shard_bytes: args.max_shard_size,
-        layout: Layout {
-            gpus: args.gpus,
-            tp: args.tp.unwrap_or(args.gpus),
-            dp_attention: args.dp_attention,
-            gpu_memory: args.gpu_memory,
-            mem_fraction: args.mem_fraction,
-            reserve_bytes: args.reserve,
-            context: args.context,
-            kv_pool_bytes: args.kv_pool,
-        },
-    };
-    let report = report(&options).with_context(|| format!("report {}", args.model))?;
+    let report = build(&args)?;
     if args.json {
         print_json(&report)?;
     } else {
@@ -84,11 +68,33 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     Ok(Outcome::Success)
 }
 
+/// The report the arguments ask for (also what `squeeze demo` shows).
+pub(crate) fn build(args: &Args) -> anyhow::Result<Report> {
+    let options = ReportOptions {
+        model: args.model.clone(),
+        recipe: args.recipe.clone(),
+        group_size: args.group_size,
+        max_shard_bytes: args.max_shard_size,
+        layout: Layout {
+            gpus: args.gpus,
+            tp: args.tp.unwrap_or(args.gpus),
+            dp_attention: args.dp_attention,
+            gpu_memory: args.gpu_memory.clone(),
+            mem_fraction: args.mem_fraction,
+            reserve_bytes: args.reserve,
+            context: args.context,
+            kv_pool_bytes: args.kv_pool,
+        },
+    };
+    report(&options).with_context(|| format!("report {}", args.model))
+}
+
 fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-fn count(value: u64) -> String {
+/// `1234567` as `1,234,567`.
+pub(super) fn count(value: u64) -> String {
     let digits = value.to_string();
     let mut text = String::new();
     for (index, digit) in digits.chars().enumerate() {

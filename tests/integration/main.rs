@@ -10,6 +10,7 @@ mod cuda_linear;
 mod cuda_moe;
 mod cuda_ops;
 mod cuda_routing;
+mod demo;
 mod eval;
 mod golden;
 mod kernels;

@@ -1,4 +1,4 @@
-//! `squeeze quantize`, `verify`, `inspect`, `synth` and `demo` end to end, and every bad input the issue lists.
+//! `squeeze quantize`, `verify`, `inspect` and `synth` end to end, and every bad input the issue lists.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -273,15 +273,6 @@ fn bf16_sources_and_fp8_block_recipes_work() {
     let inspected = squeeze(&["inspect", path_str(&out), "--json"]).ok().json();
     assert!(inspected["dtypes"]["F8_E4M3"]["tensors"].as_u64().unwrap() > 0);
     squeeze(&["verify", path_str(&out), "--source", path_str(&source)]).ok();
-}
-
-#[test]
-fn demo_runs_every_stage() {
-    let run = squeeze(&["demo"]).ok();
-    for stage in ["synth", "quantize", "verify", "inspect"] {
-        assert!(run.stdout.contains(stage), "{}", run.stdout);
-    }
-    assert!(run.stdout.contains("OK"), "{}", run.stdout);
 }
 
 // ---- bad input: exit 2, an error naming the file and tensor, nothing that looks complete ----
