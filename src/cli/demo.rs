@@ -68,6 +68,8 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
         force: true,
         dry_run: false,
         device: crate::cuda::DeviceChoice::Cpu,
+        engine: crate::lint::EngineChoice::All,
+        tp: None,
     };
     let report = quantize(&options, &Silent)?;
     println!(
@@ -82,12 +84,16 @@ fn stages(args: &Args, base: &std::path::Path) -> anyhow::Result<Outcome> {
         report.seconds
     );
 
-    println!("[3/8] verify: manifest hashes, compressed-tensors conventions, error against the FP8 source");
+    println!(
+        "[3/8] verify: manifest hashes, compressed-tensors conventions, vLLM/SGLang load rules, error against the FP8 source"
+    );
     let checked = verify(&VerifyOptions {
         output: output.clone(),
         source: Some(source.clone()),
         max_int4_error: DEFAULT_MAX_INT4_ERROR,
         worst: 3,
+        engine: crate::lint::EngineChoice::All,
+        tp: None,
     })?;
     let worst =
         checked.worst.first().map(|w| format!("worst {} rel L2 {:.4}", w.name, w.relative_l2)).unwrap_or_default();

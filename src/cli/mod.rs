@@ -2,6 +2,7 @@
 
 mod calibrate_kv;
 mod demo;
+mod engine_rules;
 mod eval;
 mod inspect;
 mod progress;

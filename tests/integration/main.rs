@@ -13,6 +13,7 @@ mod cuda_routing;
 mod eval;
 mod golden;
 mod kernels;
+mod lint;
 mod parity;
 mod quantize;
 mod report;
