@@ -2,6 +2,7 @@
 //! rules check (INT4 and KV scales, `weight_shape`) read from the shards.
 
 use half::{bf16, f16};
+use rayon::prelude::*;
 use serde_json::Value;
 
 use super::matching::module_name;
@@ -32,18 +33,21 @@ fn ints(tensor: &TensorRef) -> Option<Values> {
     }))
 }
 
-/// Describes a written checkpoint for the linter.
+/// Describes a written checkpoint for the linter (values read in parallel: a real output's scales are tens of GB).
 pub fn describe(checkpoint: &Checkpoint) -> OutputDescription {
-    let mut tensors = Vec::new();
-    for name in checkpoint.names_in_file_order() {
-        let Some(tensor) = checkpoint.get(name) else { continue };
-        let values = match module_name(name).map(|(_, suffix)| suffix) {
-            Some("weight_scale" | "k_scale" | "v_scale") => floats(&tensor),
-            Some("weight_shape") if tensor.shape.iter().product::<usize>() <= 8 => ints(&tensor),
-            _ if name.ends_with(".q_scale") || name.ends_with(".kv_scale") => floats(&tensor),
-            _ => None,
-        };
-        tensors.push(TensorFacts { name: name.to_string(), dtype: tensor.dtype, shape: tensor.shape.to_vec(), values });
-    }
+    let tensors = checkpoint
+        .names_in_file_order()
+        .into_par_iter()
+        .filter_map(|name| {
+            let tensor = checkpoint.get(name)?;
+            let values = match module_name(name).map(|(_, suffix)| suffix) {
+                Some("weight_scale" | "k_scale" | "v_scale") => floats(&tensor),
+                Some("weight_shape") if tensor.shape.iter().product::<usize>() <= 8 => ints(&tensor),
+                _ if name.ends_with(".q_scale") || name.ends_with(".kv_scale") => floats(&tensor),
+                _ => None,
+            };
+            Some(TensorFacts { name: name.to_string(), dtype: tensor.dtype, shape: tensor.shape.to_vec(), values })
+        })
+        .collect();
     OutputDescription { config: checkpoint.config().cloned().unwrap_or(Value::Null), tensors }
 }

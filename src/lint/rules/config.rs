@@ -119,13 +119,9 @@ pub fn linear_target(context: &Context, _: Engine) -> Outcome {
 
 /// The weights arguments of the INT4 group (`num_bits` 4), else of the first group.
 pub fn int4_group_weights<'a>(context: &'a Context) -> Option<(&'a str, &'a Value)> {
-    let with_weights = |g: &&crate::lint::context::Group<'a>| g.json.get("weights").map(|w| (g.name, w));
-    context
-        .groups
-        .iter()
-        .filter_map(|g| with_weights(&g))
-        .find(|(_, w)| w.get("num_bits").and_then(Value::as_u64) == Some(4))
-        .or_else(|| context.groups.first().and_then(|g| with_weights(&g)))
+    let mut with_weights = context.groups.iter().filter_map(|g| g.json.get("weights").map(|w| (g.name, w)));
+    let first = with_weights.clone().next();
+    with_weights.find(|(_, w)| w.get("num_bits").and_then(Value::as_u64) == Some(4)).or(first)
 }
 
 /// The INT4 group size, when the config states one.
