@@ -313,3 +313,31 @@ fn lint_quantize_adds_topk_method_when_the_source_lacks_it() {
     assert_eq!(dry.json()["config_fixes"], json!([]));
     assert!(!dry.stderr.contains("topk_method"), "{}", dry.stderr);
 }
+
+#[test]
+fn lint_calibrated_kv_scales_pass_per_tensor_and_fail_per_head() {
+    let dir = tmp();
+    // GLM-4.5: GQA attention (q/k/v_proj with bias), no topk_method in the release config.
+    let source = synth(dir.path(), "fp8", "glm45", &["--layers", "2"]);
+    let out = dir.path().join("int4");
+    let run = squeeze(&["quantize", path_str(&source), path_str(&out), "--json"]).ok();
+    let fixes = run.json()["config_fixes"].clone();
+    assert_eq!(fixes[0]["key"], "topk_method", "GLM-4.5's config has no topk_method: {fixes}");
+    assert_eq!(fixes[1]["key"], "scoring_func", "{fixes}");
+    let tokens = dir.path().join("tokens.safetensors");
+    crate::calibrate::write_tokens(&tokens, 2, 32, 384);
+
+    squeeze(&["calibrate-kv", path_str(&out), "--tokens", path_str(&tokens)]).ok();
+    let report = verify(&out, &[]).ok().json();
+    assert_eq!(statuses(&report, "kv-cache-scheme"), vec!["passed"], "{}", report["engine_rules"]);
+    assert_eq!(statuses(&report, "kv-scales"), vec!["passed"], "GQA: no MLA caveat");
+
+    squeeze(&["calibrate-kv", path_str(&out), "--tokens", path_str(&tokens), "--strategy", "head"]).ok();
+    let run = verify(&out, &[]);
+    assert_eq!(run.code, 1);
+    let report = run.json();
+    assert_eq!(statuses(&report, "kv-cache-scheme"), vec!["failed"]);
+    assert!(findings(&report, "kv-cache-scheme").contains("attn_head"));
+    assert_eq!(statuses(&report, "kv-scales"), vec!["failed"]);
+    assert!(findings(&report, "kv-scales").contains("per-tensor scales only"));
+}
