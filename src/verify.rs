@@ -1,5 +1,6 @@
 //! `squeeze verify`: re-hash an output against its manifest, check every quantized tensor against the
-//! compressed-tensors conventions, and with a source, dequantize both and measure per-tensor error.
+//! compressed-tensors conventions, and with a source, dequantize both and measure per-tensor error
+//! (`--engine` hands the folder to the `lint` rules as well).
 
 use std::path::PathBuf;
 

@@ -48,7 +48,7 @@ pub struct Args {
     /// Where INT4 quantization runs: auto (the GPU when one is usable, else the CPU with a notice), cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub device: DeviceChoice,
-    /// Engines whose load rules (REFERENCES §9) the planned output must pass before anything is written: vllm,
+    /// Engines whose load rules (read from vLLM 0.32 and SGLang sources) the planned output must pass before anything is written: vllm,
     /// sglang, all (both) or none (skip, for layouts outside the rules such as unselected = "fp8-block").
     /// A failed rule refuses with exit 2; with --dry-run the rules are printed and a failure exits 1.
     #[arg(long, default_value = "all")]

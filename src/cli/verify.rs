@@ -22,7 +22,7 @@ pub struct Args {
     /// How many of the worst tensors to list.
     #[arg(long, default_value_t = 10)]
     pub worst: usize,
-    /// Also check the engine load rules (REFERENCES §9) for vllm, sglang or all (both); a failed rule exits 1.
+    /// Also check the engine load rules (read from vLLM 0.32 and SGLang sources) for vllm, sglang or all (both); a failed rule exits 1.
     #[arg(long, default_value = "none", hide_default_value = true)]
     pub engine: EngineChoice,
     /// Tensor-parallel size for the rules (moe_intermediate_size / tp must be a multiple of the group size).

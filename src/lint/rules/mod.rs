@@ -32,7 +32,7 @@ impl Rule {
     }
 }
 
-const NOT_READ_SGLANG: &str = "REFERENCES §9 (read in vLLM; SGLang's file not read, same rule assumed)";
+const NOT_READ_SGLANG: &str = "SGLang: file not read, same rule as vLLM assumed";
 
 /// Every rule, in the order the report lists them.
 pub const RULES: [Rule; 12] = [
@@ -67,8 +67,8 @@ pub const RULES: [Rule; 12] = [
     Rule {
         id: "ignore-coverage",
         title: "ignore covers every unquantized linear (re: = re.match, literal = exact)",
-        vllm: "vLLM compressed_tensors.py (ignore matching), REFERENCES §9 rule 5",
-        sglang: "SGLang compressed_tensors.py (ignore matching), REFERENCES §9 rule 5",
+        vllm: "vLLM compressed_tensors.py (ignore matching, re.match)",
+        sglang: "SGLang compressed_tensors.py (ignore matching, re.match)",
         check: modules::ignore_coverage,
     },
     Rule {
