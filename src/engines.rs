@@ -33,13 +33,22 @@ impl Engine {
     }
 }
 
-/// One engine, or every engine (`all`), as a command-line choice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The `--engine` flag: one engine, both (`all`, the default), or `none` (skip the engine-specific work: load
+/// rules, engine tensor names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EngineChoice {
     Vllm,
     Sglang,
+    #[default]
     All,
+    None,
 }
 
 impl EngineChoice {
@@ -48,6 +57,31 @@ impl EngineChoice {
             EngineChoice::Vllm => vec![Engine::Vllm],
             EngineChoice::Sglang => vec![Engine::Sglang],
             EngineChoice::All => Engine::ALL.to_vec(),
+            EngineChoice::None => Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Display for EngineChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineChoice::Vllm => "vllm",
+            EngineChoice::Sglang => "sglang",
+            EngineChoice::All => "all",
+            EngineChoice::None => "none",
+        })
+    }
+}
+
+impl std::str::FromStr for EngineChoice {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "vllm" => Ok(EngineChoice::Vllm),
+            "sglang" => Ok(EngineChoice::Sglang),
+            "all" => Ok(EngineChoice::All),
+            "none" => Ok(EngineChoice::None),
+            other => Err(format!("unknown engine `{other}`; known: vllm, sglang, all, none")),
         }
     }
 }

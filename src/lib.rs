@@ -2,7 +2,7 @@
 //! checkpoint inspection, verification, synthetic models and serving budgets.
 //!
 //! Data flow: `io` (read/write checkpoints) → `quant` (math) → `recipe` (what gets which scheme) → `model`
-//! (configs, architectures) → jobs (`convert`, `inspect`, `verify`, `synth`, `report`) → `cli`.
+//! (configs, architectures) → `lint` (engine load rules) → jobs (`convert`, `inspect`, `verify`, `synth`, `report`) → `cli`.
 
 pub mod calib;
 pub mod cli;
@@ -13,6 +13,7 @@ pub mod engines;
 pub mod eval;
 pub mod inspect;
 pub mod io;
+pub mod lint;
 pub mod model;
 pub mod progress;
 pub mod quant;

@@ -1,5 +1,6 @@
 //! `squeeze verify`: re-hash an output against its manifest, check every quantized tensor against the
-//! compressed-tensors conventions, and with a source, dequantize both and measure per-tensor error.
+//! compressed-tensors conventions, and with a source, dequantize both and measure per-tensor error
+//! (`--engine` hands the folder to the `lint` rules as well).
 
 use std::path::PathBuf;
 
@@ -13,6 +14,7 @@ use crate::io::dtype::{first_nonfinite, Dtype};
 use crate::io::manifest::Manifest;
 use crate::io::writer::sha256_file;
 use crate::io::{Checkpoint, IoError, TensorRef};
+use crate::lint::{EngineChoice, LintReport};
 use crate::quant::{int4, pack};
 
 /// INT4 group quantization of smooth Gaussian-like weights lands near 0.1 relative L2 error; 0.25 means the
@@ -27,6 +29,10 @@ pub struct VerifyOptions {
     pub source: Option<PathBuf>,
     pub max_int4_error: f64,
     pub worst: usize,
+    /// Also check the engine load rules for these engines (`none`: skip them).
+    pub engine: EngineChoice,
+    /// Tensor-parallel size for the rules; `None`: `lint::default_tp` of the model.
+    pub tp: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -45,6 +51,8 @@ pub struct VerifyReport {
     pub compared_tensors: usize,
     pub problems: Vec<String>,
     pub worst: Vec<TensorError>,
+    /// The engine load rules (`None` without `--engine`).
+    pub engine_rules: Option<LintReport>,
     pub passed: bool,
 }
 
@@ -153,14 +161,22 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
         errors.sort_by(|a, b| b.relative_l2.total_cmp(&a.relative_l2));
         errors.truncate(options.worst);
     }
+    let engines = options.engine.engines();
+    let engine_rules = (!engines.is_empty()).then(|| {
+        let description = crate::lint::written::describe(&checkpoint);
+        let tp = options.tp.unwrap_or_else(|| crate::lint::default_tp(&description.config));
+        crate::lint::lint(&description, &engines, tp)
+    });
+    let rules_passed = engine_rules.as_ref().is_none_or(|rules| rules.passed);
     Ok(VerifyReport {
         output: out.display().to_string(),
         shards_checked,
         quantized_tensors: packed.len(),
         compared_tensors: compared,
-        passed: problems.is_empty(),
+        passed: problems.is_empty() && rules_passed,
         problems,
         worst: errors,
+        engine_rules,
     })
 }
 

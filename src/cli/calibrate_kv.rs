@@ -36,9 +36,10 @@ pub struct Args {
     /// One scale per layer (tensor) or per KV head (head; GQA only — MLA has one latent row).
     #[arg(long, value_enum, default_value = "tensor")]
     pub strategy: Strategy,
-    /// The engines to write for: each engine's loadable tensor names are written (besides self_attn.k_scale/v_scale),
-    /// and the report says what each engine does with the scales of this cache layout (MLA: ignored).
-    #[arg(long, value_enum, default_value = "all")]
+    /// The engines to write for (vllm, sglang, all or none): each engine's loadable tensor names are written
+    /// besides self_attn.k_scale/v_scale, and the report says what each engine does with the scales of this cache
+    /// layout (MLA: ignored).
+    #[arg(long, default_value = "all")]
     pub engine: EngineChoice,
     /// Write config.json, the index and kv-scales.safetensors into this folder instead of the model folder.
     #[arg(long)]

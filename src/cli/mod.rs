@@ -14,6 +14,7 @@ macro_rules! println {
 
 mod calibrate_kv;
 mod demo;
+mod engine_rules;
 mod eval;
 mod inspect;
 mod progress;

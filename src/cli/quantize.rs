@@ -6,9 +6,11 @@ use anyhow::Context;
 
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
 use crate::cuda::DeviceChoice;
+use crate::lint::EngineChoice;
 use crate::quant::ScaleRule;
 use crate::units::{both_units, human, parse_bytes};
 
+use super::engine_rules::{parse_tp, print_fixes, print_rules, print_warnings};
 use super::progress::Bar;
 use super::table::Table;
 use super::{print_json, Outcome};
@@ -37,7 +39,7 @@ pub struct Args {
     /// Write into a non-empty output folder, replacing what is there.
     #[arg(long)]
     pub force: bool,
-    /// Print the plan and predicted output size without writing anything.
+    /// Print the plan, the predicted output size and the engine rule results without writing anything.
     #[arg(long)]
     pub dry_run: bool,
     /// Carry NaN or infinite source weights into the output (default: refuse, naming the tensor and element).
@@ -49,6 +51,16 @@ pub struct Args {
     /// Where INT4 quantization runs: auto (the GPU when one is usable, else the CPU with a notice), cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub device: DeviceChoice,
+    /// Engines whose load rules (read from vLLM 0.32 and SGLang sources) the planned output must pass before anything is written: vllm,
+    /// sglang, all (both) or none (skip, for layouts outside the rules such as unselected = "fp8-block").
+    /// A failed rule refuses with exit 2; with --dry-run the rules are printed and a failure exits 1.
+    #[arg(long, default_value = "all")]
+    pub engine: EngineChoice,
+    /// Tensor-parallel size the rules check against (moe_intermediate_size / tp must be a multiple of the group
+    /// size). Default: 8 when the model's hidden_size and moe_intermediate_size are those of a built-in preset
+    /// (a real-size Kimi K2, GLM-5 or GLM-4.5), 1 otherwise (tiny and synthetic models).
+    #[arg(long, value_parser = parse_tp)]
+    pub tp: Option<usize>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
@@ -64,14 +76,22 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         force: args.force,
         dry_run: args.dry_run,
         device: args.device,
+        engine: args.engine,
+        tp: args.tp,
     };
     let report = quantize(&options, &Bar::new(true)).with_context(|| format!("quantize {}", args.input.display()))?;
+    print_fixes(&report.config_fixes, report.dry_run);
+    if let Some(rules) = &report.engine_rules {
+        print_warnings(rules);
+    }
     if args.json {
         print_json(&report)?;
     } else {
         print_human(&report);
     }
-    Ok(Outcome::Success)
+    // Only a dry run gets here with a failed rule (a real run refuses before writing).
+    let failed = report.engine_rules.as_ref().is_some_and(|rules| !rules.passed);
+    Ok(if failed { Outcome::GateFailed } else { Outcome::Success })
 }
 
 pub fn print_human(report: &QuantizeReport) {
@@ -101,7 +121,12 @@ pub fn print_human(report: &QuantizeReport) {
             String::new()
         }
     );
-    if !report.dry_run {
+    if report.dry_run {
+        if let Some(rules) = &report.engine_rules {
+            println!();
+            print_rules(rules);
+        }
+    } else {
         println!(
             "{} quantized, {} converted, {} copied in {:.1} s ({:.0} MB/s input), peak RSS {}",
             report.tensors_quantized,

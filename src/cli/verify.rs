@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
+use crate::lint::EngineChoice;
 use crate::verify::{verify, VerifyOptions, VerifyReport, DEFAULT_MAX_INT4_ERROR};
 
+use super::engine_rules::{parse_tp, print_rules};
 use super::table::Table;
 use super::{print_json, Outcome};
 
@@ -20,6 +22,14 @@ pub struct Args {
     /// How many of the worst tensors to list.
     #[arg(long, default_value_t = 10)]
     pub worst: usize,
+    /// Also check the engine load rules (read from vLLM 0.32 and SGLang sources) for vllm, sglang or all (both); a failed rule exits 1.
+    #[arg(long, default_value = "none", hide_default_value = true)]
+    pub engine: EngineChoice,
+    /// Tensor-parallel size for the rules (moe_intermediate_size / tp must be a multiple of the group size).
+    /// Default: 8 when the model's hidden_size and moe_intermediate_size are those of a built-in preset (a
+    /// real-size Kimi K2, GLM-5 or GLM-4.5), 1 otherwise.
+    #[arg(long, value_parser = parse_tp)]
+    pub tp: Option<usize>,
     /// Print a JSON report.
     #[arg(long)]
     pub json: bool,
@@ -31,6 +41,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         source: args.source,
         max_int4_error: args.max_int4_error,
         worst: args.worst,
+        engine: args.engine,
+        tp: args.tp,
     })?;
     if args.json {
         print_json(&report)?;
@@ -57,12 +69,16 @@ pub fn print_human(report: &VerifyReport) {
         }
         println!("{}", table.render());
     }
+    if let Some(rules) = &report.engine_rules {
+        print_rules(rules);
+    }
     if report.passed {
         println!("verify: OK");
     } else {
         for problem in &report.problems {
             println!("mismatch: {problem}");
         }
-        println!("verify: FAILED ({} problem(s))", report.problems.len());
+        let rules = report.engine_rules.as_ref().map_or(0, |rules| rules.failed);
+        println!("verify: FAILED ({} problem(s), {rules} engine rule(s) failed)", report.problems.len());
     }
 }

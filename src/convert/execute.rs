@@ -15,13 +15,14 @@ use crate::io::lock::{FolderLock, LOCK_FILE};
 use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord, MANIFEST_FILE};
 use crate::io::writer::{sha256_file, ShardWriter};
 use crate::io::{Checkpoint, IoError};
+use crate::lint::{ConfigFix, EngineChoice, LintReport};
 use crate::model::{ConfigError, ModelConfig};
 use crate::progress::{peak_rss_bytes, Reporter};
 use crate::quant::ScaleRule;
 use crate::recipe::{Recipe, RecipeError};
 
 use super::plan::{self, Action, ClassSummary, Plan, PlanError};
-use super::{output_files, quant_config, source, transform};
+use super::{engine_check, output_files, quant_config, source, transform};
 
 #[derive(Debug, Clone)]
 pub struct QuantizeOptions {
@@ -39,6 +40,10 @@ pub struct QuantizeOptions {
     pub device: DeviceChoice,
     /// Carry NaN/infinite source elements into the output instead of refusing.
     pub allow_nonfinite: bool,
+    /// Whose load rules the plan must pass before anything is written (`none`: skip them).
+    pub engine: EngineChoice,
+    /// Tensor-parallel size for the rules; `None`: `lint::default_tp` of the model.
+    pub tp: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +60,9 @@ pub enum ConvertError {
     Output { path: PathBuf, problem: String },
     #[error("--device")]
     Device(#[from] CudaError),
+    /// An engine load rule failed on the plan (the message names each rule and its remedy).
+    #[error("{0}")]
+    EngineRules(String),
 }
 
 /// The result of `quantize` (or its dry run).
@@ -75,6 +83,10 @@ pub struct QuantizeReport {
     pub seconds: f64,
     pub peak_rss_bytes: Option<u64>,
     pub classes: BTreeMap<String, ClassSummary>,
+    /// The engine load rules checked on the plan (`None` with `--engine none`).
+    pub engine_rules: Option<LintReport>,
+    /// Keys added to the output's `config.json` because an engine needs them (safe, standard fixes).
+    pub config_fixes: Vec<ConfigFix>,
 }
 
 /// A checkpoint opened and planned, ready to run or to report on.
@@ -132,6 +144,15 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         options.max_shard_bytes,
     )?;
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
+    let output_config = checkpoint
+        .config()
+        .map(|json| engine_check::output_config(json, quant_config::quantization_config(plan, recipe), plan));
+    let engines = options.engine.engines();
+    let engine_rules = (!engines.is_empty()).then(|| {
+        let config = output_config.as_ref().map(|(config, _)| config);
+        let tp = options.tp.unwrap_or_else(|| crate::lint::default_tp(config.unwrap_or(&serde_json::Value::Null)));
+        crate::lint::lint(&engine_check::planned_output(plan, config), &engines, tp)
+    });
     let mut report = QuantizeReport {
         dry_run: options.dry_run,
         input: options.input.clone(),
@@ -148,7 +169,13 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         seconds: 0.0,
         peak_rss_bytes: None,
         classes: plan.by_class().into_iter().map(|(class, summary)| (class.name().to_string(), summary)).collect(),
+        engine_rules,
+        config_fixes: output_config.as_ref().map(|(_, fixes)| fixes.clone()).unwrap_or_default(),
     };
+    // A dry run reports the rule results; a real run refuses before touching the output folder.
+    if let Some(rules) = report.engine_rules.as_ref().filter(|rules| !rules.passed && !options.dry_run) {
+        return Err(ConvertError::EngineRules(engine_check::refusal(rules)));
+    }
     if options.dry_run {
         report.seconds = started.elapsed().as_secs_f64();
         report.peak_rss_bytes = peak_rss_bytes();
@@ -221,8 +248,8 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
 
     output_files::copy_companions(checkpoint, out)?;
     output_files::write_index(out, plan)?;
-    if let Some(json) = checkpoint.config() {
-        output_files::write_config(out, json, quant_config::quantization_config(plan, recipe))?;
+    if let Some((config, _)) = &output_config {
+        output_files::write_config(out, config)?;
     }
     manifest.complete = true;
     manifest.write(out)?;

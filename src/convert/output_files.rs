@@ -27,13 +27,9 @@ pub fn write_index(out: &Path, plan: &Plan) -> Result<(), IoError> {
     )
 }
 
-/// Writes the source config with `quantization_config` replaced.
-pub fn write_config(out: &Path, source_config: &Value, quantization_config: Value) -> Result<(), IoError> {
-    let mut config = source_config.clone();
-    if let Some(object) = config.as_object_mut() {
-        object.insert("quantization_config".into(), quantization_config);
-    }
-    write_json(&out.join(CONFIG_FILE), &config)
+/// Writes the output config (made by `engine_check::output_config`).
+pub fn write_config(out: &Path, config: &Value) -> Result<(), IoError> {
+    write_json(&out.join(CONFIG_FILE), config)
 }
 
 /// Copies every companion file of the source; returns their names.

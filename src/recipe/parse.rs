@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::builtin::{builtin, BUILTIN_NAMES};
+use crate::lint::matching::PatternList;
 use crate::quant::ScaleRule;
 
 /// What a rule does to the tensors it selects.
@@ -74,6 +75,7 @@ pub struct Recipe {
     pub file: RecipeFile,
     rule_patterns: Vec<Regex>,
     keep_patterns: Vec<Regex>,
+    ignore_patterns: PatternList,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,12 +125,11 @@ impl Recipe {
             .enumerate()
             .map(|(index, pattern)| compile(&format!("keep[{index}]"), pattern))
             .collect::<Result<_, _>>()?;
-        for (index, entry) in file.config_ignore.iter().enumerate() {
-            if let Some(pattern) = entry.strip_prefix("re:") {
-                compile(&format!("config_ignore[{index}]"), pattern)?;
-            }
+        let ignore_patterns = PatternList::ignore(file.config_ignore.iter().map(String::as_str));
+        if let Some(error) = ignore_patterns.errors.first() {
+            return Err(format!("key `config_ignore`: {error}"));
         }
-        Ok(Self { file, rule_patterns, keep_patterns })
+        Ok(Self { file, rule_patterns, keep_patterns, ignore_patterns })
     }
 
     pub fn name(&self) -> &str {
@@ -176,13 +177,10 @@ impl Recipe {
         crate::io::writer::hex(&Sha256::digest(self.canonical_text().as_bytes()))
     }
 
-    /// Whether a module name is covered by a `config_ignore` entry, with compressed-tensors matching rules
-    /// (exact module name, or `re:` pattern matched against the whole module name).
+    /// Whether a module name is covered by a `config_ignore` entry, matched as the engines match `ignore`
+    /// (`lint::matching`: exact module name, or `re:` pattern as Python `re.match`, anchored at the start only).
     pub fn config_ignores(&self, module: &str) -> bool {
-        self.file.config_ignore.iter().any(|entry| match entry.strip_prefix("re:") {
-            Some(pattern) => Regex::new(&format!("^(?:{pattern})$")).map(|re| re.is_match(module)).unwrap_or(false),
-            None => entry == module,
-        })
+        self.ignore_patterns.first_match(module).is_some()
     }
 }
 

@@ -14,6 +14,7 @@ mod demo;
 mod eval;
 mod golden;
 mod kernels;
+mod lint;
 mod parity;
 mod quantize;
 mod reliability;

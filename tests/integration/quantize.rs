@@ -265,7 +265,11 @@ fn bf16_sources_and_fp8_block_recipes_work() {
         .replace("unselected = \"bf16\"", "unselected = \"fp8-block\"");
     fs::write(&mixed, text).unwrap();
     let out = dir.path().join("mixed");
-    quantize(&source, &out, &["--recipe", path_str(&mixed)]).ok();
+    // Two groups and a mixed-precision format are outside the engine load rules: refused unless skipped.
+    let refused = quantize(&source, &out, &["--recipe", path_str(&mixed)]);
+    assert_eq!(refused.code, 2);
+    assert!(refused.stderr.contains("linear-target") && refused.stderr.contains("quant-method"), "{}", refused.stderr);
+    quantize(&source, &out, &["--recipe", path_str(&mixed), "--engine", "none"]).ok();
     let config = read_json(&out.join("config.json"));
     let groups = config["quantization_config"]["config_groups"].as_object().unwrap();
     assert_eq!(groups.len(), 2);

@@ -92,6 +92,8 @@ pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<QuantizeR
         dry_run: false,
         device: crate::cuda::DeviceChoice::Cpu,
         allow_nonfinite: false,
+        engine: crate::engines::EngineChoice::All,
+        tp: None,
     };
     Ok(quantize(&options, &Silent)?)
 }
@@ -103,6 +105,8 @@ pub fn verify_output(output: &Path, source: &Path) -> anyhow::Result<VerifyRepor
         source: Some(source.to_path_buf()),
         max_int4_error: DEFAULT_MAX_INT4_ERROR,
         worst: 1,
+        engine: crate::engines::EngineChoice::All,
+        tp: None,
     })?)
 }
 

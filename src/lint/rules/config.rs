@@ -1,0 +1,328 @@
+//! The rules on `config.json` alone: quantization method and format, the group and its weight arguments, the
+//! KV-cache scheme, and the router keys `e_score_correction_bias` needs.
+
+use serde_json::{json, Value};
+
+use crate::lint::context::{name_list, Context};
+use crate::lint::engine::Engine;
+use crate::lint::report::{Finding, Outcome, Status};
+
+const NOTHING_QUANTIZED: &str = "the output holds no INT4 modules and no config groups";
+
+/// The missing-`quantization_config` finding, or `None` when it is there.
+fn missing_quantization(context: &Context) -> Option<Finding> {
+    if !context.config.is_object() {
+        return Some(Finding::failed(
+            "config.json",
+            "missing or not a JSON object",
+            "write the output with squeeze quantize, which writes config.json with its quantization_config",
+        ));
+    }
+    context.quantization.is_none().then(|| {
+        Finding::failed(
+            "config.json `quantization_config`",
+            "missing or not an object",
+            "write the output with squeeze quantize, which writes the compressed-tensors quantization_config",
+        )
+    })
+}
+
+pub fn quant_method(context: &Context, _: Engine) -> Outcome {
+    if let Some(finding) = missing_quantization(context) {
+        return Outcome::from_findings("", vec![finding]);
+    }
+    if !context.has_int4() {
+        return Outcome::skipped(NOTHING_QUANTIZED);
+    }
+    let quantization = context.quantization.expect("checked above");
+    let mut findings = Vec::new();
+    let method = quantization.get("quant_method");
+    if method != Some(&json!("compressed-tensors")) {
+        findings.push(Finding::failed(
+            "quantization_config.quant_method",
+            format!("is {}, expected \"compressed-tensors\"", shown(method)),
+            "set it to \"compressed-tensors\"",
+        ));
+    }
+    let format = quantization.get("format");
+    if format != Some(&json!("pack-quantized")) {
+        findings.push(Finding::failed(
+            "quantization_config.format",
+            format!("is {}, expected \"pack-quantized\"", shown(format)),
+            "set it to \"pack-quantized\"; layouts that keep FP8 modules (recipe unselected = \"fp8-block\") are \
+             outside the INT4 MoE load path these rules were read for",
+        ));
+    }
+    for group in &context.groups {
+        match group.json.get("format") {
+            None | Some(Value::Null) => {}
+            Some(value) if value == "pack-quantized" => {}
+            Some(value) => findings.push(Finding::failed(
+                format!("quantization_config.config_groups.{}.format", group.name),
+                format!("is {value}, expected \"pack-quantized\""),
+                "set it to \"pack-quantized\" or remove it",
+            )),
+        }
+    }
+    Outcome::from_findings("compressed-tensors pack-quantized", findings)
+}
+
+pub fn linear_target(context: &Context, _: Engine) -> Outcome {
+    if let Some(finding) = missing_quantization(context) {
+        return Outcome::from_findings("", vec![finding]);
+    }
+    if !context.has_int4() {
+        return Outcome::skipped(NOTHING_QUANTIZED);
+    }
+    let remedy = "keep one INT4 group with \"targets\": [\"Linear\"] and list unquantized modules in `ignore`";
+    match context.groups.as_slice() {
+        [] => Outcome::from_findings(
+            "",
+            vec![Finding::failed(
+                "quantization_config.config_groups",
+                "missing or empty, but INT4 tensors exist",
+                remedy,
+            )],
+        ),
+        [group] => {
+            let targets = group.json.get("targets");
+            if targets == Some(&json!(["Linear"])) {
+                Outcome::passed(format!("{} targets [\"Linear\"]", group.name))
+            } else {
+                Outcome::from_findings(
+                    "",
+                    vec![Finding::failed(
+                        format!("quantization_config.config_groups.{}.targets", group.name),
+                        format!(
+                            "is {}: older SGLang indexes target_scheme_map[\"Linear\"] and raises KeyError for \
+                             regex-only targets",
+                            shown(targets)
+                        ),
+                        "set it to [\"Linear\"] and list unquantized modules in `ignore`",
+                    )],
+                )
+            }
+        }
+        groups => {
+            let names: Vec<&str> = groups.iter().map(|g| g.name).collect();
+            Outcome::from_findings(
+                "",
+                vec![Finding::failed(
+                    "quantization_config.config_groups",
+                    format!("has {} groups ({}), the INT4 MoE path expects one", groups.len(), names.join(", ")),
+                    remedy,
+                )],
+            )
+        }
+    }
+}
+
+/// The weights arguments of the INT4 group (`num_bits` 4), else of the first group.
+pub fn int4_group_weights<'a>(context: &'a Context) -> Option<(&'a str, &'a Value)> {
+    let mut with_weights = context.groups.iter().filter_map(|g| g.json.get("weights").map(|w| (g.name, w)));
+    let first = with_weights.clone().next();
+    with_weights.find(|(_, w)| w.get("num_bits").and_then(Value::as_u64) == Some(4)).or(first)
+}
+
+/// The INT4 group size, when the config states one.
+pub fn group_size(context: &Context) -> Option<usize> {
+    int4_group_weights(context)?.1.get("group_size")?.as_u64().map(|g| g as usize)
+}
+
+/// The group sizes the engines' INT4 MoE kernels take.
+pub const GROUP_SIZES: [usize; 3] = [32, 64, 128];
+
+pub fn weight_args(context: &Context, _: Engine) -> Outcome {
+    if let Some(finding) = missing_quantization(context) {
+        return Outcome::from_findings("", vec![finding]);
+    }
+    if !context.has_int4() {
+        return Outcome::skipped(NOTHING_QUANTIZED);
+    }
+    let Some((group, weights)) = int4_group_weights(context) else {
+        return Outcome::from_findings(
+            "",
+            vec![Finding::failed(
+                "quantization_config.config_groups.*.weights",
+                "no group has `weights`",
+                "write the group as squeeze quantize does (num_bits 4, type int, symmetric, strategy group)",
+            )],
+        );
+    };
+    let key = |name: &str| format!("quantization_config.config_groups.{group}.weights.{name}");
+    let mut findings = Vec::new();
+    for (name, expected) in [
+        ("type", json!("int")),
+        ("num_bits", json!(4)),
+        ("symmetric", json!(true)),
+        ("dynamic", json!(false)),
+        ("strategy", json!("group")),
+    ] {
+        let got = weights.get(name);
+        if got != Some(&expected) {
+            findings.push(Finding::failed(
+                key(name),
+                format!("is {}, expected {expected}", shown(got)),
+                format!("set it to {expected}: the INT4 MoE path takes symmetric static int4 group weights only"),
+            ));
+        }
+    }
+    match weights.get("group_size").and_then(Value::as_u64) {
+        Some(g) if GROUP_SIZES.contains(&(g as usize)) => {}
+        _ => findings.push(Finding::failed(
+            key("group_size"),
+            format!("is {}, expected 32, 64 or 128", shown(weights.get("group_size"))),
+            "requantize with --group-size 32 (Kimi's layout), 64 or 128",
+        )),
+    }
+    if !weights.get("actorder").is_none_or(Value::is_null) {
+        findings.push(Finding::failed(
+            key("actorder"),
+            format!("is {}, expected null", shown(weights.get("actorder"))),
+            "set it to null: no g_idx is written",
+        ));
+    }
+    let activations = context
+        .groups
+        .iter()
+        .find(|g| g.name == group)
+        .and_then(|g| g.json.get("input_activations"))
+        .filter(|v| !v.is_null());
+    if let Some(activations) = activations {
+        findings.push(Finding::failed(
+            format!("quantization_config.config_groups.{group}.input_activations"),
+            format!("is {activations}, expected null (W4A16)"),
+            "set it to null",
+        ));
+    }
+    let detail = format!("{group}: group_size {}", shown(weights.get("group_size")));
+    Outcome::from_findings(detail, findings)
+}
+
+/// KV-scale tensors of the output (`….k_scale`, `.v_scale`, `.q_scale`, `.kv_scale`).
+pub fn kv_scale_names<'a>(context: &Context<'a>) -> Vec<&'a str> {
+    context
+        .tensors
+        .keys()
+        .copied()
+        .filter(|name| {
+            name.rsplit_once('.')
+                .is_some_and(|(_, last)| matches!(last, "k_scale" | "v_scale" | "q_scale" | "kv_scale"))
+        })
+        .collect()
+}
+
+pub fn kv_cache_scheme(context: &Context, _: Engine) -> Outcome {
+    let scales = kv_scale_names(context);
+    let scheme = context.quantization.and_then(|q| q.get("kv_cache_scheme")).filter(|s| !s.is_null());
+    let Some(scheme) = scheme else {
+        if scales.is_empty() {
+            return Outcome::skipped("no kv_cache_scheme and no KV-scale tensors");
+        }
+        return Outcome::from_findings(
+            "",
+            vec![Finding::failed(
+                "quantization_config.kv_cache_scheme",
+                format!("missing or null, but the output holds KV-scale tensors ({})", name_list(&scales)),
+                "rerun squeeze calibrate-kv, which writes the scales and the scheme together",
+            )],
+        );
+    };
+    let mut findings = Vec::new();
+    for (name, expected) in [
+        ("type", json!("float")),
+        ("num_bits", json!(8)),
+        ("strategy", json!("tensor")),
+        ("symmetric", json!(true)),
+        ("dynamic", json!(false)),
+    ] {
+        let got = scheme.get(name);
+        if got != Some(&expected) {
+            findings.push(Finding::failed(
+                format!("quantization_config.kv_cache_scheme.{name}"),
+                format!("is {}, expected {expected}", shown(got)),
+                format!(
+                    "set it to {expected}: vLLM and SGLang take static symmetric per-tensor FP8 KV scales only \
+                     (calibrate-kv --strategy tensor)"
+                ),
+            ));
+        }
+    }
+    Outcome::from_findings("float 8-bit per-tensor static", findings)
+}
+
+/// Architectures vLLM loads through `deepseek_v2.py`, where the bias exists only for `noaux_tc`.
+const DEEPSEEK_V2_FAMILY: [&str; 4] =
+    ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "GlmMoeDsaForCausalLM", "KimiK2ForCausalLM"];
+
+pub fn router_topk(context: &Context, _: Engine) -> Outcome {
+    let biases: Vec<&str> =
+        context.tensors.keys().copied().filter(|name| name.ends_with(".e_score_correction_bias")).collect();
+    if biases.is_empty() {
+        return Outcome::skipped("no e_score_correction_bias tensors");
+    }
+    let architecture = context.architecture();
+    let strict = architecture.is_none_or(|a| DEEPSEEK_V2_FAMILY.contains(&a));
+    let caveat = if strict {
+        String::new()
+    } else {
+        format!(
+            " (read in deepseek_v2.py for DeepSeek-V3/Kimi K2/GLM-5; {} loads through another file, so this is a \
+             warning)",
+            architecture.unwrap_or("?")
+        )
+    };
+    let finding = |subject: &str, problem: String, remedy: &str| {
+        let mut f = Finding::failed(subject, problem + &caveat, remedy);
+        if !strict {
+            f.status = Status::Warning;
+        }
+        f
+    };
+    let mut findings = Vec::new();
+    let topk = context.config.get("topk_method");
+    if topk != Some(&json!("noaux_tc")) {
+        findings.push(finding(
+            "config.json `topk_method`",
+            format!(
+                "is {} but {} exists: the engine creates that parameter only for noaux_tc and fails with \
+                 KeyError: {}",
+                shown(topk),
+                biases[0],
+                biases[0].trim_start_matches("model.")
+            ),
+            "add \"topk_method\": \"noaux_tc\" to config.json (squeeze quantize adds it when it is missing)",
+        ));
+    }
+    let scoring = context.config.get("scoring_func");
+    if scoring != Some(&json!("sigmoid")) {
+        findings.push(finding(
+            "config.json `scoring_func`",
+            format!(
+                "is {}: the engine defaults to softmax routing scores, the model was trained with sigmoid",
+                shown(scoring)
+            ),
+            "add \"scoring_func\": \"sigmoid\" to config.json (squeeze quantize adds it when it is missing)",
+        ));
+    }
+    for bias in &biases {
+        let router = format!("{}.weight", bias.trim_end_matches(".e_score_correction_bias"));
+        let kept = context.tensors.get(router.as_str()).is_some_and(|t| t.shape.len() == 2);
+        if !kept {
+            findings.push(Finding::failed(
+                router.clone(),
+                format!("missing while {bias} exists: the router weight must be kept unquantized"),
+                "keep the router weight (the built-in recipes' `keep` has \\.mlp\\.gate\\.)",
+            ));
+        }
+    }
+    Outcome::from_findings(format!("{} router bias tensors", biases.len()), findings)
+}
+
+/// A config value for a message: its JSON, or `missing`.
+pub fn shown(value: Option<&Value>) -> String {
+    match value {
+        None => "missing".into(),
+        Some(value) => value.to_string(),
+    }
+}

@@ -1,0 +1,121 @@
+//! The rule list: every engine load rule of REFERENCES §9 with its id, title, the file each engine's rule was
+//! read in, and its check.
+
+mod config;
+mod modules;
+mod shapes;
+mod tensors;
+
+use super::context::Context;
+use super::engine::Engine;
+use super::report::Outcome;
+
+/// One engine load rule.
+pub struct Rule {
+    pub id: &'static str,
+    pub title: &'static str,
+    /// Where the rule was read for vLLM.
+    pub vllm: &'static str,
+    /// Where the rule was read for SGLang.
+    pub sglang: &'static str,
+    pub check: fn(&Context, Engine) -> Outcome,
+}
+
+impl Rule {
+    pub fn source(&self, engine: Engine) -> &'static str {
+        match engine {
+            Engine::Vllm => self.vllm,
+            Engine::Sglang => self.sglang,
+        }
+    }
+}
+
+const NOT_READ_SGLANG: &str = "SGLang: file not read, same rule as vLLM assumed";
+
+/// Every rule, in the order the report lists them.
+pub const RULES: [Rule; 12] = [
+    Rule {
+        id: "quant-method",
+        title: "quant_method compressed-tensors, format pack-quantized",
+        vllm: "vLLM compressed_tensors_moe_wna16.py",
+        sglang: "SGLang compressed_tensors_wNa16_moe.py",
+        check: config::quant_method,
+    },
+    Rule {
+        id: "linear-target",
+        title: "one config group with targets [\"Linear\"]",
+        vllm: "vLLM compressed_tensors_moe_wna16.py",
+        sglang: "SGLang compressed_tensors_wNa16_moe.py (target_scheme_map[\"Linear\"])",
+        check: config::linear_target,
+    },
+    Rule {
+        id: "weight-args",
+        title: "weights int4 symmetric static group 32/64/128, no actorder, no input activations",
+        vllm: "vLLM compressed_tensors_moe_wna16.py, fused_moe/oracle/int_wna16.py",
+        sglang: "SGLang compressed_tensors_wNa16_moe.py",
+        check: config::weight_args,
+    },
+    Rule {
+        id: "group-size-tp",
+        title: "group size divides hidden_size and moe_intermediate_size / tp",
+        vllm: "vLLM compressed_tensors_moe_wna16.py, marlin_utils.py",
+        sglang: "SGLang compressed_tensors_wNa16_moe.py",
+        check: shapes::group_size_tp,
+    },
+    Rule {
+        id: "ignore-coverage",
+        title: "ignore covers every unquantized linear (re: = re.match, literal = exact)",
+        vllm: "vLLM compressed_tensors.py (ignore matching, re.match)",
+        sglang: "SGLang compressed_tensors.py (ignore matching, re.match)",
+        check: modules::ignore_coverage,
+    },
+    Rule {
+        id: "fused-pairs",
+        title: "fused pairs all ignored or all quantized",
+        vllm: "vLLM deepseek_v2.py (q_a_proj+kv_a_proj_with_mqa fused), compressed_tensors.py",
+        sglang: NOT_READ_SGLANG,
+        check: modules::fused_pairs,
+    },
+    Rule {
+        id: "routed-experts",
+        title: "every routed expert gate/up/down INT4 under one scheme (MTP layer included)",
+        vllm: "vLLM compressed_tensors_moe_wna16.py",
+        sglang: "SGLang compressed_tensors_wNa16_moe.py",
+        check: modules::routed_experts,
+    },
+    Rule {
+        id: "mtp-eh-proj",
+        title: "MTP eh_proj ignored",
+        vllm: "vLLM #41108 (eh_proj shape mismatch 3072 vs 6144)",
+        sglang: NOT_READ_SGLANG,
+        check: modules::mtp_eh_proj,
+    },
+    Rule {
+        id: "int4-tensors",
+        title: "INT4 tensors: weight_packed I32, weight_scale BF16 > 0, weight_shape I64, no FP8 leftovers",
+        vllm: "vLLM compressed_tensors_wNa16.py, compressed_tensors_moe_wna16.py",
+        sglang: "SGLang compressed_tensors_wNa16_moe.py",
+        check: tensors::int4_tensors,
+    },
+    Rule {
+        id: "router-topk",
+        title: "e_score_correction_bias needs topk_method noaux_tc and scoring_func sigmoid",
+        vllm: "vLLM deepseek_v2.py (bias created only for noaux_tc; softmax by default)",
+        sglang: NOT_READ_SGLANG,
+        check: config::router_topk,
+    },
+    Rule {
+        id: "kv-cache-scheme",
+        title: "kv_cache_scheme float 8-bit per-tensor symmetric static",
+        vllm: "vLLM compressed_tensors_kv.py, kv_cache.py",
+        sglang: "SGLang compressed_tensors.py (CompressedTensorsKVCacheMethod), kv_cache.py",
+        check: config::kv_cache_scheme,
+    },
+    Rule {
+        id: "kv-scales",
+        title: "KV scales: names the engines load, F32 scalars > 0",
+        vllm: "vLLM weight_utils.py maybe_remap_kv_scale_name, kv_cache.py",
+        sglang: "SGLang deepseek_weight_loader.py, kv_cache.py",
+        check: tensors::kv_scales,
+    },
+];

@@ -1,0 +1,212 @@
+//! The rules on how the config treats each linear module: `ignore` covers every unquantized linear, fused pairs
+//! agree, routed experts are quantized under one scheme, the MTP `eh_proj` is ignored.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::lint::context::{is_router, name_list, ConfigView, Context, Stored};
+use crate::lint::engine::Engine;
+use crate::lint::report::{Finding, Outcome};
+
+const NOTHING_QUANTIZED: &str = "the output holds no INT4 modules and no config groups";
+
+/// The standard `ignore` entry that covers an unquantized module of the built-in layouts.
+fn covering_entry(module: &str) -> String {
+    if module.contains(".self_attn.") {
+        "re:.*self_attn.*".into()
+    } else if module.contains(".shared_experts.") {
+        "re:.*shared_experts.*".into()
+    } else if [".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj", ".mlp.gate_up_proj"]
+        .iter()
+        .any(|s| module.ends_with(s))
+    {
+        "re:.*mlp\\.(gate|up|gate_up|down)_proj.*".into()
+    } else {
+        module.to_string()
+    }
+}
+
+fn is_eh_proj(module: &str) -> bool {
+    module.ends_with(".eh_proj")
+}
+
+pub fn ignore_coverage(context: &Context, _: Engine) -> Outcome {
+    if !context.has_int4() {
+        return Outcome::skipped(NOTHING_QUANTIZED);
+    }
+    let mut findings: Vec<Finding> = context
+        .ignore
+        .errors
+        .iter()
+        .map(|error| Finding::failed("quantization_config.ignore", error.clone(), "fix or remove the entry"))
+        .collect();
+    // Unquantized linears the config would quantize, grouped by the entry that would cover them.
+    let mut uncovered: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    let mut unquantized = 0;
+    for (&module, &stored) in &context.modules {
+        if is_router(module) || is_eh_proj(module) {
+            continue; // routers are built unquantized; eh_proj has its own rule
+        }
+        match (stored, context.view(module)) {
+            (Stored::Int4, ConfigView::Ignored(entry)) => findings.push(Finding::failed(
+                module,
+                format!("is INT4 but ignore entry `{entry}` matches it: the engine expects an unquantized `weight`"),
+                format!("remove or narrow `{entry}` in quantization_config.ignore"),
+            )),
+            (Stored::Int4, ConfigView::Untargeted) => findings.push(Finding::failed(
+                module,
+                "is INT4 but no group target matches it: the engine expects an unquantized `weight`",
+                "add a target that matches it (\"Linear\")",
+            )),
+            (Stored::Int4, ConfigView::Quantized(_)) => {}
+            (Stored::Float | Stored::Fp8, ConfigView::Quantized(_)) => {
+                unquantized += 1;
+                uncovered.entry(covering_entry(module)).or_default().push(module);
+            }
+            (Stored::Float | Stored::Fp8, _) => unquantized += 1,
+        }
+    }
+    for (entry, modules) in uncovered {
+        findings.push(Finding::failed(
+            name_list(&modules),
+            format!(
+                "{} unquantized linear module(s) match a group target and no ignore entry: the engine looks for \
+                 weight_packed and fails to load",
+                modules.len()
+            ),
+            format!("add \"{}\" to quantization_config.ignore", entry.replace('\\', "\\\\")),
+        ));
+    }
+    Outcome::from_findings(format!("{unquantized} unquantized linear modules"), findings)
+}
+
+/// Module pairs the engines fuse into one layer (suffixes after the common prefix).
+pub const FUSED_PAIRS: [(&str, &str); 3] = [
+    ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"),
+    ("gate_proj", "up_proj"),
+    ("self_attn.indexer.wk", "self_attn.indexer.weights_proj"),
+];
+
+pub fn fused_pairs(context: &Context, _: Engine) -> Outcome {
+    let mut findings = Vec::new();
+    let mut pairs = 0;
+    for &module in context.modules.keys() {
+        for (first, second) in FUSED_PAIRS {
+            let Some(prefix) = module.strip_suffix(first).filter(|p| p.ends_with('.')) else { continue };
+            let partner = format!("{prefix}{second}");
+            if !context.modules.contains_key(partner.as_str()) {
+                continue;
+            }
+            pairs += 1;
+            let (a, b) = (context.view(module), context.view(&partner));
+            let scheme = |view: &ConfigView| match view {
+                ConfigView::Quantized(index) => format!("quantized by {}", context.groups[*index].name),
+                ConfigView::Ignored(entry) => format!("ignored by `{entry}`"),
+                ConfigView::Untargeted => "not targeted".into(),
+            };
+            let quantized = |view: &ConfigView| matches!(view, ConfigView::Quantized(_));
+            if quantized(&a) != quantized(&b) || (quantized(&a) && a != b) {
+                findings.push(Finding::failed(
+                    format!("{module} + {partner}"),
+                    format!(
+                        "{module} is {} but {partner} is {}: the engine fuses them into one layer and raises \
+                         \"Found a different quantization schemes\"",
+                        scheme(&a),
+                        scheme(&b)
+                    ),
+                    "quantize both or ignore both",
+                ));
+            }
+        }
+    }
+    Outcome::from_findings(format!("{pairs} fused pairs"), findings)
+}
+
+pub fn routed_experts(context: &Context, _: Engine) -> Outcome {
+    let experts = context.routed_experts();
+    if experts.is_empty() {
+        return Outcome::skipped("no routed experts");
+    }
+    if !context.has_int4() {
+        return Outcome::skipped(NOTHING_QUANTIZED);
+    }
+    let mut ignored: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    let (mut untargeted, mut not_int4) = (Vec::new(), Vec::new());
+    let mut schemes: BTreeSet<usize> = BTreeSet::new();
+    for &module in &experts {
+        match context.view(module) {
+            ConfigView::Ignored(entry) => ignored.entry(entry).or_default().push(module),
+            ConfigView::Untargeted => untargeted.push(module),
+            ConfigView::Quantized(index) => {
+                schemes.insert(index);
+            }
+        }
+        if context.modules.get(module) != Some(&Stored::Int4) {
+            not_int4.push(module);
+        }
+    }
+    let mut findings = Vec::new();
+    for (entry, modules) in ignored {
+        findings.push(Finding::failed(
+            name_list(&modules),
+            format!("{} routed-expert projection(s) matched by ignore entry `{entry}`", modules.len()),
+            format!("remove or narrow `{entry}`: routed experts must all be quantized"),
+        ));
+    }
+    if !untargeted.is_empty() {
+        findings.push(Finding::failed(
+            name_list(&untargeted),
+            format!("{} routed-expert projection(s) matched by no group target", untargeted.len()),
+            "target them (\"Linear\")",
+        ));
+    }
+    if !not_int4.is_empty() {
+        findings.push(Finding::failed(
+            name_list(&not_int4),
+            format!("{} routed-expert projection(s) are not stored as INT4 (no weight_packed)", not_int4.len()),
+            "quantize every routed expert (the built-in recipes' routed-experts rule)",
+        ));
+    }
+    if schemes.len() > 1 {
+        let names: Vec<&str> = schemes.iter().map(|&i| context.groups[i].name).collect();
+        findings.push(Finding::failed(
+            "routed experts",
+            format!(
+                "quantized by {} different groups ({}): one FusedMoE layer takes one scheme",
+                names.len(),
+                names.join(", ")
+            ),
+            "put every routed expert under one group",
+        ));
+    }
+    let mtp = context.num_hidden_layers().map_or(0, |layers| {
+        experts.iter().filter(|m| crate::model::tensor_class::layer_index(m).is_some_and(|l| l >= layers)).count()
+    });
+    Outcome::from_findings(format!("{} routed-expert projections ({mtp} in MTP layers)", experts.len()), findings)
+}
+
+pub fn mtp_eh_proj(context: &Context, _: Engine) -> Outcome {
+    let projections: Vec<&str> = context.modules.keys().copied().filter(|m| is_eh_proj(m)).collect();
+    if projections.is_empty() {
+        return Outcome::skipped("no MTP layer (no eh_proj)");
+    }
+    if !context.has_int4() {
+        return Outcome::skipped(NOTHING_QUANTIZED);
+    }
+    let mut findings = Vec::new();
+    for module in &projections {
+        if context.modules.get(module) == Some(&Stored::Int4) {
+            findings.push(Finding::failed(
+                *module,
+                "is INT4: vLLM loads eh_proj unquantized and fails with a shape mismatch (3072 vs 6144, #41108)",
+                "keep it BF16 (the built-in recipes do) and add it to quantization_config.ignore",
+            ));
+        } else if !matches!(context.view(module), ConfigView::Ignored(_)) {
+            findings.push(Finding::failed(
+                *module,
+                "is not matched by any ignore entry: the engine expects weight_packed for it (#41108)",
+                format!("add \"{module}\" to quantization_config.ignore"),
+            ));
+        }
+    }
+    Outcome::from_findings(name_list(&projections), findings)
+}

@@ -1,0 +1,217 @@
+//! The rules on tensors: each INT4 module's packed weight, scale and shape (dtypes, shapes, values) with no FP8
+//! leftovers, and the KV-scale tensors' names, dtypes and values.
+
+use super::config::{group_size, kv_scale_names};
+use crate::engines::{kv_scale_handling, kv_scale_names as kv_scale_names_for, CacheLayout, Engine, ScaleUse};
+use crate::io::dtype::Dtype;
+use crate::lint::context::{Context, Stored};
+use crate::lint::output::Values;
+use crate::lint::report::{Finding, Outcome};
+use crate::quant::pack::packed_columns;
+
+pub fn int4_tensors(context: &Context, _: Engine) -> Outcome {
+    let modules: Vec<&str> = context.modules.iter().filter(|(_, s)| **s == Stored::Int4).map(|(m, _)| *m).collect();
+    let mut findings = Vec::new();
+    for name in context.tensors.keys().filter(|n| n.ends_with(".weight_scale_inv")) {
+        findings.push(Finding::failed(
+            *name,
+            "leftover FP8 block scale in an INT4 output",
+            "dequantize the module to BF16 or quantize it to INT4 (recipe `unselected = \"bf16\"`)",
+        ));
+    }
+    if modules.is_empty() {
+        return match findings.is_empty() {
+            true => Outcome::skipped("no INT4 modules"),
+            false => Outcome::from_findings("no INT4 modules", findings),
+        };
+    }
+    let group = group_size(context);
+    let mut values_checked = false;
+    for module in &modules {
+        let tensor = |suffix: &str| context.tensors.get(format!("{module}.{suffix}").as_str()).copied();
+        let name = |suffix: &str| format!("{module}.{suffix}");
+        let requantize = "requantize the module with squeeze quantize";
+        // weight_shape: [out, in]
+        let Some(shape) = tensor("weight_shape") else {
+            findings.push(Finding::failed(name("weight_shape"), "missing", requantize));
+            continue;
+        };
+        match shape.dtype {
+            Dtype::I64 => {}
+            Dtype::I32 => findings.push(Finding::warning(
+                name("weight_shape"),
+                "is I32; vLLM declares it int64 (I32 loads, transformers 5.24 reads it cleanly)",
+                "write I64 (squeeze quantize does)",
+            )),
+            other => {
+                findings.push(Finding::failed(name("weight_shape"), format!("is {other}, expected I64"), requantize));
+                continue;
+            }
+        }
+        if shape.shape != [2] {
+            findings.push(Finding::failed(
+                name("weight_shape"),
+                format!("has shape {:?}, expected [2] = [out, in]", shape.shape),
+                requantize,
+            ));
+            continue;
+        }
+        let dims = match &shape.values {
+            Some(Values::Ints(values)) if values.len() == 2 && values.iter().all(|v| *v > 0) => {
+                [values[0] as usize, values[1] as usize]
+            }
+            Some(values) => {
+                findings.push(Finding::failed(
+                    name("weight_shape"),
+                    format!("holds {values:?}, expected two positive sizes"),
+                    requantize,
+                ));
+                continue;
+            }
+            None => {
+                findings.push(Finding::failed(name("weight_shape"), "values unknown", requantize));
+                continue;
+            }
+        };
+        let [rows, columns] = dims;
+        // weight_packed: I32 [out, ceil(in/8)]
+        match tensor("weight_packed") {
+            Some(packed) if packed.dtype == Dtype::I32 && packed.shape == [rows, packed_columns(columns)] => {}
+            Some(packed) => findings.push(Finding::failed(
+                name("weight_packed"),
+                format!(
+                    "is {} {:?}, expected I32 [{rows}, {}] for weight_shape [{rows}, {columns}]",
+                    packed.dtype,
+                    packed.shape,
+                    packed_columns(columns)
+                ),
+                requantize,
+            )),
+            None => findings.push(Finding::failed(name("weight_packed"), "missing", requantize)),
+        }
+        // weight_scale: BF16 [out, ceil(in/g)], finite and positive
+        match tensor("weight_scale") {
+            None => findings.push(Finding::failed(name("weight_scale"), "missing", requantize)),
+            Some(scale) => {
+                let expected_shape = group.map(|g| vec![rows, columns.div_ceil(g)]);
+                if scale.dtype != Dtype::BF16 || expected_shape.as_ref().is_some_and(|s| *s != scale.shape) {
+                    findings.push(Finding::failed(
+                        name("weight_scale"),
+                        format!(
+                            "is {} {:?}, expected BF16 {}",
+                            scale.dtype,
+                            scale.shape,
+                            expected_shape.map_or("[out, in/group_size]".to_string(), |s| format!("{s:?}"))
+                        ),
+                        requantize,
+                    ));
+                }
+                if let Some(Values::Floats { first_bad, .. }) = &scale.values {
+                    values_checked = true;
+                    if let Some((index, value)) = first_bad {
+                        findings.push(Finding::failed(
+                            name("weight_scale"),
+                            format!("scale {index} is {value}, expected finite and > 0"),
+                            requantize,
+                        ));
+                    }
+                }
+            }
+        }
+        // (A leftover `weight_scale_inv` is reported by the output-wide check above.)
+        for (suffix, problem) in [
+            ("weight_zero_point", "a zero point in a symmetric scheme"),
+            ("weight", "a leftover unquantized/FP8 `weight` next to weight_packed"),
+        ] {
+            if tensor(suffix).is_some() {
+                findings.push(Finding::failed(name(suffix), problem, "remove it"));
+            }
+        }
+    }
+    let values = if values_checked { "values checked" } else { "values not known before writing" };
+    Outcome::from_findings(format!("{} INT4 modules ({values})", modules.len()), findings)
+}
+
+/// The layout of the config's KV cache, as [`crate::engines`] distinguishes them.
+fn cache_layout(context: &Context) -> CacheLayout {
+    match (context.is_mla(), context.config.get("index_topk").is_some_and(|v| !v.is_null())) {
+        (false, _) => CacheLayout::Gqa,
+        (true, false) => CacheLayout::Mla,
+        (true, true) => CacheLayout::MlaSparse,
+    }
+}
+
+/// `model.layers.N.` removed: the suffix the engines' loaders match.
+fn layer_suffix(name: &str) -> Option<(&str, &str)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, suffix) = rest.split_once('.')?;
+    layer.parse::<usize>().ok().map(|_| (layer, suffix))
+}
+
+/// KV-scale tensors: known names, F32 per-tensor, finite > 0; and for an engine that divides by the checkpoint's
+/// scales, present under the names that engine loads ([`kv_scale_handling`]), else its cache silently uses 1.0.
+pub fn kv_scales(context: &Context, engine: Engine) -> Outcome {
+    let scales = kv_scale_names(context);
+    if scales.is_empty() {
+        return Outcome::skipped("no KV-scale tensors");
+    }
+    let layout = cache_layout(context);
+    let handling = kv_scale_handling(engine, layout);
+    let known: Vec<&str> = kv_scale_names_for(&Engine::ALL, layout).into_iter().flat_map(|(k, v)| [k, v]).collect();
+    let remedy = "rewrite them with `squeeze calibrate-kv --engine all` (F32 [1] per layer under every engine's names)";
+    let mut findings = Vec::new();
+    let mut layers = std::collections::BTreeSet::new();
+    for name in &scales {
+        let Some(tensor) = context.tensors.get(name) else { continue };
+        match layer_suffix(name) {
+            Some((layer, suffix)) if known.contains(&suffix) => {
+                layers.insert(layer);
+            }
+            _ => findings.push(Finding::failed(
+                *name,
+                "is not a KV-scale name any engine loads: vLLM remaps and drops it (\"… is not loaded\"), SGLang skips \
+                 it; the cache then uses scale 1.0",
+                remedy,
+            )),
+        }
+        if tensor.dtype != Dtype::F32 {
+            findings.push(Finding::failed(*name, format!("is {}, expected F32", tensor.dtype), remedy));
+        }
+        if tensor.shape.iter().product::<usize>() != 1 || tensor.shape.len() > 1 {
+            findings.push(Finding::failed(
+                *name,
+                format!("has shape {:?}: vLLM and SGLang take per-tensor scales only ([1] or [])", tensor.shape),
+                "recalibrate with squeeze calibrate-kv --strategy tensor",
+            ));
+        }
+        if let Some(Values::Floats { first_bad: Some((index, value)), .. }) = &tensor.values {
+            findings.push(Finding::failed(*name, format!("value {index} is {value}, expected finite and > 0"), remedy));
+        }
+    }
+    match handling.uses {
+        ScaleUse::Checkpoint => {
+            for layer in &layers {
+                for suffix in &handling.loads {
+                    let name = format!("model.layers.{layer}.{suffix}");
+                    if !context.tensors.contains_key(name.as_str()) {
+                        findings.push(Finding::failed(
+                            name,
+                            format!(
+                                "is missing: {} {}; without it the layer's cache uses scale 1.0",
+                                engine.label(),
+                                handling.summary
+                            ),
+                            format!("rerun `squeeze calibrate-kv --engine {}` (or all)", engine.name()),
+                        ));
+                    }
+                }
+            }
+        }
+        ScaleUse::Unit | ScaleUse::DynamicTiles => findings.push(Finding::warning(
+            "model.layers.*.self_attn (MLA)",
+            format!("{} {}", engine.label(), handling.summary),
+            "measure what the engine's scales cost with `squeeze eval --kv-scales engine` before serving FP8 KV",
+        )),
+    }
+    Outcome::from_findings(format!("{} KV-scale tensors", scales.len()), findings).with_source(handling.source)
+}
