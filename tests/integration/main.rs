@@ -18,3 +18,4 @@ mod quantize;
 mod report;
 mod serve;
 mod tokenizer;
+mod vllm_golden;
