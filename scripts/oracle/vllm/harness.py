@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import platform
@@ -192,27 +191,9 @@ def run(args) -> dict:
     }
 
 
-class WarningLog(logging.Handler):
-    """Keeps vLLM's warnings about scales and unloaded weights (the loader's verdict on odd names)."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        if any(word in message.lower() for word in ("scale", "not loaded", "not found", "ignor")):
-            if message not in self.messages:
-                self.messages.append(message[:400])
-
-
 def load(args) -> dict:
     model = Path(args.model)
     started = time.time()
-    import vllm  # noqa: F401  (configures vLLM's loggers; attach after that)
-
-    warnings = WarningLog()
-    logging.getLogger("vllm").addHandler(warnings)
     result: dict = {"model_config": {k: config_of(model).get(k) for k in ("architectures", "model_type")}}
     result["versions"] = versions()
     result["VLLM_MLA_DISABLE"] = os.environ.get("VLLM_MLA_DISABLE", "0")
@@ -228,7 +209,6 @@ def load(args) -> dict:
     else:
         result["loaded"] = True
         result["kv_scales"] = kv_scale_readback(llm)
-    result["warnings"] = warnings.messages
     result["seconds"] = time.time() - started
     return result
 

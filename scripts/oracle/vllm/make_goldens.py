@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,7 +70,16 @@ class Runner:
             )
         if done.returncode != 0 or not out.exists():
             sys.exit(f"harness failed ({done.returncode}): {args}; see {log}")
-        return json.loads(out.read_text())
+        result = json.loads(out.read_text())
+        # vLLM's own verdict on odd tensor names: its loader warnings about scales, deduplicated by layer.
+        warnings = []
+        for line in log.read_text(errors="replace").splitlines():
+            if "WARNING" in line and "scale" in line and ("not loaded" in line or "not found" in line):
+                message = re.sub(r"layers\.\d+\.", "layers.N.", line.split("] ", 1)[-1].strip())
+                if message not in warnings:
+                    warnings.append(message)
+        result["warnings"] = warnings
+        return result
 
 
 def write_ids(path: Path, offset: int, chunks: int) -> list[list[int]]:
