@@ -53,6 +53,8 @@ pub struct ServeOptions {
 pub struct RequestReport {
     pub id: RequestId,
     pub prompt: String,
+    /// The prompt's token ids as decoded from (what an engine oracle is fed to see the same input).
+    pub prompt_token_ids: Vec<u32>,
     pub status: &'static str,
     /// Number of generated tokens.
     pub tokens: usize,
@@ -400,6 +402,7 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
         requests.push(RequestReport {
             id: index as RequestId,
             prompt: options.prompts[index].clone(),
+            prompt_token_ids: encoded[index].clone(),
             status,
             tokens: generated.len(),
             text: decode_text(&tokenizer, &shown),

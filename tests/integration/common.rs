@@ -45,3 +45,23 @@ pub fn synth(dir: &Path, name: &str, arch: &str, extra: &[&str]) -> PathBuf {
     squeeze(&args).ok();
     out
 }
+
+/// Writes a safetensors file holding one I64 tensor `input_ids` `[rows, ctx]` with the given ids (the
+/// `--tokens` input of `eval` and `calibrate-kv`).
+pub fn write_input_ids(path: &Path, rows: &[Vec<i64>]) {
+    let ctx = rows.first().map_or(0, Vec::len);
+    assert!(rows.iter().all(|row| row.len() == ctx), "input_ids rows differ in length");
+    let bytes: Vec<u8> = rows.iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
+    let mut header = serde_json::json!({
+        "input_ids": { "dtype": "I64", "shape": [rows.len(), ctx], "data_offsets": [0, bytes.len()] }
+    })
+    .to_string()
+    .into_bytes();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&header);
+    file.extend_from_slice(&bytes);
+    std::fs::write(path, file).expect("the tokens file is written");
+}

