@@ -7,23 +7,13 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common::{path_str, squeeze, synth};
+use crate::common::{path_str, squeeze, synth, write_input_ids};
 
 /// Writes a safetensors file holding one I64 tensor `input_ids` `[rows, ctx]` of varied ids below `vocab`.
 pub fn write_tokens(path: &Path, rows: usize, ctx: usize, vocab: u64) {
-    let ids: Vec<i64> = (0..rows * ctx).map(|i| ((i as u64 * 2654435761 + 17) % vocab) as i64).collect();
-    let bytes: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let mut header =
-        serde_json::json!({ "input_ids": { "dtype": "I64", "shape": [rows, ctx], "data_offsets": [0, bytes.len()] } })
-            .to_string()
-            .into_bytes();
-    while !header.len().is_multiple_of(8) {
-        header.push(b' ');
-    }
-    let mut file = (header.len() as u64).to_le_bytes().to_vec();
-    file.extend_from_slice(&header);
-    file.extend_from_slice(&bytes);
-    fs::write(path, file).unwrap();
+    let id = |i: usize| ((i as u64 * 2654435761 + 17) % vocab) as i64;
+    let ids: Vec<Vec<i64>> = (0..rows).map(|row| (0..ctx).map(|column| id(row * ctx + column)).collect()).collect();
+    write_input_ids(path, &ids);
 }
 
 /// Rewrites the bytes of tensor `name` of the model folder `dir` in place with `edit(bytes, dtype)`.
