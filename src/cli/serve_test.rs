@@ -101,7 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         fault,
         verify: !args.no_verify,
     };
-    let report = serve_test(super::open_backend(args.device)?.as_ref(), &options)?;
+    let report = serve_test(super::open_backend(args.device)?.as_ref(), &options, &super::progress::Bar::new(false))?;
     if args.json {
         print_json(&report)?;
     } else {

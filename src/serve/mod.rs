@@ -12,6 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::model::tokenizer::Tokenizer;
+use crate::progress::Reporter;
 use crate::runtime::decode::{DecodeItem, DecodeModel};
 use crate::runtime::kv_cache::{inject, FaultKind, InjectedFault, KvDtype, KvPool, PoolShape, RequestId};
 use crate::runtime::kv_scales::{KvLayout, KvScales};
@@ -146,7 +147,12 @@ fn available_memory() -> Option<u64> {
 }
 
 /// Runs the prompts to completion (or abort) and reports.
-pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<ServeReport, ServeError> {
+/// Runs the smoke test; notices (missing KV scales, injected faults, aborted requests) go to `reporter`.
+pub fn serve_test(
+    backend: &dyn Backend,
+    options: &ServeOptions,
+    reporter: &dyn Reporter,
+) -> Result<ServeReport, ServeError> {
     let input = |message: String| ServeError::Input(message);
     if options.prompts.is_empty() {
         return Err(input("no prompts given; pass --prompt TEXT or --prompts FILE with at least one line".into()));
@@ -191,7 +197,7 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
     let scales = if options.kv_dtype == KvDtype::Fp8 {
         let scales = KvScales::read(decoder.checkpoint(), config)?;
         if let Some(warning) = scales.warning(&options.model) {
-            eprintln!("{warning}");
+            reporter.warn(warning.strip_prefix("warning: ").unwrap_or(&warning));
         }
         scales
     } else {
@@ -324,7 +330,7 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
                         ids.len()
                     )));
                 };
-                eprintln!("injected {} at decode step {step}: {}", kind.name(), fault.description);
+                reporter.warn(&format!("injected {} at decode step {step}: {}", kind.name(), fault.description));
                 injected.push(fault);
             }
         }
@@ -355,7 +361,7 @@ pub fn serve_test(backend: &dyn Backend, options: &ServeOptions) -> Result<Serve
             }
         }
         for (id, error) in failed {
-            eprintln!("aborted request {id} at decode step {step}: kv integrity: {error}");
+            reporter.warn(&format!("aborted request {id} at decode step {step}: kv integrity: {error}"));
             pool.release(id, true);
             let position = active.iter().position(|a| a.id == id).expect("failed request is active");
             let request = active.remove(position);

@@ -180,7 +180,7 @@ pub fn serve(model: &Path, prefill: Option<&Path>, kv_dtype: KvDtype) -> anyhow:
         fault: None,
         verify: true,
     };
-    serve_test(&Cpu, &options).with_context(|| format!("serve-test on {}", model.display()))
+    serve_test(&Cpu, &options, &Silent).with_context(|| format!("serve-test on {}", model.display()))
 }
 
 /// `squeeze report` exactly as the subcommand's arguments parse (same defaults).
