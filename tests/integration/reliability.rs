@@ -298,3 +298,29 @@ fn sigint_during_quantize_leaves_nothing_complete_looking_and_resume_finishes() 
     squeeze(&[&args[..], &["--resume"]].concat()).ok();
     squeeze(&["verify", path_str(&out)]).ok();
 }
+
+#[test]
+fn two_concurrent_quantize_runs_into_one_folder_cannot_mix() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = synth(dir.path(), "fp8", "glm5", &["--layers", "4", "--experts", "16"]);
+    let out = dir.path().join("int4");
+    let slow = ["quantize", path_str(&source), path_str(&out), "--max-shard-size", "500kB", "--scale-rule", "mse"];
+    let first = Command::new(env!("CARGO_BIN_EXE_squeeze"))
+        .args(slow)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline && !out.join(".squeeze.lock").exists() {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // The second run, with --force and another scale rule, is refused while the first holds the folder.
+    let second = squeeze(&["quantize", path_str(&source), path_str(&out), "--force", "--scale-rule", "absmax7"]);
+    let output = first.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(second.code, 2, "the second run must not write into a folder in use: {}", second.stderr);
+    assert!(second.stderr.contains("in use by another squeeze run (quantize"), "{}", second.stderr);
+    let verify = squeeze(&["verify", path_str(&out), "--source", path_str(&source)]).ok();
+    assert!(verify.stdout.contains("verify: OK"), "{}", verify.stdout);
+}
