@@ -253,6 +253,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     }
     manifest.complete = true;
     manifest.write(out)?;
+    remove_leftover_temporaries(out)?;
     report.seconds = started.elapsed().as_secs_f64();
     report.peak_rss_bytes = peak_rss_bytes();
     Ok(report)
@@ -331,9 +332,9 @@ fn run_items(
 }
 
 /// Checks and prepares the output folder and locks it for this run; returns the previous manifest when resuming
-/// the same plan. Leftover temporary files (an interrupted run) are removed and do not make the folder count as
-/// used; `--force` also removes the previous run's shards, index, config and manifest, so that no stray shard of
-/// another run survives next to this one.
+/// the same plan. Leftover temporary files (an interrupted run) do not make the folder count as used; `--force`
+/// also removes the previous run's shards, index, config and manifest, so that no stray shard of another run
+/// survives next to this one.
 fn prepare_output(
     out: &Path,
     options: &QuantizeOptions,
@@ -357,8 +358,11 @@ fn prepare_output(
         if name == LOCK_FILE {
             continue;
         }
+        if name.ends_with(".squeeze-tmp") {
+            continue; // an interrupted run's temporary: rewritten when its shard is, removed at the end
+        }
         let ours = name.ends_with(".safetensors") || name == MANIFEST_FILE;
-        if name.ends_with(".squeeze-tmp") || (options.force && !options.resume && ours) {
+        if options.force && !options.resume && ours {
             fs::remove_file(&path).map_err(|e| IoError::file(&path, e))?;
             continue;
         }
@@ -390,6 +394,17 @@ fn prepare_output(
         }
     }
     Ok((previous, lock))
+}
+
+/// Removes the temporary files an interrupted earlier run left (this run's own are all renamed by now).
+fn remove_leftover_temporaries(out: &Path) -> Result<(), IoError> {
+    for entry in fs::read_dir(out).map_err(|e| IoError::file(out, e))? {
+        let path = entry.map_err(|e| IoError::file(out, e))?.path();
+        if path.to_string_lossy().ends_with(".squeeze-tmp") {
+            fs::remove_file(&path).map_err(|e| IoError::file(&path, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Digest of the source's shard names, sizes and headers.
