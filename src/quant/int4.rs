@@ -112,7 +112,9 @@ fn round_clamped(ratio: f32, low: f32) -> i32 {
 
 /// llm-compressor's mse observer, per group: for shrink `p = 1 - i/grid`, `i < max_shrink·grid`, the scale
 /// `bf16(p·absmax/7.5)` is tried and the one with the smallest `Σ|w - q·s|^norm` kept (ties keep the larger `p`).
-/// The error is measured with the stored BF16 scale, so it is the error the engine will see.
+/// The error is measured with the stored BF16 scale, so it is the error the engine will see. Inlined so that it is
+/// compiled into [`quantize_row`]'s AVX2 version (a separately compiled function would get the baseline SSE2).
+#[inline(always)]
 pub fn mse_group(group: &[f32], absmax: f32, search: MseSearch, q: &mut [i8]) -> bf16 {
     let steps = (search.max_shrink * search.grid as f32) as u32;
     let mut best_scale = stored_scale(absmax / 7.5);
