@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::convert::source::{items_from_checkpoint, RowReader};
-use crate::io::dtype::{first_nonfinite, Dtype};
+use crate::io::dtype::{first_nonfinite, integers, Dtype};
 use crate::io::manifest::Manifest;
 use crate::io::writer::sha256_file;
 use crate::io::{Checkpoint, IoError, TensorRef};
@@ -116,10 +116,13 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
             Err(error) => problems.push(format!("config.json: {error}")),
         }
     }
-    // Every float tensor finite (quantize refuses non-finite sources unless --allow-nonfinite).
+    // Every float tensor finite (quantize refuses non-finite sources unless --allow-nonfinite); INT4 scales were
+    // checked with their modules above.
+    let int4_modules: std::collections::HashSet<&str> = packed.iter().map(String::as_str).collect();
     let names = checkpoint.names_in_file_order();
     let nonfinite: Vec<String> = names
         .par_iter()
+        .filter(|name| name.strip_suffix(".weight_scale").is_none_or(|module| !int4_modules.contains(module)))
         .filter_map(|name| {
             let tensor = checkpoint.get(name)?;
             let index = first_nonfinite(tensor.dtype, tensor.bytes)?;
@@ -224,19 +227,12 @@ fn check_int4_conventions(checkpoint: &Checkpoint, module: &str, group_size: Opt
     Ok(())
 }
 
-fn read_shape(tensor: &TensorRef) -> Option<[usize; 2]> {
+/// `[out, in]` of an INT4 module's `weight_shape` (I32 or I64 `[2]`, non-negative).
+pub fn read_shape(tensor: &TensorRef) -> Option<[usize; 2]> {
     if tensor.shape != [2] {
         return None;
     }
-    let values: Vec<i64> = match tensor.dtype {
-        Dtype::I64 => {
-            tensor.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())).collect()
-        }
-        Dtype::I32 => {
-            tensor.bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap_or_default()) as i64).collect()
-        }
-        _ => return None,
-    };
+    let values = integers(tensor.dtype, tensor.bytes)?;
     Some([usize::try_from(values[0]).ok()?, usize::try_from(values[1]).ok()?])
 }
 

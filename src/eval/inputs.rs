@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use super::EvalError;
-use crate::io::dtype::Dtype;
 use crate::io::ShardFile;
 use crate::model::tokenizer::Tokenizer;
 
@@ -45,20 +44,14 @@ pub fn read_token_file(path: &Path) -> Result<Vec<Vec<u32>>, EvalError> {
             )))
         }
     };
-    let values: Vec<i64> = match tensor.dtype {
-        Dtype::I64 => tensor
-            .bytes
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-            .collect(),
-        Dtype::I32 => {
-            tensor.bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect()
-        }
-        other => {
+    let values: Vec<i64> = match crate::io::dtype::integers(tensor.dtype, tensor.bytes) {
+        Some(values) => values,
+        None => {
+            let other = tensor.dtype;
             return Err(EvalError::Input(format!(
                 "{}: tensor `input_ids` has dtype {other}, expected I32 or I64",
                 path.display()
-            )))
+            )));
         }
     };
     if let Some(bad) = values.iter().find(|v| **v < 0 || **v > u32::MAX as i64) {

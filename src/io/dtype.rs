@@ -22,6 +22,22 @@ pub fn first_nonfinite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
     }
 }
 
+/// The values of a little-endian I32 or I64 tensor as i64; `None` for another dtype.
+pub fn integers(dtype: Dtype, bytes: &[u8]) -> Option<Vec<i64>> {
+    match dtype {
+        Dtype::I64 => Some(
+            bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .collect(),
+        ),
+        Dtype::I32 => {
+            Some(bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect())
+        }
+        _ => None,
+    }
+}
+
 /// Number of elements of a shape.
 pub fn element_count(shape: &[usize]) -> usize {
     shape.iter().product()

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::matching::module_name;
 use super::output::{OutputDescription, TensorFacts, Values};
-use crate::io::dtype::Dtype;
+use crate::io::dtype::{integers, Dtype};
 use crate::io::{Checkpoint, TensorRef};
 
 /// Float values of a tensor, when its dtype is a float one.
@@ -23,14 +23,7 @@ fn floats(tensor: &TensorRef) -> Option<Values> {
 
 /// Integer values of a small tensor (`weight_shape`).
 fn ints(tensor: &TensorRef) -> Option<Values> {
-    let bytes = tensor.bytes;
-    Some(Values::Ints(match tensor.dtype {
-        Dtype::I64 => bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())).collect(),
-        Dtype::I32 => {
-            bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap_or_default()) as i64).collect()
-        }
-        _ => return None,
-    }))
+    integers(tensor.dtype, tensor.bytes).map(Values::Ints)
 }
 
 /// Describes a written checkpoint for the linter (values read in parallel: a real output's scales are tens of GB).

@@ -6,10 +6,10 @@
 
 use std::collections::BTreeSet;
 
-use crate::io::dtype::Dtype;
 use crate::io::Checkpoint;
 use crate::model::arch::tensor_specs;
 use crate::model::ModelConfig;
+use crate::verify::read_shape;
 
 /// Problems listed in one error before "and N more".
 const SHOWN: usize = 5;
@@ -76,18 +76,9 @@ fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("model.layers.")?.split('.').next()?.parse().ok()
 }
 
-/// `[out, in]` of an INT4 module, from its `weight_shape`.
+/// `[out, in]` of an INT4 module, from its `weight_shape` (empty when unreadable: it then matches no shape).
 fn int4_shape(checkpoint: &Checkpoint, module: &str) -> Option<Vec<usize>> {
     checkpoint.get(&format!("{module}.weight_packed"))?;
     let shape = checkpoint.get(&format!("{module}.weight_shape"))?;
-    let values: Vec<i64> = match shape.dtype {
-        Dtype::I64 => {
-            shape.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())).collect()
-        }
-        Dtype::I32 => {
-            shape.bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap_or_default()) as i64).collect()
-        }
-        _ => return Some(Vec::new()),
-    };
-    Some(values.into_iter().map(|v| usize::try_from(v).unwrap_or(usize::MAX)).collect())
+    Some(read_shape(&shape).map(Vec::from).unwrap_or_default())
 }

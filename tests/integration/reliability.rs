@@ -259,12 +259,8 @@ fn calibrate_kv_killed_at_every_rename_is_completed_by_the_next_run() {
     }
 }
 
-#[test]
-fn sigint_during_quantize_leaves_nothing_complete_looking_and_resume_finishes() {
-    let dir = tempfile::tempdir().unwrap();
-    let source = synth(dir.path(), "fp8", "glm5", &["--layers", "4", "--experts", "16"]);
-    let out = dir.path().join("int4");
-    let args = ["quantize", path_str(&source), path_str(&out), "--max-shard-size", "500kB", "--scale-rule", "mse"];
+/// Starts `squeeze args` (stderr captured) and returns once `reached()` holds, or after 60 s.
+fn spawn_until(args: &[&str], reached: impl Fn() -> bool) -> std::process::Child {
     let child = Command::new(env!("CARGO_BIN_EXE_squeeze"))
         .args(args)
         .stdout(Stdio::null())
@@ -272,14 +268,23 @@ fn sigint_during_quantize_leaves_nothing_complete_looking_and_resume_finishes() 
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let started = |dir: &Path| {
-        fs::read_dir(dir)
-            .map(|entries| entries.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".safetensors")))
-            .unwrap_or(false)
-    };
-    while std::time::Instant::now() < deadline && !started(&out) {
+    while std::time::Instant::now() < deadline && !reached() {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+    child
+}
+
+#[test]
+fn sigint_during_quantize_leaves_nothing_complete_looking_and_resume_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = synth(dir.path(), "fp8", "glm5", &["--layers", "4", "--experts", "16"]);
+    let out = dir.path().join("int4");
+    let args = ["quantize", path_str(&source), path_str(&out), "--max-shard-size", "500kB", "--scale-rule", "mse"];
+    let child = spawn_until(&args, || {
+        fs::read_dir(&out)
+            .map(|entries| entries.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".safetensors")))
+            .unwrap_or(false)
+    });
     // The shell's builtin `kill` (no procps needed).
     Command::new("sh").args(["-c", &format!("kill -INT {}", child.id())]).status().unwrap();
     let output = child.wait_with_output().unwrap();
@@ -305,16 +310,7 @@ fn two_concurrent_quantize_runs_into_one_folder_cannot_mix() {
     let source = synth(dir.path(), "fp8", "glm5", &["--layers", "4", "--experts", "16"]);
     let out = dir.path().join("int4");
     let slow = ["quantize", path_str(&source), path_str(&out), "--max-shard-size", "500kB", "--scale-rule", "mse"];
-    let first = Command::new(env!("CARGO_BIN_EXE_squeeze"))
-        .args(slow)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while std::time::Instant::now() < deadline && !out.join(".squeeze.lock").exists() {
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
+    let first = spawn_until(&slow, || out.join(".squeeze.lock").exists());
     // The second run, with --force and another scale rule, is refused while the first holds the folder.
     let second = squeeze(&["quantize", path_str(&source), path_str(&out), "--force", "--scale-rule", "absmax7"]);
     let output = first.wait_with_output().unwrap();

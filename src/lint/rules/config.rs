@@ -28,13 +28,12 @@ fn missing_quantization(context: &Context) -> Option<Finding> {
 }
 
 pub fn quant_method(context: &Context, _: Engine) -> Outcome {
-    if let Some(finding) = missing_quantization(context) {
-        return Outcome::from_findings("", vec![finding]);
-    }
+    let (Some(quantization), None) = (context.quantization, missing_quantization(context)) else {
+        return Outcome::from_findings("", missing_quantization(context).into_iter().collect());
+    };
     if !context.has_int4() {
         return Outcome::skipped(NOTHING_QUANTIZED);
     }
-    let quantization = context.quantization.expect("checked above");
     let mut findings = Vec::new();
     let method = quantization.get("quant_method");
     if method != Some(&json!("compressed-tensors")) {
