@@ -11,11 +11,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::model::tokenizer::Tokenizer;
 use crate::progress::Reporter;
 use crate::runtime::decode::{DecodeItem, DecodeModel};
 use crate::runtime::kv_cache::{inject, FaultKind, InjectedFault, KvDtype, KvPool, PoolShape, RequestId};
-use crate::runtime::kv_scales::{KvLayout, KvScales};
 use crate::runtime::{Backend, RuntimeError};
 use sampling::{Rng, Sampling};
 
@@ -195,7 +195,7 @@ pub fn serve_test(
     let config = decoder.config();
     let layout = KvLayout::of(config);
     let scales = if options.kv_dtype == KvDtype::Fp8 {
-        let scales = KvScales::read(decoder.checkpoint(), config)?;
+        let scales = KvScales::read(decoder.checkpoint(), config).map_err(RuntimeError::from)?;
         if let Some(warning) = scales.warning(&options.model) {
             reporter.warn(warning.strip_prefix("warning: ").unwrap_or(&warning));
         }
