@@ -11,6 +11,8 @@ use crate::io::{Checkpoint, IoError};
 use crate::model::{tensor_specs, ModelConfig, TensorRole};
 use crate::quant::fp8_block::{dequantize_row, BlockGrid};
 
+use super::compressed_tensors::packed_name;
+
 /// How a source item is stored.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceKind {
@@ -112,7 +114,7 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
         if is_scale_name(name) {
             let weight = name.trim_end_matches("_scale_inv").trim_end_matches("_scale");
             let module = weight.trim_end_matches(".weight");
-            if checkpoint.contains(&format!("{module}.weight_packed")) {
+            if checkpoint.contains(&packed_name(module)) {
                 // An INT4 pack-quantized module's scale: part of an already quantized output, read as stored.
                 items.push(SourceItem {
                     name: name.to_string(),
