@@ -95,3 +95,46 @@ pub fn read_shape(tensor: &TensorRef) -> Option<[usize; 2]> {
     let values = integers(tensor.dtype, tensor.bytes)?;
     Some([usize::try_from(values[0]).ok()?, usize::try_from(values[1]).ok()?])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::int4_tensors;
+    use super::*;
+    use crate::io::writer::ShardWriter;
+
+    /// A module written under the names and shapes `int4_tensors` plans reads back as the values it encodes.
+    #[test]
+    fn written_module_reads_back() {
+        let (rows, columns, group_size) = (3usize, 20usize, 10usize);
+        let q: Vec<i8> = (0..rows * columns).map(|i| ((i * 7 + 3) % 16) as i8 - 8).collect();
+        let scales: Vec<bf16> = (0..rows * 2).map(|i| bf16::from_f32(0.25 + i as f32 / 8.0)).collect();
+        let words_per_row = pack::packed_columns(columns);
+        let mut words = vec![0u32; rows * words_per_row];
+        for (row, out) in words.chunks_mut(words_per_row).enumerate() {
+            pack::pack_row(&q[row * columns..][..columns], out);
+        }
+        let bytes = [
+            words.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>(),
+            scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+            [rows as i64, columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let planned = int4_tensors("m", rows, columns, group_size);
+        let mut writer = ShardWriter::create(&dir.path().join("model.safetensors"), planned.clone()).unwrap();
+        for (tensor, bytes) in planned.iter().zip(&bytes) {
+            writer.write_tensor(&tensor.name, bytes).unwrap();
+        }
+        writer.finish().unwrap();
+        let checkpoint = Checkpoint::open(dir.path()).unwrap();
+        let module = Int4Module::read(&checkpoint, "m", group_size).unwrap();
+        assert_eq!((module.rows, module.columns), (rows, columns));
+        let values = module.dequantize();
+        for (index, value) in values.iter().enumerate() {
+            let (row, column) = (index / columns, index % columns);
+            let scale = scales[row * 2 + column / group_size].to_f32();
+            assert_eq!(*value, q[index] as f32 * scale, "element {index}");
+        }
+        let error = Int4Module::read(&checkpoint, "m", 4).unwrap_err();
+        assert!(error.starts_with("m.weight_scale:"), "{error}");
+    }
+}
