@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use crate::format::kv_scales::CANONICAL_NAMES;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 
@@ -198,7 +199,7 @@ pub fn kv_scale_handling(engine: Engine, layout: CacheLayout) -> KvScaleHandling
 /// `self_attn.k_scale`/`v_scale` always (squeeze's own runtime and the ModelOpt-style paths read them); no
 /// duplicates, in a fixed order.
 pub fn kv_scale_names(engines: &[Engine], layout: CacheLayout) -> Vec<(&'static str, &'static str)> {
-    let mut names = vec![("self_attn.k_scale", "self_attn.v_scale")];
+    let mut names = vec![CANONICAL_NAMES];
     for &engine in engines {
         let handling = kv_scale_handling(engine, layout);
         if let [k, v] = handling.loads[..] {

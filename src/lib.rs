@@ -2,7 +2,8 @@
 //! checkpoint inspection, verification, synthetic models and serving budgets.
 //!
 //! Data flow: `io` (read/write checkpoints) → `quant` (math) → `recipe` (what gets which scheme) → `model`
-//! (configs, architectures) → `lint` (engine load rules) → jobs (`convert`, `inspect`, `verify`, `synth`, `report`) → `cli`.
+//! (configs, architectures) → `format` (on-disk conventions: FP8 blocks, compressed-tensors, KV scales) → `lint`
+//! (engine load rules) → jobs (`convert`, `inspect`, `verify`, `synth`, `report`) → `cli`.
 
 pub mod calib;
 pub mod cli;
@@ -11,6 +12,7 @@ pub mod cuda;
 pub mod demo_model;
 pub mod engines;
 pub mod eval;
+pub mod format;
 pub mod inspect;
 pub mod io;
 pub mod lint;

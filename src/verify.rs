@@ -4,18 +4,16 @@
 
 use std::path::PathBuf;
 
-use half::bf16;
 use rayon::prelude::*;
 use serde::Serialize;
-use serde_json::Value;
 
-use crate::convert::source::{items_from_checkpoint, RowReader};
-use crate::io::dtype::{first_nonfinite, integers, Dtype};
+use crate::format::compressed_tensors::{check_int4_conventions, int4_group_size, int4_modules, Int4Module};
+use crate::format::fp8_block::{items_from_checkpoint, RowReader, SourceItem, SourceKind};
+use crate::io::dtype::{first_nonfinite, Dtype};
 use crate::io::manifest::Manifest;
 use crate::io::writer::sha256_file;
-use crate::io::{Checkpoint, IoError, TensorRef};
+use crate::io::{Checkpoint, IoError};
 use crate::lint::{EngineChoice, LintReport};
-use crate::quant::{int4, pack};
 
 /// INT4 group quantization of smooth Gaussian-like weights lands near 0.1 relative L2 error; 0.25 means the
 /// tensor is damaged (wrong scales, wrong packing order), not merely quantized.
@@ -99,11 +97,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     if group_size.is_none() {
         problems.push("config.json has no compressed-tensors INT4 group in quantization_config".into());
     }
-    let packed: Vec<String> = checkpoint
-        .names_in_file_order()
-        .into_iter()
-        .filter_map(|name| name.strip_suffix(".weight_packed").map(String::from))
-        .collect();
+    let packed = int4_modules(&checkpoint);
     for module in &packed {
         if let Err(problem) = check_int4_conventions(&checkpoint, module, group_size) {
             problems.push(problem);
@@ -183,98 +177,21 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     })
 }
 
-/// The INT4 group size from a compressed-tensors `quantization_config`.
-pub fn int4_group_size(config: Option<&Value>) -> Option<usize> {
-    let groups = config?.get("quantization_config")?.get("config_groups")?.as_object()?;
-    groups.values().find_map(|group| {
-        let weights = group.get("weights")?;
-        (weights.get("num_bits")?.as_u64()? == 4).then(|| weights.get("group_size")?.as_u64().map(|g| g as usize))?
-    })
-}
-
-fn check_int4_conventions(checkpoint: &Checkpoint, module: &str, group_size: Option<usize>) -> Result<(), String> {
-    let get = |suffix: &str| {
-        checkpoint.get(&format!("{module}.{suffix}")).ok_or_else(|| format!("{module}.{suffix}: missing"))
-    };
-    let (packed, scale, shape) = (get("weight_packed")?, get("weight_scale")?, get("weight_shape")?);
-    let [rows, columns] = read_shape(&shape).ok_or_else(|| {
-        format!("{module}.weight_shape: must be I32 or I64 [2], got {} {:?}", shape.dtype, shape.shape)
-    })?;
-    if packed.dtype != Dtype::I32 || packed.shape != [rows, pack::packed_columns(columns)] {
-        return Err(format!(
-            "{module}.weight_packed: {} {:?}, expected I32 [{rows}, {}]",
-            packed.dtype,
-            packed.shape,
-            pack::packed_columns(columns)
-        ));
-    }
-    if let Some(group) = group_size {
-        if scale.dtype != Dtype::BF16 || scale.shape != [rows, columns.div_ceil(group)] {
-            return Err(format!(
-                "{module}.weight_scale: {} {:?}, expected BF16 [{rows}, {}]",
-                scale.dtype,
-                scale.shape,
-                columns.div_ceil(group)
-            ));
-        }
-    }
-    if let Some(position) = scale.bytes.chunks_exact(2).position(|b| {
-        let value = bf16::from_le_bytes([b[0], b[1]]).to_f32();
-        !(value.is_finite() && value > 0.0)
-    }) {
-        return Err(format!("{module}.weight_scale: group {position} has a non-positive or non-finite scale"));
-    }
-    Ok(())
-}
-
-/// `[out, in]` of an INT4 module's `weight_shape` (I32 or I64 `[2]`, non-negative).
-pub fn read_shape(tensor: &TensorRef) -> Option<[usize; 2]> {
-    if tensor.shape != [2] {
-        return None;
-    }
-    let values = integers(tensor.dtype, tensor.bytes)?;
-    Some([usize::try_from(values[0]).ok()?, usize::try_from(values[1]).ok()?])
-}
-
-/// Dequantizes an INT4 module of `checkpoint` into f32, row-major, after checking its three tensors against each
-/// other and the conventions (so that no shape a file declares can index out of range); the error names the tensor.
-pub fn dequantize_int4(
-    checkpoint: &Checkpoint,
-    module: &str,
-    group_size: usize,
-) -> Result<(Vec<f32>, [usize; 2]), String> {
-    check_int4_conventions(checkpoint, module, Some(group_size))?;
-    let missing = |suffix: &str| format!("{module}.{suffix}: missing");
-    let packed = checkpoint.get(&format!("{module}.weight_packed")).ok_or_else(|| missing("weight_packed"))?;
-    let scale = checkpoint.get(&format!("{module}.weight_scale")).ok_or_else(|| missing("weight_scale"))?;
-    let shape = checkpoint.get(&format!("{module}.weight_shape")).ok_or_else(|| missing("weight_shape"))?;
-    let [rows, columns] = read_shape(&shape).ok_or_else(|| missing("weight_shape"))?;
-    let words: Vec<u32> = packed.bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    let scales: Vec<bf16> = scale.bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect();
-    let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(group_size));
-    let mut out = vec![0f32; rows * columns];
-    let mut q = vec![0i8; columns];
-    for (row, values) in out.chunks_mut(columns).enumerate() {
-        pack::unpack_row(&words[row * words_per_row..][..words_per_row], columns, &mut q);
-        int4::dequantize_row(&q, &scales[row * groups_per_row..][..groups_per_row], group_size, values);
-    }
-    Ok((out, [rows, columns]))
-}
-
 /// Compares one source item with what the output holds for it.
 fn compare(
     source: &Checkpoint,
-    item: &crate::convert::SourceItem,
+    item: &SourceItem,
     output: &Checkpoint,
     group_size: Option<usize>,
 ) -> Result<Option<TensorError>, String> {
     let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
     let (scheme, got) = if let (true, Some(group)) = (output.contains(&format!("{module}.weight_packed")), group_size) {
-        let (values, shape) = dequantize_int4(output, module, group)?;
+        let int4 = Int4Module::read(output, module, group)?;
+        let shape = [int4.rows, int4.columns];
         if shape.as_slice() != item.shape.as_slice() {
             return Err(format!("{module}: weight_shape {shape:?} but the source has {:?}", item.shape));
         }
-        ("int4", values)
+        ("int4", int4.dequantize())
     } else if let Some(tensor) = output.get(&item.name) {
         if !item.is_fp8() && tensor.dtype == item.dtype {
             let original = source.get(&item.name).map(|t| t.bytes).unwrap_or_default();
@@ -286,11 +203,11 @@ fn compare(
         if tensor.dtype == Dtype::F8_E4M3 {
             return Ok(None); // kept FP8: its bytes are the source's, checked by the manifest hash
         }
-        let output_item = crate::convert::SourceItem {
+        let output_item = SourceItem {
             name: item.name.clone(),
             dtype: tensor.dtype,
             shape: tensor.shape.to_vec(),
-            kind: crate::convert::SourceKind::Plain,
+            kind: SourceKind::Plain,
         };
         let values = RowReader::new(output, &output_item).map_err(|e| e.to_string())?.read_all();
         ("bf16", values)

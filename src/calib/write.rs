@@ -1,6 +1,6 @@
 //! Writes calibrated KV scales the way the engines read them: F32 `model.layers.N.<name>` for every name pair of
 //! the report (`self_attn.k_scale`/`.v_scale`, and the names each target engine loads: [`crate::engines`]),
-//! `[1]` or `[kv_heads, 1, 1]` per head, in a new shard `kv-scales.safetensors` added to the index, and
+//! `[1]` or `[kv_heads, 1, 1]` per head (names, shapes and `kv_cache_scheme`: [`crate::format::kv_scales`]), in a new shard `kv-scales.safetensors` added to the index, and
 //! `quantization_config.kv_cache_scheme` in `config.json` — as one transaction ([`crate::io::journal`]): all three
 //! are written complete under staged names, then renamed shard, index, config, so that no reader sees a config
 //! naming scales the index lacks, and a failure before the commit leaves the folder as it was.
@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use super::{CalibReport, Strategy};
+use crate::format::kv_scales::{kv_cache_scheme, quantization_param_json, tensor_name, tensor_shape};
 use crate::io::checkpoint::{read_json, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
 use crate::io::dtype::Dtype;
 use crate::io::lock::FolderLock;
@@ -26,13 +27,6 @@ pub const SCALES_FILE: &str = "kv-scales.safetensors";
 #[derive(Debug, Clone)]
 pub struct WrittenFiles {
     pub files: Vec<PathBuf>,
-}
-
-fn tensor_shape(values: usize, strategy: Strategy) -> Vec<usize> {
-    match strategy {
-        Strategy::Tensor => vec![1],
-        Strategy::Head => vec![values, 1, 1],
-    }
 }
 
 /// Takes the lock of the folder the scales go to (`target`, created if needed) for the whole run, completes an
@@ -81,8 +75,8 @@ fn write_staged(report: &CalibReport, model: &Path, target: &Path) -> Result<Val
     for layer in &report.layers {
         for (k_name, v_name) in &report.tensor_names {
             for (suffix, values) in [(k_name, &layer.k_scale), (v_name, &layer.v_scale)] {
-                let name = format!("model.layers.{}.{suffix}", layer.layer);
-                let shape = tensor_shape(values.len(), report.strategy);
+                let name = tensor_name(layer.layer, suffix);
+                let shape = tensor_shape(values.len(), report.strategy == Strategy::Head);
                 planned.push(PlannedTensor::new(name.clone(), Dtype::F32, shape));
                 payload.push((name, values.iter().flat_map(|v| v.to_le_bytes()).collect()));
             }
@@ -136,13 +130,7 @@ fn write_staged(report: &CalibReport, model: &Path, target: &Path) -> Result<Val
     // 3. config.json
     let config_path = model.join(CONFIG_FILE);
     let mut config = read_json(&config_path)?;
-    let scheme = json!({
-        "num_bits": 8,
-        "type": "float",
-        "strategy": match report.strategy { Strategy::Tensor => "tensor", Strategy::Head => "attn_head" },
-        "dynamic": false,
-        "symmetric": true,
-    });
+    let scheme = kv_cache_scheme(report.strategy == Strategy::Head);
     let object = config.as_object_mut().ok_or_else(|| IoError::folder(&config_path, "is not a JSON object"))?;
     match object.get_mut("quantization_config").and_then(Value::as_object_mut) {
         Some(quantization) => {
@@ -177,20 +165,12 @@ fn tensor_bytes_of(weight_map: &Map<String, Value>, model: &Path, scales: &Path)
     Ok(total)
 }
 
-/// SGLang/vLLM `--quantization-param-path`: `{"model_type", "kv_cache": {"dtype": "float8_e4m3fn",
-/// "scaling_factor": {"<tp rank>": {"<layer>": scale}}}}`. The format has one scale per layer: the larger of K
-/// and V (and of the heads) so nothing saturates; rank 0 only (the scales do not depend on the rank).
+/// SGLang's `--quantization-param-path` JSON ([`quantization_param_json`]) of a report: its one scale per layer
+/// is the larger of K and V (and of the heads) so that nothing saturates.
 pub fn sglang_json(report: &CalibReport, model_type: Value) -> Value {
-    let layers: Map<String, Value> = report
+    let layers = report
         .layers
         .iter()
-        .map(|layer| {
-            let scale = layer.k_scale.iter().chain(&layer.v_scale).copied().fold(0.0f32, f32::max);
-            (layer.layer.to_string(), Value::from(scale as f64))
-        })
-        .collect();
-    json!({
-        "model_type": model_type,
-        "kv_cache": { "dtype": "float8_e4m3fn", "scaling_factor": { "0": layers } },
-    })
+        .map(|layer| (layer.layer, layer.k_scale.iter().chain(&layer.v_scale).copied().fold(0.0f32, f32::max)));
+    quantization_param_json(model_type, layers)
 }

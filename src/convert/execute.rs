@@ -10,9 +10,10 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 
 use crate::cuda::{CudaError, DeviceChoice, Selection};
-use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE};
+use crate::format::fp8_block;
+use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE, MANIFEST_FILE};
 use crate::io::lock::{FolderLock, LOCK_FILE};
-use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord, MANIFEST_FILE};
+use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord};
 use crate::io::writer::{sha256_file, ShardWriter};
 use crate::io::{Checkpoint, IoError};
 use crate::lint::{ConfigFix, EngineChoice, LintReport};
@@ -124,11 +125,11 @@ pub fn prepare(
         }
     };
     let recipe = Recipe::load(&recipe_name)?.with_overrides(group_size, scale_rule)?;
-    let items = source::items_from_checkpoint(&checkpoint)?;
+    let items = fp8_block::items_from_checkpoint(&checkpoint)?;
     if let Some(config) = &config {
         source::check_against_config(&checkpoint, config)?;
     }
-    source::validate_scales(&checkpoint, &items)?;
+    fp8_block::validate_scales(&checkpoint, &items)?;
     let plan = plan::build(items, &recipe, config.as_ref().map(|c| c.num_hidden_layers), max_shard_bytes)?;
     Ok(Prepared { checkpoint, config, recipe, plan })
 }

@@ -11,4 +11,3 @@ pub mod transform;
 
 pub use execute::{quantize, QuantizeOptions, QuantizeReport};
 pub use plan::{Action, Plan, PlanError};
-pub use source::{SourceItem, SourceKind};

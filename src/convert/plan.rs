@@ -5,14 +5,13 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
+use crate::format::compressed_tensors::{fp8_block_tensors, int4_tensors};
+use crate::format::fp8_block::{SourceItem, SourceKind};
 use crate::io::dtype::Dtype;
 use crate::io::writer::{file_bytes, PlannedTensor};
 use crate::model::TensorClass;
-use crate::quant::pack::packed_columns;
 use crate::quant::ScaleRule;
 use crate::recipe::{Recipe, Unselected};
-
-use super::source::{SourceItem, SourceKind};
 
 /// What is done to one source item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -82,27 +81,13 @@ pub enum PlanError {
 pub fn outputs_for(item: &SourceItem, action: Action) -> Vec<PlannedTensor> {
     let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
     match action {
-        Action::Int4 { group_size, .. } => {
-            let (rows, columns) = (item.shape[0], item.shape[1]);
-            vec![
-                PlannedTensor::new(format!("{module}.weight_packed"), Dtype::I32, vec![rows, packed_columns(columns)]),
-                PlannedTensor::new(
-                    format!("{module}.weight_scale"),
-                    Dtype::BF16,
-                    vec![rows, columns.div_ceil(group_size)],
-                ),
-                PlannedTensor::new(format!("{module}.weight_shape"), Dtype::I64, vec![2]),
-            ]
-        }
+        Action::Int4 { group_size, .. } => int4_tensors(module, item.shape[0], item.shape[1], group_size),
         Action::Bf16 => vec![PlannedTensor::new(item.name.clone(), Dtype::BF16, item.shape.clone())],
         Action::Fp8Block => {
             let SourceKind::Fp8 { grid, .. } = &item.kind else {
                 unreachable!("fp8-block is only planned for FP8 items")
             };
-            vec![
-                PlannedTensor::new(item.name.clone(), Dtype::F8_E4M3, item.shape.clone()),
-                PlannedTensor::new(format!("{module}.weight_scale"), Dtype::F32, grid.scale_shape().to_vec()),
-            ]
+            fp8_block_tensors(&item.name, module, &item.shape, grid.scale_shape())
         }
         Action::Copy => vec![PlannedTensor::new(item.name.clone(), item.dtype, item.shape.clone())],
     }

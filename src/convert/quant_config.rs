@@ -1,9 +1,12 @@
-//! The compressed-tensors `quantization_config` written to the output's `config.json` (it replaces the FP8 one).
+//! What a plan declares in the output's `quantization_config` (it replaces the FP8 one): the INT4 group's size,
+//! observer and targets, whether FP8 modules are kept, and the `ignore` list; the JSON is
+//! [`crate::format::compressed_tensors::quantization_config`]'s.
 
 use std::collections::BTreeSet;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::format::compressed_tensors::{self, Int4Group, QuantizationScheme};
 use crate::model::TensorClass;
 use crate::recipe::Recipe;
 
@@ -14,6 +17,10 @@ use super::plan::{Action, Plan};
 /// group targets its modules by `re:` pattern so that the more specific target wins in the engines.
 /// `ignore` holds the recipe's `config_ignore` plus, by exact name, every unquantized linear it does not cover.
 pub fn quantization_config(plan: &Plan, recipe: &Recipe) -> Value {
+    compressed_tensors::quantization_config(&scheme(plan, recipe))
+}
+
+fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
     let mut int4 = None;
     let mut has_fp8 = false;
     let mut ignore: Vec<String> = recipe.file.config_ignore.clone();
@@ -37,8 +44,7 @@ pub fn quantization_config(plan: &Plan, recipe: &Recipe) -> Value {
         }
     }
     ignore.extend(extra);
-    let mut groups = serde_json::Map::new();
-    if let Some((group_size, scale_rule)) = int4 {
+    let int4 = int4.map(|(group_size, scale_rule)| {
         let targets: Vec<String> = if has_fp8 {
             recipe
                 .file
@@ -49,50 +55,7 @@ pub fn quantization_config(plan: &Plan, recipe: &Recipe) -> Value {
         } else {
             vec!["Linear".to_string()]
         };
-        groups.insert(
-            "group_0".into(),
-            json!({
-                "targets": targets,
-                "weights": {
-                    "num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": group_size,
-                    "dynamic": false, "observer": scale_rule.observer_name(), "actorder": null, "block_structure": null
-                },
-                "input_activations": null,
-                "output_activations": null,
-                "format": "pack-quantized"
-            }),
-        );
-    }
-    if has_fp8 {
-        groups.insert(
-            format!("group_{}", groups.len()),
-            json!({
-                "targets": ["Linear"],
-                "weights": {
-                    "num_bits": 8, "type": "float", "symmetric": true, "strategy": "block", "block_structure": [128, 128],
-                    "dynamic": false, "observer": "minmax", "group_size": null, "actorder": null
-                },
-                "input_activations": {
-                    "num_bits": 8, "type": "float", "symmetric": true, "strategy": "group", "group_size": 128, "dynamic": true, "observer": null
-                },
-                "output_activations": null,
-                "format": "float-quantized"
-            }),
-        );
-    }
-    let format = if int4.is_some() && has_fp8 {
-        "mixed-precision"
-    } else if has_fp8 {
-        "float-quantized"
-    } else {
-        "pack-quantized"
-    };
-    json!({
-        "quant_method": "compressed-tensors",
-        "format": format,
-        "quantization_status": "compressed",
-        "config_groups": groups,
-        "ignore": ignore,
-        "kv_cache_scheme": null
-    })
+        Int4Group { group_size, observer: scale_rule.observer_name(), targets }
+    });
+    QuantizationScheme { int4, fp8_block: has_fp8, ignore }
 }

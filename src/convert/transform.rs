@@ -5,13 +5,13 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::cuda::{launch::check_int4_shape, Fp8Tensor, Gpu};
+use crate::format::fp8_block::{read_scales, RowReader, SourceKind};
 use crate::io::dtype::first_nonfinite;
 use crate::io::{Checkpoint, IoError};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{int4, pack};
 
 use super::plan::{Action, PlannedItem};
-use super::source::{read_scales, RowReader, SourceKind};
 
 /// Rows handed to one rayon task (keeps scheduling overhead small on short rows).
 const ROWS_PER_TASK: usize = 8;

@@ -13,6 +13,8 @@ use super::IoError;
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const CONFIG_FILE: &str = "config.json";
+/// What `squeeze quantize` wrote ([`super::manifest`]).
+pub const MANIFEST_FILE: &str = "squeeze-manifest.json";
 
 /// An opened model folder with every shard validated.
 #[derive(Debug)]
@@ -179,7 +181,7 @@ impl Checkpoint {
             let is_weights = name.ends_with(".safetensors");
             let is_ours = name == INDEX_FILE
                 || name == CONFIG_FILE
-                || name == super::manifest::MANIFEST_FILE
+                || name == MANIFEST_FILE
                 || name == super::lock::LOCK_FILE
                 || name == super::journal::JOURNAL_FILE
                 || name.ends_with(super::journal::STAGED_SUFFIX)

@@ -5,11 +5,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint::read_json;
+use super::checkpoint::{read_json, MANIFEST_FILE};
 use super::writer::FinishedShard;
 use super::IoError;
-
-pub const MANIFEST_FILE: &str = "squeeze-manifest.json";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Manifest {

@@ -2,7 +2,8 @@
 //! and the concurrent requests of a given length it holds.
 
 use super::gpu::GpuMemory;
-use super::kv::{self, KvDtype};
+use super::kv;
+use crate::format::kv_scales::KvDtype;
 use crate::model::ModelConfig;
 
 /// How a node is laid out and how much of each GPU the engine may use.

@@ -1,34 +1,11 @@
 //! KV-cache bytes per token on one GPU: the MLA latent row (plus the DSA indexer's key row) or GQA's K and V heads,
 //! per layer and over the decoder layers, for a BF16 or FP8 cache.
 
+use crate::format::kv_scales::KvDtype;
 use crate::model::{Attention, ModelConfig};
 
 /// Elements per FP32 scale in the DSA indexer's FP8 key cache (vLLM `DeepseekV32IndexerCache`, SGLang NSA).
 pub const INDEXER_QUANT_BLOCK: usize = 128;
-
-/// The element type of the KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KvDtype {
-    Bf16,
-    Fp8,
-}
-
-impl KvDtype {
-    pub fn bytes(self) -> usize {
-        match self {
-            KvDtype::Bf16 => 2,
-            KvDtype::Fp8 => 1,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KvDtype::Bf16 => "bf16",
-            KvDtype::Fp8 => "fp8",
-        }
-    }
-}
 
 /// KV bytes one token costs on one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

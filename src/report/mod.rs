@@ -13,11 +13,13 @@ pub mod size;
 pub use budget::{Layout, NodeBudget};
 pub use error::ReportError;
 pub use gpu::{parse_gpu_memory, GpuMemory};
-pub use kv::{KvDtype, KvPerToken};
+pub use kv::KvPerToken;
 pub use size::Sizes;
 
 use crate::convert::execute::prepare;
-use crate::convert::{plan, source};
+use crate::convert::plan;
+use crate::format::fp8_block;
+use crate::format::kv_scales::KvDtype;
 use crate::model::ModelConfig;
 use crate::recipe::Recipe;
 use crate::units::both_units;
@@ -93,7 +95,7 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
                 options.recipe.clone().unwrap_or_else(|| config.architecture.default_recipe().to_string());
             let recipe = Recipe::load(&recipe_name)?.with_overrides(options.group_size, None)?;
             let plan = plan::build(
-                source::items_from_config(&config),
+                fp8_block::items_from_config(&config),
                 &recipe,
                 Some(config.num_hidden_layers),
                 options.max_shard_bytes,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::convert::plan::{Plan, PlannedItem};
-use crate::convert::SourceKind;
+use crate::format::fp8_block::SourceKind;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -93,7 +93,8 @@ pub fn from_plan(plan: &Plan, source_file_bytes: Option<u64>) -> Sizes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::{plan, source};
+    use crate::convert::plan;
+    use crate::format::fp8_block;
     use crate::model::ModelConfig;
     use crate::recipe::Recipe;
 
@@ -103,7 +104,7 @@ mod tests {
         let config = ModelConfig::from_json(&json).unwrap();
         let recipe = Recipe::load(recipe).unwrap();
         let plan =
-            plan::build(source::items_from_config(&config), &recipe, Some(config.num_hidden_layers), 5_000_000_000)
+            plan::build(fp8_block::items_from_config(&config), &recipe, Some(config.num_hidden_layers), 5_000_000_000)
                 .unwrap();
         from_plan(&plan, None)
     }

@@ -4,12 +4,12 @@
 use super::backend::{Backend, Matrix};
 use super::gqa::GqaWeights;
 use super::indexer::Selection;
-use super::kv_scales::LayerKvScales;
 use super::mla::MlaWeights;
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::rope_table::RopeTable;
 use super::weights::WeightReader;
 use super::{RuntimeError, Spans};
+use crate::format::kv_scales::LayerKvScales;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::quant::fp8;

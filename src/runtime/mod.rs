@@ -32,7 +32,6 @@ mod golden;
 mod gqa;
 mod indexer;
 pub mod kv_cache;
-pub mod kv_scales;
 mod layer;
 pub mod layer_stream;
 mod mla;

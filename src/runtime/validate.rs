@@ -6,10 +6,10 @@
 
 use std::collections::BTreeSet;
 
+use crate::format::compressed_tensors::{packed_name, read_shape, shape_name};
 use crate::io::Checkpoint;
 use crate::model::arch::tensor_specs;
 use crate::model::ModelConfig;
-use crate::verify::read_shape;
 
 /// Problems listed in one error before "and N more".
 const SHOWN: usize = 5;
@@ -78,7 +78,7 @@ fn layer_of(name: &str) -> Option<usize> {
 
 /// `[out, in]` of an INT4 module, from its `weight_shape` (empty when unreadable: it then matches no shape).
 fn int4_shape(checkpoint: &Checkpoint, module: &str) -> Option<Vec<usize>> {
-    checkpoint.get(&format!("{module}.weight_packed"))?;
-    let shape = checkpoint.get(&format!("{module}.weight_shape"))?;
+    checkpoint.get(&packed_name(module))?;
+    let shape = checkpoint.get(&shape_name(module))?;
     Some(read_shape(&shape).map(Vec::from).unwrap_or_default())
 }

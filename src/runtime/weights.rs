@@ -1,15 +1,12 @@
-//! Reads one weight of any checkpoint squeeze reads or writes as f32: block-FP8 (DeepSeek `weight_scale_inv` or
-//! compressed-tensors `weight_scale`), compressed-tensors INT4 `pack-quantized`, or BF16/F16/F32.
+//! Reads one weight of any checkpoint squeeze reads or writes as a runtime matrix, through the format readers
+//! ([`crate::format`]): block-FP8 (DeepSeek `weight_scale_inv` or compressed-tensors `weight_scale`),
+//! compressed-tensors INT4 `pack-quantized` (dequantized, with its packed words kept), or BF16/F16/F32.
 
 use std::collections::HashSet;
 
-use serde_json::Value;
-
-use crate::convert::source::{RowReader, SourceItem, SourceKind};
-use crate::io::dtype::Dtype;
+use crate::format::compressed_tensors::{int4_group_size, int4_modules, Int4Module};
+use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceItem, SourceKind};
 use crate::io::Checkpoint;
-use crate::quant::fp8_block::BlockGrid;
-use crate::verify::{dequantize_int4, int4_group_size};
 
 use super::backend::{Int4Weight, Matrix};
 use super::RuntimeError;
@@ -25,23 +22,8 @@ pub struct WeightReader<'a> {
 impl<'a> WeightReader<'a> {
     pub fn new(checkpoint: &'a Checkpoint) -> Self {
         let config = checkpoint.config();
-        let quantization = config.and_then(|c| c.get("quantization_config"));
-        let pair = |value: Option<&Value>| -> Option<[usize; 2]> {
-            let list = value?.as_array()?;
-            Some([list.first()?.as_u64()? as usize, list.get(1)?.as_u64()? as usize])
-        };
-        let block_structure = quantization
-            .and_then(|q| q.get("config_groups"))
-            .and_then(Value::as_object)
-            .and_then(|groups| groups.values().find_map(|group| pair(group.get("weights")?.get("block_structure"))));
-        let fp8_block =
-            pair(quantization.and_then(|q| q.get("weight_block_size"))).or(block_structure).unwrap_or([128, 128]);
-        let int4_modules = checkpoint
-            .names_in_file_order()
-            .into_iter()
-            .filter_map(|name| name.strip_suffix(".weight_packed").map(String::from))
-            .collect();
-        Self { checkpoint, int4_group: int4_group_size(config), fp8_block, int4_modules }
+        let int4_modules = int4_modules(checkpoint).into_iter().collect();
+        Self { checkpoint, int4_group: int4_group_size(config), fp8_block: declared_block(config), int4_modules }
     }
 
     pub fn checkpoint(&self) -> &'a Checkpoint {
@@ -72,70 +54,28 @@ impl<'a> WeightReader<'a> {
                     "is INT4 packed but config.json has no compressed-tensors INT4 group size",
                 )
             })?;
-            let (data, [rows, columns]) = dequantize_int4(self.checkpoint, module, group).map_err(|problem| {
+            let int4 = Int4Module::read(self.checkpoint, module, group).map_err(|problem| {
                 RuntimeError::Input(format!(
                     "{}: {problem}; the INT4 folder is damaged: check it with `squeeze verify` and rerun `squeeze quantize`",
                     self.shard(name).display()
                 ))
             })?;
-            let int4 = self.int4_weight(module, group)?;
+            let data = int4.dequantize();
+            let (rows, columns) = (int4.rows, int4.columns);
+            let int4 = Int4Weight {
+                packed: int4.words,
+                scales: int4.scales.iter().map(|scale| scale.to_bits()).collect(),
+                group_size: group,
+            };
             return self.checked(name, Matrix::new(rows, columns, data).with_int4(int4), expected);
         }
-        let tensor = self
-            .checkpoint
-            .get(name)
-            .ok_or_else(|| RuntimeError::tensor(self.checkpoint.dir(), name, "is missing from the checkpoint"))?;
-        let shape = tensor.shape.to_vec();
-        let (rows, columns) = match shape.as_slice() {
-            [rows, columns] => (*rows, *columns),
-            other => (1, other.iter().product()),
+        let item = stored_item(self.checkpoint, name, self.fp8_block)?;
+        let [rows, columns] = match item.shape.as_slice() {
+            [rows, columns] => [*rows, *columns],
+            other => [1, other.iter().product()],
         };
-        let kind = if tensor.dtype == Dtype::F8_E4M3 {
-            let candidates = [format!("{name}_scale_inv"), format!("{module}.weight_scale")];
-            let scale_name =
-                candidates.iter().find(|candidate| self.checkpoint.contains(candidate)).cloned().ok_or_else(|| {
-                    RuntimeError::tensor(
-                        self.shard(name),
-                        name,
-                        "is FP8 but has neither `weight_scale_inv` nor `weight_scale`",
-                    )
-                })?;
-            let scale_elements: usize = self.checkpoint.get(&scale_name).map(|s| s.shape.iter().product()).unwrap_or(0);
-            let [block_rows, block_columns] = self.fp8_block;
-            let grid = if scale_elements == rows.div_ceil(block_rows) * columns.div_ceil(block_columns) {
-                BlockGrid::new(rows, columns, block_rows, block_columns)
-            } else if scale_elements == rows {
-                BlockGrid::new(rows, columns, 1, columns)
-            } else if scale_elements == 1 {
-                BlockGrid::new(rows, columns, rows, columns)
-            } else {
-                return Err(RuntimeError::tensor(
-                    self.shard(&scale_name),
-                    &scale_name,
-                    format!("has {scale_elements} scales, which fit neither {block_rows}x{block_columns} blocks, channels nor one tensor scale of a {rows}x{columns} weight"),
-                ));
-            };
-            SourceKind::Fp8 { scale_name, grid }
-        } else {
-            SourceKind::Plain
-        };
-        let item = SourceItem { name: name.to_string(), dtype: tensor.dtype, shape, kind };
         let data = RowReader::new(self.checkpoint, &item)?.read_all();
         self.checked(name, Matrix::new(rows, columns, data), expected)
-    }
-
-    /// The packed words and BF16 scale bits of INT4 module `module` as stored.
-    fn int4_weight(&self, module: &str, group_size: usize) -> Result<Int4Weight, RuntimeError> {
-        let bytes = |suffix: &str| {
-            let name = format!("{module}.{suffix}");
-            self.checkpoint.get(&name).map(|t| t.bytes).ok_or_else(|| {
-                RuntimeError::tensor(self.shard(&name), &name, "is missing next to its INT4 `weight_packed`")
-            })
-        };
-        let packed =
-            bytes("weight_packed")?.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        let scales = bytes("weight_scale")?.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
-        Ok(Int4Weight { packed, scales, group_size })
     }
 
     /// A 1-D tensor (norm weight, bias) of `length` values.
@@ -198,6 +138,7 @@ impl<'a> WeightReader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::dtype::Dtype;
     use crate::io::writer::{PlannedTensor, ShardWriter};
     use proptest::prelude::*;
 

@@ -13,11 +13,11 @@ pub mod sampling;
 
 use std::path::PathBuf;
 
+use crate::format::kv_scales::{KvDtype, KvLayout, KvScales};
 use crate::model::tokenizer::Tokenizer;
 use crate::progress::Reporter;
 use crate::runtime::decode::DecodeModel;
-use crate::runtime::kv_cache::{FaultKind, KvDtype, KvPool, PoolShape};
-use crate::runtime::kv_scales::{KvLayout, KvScales};
+use crate::runtime::kv_cache::{FaultKind, KvPool, PoolShape};
 use crate::runtime::{Backend, RuntimeError};
 use batch::{check_fault, eos_ids, Batch};
 use report::{assemble, RunFacts};
@@ -78,7 +78,7 @@ pub fn serve_test(
     let prefiller = open_prefiller(options, &decoder, longest + options.max_new_tokens)?;
     let config = decoder.config();
     let scales = if options.kv_dtype == KvDtype::Fp8 {
-        let scales = KvScales::read(decoder.checkpoint(), config)?;
+        let scales = KvScales::read(decoder.checkpoint(), config).map_err(RuntimeError::from)?;
         if let Some(warning) = scales.warning(&options.model) {
             reporter.warn(warning.strip_prefix("warning: ").unwrap_or(&warning));
         }

@@ -1,7 +1,8 @@
 //! The KV pool a serve-test run allocates: its page count (`--kv-pages`, or a share of available memory) and the
 //! checks that the pool fits in memory and that every request fits in the pool.
 
-use crate::runtime::kv_cache::{KvDtype, PoolShape};
+use crate::format::kv_scales::KvDtype;
+use crate::runtime::kv_cache::PoolShape;
 
 use super::ServeError;
 

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::format::kv_scales::KvDtype;
 use crate::model::tokenizer::Tokenizer;
-use crate::runtime::kv_cache::{InjectedFault, KvDtype, KvPool, PoolShape, RequestId};
+use crate::runtime::kv_cache::{InjectedFault, KvPool, PoolShape, RequestId};
 
 use super::batch::{Finish, Finished};
 use super::ServeOptions;

@@ -26,10 +26,10 @@ use serde_json::Map;
 
 use super::{load_sequences, EvalError, EvalInput};
 use crate::engines::{kv_scale_handling, CacheLayout, Engine, ScaleUse, DYNAMIC_TILE};
+use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::model::config::Attention;
 use crate::progress::Reporter;
 use crate::runtime::backend::Matrix;
-use crate::runtime::kv_scales::{KvLayout, KvScales};
 use crate::runtime::model::{
     head_name, rope_setup, KvFp8, KvTap, LayerContext, LayerStream, LayerTap, LayerTimes, Selection,
 };

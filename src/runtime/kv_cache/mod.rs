@@ -15,8 +15,9 @@ mod storage;
 use std::any::Any;
 use std::collections::BTreeMap;
 
+/// The pool's element type (an on-disk convention shared with the KV-scale files and `report`).
+pub use crate::format::kv_scales::KvDtype;
 pub use fault::{inject, FaultKind, InjectedFault};
-pub use storage::KvDtype;
 
 /// A request's id as the pool knows it.
 pub type RequestId = u64;

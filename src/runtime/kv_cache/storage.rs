@@ -1,43 +1,8 @@
 //! Element encoding of cached KV rows: F32 (exact, for tests), BF16, or FP8 e4m3 with a per-element scale
 //! (`fp8 = encode(x / scale)`, `x ≈ decode(fp8) · scale`; the scale is the layer's `k_scale`/`v_scale`).
 
+use crate::format::kv_scales::KvDtype;
 use crate::quant::fp8;
-
-/// How cached values are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvDtype {
-    F32,
-    Bf16,
-    Fp8,
-}
-
-impl KvDtype {
-    pub fn bytes(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::Bf16 => 2,
-            KvDtype::Fp8 => 1,
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "f32" => Some(KvDtype::F32),
-            "bf16" => Some(KvDtype::Bf16),
-            "fp8" | "fp8_e4m3" => Some(KvDtype::Fp8),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KvDtype::F32 => "f32",
-            KvDtype::Bf16 => "bf16",
-            KvDtype::Fp8 => "fp8",
-        }
-    }
-}
 
 /// Encodes `values` into `out` (`values.len() · bytes` bytes); `scales` has one entry per value (FP8 only).
 pub fn encode(dtype: KvDtype, values: &[f32], scales: &[f32], out: &mut [u8]) {

@@ -1,4 +1,8 @@
-//! Per-layer FP8 KV-cache scales (`model.layers.N.self_attn.k_scale` / `.v_scale`) read from a checkpoint.
+//! FP8 KV-cache scales on disk: the element type of a KV cache ([`KvDtype`]), the cache row layout the scales
+//! apply to ([`KvLayout`]), the tensor names (`model.layers.N.self_attn.k_scale` / `.v_scale` and the variants
+//! engines load), the reader of a checkpoint's per-layer scales and the writer side's shapes and
+//! `kv_cache_scheme`. Which engine loads which names, and what it does with them, is engine policy:
+//! [`crate::engines`].
 //!
 //! Shapes `[1]` (per tensor) or `[kv_heads, 1, 1]` (per head), F32, BF16 or F16. MLA models cache one latent row
 //! per token (kv_lora + rope, one "head"), quantized with `k_scale` only, as vLLM and SGLang do. A stored value `s`
@@ -8,14 +12,56 @@
 
 use std::path::Path;
 
-use crate::io::Checkpoint;
+use serde_json::{json, Value};
+
+use crate::io::dtype::Dtype;
+use crate::io::{Checkpoint, IoError};
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 
-use super::weights::WeightReader;
-use super::RuntimeError;
+use super::fp8_block::{RowReader, SourceItem, SourceKind};
 
-/// Name variants engines have used for the same scale, preferred first (REFERENCES §3).
+/// The element type of a KV cache: F32 (exact, for tests), BF16, or FP8 e4m3 with the layer's scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    F32,
+    Bf16,
+    Fp8,
+}
+
+impl KvDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::Bf16 => 2,
+            KvDtype::Fp8 => 1,
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "f32" => Some(KvDtype::F32),
+            "bf16" => Some(KvDtype::Bf16),
+            "fp8" | "fp8_e4m3" => Some(KvDtype::Fp8),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::Bf16 => "bf16",
+            KvDtype::Fp8 => "fp8",
+        }
+    }
+}
+
+/// The `(k, v)` name suffixes squeeze always writes and its runtime reads first.
+pub const CANONICAL_NAMES: (&str, &str) = ("self_attn.k_scale", "self_attn.v_scale");
+
+/// Name variants engines have used for the same scale, preferred first (REFERENCES §3); the reader takes the first
+/// one present.
 const K_NAMES: [&str; 4] =
     ["self_attn.k_scale", "self_attn.attn.k_scale", "self_attn.attn_mqa.k_scale", "self_attn.kv_scale"];
 const V_NAMES: [&str; 3] = ["self_attn.v_scale", "self_attn.attn.v_scale", "self_attn.kv_scale"];
@@ -97,7 +143,7 @@ impl KvScales {
     }
 
     /// Reads the scales of the first `config.num_hidden_layers` layers of `checkpoint`.
-    pub fn read(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<Self, RuntimeError> {
+    pub fn read(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<Self, IoError> {
         read_kv_scales(checkpoint, config.num_hidden_layers, KvLayout::of(config))
     }
 
@@ -135,15 +181,19 @@ impl KvScales {
     }
 }
 
+/// `model.layers.<layer>.<suffix>`: the full name of a layer's scale tensor.
+pub fn tensor_name(layer: usize, suffix: &str) -> String {
+    format!("model.layers.{layer}.{suffix}")
+}
+
 /// Reads `k_scale`/`v_scale` for `layers` layers. Errors name the tensor when a scale has a wrong shape, dtype or a
 /// non-finite or non-positive value; a missing scale is not an error (1.0, recorded in `missing_layers`).
-pub fn read_kv_scales(checkpoint: &Checkpoint, layers: usize, layout: KvLayout) -> Result<KvScales, RuntimeError> {
-    let reader = WeightReader::new(checkpoint);
+pub fn read_kv_scales(checkpoint: &Checkpoint, layers: usize, layout: KvLayout) -> Result<KvScales, IoError> {
     let mut out = Vec::with_capacity(layers);
     let mut missing_layers = Vec::new();
     for layer in 0..layers {
-        let k = read_one(checkpoint, &reader, layer, &K_NAMES, layout)?;
-        let v = read_one(checkpoint, &reader, layer, &V_NAMES, layout)?;
+        let k = read_one(checkpoint, layer, &K_NAMES, layout)?;
+        let v = read_one(checkpoint, layer, &V_NAMES, layout)?;
         let scales = match (k, layout) {
             (None, _) => {
                 missing_layers.push(layer);
@@ -169,21 +219,17 @@ pub fn read_kv_scales(checkpoint: &Checkpoint, layers: usize, layout: KvLayout) 
 
 fn read_one(
     checkpoint: &Checkpoint,
-    reader: &WeightReader,
     layer: usize,
     names: &[&str],
     layout: KvLayout,
-) -> Result<Option<Vec<f32>>, RuntimeError> {
-    let Some(name) =
-        names.iter().map(|suffix| format!("model.layers.{layer}.{suffix}")).find(|n| checkpoint.contains(n))
-    else {
+) -> Result<Option<Vec<f32>>, IoError> {
+    let Some(name) = names.iter().map(|suffix| tensor_name(layer, suffix)).find(|n| checkpoint.contains(n)) else {
         return Ok(None);
     };
     let shard = checkpoint.shard_of(&name).map(|s| s.path().to_path_buf()).unwrap_or_default();
-    let tensor = checkpoint.get(&name).ok_or_else(|| RuntimeError::tensor(&shard, &name, "is unreadable"))?;
-    use crate::io::dtype::Dtype;
+    let tensor = checkpoint.get(&name).ok_or_else(|| IoError::tensor(&shard, &name, "is unreadable"))?;
     if !matches!(tensor.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
-        return Err(RuntimeError::tensor(
+        return Err(IoError::tensor(
             &shard,
             &name,
             format!("has dtype {:?}; a KV-cache scale must be F32, BF16 or F16", tensor.dtype),
@@ -194,7 +240,7 @@ fn read_one(
     let per_head_shape = tensor.shape.len() == 3 && tensor.shape[1] == 1 && tensor.shape[2] == 1;
     let valid = elements == 1 || (elements == heads && (per_head_shape || tensor.shape.len() == 1));
     if !valid {
-        return Err(RuntimeError::tensor(
+        return Err(IoError::tensor(
             &shard,
             &name,
             format!(
@@ -203,9 +249,18 @@ fn read_one(
             ),
         ));
     }
-    let values = reader.matrix(&name, [1, elements])?.data;
+    let item =
+        SourceItem { name: name.clone(), dtype: tensor.dtype, shape: tensor.shape.to_vec(), kind: SourceKind::Plain };
+    let values = RowReader::new(checkpoint, &item)?.read_all();
+    if let Some(position) = values.iter().position(|v| !v.is_finite()) {
+        return Err(IoError::tensor(
+            &shard,
+            &name,
+            format!("element {position} dequantizes to {}; the checkpoint is corrupt", values[position]),
+        ));
+    }
     if let Some(bad) = values.iter().find(|v| !v.is_finite() || **v <= 0.0) {
-        return Err(RuntimeError::tensor(
+        return Err(IoError::tensor(
             &shard,
             &name,
             format!(
@@ -214,6 +269,38 @@ fn read_one(
         ));
     }
     Ok(Some(values))
+}
+
+/// The stored shape of `values` scales of one tensor: `[1]` per tensor, `[values, 1, 1]` per KV head.
+pub fn tensor_shape(values: usize, per_head: bool) -> Vec<usize> {
+    if per_head {
+        vec![values, 1, 1]
+    } else {
+        vec![1]
+    }
+}
+
+/// The compressed-tensors `kv_cache_scheme` of static FP8 scales, per tensor or per head (`attn_head`).
+pub fn kv_cache_scheme(per_head: bool) -> Value {
+    json!({
+        "num_bits": 8,
+        "type": "float",
+        "strategy": if per_head { "attn_head" } else { "tensor" },
+        "dynamic": false,
+        "symmetric": true,
+    })
+}
+
+/// SGLang/vLLM `--quantization-param-path`: `{"model_type", "kv_cache": {"dtype": "float8_e4m3fn",
+/// "scaling_factor": {"<tp rank>": {"<layer>": scale}}}}` with one scale per layer, for rank 0 only (the scales do
+/// not depend on the rank).
+pub fn quantization_param_json(model_type: Value, layers: impl IntoIterator<Item = (usize, f32)>) -> Value {
+    let layers: serde_json::Map<String, Value> =
+        layers.into_iter().map(|(layer, scale)| (layer.to_string(), Value::from(scale as f64))).collect();
+    json!({
+        "model_type": model_type,
+        "kv_cache": { "dtype": "float8_e4m3fn", "scaling_factor": { "0": layers } },
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,87 @@
+//! The compressed-tensors `quantization_config` of `config.json`: written from a [`QuantizationScheme`] (INT4
+//! `pack-quantized` group, optional FP8 `float-quantized` block group, `ignore`) and read back for its INT4 group size.
+
+use serde_json::{json, Value};
+
+/// The INT4 group of an output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int4Group {
+    pub group_size: usize,
+    /// The compressed-tensors observer name of the scale rule (`minmax`, `mse`).
+    pub observer: &'static str,
+    /// `Linear`, or `re:` patterns when an FP8 group is present too.
+    pub targets: Vec<String>,
+}
+
+/// What an output's `quantization_config` declares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizationScheme {
+    /// The INT4 `pack-quantized` group (`group_0`), if any module is INT4.
+    pub int4: Option<Int4Group>,
+    /// Whether FP8 modules are kept: a `float-quantized` block 128×128 group after the INT4 one.
+    pub fp8_block: bool,
+    /// Modules the engines must leave unquantized.
+    pub ignore: Vec<String>,
+}
+
+/// The `quantization_config` JSON of a scheme; `format` is `pack-quantized`, `float-quantized` or
+/// `mixed-precision` by the groups present.
+pub fn quantization_config(scheme: &QuantizationScheme) -> Value {
+    let mut groups = serde_json::Map::new();
+    if let Some(int4) = &scheme.int4 {
+        groups.insert(
+            "group_0".into(),
+            json!({
+                "targets": int4.targets,
+                "weights": {
+                    "num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": int4.group_size,
+                    "dynamic": false, "observer": int4.observer, "actorder": null, "block_structure": null
+                },
+                "input_activations": null,
+                "output_activations": null,
+                "format": "pack-quantized"
+            }),
+        );
+    }
+    if scheme.fp8_block {
+        groups.insert(
+            format!("group_{}", groups.len()),
+            json!({
+                "targets": ["Linear"],
+                "weights": {
+                    "num_bits": 8, "type": "float", "symmetric": true, "strategy": "block", "block_structure": [128, 128],
+                    "dynamic": false, "observer": "minmax", "group_size": null, "actorder": null
+                },
+                "input_activations": {
+                    "num_bits": 8, "type": "float", "symmetric": true, "strategy": "group", "group_size": 128, "dynamic": true, "observer": null
+                },
+                "output_activations": null,
+                "format": "float-quantized"
+            }),
+        );
+    }
+    let format = if scheme.int4.is_some() && scheme.fp8_block {
+        "mixed-precision"
+    } else if scheme.fp8_block {
+        "float-quantized"
+    } else {
+        "pack-quantized"
+    };
+    json!({
+        "quant_method": "compressed-tensors",
+        "format": format,
+        "quantization_status": "compressed",
+        "config_groups": groups,
+        "ignore": scheme.ignore,
+        "kv_cache_scheme": null
+    })
+}
+
+/// The INT4 group size from a compressed-tensors `quantization_config` (the first group with 4-bit weights).
+pub fn int4_group_size(config: Option<&Value>) -> Option<usize> {
+    let groups = config?.get("quantization_config")?.get("config_groups")?.as_object()?;
+    groups.values().find_map(|group| {
+        let weights = group.get("weights")?;
+        (weights.get("num_bits")?.as_u64()? == 4).then(|| weights.get("group_size")?.as_u64().map(|g| g as usize))?
+    })
+}

@@ -1,0 +1,60 @@
+//! compressed-tensors, the format `squeeze quantize` writes: the tensor names and shapes of each quantized module
+//! (this file), the `quantization_config` that declares them ([`config`]) and the INT4 `pack-quantized` module
+//! reader ([`int4`]).
+//!
+//! An INT4 module `<module>` is `weight_packed` I32 `[out, ceil(in/8)]` (eight offset-binary nibbles per word,
+//! [`crate::quant::pack`]), `weight_scale` BF16 `[out, ceil(in/group)]` and `weight_shape` I64 `[2]` = `[out, in]`;
+//! a kept FP8 block module (`float-quantized`) is its F8_E4M3 `weight` with an F32 `weight_scale` per block.
+
+pub mod config;
+pub mod int4;
+
+use crate::io::dtype::Dtype;
+use crate::io::writer::PlannedTensor;
+use crate::io::Checkpoint;
+use crate::quant::pack::packed_columns;
+
+pub use config::{int4_group_size, quantization_config, Int4Group, QuantizationScheme};
+pub use int4::{check_int4_conventions, read_shape, Int4Module};
+
+/// `<module>.weight_packed`.
+pub fn packed_name(module: &str) -> String {
+    format!("{module}.weight_packed")
+}
+
+/// `<module>.weight_scale`.
+pub fn scale_name(module: &str) -> String {
+    format!("{module}.weight_scale")
+}
+
+/// `<module>.weight_shape`.
+pub fn shape_name(module: &str) -> String {
+    format!("{module}.weight_shape")
+}
+
+/// The INT4 modules of a checkpoint (those with a `weight_packed`), in file order.
+pub fn int4_modules(checkpoint: &Checkpoint) -> Vec<String> {
+    checkpoint
+        .names_in_file_order()
+        .into_iter()
+        .filter_map(|name| name.strip_suffix(".weight_packed").map(String::from))
+        .collect()
+}
+
+/// The three tensors of INT4 module `module` of a `[rows, columns]` weight quantized in groups of `group_size`.
+pub fn int4_tensors(module: &str, rows: usize, columns: usize, group_size: usize) -> Vec<PlannedTensor> {
+    vec![
+        PlannedTensor::new(packed_name(module), Dtype::I32, vec![rows, packed_columns(columns)]),
+        PlannedTensor::new(scale_name(module), Dtype::BF16, vec![rows, columns.div_ceil(group_size)]),
+        PlannedTensor::new(shape_name(module), Dtype::I64, vec![2]),
+    ]
+}
+
+/// The two tensors of a kept FP8 block weight `weight` (module `module`): the codes as stored and the F32 block
+/// scales under the compressed-tensors name.
+pub fn fp8_block_tensors(weight: &str, module: &str, shape: &[usize], scale_shape: [usize; 2]) -> Vec<PlannedTensor> {
+    vec![
+        PlannedTensor::new(weight, Dtype::F8_E4M3, shape.to_vec()),
+        PlannedTensor::new(scale_name(module), Dtype::F32, scale_shape.to_vec()),
+    ]
+}
