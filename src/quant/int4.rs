@@ -53,8 +53,23 @@ pub fn quantize_group(group: &[f32], rule: ScaleRule, q: &mut [i8]) -> bf16 {
     }
 }
 
+/// The most negative code a rule uses: −8, except `absmax7`'s symmetric −7.
+pub fn q_min(rule: ScaleRule) -> i8 {
+    match rule {
+        ScaleRule::Absmax7 => -7,
+        ScaleRule::CtMinmax | ScaleRule::Mse => -8,
+    }
+}
+
+/// One weight's code under a stored scale: `round_half_even(clamp(w / scale, q_min, 7))`, as [`quantize_group`]
+/// computes it.
+#[inline(always)]
+pub fn code(value: f32, scale: f32, q_min: i8) -> i8 {
+    round_clamped(value / scale, q_min as f32) as i8
+}
+
 /// Rounds a candidate scale to BF16, replacing zero by [`ZERO_GROUP_SCALE`].
-fn stored_scale(scale: f32) -> bf16 {
+pub(crate) fn stored_scale(scale: f32) -> bf16 {
     let scale = if scale > 0.0 { scale } else { ZERO_GROUP_SCALE };
     bf16::from_f32(scale)
 }
@@ -97,7 +112,7 @@ fn round_group(group: &[f32], scale: f32, q_min: i8, q: &mut [i8]) {
 /// from the low mantissa bits. Equal to clamping after rounding because the bounds are integers
 /// (compressed-tensors clamps first, too).
 #[inline(always)]
-fn round_clamped(ratio: f32, low: f32) -> i32 {
+pub(crate) fn round_clamped(ratio: f32, low: f32) -> i32 {
     let clamped = if ratio < low {
         low
     } else if ratio > 7.0 {

@@ -1,7 +1,10 @@
-//! Pure quantization math: FP8 e4m3fn codec, BF16 rounding, INT4 group schemes and packing. No files, no printing.
+//! Pure quantization math: FP8 e4m3fn codec, BF16 rounding, INT4 group schemes (round-to-nearest, importance-weighted,
+//! GPTQ) and packing. No files, no printing.
 
 pub mod fp8;
 pub mod fp8_block;
+pub mod gptq;
+pub mod imatrix;
 pub mod int4;
 pub mod pack;
 pub mod pow;

@@ -1,0 +1,152 @@
+//! Importance-weighted INT4 scales (the `imatrix` method): per input channel `j` an importance `imp_j` — the mean
+//! of `x_j²` over the calibration tokens that reach the layer, as llama.cpp's imatrix and llm-compressor's
+//! `imatrix_mse` observer use it — weights the clip search of the `mse` rule, whose error becomes
+//! `Σ_j imp_j · (w_j − ŵ_j)²`: a weight on a channel the activations never excite costs nothing, one on a loud
+//! channel costs in proportion.
+//!
+//! Candidates are the `mse` rule's (`bf16(p · absmax / 7.5)`, `p = 1 − i/grid`, `i < max_shrink · grid`), codes
+//! `round_half_even(clamp(w / s, −8, 7))`, ties keep the larger `p`; with every importance equal, the chosen scale
+//! is the `mse` search's under the squared-error norm.
+
+use half::bf16;
+
+use super::int4::{absmax, code, stored_scale};
+use super::scale_rule::MseSearch;
+
+/// Mean of `x²` per input channel, accumulated over calibration inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Importance {
+    sum: Vec<f64>,
+    samples: u64,
+}
+
+impl Importance {
+    pub fn new(columns: usize) -> Self {
+        Self { sum: vec![0.0; columns], samples: 0 }
+    }
+
+    /// Adds input vectors (row-major `[n, columns]`).
+    pub fn add(&mut self, inputs: &[f32]) {
+        let columns = self.sum.len();
+        assert_eq!(inputs.len() % columns.max(1), 0, "inputs are whole rows of {columns}");
+        for x in inputs.chunks_exact(columns.max(1)) {
+            for (s, &v) in self.sum.iter_mut().zip(x) {
+                *s += v as f64 * v as f64;
+            }
+            self.samples += 1;
+        }
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// The per-channel means, as f32 weights for [`quantize_row`].
+    pub fn weights(&self) -> Vec<f32> {
+        let n = self.samples.max(1) as f64;
+        self.sum.iter().map(|s| (s / n) as f32).collect()
+    }
+}
+
+/// Quantizes one row with importance-weighted scales; `importance` has one entry per column of the row.
+pub fn quantize_row(
+    weights: &[f32],
+    importance: &[f32],
+    group_size: usize,
+    search: MseSearch,
+    q: &mut [i8],
+    scales: &mut [bf16],
+) {
+    assert_eq!(weights.len(), importance.len());
+    for (((group, imp), q_group), scale) in weights
+        .chunks(group_size)
+        .zip(importance.chunks(group_size))
+        .zip(q.chunks_mut(group_size))
+        .zip(scales.iter_mut())
+    {
+        *scale = quantize_group(group, imp, search, q_group);
+    }
+}
+
+/// One group: the candidate with the smallest weighted squared error; returns its stored scale.
+pub fn quantize_group(group: &[f32], importance: &[f32], search: MseSearch, q: &mut [i8]) -> bf16 {
+    let top = absmax(group);
+    let steps = (search.max_shrink * search.grid as f32) as u32;
+    let mut best_scale = stored_scale(top / 7.5);
+    let mut best_error = f32::INFINITY;
+    for step in 0..steps.max(1) {
+        let shrink = 1.0 - step as f32 / search.grid as f32;
+        let scale = stored_scale(shrink * top / 7.5);
+        let error = weighted_error(group, importance, scale.to_f32());
+        if error < best_error {
+            best_error = error;
+            best_scale = scale;
+        }
+    }
+    let s = best_scale.to_f32();
+    for (value, out) in group.iter().zip(q.iter_mut()) {
+        *out = code(*value, s, -8);
+    }
+    best_scale
+}
+
+/// `Σ imp_j · (w_j − q_j·s)²`, element `j` in lane `j % 8`, lanes combined pairwise (vectorizes; fixed order).
+fn weighted_error(group: &[f32], importance: &[f32], scale: f32) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for (index, (&w, &imp)) in group.iter().zip(importance).enumerate() {
+        let e = w - code(w, scale, -8) as f32 * scale;
+        lanes[index % 8] += imp * e * e;
+    }
+    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::int4;
+    use crate::quant::ScaleRule;
+    use crate::rng::Rng;
+
+    #[test]
+    fn importance_is_the_mean_square_per_channel() {
+        let mut imp = Importance::new(3);
+        imp.add(&[1.0, 2.0, 0.0, 3.0, -2.0, 0.0]);
+        assert_eq!(imp.samples(), 2);
+        assert_eq!(imp.weights(), vec![5.0, 4.0, 0.0]);
+    }
+
+    #[test]
+    fn never_worse_than_minmax_in_the_weighted_error() {
+        let mut rng = Rng::new(9);
+        for _ in 0..200 {
+            let group: Vec<f32> = (0..32).map(|_| rng.normal()).collect();
+            let importance: Vec<f32> = (0..32).map(|_| rng.uniform() * 4.0).collect();
+            let mut q = [0i8; 32];
+            let chosen = quantize_group(&group, &importance, MseSearch::default(), &mut q).to_f32();
+            let minmax = int4::quantize_group(&group, ScaleRule::CtMinmax, &mut [0i8; 32]).to_f32();
+            assert!(weighted_error(&group, &importance, chosen) <= weighted_error(&group, &importance, minmax));
+            assert!(q.iter().zip(&group).all(|(&c, &w)| c == int4::code(w, chosen, -8)));
+        }
+    }
+
+    #[test]
+    fn a_silent_channel_does_not_steer_the_scale() {
+        // One outlier on a channel with zero importance: the search ignores it and fits the others (the outlier
+        // clips), where the unweighted search must keep it in range.
+        let mut group: Vec<f32> = (0..32).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+        group[5] = 5.0;
+        let mut importance = vec![1.0f32; 32];
+        importance[5] = 0.0;
+        let weighted = quantize_group(&group, &importance, MseSearch::default(), &mut [0i8; 32]).to_f32();
+        let plain = quantize_group(&group, &[1.0; 32], MseSearch::default(), &mut [0i8; 32]).to_f32();
+        let rest = |s: f32| {
+            group
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != 5)
+                .map(|(_, &w)| (w - int4::code(w, s, -8) as f32 * s).powi(2))
+                .sum::<f32>()
+        };
+        assert!(rest(weighted) <= rest(plain));
+    }
+}
