@@ -4,7 +4,9 @@
 //! Data flow: `io` (read/write checkpoints) → `quant` (math) → `recipe` (what gets which scheme) → `model`
 //! (configs, architectures) → `lint` (engine load rules) → jobs (`convert`, `inspect`, `verify`, `synth`, `report`) → `cli`.
 
+pub mod arch;
 pub mod calib;
+pub mod chunks;
 pub mod cli;
 pub mod convert;
 pub mod cuda;

@@ -2,6 +2,7 @@
 //! (optionally on another model, the KV handed over converted to the decode dtype), decode steps that verify every
 //! mapping before using it, aborts of requests whose mappings disagree, and the run's report.
 
+pub mod decoder;
 pub mod prompts;
 pub mod sampling;
 
@@ -13,10 +14,10 @@ use serde::Serialize;
 
 use crate::model::tokenizer::Tokenizer;
 use crate::progress::Reporter;
-use crate::runtime::decode::{DecodeItem, DecodeModel};
 use crate::runtime::kv_cache::{inject, FaultKind, InjectedFault, KvDtype, KvPool, PoolShape, RequestId};
 use crate::runtime::kv_scales::{KvLayout, KvScales};
 use crate::runtime::{Backend, RuntimeError};
+use decoder::{DecodeItem, DecodeModel};
 use sampling::{Rng, Sampling};
 
 /// Pool size when `--kv-pages` is not given: this share of available memory, at most `MAX_DEFAULT_PAGES`.
