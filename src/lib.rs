@@ -5,7 +5,9 @@
 //! (configs, architectures) → `format` (on-disk conventions: FP8 blocks, compressed-tensors, KV scales) → `lint`
 //! (engine load rules) → jobs (`convert`, `inspect`, `verify`, `synth`, `report`) → `cli`.
 
+pub mod arch;
 pub mod calib;
+pub mod chunks;
 pub mod cli;
 pub mod convert;
 pub mod cuda;

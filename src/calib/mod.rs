@@ -14,12 +14,15 @@ use serde::Serialize;
 pub use observe::AbsStats;
 pub use write::{open_for_edit, write_scales, WrittenFiles, SCALES_FILE};
 
+use crate::arch::{
+    embed, run_layers, CachedKv, ExpertTimes, KvSource, KvTap, LayerContext, LayerState, LayerTap, Model,
+};
+use crate::chunks::{load_sequences, ChunkError, EvalInput};
 use crate::engines::{kv_scale_handling, kv_scale_names, CacheLayout, Engine, KvScaleHandling};
-use crate::eval::{load_sequences, EvalError, EvalInput};
 use crate::progress::Reporter;
-use crate::runtime::model::{rope_setup, CachedKv, KvTap, LayerContext, LayerStream, LayerTap, LayerTimes};
+use crate::runtime::rope_table::rope_setup;
 use crate::runtime::weights::WeightReader;
-use crate::runtime::{Backend, Model, RuntimeError, Spans};
+use crate::runtime::{Backend, RuntimeError, Spans};
 
 /// Largest finite FP8 e4m3 magnitude.
 pub const FP8_MAX: f32 = 448.0;
@@ -28,6 +31,16 @@ pub const FP8_MAX: f32 = 448.0;
 pub const FP8_MIN_NORMAL: f32 = 0.015625;
 /// A layer whose amax differs from the geometric mean of its neighbours' by more than this factor is flagged.
 pub const NEIGHBOUR_FACTOR: f32 = 8.0;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CalibError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Chunks(#[from] ChunkError),
+    #[error("{0}")]
+    Input(String),
+}
 
 /// One scale per layer or one per KV head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -107,14 +120,14 @@ pub fn calibrate(
     options: &CalibOptions,
     backend: &dyn Backend,
     reporter: &dyn Reporter,
-) -> Result<CalibReport, EvalError> {
+) -> Result<CalibReport, CalibError> {
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let config = model.config();
     let sequences = load_sequences(&options.input, &options.model, Some(options.samples), 1, config.vocab_size)?;
     if let Some(p) = options.percentile {
         if !(p > 0.0 && p <= 100.0) {
-            return Err(EvalError::Input(format!("--percentile {p} must be in (0, 100]")));
+            return Err(CalibError::Input(format!("--percentile {p} must be in (0, 100]")));
         }
     }
     let mla = matches!(config.attention, crate::model::config::Attention::Mla { .. });
@@ -127,21 +140,17 @@ pub fn calibrate(
     }
 
     let reader = WeightReader::new(model.checkpoint());
-    let width = config.hidden_size;
     let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
     let spans = Spans::new(&lengths);
     let longest = lengths.iter().copied().max().unwrap_or(0);
     let (table, mla_scale) = rope_setup(config, longest);
     let ids: Vec<u32> = sequences.concat();
-    let mut hidden = reader.rows("model.embed_tokens.weight", width, &ids)?;
+    let mut hidden = embed(&reader, config, &ids)?;
     let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
-    let mut selection = None;
-    let mut near_ties = 0;
+    let mut state = LayerState::default();
     let mut observations = Vec::with_capacity(config.num_hidden_layers);
     reporter.begin("layers", config.num_hidden_layers as u64);
-    let mut layers = LayerStream::start(&options.model, config.num_hidden_layers, backend.prefetcher());
-    for _ in 0..config.num_hidden_layers {
-        let (layer, _) = layers.next_layer()?;
+    run_layers(&[&model], backend, reporter, &mut |step| {
         let mut observation =
             LayerObservation { k: vec![AbsStats::default(); heads], v: vec![AbsStats::default(); heads] };
         let mut observer = |cached: &CachedKv| match cached {
@@ -157,19 +166,11 @@ pub fn calibrate(
         };
         let mut tap = LayerTap { kv: KvTap { observer: Some(&mut observer), fp8: None }, routes: None };
         // The last layer's MLP does not change what is cached; it still runs (cheap next to loading).
-        layer.forward_tapped(
-            &context,
-            &mut hidden,
-            &spans,
-            &mut selection,
-            &LayerTimes::default(),
-            &mut near_ties,
-            &mut tap,
-        )?;
-        RuntimeError::check(backend)?;
+        let times = ExpertTimes::default();
+        step.layers[0].forward(&context, &mut hidden, &spans, KvSource::Own, &mut state, &times, Some(&mut tap))?;
         observations.push(observation);
-        reporter.advance(1);
-    }
+        Ok(())
+    })?;
     reporter.end();
 
     let percent = options.percentile.unwrap_or(100.0);

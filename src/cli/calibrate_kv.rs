@@ -7,8 +7,8 @@ use anyhow::Context;
 use crate::cuda::DeviceChoice;
 
 use crate::calib::{calibrate, open_for_edit, write_scales, CalibOptions, Strategy};
+use crate::chunks::EvalInput;
 use crate::engines::{EngineChoice, ScaleUse};
-use crate::eval::EvalInput;
 
 use super::progress::Bar;
 use super::table::Table;

@@ -7,9 +7,10 @@ use anyhow::Context;
 
 use crate::cuda::DeviceChoice;
 
+use crate::chunks::EvalInput;
 use crate::engines::Engine;
 use crate::eval::parity::{evaluate_parity, plot, Gates, KvScaleChoice, Mode, ParityOptions, ParityReport};
-use crate::eval::{evaluate, EvalInput, EvalOptions};
+use crate::eval::{evaluate, EvalOptions};
 
 use super::progress::Bar;
 use super::table::Table;

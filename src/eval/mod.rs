@@ -1,7 +1,6 @@
 //! `squeeze eval MODEL`: perplexity of one model on token chunks (from a text file through the model's tokenizer,
 //! or a safetensors `input_ids` tensor), computed by the layer-streamed reference runtime.
 
-mod inputs;
 mod logits_file;
 mod nll;
 pub mod parity;
@@ -11,22 +10,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::arch::Model;
+use crate::chunks::{load_sequences, ChunkError, EvalInput};
 use crate::progress::Reporter;
 use crate::runtime::backend::Uploads;
-use crate::runtime::{Backend, Model, RuntimeError};
+use crate::runtime::{Backend, RuntimeError};
 
-pub use inputs::{chunks_from_text, load_sequences, read_token_file};
 pub use logits_file::LogitsWriter;
 pub use nll::NllStats;
-
-/// Where the evaluation tokens come from.
-#[derive(Debug, Clone)]
-pub enum EvalInput {
-    /// UTF-8 text, tokenized with the model's tokenizer and cut into `ctx`-token chunks.
-    Text { path: PathBuf, ctx: usize },
-    /// A safetensors file with an integer tensor `input_ids` `[n, ctx]` (I32 or I64).
-    Tokens { path: PathBuf },
-}
 
 #[derive(Debug, Clone)]
 pub struct EvalOptions {
@@ -76,9 +67,9 @@ pub enum EvalError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
-    Io(#[from] crate::io::IoError),
+    Chunks(#[from] ChunkError),
     #[error(transparent)]
-    Tokenizer(#[from] crate::model::tokenizer::TokenizerError),
+    Io(#[from] crate::io::IoError),
     #[error("{0}")]
     Input(String),
 }

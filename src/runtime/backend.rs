@@ -110,9 +110,12 @@ pub struct Routes {
     pub experts: Vec<usize>,
     /// `[tokens, top_k]` gate weights (normalized when asked, times `routed_scaling_factor`).
     pub weights: Vec<f32>,
-    /// Tokens whose top-k boundary margin is within the runtime's routing `NEAR_TIE_RELATIVE`.
+    /// Tokens whose top-k boundary margin is within [`ROUTING_NEAR_TIE_RELATIVE`].
     pub near_ties: usize,
 }
+
+/// Relative score margin at the expert top-k boundary under which another f32 implementation may pick differently.
+pub const ROUTING_NEAR_TIE_RELATIVE: f32 = 1e-5;
 
 /// One DSA indexer top-k problem for one sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,9 +132,13 @@ pub struct IndexerShape {
 pub struct KeySelection {
     /// `[tokens, tokens]`, only causal keys set.
     pub mask: Vec<bool>,
-    /// Queries whose top-k boundary margin is within the runtime's indexer `NEAR_TIE_RELATIVE`.
+    /// Queries whose top-k boundary margin is within [`INDEXER_NEAR_TIE_RELATIVE`].
     pub near_ties: usize,
 }
+
+/// Relative score margin at the DSA indexer's top-k boundary under which another f32 implementation may pick
+/// differently.
+pub const INDEXER_NEAR_TIE_RELATIVE: f32 = 1e-5;
 
 /// Weight bytes a device backend uploaded and the seconds the uploads took (summed over threads).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]

@@ -10,19 +10,27 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::backend::Prefetch;
-use super::layer::Layer;
-use super::model::open_checkpoint;
+use super::backend::{Matrix, Prefetch};
+use super::checkpoint::open_checkpoint;
 use super::weights::WeightReader;
 use super::RuntimeError;
+use crate::model::ModelConfig;
+
+/// A decoder layer's resident weights as the stream loads them (the architectures implement it).
+pub trait StreamedLayer: Sized + Send + 'static {
+    /// Reads and dequantizes layer `index`.
+    fn load(reader: &WeightReader, config: &ModelConfig, index: usize) -> Result<Self, RuntimeError>;
+    /// The resident weight matrices, for device prefetch.
+    fn matrices(&self) -> Vec<&Matrix>;
+}
 
 /// The decoder layers of one checkpoint, in order.
-pub struct LayerStream {
-    receiver: Receiver<Result<Layer, RuntimeError>>,
+pub struct LayerStream<L: StreamedLayer> {
+    receiver: Receiver<Result<L, RuntimeError>>,
     loader: Option<JoinHandle<()>>,
 }
 
-impl LayerStream {
+impl<L: StreamedLayer> LayerStream<L> {
     /// Starts loading layers `0..count` of the model folder `dir` (opened again on the loader thread; the
     /// checkpoint is memory-mapped, so this costs only the header parse).
     pub fn start(dir: &Path, count: usize, prefetch: Option<Arc<dyn Prefetch>>) -> Self {
@@ -39,7 +47,7 @@ impl LayerStream {
             };
             let reader = WeightReader::new(&checkpoint);
             for index in 0..count {
-                let layer = Layer::load(&reader, &config, index);
+                let layer = L::load(&reader, &config, index);
                 if let (Ok(layer), Some(prefetch)) = (&layer, &prefetch) {
                     prefetch.prefetch(&layer.matrices());
                 }
@@ -53,7 +61,7 @@ impl LayerStream {
     }
 
     /// The next layer and the seconds spent waiting for it (loading not hidden behind compute).
-    pub fn next_layer(&mut self) -> Result<(Layer, f64), RuntimeError> {
+    pub fn next_layer(&mut self) -> Result<(L, f64), RuntimeError> {
         let started = Instant::now();
         let layer = self
             .receiver
@@ -63,7 +71,7 @@ impl LayerStream {
     }
 }
 
-impl Drop for LayerStream {
+impl<L: StreamedLayer> Drop for LayerStream<L> {
     fn drop(&mut self) {
         // Unblock a loader waiting to send, then wait for it so no thread outlives the pass.
         let (_, receiver) = sync_channel(0);

@@ -1,42 +1,15 @@
-//! The reference runtime: one op surface ([`Backend`]) with a CPU backend (rayon, f32, the oracle) and a CUDA
-//! backend ([`cuda`], on a GPU or the emulated device), and a layer-streamed
-//! forward pass of `DeepseekV3ForCausalLM` (Kimi K2), `GlmMoeDsaForCausalLM` (GLM-5) and `Glm4MoeForCausalLM`
-//! (GLM-4.5) that matches HF transformers' float32 logits.
-//!
-//! # Layer-streamed execution and memory
-//! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
-//! through that layer, then the layer is dropped; a loader thread ([`layer_stream`]) reads — and on a device
-//! uploads — layer `i + 1` while layer `i` computes. Routed experts are streamed further: the experts hit by some token
-//! are read in batches of at most `EXPERT_BATCH_BYTES` (2 GiB, ~10 Kimi K2 experts; at least one expert), a loader
-//! thread reading batch `b + 1` while the backend applies batch `b` ([`Backend::routed_experts`]: grouped W4A16 on
-//! the device for INT4 checkpoints), and each batch is dropped after use. Peak memory is
-//!
-//! ```text
-//! peak ≈ two layers' dequantized f32 weights without routed experts      (attention + router + shared/dense MLP;
-//!                                                                          the one computing and the one loaded ahead)
-//!      + 2 × one batch of routed experts: ≤ 2 × max(2 GiB, one expert)    (expert ≤ 3 · moe_intermediate · hidden · 5 B:
-//!                                                                          f32 + packed INT4 + scales)
-//!      + activations: tokens × hidden × 4 B × ~6  (+ MLA keys/values tokens × heads × (qk+v) × 4 B)
-//!      + logits of one sequence: ctx × vocab × 4 B  (+ lm_head in f32: vocab × hidden × 4 B)
-//! ```
-//! where `tokens = sequences × ctx`, independent of the number of layers, so a 705 GiB model runs in the memory of
-//! one layer. The checkpoint itself stays memory-mapped (page cache, not process memory).
+//! The reference runtime's machinery, knowing no architecture: one op surface ([`Backend`]) with a CPU backend
+//! (rayon, f32, the oracle) and a CUDA backend ([`cuda`], on a GPU or the emulated device), the paged KV pool,
+//! RoPE tables, and weights read from a validated checkpoint and streamed one decoder layer at a time
+//! ([`layer_stream`]). The architectures that run on it are in [`crate::arch`].
 
 pub mod backend;
+pub mod checkpoint;
 pub mod cpu;
 pub mod cuda;
-pub mod decode;
 pub mod device;
-#[cfg(test)]
-mod golden;
-mod gqa;
-mod indexer;
 pub mod kv_cache;
-mod layer;
 pub mod layer_stream;
-mod mla;
-pub mod model;
-mod moe;
 pub mod rope_table;
 pub mod validate;
 pub mod weights;
@@ -45,7 +18,6 @@ use std::path::PathBuf;
 
 pub use backend::{AttentionShape, Backend, Matrix, RopeStyle};
 pub use cpu::Cpu;
-pub use model::{ForwardStats, Model};
 
 use crate::io::IoError;
 use crate::model::ConfigError;

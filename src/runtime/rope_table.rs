@@ -1,7 +1,11 @@
-//! RoPE frequency tables and softmax scales from the config: default and YaRN (transformers'
-//! `_compute_yarn_parameters`, `yarn_get_mscale`), computed in f64 and stored as f32 like torch's buffers.
+//! RoPE tables from the config — frequencies and softmax scales, default and YaRN (transformers'
+//! `_compute_yarn_parameters`, `yarn_get_mscale`), computed in f64 and stored as f32 like torch's buffers — and
+//! their use at a given position.
 
-use crate::model::config::{Rope, RopeScaling};
+use super::backend::{Backend, RopeStyle};
+use super::RuntimeError;
+use crate::model::config::{Attention, Rope, RopeScaling};
+use crate::model::ModelConfig;
 
 /// `cos`/`sin` for positions `0..positions`, `[positions, rotary_dim/2]`, scaled by YaRN's attention factor.
 #[derive(Debug, Clone)]
@@ -104,6 +108,45 @@ pub fn mla_softmax_scale(rope: &Rope, qk_head_dim: usize) -> f32 {
         }
         _ => base as f32,
     }
+}
+
+/// The RoPE table for `positions` positions and the MLA softmax scale (1.0 for GQA) of a model.
+pub fn rope_setup(config: &ModelConfig, positions: usize) -> (RopeTable, f32) {
+    let (rope_head, mla_scale) = match &config.attention {
+        Attention::Mla { qk_nope_head_dim, qk_rope_head_dim, .. } => {
+            (*qk_rope_head_dim, mla_softmax_scale(&config.rope, qk_nope_head_dim + qk_rope_head_dim))
+        }
+        Attention::Gqa { head_dim, .. } => (*head_dim, 1.0),
+    };
+    (RopeTable::new(&config.rope, rope_head, positions), mla_scale)
+}
+
+/// Refuses a sequence longer than the positions `table` was built for.
+pub fn check_positions(table: &RopeTable, length: usize) -> Result<(), RuntimeError> {
+    if length > table.positions {
+        return Err(RuntimeError::Input(format!(
+            "a sequence of {length} tokens is longer than the {} positions the runtime was opened for",
+            table.positions
+        )));
+    }
+    Ok(())
+}
+
+/// RoPE of one token's `row` (heads of `head_dim`, rotating `rotary` elements from `offset`) at `position`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_at(
+    backend: &dyn Backend,
+    table: &RopeTable,
+    row: &mut [f32],
+    head_dim: usize,
+    offset: usize,
+    rotary: usize,
+    position: usize,
+    style: RopeStyle,
+) {
+    let half = table.rotary_dim / 2;
+    let (cos, sin) = (&table.cos[position * half..][..half], &table.sin[position * half..][..half]);
+    backend.rope(row, 1, row.len(), head_dim, offset, rotary, cos, sin, style);
 }
 
 #[cfg(test)]

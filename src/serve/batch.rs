@@ -5,8 +5,8 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
+use super::decoder::{DecodeItem, DecodeModel};
 use crate::progress::Reporter;
-use crate::runtime::decode::{DecodeItem, DecodeModel};
 use crate::runtime::kv_cache::{inject, FaultKind, InjectedFault, KvPool, RequestId};
 use crate::runtime::Backend;
 

@@ -6,6 +6,7 @@
 //! [`report`] reports them.
 
 mod batch;
+pub mod decoder;
 mod pool_size;
 pub mod prompts;
 mod report;
@@ -16,10 +17,10 @@ use std::path::PathBuf;
 use crate::format::kv_scales::{KvDtype, KvLayout, KvScales};
 use crate::model::tokenizer::Tokenizer;
 use crate::progress::Reporter;
-use crate::runtime::decode::DecodeModel;
 use crate::runtime::kv_cache::{FaultKind, KvPool, PoolShape};
 use crate::runtime::{Backend, RuntimeError};
 use batch::{check_fault, eos_ids, Batch};
+use decoder::DecodeModel;
 use report::{assemble, RunFacts};
 pub use report::{RequestReport, ServeReport};
 use sampling::Sampling;

@@ -6,11 +6,12 @@ use anyhow::Context;
 use clap::Parser;
 
 use crate::calib::{calibrate, write_scales, CalibOptions, CalibReport, Strategy};
+use crate::chunks::EvalInput;
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
 use crate::demo_model::{write_checkpoint, Unpacked};
 use crate::engines::Engine;
 use crate::eval::parity::{evaluate_parity, Gates, KvScaleChoice, Mode, ParityOptions, ParityReport};
-use crate::eval::{evaluate, EvalInput, EvalOptions, EvalReport};
+use crate::eval::{evaluate, EvalOptions, EvalReport};
 use crate::inspect::{inspect, InspectReport};
 use crate::progress::Silent;
 use crate::report::Report;

@@ -24,17 +24,20 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::Map;
 
-use super::{load_sequences, EvalError, EvalInput};
+use super::EvalError;
+use crate::arch::{
+    embed, head_name, run_layers, ExpertTimes, KvFp8, KvSource, KvTap, LayerContext, LayerState, LayerStep, LayerTap,
+    Model,
+};
+use crate::chunks::{load_sequences, EvalInput};
 use crate::engines::{kv_scale_handling, CacheLayout, Engine, ScaleUse, DYNAMIC_TILE};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::model::config::Attention;
 use crate::progress::Reporter;
 use crate::runtime::backend::Matrix;
-use crate::runtime::model::{
-    head_name, rope_setup, KvFp8, KvTap, LayerContext, LayerStream, LayerTap, LayerTimes, Selection,
-};
+use crate::runtime::rope_table::{rope_setup, RopeTable};
 use crate::runtime::weights::WeightReader;
-use crate::runtime::{Backend, Model, RuntimeError, Spans};
+use crate::runtime::{Backend, RuntimeError, Spans};
 pub use stats::{Summary, TokenSamples};
 
 /// An evaluation mode (see the module docs).
@@ -162,10 +165,28 @@ pub struct ParityReport {
 struct Stream {
     mode: Mode,
     hidden: Vec<f32>,
-    selection: Option<Selection>,
-    near_ties: usize,
+    state: LayerState,
     routes: Vec<Vec<usize>>,
     layers: Vec<LayerError>,
+}
+
+/// The two models of a parity run, their readers, and the positions every mode is scored on.
+struct Pass<'a> {
+    reference: &'a Model,
+    candidate: &'a Model,
+    ref_reader: WeightReader<'a>,
+    cand_reader: WeightReader<'a>,
+    /// Whether a requested mode runs CAND's weights (then CAND's layers are streamed too).
+    needs_candidate: bool,
+    spans: Spans,
+    /// Prompt tokens per chunk (the first half).
+    prompt: usize,
+    /// The same for each sequence.
+    prompts: Vec<usize>,
+    /// Flat row indices of the scored positions.
+    scored_rows: Vec<usize>,
+    table: RopeTable,
+    mla_scale: f32,
 }
 
 /// Runs every requested mode and returns the report with the gates evaluated.
@@ -175,31 +196,13 @@ pub fn evaluate_parity(
     reporter: &dyn Reporter,
 ) -> Result<ParityReport, EvalError> {
     let started = Instant::now();
-    let reference = Model::open(&options.reference)?;
-    let candidate = Model::open(&options.candidate)?;
+    let (reference, candidate) = open_models(options)?;
     let config = reference.config();
-    let other = candidate.config();
-    if (config.hidden_size, config.num_hidden_layers, config.vocab_size, config.architecture.name())
-        != (other.hidden_size, other.num_hidden_layers, other.vocab_size, other.architecture.name())
-    {
-        return Err(EvalError::Input(format!(
-            "{} and {} are different models (architecture, hidden size, layers or vocabulary differ); the candidate must be a quantization of the reference",
-            options.reference.display(),
-            options.candidate.display()
-        )));
-    }
-    let vocab = config.vocab_size;
     // Half of each chunk is the prompt; at least two scored positions must remain.
-    let sequences = load_sequences(&options.input, &options.reference, options.chunks, 4, vocab)?;
+    let sequences = load_sequences(&options.input, &options.reference, options.chunks, 4, config.vocab_size)?;
     let ctx = sequences[0].len();
-    let mut modes = options.modes.clone();
-    modes.sort();
-    modes.dedup();
-    if modes.is_empty() {
-        modes = Mode::ALL.to_vec();
-    }
+    let modes = requested_modes(&options.modes);
     let prompt = ctx / 2;
-    let needs_candidate = modes.iter().any(|m| matches!(m, Mode::Weights | Mode::Split));
     let (kv_fp8, kv_scales) = resolve_kv_scales(options, &candidate)?;
     if modes.iter().any(|m| m.fp8_kv()) {
         if let KvMode::Static(scales) = &kv_fp8 {
@@ -209,173 +212,15 @@ pub fn evaluate_parity(
         }
     }
 
-    let width = config.hidden_size;
-    let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
-    let spans = Spans::new(&lengths);
-    let prompts = vec![prompt; sequences.len()];
-    let scored_rows: Vec<usize> =
-        spans.iter().flat_map(|(start, length)| start + prompt.min(length)..start + length).collect();
-    let (table, mla_scale) = rope_setup(config, ctx);
-    let ref_reader = WeightReader::new(reference.checkpoint());
-    let cand_reader = WeightReader::new(candidate.checkpoint());
-    let ids: Vec<u32> = sequences.concat();
-    let ref_embedded = ref_reader.rows("model.embed_tokens.weight", width, &ids)?;
-    let cand_embedded =
-        if needs_candidate { cand_reader.rows("model.embed_tokens.weight", width, &ids)? } else { Vec::new() };
-    // The reference always runs: it is what every mode is compared with.
-    let mut streams: Vec<Stream> = std::iter::once(Mode::Reference)
-        .chain(modes.iter().copied().filter(|&m| m != Mode::Reference))
-        .map(|mode| Stream {
-            mode,
-            hidden: if matches!(mode, Mode::Weights | Mode::Split) {
-                cand_embedded.clone()
-            } else {
-                ref_embedded.clone()
-            },
-            selection: None,
-            near_ties: 0,
-            routes: Vec::new(),
-            layers: Vec::new(),
-        })
-        .collect();
-    drop(ref_embedded);
-    drop(cand_embedded);
-    let ref_context = LayerContext { backend, reader: &ref_reader, config, table: &table, mla_scale };
-    let cand_context = LayerContext { backend, reader: &cand_reader, config: other, table: &table, mla_scale };
-
+    let pass = Pass::new(&reference, &candidate, &modes, &sequences, prompt);
+    let mut streams = pass.embed(&modes, &sequences)?;
     reporter.begin("layers", config.num_hidden_layers as u64 + 1);
-    let mut ref_layers = LayerStream::start(&options.reference, config.num_hidden_layers, backend.prefetcher());
-    let mut cand_layers =
-        needs_candidate.then(|| LayerStream::start(&options.candidate, config.num_hidden_layers, backend.prefetcher()));
-    for index in 0..config.num_hidden_layers {
-        let (ref_layer, _) = ref_layers.next_layer()?;
-        let cand_layer = match cand_layers.as_mut() {
-            Some(stream) => Some(stream.next_layer()?.0),
-            None => None,
-        };
-        let layer_fp8 = kv_fp8.layer(index);
-        let (first, rest) = streams.split_first_mut().expect("the reference stream exists");
-        let prefill_hidden = first.hidden.clone();
-        let times = LayerTimes::default();
-        let mut tap = LayerTap { kv: KvTap::default(), routes: Some(&mut first.routes) };
-        ref_layer.forward_tapped(
-            &ref_context,
-            &mut first.hidden,
-            &spans,
-            &mut first.selection,
-            &times,
-            &mut first.near_ties,
-            &mut tap,
-        )?;
-        for stream in rest.iter_mut() {
-            let fp8 = if stream.mode.fp8_kv() { Some(layer_fp8) } else { None };
-            let mut tap = LayerTap { kv: KvTap { observer: None, fp8 }, routes: Some(&mut stream.routes) };
-            match (stream.mode, cand_layer.as_ref()) {
-                (Mode::Kv, _) => ref_layer.forward_tapped(
-                    &ref_context,
-                    &mut stream.hidden,
-                    &spans,
-                    &mut stream.selection,
-                    &times,
-                    &mut stream.near_ties,
-                    &mut tap,
-                )?,
-                (Mode::Weights, Some(cand)) => cand.forward_tapped(
-                    &cand_context,
-                    &mut stream.hidden,
-                    &spans,
-                    &mut stream.selection,
-                    &times,
-                    &mut stream.near_ties,
-                    &mut tap,
-                )?,
-                (Mode::Split, Some(cand)) => cand.forward_split(
-                    &ref_layer,
-                    &cand_context,
-                    &prefill_hidden,
-                    &mut stream.hidden,
-                    &spans,
-                    &prompts,
-                    &mut stream.selection,
-                    &times,
-                    &mut stream.near_ties,
-                    &mut tap,
-                )?,
-                _ => unreachable!("the candidate layer is loaded for the modes that use it"),
-            }
-            let moe = config.runs_moe(index);
-            stream.layers.push(LayerError {
-                layer: index,
-                hidden_rel_l2: relative_l2(&stream.hidden, &first.hidden, &scored_rows, width),
-                expert_agreement: if moe { Some(agreement(&stream.routes, &first.routes, &scored_rows)) } else { None },
-            });
-        }
-        first.layers.push(LayerError {
-            layer: index,
-            hidden_rel_l2: 0.0,
-            expert_agreement: if config.runs_moe(index) { Some(1.0) } else { None },
-        });
-        RuntimeError::check(backend)?;
-        reporter.advance(1);
-    }
-
-    // Final norm and head: REF's for the modes on REF weights, CAND's for the others; only scored rows.
-    let ref_norm = ref_reader.vector("model.norm.weight", width)?;
-    let ref_head: Matrix = ref_reader.matrix(head_name(config, &ref_reader), [vocab, width])?;
-    let cand_parts = if needs_candidate {
-        Some((
-            cand_reader.vector("model.norm.weight", width)?,
-            cand_reader.matrix(head_name(other, &cand_reader), [vocab, width])?,
-        ))
-    } else {
-        None
-    };
-    let rows_per_seq = ctx - 1 - prompt;
-    let logits_of = |stream: &Stream, start: usize| -> Vec<f32> {
-        let (norm, head) = match (stream.mode, &cand_parts) {
-            (Mode::Weights | Mode::Split, Some((norm, head))) => (norm, head),
-            _ => (&ref_norm, &ref_head),
-        };
-        let mut rows = stream.hidden[(start + prompt) * width..(start + prompt + rows_per_seq) * width].to_vec();
-        backend.rms_norm(&mut rows, width, norm, config.rms_norm_eps as f32);
-        backend.linear(&rows, rows_per_seq, head, None)
-    };
-    let mut samples: Vec<TokenSamples> = vec![TokenSamples::default(); streams.len()];
-    for (sequence, (start, _)) in spans.iter().enumerate() {
-        let base = logits_of(&streams[0], start);
-        for (stream, sample) in streams.iter().zip(samples.iter_mut()) {
-            let logits = if stream.mode == Mode::Reference { base.clone() } else { logits_of(stream, start) };
-            for row in 0..rows_per_seq {
-                let target = sequences[sequence][prompt + row + 1] as usize;
-                sample.add(&base[row * vocab..][..vocab], &logits[row * vocab..][..vocab], target);
-            }
-        }
-    }
-    RuntimeError::check(backend)?;
+    pass.run(&mut streams, &kv_fp8, backend, reporter)?;
+    let samples = pass.score(&streams, &sequences, backend)?;
     reporter.advance(1);
     reporter.end();
+    let Summaries { mode_reports, json_modes, failures } = summarize(&streams, &samples, &modes, &options.gates)?;
 
-    let mut mode_reports = Vec::new();
-    let mut json_modes = Map::new();
-    let mut failures = Vec::new();
-    for (stream, sample) in streams.iter().zip(&samples) {
-        if !modes.contains(&stream.mode) {
-            continue;
-        }
-        let summary = Summary::of(sample);
-        let mut kld_sorted = sample.kld.clone();
-        kld_sorted.sort_by(f64::total_cmp);
-        let report = ModeReport { summary, layers: stream.layers.clone(), kld_sorted };
-        if stream.mode != Mode::Reference {
-            failures.extend(check_gates(stream.mode, &report.summary, &options.gates));
-        }
-        json_modes.insert(
-            stream.mode.name().into(),
-            serde_json::to_value(&report).map_err(|e| EvalError::Input(e.to_string()))?,
-        );
-        mode_reports.push((stream.mode, report));
-    }
-    mode_reports.sort_by_key(|(mode, _)| *mode);
     Ok(ParityReport {
         reference: options.reference.display().to_string(),
         candidate: options.candidate.display().to_string(),
@@ -396,6 +241,250 @@ pub fn evaluate_parity(
     })
 }
 
+/// Opens REF and CAND, refusing a candidate that is not a quantization of the reference.
+fn open_models(options: &ParityOptions) -> Result<(Model, Model), EvalError> {
+    let reference = Model::open(&options.reference)?;
+    let candidate = Model::open(&options.candidate)?;
+    let config = reference.config();
+    let other = candidate.config();
+    if (config.hidden_size, config.num_hidden_layers, config.vocab_size, config.architecture.name())
+        != (other.hidden_size, other.num_hidden_layers, other.vocab_size, other.architecture.name())
+    {
+        return Err(EvalError::Input(format!(
+            "{} and {} are different models (architecture, hidden size, layers or vocabulary differ); the candidate must be a quantization of the reference",
+            options.reference.display(),
+            options.candidate.display()
+        )));
+    }
+    Ok((reference, candidate))
+}
+
+/// The modes to run, in order, without repeats; all of them when none is asked for.
+fn requested_modes(asked: &[Mode]) -> Vec<Mode> {
+    let mut modes = asked.to_vec();
+    modes.sort();
+    modes.dedup();
+    if modes.is_empty() {
+        modes = Mode::ALL.to_vec();
+    }
+    modes
+}
+
+impl<'a> Pass<'a> {
+    fn new(reference: &'a Model, candidate: &'a Model, modes: &[Mode], sequences: &[Vec<u32>], prompt: usize) -> Self {
+        let ctx = sequences[0].len();
+        let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
+        let spans = Spans::new(&lengths);
+        let scored_rows: Vec<usize> =
+            spans.iter().flat_map(|(start, length)| start + prompt.min(length)..start + length).collect();
+        let (table, mla_scale) = rope_setup(reference.config(), ctx);
+        Self {
+            reference,
+            candidate,
+            ref_reader: WeightReader::new(reference.checkpoint()),
+            cand_reader: WeightReader::new(candidate.checkpoint()),
+            needs_candidate: modes.iter().any(|m| matches!(m, Mode::Weights | Mode::Split)),
+            spans,
+            prompt,
+            prompts: vec![prompt; sequences.len()],
+            scored_rows,
+            table,
+            mla_scale,
+        }
+    }
+
+    /// One stream per mode, the reference first (it is what every mode is compared with, so it always runs), each
+    /// starting from its weights' embeddings.
+    fn embed(&self, modes: &[Mode], sequences: &[Vec<u32>]) -> Result<Vec<Stream>, EvalError> {
+        let ids: Vec<u32> = sequences.concat();
+        let ref_embedded = embed(&self.ref_reader, self.reference.config(), &ids)?;
+        let cand_embedded =
+            if self.needs_candidate { embed(&self.cand_reader, self.candidate.config(), &ids)? } else { Vec::new() };
+        Ok(std::iter::once(Mode::Reference)
+            .chain(modes.iter().copied().filter(|&m| m != Mode::Reference))
+            .map(|mode| Stream {
+                mode,
+                hidden: if matches!(mode, Mode::Weights | Mode::Split) {
+                    cand_embedded.clone()
+                } else {
+                    ref_embedded.clone()
+                },
+                state: LayerState::default(),
+                routes: Vec::new(),
+                layers: Vec::new(),
+            })
+            .collect())
+    }
+
+    /// Advances every stream through every decoder layer in one layer-streamed pass over REF (and CAND when a
+    /// mode runs its weights), recording each mode's per-layer error against the reference.
+    fn run(
+        &self,
+        streams: &mut [Stream],
+        kv_fp8: &KvMode,
+        backend: &dyn Backend,
+        reporter: &dyn Reporter,
+    ) -> Result<(), EvalError> {
+        let (config, other) = (self.reference.config(), self.candidate.config());
+        let (table, mla_scale) = (&self.table, self.mla_scale);
+        let ref_context = LayerContext { backend, reader: &self.ref_reader, config, table, mla_scale };
+        let cand_context = LayerContext { backend, reader: &self.cand_reader, config: other, table, mla_scale };
+        let models: &[&Model] =
+            if self.needs_candidate { &[self.reference, self.candidate] } else { &[self.reference] };
+        run_layers(models, backend, reporter, &mut |step| {
+            self.advance(step, streams, kv_fp8.layer(step.index), &ref_context, &cand_context)
+        })?;
+        Ok(())
+    }
+
+    /// One decoder layer of every stream: the reference on REF's layer with its own cache; `kv` on REF's layer
+    /// with the FP8 cache; `weights` on CAND's; `split` on CAND's with the prompt rows cached by REF's layer from
+    /// the reference's residual stream.
+    fn advance(
+        &self,
+        step: &LayerStep,
+        streams: &mut [Stream],
+        layer_fp8: KvFp8,
+        ref_context: &LayerContext,
+        cand_context: &LayerContext,
+    ) -> Result<(), RuntimeError> {
+        let config = self.reference.config();
+        let width = config.hidden_size;
+        let ref_layer = &step.layers[0];
+        let cand_layer = step.layers.get(1);
+        let (first, rest) = streams.split_first_mut().expect("the reference stream exists");
+        let prefill_hidden = first.hidden.clone();
+        let times = ExpertTimes::default();
+        let mut tap = LayerTap { kv: KvTap::default(), routes: Some(&mut first.routes) };
+        let spans = &self.spans;
+        ref_layer.forward(
+            ref_context,
+            &mut first.hidden,
+            spans,
+            KvSource::Own,
+            &mut first.state,
+            &times,
+            Some(&mut tap),
+        )?;
+        for stream in rest.iter_mut() {
+            let fp8 = if stream.mode.fp8_kv() { Some(layer_fp8) } else { None };
+            let mut tap = LayerTap { kv: KvTap { observer: None, fp8 }, routes: Some(&mut stream.routes) };
+            let (layer, context, kv) = match (stream.mode, cand_layer) {
+                (Mode::Kv, _) => (ref_layer, ref_context, KvSource::Own),
+                (Mode::Weights, Some(cand)) => (cand, cand_context, KvSource::Own),
+                (Mode::Split, Some(cand)) => (
+                    cand,
+                    cand_context,
+                    KvSource::Split { prefill: ref_layer, prefill_input: &prefill_hidden, prompt: &self.prompts },
+                ),
+                _ => unreachable!("the candidate layer is loaded for the modes that use it"),
+            };
+            layer.forward(context, &mut stream.hidden, spans, kv, &mut stream.state, &times, Some(&mut tap))?;
+            let moe = config.runs_moe(step.index);
+            stream.layers.push(LayerError {
+                layer: step.index,
+                hidden_rel_l2: relative_l2(&stream.hidden, &first.hidden, &self.scored_rows, width),
+                expert_agreement: if moe {
+                    Some(agreement(&stream.routes, &first.routes, &self.scored_rows))
+                } else {
+                    None
+                },
+            });
+        }
+        first.layers.push(LayerError {
+            layer: step.index,
+            hidden_rel_l2: 0.0,
+            expert_agreement: if config.runs_moe(step.index) { Some(1.0) } else { None },
+        });
+        Ok(())
+    }
+
+    /// Final norm and head — REF's for the modes on REF weights, CAND's for the others — on the scored rows only,
+    /// and each mode's per-token statistics against the reference's logits.
+    fn score(
+        &self,
+        streams: &[Stream],
+        sequences: &[Vec<u32>],
+        backend: &dyn Backend,
+    ) -> Result<Vec<TokenSamples>, EvalError> {
+        let (config, other) = (self.reference.config(), self.candidate.config());
+        let (width, vocab) = (config.hidden_size, config.vocab_size);
+        let (ref_reader, cand_reader) = (&self.ref_reader, &self.cand_reader);
+        let prompt = self.prompt;
+        let ctx = sequences[0].len();
+        let ref_norm = ref_reader.vector("model.norm.weight", width)?;
+        let ref_head: Matrix = ref_reader.matrix(head_name(config, ref_reader), [vocab, width])?;
+        let cand_parts = if self.needs_candidate {
+            Some((
+                cand_reader.vector("model.norm.weight", width)?,
+                cand_reader.matrix(head_name(other, cand_reader), [vocab, width])?,
+            ))
+        } else {
+            None
+        };
+        let rows_per_seq = ctx - 1 - prompt;
+        let logits_of = |stream: &Stream, start: usize| -> Vec<f32> {
+            let (norm, head) = match (stream.mode, &cand_parts) {
+                (Mode::Weights | Mode::Split, Some((norm, head))) => (norm, head),
+                _ => (&ref_norm, &ref_head),
+            };
+            let mut rows = stream.hidden[(start + prompt) * width..(start + prompt + rows_per_seq) * width].to_vec();
+            backend.rms_norm(&mut rows, width, norm, config.rms_norm_eps as f32);
+            backend.linear(&rows, rows_per_seq, head, None)
+        };
+        let mut samples: Vec<TokenSamples> = vec![TokenSamples::default(); streams.len()];
+        for (sequence, (start, _)) in self.spans.iter().enumerate() {
+            let base = logits_of(&streams[0], start);
+            for (stream, sample) in streams.iter().zip(samples.iter_mut()) {
+                let logits = if stream.mode == Mode::Reference { base.clone() } else { logits_of(stream, start) };
+                for row in 0..rows_per_seq {
+                    let target = sequences[sequence][prompt + row + 1] as usize;
+                    sample.add(&base[row * vocab..][..vocab], &logits[row * vocab..][..vocab], target);
+                }
+            }
+        }
+        RuntimeError::check(backend)?;
+        Ok(samples)
+    }
+}
+
+/// Each requested mode's report (sorted by mode), the same as JSON by mode name, and the failed gates.
+struct Summaries {
+    mode_reports: Vec<(Mode, ModeReport)>,
+    json_modes: Map<String, serde_json::Value>,
+    failures: Vec<GateFailure>,
+}
+
+fn summarize(
+    streams: &[Stream],
+    samples: &[TokenSamples],
+    modes: &[Mode],
+    gates: &Gates,
+) -> Result<Summaries, EvalError> {
+    let mut mode_reports = Vec::new();
+    let mut json_modes = Map::new();
+    let mut failures = Vec::new();
+    for (stream, sample) in streams.iter().zip(samples) {
+        if !modes.contains(&stream.mode) {
+            continue;
+        }
+        let summary = Summary::of(sample);
+        let mut kld_sorted = sample.kld.clone();
+        kld_sorted.sort_by(f64::total_cmp);
+        let report = ModeReport { summary, layers: stream.layers.clone(), kld_sorted };
+        if stream.mode != Mode::Reference {
+            failures.extend(check_gates(stream.mode, &report.summary, gates));
+        }
+        json_modes.insert(
+            stream.mode.name().into(),
+            serde_json::to_value(&report).map_err(|e| EvalError::Input(e.to_string()))?,
+        );
+        mode_reports.push((stream.mode, report));
+    }
+    mode_reports.sort_by_key(|(mode, _)| *mode);
+    Ok(Summaries { mode_reports, json_modes, failures })
+}
+
 /// The FP8 KV storage of the FP8-KV modes, resolved for every layer.
 enum KvMode {
     Static(KvScales),
@@ -412,10 +501,7 @@ impl KvMode {
 }
 
 /// Resolves `--kv-scales` (and `--engine`) against the candidate's cache layout.
-fn resolve_kv_scales(
-    options: &ParityOptions,
-    candidate: &crate::runtime::Model,
-) -> Result<(KvMode, KvScalesUsed), EvalError> {
+fn resolve_kv_scales(options: &ParityOptions, candidate: &Model) -> Result<(KvMode, KvScalesUsed), EvalError> {
     let config = candidate.config();
     let layout = CacheLayout::of(config);
     let handling = kv_scale_handling(options.engine, layout);

@@ -1,8 +1,8 @@
 //! The DSA lightning indexer's top-k selection on the host: ReLU head scores of every causal key, the best `top_k`
 //! per query (kernels/indexer.cu is its device twin).
 
+use crate::runtime::backend::INDEXER_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{IndexerShape, KeySelection};
-use crate::runtime::indexer::NEAR_TIE_RELATIVE;
 
 /// The `[tokens, tokens]` mask of the keys each query keeps.
 pub fn top_k(q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection {

@@ -1,8 +1,8 @@
 //! MoE routing on the host: sigmoid scores, `e_score_correction_bias` for selection only, group-limited top-k,
 //! `norm_topk_prob`, `routed_scaling_factor` (kernels/routing.cu is its device twin).
 
+use crate::runtime::backend::ROUTING_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{Routes, RoutingShape};
-use crate::runtime::moe::NEAR_TIE_RELATIVE;
 
 /// The experts and weights of each `[experts]`-row of `logits`.
 pub fn route(logits: &[f32], tokens: usize, correction_bias: &[f32], shape: &RoutingShape) -> Routes {

@@ -2,8 +2,8 @@
 
 use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
 use crate::cuda::CudaError;
+use crate::runtime::backend::ROUTING_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{Routes, RoutingShape};
-use crate::runtime::moe::NEAR_TIE_RELATIVE;
 
 use super::checks::buffers_hold;
 use super::CudaBackend;

@@ -1,13 +1,14 @@
 //! Grouped-query attention of GLM-4.5: biased q/k/v projections, optional per-head RMSNorm of q and k, rotate-half
-//! RoPE on the first `partial_rotary_factor` of each head.
+//! RoPE on the first `partial_rotary_factor` of each head; over whole sequences, or as the decode step's cache rows
+//! and queries at their positions.
 
-use super::backend::{AttentionShape, Backend, Matrix, RopeStyle};
-use super::layer::{CachedKv, KvTap};
-use super::rope_table::RopeTable;
-use super::weights::WeightReader;
-use super::{RuntimeError, Spans};
+use super::tap::{CachedKv, KvSource, KvTap};
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
+use crate::runtime::backend::{AttentionShape, Backend, Matrix, PagedLayout, RopeStyle};
+use crate::runtime::rope_table::{check_positions, rope_at, RopeTable};
+use crate::runtime::weights::WeightReader;
+use crate::runtime::{RuntimeError, Spans};
 
 pub struct GqaWeights {
     q: (Matrix, Option<Vec<f32>>),
@@ -32,11 +33,12 @@ impl GqaWeights {
         [&self.q.0, &self.k.0, &self.v.0, &self.o]
     }
 
-    pub fn load(reader: &WeightReader, config: &ModelConfig, prefix: &str) -> Result<Self, RuntimeError> {
+    /// The attention weights of decoder layer `layer`.
+    pub fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
         let (kv_heads, head_dim, bias, qk_norm) = dims(config);
         let hidden = config.hidden_size;
         let heads = config.num_attention_heads;
-        let name = |suffix: &str| format!("{prefix}.self_attn.{suffix}");
+        let name = |suffix: &str| format!("model.layers.{layer}.self_attn.{suffix}");
         let projection = |which: &str, out: usize| -> Result<(Matrix, Option<Vec<f32>>), RuntimeError> {
             let weight = reader.matrix(&name(&format!("{which}.weight")), [out, hidden])?;
             let bias = if bias { Some(reader.vector(&name(&format!("{which}.bias")), out)?) } else { None };
@@ -58,7 +60,13 @@ impl GqaWeights {
         })
     }
 
-    #[allow(dead_code)] // the untapped entry point, kept for other callers
+    /// Attention output `[tokens, hidden]` for normed input `x`, the cached post-RoPE K and V taken from `kv` and
+    /// passed through `tap` (observed, then fake-quantized to FP8 if asked).
+    ///
+    /// With [`KvSource::Split`] K and V of each sequence's first `prompt[i]` tokens come from `prefill` applied to
+    /// `prefill_input`, the rest from `self` applied to `x`; queries and the output projection use `self`. Rows of
+    /// prompt positions in the result are not meaningful.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         backend: &dyn Backend,
@@ -66,52 +74,20 @@ impl GqaWeights {
         x: &[f32],
         spans: &Spans,
         table: &RopeTable,
-    ) -> Result<Vec<f32>, RuntimeError> {
-        self.forward_tapped(backend, config, x, spans, table, &mut KvTap::default())
-    }
-
-    /// [`Self::forward`] with a tap on the cached post-RoPE K and V: observed, then fake-quantized to FP8 if asked.
-    pub fn forward_tapped(
-        &self,
-        backend: &dyn Backend,
-        config: &ModelConfig,
-        x: &[f32],
-        spans: &Spans,
-        table: &RopeTable,
-        tap: &mut KvTap,
-    ) -> Result<Vec<f32>, RuntimeError> {
-        let (kv_heads, head_dim, _, _) = dims(config);
-        let q = self.queries(backend, config, x, spans, table)?;
-        let (mut k, mut v) = self.keys_values(backend, config, x, spans, table)?;
-        tap.apply(CachedKv::Gqa { k: &mut k, v: &mut v, heads: kv_heads, head_dim });
-        Ok(self.attend(backend, config, q, &k, &v, spans))
-    }
-
-    /// Split prefill/decode: K and V of each sequence's first `prompt[i]` tokens come from `prefill` applied to
-    /// `x_prefill`, the rest from `self` applied to `x`; all are fake-quantized with `tap`; queries and the output
-    /// projection use `self`. Rows of prompt positions in the result are not meaningful.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_split(
-        &self,
-        prefill: &GqaWeights,
-        backend: &dyn Backend,
-        config: &ModelConfig,
-        x_prefill: &[f32],
-        x: &[f32],
-        spans: &Spans,
-        prompt: &[usize],
-        table: &RopeTable,
+        kv: KvSource<GqaWeights>,
         tap: &mut KvTap,
     ) -> Result<Vec<f32>, RuntimeError> {
         let (kv_heads, head_dim, _, _) = dims(config);
         let width = kv_heads * head_dim;
         let q = self.queries(backend, config, x, spans, table)?;
         let (mut k, mut v) = self.keys_values(backend, config, x, spans, table)?;
-        let (k_prefill, v_prefill) = prefill.keys_values(backend, config, x_prefill, spans, table)?;
-        for ((start, _), &length) in spans.iter().zip(prompt) {
-            let range = start * width..(start + length) * width;
-            k[range.clone()].copy_from_slice(&k_prefill[range.clone()]);
-            v[range.clone()].copy_from_slice(&v_prefill[range]);
+        if let KvSource::Split { prefill, prefill_input: x_prefill, prompt } = kv {
+            let (k_prefill, v_prefill) = prefill.keys_values(backend, config, x_prefill, spans, table)?;
+            for ((start, _), &length) in spans.iter().zip(prompt) {
+                let range = start * width..(start + length) * width;
+                k[range.clone()].copy_from_slice(&k_prefill[range.clone()]);
+                v[range.clone()].copy_from_slice(&v_prefill[range]);
+            }
         }
         tap.apply(CachedKv::Gqa { k: &mut k, v: &mut v, heads: kv_heads, head_dim });
         Ok(self.attend(backend, config, q, &k, &v, spans))
@@ -133,7 +109,7 @@ impl GqaWeights {
             backend.rms_norm(&mut q, head_dim, q_norm, config.rms_norm_eps as f32);
         }
         for (start, length) in spans.iter() {
-            super::mla::check_positions(table, length)?;
+            check_positions(table, length)?;
             let q_seq = &mut q[start * heads * head_dim..(start + length) * heads * head_dim];
             backend.rope(
                 q_seq,
@@ -167,7 +143,7 @@ impl GqaWeights {
             backend.rms_norm(&mut k, head_dim, k_norm, config.rms_norm_eps as f32);
         }
         for (start, length) in spans.iter() {
-            super::mla::check_positions(table, length)?;
+            check_positions(table, length)?;
             let k_seq = &mut k[start * kv_heads * head_dim..(start + length) * kv_heads * head_dim];
             backend.rope(
                 k_seq,
@@ -207,5 +183,54 @@ impl GqaWeights {
             output[start * heads * head_dim..][..length * heads * head_dim].copy_from_slice(&attended);
         }
         backend.linear(&output, tokens, &self.o, None)
+    }
+}
+
+impl GqaWeights {
+    /// Decode step: cache rows `[tokens, 2 · kv_heads · head_dim]` (post-RoPE K, then V) of normed input `x` at
+    /// `positions`, and the post-RoPE queries `[tokens, heads, head_dim]` of the same tokens.
+    pub fn project(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        table: &RopeTable,
+        x: &[f32],
+        positions: &[usize],
+    ) -> (Vec<f32>, Vec<f32>) {
+        let tokens = positions.len();
+        let (kv_heads, head_dim, _, _) = dims(config);
+        let heads = config.num_attention_heads;
+        let eps = config.rms_norm_eps as f32;
+        let (q, k, v) = (&self.q, &self.k, &self.v);
+        let mut queries = backend.linear(x, tokens, &q.0, q.1.as_deref());
+        let mut keys = backend.linear(x, tokens, &k.0, k.1.as_deref());
+        let values = backend.linear(x, tokens, &v.0, v.1.as_deref());
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            backend.rms_norm(&mut queries, head_dim, q_norm, eps);
+            backend.rms_norm(&mut keys, head_dim, k_norm, eps);
+        }
+        let width = kv_heads * head_dim;
+        let mut rows = Vec::with_capacity(tokens * 2 * width);
+        for (t, &position) in positions.iter().enumerate() {
+            let rot = table.rotary_dim;
+            let q_row = &mut queries[t * heads * head_dim..][..heads * head_dim];
+            rope_at(backend, table, q_row, head_dim, 0, rot, position, RopeStyle::Half);
+            let k_row = &mut keys[t * width..][..width];
+            rope_at(backend, table, k_row, head_dim, 0, rot, position, RopeStyle::Half);
+            rows.extend_from_slice(k_row);
+            rows.extend_from_slice(&values[t * width..][..width]);
+        }
+        (rows, queries)
+    }
+
+    /// How the paged attention reads the cached rows: GQA heads over `[K | V]`.
+    pub fn layout(config: &ModelConfig) -> PagedLayout {
+        let (kv_heads, head_dim, _, _) = dims(config);
+        PagedLayout::gqa(config.num_attention_heads, kv_heads, head_dim, (head_dim as f32).powf(-0.5))
+    }
+
+    /// `o_proj` of the attention outputs.
+    pub fn output(&self, backend: &dyn Backend, attended: &[f32], tokens: usize) -> Vec<f32> {
+        backend.linear(attended, tokens, &self.o, None)
     }
 }

@@ -1,12 +1,13 @@
-//! The runtime against HF transformers' float32 logits on the committed tiny checkpoints of
+//! The causal LM on the CPU backend against HF transformers' float32 logits on the committed tiny checkpoints of
 //! `tests/golden/runtime/` (written by `scripts/oracle/make-runtime-golden.py`; no Python needed here).
 
 use std::path::PathBuf;
 
-use super::{Cpu, Model};
+use super::Model;
 use crate::io::dtype::Dtype;
 use crate::io::ShardFile;
 use crate::progress::Silent;
+use crate::runtime::Cpu;
 
 /// Relative L2 error of logits allowed against transformers in float32 on the same (exactly dequantized) weights:
 /// both sides compute in f32 with different summation orders (blocked dot products vs BLAS), which leaves ~1e-6;

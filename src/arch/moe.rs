@@ -8,13 +8,10 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::backend::{Backend, Matrix, RoutedExpert, RoutingShape};
-use super::weights::WeightReader;
-use super::RuntimeError;
 use crate::model::ModelConfig;
-
-/// Relative score margin at the expert top-k boundary under which another f32 implementation may pick differently.
-pub const NEAR_TIE_RELATIVE: f32 = 1e-5;
+use crate::runtime::backend::{Backend, Matrix, RoutedExpert, RoutingShape};
+use crate::runtime::weights::WeightReader;
+use crate::runtime::RuntimeError;
 
 pub struct DenseMlp {
     gate: Matrix,

@@ -1,5 +1,5 @@
-//! A causal LM opened from a checkpoint folder and run layer-streamed: embed all sequences, advance them through
-//! one decoder layer at a time (load → forward → drop), final norm, then logits one sequence at a time.
+//! The causal LM opened from a checkpoint folder: token embedding, the decoder layers streamed one at a time
+//! through the one layer-streamed loop ([`run_layers`], with a per-layer hook), final norm and `lm_head`.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -7,22 +7,34 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::backend::{Backend, Matrix};
-use super::rope_table::{mla_softmax_scale, RopeTable};
-use super::weights::WeightReader;
-use super::{RuntimeError, Spans};
+use super::layer::{Layer, LayerContext, LayerState};
+use super::moe::ExpertTimes;
+use super::tap::KvSource;
 use crate::io::Checkpoint;
-use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
-
-pub use super::indexer::Selection;
-pub use super::layer::{fake_fp8, CachedKv, KvFp8, KvObserver, KvTap, Layer, LayerContext, LayerTap};
-pub use super::layer_stream::LayerStream;
-pub use super::moe::ExpertTimes as LayerTimes;
+use crate::runtime::backend::{Backend, Matrix};
+use crate::runtime::checkpoint::open_checkpoint;
+use crate::runtime::layer_stream::LayerStream;
+use crate::runtime::rope_table::rope_setup;
+use crate::runtime::weights::WeightReader;
+use crate::runtime::{RuntimeError, Spans};
 
 /// Receives each sequence's logits: `(sequence index, [len, vocab] logits)`.
 pub type LogitsSink<'a> = dyn FnMut(usize, &[f32]) -> Result<(), RuntimeError> + 'a;
+
+/// One decoder layer of a layer-streamed pass, as the hook sees it.
+pub struct LayerStep<'a> {
+    pub index: usize,
+    /// The layer of each model of the pass, in the order the models were given.
+    pub layers: &'a [Layer],
+    /// Seconds spent waiting for the layers (their loading not hidden behind the previous layer's compute).
+    pub waited_seconds: f64,
+}
+
+/// Runs one decoder layer of a pass: the caller's forward of its streams through `step.layers`, and whatever it
+/// observes.
+pub type LayerHook<'a> = dyn FnMut(&LayerStep) -> Result<(), RuntimeError> + 'a;
 
 /// A model ready to run: the mapped checkpoint and its parsed config.
 pub struct Model {
@@ -37,20 +49,9 @@ pub struct ForwardStats {
     pub load_seconds: f64,
     /// Wall seconds of arithmetic.
     pub compute_seconds: f64,
-    /// Router and DSA top-k decisions whose boundary margin is within `NEAR_TIE_RELATIVE` (may flip between
-    /// implementations without either being wrong).
+    /// Router and DSA top-k decisions whose boundary margin is within the backend's near-tie margins (may flip
+    /// between implementations without either being wrong).
     pub near_ties: usize,
-}
-
-/// The RoPE table for `positions` positions and the MLA softmax scale (1.0 for GQA) of a model.
-pub fn rope_setup(config: &ModelConfig, positions: usize) -> (RopeTable, f32) {
-    let (rope_head, mla_scale) = match &config.attention {
-        Attention::Mla { qk_nope_head_dim, qk_rope_head_dim, .. } => {
-            (*qk_rope_head_dim, mla_softmax_scale(&config.rope, qk_nope_head_dim + qk_rope_head_dim))
-        }
-        Attention::Gqa { head_dim, .. } => (*head_dim, 1.0),
-    };
-    (RopeTable::new(&config.rope, rope_head, positions), mla_scale)
 }
 
 /// The name of the output head's weight (`lm_head.weight`, or the embedding when tied and absent).
@@ -62,26 +63,39 @@ pub fn head_name(config: &ModelConfig, reader: &WeightReader) -> &'static str {
     }
 }
 
-/// Opens a model folder for the runtime: the validated checkpoint and its config, refusing routers it does not run.
-pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeError> {
-    if let Some(problem) = crate::io::journal::pending(dir) {
-        return Err(RuntimeError::Input(problem));
+/// The embeddings `[tokens, hidden]` of `ids`.
+pub fn embed(reader: &WeightReader, config: &ModelConfig, ids: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+    reader.rows("model.embed_tokens.weight", config.hidden_size, ids)
+}
+
+/// The one layer-streamed loop: the decoder layers of `models` (one model, or several of the same shape advanced
+/// in lockstep) are loaded ahead on a thread each, and for every layer index `hook` runs the caller's streams
+/// through them; then the backend's first failure is raised, the reporter advances one unit and the layers are
+/// dropped.
+pub fn run_layers(
+    models: &[&Model],
+    backend: &dyn Backend,
+    reporter: &dyn Reporter,
+    hook: &mut LayerHook,
+) -> Result<(), RuntimeError> {
+    let Some(first) = models.first() else { return Ok(()) };
+    let count = first.config.num_hidden_layers;
+    let mut streams: Vec<LayerStream<Layer>> =
+        models.iter().map(|model| LayerStream::start(model.checkpoint.dir(), count, backend.prefetcher())).collect();
+    for index in 0..count {
+        let mut layers = Vec::with_capacity(streams.len());
+        let mut waited_seconds = 0.0;
+        for stream in &mut streams {
+            let (layer, waited) = stream.next_layer()?;
+            layers.push(layer);
+            waited_seconds += waited;
+        }
+        hook(&LayerStep { index, layers: &layers, waited_seconds })?;
+        RuntimeError::check(backend)?;
+        drop(layers);
+        reporter.advance(1);
     }
-    let checkpoint = Checkpoint::open(dir)?;
-    let json = checkpoint.config().ok_or_else(|| {
-        RuntimeError::Input(format!("{}: has no config.json; the runtime needs the model's config", dir.display()))
-    })?;
-    let config = ModelConfig::from_json(json)?;
-    if config.routing.scoring_func != "sigmoid" {
-        return Err(RuntimeError::Input(format!(
-            "config.json: scoring_func {:?} is not supported; the runtime implements the sigmoid router of DeepSeek-V3/Kimi K2/GLM",
-            config.routing.scoring_func
-        )));
-    }
-    if let Some(problem) = super::validate::describe(&checkpoint, &config) {
-        return Err(RuntimeError::Input(problem));
-    }
-    Ok((checkpoint, config))
+    Ok(())
 }
 
 impl Model {
@@ -118,19 +132,17 @@ impl Model {
 
         let started = Instant::now();
         let ids: Vec<u32> = sequences.concat();
-        let mut hidden = reader.rows("model.embed_tokens.weight", width, &ids)?;
+        let mut hidden = embed(&reader, config, &ids)?;
         stats.load_seconds += started.elapsed().as_secs_f64();
 
         reporter.begin("layers", config.num_hidden_layers as u64 + 1);
         let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
-        let mut selection = None;
-        let mut layers = LayerStream::start(self.checkpoint.dir(), config.num_hidden_layers, backend.prefetcher());
-        for _ in 0..config.num_hidden_layers {
+        let mut state = LayerState::default();
+        run_layers(&[self], backend, reporter, &mut |step| {
             // Only the wait counts as load time: the rest of the loading overlapped the previous layer's compute.
-            let (layer, loaded) = layers.next_layer()?;
-            let times = LayerTimes::default();
+            let times = ExpertTimes::default();
             let computing = Instant::now();
-            layer.forward(&context, &mut hidden, &spans, &mut selection, &times, &mut stats.near_ties)?;
+            step.layers[0].forward(&context, &mut hidden, &spans, KvSource::Own, &mut state, &times, None)?;
             RuntimeError::check(backend)?;
             let compute_wall = computing.elapsed().as_secs_f64();
             let (expert_load, expert_compute) =
@@ -139,11 +151,11 @@ impl Model {
                 if expert_load + expert_compute > 0.0 { expert_load / (expert_load + expert_compute) } else { 0.0 };
             // The expert phase interleaves loading and compute across threads: split its wall time by thread time.
             let moved = times.phase_nanos.load(Ordering::Relaxed) as f64 * 1e-9 * expert_share;
-            stats.load_seconds += loaded + moved;
+            stats.load_seconds += step.waited_seconds + moved;
             stats.compute_seconds += compute_wall - moved;
-            drop(layer);
-            reporter.advance(1);
-        }
+            Ok(())
+        })?;
+        stats.near_ties = state.near_ties;
 
         let started = Instant::now();
         let norm = reader.vector("model.norm.weight", width)?;

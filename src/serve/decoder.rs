@@ -10,36 +10,19 @@
 //! ```
 //! Fine for the tiny and small models `serve-test` smoke-decodes; the full-sequence path stays layer-streamed.
 
-mod attention;
-
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
-use attention::StepAttention;
-
-use super::backend::{Backend, KvRow, Matrix, PagedRequest, PagedStep};
-use super::cpu::paged::attend_rows;
-use super::kv_cache::{KvPool, PoolError, RequestId};
-use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
-use super::rope_table::{mla_softmax_scale, RopeTable};
-use super::weights::WeightReader;
-use super::RuntimeError;
+use crate::arch::{head_name, DecodeLayer};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
-use crate::model::config::Attention;
 use crate::model::ModelConfig;
-
-enum Mlp {
-    Dense(DenseMlp),
-    Moe(MoeWeights),
-}
-
-struct DecodeLayer {
-    input_norm: Vec<f32>,
-    attention: StepAttention,
-    post_norm: Vec<f32>,
-    mlp: Mlp,
-}
+use crate::runtime::backend::{Backend, KvRow, Matrix, PagedRequest, PagedStep};
+use crate::runtime::checkpoint::open_checkpoint;
+use crate::runtime::cpu::paged::attend_rows;
+use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
+use crate::runtime::rope_table::{rope_setup, RopeTable};
+use crate::runtime::weights::WeightReader;
+use crate::runtime::RuntimeError;
 
 /// One request's new token in a decode batch.
 #[derive(Debug, Clone, Copy)]
@@ -80,38 +63,14 @@ pub struct DecodeModel {
 impl DecodeModel {
     /// Loads every layer's resident weights; positions up to `max_positions` are supported.
     pub fn open(dir: &Path, max_positions: usize) -> Result<Self, RuntimeError> {
-        let (checkpoint, config) = crate::runtime::model::open_checkpoint(dir)?;
+        let (checkpoint, config) = open_checkpoint(dir)?;
         let reader = WeightReader::new(&checkpoint);
-        let hidden = config.hidden_size;
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for layer in 0..config.num_hidden_layers {
-            let prefix = format!("model.layers.{layer}");
-            let mlp = if config.runs_moe(layer) {
-                Mlp::Moe(MoeWeights::load(&reader, &config, &prefix)?)
-            } else {
-                Mlp::Dense(DenseMlp::load(&reader, &format!("{prefix}.mlp"), hidden, config.intermediate_size)?)
-            };
-            layers.push(DecodeLayer {
-                input_norm: reader.vector(&format!("{prefix}.input_layernorm.weight"), hidden)?,
-                attention: StepAttention::load(&reader, &config, layer)?,
-                post_norm: reader.vector(&format!("{prefix}.post_attention_layernorm.weight"), hidden)?,
-                mlp,
-            });
-        }
-        let norm = reader.vector("model.norm.weight", hidden)?;
-        let head_name = if config.tie_word_embeddings && !reader.contains("lm_head.weight") {
-            "model.embed_tokens.weight"
-        } else {
-            "lm_head.weight"
-        };
-        let head = reader.matrix(head_name, [config.vocab_size, hidden])?;
-        let (rope_head, mla_scale) = match &config.attention {
-            Attention::Mla { qk_nope_head_dim, qk_rope_head_dim, .. } => {
-                (*qk_rope_head_dim, mla_softmax_scale(&config.rope, qk_nope_head_dim + qk_rope_head_dim))
-            }
-            Attention::Gqa { head_dim, .. } => (*head_dim, 1.0),
-        };
-        let table = RopeTable::new(&config.rope, rope_head, max_positions.max(1));
+        let layers = (0..config.num_hidden_layers)
+            .map(|layer| DecodeLayer::load(&reader, &config, layer))
+            .collect::<Result<Vec<_>, _>>()?;
+        let norm = reader.vector("model.norm.weight", config.hidden_size)?;
+        let head = reader.matrix(head_name(&config, &reader), [config.vocab_size, config.hidden_size])?;
+        let (table, mla_scale) = rope_setup(&config, max_positions.max(1));
         drop(reader);
         Ok(Self { checkpoint, config, layers, norm, head, table, mla_scale })
     }
@@ -187,24 +146,23 @@ impl DecodeModel {
         let mut hidden = reader.rows("model.embed_tokens.weight", self.config.hidden_size, tokens)?;
         let (mut all_rows, mut all_aux) = (Vec::new(), Vec::new());
         let mut selection: Vec<Option<Vec<bool>>> = vec![None; count];
-        let layout = StepAttention::layout(&self.config, self.mla_scale);
+        let layout = DecodeLayer::layout(&self.config, self.mla_scale);
         let (row_width, heads) = (self.row_width(), self.config.num_attention_heads);
         for layer in &self.layers {
-            let x = self.normed(backend, &hidden, &layer.input_norm);
             let (rows, aux, queries) =
-                layer.attention.project(backend, &self.config, &self.table, &x, &positions, self.aux_width());
-            let q = layer.attention.attention_queries(backend, &self.config, &queries);
+                layer.project(backend, &self.config, &self.table, &hidden, &positions, self.aux_width());
+            let q = layer.attention_queries(backend, &self.config, &queries);
             let mut attended = vec![0f32; count * heads * layout.v_dim];
             for (t, selected) in selection.iter_mut().enumerate() {
-                if layer.attention.has_indexer() {
-                    *selected = StepAttention::select(&self.config, &queries, t, &aux, t + 1);
+                if layer.has_indexer() {
+                    *selected = DecodeLayer::select(&self.config, &queries, t, &aux, t + 1);
                 }
                 let q_row = &q[t * heads * layout.qk_dim..][..heads * layout.qk_dim];
                 let y = &mut attended[t * heads * layout.v_dim..][..heads * layout.v_dim];
                 attend_rows(&layout, q_row, &rows, row_width, t + 1, selected.as_deref(), y);
             }
-            let attended = layer.attention.attention_values(backend, &self.config, attended);
-            self.finish_layer(backend, &reader, layer, &mut hidden, &attended, count)?;
+            let attended = layer.attention_values(backend, &self.config, attended);
+            layer.finish(backend, &reader, &self.config, &mut hidden, &attended, count)?;
             all_rows.push(rows);
             all_aux.push(aux);
         }
@@ -262,7 +220,7 @@ impl DecodeModel {
         let tokens: Vec<u32> = items.iter().map(|i| i.token).collect();
         let mut hidden = reader.rows("model.embed_tokens.weight", self.config.hidden_size, &tokens)?;
         let (row_width, aux_width) = (self.row_width(), self.aux_width());
-        let layout = StepAttention::layout(&self.config, self.mla_scale);
+        let layout = DecodeLayer::layout(&self.config, self.mla_scale);
         let per_item = self.config.num_attention_heads * layout.v_dim;
         // Items still in the step (indices into `items`), their DSA selections, and each item's result.
         let mut live: Vec<usize> = (0..items.len()).collect();
@@ -272,17 +230,16 @@ impl DecodeModel {
         let mut aux = Vec::new();
         for (index, layer) in self.layers.iter().enumerate() {
             let positions: Vec<usize> = live.iter().map(|&i| items[i].position).collect();
-            let x = self.normed(backend, &hidden, &layer.input_norm);
             let (new_rows, new_aux, queries) =
-                layer.attention.project(backend, &self.config, &self.table, &x, &positions, aux_width);
-            let q = layer.attention.attention_queries(backend, &self.config, &queries);
-            if layer.attention.has_indexer() {
+                layer.project(backend, &self.config, &self.table, &hidden, &positions, aux_width);
+            let q = layer.attention_queries(backend, &self.config, &queries);
+            if layer.has_indexer() {
                 for (t, &i) in live.iter().enumerate() {
                     let item = items[i];
                     // A mapping the read cannot follow leaves the keys unselected; the verification faults it.
                     selection[t] = pool.read_aux(item.request, index, item.position, &mut aux).ok().and_then(|()| {
                         aux.extend_from_slice(&new_aux[t * aux_width..][..aux_width]);
-                        StepAttention::select(&self.config, &queries, t, &aux, item.position + 1)
+                        DecodeLayer::select(&self.config, &queries, t, &aux, item.position + 1)
                     });
                 }
             }
@@ -319,8 +276,8 @@ impl DecodeModel {
             if live.is_empty() {
                 break;
             }
-            let attended = layer.attention.attention_values(backend, &self.config, attended);
-            self.finish_layer(backend, &reader, layer, &mut hidden, &attended, live.len())?;
+            let attended = layer.attention_values(backend, &self.config, attended);
+            layer.finish(backend, &reader, &self.config, &mut hidden, &attended, live.len())?;
         }
         if !live.is_empty() {
             let logits = self.logits(backend, &hidden, live.len());
@@ -333,38 +290,6 @@ impl DecodeModel {
         Ok(DecodeStep { logits, verify_seconds })
     }
 
-    fn normed(&self, backend: &dyn Backend, hidden: &[f32], weight: &[f32]) -> Vec<f32> {
-        let mut x = hidden.to_vec();
-        backend.rms_norm(&mut x, self.config.hidden_size, weight, self.config.rms_norm_eps as f32);
-        x
-    }
-
-    fn finish_layer(
-        &self,
-        backend: &dyn Backend,
-        reader: &WeightReader,
-        layer: &DecodeLayer,
-        hidden: &mut [f32],
-        attended: &[f32],
-        tokens: usize,
-    ) -> Result<(), RuntimeError> {
-        let projected = layer.attention.output(backend, attended, tokens);
-        hidden.iter_mut().zip(&projected).for_each(|(h, a)| *h += a);
-        let x = self.normed(backend, hidden, &layer.post_norm);
-        let mixed = match &layer.mlp {
-            Mlp::Dense(mlp) => mlp.forward(backend, &x, tokens),
-            Mlp::Moe(moe) => {
-                let times = ExpertTimes::default();
-                let mut near_ties = 0;
-                let out = moe.forward(backend, reader, &self.config, &x, tokens, &times, &mut near_ties)?;
-                let _ = times.phase_nanos.load(Ordering::Relaxed);
-                out
-            }
-        };
-        hidden.iter_mut().zip(&mixed).for_each(|(h, m)| *h += m);
-        Ok(())
-    }
-
     fn logits(&self, backend: &dyn Backend, hidden: &[f32], tokens: usize) -> Vec<f32> {
         let mut x = hidden[..tokens * self.config.hidden_size].to_vec();
         backend.rms_norm(&mut x, self.config.hidden_size, &self.norm, self.config.rms_norm_eps as f32);
@@ -375,9 +300,10 @@ impl DecodeModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::Model;
     use crate::progress::Silent;
     use crate::runtime::kv_cache::{KvDtype, PoolShape};
-    use crate::runtime::{Cpu, Model};
+    use crate::runtime::Cpu;
     use crate::synth::{synth, SynthArch, SynthOptions, SynthSize};
 
     /// Decode with an F32 cache repeats the full forward's arithmetic except the order of the MoE/linear batches'

@@ -1,0 +1,177 @@
+//! GLM-5's DSA lightning indexer: scores every past token for each query with a few ReLU heads and keeps the
+//! `index_topk` best; the attention of the layer (and of following `shared` layers) sees only those keys. The
+//! full-sequence selection runs on the backend ([`Backend::indexer_top_k`]); the decode step scores one query
+//! against the cached indexer keys.
+
+use crate::model::config::{Attention, Indexer};
+use crate::model::ModelConfig;
+use crate::runtime::backend::{Backend, IndexerShape, Matrix, RopeStyle};
+use crate::runtime::cpu::dot;
+use crate::runtime::rope_table::{check_positions, rope_at, RopeTable};
+use crate::runtime::weights::WeightReader;
+use crate::runtime::{RuntimeError, Spans};
+
+/// transformers' indexer `k_norm` is `nn.LayerNorm(head_dim, eps=1e-6)`.
+const K_NORM_EPS: f32 = 1e-6;
+
+pub struct IndexerWeights {
+    wq_b: Matrix,
+    wk: Matrix,
+    k_norm_weight: Vec<f32>,
+    k_norm_bias: Vec<f32>,
+    weights_proj: Matrix,
+}
+
+/// Per sequence a `[tokens, tokens]` mask of the keys each query may attend to (carried from a full indexer layer
+/// to the `shared` layers after it).
+pub struct DsaMasks {
+    pub masks: Vec<Vec<bool>>,
+}
+
+/// The decode step's indexer queries `[tokens, index_heads, index_dim]` (post-RoPE) and head weights
+/// `[tokens, index_heads]`.
+pub struct IndexQueries {
+    q: Vec<f32>,
+    head_weights: Vec<f32>,
+}
+
+/// Whether decoder layer `layer` runs its own indexer (GLM-5's `full` layers; `shared` layers reuse the last one).
+fn runs_indexer(config: &ModelConfig, layer: usize) -> bool {
+    config.indexer.as_ref().is_some_and(|i| i.full_layers.get(layer).copied().unwrap_or(true))
+}
+
+impl IndexerWeights {
+    /// Every weight matrix (for device prefetch).
+    pub fn matrices(&self) -> [&Matrix; 3] {
+        [&self.wq_b, &self.wk, &self.weights_proj]
+    }
+
+    /// The indexer of decoder layer `layer`, or `None` where the model has none or the layer reuses another's.
+    pub fn load_layer(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Option<Self>, RuntimeError> {
+        let (Some(settings), true) = (&config.indexer, runs_indexer(config, layer)) else { return Ok(None) };
+        let hidden = config.hidden_size;
+        let q_input = match &config.attention {
+            Attention::Mla { q_lora_rank, .. } => q_lora_rank.unwrap_or(hidden),
+            Attention::Gqa { .. } => hidden,
+        };
+        let prefix = format!("model.layers.{layer}.self_attn.indexer");
+        Self::load(reader, settings, hidden, q_input, &prefix).map(Some)
+    }
+
+    fn load(
+        reader: &WeightReader,
+        settings: &Indexer,
+        hidden: usize,
+        q_input: usize,
+        prefix: &str,
+    ) -> Result<Self, RuntimeError> {
+        let (heads, dim) = (settings.index_n_heads, settings.index_head_dim);
+        Ok(Self {
+            wq_b: reader.matrix(&format!("{prefix}.wq_b.weight"), [heads * dim, q_input])?,
+            wk: reader.matrix(&format!("{prefix}.wk.weight"), [dim, hidden])?,
+            k_norm_weight: reader.vector(&format!("{prefix}.k_norm.weight"), dim)?,
+            k_norm_bias: reader.vector(&format!("{prefix}.k_norm.bias"), dim)?,
+            weights_proj: reader.matrix(&format!("{prefix}.weights_proj.weight"), [heads, hidden])?,
+        })
+    }
+
+    /// Runs the indexer over whole sequences; returns the selection and the number of near-ties at the top-k
+    /// boundary.
+    pub fn select(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        x: &[f32],
+        q_resid: &[f32],
+        spans: &Spans,
+        table: &RopeTable,
+    ) -> Result<(DsaMasks, usize), RuntimeError> {
+        let settings = config
+            .indexer
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Input("indexer weights without an indexer config".into()))?;
+        let (heads, dim, topk) = (settings.index_n_heads, settings.index_head_dim, settings.index_topk);
+        let tokens = spans.total();
+        let rope = table.rotary_dim;
+        let mut q = backend.linear(q_resid, tokens, &self.wq_b, None);
+        let mut k = backend.linear(x, tokens, &self.wk, None);
+        backend.layer_norm(&mut k, dim, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS);
+        let head_weights = backend.linear(x, tokens, &self.weights_proj, None);
+        let mut masks = Vec::with_capacity(spans.lengths.len());
+        let mut near_ties = 0;
+        for (start, length) in spans.iter() {
+            check_positions(table, length)?;
+            let q_seq = &mut q[start * heads * dim..(start + length) * heads * dim];
+            backend.rope(q_seq, length, heads * dim, dim, 0, rope, &table.cos, &table.sin, RopeStyle::Interleaved);
+            let k_seq = &mut k[start * dim..(start + length) * dim];
+            backend.rope(k_seq, length, dim, dim, 0, rope, &table.cos, &table.sin, RopeStyle::Interleaved);
+            let w = &head_weights[start * heads..(start + length) * heads];
+            let shape = IndexerShape { tokens: length, heads, head_dim: dim, top_k: topk };
+            let selection = backend.indexer_top_k(q_seq, k_seq, w, &shape);
+            near_ties += selection.near_ties;
+            masks.push(selection.mask);
+        }
+        Ok((DsaMasks { masks }, near_ties))
+    }
+
+    /// Decode step: the indexer keys `[tokens, index_dim]` to cache and the queries of new tokens at `positions`.
+    pub fn project(
+        &self,
+        backend: &dyn Backend,
+        settings: &Indexer,
+        table: &RopeTable,
+        x: &[f32],
+        q_resid: &[f32],
+        positions: &[usize],
+    ) -> (Vec<f32>, IndexQueries) {
+        let tokens = positions.len();
+        let (index_heads, dim) = (settings.index_n_heads, settings.index_head_dim);
+        let mut iq = backend.linear(q_resid, tokens, &self.wq_b, None);
+        let mut ik = backend.linear(x, tokens, &self.wk, None);
+        backend.layer_norm(&mut ik, dim, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS);
+        let head_weights = backend.linear(x, tokens, &self.weights_proj, None);
+        for (t, &position) in positions.iter().enumerate() {
+            let rot = table.rotary_dim;
+            let q_row = &mut iq[t * index_heads * dim..][..index_heads * dim];
+            rope_at(backend, table, q_row, dim, 0, rot, position, RopeStyle::Interleaved);
+            rope_at(backend, table, &mut ik[t * dim..][..dim], dim, 0, rot, position, RopeStyle::Interleaved);
+        }
+        (ik, IndexQueries { q: iq, head_weights })
+    }
+}
+
+/// Decode step: the DSA selection of query `token` over `count` cached indexer keys (`aux`); `None` when every key
+/// is kept (no indexer, or no more keys than `index_topk`).
+pub fn select_cached(
+    config: &ModelConfig,
+    queries: Option<&IndexQueries>,
+    token: usize,
+    aux: &[f32],
+    count: usize,
+) -> Option<Vec<bool>> {
+    let settings = config.indexer.as_ref()?;
+    let IndexQueries { q: iq, head_weights } = queries?;
+    let (heads, dim, topk) = (settings.index_n_heads, settings.index_head_dim, settings.index_topk);
+    if count <= topk {
+        return None;
+    }
+    let softmax_scale = (dim as f32).powf(-0.5);
+    let head_scale = (heads as f32).powf(-0.5);
+    let q = &iq[token * heads * dim..][..heads * dim];
+    let w = &head_weights[token * heads..][..heads];
+    let mut scored: Vec<(f32, usize)> = (0..count)
+        .map(|s| {
+            let key = &aux[s * dim..][..dim];
+            let score = (0..heads)
+                .map(|h| w[h] * head_scale * (dot(&q[h * dim..][..dim], key) * softmax_scale).max(0.0))
+                .sum::<f32>();
+            (score, s)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut mask = vec![false; count];
+    for &(_, s) in &scored[..topk] {
+        mask[s] = true;
+    }
+    Some(mask)
+}

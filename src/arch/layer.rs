@@ -1,0 +1,358 @@
+//! One decoder layer: its resident weights (norms, attention, router, shared or dense MLP) loaded and dequantized
+//! together, and the pre-norm residual forward `h += attn(norm(h)); h += mlp(norm(h))` — over whole sequences, or
+//! as the decode step around the paged attention.
+
+use super::gqa::GqaWeights;
+use super::indexer::{select_cached, DsaMasks, IndexQueries};
+use super::mla::{MlaStep, MlaWeights};
+use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
+use super::tap::{KvSource, LayerTap};
+use crate::model::config::Attention;
+use crate::model::ModelConfig;
+use crate::runtime::backend::{Backend, Matrix, PagedLayout};
+use crate::runtime::layer_stream::StreamedLayer;
+use crate::runtime::rope_table::RopeTable;
+use crate::runtime::weights::WeightReader;
+use crate::runtime::{RuntimeError, Spans};
+
+enum AttentionWeights {
+    Mla(MlaWeights),
+    Gqa(GqaWeights),
+}
+
+enum Mlp {
+    Dense(DenseMlp),
+    Moe(MoeWeights),
+}
+
+impl Mlp {
+    fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
+        let prefix = format!("model.layers.{layer}");
+        Ok(if config.runs_moe(layer) {
+            Mlp::Moe(MoeWeights::load(reader, config, &prefix)?)
+        } else {
+            Mlp::Dense(DenseMlp::load(reader, &format!("{prefix}.mlp"), config.hidden_size, config.intermediate_size)?)
+        })
+    }
+
+    fn matrices(&self) -> Vec<&Matrix> {
+        match self {
+            Mlp::Dense(mlp) => mlp.matrices().to_vec(),
+            Mlp::Moe(moe) => moe.matrices(),
+        }
+    }
+}
+
+fn norm_weights(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<[Vec<f32>; 2], RuntimeError> {
+    let prefix = format!("model.layers.{layer}");
+    Ok([
+        reader.vector(&format!("{prefix}.input_layernorm.weight"), config.hidden_size)?,
+        reader.vector(&format!("{prefix}.post_attention_layernorm.weight"), config.hidden_size)?,
+    ])
+}
+
+/// `hidden` RMS-normed with `weight` (a copy).
+fn normed(backend: &dyn Backend, config: &ModelConfig, hidden: &[f32], weight: &[f32]) -> Vec<f32> {
+    let mut x = hidden.to_vec();
+    backend.rms_norm(&mut x, config.hidden_size, weight, config.rms_norm_eps as f32);
+    x
+}
+
+pub struct Layer {
+    input_norm: Vec<f32>,
+    attention: AttentionWeights,
+    post_norm: Vec<f32>,
+    mlp: Mlp,
+}
+
+/// What a layer's forward needs besides its weights.
+pub struct LayerContext<'a> {
+    pub backend: &'a dyn Backend,
+    pub reader: &'a WeightReader<'a>,
+    pub config: &'a ModelConfig,
+    pub table: &'a RopeTable,
+    pub mla_scale: f32,
+}
+
+/// What a batch of sequences carries from one layer to the next besides its residual stream.
+#[derive(Default)]
+pub struct LayerState {
+    /// The DSA top-k of the last layer with an indexer (reused by the `shared` layers after it).
+    pub selection: Option<DsaMasks>,
+    /// Router and DSA top-k decisions within a near-tie margin so far.
+    pub near_ties: usize,
+}
+
+impl StreamedLayer for Layer {
+    fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
+        let attention = match config.attention {
+            Attention::Mla { .. } => AttentionWeights::Mla(MlaWeights::load(reader, config, layer)?),
+            Attention::Gqa { .. } => AttentionWeights::Gqa(GqaWeights::load(reader, config, layer)?),
+        };
+        let mlp = Mlp::load(reader, config, layer)?;
+        let [input_norm, post_norm] = norm_weights(reader, config, layer)?;
+        Ok(Self { input_norm, attention, post_norm, mlp })
+    }
+
+    /// The layer's resident weight matrices (routed experts excluded), for device prefetch.
+    fn matrices(&self) -> Vec<&Matrix> {
+        let mut all = match &self.attention {
+            AttentionWeights::Mla(mla) => mla.matrices(),
+            AttentionWeights::Gqa(gqa) => gqa.matrices().to_vec(),
+        };
+        all.extend(self.mlp.matrices());
+        all
+    }
+}
+
+impl Layer {
+    /// Advances `hidden` (`[tokens, hidden]`) through the layer, the attention's cached rows taken from `kv` and
+    /// passed through `tap` (with its routed experts recorded) when one is given.
+    ///
+    /// With [`KvSource::Split`] (split prefill/decode through this decode layer and `prefill`, teacher-forced) the
+    /// first `prompt[i]` rows of each sequence of `hidden` are replaced by `prefill_input` (the prefill node's
+    /// residual stream entering this layer); the cache of those rows is computed with `prefill`'s weights, and
+    /// only the remaining rows go through this layer's MLP.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        context: &LayerContext,
+        hidden: &mut [f32],
+        spans: &Spans,
+        kv: KvSource<Layer>,
+        state: &mut LayerState,
+        times: &ExpertTimes,
+        tap: Option<&mut LayerTap>,
+    ) -> Result<(), RuntimeError> {
+        let LayerContext { backend, config, table, mla_scale, .. } = *context;
+        let width = config.hidden_size;
+        let mut untapped = LayerTap::default();
+        let tap = tap.unwrap_or(&mut untapped);
+        let LayerState { selection, near_ties } = state;
+        let split = match kv {
+            KvSource::Own => None,
+            KvSource::Split { prefill, prefill_input, prompt } => {
+                for ((start, _), &length) in spans.iter().zip(prompt) {
+                    hidden[start * width..(start + length) * width]
+                        .copy_from_slice(&prefill_input[start * width..(start + length) * width]);
+                }
+                Some((prefill, normed(backend, config, prefill_input, &prefill.input_norm), prompt))
+            }
+        };
+        let x = normed(backend, config, hidden, &self.input_norm);
+        let attended = match (&self.attention, &split) {
+            (AttentionWeights::Mla(mla), None) => mla.forward(
+                backend,
+                config,
+                &x,
+                spans,
+                table,
+                mla_scale,
+                KvSource::Own,
+                selection,
+                near_ties,
+                &mut tap.kv,
+            )?,
+            (AttentionWeights::Gqa(gqa), None) => {
+                gqa.forward(backend, config, &x, spans, table, KvSource::Own, &mut tap.kv)?
+            }
+            (
+                AttentionWeights::Mla(mla),
+                Some((Layer { attention: AttentionWeights::Mla(prefill), .. }, x_prefill, prompt)),
+            ) => {
+                let kv = KvSource::Split { prefill, prefill_input: x_prefill, prompt };
+                mla.forward(backend, config, &x, spans, table, mla_scale, kv, selection, near_ties, &mut tap.kv)?
+            }
+            (
+                AttentionWeights::Gqa(gqa),
+                Some((Layer { attention: AttentionWeights::Gqa(prefill), .. }, x_prefill, prompt)),
+            ) => {
+                let kv = KvSource::Split { prefill, prefill_input: x_prefill, prompt };
+                gqa.forward(backend, config, &x, spans, table, kv, &mut tap.kv)?
+            }
+            _ => {
+                return Err(RuntimeError::Input(
+                    "the prefill and decode checkpoints have different attention types".into(),
+                ))
+            }
+        };
+        hidden.iter_mut().zip(&attended).for_each(|(h, a)| *h += a);
+        // Split: only the decoded rows go through the decode node's MLP.
+        let decoded = split.map(|(_, _, prompt)| {
+            let mut decoded = Vec::new();
+            for ((start, length), &prompt_length) in spans.iter().zip(prompt) {
+                decoded.extend(start + prompt_length.min(length)..start + length);
+            }
+            decoded
+        });
+        self.mlp_residual(context, hidden, decoded.as_deref(), times, near_ties, tap.routes.as_deref_mut())
+    }
+
+    /// `hidden += mlp(norm(hidden))` on all rows or on the rows listed in `only`; records the routed experts of
+    /// each row (an empty list for rows not run or a dense layer).
+    fn mlp_residual(
+        &self,
+        context: &LayerContext,
+        hidden: &mut [f32],
+        only: Option<&[usize]>,
+        times: &ExpertTimes,
+        near_ties: &mut usize,
+        routes: Option<&mut Vec<Vec<usize>>>,
+    ) -> Result<(), RuntimeError> {
+        let LayerContext { backend, reader, config, .. } = *context;
+        let width = config.hidden_size;
+        let eps = config.rms_norm_eps as f32;
+        let all_rows = hidden.len() / width;
+        let mut x = match only {
+            None => hidden.to_vec(),
+            Some(rows) => rows.iter().flat_map(|&r| hidden[r * width..(r + 1) * width].iter().copied()).collect(),
+        };
+        let tokens = x.len() / width;
+        backend.rms_norm(&mut x, width, &self.post_norm, eps);
+        let mixed = match &self.mlp {
+            Mlp::Dense(mlp) => {
+                if let Some(routes) = routes {
+                    routes.clear();
+                }
+                mlp.forward(backend, &x, tokens)
+            }
+            Mlp::Moe(moe) => {
+                if let Some(routes) = routes {
+                    let (chosen, _) = moe.route(backend, config, &x, tokens);
+                    let mut expanded = vec![Vec::new(); all_rows];
+                    for (index, route) in chosen.into_iter().enumerate() {
+                        let row = only.map_or(index, |rows| rows[index]);
+                        expanded[row] = route.into_iter().map(|(expert, _)| expert).collect();
+                    }
+                    *routes = expanded;
+                }
+                moe.forward(backend, reader, config, &x, tokens, times, near_ties)?
+            }
+        };
+        for (index, m) in mixed.chunks(width).enumerate() {
+            let row = only.map_or(index, |rows| rows[index]);
+            hidden[row * width..(row + 1) * width].iter_mut().zip(m).for_each(|(h, v)| *h += v);
+        }
+        Ok(())
+    }
+}
+
+/// A decode step's attention weights.
+enum StepAttention {
+    Mla(Box<MlaStep>),
+    Gqa(Box<GqaWeights>),
+}
+
+/// A decode step's queries of its new tokens: `[tokens, heads, qk]` post-RoPE, and the DSA indexer's.
+pub struct Queries {
+    q: Vec<f32>,
+    index: Option<IndexQueries>,
+}
+
+/// A decoder layer's resident weights for incremental decoding (MLA in the absorbed form).
+pub struct DecodeLayer {
+    input_norm: Vec<f32>,
+    attention: StepAttention,
+    post_norm: Vec<f32>,
+    mlp: Mlp,
+}
+
+impl DecodeLayer {
+    pub fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
+        let mlp = Mlp::load(reader, config, layer)?;
+        let attention = match config.attention {
+            Attention::Mla { .. } => StepAttention::Mla(Box::new(MlaStep::load(reader, config, layer)?)),
+            Attention::Gqa { .. } => StepAttention::Gqa(Box::new(GqaWeights::load(reader, config, layer)?)),
+        };
+        let [input_norm, post_norm] = norm_weights(reader, config, layer)?;
+        Ok(Self { input_norm, attention, post_norm, mlp })
+    }
+
+    /// How the paged attention reads a layer's cached rows: GQA heads over `[K | V]`, MLA in the absorbed form.
+    pub fn layout(config: &ModelConfig, mla_scale: f32) -> PagedLayout {
+        match &config.attention {
+            Attention::Mla { .. } => MlaStep::layout(config, mla_scale),
+            Attention::Gqa { .. } => GqaWeights::layout(config),
+        }
+    }
+
+    pub fn has_indexer(&self) -> bool {
+        matches!(&self.attention, StepAttention::Mla(mla) if mla.has_indexer())
+    }
+
+    /// Cache rows `[tokens, row_width]` and indexer keys `[tokens, aux_width]` of the residual stream `hidden` at
+    /// `positions` (normed by the layer's input norm), and the queries of the same tokens.
+    pub fn project(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        table: &RopeTable,
+        hidden: &[f32],
+        positions: &[usize],
+        aux_width: usize,
+    ) -> (Vec<f32>, Vec<f32>, Queries) {
+        let x = normed(backend, config, hidden, &self.input_norm);
+        match &self.attention {
+            StepAttention::Mla(mla) => {
+                let (rows, aux, q, index) = mla.project(backend, config, table, &x, positions, aux_width);
+                (rows, aux, Queries { q, index })
+            }
+            StepAttention::Gqa(gqa) => {
+                let (rows, q) = gqa.project(backend, config, table, &x, positions);
+                (rows, vec![0f32; positions.len() * aux_width], Queries { q, index: None })
+            }
+        }
+    }
+
+    /// DSA selection of query `token` over `count` cached indexer keys (`aux`): `None` when every key is kept.
+    pub fn select(
+        config: &ModelConfig,
+        queries: &Queries,
+        token: usize,
+        aux: &[f32],
+        count: usize,
+    ) -> Option<Vec<bool>> {
+        select_cached(config, queries.index.as_ref(), token, aux, count)
+    }
+
+    /// The queries the paged attention takes, `[tokens, heads, layout.qk_dim]`: GQA as projected; MLA absorbed.
+    pub fn attention_queries(&self, backend: &dyn Backend, config: &ModelConfig, queries: &Queries) -> Vec<f32> {
+        match &self.attention {
+            StepAttention::Mla(mla) => mla.attention_queries(backend, config, &queries.q),
+            StepAttention::Gqa(_) => queries.q.clone(),
+        }
+    }
+
+    /// The attention outputs `[tokens, heads · v_dim]` that `o_proj` takes, from the paged attention's
+    /// `[tokens, heads, layout.v_dim]`: GQA as they are; MLA each head's attended latent through `W_UV_h`.
+    pub fn attention_values(&self, backend: &dyn Backend, config: &ModelConfig, attended: Vec<f32>) -> Vec<f32> {
+        match &self.attention {
+            StepAttention::Mla(mla) => mla.attention_values(backend, config, attended),
+            StepAttention::Gqa(_) => attended,
+        }
+    }
+
+    /// The rest of the layer after the paged attention: `hidden += o_proj(attended)`, then `hidden += mlp(norm(hidden))`.
+    pub fn finish(
+        &self,
+        backend: &dyn Backend,
+        reader: &WeightReader,
+        config: &ModelConfig,
+        hidden: &mut [f32],
+        attended: &[f32],
+        tokens: usize,
+    ) -> Result<(), RuntimeError> {
+        let projected = match &self.attention {
+            StepAttention::Mla(mla) => mla.output(backend, attended, tokens),
+            StepAttention::Gqa(gqa) => gqa.output(backend, attended, tokens),
+        };
+        hidden.iter_mut().zip(&projected).for_each(|(h, a)| *h += a);
+        let x = normed(backend, config, hidden, &self.post_norm);
+        let mixed = match &self.mlp {
+            Mlp::Dense(mlp) => mlp.forward(backend, &x, tokens),
+            Mlp::Moe(moe) => moe.forward(backend, reader, config, &x, tokens, &ExpertTimes::default(), &mut 0)?,
+        };
+        hidden.iter_mut().zip(&mixed).for_each(|(h, m)| *h += m);
+        Ok(())
+    }
+}

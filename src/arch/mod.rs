@@ -1,0 +1,38 @@
+//! The architectures the reference runtime runs — `DeepseekV3ForCausalLM` (Kimi K2), `GlmMoeDsaForCausalLM`
+//! (GLM-5) and `Glm4MoeForCausalLM` (GLM-4.5), matching HF transformers' float32 logits — one file per piece, each
+//! with its full-sequence forward and its decode step, on the op surface of [`crate::runtime`].
+//!
+//! # Layer-streamed execution and memory
+//! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
+//! through that layer, then the layer is dropped; a loader thread ([`crate::runtime::layer_stream`]) reads — and on
+//! a device uploads — layer `i + 1` while layer `i` computes ([`run_layers`]). Routed experts are streamed further:
+//! the experts hit by some token are read in batches of at most `EXPERT_BATCH_BYTES` (2 GiB, ~10 Kimi K2 experts; at
+//! least one expert), a loader thread reading batch `b + 1` while the backend applies batch `b`
+//! ([`crate::runtime::Backend::routed_experts`]: grouped W4A16 on the device for INT4 checkpoints), and each batch
+//! is dropped after use. Peak memory is
+//!
+//! ```text
+//! peak ≈ two layers' dequantized f32 weights without routed experts      (attention + router + shared/dense MLP;
+//!                                                                          the one computing and the one loaded ahead)
+//!      + 2 × one batch of routed experts: ≤ 2 × max(2 GiB, one expert)    (expert ≤ 3 · moe_intermediate · hidden · 5 B:
+//!                                                                          f32 + packed INT4 + scales)
+//!      + activations: tokens × hidden × 4 B × ~6  (+ MLA keys/values tokens × heads × (qk+v) × 4 B)
+//!      + logits of one sequence: ctx × vocab × 4 B  (+ lm_head in f32: vocab × hidden × 4 B)
+//! ```
+//! where `tokens = sequences × ctx`, independent of the number of layers, so a 705 GiB model runs in the memory of
+//! one layer. The checkpoint itself stays memory-mapped (page cache, not process memory).
+
+pub mod causal_lm;
+#[cfg(test)]
+mod golden;
+pub mod gqa;
+pub mod indexer;
+pub mod layer;
+pub mod mla;
+pub mod moe;
+pub mod tap;
+
+pub use causal_lm::{embed, head_name, run_layers, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
+pub use layer::{DecodeLayer, Layer, LayerContext, LayerState};
+pub use moe::ExpertTimes;
+pub use tap::{CachedKv, KvFp8, KvObserver, KvSource, KvTap, LayerTap};

@@ -1,0 +1,92 @@
+//! What a caller plugs into one decoder layer's forward besides its input: where the attention's cached rows come
+//! from ([`KvSource`]), and taps that observe them (calibration), store them as FP8 (the engines' store/read) and
+//! record the routed experts.
+
+use crate::format::kv_scales::LayerKvScales;
+use crate::quant::fp8;
+
+/// Where an attention layer's cached rows come from.
+pub enum KvSource<'a, W> {
+    /// From the layer's own input: every token attends over rows this layer computed from it.
+    Own,
+    /// Split prefill/decode, teacher-forced: the rows of each sequence's first `prompt[i]` tokens come from
+    /// `prefill` (the prefill node's weights) applied to `prefill_input`, the rest from the layer's own input.
+    Split { prefill: &'a W, prefill_input: &'a [f32], prompt: &'a [usize] },
+}
+
+/// The values an attention layer caches per token, as the engines store them.
+pub enum CachedKv<'a> {
+    /// MLA: `[tokens, width]` rows of the normed latent `kv_c_normed` and the post-RoPE `k_pe`, one scale.
+    Mla { rows: &'a mut [f32], width: usize },
+    /// GQA: post-RoPE K and V, `[tokens, heads, head_dim]` each.
+    Gqa { k: &'a mut [f32], v: &'a mut [f32], heads: usize, head_dim: usize },
+}
+
+/// Receives the cached values of one layer before any fake quantization.
+pub type KvObserver<'a> = dyn FnMut(&CachedKv) + 'a;
+
+/// How a tap stores the cached values as FP8.
+#[derive(Debug, Clone, Copy)]
+pub enum KvFp8<'a> {
+    /// Static per-tensor or per-head scales (the checkpoint's, or 1.0): `x ← decode(encode(x / s)) · s`.
+    Static(&'a LayerKvScales),
+    /// MLA rows with a dynamic scale per `tile` elements of the first `latent` elements of each row, computed from
+    /// that tile (`max(amax / 448, f32::MIN_POSITIVE)`); the rest of the row (RoPE) is left as it is (the
+    /// runtime's 16-bit cache is f32). vLLM's `fp8_ds_mla` and SGLang's DSA cache.
+    DynamicTiles { tile: usize, latent: usize },
+}
+
+/// A tap on an attention layer's cache: an observer (calibration), then FP8 fake quantization (the engines'
+/// store/read).
+#[derive(Default)]
+pub struct KvTap<'a> {
+    pub observer: Option<&'a mut KvObserver<'a>>,
+    pub fp8: Option<KvFp8<'a>>,
+}
+
+impl KvTap<'_> {
+    pub fn apply(&mut self, mut cached: CachedKv) {
+        if let Some(observer) = self.observer.as_mut() {
+            observer(&cached);
+        }
+        let Some(fp8) = self.fp8 else { return };
+        match (&mut cached, fp8) {
+            (CachedKv::Mla { rows, .. }, KvFp8::Static(scales)) => fake_fp8(rows, scales.k_for(0)),
+            (CachedKv::Mla { rows, width }, KvFp8::DynamicTiles { tile, latent }) => {
+                for row in rows.chunks_mut(*width) {
+                    for values in row[..latent.min(*width)].chunks_mut(tile.max(1)) {
+                        let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                        fake_fp8(values, (amax / fp8::E4M3_MAX).max(f32::MIN_POSITIVE));
+                    }
+                }
+            }
+            (CachedKv::Gqa { k, v, heads, head_dim }, KvFp8::Static(scales)) => {
+                for (index, chunk) in k.chunks_mut(*head_dim).enumerate() {
+                    fake_fp8(chunk, scales.k_for(index % *heads));
+                }
+                for (index, chunk) in v.chunks_mut(*head_dim).enumerate() {
+                    fake_fp8(chunk, scales.v_for(index % *heads));
+                }
+            }
+            // No engine stores a GQA cache with dynamic tiles; callers resolve the mode from the cache layout.
+            (CachedKv::Gqa { .. }, KvFp8::DynamicTiles { .. }) => {
+                debug_assert!(false, "dynamic-tile FP8 applies to MLA rows only")
+            }
+        }
+    }
+}
+
+/// Stores `values` as FP8 e4m3 with `scale` and reads them back.
+pub fn fake_fp8(values: &mut [f32], scale: f32) {
+    for value in values {
+        *value = fp8::decode(fp8::encode(*value / scale)) * scale;
+    }
+}
+
+/// Everything a layer's forward can be tapped for.
+#[derive(Default)]
+pub struct LayerTap<'a> {
+    pub kv: KvTap<'a>,
+    /// Filled with each row's routed experts (empty for a dense layer's rows).
+    pub routes: Option<&'a mut Vec<Vec<usize>>>,
+}

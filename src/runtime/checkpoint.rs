@@ -1,0 +1,30 @@
+//! A model folder opened for the runtime: the checkpoint mapped, its `config.json` parsed, and both checked
+//! before any layer is read (no unfinished folder edit, a router the runtime implements, tensors that match).
+
+use std::path::Path;
+
+use super::RuntimeError;
+use crate::io::Checkpoint;
+use crate::model::ModelConfig;
+
+/// Opens a model folder for the runtime: the validated checkpoint and its config, refusing routers it does not run.
+pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeError> {
+    if let Some(problem) = crate::io::journal::pending(dir) {
+        return Err(RuntimeError::Input(problem));
+    }
+    let checkpoint = Checkpoint::open(dir)?;
+    let json = checkpoint.config().ok_or_else(|| {
+        RuntimeError::Input(format!("{}: has no config.json; the runtime needs the model's config", dir.display()))
+    })?;
+    let config = ModelConfig::from_json(json)?;
+    if config.routing.scoring_func != "sigmoid" {
+        return Err(RuntimeError::Input(format!(
+            "config.json: scoring_func {:?} is not supported; the runtime implements the sigmoid router of DeepSeek-V3/Kimi K2/GLM",
+            config.routing.scoring_func
+        )));
+    }
+    if let Some(problem) = super::validate::describe(&checkpoint, &config) {
+        return Err(RuntimeError::Input(problem));
+    }
+    Ok((checkpoint, config))
+}
