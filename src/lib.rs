@@ -7,7 +7,6 @@
 pub mod calib;
 pub mod cli;
 pub mod convert;
-pub mod cuda;
 pub mod demo_model;
 pub mod engines;
 pub mod eval;
@@ -15,6 +14,7 @@ pub mod inspect;
 pub mod io;
 pub mod lint;
 pub mod model;
+pub mod opcheck;
 pub mod progress;
 pub mod quant;
 pub mod recipe;

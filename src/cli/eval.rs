@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::cuda::DeviceChoice;
+use crate::runtime::device::DeviceChoice;
 
 use crate::engines::Engine;
 use crate::eval::parity::{evaluate_parity, plot, Gates, KvScaleChoice, Mode, ParityOptions, ParityReport};

@@ -4,12 +4,10 @@ use anyhow::Context;
 
 use std::sync::Arc;
 
-use crate::cuda::device::Device;
-use crate::cuda::emulated::Emulator;
-use crate::cuda::selftest::SelftestReport;
-use crate::cuda::{select, selftest, DeviceChoice, Selection};
-use crate::runtime::cuda::selftest as runtime_selftest;
+use crate::opcheck::{backend_ops, quantize_kernels, SelftestReport};
 use crate::runtime::cuda::CudaBackend;
+use crate::runtime::device::emulated::Emulator;
+use crate::runtime::device::{select, Device, DeviceChoice, DeviceSelection};
 
 use super::table::Table;
 use super::{print_json, Outcome};
@@ -74,18 +72,21 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
 /// The quantize kernels, the runtime ops and (unless --no-bench) the benchmarks on the GPU.
 fn gpu_report(args: &Args, seed: u64) -> anyhow::Result<SelftestReport> {
     let gpu = match select(DeviceChoice::Cuda).context("selftest")? {
-        Selection::Gpu(gpu) => *gpu,
-        Selection::Cpu | Selection::CpuFallback(_) => anyhow::bail!("selftest: no GPU selected"),
+        DeviceSelection::Gpu(gpu) => *gpu,
+        _ => anyhow::bail!("selftest: no GPU selected"),
     };
     eprintln!("selftest on {} ({}), seed {seed}", gpu.info(), gpu.image());
-    let mut report = selftest::run(&gpu, seed, !args.no_bench, args.bench_rows).context("selftest")?;
-    let backend = CudaBackend::new(Arc::new(gpu));
-    report.rows.extend(runtime_selftest::check_ops(&backend, seed));
-    if let (false, Some(copy)) = (args.no_bench, report.copy_gb_per_s) {
-        report.rows.extend(runtime_selftest::bench(&backend, copy).context("runtime benchmarks")?);
+    let (info, image) = (gpu.info().clone(), gpu.image().to_string());
+    let device: Arc<dyn Device> = Arc::new(gpu);
+    let quantize = quantize_kernels::run(device.as_ref(), seed, !args.no_bench, args.bench_rows).context("selftest")?;
+    let mut rows = quantize.rows;
+    let backend = CudaBackend::new(device);
+    rows.extend(backend_ops::check_ops(&backend, seed));
+    if let (false, Some(copy)) = (args.no_bench, quantize.copy_gb_per_s) {
+        rows.extend(backend_ops::bench(&backend, copy).context("runtime benchmarks")?);
     }
-    report.passed = report.rows.iter().all(|row| row.passed);
-    Ok(report)
+    let passed = rows.iter().all(|row| row.passed);
+    Ok(SelftestReport { device: Some(info), image, seed, copy_gb_per_s: quantize.copy_gb_per_s, rows, passed })
 }
 
 /// The runtime ops on the emulated device (the quantize kernels' emulation runs in `cargo test`).
@@ -93,7 +94,7 @@ fn emulated_report(seed: u64) -> anyhow::Result<SelftestReport> {
     let emulator = Emulator::start().context("starting the kernel emulator")?;
     let image = emulator.describe();
     let backend = CudaBackend::new(Arc::new(emulator));
-    let rows = runtime_selftest::check_ops(&backend, seed);
+    let rows = backend_ops::check_ops(&backend, seed);
     let passed = rows.iter().all(|row| row.passed);
     Ok(SelftestReport { device: None, image, seed, copy_gb_per_s: None, rows, passed })
 }

@@ -4,15 +4,15 @@
 
 use std::sync::Arc;
 
-use squeeze::cuda::emulated::Emulator;
 use squeeze::runtime::cuda::CudaBackend;
+use squeeze::runtime::device::emulated::Emulator;
 use squeeze::runtime::{Backend, Cpu};
 
 /// The backends under test: emulated always, the GPU when the probe finds one.
 pub fn cuda_backends() -> Vec<CudaBackend> {
     let mut backends =
         vec![CudaBackend::new(Arc::new(Emulator::start().expect("the kernel emulator builds and starts")))];
-    match squeeze::cuda::Gpu::open(0) {
+    match squeeze::runtime::device::Gpu::open(0) {
         Ok(gpu) => backends.push(CudaBackend::new(Arc::new(gpu))),
         Err(reason) => eprintln!("real-GPU twin skipped: {reason}"),
     }

@@ -1,50 +1,22 @@
-//! Kernel logic without a GPU: kernels/*.cu compiled with g++ through kernels/emulation/cuda_emulation.h and run
-//! against squeeze's CPU implementation on the same random inputs (awkward shapes, partial FP8 blocks, NaN codes,
-//! zero groups, overflowing scales). Outputs are poisoned by the harness, so an unwritten element fails.
+//! The quantize command's kernels without a GPU: kernels/*.cu on the emulated device, launched by
+//! src/convert/device_quantize.rs, against squeeze's CPU implementation on the same random inputs (awkward shapes,
+//! partial FP8 blocks, NaN codes, zero groups, overflowing scales). Outputs are poisoned, so an unwritten element fails.
 //! Every rule must be bit-identical, `mse` included (its |x|^2.4 is built from basic operations in both). On a real
 //! GPU `squeeze selftest` reports the count of `mse` groups that differ by a tie within rounding instead.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-
 use half::bf16;
-use squeeze::cuda::launch::{int4_variant, rule_code, MseParams};
-use squeeze::cuda::selftest::compare_int4 as compare_int4_outputs;
-use squeeze::cuda::Int4Output;
+use squeeze::convert::device_quantize::{
+    dequantize_fp8, launch_int4, quantize_int4, Fp8Tensor, Int4Buffers, Int4Output, Int4Settings, Source,
+};
+use squeeze::opcheck::quantize_kernels::compare_int4 as compare_int4_outputs;
 use squeeze::quant::fp8_block::{dequantize_row, BlockGrid};
 use squeeze::quant::scale_rule::{MseSearch, ScaleRule};
 use squeeze::quant::{int4, pack};
+use squeeze::runtime::device::emulated::Emulator;
+use squeeze::runtime::device::{Arg, Device, LaunchShape};
 
-/// Builds kernels/emulation/harness.cpp once per test process.
-fn harness() -> &'static Path {
-    static HARNESS: OnceLock<PathBuf> = OnceLock::new();
-    HARNESS.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("kernel-harness-{}", std::process::id()));
-        let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        let status = Command::new(&compiler)
-            .args(["-std=c++17", "-O2", "-ffp-contract=off", "-fno-strict-aliasing", "-DSQUEEZE_EMULATION"])
-            .arg("-I")
-            .arg(root.join("kernels"))
-            .arg(root.join("kernels/emulation/harness.cpp"))
-            .arg("-o")
-            .arg(&out)
-            .status()
-            .unwrap_or_else(|e| panic!("running the host C++ compiler `{compiler}` failed ({e}); install g++"));
-        assert!(status.success(), "compiling the kernel emulation harness failed");
-        out
-    })
-}
-
-fn run_harness(args: &[String]) {
-    let output = Command::new(harness()).args(args).output().expect("the harness runs");
-    assert!(
-        output.status.success(),
-        "harness {args:?} failed\nstdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+fn emulator() -> Box<dyn Device> {
+    Box::new(Emulator::start().expect("the kernel emulator builds and starts"))
 }
 
 /// xorshift64*: fixed seeds, no dependency.
@@ -99,27 +71,6 @@ fn random_block_scales(rng: &mut Rng, count: usize) -> Vec<f32> {
         scales[count - 1] = 1e-30;
     }
     scales
-}
-
-fn write(path: &Path, bytes: Vec<u8>) -> String {
-    std::fs::write(path, bytes).expect("writes test input");
-    path.to_str().expect("utf-8 temp path").to_string()
-}
-
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn read_u32(path: &Path) -> Vec<u32> {
-    std::fs::read(path)
-        .expect("harness output")
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
-fn read_u16(path: &Path) -> Vec<u16> {
-    std::fs::read(path).expect("harness output").chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
 }
 
 fn same_f32(a: f32, b: f32) -> bool {
@@ -178,14 +129,47 @@ fn compare_int4(
 
 #[test]
 fn emulation_primitives_behave_like_cuda() {
-    run_harness(&["primitives".into()]);
+    let device = emulator();
+    let blocks = 3usize;
+    let threads = 256usize;
+    // Small integers: exact sums in any order.
+    let input: Vec<f32> = (0..blocks * threads).map(|i| ((i * 7919) % 61) as f32 - 30.0).collect();
+    let warps = input.len() / 32;
+    let in_buffer = device.upload(&input).unwrap();
+    let (block_sums, warp_sums) =
+        (device.alloc_for::<f32>(blocks).unwrap(), device.alloc_for::<f32>(2 * warps).unwrap());
+    let (ballots, broadcast) = (device.alloc_for::<u32>(warps).unwrap(), device.alloc_for::<f32>(warps).unwrap());
+    let args = [
+        Arg::Buffer(&in_buffer),
+        Arg::Buffer(&block_sums),
+        Arg::Buffer(&warp_sums),
+        Arg::Buffer(&ballots),
+        Arg::Buffer(&broadcast),
+    ];
+    device.launch("emulation_primitives", LaunchShape::linear(blocks as u32, threads as u32), &args).unwrap();
+    let block_sums = device.download::<f32>(&block_sums, blocks).unwrap();
+    let warp_sums = device.download::<f32>(&warp_sums, 2 * warps).unwrap();
+    let ballots = device.download::<u32>(&ballots, warps).unwrap();
+    let broadcast = device.download::<f32>(&broadcast, warps).unwrap();
+    for (block, sum) in block_sums.iter().enumerate() {
+        let want: f32 = input[block * threads..][..threads].iter().sum();
+        assert_eq!(*sum, want, "block {block} sum");
+    }
+    for warp in 0..warps {
+        let lanes = &input[warp * 32..][..32];
+        let want: f32 = lanes.iter().sum();
+        let want_ballot = lanes.iter().enumerate().filter(|(_, v)| **v > 0.0).fold(0u32, |b, (l, _)| b | 1 << l);
+        assert_eq!((warp_sums[2 * warp], warp_sums[2 * warp + 1]), (want, want), "warp {warp}: xor and down sums");
+        assert_eq!(ballots[warp], want_ballot, "warp {warp} ballot");
+        assert_eq!(broadcast[warp], lanes[0], "warp {warp} lane-0 broadcast");
+    }
 }
 
 #[test]
 fn fp8_block_dequant_matches_the_cpu() {
     // (total rows, columns, block rows, block columns, first row, rows in the slice)
     let cases = [(130, 200, 128, 128, 0, 130), (7, 45, 3, 16, 0, 7), (20, 33, 4, 5, 6, 9), (5, 64, 1, 64, 0, 5)];
-    let dir = tempfile::tempdir().expect("temp dir");
+    let device = emulator();
     let mut rng = Rng(0x5EED_0001);
     for (case, &(total_rows, columns, block_rows, block_columns, first_row, rows)) in cases.iter().enumerate() {
         let grid = BlockGrid::new(total_rows, columns, block_rows, block_columns);
@@ -197,29 +181,26 @@ fn fp8_block_dequant_matches_the_cpu() {
         for (local, out) in want.chunks_mut(columns).enumerate() {
             dequantize_row(&grid, first_row + local, &slice[local * columns..][..columns], &block_scales, out);
         }
-        let codes_path = write(&dir.path().join("codes"), slice);
-        let scales_path = write(&dir.path().join("scales"), f32_bytes(&block_scales));
+        let tensor = Fp8Tensor {
+            name: "dequant",
+            codes: &slice,
+            block_scales: &block_scales,
+            rows,
+            columns,
+            block_rows,
+            block_columns,
+        };
         for op in ["dequant-f32", "dequant-bf16"] {
-            let out = dir.path().join(format!("out-{case}-{op}"));
-            run_harness(&[
-                op.into(),
-                rows.to_string(),
-                columns.to_string(),
-                first_row.to_string(),
-                block_rows.to_string(),
-                block_columns.to_string(),
-                codes_path.clone(),
-                scales_path.clone(),
-                out.to_str().expect("utf-8").into(),
-            ]);
+            let bytes = dequantize_fp8(device.as_ref(), &tensor, first_row, op == "dequant-bf16").unwrap();
             if op == "dequant-f32" {
-                let got: Vec<f32> = read_u32(&out).into_iter().map(f32::from_bits).collect();
+                let got: Vec<f32> =
+                    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
                 assert_eq!(got.len(), want.len());
                 for (index, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert!(same_f32(*g, *w), "case {case} element {index}: {g} vs CPU {w}");
                 }
             } else {
-                let got = read_u16(&out);
+                let got: Vec<u16> = bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
                 assert_eq!(got.len(), want.len());
                 for (index, (g, w)) in got.iter().zip(&want).enumerate() {
                     let w = bf16::from_f32(*w);
@@ -246,45 +227,37 @@ fn int4_quantize_of_fp8_matches_the_cpu_for_every_rule() {
         (3, 64, 32, 1, 64, 0, 3),
         (20, 160, 32, 4, 48, 6, 9),
     ];
-    let dir = tempfile::tempdir().expect("temp dir");
+    let device = emulator();
     let mut rng = Rng(0x5EED_0002);
     let search = MseSearch::default();
-    let mse = MseParams::from(search);
     for (case, &(total_rows, columns, group, block_rows, block_columns, first_row, rows)) in cases.iter().enumerate() {
         let grid = BlockGrid::new(total_rows, columns, block_rows, block_columns);
         let [scale_rows, scale_columns] = grid.scale_shape();
         let codes = random_codes(&mut rng, total_rows, columns);
         let block_scales = random_block_scales(&mut rng, scale_rows * scale_columns);
         let slice = codes[first_row * columns..(first_row + rows) * columns].to_vec();
-        let codes_path = write(&dir.path().join("codes"), slice.clone());
-        let scales_path = write(&dir.path().join("scales"), f32_bytes(&block_scales));
+        let (codes_buffer, scales_buffer) = (device.upload(&slice).unwrap(), device.upload(&block_scales).unwrap());
         for rule in ScaleRule::ALL {
-            let (packed, scales) = (dir.path().join("packed"), dir.path().join("out-scales"));
-            run_harness(&[
-                "int4-fp8".into(),
-                int4_variant(group).into(),
-                rows.to_string(),
-                columns.to_string(),
-                first_row.to_string(),
-                group.to_string(),
-                block_rows.to_string(),
-                block_columns.to_string(),
-                rule_code(rule).to_string(),
-                mse.steps.to_string(),
-                mse.grid.to_string(),
-                format!("{:?}", mse.norm),
-                codes_path.clone(),
-                scales_path.clone(),
-                packed.to_str().expect("utf-8").into(),
-                scales.to_str().expect("utf-8").into(),
-            ]);
+            // Poisoned outputs: 0xA5 bytes.
+            let packed = device.upload(&vec![0xA5A5_A5A5u32; rows * columns / 8]).unwrap();
+            let scales = device.upload(&vec![0xA5A5u16; rows * columns / group]).unwrap();
+            let buffers = Int4Buffers {
+                input: &codes_buffer,
+                block_scales: Some((&scales_buffer, block_rows, block_columns)),
+                packed: &packed,
+                scales: &scales,
+            };
+            let settings = Int4Settings { group_size: group, rule, search, poison_outputs: true };
+            launch_int4(device.as_ref(), &buffers, rows, columns, first_row, &settings).unwrap();
+            let got_words = device.download::<u32>(&packed, rows * columns / 8).unwrap();
+            let got_scales = device.download::<u16>(&scales, rows * columns / group).unwrap();
             let want = cpu_int4(&grid, first_row, rows, &slice, &block_scales, group, rule);
             let mut weights = vec![0f32; rows * columns];
             for (local, out) in weights.chunks_mut(columns).enumerate() {
                 dequantize_row(&grid, first_row + local, &slice[local * columns..][..columns], &block_scales, out);
             }
             let label = format!("case {case} ({rows}x{columns} group {group}) {rule}");
-            compare_int4(&label, &weights, rule, group, want, read_u32(&packed), read_u16(&scales));
+            compare_int4(&label, &weights, rule, group, want, got_words, got_scales);
         }
     }
 }
@@ -292,29 +265,15 @@ fn int4_quantize_of_fp8_matches_the_cpu_for_every_rule() {
 #[test]
 fn int4_quantize_of_f32_matches_the_cpu_for_every_rule() {
     let cases = [(67, 160, 32), (13, 192, 64), (6, 256, 128), (9, 40, 8)];
-    let dir = tempfile::tempdir().expect("temp dir");
+    let device = emulator();
     let mut rng = Rng(0x5EED_0003);
-    let mse = MseParams::from(MseSearch::default());
     for (case, &(rows, columns, group)) in cases.iter().enumerate() {
         let mut values: Vec<f32> = (0..rows * columns).map(|_| rng.weight()).collect();
         values[..group].fill(0.0); // a zero group
-        let values_path = write(&dir.path().join("values"), f32_bytes(&values));
         for rule in ScaleRule::ALL {
-            let (packed, scales) = (dir.path().join("packed"), dir.path().join("out-scales"));
-            run_harness(&[
-                "int4-f32".into(),
-                int4_variant(group).into(),
-                rows.to_string(),
-                columns.to_string(),
-                group.to_string(),
-                rule_code(rule).to_string(),
-                mse.steps.to_string(),
-                mse.grid.to_string(),
-                format!("{:?}", mse.norm),
-                values_path.clone(),
-                packed.to_str().expect("utf-8").into(),
-                scales.to_str().expect("utf-8").into(),
-            ]);
+            let source = Source::F32 { name: "f32", values: &values, rows, columns };
+            let settings = Int4Settings { group_size: group, rule, search: MseSearch::default(), poison_outputs: true };
+            let got = quantize_int4(device.as_ref(), &source, &settings).unwrap();
             let mut want_words = Vec::new();
             let mut want_scales = Vec::new();
             let (mut q, mut row_scales) = (vec![0i8; columns], vec![bf16::ZERO; columns / group]);
@@ -326,7 +285,7 @@ fn int4_quantize_of_f32_matches_the_cpu_for_every_rule() {
                 want_scales.extend(row_scales.iter().map(|s| s.to_bits()));
             }
             let label = format!("f32 case {case} ({rows}x{columns} group {group}) {rule}");
-            compare_int4(&label, &values, rule, group, (want_words, want_scales), read_u32(&packed), read_u16(&scales));
+            compare_int4(&label, &values, rule, group, (want_words, want_scales), got.packed, got.scales);
         }
     }
 }

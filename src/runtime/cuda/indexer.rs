@@ -1,8 +1,7 @@
 //! The DSA indexer's top-k selection on the device: kernels/indexer.cu (index scores, then a per-query top-k mask).
 
-use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use crate::cuda::CudaError;
 use crate::runtime::backend::{IndexerShape, KeySelection};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 use crate::runtime::indexer::NEAR_TIE_RELATIVE;
 
 use super::checks::buffers_hold;

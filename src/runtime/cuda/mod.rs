@@ -18,7 +18,6 @@ pub mod paged;
 mod paged_decode;
 pub mod rope;
 pub mod routing;
-pub mod selftest;
 mod weights;
 
 pub(crate) use weights::DeviceWeight;
@@ -26,8 +25,7 @@ use weights::WeightStore;
 
 use std::sync::{Arc, Mutex};
 
-use crate::cuda::device::Device;
-use crate::cuda::CudaError;
+use crate::runtime::device::{CudaError, Device};
 
 use super::backend::{
     AttentionShape, Backend, IndexerShape, KeySelection, Matrix, Prefetch, RopeStyle, Routes, RoutingShape,

@@ -1,4 +1,4 @@
-//! The runtime half of `squeeze selftest`: every CUDA backend op against the CPU backend on random awkward shapes
+//! The runtime backend's ops in `squeeze selftest`: every CUDA backend op against the CPU backend on random awkward shapes
 //! (the same comparisons the integration tests make on the emulated device), then, on a real GPU, the issue's
 //! benchmarks: INT4 W4A16 matrix-vector at batch 1–16 on GLM-5 expert shapes against the device copy bandwidth and
 //! against BF16 weights, FP8 paged decode attention at 32 K tokens with the share of its fused page verification,
@@ -8,19 +8,18 @@ use std::time::Instant;
 
 use half::bf16;
 
-use crate::cuda::device::{Device, DeviceBuffer};
-use crate::cuda::selftest::SelftestRow;
-use crate::cuda::CudaError;
 use crate::rng::Rng;
 use crate::runtime::backend::{
     AttentionShape, Backend, IndexerShape, Int4Weight, Matrix, PagedLayout, RopeStyle, RoutingShape,
 };
 use crate::runtime::cpu::Cpu;
+use crate::runtime::cuda::linear::{linear_bf16, w4a16_linear};
+use crate::runtime::cuda::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
+use crate::runtime::cuda::CudaBackend;
+use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PoolError, PoolShape};
 
-use super::linear::{linear_bf16, w4a16_linear};
-use super::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
-use super::CudaBackend;
+use super::SelftestRow;
 
 /// Products and attention sum in another order than the CPU (shuffle trees, split rows): rel L2 ~1e-7 measured;
 /// 1e-5 still catches a wrong index, scale or mask.

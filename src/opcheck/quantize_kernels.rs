@@ -1,49 +1,26 @@
-//! `squeeze selftest`: every kernel against the CPU path on fresh random inputs with awkward shapes (outputs
-//! poisoned first), then benchmarks against the measured device copy bandwidth and the CPU.
+//! The quantize command's kernels (FP8 block dequant, INT4 quantize from FP8 and f32) on a device against the CPU
+//! path on fresh random inputs with awkward shapes (outputs poisoned first), then benchmarks against the measured
+//! device copy bandwidth and the CPU.
 
 use std::time::Instant;
 
 use half::bf16;
 use rayon::prelude::*;
 
+use crate::convert::device_quantize::{
+    dequantize_fp8, launch_int4, quantize_int4, Fp8Tensor, Int4Buffers, Int4Output, Int4Settings, Source,
+};
 use crate::quant::fp8_block::{dequantize_row, BlockGrid};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{int4, pack};
+use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 
-use super::{CudaError, DeviceInfo, Fp8Tensor, Gpu, Int4Output};
+use super::SelftestRow;
 
 /// `mse` groups may choose a different candidate only when the two candidates' errors, both measured on the CPU,
 /// agree to this relative tolerance (device and host `powf` differ in the last ulp; the sum of 32 terms then
 /// differs by a few ulps, which can flip a strict `<` between near-equal candidates).
 pub const MSE_TIE_TOLERANCE: f64 = 1e-5;
-
-/// One line of the self-test table.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct SelftestRow {
-    pub op: String,
-    pub shape: String,
-    /// max |gpu − cpu| over the tensor / max |cpu| (dequantized values), 0 when bit-identical.
-    pub max_rel_error: f64,
-    /// Elements (dequant) or groups (quantize) that differ from the CPU.
-    pub mismatches: usize,
-    pub passed: bool,
-    pub seconds: Option<f64>,
-    pub gb_per_s: Option<f64>,
-    /// Share of the measured device copy bandwidth.
-    pub copy_share: Option<f64>,
-    pub note: String,
-}
-
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct SelftestReport {
-    /// The GPU; `None` on the emulated device.
-    pub device: Option<DeviceInfo>,
-    pub image: String,
-    pub seed: u64,
-    pub copy_gb_per_s: Option<f64>,
-    pub rows: Vec<SelftestRow>,
-    pub passed: bool,
-}
 
 use crate::rng::Rng;
 
@@ -183,8 +160,61 @@ fn row(op: String, shape: String, max_rel_error: f64, mismatches: usize, passed:
     SelftestRow { op, shape, max_rel_error, mismatches, passed, seconds: None, gb_per_s: None, copy_share: None, note }
 }
 
+/// The quantize settings of one self-test case (outputs poisoned).
+fn settings(group_size: usize, rule: ScaleRule, search: MseSearch) -> Int4Settings {
+    Int4Settings { group_size, rule, search, poison_outputs: true }
+}
+
+/// Device-to-device copy bandwidth over `bytes` (read + write bytes per second), best of a few copies.
+fn copy_bandwidth(device: &dyn Device, bytes: usize) -> Result<f64, CudaError> {
+    let (source, target) = (device.alloc(bytes)?, device.alloc(bytes)?);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        device.download::<u8>(&target, 1)?;
+        let started = Instant::now();
+        device.copy(&source, &target, 0)?;
+        device.download::<u8>(&target, 1)?;
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * bytes as f64 / best)
+}
+
+/// Seconds one INT4 kernel launch takes over a device-resident FP8 tensor (best of `repeats`), without copies.
+fn time_int4_fp8_kernel(
+    device: &dyn Device,
+    tensor: &Fp8Tensor<'_>,
+    settings: &Int4Settings,
+    repeats: usize,
+) -> Result<f64, CudaError> {
+    let (codes, block_scales) = (device.upload(tensor.codes)?, device.upload(tensor.block_scales)?);
+    let elements = tensor.rows * tensor.columns;
+    let packed: DeviceBuffer = device.alloc_for::<u32>(elements / 8)?;
+    let scales = device.alloc_for::<u16>(elements / settings.group_size)?;
+    let buffers = Int4Buffers {
+        input: &codes,
+        block_scales: Some((&block_scales, tensor.block_rows, tensor.block_columns)),
+        packed: &packed,
+        scales: &scales,
+    };
+    let mut best = f64::INFINITY;
+    for _ in 0..repeats.max(1) {
+        device.download::<u8>(&packed, 1)?;
+        let started = Instant::now();
+        launch_int4(device, &buffers, tensor.rows, tensor.columns, 0, settings)?;
+        device.download::<u8>(&packed, 1)?;
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// What the quantize kernels' checks found; `copy_gb_per_s` is measured with the benchmarks.
+pub struct QuantizeChecks {
+    pub rows: Vec<SelftestRow>,
+    pub copy_gb_per_s: Option<f64>,
+}
+
 /// Runs every kernel against the CPU on random shapes from `seed`; with `bench`, adds the benchmarks.
-pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<SelftestReport, CudaError> {
+pub fn run(device: &dyn Device, seed: u64, bench: bool, bench_rows: usize) -> Result<QuantizeChecks, CudaError> {
     let mut rng = Rng::new(seed);
     let mut rows_out = Vec::new();
     let search = MseSearch::default();
@@ -198,7 +228,7 @@ pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<Selft
         let cpu = tensor.dequantize_cpu();
         let max_abs = cpu.iter().filter(|w| w.is_finite()).fold(0f32, |a, w| a.max(w.abs())).max(f32::MIN_POSITIVE);
         for bf16_out in [false, true] {
-            let bytes = gpu.dequantize_fp8(&tensor.view(), bf16_out)?;
+            let bytes = dequantize_fp8(device, &tensor.view(), 0, bf16_out)?;
             let (mut mismatches, mut max_error) = (0, 0f64);
             for (index, want) in cpu.iter().enumerate() {
                 let (got, want) = if bf16_out {
@@ -232,8 +262,7 @@ pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<Selft
                 if rng.below(2) == 0 { (128, 128) } else { (1 + rng.below(40), 1 + rng.below(200)) };
             let tensor = Fp8Owned::random(&mut rng, rows, columns, block_rows, block_columns);
             let weights = tensor.dequantize_cpu();
-            gpu.poison_outputs()?;
-            let got = gpu.quantize_int4_fp8(&tensor.view(), group_size, rule, search)?;
+            let got = quantize_int4(device, &Source::Fp8(&tensor.view()), &settings(group_size, rule, search))?;
             let want = quantize_cpu(&weights, columns, group_size, rule);
             let (different, unexplained, max_error) = compare_int4(&weights, group_size, rule, &got, &want);
             rows_out.push(row(
@@ -246,8 +275,8 @@ pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<Selft
             ));
 
             let values: Vec<f32> = (0..rows * columns).map(|_| (rng.unit() as f32 - 0.5) * 0.1).collect();
-            gpu.poison_outputs()?;
-            let got = gpu.quantize_int4_f32("selftest.f32", &values, rows, columns, group_size, rule, search)?;
+            let source = Source::F32 { name: "selftest.f32", values: &values, rows, columns };
+            let got = quantize_int4(device, &source, &settings(group_size, rule, search))?;
             let want = quantize_cpu(&values, columns, group_size, rule);
             let (different, unexplained, max_error) = compare_int4(&values, group_size, rule, &got, &want);
             rows_out.push(row(
@@ -263,7 +292,7 @@ pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<Selft
 
     let mut copy_gb_per_s = None;
     if bench {
-        let copy = gpu.copy_bandwidth(1 << 30)? / 1e9;
+        let copy = copy_bandwidth(device, 1 << 30)? / 1e9;
         copy_gb_per_s = Some(copy);
         rows_out.push(SelftestRow {
             seconds: Some(2.0 * (1u64 << 30) as f64 / 1e9 / copy),
@@ -278,7 +307,7 @@ pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<Selft
         let moved = (tensor.bytes() + elements / 2 + elements / 32 * 2) as f64;
         let weights = tensor.dequantize_cpu();
         for rule in ScaleRule::ALL {
-            let seconds = gpu.time_int4_fp8_kernel(&tensor.view(), 32, rule, search, 5)?;
+            let seconds = time_int4_fp8_kernel(device, &tensor.view(), &settings(32, rule, search), 5)?;
             let gb_per_s = moved / seconds / 1e9;
             let mut note = "kernel only, device-resident".to_string();
             if rule == ScaleRule::Mse {
@@ -302,9 +331,8 @@ pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<Selft
         }
         // End to end through the pinned two-stream pipeline, checked against the CPU.
         for rule in [ScaleRule::CtMinmax, ScaleRule::Mse] {
-            gpu.poison_outputs()?;
             let started = Instant::now();
-            let got = gpu.quantize_int4_fp8(&tensor.view(), 32, rule, search)?;
+            let got = quantize_int4(device, &Source::Fp8(&tensor.view()), &settings(32, rule, search))?;
             let seconds = started.elapsed().as_secs_f64();
             let want = quantize_cpu(&weights, columns, 32, rule);
             let (different, unexplained, max_error) = compare_int4(&weights, 32, rule, &got, &want);
@@ -319,18 +347,10 @@ pub fn run(gpu: &Gpu, seed: u64, bench: bool, bench_rows: usize) -> Result<Selft
                     max_error,
                     different,
                     unexplained == 0,
-                    "host→pinned→device→host, 2 streams".into(),
+                    "host→device→host in row chunks".into(),
                 )
             });
         }
     }
-    let passed = rows_out.iter().all(|r| r.passed);
-    Ok(SelftestReport {
-        device: Some(gpu.info().clone()),
-        image: gpu.image().to_string(),
-        seed,
-        copy_gb_per_s,
-        rows: rows_out,
-        passed,
-    })
+    Ok(QuantizeChecks { rows: rows_out, copy_gb_per_s })
 }
