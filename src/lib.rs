@@ -13,6 +13,7 @@ pub mod eval;
 pub mod inspect;
 pub mod io;
 pub mod lint;
+pub mod metrics;
 pub mod model;
 pub mod opcheck;
 pub mod progress;

@@ -1,6 +1,5 @@
-//! The runtime backend's ops in `squeeze selftest`: every CUDA backend op against the CPU backend on random awkward shapes
-//! (the same comparisons the integration tests make on the emulated device), then, on a real GPU, the issue's
-//! benchmarks: INT4 W4A16 matrix-vector at batch 1–16 on GLM-5 expert shapes against the device copy bandwidth and
+//! The runtime backend's op cases: each CUDA backend op against the CPU backend on seeded inputs of awkward shapes
+//! (test mode), then, on a real GPU, the benchmarks (perf mode): INT4 W4A16 matrix-vector at batch 1–16 on GLM-5 expert shapes against the device copy bandwidth and
 //! against BF16 weights, FP8 paged decode attention at 32 K tokens with the share of its fused page verification,
 //! and the host-to-device bandwidth of resident (weight) uploads.
 
@@ -8,6 +7,7 @@ use std::time::Instant;
 
 use half::bf16;
 
+use crate::metrics;
 use crate::rng::Rng;
 use crate::runtime::backend::{
     AttentionShape, Backend, IndexerShape, Int4Weight, Matrix, PagedLayout, RopeStyle, RoutingShape,
@@ -21,164 +21,245 @@ use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PoolError, PoolShape};
 
 use super::SelftestRow;
 
-/// Products and attention sum in another order than the CPU (shuffle trees, split rows): rel L2 ~1e-7 measured;
-/// 1e-5 still catches a wrong index, scale or mask.
-const ORDER_REL_L2: f64 = 1e-5;
+/// Dot products of up to ~400 terms (and attention's softmax sums) summed in another order than the CPU's (32 lanes
+/// × 4–8, then a butterfly, against 8 strided lanes): each sum carries a few f32 roundings (≤ ~1e-7 relative each)
+/// over √K-ish growth; measured ~1e-7, 1e-5 still catches a wrong index, scale or mask.
+const DOT_ORDER_REL_L2: f64 = 1e-5;
+/// Norms: only the row sums differ in order (width ≤ 1000); everything after them is the CPU's arithmetic.
+const NORM_REL_L2: f64 = 2e-6;
+/// Elementwise ops and gate weights differ from the CPU only by the exponential's last bit (the same libm function
+/// under emulation, within 2 ulp for CUDA's expf; a normalization over at most 32 weights keeps that relative size).
+const ELEMENTWISE_REL_L2: f64 = 1e-6;
+/// Bit-identical: RoPE, selections (experts, keys) and the quantize kernels do the CPU's operations in its order.
+const EXACT: f64 = 0.0;
 
-fn random(rng: &mut Rng, count: usize, scale: f32) -> Vec<f32> {
-    (0..count).map(|_| (rng.uniform() * 2.0 - 1.0) * scale).collect()
-}
-
-/// Relative L2 error of `got` against `want` (infinite when `got` has a non-finite value).
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    if got.len() != want.len() || got.iter().any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let (mut diff, mut norm) = (0f64, 0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        diff += (g as f64 - w as f64).powi(2);
-        norm += (w as f64).powi(2);
-    }
-    (diff / norm.max(1e-30)).sqrt()
-}
-
-fn row(op: &str, shape: String, error: f64, mismatches: usize, tolerance: f64) -> SelftestRow {
+/// A row comparing `got` with `want` by relative L2 within `tolerance` (`mismatches` counted by the caller).
+fn row(op: &str, shape: String, got: &[f32], want: &[f32], mismatches: usize, tolerance: f64) -> SelftestRow {
+    let errors = metrics::errors(got, want);
     SelftestRow {
         op: op.into(),
         shape,
-        max_rel_error: error,
+        max_rel_error: errors.rel_l2,
         mismatches,
-        passed: error <= tolerance && mismatches == 0,
+        passed: errors.rel_l2 <= tolerance && mismatches == 0,
         seconds: None,
         gb_per_s: None,
         copy_share: None,
-        note: format!("rel L2 vs cpu ≤ {tolerance:.0e}"),
+        note: format!("rel L2 vs cpu ≤ {tolerance:.0e}, max abs {:.1e}", errors.max_abs),
     }
 }
 
-/// A random INT4 matrix `[rows, columns]` quantized with squeeze's own quantizer; `data` is its dequantized form.
-fn int4_matrix(rng: &mut Rng, rows: usize, columns: usize, group_size: usize) -> Matrix {
-    let (int4, data) = Int4Weight::quantize(&random(rng, rows * columns, 0.05), columns, group_size);
-    Matrix::new(rows, columns, data).with_int4(int4)
+/// A row that holds when `passed`, with `note` saying what was checked.
+fn verdict(op: &str, shape: String, passed: bool, note: String) -> SelftestRow {
+    let mismatches = usize::from(!passed);
+    SelftestRow { passed, ..row(op, shape, &[], &[], mismatches, EXACT) }.with_note(note)
 }
 
-/// Every backend op against the CPU on fresh random inputs from `seed`.
-pub fn check_ops(backend: &CudaBackend, seed: u64) -> Vec<SelftestRow> {
-    let mut rng = Rng::new(seed ^ 0x5EED_F0B5);
+impl SelftestRow {
+    fn with_note(mut self, note: String) -> Self {
+        self.note = note;
+        self
+    }
+}
+
+/// A random INT4 matrix `[rows, columns]` quantized with squeeze's own quantizer: packed form and dequantized values.
+fn int4_weight(rng: &mut Rng, rows: usize, columns: usize, group_size: usize, scale: f32) -> (Int4Weight, Vec<f32>) {
+    Int4Weight::quantize(&rng.values(rows * columns, scale), columns, group_size)
+}
+
+/// `linear` with dense f32 weights: decode rows 1/5/16, a prefill tile and a half (37); `in` a multiple of 4
+/// (16-byte loads) and not (75: one element per lane); with and without bias.
+pub fn linear_f32(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
     let mut rows = Vec::new();
+    let cases = [(1, 200, 75), (5, 200, 75), (16, 75, 41), (37, 96, 75), (3, 75, 9), (7, 75, 41), (37, 130, 96)];
+    for (tokens, inner, out) in cases {
+        let weight = Matrix::new(out, inner, rng.values(out * inner, 0.5));
+        let x = rng.values(tokens * inner, 2.0);
+        let bias = rng.values(out, 1.0);
+        for bias in [None, Some(bias.as_slice())] {
+            let (got, want) = (backend.linear(&x, tokens, &weight, bias), Cpu.linear(&x, tokens, &weight, bias));
+            let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias {}", bias.is_some());
+            rows.push(row("linear f32", shape, &got, &want, 0, DOT_ORDER_REL_L2));
+        }
+    }
+    rows
+}
 
-    for (tokens, out, inner) in [(1, 75, 200), (7, 41, 75), (37, 96, 130)] {
-        let x = random(&mut rng, tokens * inner, 1.0);
-        let weight = Matrix::new(out, inner, random(&mut rng, out * inner, 0.1));
-        let bias = random(&mut rng, out, 0.1);
-        let error =
-            rel_l2(&backend.linear(&x, tokens, &weight, Some(&bias)), &Cpu.linear(&x, tokens, &weight, Some(&bias)));
-        rows.push(row("linear f32", format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ"), error, 0, ORDER_REL_L2));
+/// `linear` with INT4 weights (W4A16 on the packed form; the device copy's dense data is NaN, so only the packed
+/// form can give finite outputs): 16-byte word loads (in a multiple of 32) with group 32 and 128 (one scale per 4
+/// words) and 16 (a scale per word); one word per lane (200 / 8 = 25 words) with group 40; rows 1–21.
+pub fn linear_w4a16(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
+    let mut rows = Vec::new();
+    for (inner, group_size, out) in [(256, 32, 75), (384, 128, 37), (256, 16, 23), (200, 40, 19)] {
+        let (int4, values) = int4_weight(rng, out, inner, group_size, 0.3);
+        let dense = Matrix::new(out, inner, values);
+        let packed = Matrix::new(out, inner, vec![f32::NAN; out * inner]).with_int4(int4);
+        let bias = rng.values(out, 1.0);
+        for tokens in [1, 3, 16, 21] {
+            let x = rng.values(tokens * inner, 2.0);
+            for bias in [None, Some(bias.as_slice())] {
+                let (got, want) = (backend.linear(&x, tokens, &packed, bias), Cpu.linear(&x, tokens, &dense, bias));
+                let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ g{group_size} bias {}", bias.is_some());
+                rows.push(row("linear w4a16", shape, &got, &want, 0, DOT_ORDER_REL_L2));
+            }
+        }
     }
-    for (tokens, out, inner, group) in [(1, 70, 256, 32), (16, 45, 384, 128), (5, 33, 200, 40)] {
-        let x = random(&mut rng, tokens * inner, 1.0);
-        let weight = int4_matrix(&mut rng, out, inner, group);
-        let error = rel_l2(&backend.linear(&x, tokens, &weight, None), &Cpu.linear(&x, tokens, &weight, None));
-        rows.push(row(
-            "linear w4a16",
-            format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ g{group}"),
-            error,
-            0,
-            ORDER_REL_L2,
-        ));
-    }
-    for width in [77, 301] {
-        let data = random(&mut rng, 3 * width, 2.0);
-        let (weight, bias) = (random(&mut rng, width, 1.0), random(&mut rng, width, 1.0));
+    rows
+}
+
+/// RMSNorm and LayerNorm on rows of awkward widths, with an offset mean so that LayerNorm's centering matters.
+pub fn norms(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
+    let mut rows = Vec::new();
+    for (count, width) in [(5, 77), (3, 300), (3, 301), (1, 1000)] {
+        let data: Vec<f32> = rng.values(count * width, 3.0).iter().map(|v| v + 1.5).collect();
+        let (weight, bias) = (rng.values(width, 1.0), rng.values(width, 0.5));
         let (mut got, mut want) = (data.clone(), data.clone());
         backend.rms_norm(&mut got, width, &weight, 1e-6);
         Cpu.rms_norm(&mut want, width, &weight, 1e-6);
-        rows.push(row("rms_norm", format!("[3, {width}]"), rel_l2(&got, &want), 0, ORDER_REL_L2));
+        rows.push(row("rms_norm", format!("[{count}, {width}]"), &got, &want, 0, NORM_REL_L2));
         let (mut got, mut want) = (data.clone(), data);
-        backend.layer_norm(&mut got, width, &weight, &bias, 1e-6);
-        Cpu.layer_norm(&mut want, width, &weight, &bias, 1e-6);
-        rows.push(row("layer_norm", format!("[3, {width}]"), rel_l2(&got, &want), 0, ORDER_REL_L2));
+        backend.layer_norm(&mut got, width, &weight, &bias, 1e-5);
+        Cpu.layer_norm(&mut want, width, &weight, &bias, 1e-5);
+        rows.push(row("layer_norm", format!("[{count}, {width}]"), &got, &want, 0, NORM_REL_L2));
     }
-    for style in [RopeStyle::Interleaved, RopeStyle::Half] {
-        let (tokens, heads, head_dim, offset, rotary) = (9, 3, 40, 8, 24);
-        let data = random(&mut rng, tokens * heads * head_dim, 1.0);
-        let half = rotary / 2;
-        let angles: Vec<f32> = (0..tokens * half).map(|i| (i / half) as f32 * 0.3 / (1 + i % half) as f32).collect();
+    rows
+}
+
+/// RoPE, both styles, bit-identical: DeepSeek-like full 64, partial with an offset, and a rotary dim whose 48 pairs
+/// need a second pass of the warp.
+pub fn rope(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
+    let mut rows = Vec::new();
+    for (tokens, heads, head_dim, offset, rotary) in
+        [(5, 3, 64, 0, 64), (7, 2, 40, 8, 24), (3, 3, 100, 4, 96), (9, 3, 40, 8, 24)]
+    {
+        let row_width = heads * head_dim;
+        let angles = rng.values(tokens * rotary / 2, 3.0);
         let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| (a.cos(), a.sin())).unzip();
-        let (mut got, mut want) = (data.clone(), data);
-        backend.rope(&mut got, tokens, heads * head_dim, head_dim, offset, rotary, &cos, &sin, style);
-        Cpu.rope(&mut want, tokens, heads * head_dim, head_dim, offset, rotary, &cos, &sin, style);
-        let mismatches = got.iter().zip(&want).filter(|(g, w)| g.to_bits() != w.to_bits()).count();
-        rows.push(row(
-            &format!("rope {style:?}"),
-            format!("[{tokens}, {heads}, {head_dim}]"),
-            rel_l2(&got, &want),
-            mismatches,
-            0.0,
-        ));
+        let data = rng.values(tokens * row_width, 2.0);
+        for style in [RopeStyle::Interleaved, RopeStyle::Half] {
+            let (mut got, mut want) = (data.clone(), data.clone());
+            backend.rope(&mut got, tokens, row_width, head_dim, offset, rotary, &cos, &sin, style);
+            Cpu.rope(&mut want, tokens, row_width, head_dim, offset, rotary, &cos, &sin, style);
+            let mismatches = metrics::bit_mismatches(&got, &want);
+            let shape = format!("[{tokens}, {heads}, {head_dim}] offset {offset} rotary {rotary}");
+            rows.push(row(&format!("rope {style:?}"), shape, &got, &want, mismatches, EXACT));
+        }
     }
-    let (gate, up) = (random(&mut rng, 3001, 6.0), random(&mut rng, 3001, 2.0));
-    rows.push(row(
-        "silu_mul",
-        "[3001]".into(),
-        rel_l2(&backend.silu_mul(&gate, &up), &Cpu.silu_mul(&gate, &up)),
-        0,
-        1e-6,
-    ));
+    rows
+}
 
-    let shape = AttentionShape { tokens: 19, heads: 4, kv_heads: 2, qk_dim: 40, v_dim: 24, scale: 0.15 };
-    let q = random(&mut rng, shape.tokens * shape.heads * shape.qk_dim, 1.0);
-    let k = random(&mut rng, shape.tokens * shape.kv_heads * shape.qk_dim, 1.0);
-    let v = random(&mut rng, shape.tokens * shape.kv_heads * shape.v_dim, 1.0);
-    let allowed: Vec<bool> =
-        (0..shape.tokens * shape.tokens).map(|i| i % (shape.tokens + 1) == 0 || rng.below(3) > 0).collect();
-    let error = rel_l2(
-        &backend.attention(&q, &k, &v, &shape, Some(&allowed)),
-        &Cpu.attention(&q, &k, &v, &shape, Some(&allowed)),
-    );
-    rows.push(row("attention causal+mask", "19 tokens, 4/2 heads, qk 40, v 24".into(), error, 0, ORDER_REL_L2));
+/// SiLU-gate over a length that is not a multiple of the block.
+pub fn silu_mul(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
+    let count = 1000 * 3 + 17;
+    let (gate, up) = (rng.values(count, 6.0), rng.values(count, 2.0));
+    let (got, want) = (backend.silu_mul(&gate, &up), Cpu.silu_mul(&gate, &up));
+    vec![row("silu_mul", format!("[{count}]"), &got, &want, 0, ELEMENTWISE_REL_L2)]
+}
 
-    let routing = RoutingShape {
-        experts: 24,
-        top_k: 6,
-        groups: 4,
-        topk_group: 3,
-        norm_topk_prob: true,
-        routed_scaling_factor: 2.5,
+/// Causal prefill attention, with and without a DSA mask (the diagonal always allowed): tokens 1/7/19/33, 1–4 KV
+/// heads under 4 query heads, qk/v dims 24/20, 40/24 and 72/64.
+pub fn attention(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
+    let mut rows = Vec::new();
+    let mut shapes = Vec::new();
+    for tokens in [1, 7, 33] {
+        for kv_heads in [1, 2, 4] {
+            for (qk_dim, v_dim) in [(24, 20), (72, 64)] {
+                shapes.push((tokens, kv_heads, qk_dim, v_dim, 1.0 / (qk_dim as f32).sqrt()));
+            }
+        }
+    }
+    shapes.push((19, 2, 40, 24, 0.15));
+    for (tokens, kv_heads, qk_dim, v_dim, scale) in shapes {
+        let shape = AttentionShape { tokens, heads: 4, kv_heads, qk_dim, v_dim, scale };
+        for masked in [false, true] {
+            let q = rng.values(tokens * shape.heads * qk_dim, 1.5);
+            let k = rng.values(tokens * kv_heads * qk_dim, 1.5);
+            let v = rng.values(tokens * kv_heads * v_dim, 1.0);
+            let mask: Option<Vec<bool>> =
+                masked.then(|| (0..tokens * tokens).map(|i| i / tokens == i % tokens || rng.below(3) > 0).collect());
+            let got = backend.attention(&q, &k, &v, &shape, mask.as_deref());
+            let want = Cpu.attention(&q, &k, &v, &shape, mask.as_deref());
+            let name = if masked { "attention causal+mask" } else { "attention causal" };
+            let shape = format!("{tokens} tokens, 4/{kv_heads} heads, qk {qk_dim}, v {v_dim}");
+            rows.push(row(name, shape, &got, &want, 0, DOT_ORDER_REL_L2));
+        }
+    }
+    rows
+}
+
+/// MoE routing with grouped top-k: the tiny synthetic DeepseekV3 (8 experts, 2 per token), the Kimi K2 / GLM-4.5
+/// presets, DeepSeek-V3-style group-limited routing on awkward sizes (26 experts in 4 groups of 6: the last two in
+/// no group, never masked, as on the CPU), one expert per group, and logits rounded to 1/4 with a zero bias (exact
+/// ties everywhere, broken by the lower expert). The same experts, the same near-tie count, weights within
+/// [`ELEMENTWISE_REL_L2`]. A shape beyond the kernel (513 experts) is a reported failure with NaN weights.
+pub fn route(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
+    let shape = |experts, top_k, groups, topk_group, norm_topk_prob, routed_scaling_factor| RoutingShape {
+        experts,
+        top_k,
+        groups,
+        topk_group,
+        norm_topk_prob,
+        routed_scaling_factor,
     };
-    let tokens = 37;
-    let logits = random(&mut rng, tokens * routing.experts, 3.0);
-    let bias = random(&mut rng, routing.experts, 0.1);
-    let (got, want) = (backend.route(&logits, tokens, &bias, &routing), Cpu.route(&logits, tokens, &bias, &routing));
-    let mismatches = got.experts.iter().zip(&want.experts).filter(|(g, w)| g != w).count();
-    rows.push(row(
-        "route grouped top-k",
-        "37 tokens, 24 experts, 4 groups keep 3, top 6".into(),
-        rel_l2(&got.weights, &want.weights),
-        mismatches,
-        1e-6,
-    ));
+    let cases = [
+        ("kimi-synth", shape(8, 2, 1, 1, true, 2.827), false),
+        ("kimi-k2", shape(384, 8, 1, 1, true, 2.827), false),
+        ("glm-4.5", shape(160, 8, 1, 1, true, 2.5), false),
+        ("grouped", shape(26, 5, 4, 2, true, 2.5), false),
+        ("grouped-unnormalized", shape(24, 6, 4, 3, false, 1.0), false),
+        ("grouped-selftest", shape(24, 6, 4, 3, true, 2.5), false),
+        ("singleton-groups-ties", shape(12, 3, 12, 5, true, 2.5), true),
+        ("glm-4.5-ties", shape(160, 8, 1, 1, true, 2.5), true),
+    ];
+    let mut rows = Vec::new();
+    for (name, shape, exact_ties) in cases {
+        for tokens in [1, 37] {
+            let mut logits = rng.values(tokens * shape.experts, 4.0);
+            let mut bias = rng.values(shape.experts, 0.05);
+            if exact_ties {
+                logits.iter_mut().for_each(|l| *l = (*l * 4.0).round() / 4.0);
+                bias.fill(0.0);
+            }
+            let (got, want) =
+                (backend.route(&logits, tokens, &bias, &shape), Cpu.route(&logits, tokens, &bias, &shape));
+            let mismatches = got.experts.iter().zip(&want.experts).filter(|(g, w)| g != w).count()
+                + got.experts.len().abs_diff(want.experts.len())
+                + usize::from(got.top_k != want.top_k)
+                + usize::from(got.near_ties != want.near_ties);
+            let label = format!("{name}: {tokens} tokens, {} experts, top {}", shape.experts, shape.top_k);
+            rows.push(row("route grouped top-k", label, &got.weights, &want.weights, mismatches, ELEMENTWISE_REL_L2));
+        }
+    }
+    let beyond = shape(513, 8, 1, 1, true, 2.5);
+    let routes = backend.route(&rng.values(2 * 513, 1.0), 2, &[0.0; 513], &beyond);
+    let failure = backend.take_failure().unwrap_or_default();
+    let passed = routes.weights.iter().all(|w| w.is_nan()) && failure.contains("513 experts");
+    rows.push(verdict("route grouped top-k", "513 experts".into(), passed, format!("refused: {failure}")));
+    rows
+}
 
-    let shape = IndexerShape { tokens: 33, heads: 3, head_dim: 32, top_k: 8 };
-    let q = random(&mut rng, shape.tokens * shape.heads * shape.head_dim, 1.0);
-    let k = random(&mut rng, shape.tokens * shape.head_dim, 1.0);
-    let weights = random(&mut rng, shape.tokens * shape.heads, 1.0);
-    let (got, want) = (backend.indexer_top_k(&q, &k, &weights, &shape), Cpu.indexer_top_k(&q, &k, &weights, &shape));
-    let mismatches = got.mask.iter().zip(&want.mask).filter(|(g, w)| g != w).count();
-    rows.push(row("indexer top-k", "33 tokens, 3×32, top 8".into(), 0.0, mismatches, 0.0));
-
-    if let Some(failure) = backend.failure() {
-        rows.push(SelftestRow {
-            op: "device".into(),
-            shape: String::new(),
-            max_rel_error: f64::INFINITY,
-            mismatches: 1,
-            passed: false,
-            seconds: None,
-            gb_per_s: None,
-            copy_share: None,
-            note: failure,
-        });
+/// The DSA indexer's top-k key selection: the synthetic GLM-5's 4×32 heads and an awkward 3×36 (a dot-product
+/// tail), up to 300 tokens; signed head weights give negative and zero (all-ReLU-off) scores, so ties at ±0 are
+/// common. The same mask cell for cell (the CPU keeps min(t + 1, top_k) keys per query) and the same near ties.
+pub fn indexer_top_k(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
+    let mut rows = Vec::new();
+    for (tokens, heads, head_dim, top_k) in
+        [(5, 4, 32, 3), (33, 3, 36, 8), (33, 3, 32, 8), (70, 4, 32, 13), (70, 3, 36, 64), (300, 3, 36, 200)]
+    {
+        let shape = IndexerShape { tokens, heads, head_dim, top_k };
+        let q = rng.values(tokens * heads * head_dim, 1.0);
+        let k = rng.values(tokens * head_dim, 1.0);
+        let head_weights = rng.values(tokens * heads, 1.0);
+        let want = Cpu.indexer_top_k(&q, &k, &head_weights, &shape);
+        let got = backend.indexer_top_k(&q, &k, &head_weights, &shape);
+        let kept = want.mask.iter().filter(|&&m| m).count();
+        let expected: usize = (0..tokens).map(|t| (t + 1).min(top_k)).sum();
+        let mismatches = got.mask.iter().zip(&want.mask).filter(|(g, w)| g != w).count()
+            + got.mask.len().abs_diff(want.mask.len())
+            + usize::from(got.near_ties != want.near_ties)
+            + usize::from(kept != expected);
+        let label = format!("{tokens} tokens, {heads}×{head_dim}, top {top_k}");
+        rows.push(row("indexer top-k", label, &[], &[], mismatches, EXACT));
     }
     rows
 }
@@ -241,7 +322,7 @@ pub fn bench(backend: &CudaBackend, copy_gb_per_s: f64) -> Result<Vec<SelftestRo
         let int4_bytes = words.len() * 4 + scales.len() * 2;
         let mut bf16_batch1 = 0.0;
         for batch in [1usize, 2, 4, 8, 16] {
-            let x = device.upload(&random(&mut rng, batch * inner, 1.0))?;
+            let x = device.upload(&rng.values(batch * inner, 1.0))?;
             let y = device.alloc_for::<f32>(batch * out)?;
             if batch == 1 {
                 bf16_batch1 = time_launches(device, &fence, 50, || {
@@ -331,7 +412,7 @@ fn bench_paged(device: &dyn Device, fence: &DeviceBuffer, copy_gb_per_s: f64) ->
             .map(|(id, entries)| DecodeRequest { id: id as u64, context: CONTEXT, entries })
             .collect();
         let mut batch = DecodeBatch::new(device, &layout, page_size, &descriptors, None)?;
-        let q = device.upload(&random(&mut rng, requests * layout.heads * layout.qk_dim, 1.0))?;
+        let q = device.upload(&rng.values(requests * layout.heads * layout.qk_dim, 1.0))?;
         let out = device.alloc_for::<f32>(requests * layout.heads * layout.v_dim)?;
         let faults = device.alloc_for::<i32>(requests)?;
         let timed = |batch: &DecodeBatch| {

@@ -47,6 +47,12 @@ impl CudaBackend {
         self.device.as_ref()
     }
 
+    /// The kept failure, as [`Backend::failure`] words it, cleared (the op checks run case after case on one backend).
+    pub fn take_failure(&self) -> Option<String> {
+        let mut failure = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        failure.take().map(|error| format!("{} ({error})", self.device.describe()))
+    }
+
     /// The device copy of `matrix`, uploading it on first use (packed when it carries its INT4 form).
     pub(crate) fn weight(&self, matrix: &Matrix) -> Result<Arc<DeviceWeight>, CudaError> {
         self.weights.get(matrix)
