@@ -1,7 +1,7 @@
 //! The runtime backend's op cases: each CUDA backend op against the CPU backend on seeded inputs of awkward shapes
-//! (test mode), then, on a real GPU, the benchmarks (perf mode): INT4 W4A16 matrix-vector at batch 1–16 on GLM-5 expert shapes against the device copy bandwidth and
-//! against BF16 weights, FP8 paged decode attention at 32 K tokens with the share of its fused page verification,
-//! and the host-to-device bandwidth of resident (weight) uploads.
+//! (test mode), then, on a real GPU, the benchmarks (perf mode): INT4 W4A16 matrix-vector at batch 1–16 on GLM-5
+//! expert shapes against the device copy bandwidth and against BF16 weights, FP8 paged decode attention at 32 K
+//! tokens with the share of its fused page verification, and the host-to-device bandwidth of resident uploads.
 
 use std::time::Instant;
 

@@ -110,8 +110,8 @@ pub struct Checked {
     pub copy_gb_per_s: Option<f64>,
 }
 
-/// Runs the cases whose op contains one of the comma-separated names in `filter` (all without one), each on its own generator from `seed` and its name;
-/// a device error or a failure the backend kept becomes a failed row of that case. In perf mode the benchmarks
+/// Runs the cases whose op contains one of the comma-separated names in `filter` (all without one), each on its
+/// own generator from `seed` and its name; a device error or a failure the backend kept becomes a failed row of that case. In perf mode the benchmarks
 /// follow (an error there is returned: timings are not checks).
 pub fn run(target: &Target, seed: u64, filter: Option<&str>, mode: Mode) -> Result<Checked, CudaError> {
     let mut rows = Vec::new();
