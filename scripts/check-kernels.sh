@@ -59,8 +59,8 @@ done
 
 for source in kernels/*.cu; do
     name="$(basename "$source" .cu)"
-    if ! grep -q "family: \"$name\"" src/cuda/artifacts.rs; then
-        echo "check-kernels: $source is not embedded: add its family to ARTIFACTS in src/cuda/artifacts.rs" >&2
+    if ! grep -q "family: \"$name\"" src/runtime/device/artifacts.rs; then
+        echo "check-kernels: $source is not embedded: add its family to ARTIFACTS in src/runtime/device/artifacts.rs" >&2
         status=1
     fi
     if ! grep -q "#include \"../$name.cu\"" kernels/emulation/server.cpp; then

@@ -36,6 +36,16 @@ impl Rng {
         ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32
     }
 
+    /// Uniform in `(-1, 1)`.
+    pub fn signed(&mut self) -> f32 {
+        self.uniform() * 2.0 - 1.0
+    }
+
+    /// `count` values uniform in `(-scale, scale)`.
+    pub fn values(&mut self, count: usize, scale: f32) -> Vec<f32> {
+        (0..count).map(|_| self.signed() * scale).collect()
+    }
+
     /// Uniform integer in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: usize) -> usize {
         (self.unit() * n as f64) as usize % n.max(1)

@@ -1,5 +1,6 @@
-// The emulated CUDA device behind `--device emulated` (src/cuda/emulated.rs): device memory and kernel launches
-// served over stdin/stdout, every kernel of kernels/*.cu run under kernels/emulation/cuda_emulation.h.
+// The emulated CUDA device behind `--device emulated` (src/runtime/device/emulated.rs): device memory and kernel
+// launches served over stdin/stdout, every kernel of kernels/*.cu run under kernels/emulation/cuda_emulation.h, plus
+// `emulation_primitives`, which checks the emulation itself (tests/integration/device_ops.rs).
 //
 // Protocol (little-endian; every command gets a reply `u8 status` (0 ok, 1 error) + `u32 length` + that many bytes:
 // the data for `R`, an error message otherwise):
@@ -31,6 +32,38 @@
 #include "../rope.cu"
 #include "../routing.cu"
 #include "../w4a16.cu"
+
+// The emulation's own primitives, for a test that they behave like CUDA's: a block reduction with shared memory and
+// __syncthreads, warp reductions with xor and down shuffles, a ballot and a lane-0 broadcast. Launched with blocks of
+// 256 threads over `in` (one value per thread); per block its sum, per warp [xor sum, down sum], ballot of `v > 0`
+// and lane 0's value.
+extern "C" __global__ void emulation_primitives(const float* in, float* block_sums, float* warp_sums,
+                                                unsigned* ballots, float* broadcast) {
+    __shared__ float partial[256];
+    const unsigned t = threadIdx.x;
+    const float v = in[blockIdx.x * blockDim.x + t];
+    partial[t] = v;
+    __syncthreads();
+    for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+        if (t < half) partial[t] += partial[t + half];
+        __syncthreads();
+    }
+    if (t == 0) block_sums[blockIdx.x] = partial[0];
+    float x = v;
+    for (int mask = 16; mask > 0; mask /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, mask);
+    float y = v;
+    for (unsigned delta = 16; delta > 0; delta /= 2) y += __shfl_down_sync(0xFFFFFFFFu, y, delta);
+    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, v > 0.0f);
+    const float first = __shfl_sync(0xFFFFFFFFu, v, 0);
+    if (t % 32 == 0) {
+        const unsigned warp = (blockIdx.x * blockDim.x + t) / 32;
+        warp_sums[2 * warp] = x;
+        warp_sums[2 * warp + 1] = y;
+        ballots[warp] = ballot;
+        broadcast[warp] = first;
+    }
+}
+SQUEEZE_EMULATION_KERNEL(emulation_primitives);
 
 namespace {
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::cuda::DeviceChoice;
+use crate::runtime::device::DeviceChoice;
 
 use crate::calib::{calibrate, open_for_edit, write_scales, CalibOptions, Strategy};
 use crate::chunks::EvalInput;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::cuda::DeviceChoice;
+use crate::runtime::device::DeviceChoice;
 
 use crate::chunks::EvalInput;
 use crate::engines::Engine;

@@ -109,7 +109,9 @@ pub fn run() -> i32 {
 }
 
 /// The runtime backend for `--device`, printing the CPU-fallback notice of `auto` to stderr.
-pub(crate) fn open_backend(choice: crate::cuda::DeviceChoice) -> anyhow::Result<Box<dyn crate::runtime::Backend>> {
+pub(crate) fn open_backend(
+    choice: crate::runtime::device::DeviceChoice,
+) -> anyhow::Result<Box<dyn crate::runtime::Backend>> {
     let (backend, notice) = crate::runtime::device::open_backend(choice)?;
     if let Some(notice) = notice {
         eprintln!("note: {notice}");
@@ -123,14 +125,14 @@ fn print_version(verbose: bool) {
     if !verbose {
         return;
     }
-    if crate::cuda::BUILT_WITH_CUDA {
+    if crate::runtime::device::BUILT_WITH_CUDA {
         println!("cuda: built in (kernels: sm_90a cubins and sm_90 PTX from CUDA 13.0; driver loaded at run time)");
     } else {
         println!("cuda: not built in (rebuild with `cargo build --release --features cuda`)");
     }
-    match crate::cuda::probe() {
+    match crate::runtime::device::probe() {
         Ok(device) => println!("device: {device}"),
-        Err(crate::cuda::CudaError::BuiltWithoutCuda) => println!("device: cpu only"),
+        Err(crate::runtime::device::CudaError::BuiltWithoutCuda) => println!("device: cpu only"),
         Err(reason) => println!("device: none usable ({reason})"),
     }
 }

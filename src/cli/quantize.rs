@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
-use crate::cuda::DeviceChoice;
 use crate::lint::EngineChoice;
 use crate::quant::ScaleRule;
+use crate::runtime::device::DeviceChoice;
 use crate::units::{both_units, human, parse_bytes};
 
 use super::engine_rules::{parse_tp, print_fixes, print_rules, print_warnings};
@@ -48,7 +48,8 @@ pub struct Args {
     /// Print one JSON report on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Where INT4 quantization runs: auto (the GPU when one is usable, else the CPU with a notice), cpu or cuda.
+    /// Where INT4 quantization runs: auto (the GPU when one is usable, else the CPU with a notice), cpu, cuda, or
+    /// emulated (the GPU kernels compiled for the host; slow, byte-identical: tests and development).
     #[arg(long, default_value = "auto")]
     pub device: DeviceChoice,
     /// Engines whose load rules (read from vLLM 0.32 and SGLang sources) the planned output must pass before anything is written: vllm,

@@ -4,20 +4,18 @@ use anyhow::Context;
 
 use std::sync::Arc;
 
-use crate::cuda::device::Device;
-use crate::cuda::emulated::Emulator;
-use crate::cuda::selftest::SelftestReport;
-use crate::cuda::{select, selftest, DeviceChoice, Selection};
-use crate::runtime::cuda::selftest as runtime_selftest;
+use crate::opcheck::{self, Checked, Mode, SelftestReport, Target};
 use crate::runtime::cuda::CudaBackend;
+use crate::runtime::device::emulated::Emulator;
+use crate::runtime::device::{select, Device, DeviceChoice, DeviceSelection};
 
 use super::table::Table;
 use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Device to test: cuda (or auto, which fails the same way when no GPU is usable), or emulated (the runtime
-    /// kernels compiled for the host; no benchmarks).
+    /// Device to test: cuda (or auto, which fails the same way when no GPU is usable), or emulated (the kernels
+    /// compiled for the host; no benchmarks).
     #[arg(long, default_value = "cuda")]
     pub device: DeviceChoice,
     /// Seed of the random inputs; default: fresh from the clock.
@@ -29,6 +27,10 @@ pub struct Args {
     /// Rows of the benchmark tensor (6144 columns of FP8).
     #[arg(long, default_value_t = 16384)]
     pub bench_rows: usize,
+    /// Run only the ops whose name contains one of these comma-separated names (e.g. `silu_mul,int4_quantize`);
+    /// default: every op.
+    #[arg(long)]
+    pub op: Option<String>,
     /// Print one JSON report on stdout.
     #[arg(long)]
     pub json: bool,
@@ -42,7 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         DeviceChoice::Cpu => {
             anyhow::bail!("selftest compares the GPU kernels with the CPU path; use --device cuda (or emulated)")
         }
-        DeviceChoice::Emulated => emulated_report(seed)?,
+        DeviceChoice::Emulated => emulated_report(&args, seed)?,
         DeviceChoice::Auto | DeviceChoice::Cuda => gpu_report(&args, seed)?,
     };
     if args.json {
@@ -71,29 +73,29 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     Ok(if report.passed { Outcome::Success } else { Outcome::GateFailed })
 }
 
-/// The quantize kernels, the runtime ops and (unless --no-bench) the benchmarks on the GPU.
+/// The op table and (unless --no-bench) the benchmarks on the GPU.
 fn gpu_report(args: &Args, seed: u64) -> anyhow::Result<SelftestReport> {
     let gpu = match select(DeviceChoice::Cuda).context("selftest")? {
-        Selection::Gpu(gpu) => *gpu,
-        Selection::Cpu | Selection::CpuFallback(_) => anyhow::bail!("selftest: no GPU selected"),
+        DeviceSelection::Gpu(gpu) => *gpu,
+        _ => anyhow::bail!("selftest: no GPU selected"),
     };
     eprintln!("selftest on {} ({}), seed {seed}", gpu.info(), gpu.image());
-    let mut report = selftest::run(&gpu, seed, !args.no_bench, args.bench_rows).context("selftest")?;
+    let (info, image) = (gpu.info().clone(), gpu.image().to_string());
     let backend = CudaBackend::new(Arc::new(gpu));
-    report.rows.extend(runtime_selftest::check_ops(&backend, seed));
-    if let (false, Some(copy)) = (args.no_bench, report.copy_gb_per_s) {
-        report.rows.extend(runtime_selftest::bench(&backend, copy).context("runtime benchmarks")?);
-    }
-    report.passed = report.rows.iter().all(|row| row.passed);
-    Ok(report)
+    let mode = if args.no_bench { Mode::Test } else { Mode::Perf { bench_rows: args.bench_rows } };
+    let target = Target { backend: &backend, exact: false };
+    let Checked { rows, copy_gb_per_s } = opcheck::run(&target, seed, args.op.as_deref(), mode).context("selftest")?;
+    let passed = rows.iter().all(|row| row.passed);
+    Ok(SelftestReport { device: Some(info), image, seed, copy_gb_per_s, rows, passed })
 }
 
-/// The runtime ops on the emulated device (the quantize kernels' emulation runs in `cargo test`).
-fn emulated_report(seed: u64) -> anyhow::Result<SelftestReport> {
+/// The op table on the emulated device (no benchmarks: its timings mean nothing).
+fn emulated_report(args: &Args, seed: u64) -> anyhow::Result<SelftestReport> {
     let emulator = Emulator::start().context("starting the kernel emulator")?;
     let image = emulator.describe();
     let backend = CudaBackend::new(Arc::new(emulator));
-    let rows = runtime_selftest::check_ops(&backend, seed);
+    let target = Target { backend: &backend, exact: true };
+    let rows = opcheck::run(&target, seed, args.op.as_deref(), Mode::Test).context("selftest")?.rows;
     let passed = rows.iter().all(|row| row.passed);
     Ok(SelftestReport { device: None, image, seed, copy_gb_per_s: None, rows, passed })
 }

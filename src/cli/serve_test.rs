@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 
-use crate::cuda::DeviceChoice;
+use crate::runtime::device::DeviceChoice;
 use crate::runtime::kv_cache::{FaultKind, KvDtype};
 use crate::serve::prompts::read_prompts;
 use crate::serve::sampling::Sampling;

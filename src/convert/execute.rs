@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
-use crate::cuda::{CudaError, DeviceChoice, Selection};
 use crate::format::fp8_block;
 use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE, MANIFEST_FILE};
 use crate::io::lock::{FolderLock, LOCK_FILE};
@@ -21,6 +20,7 @@ use crate::model::{ConfigError, ModelConfig};
 use crate::progress::{peak_rss_bytes, Reporter};
 use crate::quant::ScaleRule;
 use crate::recipe::{Recipe, RecipeError};
+use crate::runtime::device::{select, CudaError, DeviceChoice, DeviceSelection};
 
 use super::plan::{self, Action, ClassSummary, Plan, PlanError};
 use super::{engine_check, output_files, quant_config, source, transform};
@@ -183,13 +183,12 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         return Ok(report);
     }
 
-    let gpu = match crate::cuda::select(options.device)? {
-        Selection::Gpu(gpu) => Some(*gpu),
-        Selection::Cpu => None,
-        Selection::CpuFallback(reason) => {
+    let device = match select(options.device)? {
+        DeviceSelection::CpuFallback(reason) => {
             reporter.warn(&format!("quantizing on the CPU: {reason}"));
             None
         }
+        selection => selection.into_device(),
     };
     let out = &options.output;
     let plan_sha256 = plan.sha256(&source_fingerprint(checkpoint), &recipe.sha256());
@@ -242,7 +241,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
 
     let work: Vec<usize> = (0..plan.items.len()).filter(|&i| !reused[plan.items[i].shard]).collect();
     reporter.begin("quantize", work.iter().map(|&i| plan.items[i].source.bytes()).sum());
-    let compute = transform::Compute { gpu: gpu.as_ref(), allow_nonfinite: options.allow_nonfinite };
+    let compute = transform::Compute { device: device.as_deref(), allow_nonfinite: options.allow_nonfinite };
     let result = run_items(checkpoint, plan, &work, out, &mut manifest, reporter, compute);
     reporter.end();
     result?;

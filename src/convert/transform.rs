@@ -4,13 +4,14 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::cuda::{launch::check_int4_shape, Fp8Tensor, Gpu};
 use crate::format::fp8_block::{read_scales, RowReader, SourceKind};
 use crate::io::dtype::first_nonfinite;
 use crate::io::{Checkpoint, IoError};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{int4, pack};
+use crate::runtime::device::Device;
 
+use super::device_quantize::{check_int4_shape, quantize_int4, Fp8Tensor, Int4Settings, Source};
 use super::plan::{Action, PlannedItem};
 
 /// Rows handed to one rayon task (keeps scheduling overhead small on short rows).
@@ -19,8 +20,9 @@ const ROWS_PER_TASK: usize = 8;
 /// How items are computed.
 #[derive(Clone, Copy, Default)]
 pub struct Compute<'a> {
-    /// INT4 items from FP8 sources are quantized on this GPU (byte-identical output); the rest on the CPU.
-    pub gpu: Option<&'a Gpu>,
+    /// INT4 items from FP8 sources are quantized on this device (a GPU or the emulated device; byte-identical
+    /// output); the rest on the CPU.
+    pub device: Option<&'a dyn Device>,
     /// Carry NaN/infinite source elements through instead of refusing them.
     pub allow_nonfinite: bool,
 }
@@ -28,7 +30,7 @@ pub struct Compute<'a> {
 /// Produces the bytes of every output tensor of `item`, in planned order. A NaN or infinite source element is an
 /// error naming the tensor and its first bad element, unless `compute.allow_nonfinite`.
 pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) -> Result<Vec<Vec<u8>>, IoError> {
-    let Compute { gpu, allow_nonfinite } = compute;
+    let Compute { device, allow_nonfinite } = compute;
     let name = &item.source.name;
     let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
     let tensor =
@@ -49,14 +51,14 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
         }
     }
     let reader = || RowReader::new(checkpoint, &item.source);
-    let gpu_outputs = match (gpu, item.action) {
-        (Some(gpu), Action::Int4 { group_size, scale_rule }) => {
-            int4_on_gpu(gpu, checkpoint, item, tensor.bytes, &shard, group_size, scale_rule)?
+    let device_outputs = match (device, item.action) {
+        (Some(device), Action::Int4 { group_size, scale_rule }) => {
+            int4_on_device(device, checkpoint, item, tensor.bytes, &shard, group_size, scale_rule)?
         }
         _ => None,
     };
     let outputs = match item.action {
-        _ if gpu_outputs.is_some() => gpu_outputs.unwrap_or_default(),
+        _ if device_outputs.is_some() => device_outputs.unwrap_or_default(),
         Action::Int4 { group_size, scale_rule } => {
             let source = reader()?;
             let (rows, columns) = (source.rows, source.columns);
@@ -118,10 +120,10 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
     Ok(outputs)
 }
 
-/// INT4 outputs of an FP8 item computed on the GPU; `None` when the item is not FP8 or has a shape the kernels
+/// INT4 outputs of an FP8 item computed on the device; `None` when the item is not FP8 or has a shape the kernels
 /// do not take (group size not a multiple of 8), which then runs on the CPU.
-fn int4_on_gpu(
-    gpu: &Gpu,
+fn int4_on_device(
+    device: &dyn Device,
     checkpoint: &Checkpoint,
     item: &PlannedItem,
     codes: &[u8],
@@ -145,8 +147,8 @@ fn int4_on_gpu(
         block_rows: grid.block_rows,
         block_columns: grid.block_columns,
     };
-    let output = gpu
-        .quantize_int4_fp8(&tensor, group_size, scale_rule, MseSearch::default())
+    let settings = Int4Settings { group_size, rule: scale_rule, search: MseSearch::default(), poison_outputs: false };
+    let output = quantize_int4(device, &Source::Fp8(&tensor), &settings)
         .map_err(|e| IoError::tensor(shard, name, format!("GPU quantize failed: {e}; rerun with --device cpu")))?;
     let shape: Vec<u8> = [grid.rows as i64, grid.columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
     let scales: Vec<u8> = output.scales.iter().flat_map(|v| v.to_le_bytes()).collect();

@@ -1,57 +1,19 @@
-//! The CUDA attention family against the CPU: causal prefill attention (`Backend::attention`), the KV row write
+//! The CUDA attention family's decode side against the CPU (causal prefill attention is a case of the op table,
+//! tests/integration/device_ops.rs): the KV row write
 //! (byte for byte against `KvPool::write`), and paged decode attention with fused page-tag verification (against an
 //! f64 softmax over the rows `KvPool::read` decodes, and against `KvPool::verify` on injected mapping faults).
 
+use squeeze::metrics;
 use squeeze::quant::fp8;
-use squeeze::runtime::backend::AttentionShape;
+use squeeze::rng::Rng;
 use squeeze::runtime::cuda::paged::{self, DecodeLayout, DecodePlan, DecodeRequest, DevicePool};
 use squeeze::runtime::kv_cache::{inject, FaultKind, IntegrityError, KvDtype, KvPool, Mapping, PoolShape};
-use squeeze::runtime::{Backend, Cpu};
 
-use crate::cuda_ops::{cuda_backends, errors, Rng};
+use crate::device_ops::cuda_backends;
 
-/// Prefill: f32 throughout, the device sums each dot product in another order (32 lanes, a butterfly) and uses an
-/// online softmax; measured ~1e-7, the bound leaves room for the exponential's last bit on a real GPU.
-const PREFILL_REL_L2: f64 = 1e-5;
 /// Paged decode against an f64 reference over the same decoded rows: f32 rounding of 576-term dot products and of
 /// the softmax; measured ~1e-7.
 const DECODE_REL_L2: f64 = 2e-5;
-
-fn prefill_case(backends: &[squeeze::runtime::cuda::CudaBackend], rng: &mut Rng, shape: AttentionShape, masked: bool) {
-    let AttentionShape { tokens, heads, kv_heads, qk_dim, v_dim, .. } = shape;
-    let q = rng.values(tokens * heads * qk_dim, 1.5);
-    let k = rng.values(tokens * kv_heads * qk_dim, 1.5);
-    let v = rng.values(tokens * kv_heads * v_dim, 1.0);
-    let mask: Option<Vec<bool>> = masked
-        .then(|| (0..tokens * tokens).map(|i| i / tokens == i % tokens || !rng.next().is_multiple_of(3)).collect());
-    let want = Cpu.attention(&q, &k, &v, &shape, mask.as_deref());
-    for backend in backends {
-        let got = backend.attention(&q, &k, &v, &shape, mask.as_deref());
-        assert_eq!(backend.failure(), None);
-        let (rel, max_abs) = errors(&got, &want);
-        assert!(
-            rel < PREFILL_REL_L2,
-            "tokens {tokens} heads {heads}/{kv_heads} qk {qk_dim} v {v_dim} masked {masked}: rel L2 {rel:e} (max abs {max_abs:e})"
-        );
-    }
-}
-
-#[test]
-fn prefill_attention_matches_cpu() {
-    let backends = cuda_backends();
-    let mut rng = Rng(41);
-    for tokens in [1, 7, 33] {
-        for kv_heads in [1, 2, 4] {
-            for (qk_dim, v_dim) in [(24, 20), (72, 64)] {
-                for masked in [false, true] {
-                    let scale = 1.0 / (qk_dim as f32).sqrt();
-                    let shape = AttentionShape { tokens, heads: 4, kv_heads, qk_dim, v_dim, scale };
-                    prefill_case(&backends, &mut rng, shape, masked);
-                }
-            }
-        }
-    }
-}
 
 /// Values that probe the FP8 encoder once divided by a power-of-two scale: every midpoint between adjacent e4m3
 /// codes and its neighbours one ulp away, saturation, infinities, NaNs of both signs, zeros, subnormal ties.
@@ -111,7 +73,7 @@ fn kv_write_is_byte_identical_to_the_cpu_pool() {
                 pool.reserve(request as u64, step.min(context)).unwrap();
             }
         }
-        let mut rng = Rng(5 + dtype.bytes() as u64);
+        let mut rng = Rng::new(5 + dtype.bytes() as u64);
         let mut next_probe = 0;
         let mut writes: Vec<(usize, Vec<f32>, Vec<u32>)> = Vec::new(); // (layer, rows, slots)
         for layer in [0usize, 2] {
@@ -167,7 +129,7 @@ fn filled_pool(dtype: KvDtype, row_width: usize, contexts: &[usize], seed: u64) 
     for (request, &context) in contexts.iter().enumerate() {
         pool.reserve(request as u64, context).unwrap();
     }
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     for layer in 0..shape.layers {
         for (request, &context) in contexts.iter().enumerate() {
             for position in 0..context {
@@ -236,7 +198,7 @@ fn paged_decode_matches_an_f64_reference() {
     for (name, row_width, layout) in layouts() {
         for dtype in [KvDtype::Bf16, KvDtype::Fp8] {
             let pool = filled_pool(dtype, row_width, &CONTEXTS, 17);
-            let mut rng = Rng(23);
+            let mut rng = Rng::new(23);
             let q = rng.values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
             let want = reference_decode(&pool, 1, &layout, &q, &CONTEXTS);
             let tables = requests_of(&pool, &CONTEXTS);
@@ -248,7 +210,7 @@ fn paged_decode_matches_an_f64_reference() {
                 for plan in [None, Some(DecodePlan::with_pages_per_split(7, 2))] {
                     let got = paged::decode(device, &device_pool, 1, &layout, &q, &requests, plan).unwrap();
                     assert_eq!(got.faults, vec![0; CONTEXTS.len()], "{name} {dtype:?} {plan:?}");
-                    let (rel, max_abs) = errors(&got.out, &want);
+                    let metrics::Errors { rel_l2: rel, max_abs, .. } = metrics::errors(&got.out, &want);
                     assert!(rel < DECODE_REL_L2, "{name} {dtype:?} {plan:?}: rel L2 {rel:e} (max abs {max_abs:e})");
                 }
             }
@@ -272,7 +234,7 @@ fn paged_decode_flags_exactly_the_corrupted_requests() {
     let backends = cuda_backends();
     let (name, row_width, layout) = layouts()[0];
     let clean_pool = filled_pool(KvDtype::Fp8, row_width, &CONTEXTS, 29);
-    let mut rng = Rng(31);
+    let mut rng = Rng::new(31);
     let q = rng.values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
     let plan = Some(DecodePlan::with_pages_per_split(7, 2));
     for backend in &backends {
@@ -346,7 +308,7 @@ fn check_others_unchanged(got: &paged::DecodeOutput, clean: &[f32], faults: &[u3
 fn unverified_launch_is_the_same_attention_without_the_checks() {
     let (_, row_width, layout) = layouts()[0];
     let pool = filled_pool(KvDtype::Fp8, row_width, &CONTEXTS, 29);
-    let q = Rng(37).values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
+    let q = Rng::new(37).values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
     let plan = Some(DecodePlan::with_pages_per_split(7, 2));
     for backend in cuda_backends() {
         let device = backend.device();

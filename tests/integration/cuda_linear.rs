@@ -1,53 +1,33 @@
-//! The CUDA backend's linear layers (dense f32 and BF16, INT4 W4A16, grouped MoE W4A16), RMSNorm/LayerNorm and
-//! RoPE against the CPU backend on random awkward shapes, on the emulated device always and on a GPU when present.
+//! The CUDA backend's device-level linear launches (BF16 weights, grouped MoE W4A16 with an unknown expert) and the
+//! W4A16 layout refusals against the CPU backend, on the emulated device always and on a GPU when present (the
+//! host-level dense and W4A16 linears, norms and RoPE are cases of the op table: tests/integration/device_ops.rs).
 
 use half::bf16;
+use squeeze::metrics;
 use squeeze::quant::pack;
+use squeeze::rng::Rng;
 use squeeze::runtime::backend::Int4Weight;
 use squeeze::runtime::cuda::linear::{self, GroupedInt4};
 use squeeze::runtime::cuda::CudaBackend;
-use squeeze::runtime::{Backend, Cpu, Matrix, RopeStyle};
+use squeeze::runtime::{Backend, Cpu, Matrix};
 
-use crate::cuda_ops::{cuda_backends, errors, Rng};
+use crate::device_ops::cuda_backends;
 
 /// Dot products of up to ~400 terms summed in another order than the CPU's (32 lanes × 4–8, then a butterfly,
 /// against 8 strided lanes): each sum carries a few f32 roundings (≤ ~1e-7 relative each) over √K-ish growth.
 const DOT_ORDER_REL_L2: f64 = 1e-5;
-/// Norms: only the row sums differ in order (width ≤ 300); everything after them is the CPU's arithmetic.
-const NORM_REL_L2: f64 = 2e-6;
 
 fn check(name: &str, backend: &CudaBackend, got: &[f32], want: &[f32], tolerance: f64) {
     assert_eq!(backend.failure(), None, "{name}: device failure");
-    let (rel, max_abs) = errors(got, want);
+    let metrics::Errors { rel_l2: rel, max_abs, .. } = metrics::errors(got, want);
     eprintln!("{name} ({}): rel L2 {rel:.3e}, max abs {max_abs:.3e}", backend.device().describe());
     assert!(rel <= tolerance, "{name}: rel L2 {rel:e} > {tolerance:e} (max abs {max_abs:e})");
 }
 
 #[test]
-fn dense_linear_matches_cpu() {
-    let backends = cuda_backends();
-    let mut rng = Rng(11);
-    // (rows, in, out): decode rows 1/5/16, a prefill tile and a half (37); `in` a multiple of 4 (16-byte loads)
-    // and not (75: one element per lane).
-    for (rows, in_features, out_features) in [(1, 200, 75), (5, 200, 75), (16, 75, 41), (37, 96, 75), (3, 75, 9)] {
-        let weight = Matrix::new(out_features, in_features, rng.values(out_features * in_features, 0.5));
-        let input = rng.values(rows * in_features, 2.0);
-        let bias = rng.values(out_features, 1.0);
-        for bias in [None, Some(bias.as_slice())] {
-            let want = Cpu.linear(&input, rows, &weight, bias);
-            for backend in &backends {
-                let got = backend.linear(&input, rows, &weight, bias);
-                let name = format!("linear {rows}×{in_features}→{out_features} bias {}", bias.is_some());
-                check(&name, backend, &got, &want, DOT_ORDER_REL_L2);
-            }
-        }
-    }
-}
-
-#[test]
 fn bf16_linear_matches_cpu_on_the_rounded_weights() {
     let backends = cuda_backends();
-    let mut rng = Rng(12);
+    let mut rng = Rng::new(12);
     for (rows, in_features, out_features) in [(1, 200, 75), (16, 75, 41), (21, 96, 19)] {
         let bits: Vec<u16> =
             rng.values(out_features * in_features, 0.5).iter().map(|&w| bf16::from_f32(w).to_bits()).collect();
@@ -75,36 +55,9 @@ fn quantized(rng: &mut Rng, rows: usize, columns: usize, group_size: usize) -> (
 }
 
 #[test]
-fn w4a16_linear_matches_cpu_on_the_dequantized_weights() {
-    let backends = cuda_backends();
-    let mut rng = Rng(13);
-    // (in, group, out): 16-byte word loads (in a multiple of 32) with group 32 and 128 (one scale per 4 words) and
-    // 16 (a scale per word); one word per lane (200 / 8 = 25 words) with group 40.
-    for (in_features, group_size, out_features) in [(256, 32, 75), (384, 128, 37), (256, 16, 23), (200, 40, 19)] {
-        let (int4, values) = quantized(&mut rng, out_features, in_features, group_size);
-        let dense = Matrix::new(out_features, in_features, values);
-        // The device copy of this matrix is the packed form only: NaN dense data proves W4A16 ran.
-        let packed = Matrix::new(out_features, in_features, vec![f32::NAN; out_features * in_features]).with_int4(int4);
-        let bias = rng.values(out_features, 1.0);
-        for rows in [1, 3, 16, 21] {
-            let input = rng.values(rows * in_features, 2.0);
-            for bias in [None, Some(bias.as_slice())] {
-                let want = Cpu.linear(&input, rows, &dense, bias);
-                for backend in &backends {
-                    let got = backend.linear(&input, rows, &packed, bias);
-                    let name =
-                        format!("w4a16 {rows}×{in_features}→{out_features} group {group_size} bias {}", bias.is_some());
-                    check(&name, backend, &got, &want, DOT_ORDER_REL_L2);
-                }
-            }
-        }
-    }
-}
-
-#[test]
 fn w4a16_rejects_group_sizes_it_cannot_read() {
     let backend = cuda_backends().remove(0);
-    let mut rng = Rng(14);
+    let mut rng = Rng::new(14);
     // group 12 is not a multiple of 8; in 200 is not a multiple of group 16.
     for (in_features, group_size) in [(96, 12), (200, 16)] {
         let words = pack::packed_columns(in_features);
@@ -124,7 +77,7 @@ fn w4a16_rejects_group_sizes_it_cannot_read() {
 #[test]
 fn w4a16_grouped_matches_per_expert_cpu_products() {
     let backends = cuda_backends();
-    let mut rng = Rng(15);
+    let mut rng = Rng::new(15);
     let (experts, in_features, out_features, group_size) = (3, 256, 37, 32);
     let mut weights = Vec::new();
     let (mut packed, mut scales) = (Vec::new(), Vec::new());
@@ -164,60 +117,5 @@ fn w4a16_grouped_matches_per_expert_cpu_products() {
         let got = device.download::<f32>(&y, rows * out_features).unwrap();
         assert!(got[..5 * out_features].iter().all(|v| v.is_finite()), "valid segment stays finite");
         assert!(got[5 * out_features..].iter().all(|v| v.is_nan()), "unknown expert gives NaN rows");
-    }
-}
-
-#[test]
-fn norms_match_cpu() {
-    let backends = cuda_backends();
-    let mut rng = Rng(16);
-    for (rows, width) in [(5, 77), (3, 300), (1, 1000)] {
-        // An offset mean so that LayerNorm's centering matters.
-        let data: Vec<f32> = rng.values(rows * width, 3.0).iter().map(|v| v + 1.5).collect();
-        let weight = rng.values(width, 1.0);
-        let bias = rng.values(width, 0.5);
-        let mut want_rms = data.clone();
-        Cpu.rms_norm(&mut want_rms, width, &weight, 1e-6);
-        let mut want_layer = data.clone();
-        Cpu.layer_norm(&mut want_layer, width, &weight, &bias, 1e-5);
-        for backend in &backends {
-            let mut got = data.clone();
-            backend.rms_norm(&mut got, width, &weight, 1e-6);
-            check(&format!("rms_norm {rows}×{width}"), backend, &got, &want_rms, NORM_REL_L2);
-            let mut got = data.clone();
-            backend.layer_norm(&mut got, width, &weight, &bias, 1e-5);
-            check(&format!("layer_norm {rows}×{width}"), backend, &got, &want_layer, NORM_REL_L2);
-        }
-    }
-}
-
-#[test]
-fn rope_is_bit_identical_to_cpu() {
-    let backends = cuda_backends();
-    let mut rng = Rng(17);
-    // (tokens, heads, head_dim, offset, rotary_dim): DeepSeek-like full 64, partial with an offset, and a rotary
-    // dim whose 48 pairs need a second pass of the warp.
-    for (tokens, heads, head_dim, offset, rotary_dim) in [(5, 3, 64, 0, 64), (7, 2, 40, 8, 24), (3, 3, 100, 4, 96)] {
-        let row_width = heads * head_dim;
-        let half = rotary_dim / 2;
-        let angles: Vec<f32> = rng.values(tokens * half, 3.0);
-        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
-        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
-        let data = rng.values(tokens * row_width, 2.0);
-        for style in [RopeStyle::Interleaved, RopeStyle::Half] {
-            let mut want = data.clone();
-            Cpu.rope(&mut want, tokens, row_width, head_dim, offset, rotary_dim, &cos, &sin, style);
-            for backend in &backends {
-                let mut got = data.clone();
-                backend.rope(&mut got, tokens, row_width, head_dim, offset, rotary_dim, &cos, &sin, style);
-                assert_eq!(backend.failure(), None);
-                let mismatches = got.iter().zip(&want).filter(|(g, w)| g.to_bits() != w.to_bits()).count();
-                assert_eq!(
-                    mismatches, 0,
-                    "rope {style:?} {tokens}×{heads}×{head_dim} offset {offset} rotary {rotary_dim}: \
-                     {mismatches} values differ"
-                );
-            }
-        }
     }
 }

@@ -3,13 +3,15 @@
 //! with `--device emulated` against `--device cpu` on INT4 GLM-5 and Kimi K2 tiny models with 8 experts.
 
 use serde_json::Value;
+use squeeze::metrics;
+use squeeze::rng::Rng;
 use squeeze::runtime::backend::{Int4Weight, RoutedExpert};
 use squeeze::runtime::cuda::CudaBackend;
 use squeeze::runtime::{Backend, Cpu, Matrix};
 
 use crate::common::{path_str, squeeze, synth};
 use crate::cuda_backend::{eval, read_logits};
-use crate::cuda_ops::{cuda_backends, errors, Rng};
+use crate::device_ops::cuda_backends;
 
 /// Two chained dot products (gate/up over `hidden`, down over `inner`, both ≤ 96 terms) summed in another order than
 /// the CPU's, the SiLU's exponential in between: each output carries a few f32 roundings (~1e-7 relative each).
@@ -60,7 +62,7 @@ fn routes(rng: &mut Rng, tokens: usize, experts: usize, top_k: usize, unused: &[
     for token in 0..tokens {
         let mut pool = candidates.clone();
         for _ in 0..top_k {
-            let pick = pool.remove((rng.next() % pool.len() as u64) as usize);
+            let pick = pool.remove((rng.next_u64() % pool.len() as u64) as usize);
             assigned[pick].push((token, 0.05 + rng.signed().abs()));
         }
     }
@@ -94,7 +96,7 @@ fn check_batch(
         let mut got = start.clone();
         backend.routed_experts(&x, hidden, &batch(experts.iter().map(|e| &e.device), assigned), &mut got);
         assert_eq!(backend.failure(), None, "{name}: device failure");
-        let (rel, max_abs) = errors(&got, &want);
+        let metrics::Errors { rel_l2: rel, max_abs, .. } = metrics::errors(&got, &want);
         eprintln!("{name} ({}): rel L2 {rel:.3e}, max abs {max_abs:.3e}", backend.device().describe());
         assert!(rel <= EXPERTS_REL_L2, "{name}: rel L2 {rel:e} > {EXPERTS_REL_L2:e} (max abs {max_abs:e})");
     }
@@ -103,7 +105,7 @@ fn check_batch(
 #[test]
 fn int4_routed_experts_match_cpu() {
     let backends = cuda_backends();
-    let mut rng = Rng(41);
+    let mut rng = Rng::new(41);
     // (hidden, inner, group, experts, tokens, top_k, unused experts): 16-byte word loads (hidden 96 = 12 words, group
     // 32), one word per lane (hidden 80 = 10 words, group 16), a single decode token with top-8, and experts that no
     // token reaches (with top-2 over 13 tokens more may stay empty).
@@ -120,7 +122,7 @@ fn int4_routed_experts_match_cpu() {
 #[test]
 fn dense_and_mixed_routed_experts_match_cpu() {
     let backends = cuda_backends();
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     let (hidden, inner, tokens) = (72, 40, 11);
     // Dense f32 experts (FP8/BF16 checkpoints).
     let experts: Vec<Expert> = (0..5).map(|_| expert(&mut rng, hidden, inner, None, false)).collect();
@@ -139,7 +141,7 @@ fn dense_and_mixed_routed_experts_match_cpu() {
 fn cpu_batches_split_anywhere_sum_to_the_same_bits() {
     // moe.rs cuts the hit experts into batches; each token must still add its experts in one order, so any split
     // gives the bits of one whole batch.
-    let mut rng = Rng(44);
+    let mut rng = Rng::new(44);
     let (hidden, inner, tokens, count) = (40, 24, 9, 7);
     let experts: Vec<Expert> = (0..count).map(|_| expert(&mut rng, hidden, inner, None, false)).collect();
     let assigned = routes(&mut rng, tokens, count, 3, &[]);
@@ -160,7 +162,7 @@ fn cpu_batches_split_anywhere_sum_to_the_same_bits() {
 #[test]
 fn routed_experts_refuse_a_token_outside_the_batch() {
     let backend = cuda_backends().remove(0);
-    let mut rng = Rng(43);
+    let mut rng = Rng::new(43);
     let one = expert(&mut rng, 32, 16, Some(16), false);
     let tokens = [(0usize, 1.0f32), (2, 0.5)];
     let [gate, up, down] = &one.device;
@@ -204,7 +206,7 @@ fn int4_eval_matches_cpu(arch: &str) {
     assert!(gpu["backend"].as_str().unwrap().starts_with("cuda: emulated"), "{gpu}");
     assert_eq!(cpu["backend"], "cpu");
     let (got, want) = (read_logits(&gpu_logits), read_logits(&cpu_logits));
-    let (rel, max_abs) = errors(&got, &want);
+    let metrics::Errors { rel_l2: rel, max_abs, .. } = metrics::errors(&got, &want);
     eprintln!("{arch} int4 8 experts: logits rel L2 {rel:.2e}, max abs {max_abs:.2e}");
     assert!(rel < LOGITS_REL_L2, "{arch}: logits rel L2 {rel:e}");
 }

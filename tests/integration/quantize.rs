@@ -504,3 +504,30 @@ fn disk_full_is_reported_and_leaves_nothing_complete() {
         expect_failure(&source, &out, &["--force"], &["model-00001-of-00001.safetensors", "No space left on device"]);
     assert!(!out.join("model-00001-of-00001.safetensors").exists(), "{stderr}");
 }
+
+/// `--device emulated` runs the quantize command's device path (src/convert/device_quantize.rs, the kernels of
+/// kernels/int4_quantize.cu on the emulated device); every file it writes is byte-identical to `--device cpu`'s, for
+/// every scale rule. Group 32 (registers) and group 48 (`gany`, re-read) both go through the kernels.
+#[test]
+fn quantize_on_the_emulated_device_is_byte_identical_to_the_cpu() {
+    let dir = tmp();
+    let small = ["--layers", "2", "--hidden", "96", "--experts", "4", "--moe-intermediate", "96", "--vocab", "260"];
+    let source = synth(dir.path(), "fp8", "kimi-k2", &small);
+    for (rule, group) in [("ct-minmax", "32"), ("absmax7", "48"), ("mse", "32")] {
+        let (cpu, emulated) = (dir.path().join(format!("cpu-{rule}")), dir.path().join(format!("emulated-{rule}")));
+        let options = ["--scale-rule", rule, "--group-size", group, "--engine", "none"];
+        quantize(&source, &cpu, &[&options[..], &["--device", "cpu"]].concat()).ok();
+        quantize(&source, &emulated, &[&options[..], &["--device", "emulated"]].concat()).ok();
+        let mut files: Vec<_> = fs::read_dir(&cpu).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        files.sort();
+        assert!(files.iter().any(|name| name.to_string_lossy().ends_with(".safetensors")), "{files:?}");
+        for name in files {
+            let (want, got) = (fs::read(cpu.join(&name)).unwrap(), fs::read(emulated.join(&name)).unwrap());
+            assert!(
+                want == got,
+                "{rule} group {group}: {} differs between --device cpu and emulated",
+                name.to_string_lossy()
+            );
+        }
+    }
+}

@@ -91,7 +91,7 @@ pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<QuantizeR
         resume: false,
         force: true,
         dry_run: false,
-        device: crate::cuda::DeviceChoice::Cpu,
+        device: crate::runtime::device::DeviceChoice::Cpu,
         allow_nonfinite: false,
         engine: crate::engines::EngineChoice::All,
         tp: None,

@@ -1,7 +1,6 @@
 //! SiLU-gate on the device: kernels/activation.cu.
 
-use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use crate::cuda::CudaError;
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::CudaBackend;
 

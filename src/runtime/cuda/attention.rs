@@ -1,8 +1,7 @@
 //! Causal prefill attention on the device: kernels/attention.cu.
 
-use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use crate::cuda::CudaError;
 use crate::runtime::backend::AttentionShape;
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::checks::buffers_hold;
 use super::CudaBackend;

@@ -1,6 +1,6 @@
 //! Launch-wrapper checks shared by the kernel families: device buffers large enough for a launch's shape.
 
-use crate::cuda::CudaError;
+use crate::runtime::device::CudaError;
 
 /// Fails, naming `op` and the buffer, unless each `(buffer name, bytes it holds, bytes the shape needs)` holds enough.
 pub(crate) fn buffers_hold(op: &str, sizes: &[(&str, usize, usize)]) -> Result<(), CudaError> {

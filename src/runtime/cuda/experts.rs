@@ -12,10 +12,9 @@
 
 use std::sync::Arc;
 
-use crate::cuda::device::DeviceBuffer;
-use crate::cuda::CudaError;
 use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
 use crate::runtime::cpu::experts::accumulate;
+use crate::runtime::device::{CudaError, DeviceBuffer};
 
 use super::activation::silu_mul_f32;
 use super::linear::{linear_f32, w4a16_grouped, GroupedInt4};

@@ -1,9 +1,8 @@
 //! The DSA indexer's top-k selection on the device: kernels/indexer.cu (index scores, then a per-query top-k mask).
 
-use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use crate::cuda::CudaError;
 use crate::runtime::backend::INDEXER_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{IndexerShape, KeySelection};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::checks::buffers_hold;
 use super::CudaBackend;

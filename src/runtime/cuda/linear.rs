@@ -4,9 +4,8 @@
 //! ([`linear_f32`], [`linear_bf16`], [`w4a16_linear`], [`w4a16_grouped`]) take device-resident buffers, check
 //! shapes and sizes, and launch (no copies), so the MoE path and benchmarks can chain them.
 
-use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use crate::cuda::CudaError;
 use crate::runtime::backend::Matrix;
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::{CudaBackend, DeviceWeight};
 

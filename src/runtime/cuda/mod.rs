@@ -18,7 +18,6 @@ pub mod paged;
 mod paged_decode;
 pub mod rope;
 pub mod routing;
-pub mod selftest;
 mod weights;
 
 pub(crate) use weights::DeviceWeight;
@@ -26,8 +25,7 @@ use weights::WeightStore;
 
 use std::sync::{Arc, Mutex};
 
-use crate::cuda::device::Device;
-use crate::cuda::CudaError;
+use crate::runtime::device::{CudaError, Device};
 
 use super::backend::{
     AttentionShape, Backend, IndexerShape, KeySelection, Matrix, Prefetch, RopeStyle, Routes, RoutingShape,
@@ -47,6 +45,12 @@ impl CudaBackend {
 
     pub fn device(&self) -> &dyn Device {
         self.device.as_ref()
+    }
+
+    /// The kept failure, as [`Backend::failure`] words it, cleared (the op checks run case after case on one backend).
+    pub fn take_failure(&self) -> Option<String> {
+        let mut failure = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        failure.take().map(|error| format!("{} ({error})", self.device.describe()))
     }
 
     /// The device copy of `matrix`, uploading it on first use (packed when it carries its INT4 form).

@@ -1,7 +1,6 @@
 //! RMSNorm and LayerNorm on the device: kernels/norm.cu.
 
-use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use crate::cuda::CudaError;
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::CudaBackend;
 

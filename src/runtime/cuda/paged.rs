@@ -7,9 +7,8 @@
 //! count) and [`MAPPING_WORDS`] u32 per mapping (page, generation lo/hi). A request whose mappings disagree with the
 //! tags gets `faults[request] = 1 + first bad logical page` and NaN output; the others are computed as usual.
 
-use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use crate::cuda::CudaError;
 use crate::runtime::backend::PagedLayout;
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PageTag, PoolShape, RequestId};
 
 use super::checks::buffers_hold;

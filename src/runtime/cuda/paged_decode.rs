@@ -14,10 +14,9 @@ use std::sync::Arc;
 
 use super::paged::{self, DecodeBatch, DecodeRequest, DevicePool};
 use super::CudaBackend;
-use crate::cuda::device::{Device, DeviceBuffer};
-use crate::cuda::CudaError;
 use crate::runtime::backend::{KvRow, PagedDecode, PagedLayout, PagedStep};
 use crate::runtime::cpu::paged::attend_cached;
+use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 use crate::runtime::kv_cache::{KvPool, PoolError};
 
 /// The device copy of a pool, kept in the pool ([`KvPool::keep_resident`]).

@@ -1,8 +1,7 @@
 //! RoPE on the device: kernels/rope.cu.
 
-use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use crate::cuda::CudaError;
 use crate::runtime::backend::RopeStyle;
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::CudaBackend;
 

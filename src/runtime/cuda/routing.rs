@@ -1,9 +1,8 @@
 //! MoE routing on the device: kernels/routing.cu (sigmoid scores, group-limited top-k, gate weights).
 
-use crate::cuda::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use crate::cuda::CudaError;
 use crate::runtime::backend::ROUTING_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{Routes, RoutingShape};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::checks::buffers_hold;
 use super::CudaBackend;

@@ -6,9 +6,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::cuda::device::{Device, DeviceBuffer};
-use crate::cuda::CudaError;
 use crate::runtime::backend::{Matrix, Prefetch, Uploads};
+use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 
 /// Device bytes of weights kept resident: two layers' resident weights (the one computing and the one prefetched)
 /// plus a batch of experts fit with room to spare on an 80–141 GB GPU (GLM-5: ~1.3 GB of f32 attention and shared

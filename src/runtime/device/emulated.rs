@@ -1,7 +1,8 @@
 //! The emulated device: kernels/*.cu compiled for the host with kernels/emulation/cuda_emulation.h into a small
 //! server process (kernels/emulation/server.cpp) that holds "device" memory and runs launches block by block.
-//! It runs the CUDA backend's real launch code and kernels on a machine without a GPU (`--device emulated`, the
-//! CUDA twins of the runtime tests); it is slow (every CUDA thread is a fiber) and meant for small models.
+//! It runs the real launch code and kernels (the CUDA runtime backend, the quantize command's device path) on a machine
+//! without a GPU (`--device emulated`, the device twins of the tests); it is slow (every CUDA thread is a fiber) and
+//! meant for small models.
 //!
 //! The server is compiled on first use from the source tree this binary was built from (`kernels/` next to
 //! Cargo.toml, or `$SQUEEZE_KERNELS_DIR`) with `$CXX` (default `g++`), and cached under `target/kernel-emulator/`
@@ -15,8 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
-use super::device::{Arg, Device, DeviceBuffer, LaunchShape};
-use super::CudaError;
+use super::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 struct Pipe {
     child: Child,

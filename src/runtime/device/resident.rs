@@ -4,17 +4,16 @@
 //! The buffers are allocated with the synchronous `cuMemAlloc` (usable by any stream at once) and freed only after
 //! stream 0 has drained, so a kernel still reading an evicted weight is never left with freed memory.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{result, sys, CudaStream, PinnedHostSlice};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, PinnedHostSlice};
 use rayon::prelude::*;
 
-use super::device::DeviceBuffer;
-use super::driver::{driver, Gpu};
-use super::CudaError;
+use super::error::driver;
+use super::{CudaError, DeviceBuffer};
 
 /// Bytes per staging buffer: large enough that each copy runs at full PCIe speed, small enough to double-buffer.
-pub(super) const STAGING_BYTES: usize = 64 << 20;
+const STAGING_BYTES: usize = 64 << 20;
 
 /// A device allocation made with `cuMemAlloc`.
 pub(super) struct Resident {
@@ -32,22 +31,41 @@ impl Drop for Resident {
 }
 
 /// The two pinned staging buffers, allocated on the first resident upload.
-pub(super) struct Staging {
+struct Staging {
     buffers: [PinnedHostSlice<u8>; 2],
 }
 
-/// Copies `bytes` into a new resident buffer on the copy stream: chunk i is copied into pinned buffer i % 2 (by all
-/// cores) while chunk i − 1 crosses the bus.
-pub(super) fn upload(gpu: &Gpu, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
-    let copy = &gpu.streams[1];
+/// The GPU's resident-upload machinery: its context (for pinned memory), the copy stream, the compute stream that
+/// frees must wait for, and the staging buffers.
+pub(super) struct ResidentUploads {
+    context: Arc<CudaContext>,
+    copy: Arc<CudaStream>,
+    compute: Arc<CudaStream>,
+    staging: Mutex<Option<Staging>>,
+}
+
+impl ResidentUploads {
+    pub(super) fn new(context: Arc<CudaContext>, copy: Arc<CudaStream>, compute: Arc<CudaStream>) -> Self {
+        Self { context, copy, compute, staging: Mutex::new(None) }
+    }
+
+    /// Copies `bytes` into a new resident buffer on the copy stream: chunk i is copied into pinned buffer i % 2 (by
+    /// all cores) while chunk i − 1 crosses the bus.
+    pub(super) fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
+        upload(self, bytes)
+    }
+}
+
+fn upload(uploads: &ResidentUploads, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
+    let copy = &uploads.copy;
     // SAFETY: plain allocation of at least one byte.
     let pointer = unsafe { result::malloc_sync(bytes.len().max(1)) }.map_err(driver("cuMemAlloc"))?;
-    let resident = Resident { pointer, compute: gpu.streams[0].clone() };
-    let mut staging = gpu.resident_staging.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let resident = Resident { pointer, compute: uploads.compute.clone() };
+    let mut staging = uploads.staging.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if staging.is_none() {
         let allocate = || {
             // SAFETY: pinned memory is plain bytes; written by the CPU before each copy reads it.
-            unsafe { gpu.context.alloc_pinned::<u8>(STAGING_BYTES) }.map_err(driver("cuMemHostAlloc"))
+            unsafe { uploads.context.alloc_pinned::<u8>(STAGING_BYTES) }.map_err(driver("cuMemHostAlloc"))
         };
         *staging = Some(Staging { buffers: [allocate()?, allocate()?] });
     }

@@ -1,27 +1,18 @@
-//! The real CUDA backend (feature `cuda`): probing, context and kernel module, device buffers and launches.
+//! The real GPU (feature `cuda`): probing, context and embedded kernel modules, and the [`Device`] surface on it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{
-    result, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
-    PushKernelArg,
+    result, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::quant::scale_rule::{MseSearch, ScaleRule};
-
-use super::artifacts::ARTIFACTS;
-use super::launch::{blocks_for, KERNELS, THREADS_PER_BLOCK};
-use super::quantize::Staging;
-use super::{CudaError, DeviceInfo, Fp8Tensor, Int4Output};
-
-/// Maps a driver error of `call` into [`CudaError::Driver`].
-pub(super) fn driver(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
-    move |error| CudaError::Driver { call, message: error.to_string() }
-}
+use super::artifacts::{ARTIFACTS, KERNELS};
+use super::error::driver;
+use super::resident::{Resident, ResidentUploads};
+use super::{Arg, CudaError, Device, DeviceBuffer, DeviceInfo, LaunchShape};
 
 /// Probes the driver library and device 0 without creating a context.
 pub fn probe() -> Result<DeviceInfo, CudaError> {
@@ -57,13 +48,12 @@ pub struct Gpu {
     info: DeviceInfo,
     /// Which embedded image loaded: the sm_90a cubin or the sm_90 PTX.
     image: &'static str,
-    pub(super) context: Arc<CudaContext>,
-    pub(super) streams: [Arc<CudaStream>; 2],
+    /// Stream 0 runs copies and launches; stream 1 is the resident uploads' copy stream.
+    streams: [Arc<CudaStream>; 2],
     modules: Vec<Arc<CudaModule>>,
     /// Functions looked up so far, by name (any module may export it).
     functions: Mutex<HashMap<String, CudaFunction>>,
-    pub(super) staging: Mutex<Option<Staging>>,
-    pub(super) resident_staging: Mutex<Option<super::resident::Staging>>,
+    resident: ResidentUploads,
 }
 
 impl Gpu {
@@ -75,7 +65,7 @@ impl Gpu {
         }
         info.ordinal = ordinal;
         let context = CudaContext::new(ordinal).map_err(driver("cuCtxCreate"))?;
-        // The quantize path orders its copies and launches itself (two streams, explicit synchronization).
+        // Copies and launches are ordered explicitly (stream 0, resident uploads synchronized on stream 1).
         // SAFETY: no CudaSlice is shared across streams without an explicit synchronize in this module.
         unsafe { context.disable_event_tracking() };
         let streams = [
@@ -106,16 +96,8 @@ impl Gpu {
         }
         let image = if use_cubin { "sm_90a cubin" } else { "sm_90 PTX (JIT)" };
         let functions = Mutex::new(functions);
-        Ok(Gpu {
-            info,
-            image,
-            context,
-            streams,
-            modules,
-            functions,
-            staging: Mutex::new(None),
-            resident_staging: Mutex::new(None),
-        })
+        let resident = ResidentUploads::new(context, streams[1].clone(), streams[0].clone());
+        Ok(Gpu { info, image, streams, modules, functions, resident })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -128,7 +110,7 @@ impl Gpu {
     }
 
     /// The kernel `name` from whichever embedded module exports it.
-    pub(super) fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
+    fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
         let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(function) = functions.get(name) {
             return Ok(function.clone());
@@ -143,7 +125,7 @@ impl Gpu {
     }
 
     /// Allocates `len` uninitialized elements on `stream`.
-    pub(super) fn alloc<T: cudarc::driver::DeviceRepr>(
+    fn alloc_on<T: cudarc::driver::DeviceRepr>(
         &self,
         stream: &Arc<CudaStream>,
         len: usize,
@@ -151,118 +133,24 @@ impl Gpu {
         // SAFETY: every buffer is written (copy or kernel) before it is read.
         unsafe { stream.alloc::<T>(len.max(1)) }.map_err(driver("cuMemAlloc"))
     }
-
-    /// Quantizes a block-scaled FP8 tensor to INT4 (pipelined over row chunks on two streams).
-    pub fn quantize_int4_fp8(
-        &self,
-        tensor: &Fp8Tensor<'_>,
-        group_size: usize,
-        rule: ScaleRule,
-        search: MseSearch,
-    ) -> Result<Int4Output, CudaError> {
-        super::quantize::run(self, super::quantize::Source::Fp8(tensor), group_size, rule, search)
-    }
-
-    /// Quantizes f32 values `[rows, columns]` to INT4.
-    #[allow(clippy::too_many_arguments)]
-    pub fn quantize_int4_f32(
-        &self,
-        name: &str,
-        values: &[f32],
-        rows: usize,
-        columns: usize,
-        group_size: usize,
-        rule: ScaleRule,
-        search: MseSearch,
-    ) -> Result<Int4Output, CudaError> {
-        let source = super::quantize::Source::F32 { name, values, rows, columns };
-        super::quantize::run(self, source, group_size, rule, search)
-    }
-
-    /// Dequantizes a block-scaled FP8 tensor to f32 (`bf16 = false`, 4 bytes per element) or BF16 bits (2 bytes).
-    pub fn dequantize_fp8(&self, tensor: &Fp8Tensor<'_>, bf16: bool) -> Result<Vec<u8>, CudaError> {
-        let stream = &self.streams[0];
-        let elements = tensor.rows * tensor.columns;
-        let codes = stream.clone_htod(tensor.codes).map_err(driver("cuMemcpyHtoD"))?;
-        let scales = stream.clone_htod(tensor.block_scales).map_err(driver("cuMemcpyHtoD"))?;
-        let out_bytes = elements * if bf16 { 2 } else { 4 };
-        let out = self.alloc::<u8>(stream, out_bytes)?;
-        let (codes_ptr, _) = codes.device_ptr(stream);
-        let (scales_ptr, _) = scales.device_ptr(stream);
-        let (out_ptr, _) = out.device_ptr(stream);
-        // Poison the output so an element the kernel skips cannot pass as a value.
-        // SAFETY: `out` holds at least `out_bytes` bytes.
-        unsafe { result::memset_d8_async(out_ptr, 0xA5, out_bytes, stream.cu_stream()) }
-            .map_err(driver("cuMemsetD8Async"))?;
-        let (rows, columns, first_row) = (tensor.rows as i64, tensor.columns as i64, 0i64);
-        let (block_rows, block_columns) = (tensor.block_rows as i32, tensor.block_columns as i32);
-        let function = self.function(if bf16 { "fp8_block_dequant_bf16" } else { "fp8_block_dequant_f32" })?;
-        let mut launch = stream.launch_builder(&function);
-        launch.arg(&codes_ptr).arg(&scales_ptr).arg(&out_ptr);
-        launch.arg(&rows).arg(&columns).arg(&first_row).arg(&block_rows).arg(&block_columns);
-        let config = LaunchConfig {
-            grid_dim: (blocks_for(elements).min(1 << 20), 1, 1),
-            block_dim: (THREADS_PER_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: argument list matches fp8_block_dequant_* in kernels/fp8_dequant.cu; buffers hold rows·columns
-        // codes, the whole scale grid and rows·columns outputs.
-        unsafe { launch.launch(config) }.map_err(driver("cuLaunchKernel"))?;
-        let bytes = stream.clone_dtoh(&out).map_err(driver("cuMemcpyDtoH"))?;
-        stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
-        Ok(bytes[..out_bytes].to_vec())
-    }
-
-    /// Fills the cached quantize output buffers with 0xA5 bytes (self-test).
-    pub fn poison_outputs(&self) -> Result<(), CudaError> {
-        super::quantize::poison(self)
-    }
-
-    /// Device-to-device copy bandwidth over `bytes` (read + write bytes per second), best of a few copies.
-    pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64, CudaError> {
-        let stream = &self.streams[0];
-        let source = self.alloc::<u8>(stream, bytes)?;
-        let mut target = self.alloc::<u8>(stream, bytes)?;
-        let mut best = f64::INFINITY;
-        for _ in 0..5 {
-            stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
-            let started = Instant::now();
-            stream.memcpy_dtod(&source, &mut target).map_err(driver("cuMemcpyDtoD"))?;
-            stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
-            best = best.min(started.elapsed().as_secs_f64());
-        }
-        Ok(2.0 * bytes as f64 / best)
-    }
-
-    /// Seconds one INT4 kernel launch takes over a device-resident FP8 tensor (best of `repeats`), without copies.
-    pub fn time_int4_fp8_kernel(
-        &self,
-        tensor: &Fp8Tensor<'_>,
-        group_size: usize,
-        rule: ScaleRule,
-        search: MseSearch,
-        repeats: usize,
-    ) -> Result<f64, CudaError> {
-        super::quantize::time_kernel(self, tensor, group_size, rule, search, repeats)
-    }
 }
 
-/// The device surface of the runtime backend, on stream 0 (copies synchronize it; launches are asynchronous).
-impl super::device::Device for Gpu {
+/// The device surface, on stream 0 (copies synchronize it; launches are asynchronous).
+impl Device for Gpu {
     fn describe(&self) -> String {
         format!("{} ({})", self.info, self.image)
     }
 
-    fn alloc(&self, bytes: usize) -> Result<super::device::DeviceBuffer, CudaError> {
-        let slice = self.alloc::<u8>(&self.streams[0], bytes)?;
-        Ok(super::device::DeviceBuffer::new(bytes, Box::new(slice)))
+    fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+        let slice = self.alloc_on::<u8>(&self.streams[0], bytes)?;
+        Ok(DeviceBuffer::new(bytes, Box::new(slice)))
     }
 
-    fn upload_bytes_resident(&self, bytes: &[u8]) -> Result<super::device::DeviceBuffer, CudaError> {
-        super::resident::upload(self, bytes)
+    fn upload_bytes_resident(&self, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
+        self.resident.upload(bytes)
     }
 
-    fn write(&self, buffer: &super::device::DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError> {
+    fn write(&self, buffer: &DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError> {
         let stream = &self.streams[0];
         let pointer = device_pointer(buffer, stream)?;
         if bytes.len() > buffer.bytes() {
@@ -273,7 +161,7 @@ impl super::device::Device for Gpu {
         stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 
-    fn read(&self, buffer: &super::device::DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError> {
+    fn read(&self, buffer: &DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError> {
         let stream = &self.streams[0];
         if out.len() > buffer.bytes() {
             return Err(CudaError::Driver { call: "cuMemcpyDtoH", message: "read past the end of a buffer".into() });
@@ -284,12 +172,7 @@ impl super::device::Device for Gpu {
         stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 
-    fn copy(
-        &self,
-        source: &super::device::DeviceBuffer,
-        target: &super::device::DeviceBuffer,
-        offset: usize,
-    ) -> Result<(), CudaError> {
+    fn copy(&self, source: &DeviceBuffer, target: &DeviceBuffer, offset: usize) -> Result<(), CudaError> {
         let stream = &self.streams[0];
         if offset + source.bytes() > target.bytes() {
             return Err(CudaError::Driver { call: "cuMemcpyDtoD", message: "copy past the end of a buffer".into() });
@@ -300,13 +183,7 @@ impl super::device::Device for Gpu {
             .map_err(driver("cuMemcpyDtoDAsync"))
     }
 
-    fn launch(
-        &self,
-        kernel: &str,
-        shape: super::device::LaunchShape,
-        args: &[super::device::Arg],
-    ) -> Result<(), CudaError> {
-        use super::device::Arg;
+    fn launch(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError> {
         let stream = &self.streams[0];
         let function = self.function(kernel)?;
         enum Value {
@@ -343,18 +220,19 @@ impl super::device::Device for Gpu {
             block_dim: (shape.block[0], shape.block[1], shape.block[2]),
             shared_mem_bytes: 0,
         };
-        // SAFETY: every launch wrapper in src/runtime/cuda passes the argument kinds of the kernel's C signature
-        // (checked against the emulated device, which rejects a mismatch) and buffers it sized for the shape.
+        // SAFETY: every launch wrapper (src/runtime/cuda, src/convert/device_quantize.rs) passes the argument kinds of
+        // the kernel's C signature (checked against the emulated device, which rejects a mismatch) and buffers sized
+        // for the shape.
         unsafe { builder.launch(config) }.map_err(driver("cuLaunchKernel")).map(|_| ())
     }
 }
 
 /// The device address of a buffer of this GPU (a stream-ordered `CudaSlice` or a resident allocation).
-fn device_pointer(buffer: &super::device::DeviceBuffer, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
+fn device_pointer(buffer: &DeviceBuffer, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
     if let Some(slice) = buffer.handle.downcast_ref::<CudaSlice<u8>>() {
         return Ok(slice.device_ptr(stream).0);
     }
-    if let Some(resident) = buffer.handle.downcast_ref::<super::resident::Resident>() {
+    if let Some(resident) = buffer.handle.downcast_ref::<Resident>() {
         return Ok(resident.pointer);
     }
     Err(CudaError::Driver { call: "launch", message: "a buffer of another device".into() })

@@ -1,11 +1,31 @@
-//! The device surface the CUDA runtime backend is written against: memory, copies and launches by kernel name.
-//! Two implementations: the real GPU ([`super::Gpu`], feature `cuda`) and the emulated device
-//! ([`super::emulated::Emulator`]: the same kernels compiled for the host), so every launch wrapper and the whole
-//! backend run in `cargo test` on machines without a GPU.
+//! The device surface every kernel launch goes through: memory, copies and launches by kernel name.
+//! Two implementations: the real GPU ([`Gpu`], feature `cuda`; a stub returning "built without CUDA" otherwise) and
+//! the emulated device ([`emulated::Emulator`]: the same kernels compiled for the host), so the CUDA runtime backend
+//! and the quantize command's device path run in `cargo test` on machines without a GPU.
+//!
+//! The driver library is loaded at run time (cudarc `dynamic-loading`), so a `cuda` build runs on machines without
+//! CUDA; [`select`] probes for the library before creating a context (cudarc's constructor panics without it).
+
+#[cfg(feature = "cuda")]
+mod artifacts;
+pub mod emulated;
+mod error;
+#[cfg(feature = "cuda")]
+mod gpu;
+#[cfg(feature = "cuda")]
+mod resident;
+pub mod select;
+#[cfg(not(feature = "cuda"))]
+mod stub;
+
+pub use error::CudaError;
+#[cfg(feature = "cuda")]
+pub use gpu::Gpu;
+pub use select::{open_backend, probe, select, DeviceChoice, DeviceSelection, BUILT_WITH_CUDA};
+#[cfg(not(feature = "cuda"))]
+pub use stub::Gpu;
 
 use std::any::Any;
-
-use super::CudaError;
 
 /// A device allocation; freed when dropped. `handle` is the implementation's own type.
 pub struct DeviceBuffer {
@@ -127,5 +147,34 @@ impl dyn Device + '_ {
         let mut out = vec![T::default(); count];
         self.read(buffer, bytes_of_mut(&mut out))?;
         Ok(out)
+    }
+}
+
+/// What the probe found about device 0.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub memory_bytes: u64,
+    /// The driver's CUDA version, e.g. 13000 for 13.0.
+    pub driver_version: i32,
+    pub device_count: i32,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cuda:{} {} (sm_{}{}, {:.1} GiB, driver CUDA {}.{}, {} device(s))",
+            self.ordinal,
+            self.name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.memory_bytes as f64 / (1u64 << 30) as f64,
+            self.driver_version / 1000,
+            self.driver_version % 1000 / 10,
+            self.device_count
+        )
     }
 }
