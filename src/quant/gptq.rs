@@ -3,8 +3,10 @@
 //! Hessian `H = Σ x xᵀ` of the calibration tokens, so the error of the layer's *outputs* on those inputs is what is
 //! minimised, not the weights' own error (Frantar et al., "GPTQ", 2022).
 //!
-//! This implementation: static groups are not used — a group's scales are chosen (by the [`ScaleRule`]) from the
-//! already-updated weights when its first column is reached, as in the standard GPTQ with groups; no act-order
+//! This implementation: by default ([`quantize`]) a group's scales are chosen (by the [`ScaleRule`]) from the
+//! already-updated weights when its first column is reached, as in the GPTQ paper's code with groups;
+//! [`quantize_with_scales`] instead takes scales fixed beforehand ("static groups"), which is what llm-compressor
+//! 0.14 does (its observer sets the scales from the original weights before GPTQ runs); no act-order
 //! (columns in their natural order, so the output is plain compressed-tensors `pack-quantized` with
 //! `actorder: null`); damping `λ = damping · mean(diag H)` added to the diagonal; the feedback applied in blocks of
 //! columns (`block`). Rows are independent of each other given `H`, so they are processed in parallel chunks.
@@ -112,6 +114,8 @@ pub enum GptqError {
     Width { hessian: usize, columns: usize },
     #[error("group size {group} does not divide the {columns} columns")]
     Group { group: usize, columns: usize },
+    #[error("{got} fixed scales given, not {rows} rows × {groups} groups")]
+    Scales { rows: usize, groups: usize, got: usize },
     #[error("the damped Hessian is not positive definite at column {column} (non-finite calibration inputs?)")]
     NotPositiveDefinite { column: usize },
 }
@@ -126,7 +130,8 @@ pub struct Quantized {
 /// Rows quantized together, so that each row of the inverse-Hessian factor is read once per chunk.
 const ROW_CHUNK: usize = 16;
 
-/// Quantizes `weights` (row-major `[rows, columns]`) with GPTQ against `hessian`.
+/// Quantizes `weights` (row-major `[rows, columns]`) with GPTQ against `hessian`; each group's scales are chosen by
+/// `rule` from the weights as updated by the feedback so far.
 pub fn quantize(
     weights: &[f32],
     rows: usize,
@@ -136,6 +141,47 @@ pub fn quantize(
     rule: ScaleRule,
     settings: GptqSettings,
 ) -> Result<Quantized, GptqError> {
+    check_shapes(weights, rows, columns, hessian, group)?;
+    let scales = vec![bf16::ZERO; rows * (columns / group)];
+    run(weights, rows, columns, hessian, group, GroupScales::Chosen(rule), scales, settings)
+}
+
+/// Quantizes `weights` with GPTQ against `hessian` using the given scales (`[rows, columns / group]`, codes in
+/// `[-8, 7]`): "static groups", as llm-compressor 0.14 runs GPTQ with the scales its observer took from the
+/// original weights.
+pub fn quantize_with_scales(
+    weights: &[f32],
+    rows: usize,
+    columns: usize,
+    hessian: &Hessian,
+    group: usize,
+    scales: &[bf16],
+    settings: GptqSettings,
+) -> Result<Quantized, GptqError> {
+    check_shapes(weights, rows, columns, hessian, group)?;
+    let groups = columns / group;
+    if scales.len() != rows * groups {
+        return Err(GptqError::Scales { rows, groups, got: scales.len() });
+    }
+    run(weights, rows, columns, hessian, group, GroupScales::Fixed, scales.to_vec(), settings)
+}
+
+/// Where the scale of each group comes from.
+#[derive(Debug, Clone, Copy)]
+enum GroupScales {
+    /// Chosen by the rule from the updated weights when the group's first column is reached.
+    Chosen(ScaleRule),
+    /// Already in the output scales; codes in `[-8, 7]`.
+    Fixed,
+}
+
+fn check_shapes(
+    weights: &[f32],
+    rows: usize,
+    columns: usize,
+    hessian: &Hessian,
+    group: usize,
+) -> Result<(), GptqError> {
     if weights.len() != rows * columns {
         return Err(GptqError::Shape { rows, columns, got: weights.len() });
     }
@@ -145,17 +191,30 @@ pub fn quantize(
     if group == 0 || !columns.is_multiple_of(group) {
         return Err(GptqError::Group { group, columns });
     }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    weights: &[f32],
+    rows: usize,
+    columns: usize,
+    hessian: &Hessian,
+    group: usize,
+    source: GroupScales,
+    mut scales: Vec<bf16>,
+    settings: GptqSettings,
+) -> Result<Quantized, GptqError> {
     let factor = inverse_factor(hessian, settings.damping)?;
     let groups = columns / group;
     let mut codes = vec![0i8; rows * columns];
-    let mut scales = vec![bf16::ZERO; rows * groups];
     let chunk = ROW_CHUNK.min(rows.max(1));
     codes
         .par_chunks_mut(chunk * columns)
         .zip(scales.par_chunks_mut(chunk * groups))
         .zip(weights.par_chunks(chunk * columns))
         .for_each(|((codes, scales), weights)| {
-            quantize_rows(weights, columns, &factor, group, rule, settings.block.max(1), codes, scales)
+            quantize_rows(weights, columns, &factor, group, source, settings.block.max(1), codes, scales)
         });
     Ok(Quantized { codes, scales })
 }
@@ -167,14 +226,17 @@ fn quantize_rows(
     columns: usize,
     factor: &[f64],
     group: usize,
-    rule: ScaleRule,
+    source: GroupScales,
     block: usize,
     codes: &mut [i8],
     scales: &mut [bf16],
 ) {
     let rows = weights.len() / columns;
     let groups = columns / group;
-    let low = q_min(rule);
+    let low = match source {
+        GroupScales::Chosen(rule) => q_min(rule),
+        GroupScales::Fixed => -8,
+    };
     let mut w: Vec<f64> = weights.iter().map(|&v| v as f64).collect();
     let mut row_scales = vec![0f32; rows];
     let mut errors = vec![0f64; rows * block];
@@ -184,14 +246,15 @@ fn quantize_rows(
         let end = (start + block).min(columns);
         for i in start..end {
             if i.is_multiple_of(group) {
-                // The group's scales from the weights as updated so far.
                 for r in 0..rows {
-                    for (dst, &src) in scratch_group.iter_mut().zip(&w[r * columns + i..r * columns + i + group]) {
-                        *dst = src as f32;
+                    if let GroupScales::Chosen(rule) = source {
+                        // The group's scales from the weights as updated so far.
+                        for (dst, &src) in scratch_group.iter_mut().zip(&w[r * columns + i..r * columns + i + group]) {
+                            *dst = src as f32;
+                        }
+                        scales[r * groups + i / group] = quantize_group(&scratch_group, rule, &mut scratch_codes);
                     }
-                    let scale = quantize_group(&scratch_group, rule, &mut scratch_codes);
-                    scales[r * groups + i / group] = scale;
-                    row_scales[r] = scale.to_f32();
+                    row_scales[r] = scales[r * groups + i / group].to_f32();
                 }
             }
             let diagonal = factor[i * columns + i];
@@ -354,6 +417,10 @@ mod tests {
             let gptq = quantize(&weights, rows, columns, &hessian, group, rule, GptqSettings::default()).unwrap();
             assert_eq!(gptq, rtn(&weights, rows, columns, group, rule), "{rule}");
         }
+        let round = rtn(&weights, rows, columns, group, ScaleRule::CtMinmax);
+        let fixed =
+            quantize_with_scales(&weights, rows, columns, &hessian, group, &round.scales, GptqSettings::default());
+        assert_eq!(fixed.unwrap(), round, "fixed scales");
     }
 
     #[test]
@@ -439,6 +506,10 @@ mod tests {
         assert_eq!(
             quantize(&[0.0; 16], 2, 8, &hessian, 3, ScaleRule::CtMinmax, GptqSettings::default()),
             Err(GptqError::Group { group: 3, columns: 8 })
+        );
+        assert_eq!(
+            quantize_with_scales(&[0.0; 16], 2, 8, &hessian, 4, &[bf16::ONE; 3], GptqSettings::default()),
+            Err(GptqError::Scales { rows: 2, groups: 2, got: 3 })
         );
         let mut bad = Hessian::new(8);
         bad.add(&[f32::NAN; 8]);

@@ -4,6 +4,8 @@
 pub mod fp8;
 pub mod fp8_block;
 pub mod gptq;
+#[cfg(test)]
+mod gptq_golden;
 pub mod imatrix;
 pub mod int4;
 pub mod pack;
