@@ -1,9 +1,10 @@
 //! squeeze: FP8 mixture-of-experts checkpoints (Kimi K2, GLM-5, GLM-4.5) to INT4 compressed-tensors, with
 //! checkpoint inspection, verification, synthetic models and serving budgets.
 //!
-//! Data flow: `io` (read/write checkpoints) → `quant` (math) → `recipe` (what gets which scheme) → `model`
-//! (configs, architectures) → `format` (on-disk conventions: FP8 blocks, compressed-tensors, KV scales) → `lint`
-//! (engine load rules) → jobs (`convert`, `inspect`, `verify`, `synth`, `report`) → `cli`.
+//! Data flow: `io` (read/write checkpoints) → `quant` (math) → `model` (configs) → `format` (on-disk conventions:
+//! FP8 blocks, compressed-tensors, KV scales) → `recipe` (what gets which scheme) → `lint` (engine load rules) →
+//! `runtime` (op surface, backends, devices, KV pool, weight streaming) → `arch` (the three architectures on it) →
+//! jobs (`convert`, `eval`, `calib`, `serve`, `inspect`, `verify`, `synth`, `report`) → `cli`.
 
 pub mod arch;
 pub mod calib;
