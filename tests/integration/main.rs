@@ -13,6 +13,7 @@ mod cuda_routing;
 mod demo;
 mod eval;
 mod golden;
+mod imatrix;
 mod kernels;
 mod lint;
 mod parity;
