@@ -176,10 +176,12 @@ pub fn mark_observer(quantization_config: &mut serde_json::Value) {
 pub enum CalibrationError {
     #[error(transparent)]
     Runtime(#[from] crate::runtime::RuntimeError),
+    /// The calibration chunks could not be read (the message names the file).
     #[error("--calibration: {0}")]
-    Chunks(#[from] crate::chunks::ChunkError),
+    Chunks(String),
+    /// No backend for the pass.
     #[error("--device: {0}")]
-    Device(#[from] crate::cuda::CudaError),
+    Device(String),
 }
 
 /// Runs the calibration pass over the model in `dir` and derives each routed expert's importance; `plan` says
@@ -192,8 +194,10 @@ pub fn calibrate(
 ) -> Result<Calibration, CalibrationError> {
     let model = Model::open(dir)?;
     let config = model.config();
-    let sequences = load_sequences(&options.input, dir, Some(options.samples), 2, config.vocab_size)?;
-    let (backend, notice) = crate::runtime::device::open_backend(options.device)?;
+    let sequences = load_sequences(&options.input, dir, Some(options.samples), 2, config.vocab_size)
+        .map_err(|e| CalibrationError::Chunks(e.to_string()))?;
+    let (backend, notice) =
+        crate::runtime::device::open_backend(options.device).map_err(|e| CalibrationError::Device(e.to_string()))?;
     if let Some(notice) = notice {
         reporter.warn(&format!("calibration: {notice}"));
     }

@@ -67,7 +67,7 @@ pub enum ConvertError {
     /// An engine load rule failed on the plan (the message names each rule and its remedy).
     #[error("{0}")]
     EngineRules(String),
-    #[error("calibration: {0}")]
+    #[error(transparent)]
     Calibration(#[from] CalibrationError),
 }
 
