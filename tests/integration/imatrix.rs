@@ -1,6 +1,7 @@
 //! `squeeze quantize --method imatrix` end to end: the output verifies, coverage counts sum to tokens × top_k per
-//! MoE layer, an expert the router never picks falls back to mse and is listed, `--method rtn` is the default byte
-//! for byte, and a missing `--calibration` is a usage error naming the flag.
+//! MoE layer, an expert the router never picks falls back to mse and is listed, `--resume` keeps a finished run and
+//! refuses other calibration options, `--method rtn` is the default byte for byte, and a missing `--calibration` is
+//! a usage error naming the flag.
 
 use std::fs;
 use std::path::Path;
@@ -195,4 +196,29 @@ fn imatrix_without_calibration_is_a_usage_error_naming_the_flag() {
     let run = squeeze(&["quantize", path_str(&source), path_str(&out), "--calibration", path_str(&tokens)]);
     assert_eq!(run.code, 2, "stderr:\n{}", run.stderr);
     assert!(run.stderr.contains("--calibration") && run.stderr.contains("--method imatrix"), "{}", run.stderr);
+}
+
+#[test]
+fn resume_keeps_an_imatrix_run_and_refuses_other_calibration() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = synth(dir.path(), "fp8", "kimi-k2", &["--layers", "2", "--shards", "2"]);
+    let tokens = dir.path().join("calibration.safetensors");
+    write_tokens(&tokens, 2, 24, 384);
+    let out = dir.path().join("int4");
+    let args = |extra: &[&str]| {
+        let mut args = vec!["quantize", path_str(&source), path_str(&out), "--method", "imatrix", "--device", "cpu"];
+        args.extend_from_slice(&["--calibration", path_str(&tokens), "--max-shard-size", "64KB", "--json"]);
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| squeeze(&args(extra).iter().map(String::as_str).collect::<Vec<_>>());
+    let first = run(&[]).ok().json();
+    let before = files(&out);
+    let resumed = run(&["--resume"]).ok().json();
+    assert_eq!(resumed["shards_reused"], first["shards"]);
+    assert_eq!(files(&out), before);
+    // Other calibration options make another plan: --resume refuses to mix them.
+    let other = run(&["--resume", "--min-expert-tokens", "1"]);
+    assert_eq!(other.code, 2, "{}", other.stderr);
+    assert!(other.stderr.contains("different source, recipe or options"), "{}", other.stderr);
 }
