@@ -185,11 +185,11 @@ impl Layer {
             }
             decoded
         });
-        self.mlp_residual(context, hidden, decoded.as_deref(), times, near_ties, tap.routes.as_deref_mut())
+        self.mlp_residual(context, hidden, decoded.as_deref(), times, near_ties, tap)
     }
 
     /// `hidden += mlp(norm(hidden))` on all rows or on the rows listed in `only`; records the routed experts of
-    /// each row (an empty list for rows not run or a dense layer).
+    /// each row (an empty list for rows not run or a dense layer) and shows the routed experts' inputs to the tap.
     fn mlp_residual(
         &self,
         context: &LayerContext,
@@ -197,8 +197,10 @@ impl Layer {
         only: Option<&[usize]>,
         times: &ExpertTimes,
         near_ties: &mut usize,
-        routes: Option<&mut Vec<Vec<usize>>>,
+        tap: &mut LayerTap,
     ) -> Result<(), RuntimeError> {
+        let LayerTap { routes, experts, .. } = tap;
+        let (routes, experts) = (routes.as_deref_mut(), experts.as_mut());
         let LayerContext { backend, reader, config, .. } = *context;
         let width = config.hidden_size;
         let eps = config.rms_norm_eps as f32;
@@ -226,7 +228,7 @@ impl Layer {
                     }
                     *routes = expanded;
                 }
-                moe.forward(backend, reader, config, &x, tokens, times, near_ties)?
+                moe.forward(backend, reader, config, &x, tokens, times, near_ties, experts)?
             }
         };
         for (index, m) in mixed.chunks(width).enumerate() {
@@ -350,7 +352,7 @@ impl DecodeLayer {
         let x = normed(backend, config, hidden, &self.post_norm);
         let mixed = match &self.mlp {
             Mlp::Dense(mlp) => mlp.forward(backend, &x, tokens),
-            Mlp::Moe(moe) => moe.forward(backend, reader, config, &x, tokens, &ExpertTimes::default(), &mut 0)?,
+            Mlp::Moe(moe) => moe.forward(backend, reader, config, &x, tokens, &ExpertTimes::default(), &mut 0, None)?,
         };
         hidden.iter_mut().zip(&mixed).for_each(|(h, m)| *h += m);
         Ok(())

@@ -35,4 +35,4 @@ pub mod tap;
 pub use causal_lm::{embed, head_name, run_layers, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
 pub use layer::{DecodeLayer, Layer, LayerContext, LayerState};
 pub use moe::ExpertTimes;
-pub use tap::{CachedKv, KvFp8, KvObserver, KvSource, KvTap, LayerTap};
+pub use tap::{CachedKv, ExpertActivations, ExpertObserver, ExpertTap, KvFp8, KvObserver, KvSource, KvTap, LayerTap};

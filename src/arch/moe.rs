@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use super::tap::{ExpertActivations, ExpertTap};
 use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, Matrix, RoutedExpert, RoutingShape};
 use crate::runtime::weights::WeightReader;
@@ -37,6 +38,40 @@ impl DenseMlp {
         let gate = backend.linear(x, tokens, &self.gate, None);
         let up = backend.linear(x, tokens, &self.up, None);
         backend.linear(&backend.silu_mul(&gate, &up), tokens, &self.down, None)
+    }
+}
+
+/// Shows each expert of a loaded batch its tokens' rows of `x` and its intermediate activations `act(gate) · up`
+/// (every token with `tap.route_all`); experts without a token are skipped.
+fn observe_experts(
+    backend: &dyn Backend,
+    x: &[f32],
+    hidden: usize,
+    tokens: usize,
+    batch: &[(usize, DenseMlp)],
+    assigned: &[Vec<(usize, f32)>],
+    tap: &mut ExpertTap,
+) {
+    for (expert, mlp) in batch {
+        let rows: Vec<usize> = if tap.route_all {
+            (0..tokens).collect()
+        } else {
+            assigned[*expert].iter().map(|&(token, _)| token).collect()
+        };
+        if rows.is_empty() {
+            continue;
+        }
+        let input: Vec<f32> =
+            rows.iter().flat_map(|&row| x[row * hidden..(row + 1) * hidden].iter().copied()).collect();
+        let gate = backend.linear(&input, rows.len(), &mlp.gate, None);
+        let up = backend.linear(&input, rows.len(), &mlp.up, None);
+        let intermediate = backend.silu_mul(&gate, &up);
+        (tap.observer)(&ExpertActivations {
+            expert: *expert,
+            tokens: rows.len(),
+            input: &input,
+            intermediate: &intermediate,
+        });
     }
 }
 
@@ -141,7 +176,9 @@ impl MoeWeights {
     /// The experts hit by some token are read in ascending order, in batches of [`experts_per_batch`]: a loader
     /// thread reads batch `b + 1` while the backend applies batch `b` ([`Backend::routed_experts`]), so at most two
     /// batches are in memory. Each token sums its experts in ascending expert order (as transformers' expert loop
-    /// does), whatever the batching.
+    /// does), whatever the batching. With an expert tap each expert of a batch is shown its tokens' rows of `x`
+    /// and its intermediate activations after the batch is applied (with `route_all`, every token and every
+    /// expert of the layer, read for the tap alone).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -152,6 +189,7 @@ impl MoeWeights {
         tokens: usize,
         times: &ExpertTimes,
         near_ties: &mut usize,
+        mut tap: Option<&mut ExpertTap>,
     ) -> Result<Vec<f32>, RuntimeError> {
         let hidden = config.hidden_size;
         let inner = config.moe_intermediate_size;
@@ -164,7 +202,8 @@ impl MoeWeights {
                 assigned[expert].push((token, weight));
             }
         }
-        let hit: Vec<usize> = (0..assigned.len()).filter(|&expert| !assigned[expert].is_empty()).collect();
+        let route_all = tap.as_ref().is_some_and(|tap| tap.route_all);
+        let hit: Vec<usize> = (0..assigned.len()).filter(|&expert| route_all || !assigned[expert].is_empty()).collect();
         let per_batch = experts_per_batch(hidden, inner);
         let mut output = vec![0f32; tokens * hidden];
         let phase = Instant::now();
@@ -202,6 +241,7 @@ impl MoeWeights {
                 times.load_nanos.fetch_add((computing - waiting).as_nanos() as u64, Ordering::Relaxed);
                 let experts: Vec<RoutedExpert> = batch
                     .iter()
+                    .filter(|(expert, _)| !assigned[*expert].is_empty())
                     .map(|(expert, mlp)| RoutedExpert {
                         gate: &mlp.gate,
                         up: &mlp.up,
@@ -210,6 +250,9 @@ impl MoeWeights {
                     })
                     .collect();
                 backend.routed_experts(x, hidden, &experts, &mut output);
+                if let Some(tap) = tap.as_deref_mut() {
+                    observe_experts(backend, x, hidden, tokens, &batch, &assigned, tap);
+                }
                 times.compute_nanos.fetch_add(computing.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
             Ok(())

@@ -1,6 +1,6 @@
 //! What a caller plugs into one decoder layer's forward besides its input: where the attention's cached rows come
-//! from ([`KvSource`]), and taps that observe them (calibration), store them as FP8 (the engines' store/read) and
-//! record the routed experts.
+//! from ([`KvSource`]), and taps that observe them (calibration), store them as FP8 (the engines' store/read),
+//! record the routed experts and observe each routed expert's inputs (importance calibration).
 
 use crate::format::kv_scales::LayerKvScales;
 use crate::quant::fp8;
@@ -83,10 +83,36 @@ pub fn fake_fp8(values: &mut [f32], scale: f32) {
     }
 }
 
+/// What one routed expert of a MoE layer saw in one forward: the hidden states of the tokens routed to it (the
+/// input of `gate_proj` and `up_proj`) and its intermediate activations `act(gate) · up` (the input of
+/// `down_proj`), row-major, one row per token in ascending token order.
+pub struct ExpertActivations<'a> {
+    pub expert: usize,
+    pub tokens: usize,
+    /// `[tokens, hidden]`.
+    pub input: &'a [f32],
+    /// `[tokens, moe_intermediate]`.
+    pub intermediate: &'a [f32],
+}
+
+/// Receives each routed expert's activations (experts that received no token are not reported).
+pub type ExpertObserver<'a> = dyn FnMut(&ExpertActivations) + 'a;
+
+/// A tap on a MoE layer's routed experts. Observing computes the activations a second time beside the forward
+/// (the forward's own numbers are untouched).
+pub struct ExpertTap<'a> {
+    pub observer: &'a mut ExpertObserver<'a>,
+    /// Statistics only: every token of the layer is shown to every expert (the forward still routes as the
+    /// router says), so that no expert is left without calibration inputs.
+    pub route_all: bool,
+}
+
 /// Everything a layer's forward can be tapped for.
 #[derive(Default)]
 pub struct LayerTap<'a> {
     pub kv: KvTap<'a>,
     /// Filled with each row's routed experts (empty for a dense layer's rows).
     pub routes: Option<&'a mut Vec<Vec<usize>>>,
+    /// Observes each routed expert's inputs (MoE layers only).
+    pub experts: Option<ExpertTap<'a>>,
 }

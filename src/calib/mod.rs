@@ -164,7 +164,7 @@ pub fn calibrate(
                 }
             }
         };
-        let mut tap = LayerTap { kv: KvTap { observer: Some(&mut observer), fp8: None }, routes: None };
+        let mut tap = LayerTap { kv: KvTap { observer: Some(&mut observer), fp8: None }, routes: None, experts: None };
         // The last layer's MLP does not change what is cached; it still runs (cheap next to loading).
         let times = ExpertTimes::default();
         step.layers[0].forward(&context, &mut hidden, &spans, KvSource::Own, &mut state, &times, Some(&mut tap))?;

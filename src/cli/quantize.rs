@@ -4,6 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+use crate::chunks::EvalInput;
+use crate::convert::calibrated::{
+    Calibration, CalibrationOptions, Method, DEFAULT_MIN_EXPERT_TOKENS, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN,
+};
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
 use crate::lint::EngineChoice;
 use crate::quant::ScaleRule;
@@ -62,10 +66,59 @@ pub struct Args {
     /// (a real-size Kimi K2, GLM-5 or GLM-4.5), 1 otherwise (tiny and synthetic models).
     #[arg(long, value_parser = parse_tp)]
     pub tp: Option<usize>,
+    /// How INT4 scales are chosen. rtn: round to nearest with the recipe's --scale-rule, from the weights alone.
+    /// imatrix: routed experts' scales minimise the importance-weighted error Σ_j imp_j·(w_j − ŵ_j)² over the mse
+    /// grid, imp_j = mean x_j² of the expert's calibration inputs (its tokens' hidden states for gate_proj/up_proj,
+    /// its act(gate)·up for down_proj), from one pass of the FP8 source model over --calibration through the
+    /// reference runtime (--device). Not sequential: importance vectors are small and need one pass over the
+    /// unquantized model; sequential inputs matter for GPTQ's error feedback. Other INT4 tensors keep the
+    /// recipe's rule. Memory: MoE layers × experts × (hidden + moe_intermediate) × 4 B of importance.
+    #[arg(long, value_enum, default_value = "rtn")]
+    pub method: Method,
+    /// imatrix: calibration input, a UTF-8 text file (cut into --seq-len token chunks) or a safetensors file with
+    /// `input_ids` [n, ctx] (I32/I64, used as given); keep it disjoint from your evaluation text.
+    #[arg(long, value_name = "FILE", required_if_eq("method", "imatrix"))]
+    pub calibration: Option<PathBuf>,
+    /// imatrix: calibration chunks used at most.
+    #[arg(long, default_value_t = DEFAULT_SAMPLES, value_parser = super::values::count)]
+    pub samples: usize,
+    /// imatrix: tokens per chunk of a text --calibration.
+    #[arg(long, default_value_t = DEFAULT_SEQ_LEN, value_parser = super::values::count)]
+    pub seq_len: usize,
+    /// imatrix: an expert shown fewer calibration tokens than this is quantized with the mse rule and listed.
+    #[arg(long, default_value_t = DEFAULT_MIN_EXPERT_TOKENS)]
+    pub min_expert_tokens: u64,
+    /// imatrix, statistics only: show every calibration token to every expert of its layer (the forward still
+    /// routes as the router says; coverage still counts routed tokens), so no expert falls back.
+    #[arg(long)]
+    pub force_route_all: bool,
+}
+
+/// The calibration input: a safetensors token file by extension, else text.
+fn calibration_input(path: &std::path::Path, seq_len: usize) -> EvalInput {
+    if path.extension().is_some_and(|extension| extension == "safetensors") {
+        EvalInput::Tokens { path: path.to_path_buf() }
+    } else {
+        EvalInput::Text { path: path.to_path_buf(), ctx: seq_len }
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    let calibration = match (args.method, &args.calibration) {
+        (Method::Imatrix, Some(path)) => Some(CalibrationOptions {
+            input: calibration_input(path, args.seq_len),
+            samples: args.samples,
+            min_expert_tokens: args.min_expert_tokens,
+            route_all: args.force_route_all,
+            device: args.device,
+        }),
+        (Method::Imatrix, None) => anyhow::bail!("--method imatrix needs --calibration FILE"),
+        (Method::Rtn, Some(_)) => anyhow::bail!("--calibration needs --method imatrix (rtn reads no calibration)"),
+        (Method::Rtn, None) if args.force_route_all => anyhow::bail!("--force-route-all needs --method imatrix"),
+        (Method::Rtn, None) => None,
+    };
     let options = QuantizeOptions {
+        calibration,
         allow_nonfinite: args.allow_nonfinite,
         input: args.input.clone(),
         output: args.output.clone(),
@@ -137,5 +190,8 @@ pub fn print_human(report: &QuantizeReport) {
             report.input_bytes as f64 / 1e6 / report.seconds.max(1e-9),
             report.peak_rss_bytes.map(human).unwrap_or_else(|| "unknown".into())
         );
+        if let Some(coverage) = &report.expert_coverage {
+            println!("{}", Calibration::summary(coverage));
+        }
     }
 }

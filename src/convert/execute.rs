@@ -22,6 +22,7 @@ use crate::quant::ScaleRule;
 use crate::recipe::{Recipe, RecipeError};
 use crate::runtime::device::{select, CudaError, DeviceChoice, DeviceSelection};
 
+use super::calibrated::{self, CalibrationError, CalibrationOptions, ExpertCoverage};
 use super::plan::{self, Action, ClassSummary, Plan, PlanError};
 use super::{engine_check, output_files, quant_config, source, transform};
 
@@ -45,6 +46,8 @@ pub struct QuantizeOptions {
     pub engine: EngineChoice,
     /// Tensor-parallel size for the rules; `None`: `lint::default_tp` of the model.
     pub tp: Option<usize>,
+    /// `--method imatrix`: the calibration pass (`None`: round to nearest, `--method rtn`).
+    pub calibration: Option<CalibrationOptions>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +67,8 @@ pub enum ConvertError {
     /// An engine load rule failed on the plan (the message names each rule and its remedy).
     #[error("{0}")]
     EngineRules(String),
+    #[error(transparent)]
+    Calibration(#[from] CalibrationError),
 }
 
 /// The result of `quantize` (or its dry run).
@@ -88,6 +93,9 @@ pub struct QuantizeReport {
     pub engine_rules: Option<LintReport>,
     /// Keys added to the output's `config.json` because an engine needs them (safe, standard fixes).
     pub config_fixes: Vec<ConfigFix>,
+    /// `--method imatrix`: calibration tokens per layer and routed expert, and the experts that fell back to mse.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_coverage: Option<ExpertCoverage>,
 }
 
 /// A checkpoint opened and planned, ready to run or to report on.
@@ -145,9 +153,13 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         options.max_shard_bytes,
     )?;
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
-    let output_config = checkpoint
-        .config()
-        .map(|json| engine_check::output_config(json, quant_config::quantization_config(plan, recipe), plan));
+    let output_config = checkpoint.config().map(|json| {
+        let mut quantization_config = quant_config::quantization_config(plan, recipe);
+        if options.calibration.is_some() {
+            calibrated::mark_observer(&mut quantization_config);
+        }
+        engine_check::output_config(json, quantization_config, plan)
+    });
     let engines = options.engine.engines();
     let engine_rules = (!engines.is_empty()).then(|| {
         let config = output_config.as_ref().map(|(config, _)| config);
@@ -172,6 +184,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         classes: plan.by_class().into_iter().map(|(class, summary)| (class.name().to_string(), summary)).collect(),
         engine_rules,
         config_fixes: output_config.as_ref().map(|(_, fixes)| fixes.clone()).unwrap_or_default(),
+        expert_coverage: None,
     };
     // A dry run reports the rule results; a real run refuses before touching the output folder.
     if let Some(rules) = report.engine_rules.as_ref().filter(|rules| !rules.passed && !options.dry_run) {
@@ -190,8 +203,17 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         }
         selection => selection.into_device(),
     };
+    check_output(&options.output, options)?;
+    let calibration = match &options.calibration {
+        Some(calibration) => Some(calibrated::calibrate(&options.input, calibration, plan, reporter)?),
+        None => None,
+    };
     let out = &options.output;
-    let plan_sha256 = plan.sha256(&source_fingerprint(checkpoint), &recipe.sha256());
+    let recipe_digest = match &calibration {
+        Some(calibration) => format!("{}|{}", recipe.sha256(), calibration.digest),
+        None => recipe.sha256(),
+    };
+    let plan_sha256 = plan.sha256(&source_fingerprint(checkpoint), &recipe_digest);
     let (previous, _lock) = prepare_output(out, options, &plan_sha256)?;
     crate::io::interrupt::set_hint(format!(
         "rerun `squeeze quantize {} {} --resume` to continue",
@@ -223,7 +245,9 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
                 shard: plan.shards[item.shard].file.clone(),
             })
             .collect(),
+        expert_coverage: calibration.as_ref().and_then(|c| serde_json::to_value(&c.coverage).ok()),
     };
+    report.expert_coverage = calibration.as_ref().map(|c| c.coverage.clone());
     // Reuse shards a previous run of the same plan finished, after re-hashing them.
     let mut reused = vec![false; plan.shards.len()];
     if let Some(previous) = previous {
@@ -241,7 +265,11 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
 
     let work: Vec<usize> = (0..plan.items.len()).filter(|&i| !reused[plan.items[i].shard]).collect();
     reporter.begin("quantize", work.iter().map(|&i| plan.items[i].source.bytes()).sum());
-    let compute = transform::Compute { device: device.as_deref(), allow_nonfinite: options.allow_nonfinite };
+    let compute = transform::Compute {
+        device: device.as_deref(),
+        allow_nonfinite: options.allow_nonfinite,
+        calibration: calibration.as_ref(),
+    };
     let result = run_items(checkpoint, plan, &work, out, &mut manifest, reporter, compute);
     reporter.end();
     result?;
@@ -331,6 +359,33 @@ fn run_items(
     })
 }
 
+/// The checks of the output folder that need no plan digest, run before any long work (the calibration pass): not
+/// a file, not the input, and empty unless `--resume` or `--force` (an interrupted run's lock and temporaries do
+/// not count).
+fn check_output(out: &Path, options: &QuantizeOptions) -> Result<(), ConvertError> {
+    let output_error = |problem: String| ConvertError::Output { path: out.to_path_buf(), problem };
+    if out.exists() && !out.is_dir() {
+        return Err(output_error("exists and is not a folder".into()));
+    }
+    if let (Ok(a), Ok(b)) = (fs::canonicalize(out), fs::canonicalize(&options.input)) {
+        if a == b {
+            return Err(output_error("is the input folder; write the output to a new folder".into()));
+        }
+    }
+    if options.resume || options.force || !out.is_dir() {
+        return Ok(());
+    }
+    for entry in fs::read_dir(out).map_err(|e| IoError::file(out, e))? {
+        let name = entry.map_err(|e| IoError::file(out, e))?.file_name().to_string_lossy().into_owned();
+        if name != LOCK_FILE && !name.ends_with(".squeeze-tmp") {
+            return Err(output_error(
+                "is not empty; pass --resume to continue an interrupted run or --force to overwrite".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks and prepares the output folder and locks it for this run; returns the previous manifest when resuming
 /// the same plan. Leftover temporary files (an interrupted run) do not make the folder count as used; `--force`
 /// also removes the previous run's shards, index, config and manifest, so that no stray shard of another run
@@ -341,14 +396,7 @@ fn prepare_output(
     plan_sha256: &str,
 ) -> Result<(Option<Manifest>, FolderLock), ConvertError> {
     let output_error = |problem: String| ConvertError::Output { path: out.to_path_buf(), problem };
-    if out.exists() && !out.is_dir() {
-        return Err(output_error("exists and is not a folder".into()));
-    }
-    if let (Ok(a), Ok(b)) = (fs::canonicalize(out), fs::canonicalize(&options.input)) {
-        if a == b {
-            return Err(output_error("is the input folder; write the output to a new folder".into()));
-        }
-    }
+    check_output(out, options)?;
     fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
     let lock = FolderLock::acquire(out, "quantize")?;
     let mut non_empty = false;

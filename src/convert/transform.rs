@@ -8,9 +8,10 @@ use crate::format::fp8_block::{read_scales, RowReader, SourceKind};
 use crate::io::dtype::first_nonfinite;
 use crate::io::{Checkpoint, IoError};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
-use crate::quant::{int4, pack};
+use crate::quant::{imatrix, int4, pack};
 use crate::runtime::device::Device;
 
+use super::calibrated::{Calibration, ExpertRule};
 use super::device_quantize::{check_int4_shape, quantize_int4, Fp8Tensor, Int4Settings, Source};
 use super::plan::{Action, PlannedItem};
 
@@ -25,13 +26,16 @@ pub struct Compute<'a> {
     pub device: Option<&'a dyn Device>,
     /// Carry NaN/infinite source elements through instead of refusing them.
     pub allow_nonfinite: bool,
+    /// `--method imatrix`: routed experts' INT4 scales from their importance (on the CPU), or `mse` as fallback.
+    pub calibration: Option<&'a Calibration>,
 }
 
 /// Produces the bytes of every output tensor of `item`, in planned order. A NaN or infinite source element is an
 /// error naming the tensor and its first bad element, unless `compute.allow_nonfinite`.
 pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) -> Result<Vec<Vec<u8>>, IoError> {
-    let Compute { device, allow_nonfinite } = compute;
+    let Compute { device, allow_nonfinite, calibration } = compute;
     let name = &item.source.name;
+    let expert_rule = calibration.and_then(|calibration| calibration.rule_for(name));
     let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
     let tensor =
         checkpoint.get(name).ok_or_else(|| IoError::tensor(&shard, name, "disappeared from the checkpoint"))?;
@@ -52,7 +56,7 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
     }
     let reader = || RowReader::new(checkpoint, &item.source);
     let device_outputs = match (device, item.action) {
-        (Some(device), Action::Int4 { group_size, scale_rule }) => {
+        (Some(device), Action::Int4 { group_size, scale_rule }) if expert_rule.is_none() => {
             int4_on_device(device, checkpoint, item, tensor.bytes, &shard, group_size, scale_rule)?
         }
         _ => None,
@@ -77,7 +81,20 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
                             packed_rows.chunks_mut(words_per_row).zip(scale_rows.chunks_mut(groups_per_row)).enumerate()
                         {
                             source.read(task * ROWS_PER_TASK + local, weights);
-                            int4::quantize_row(weights, group_size, scale_rule, q, scale_row);
+                            match &expert_rule {
+                                None => int4::quantize_row(weights, group_size, scale_rule, q, scale_row),
+                                Some(ExpertRule::Fallback) => {
+                                    int4::quantize_row(weights, group_size, ScaleRule::Mse, q, scale_row)
+                                }
+                                Some(ExpertRule::Importance(importance)) => imatrix::quantize_row(
+                                    weights,
+                                    importance,
+                                    group_size,
+                                    MseSearch::default(),
+                                    q,
+                                    scale_row,
+                                ),
+                            }
                             pack::pack_row(q, packed_row);
                         }
                     },

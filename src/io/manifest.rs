@@ -21,6 +21,9 @@ pub struct Manifest {
     pub recipe: RecipeRecord,
     pub shards: Vec<ShardRecord>,
     pub tensors: Vec<TensorRecord>,
+    /// `--method imatrix`: calibration tokens per layer and routed expert, and the experts that fell back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_coverage: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -12,6 +12,7 @@ mod demo;
 mod device_ops;
 mod eval;
 mod golden;
+mod imatrix;
 mod lint;
 mod parity;
 mod quantize;

@@ -95,6 +95,7 @@ pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<QuantizeR
         allow_nonfinite: false,
         engine: crate::engines::EngineChoice::All,
         tp: None,
+        calibration: None,
     };
     Ok(quantize(&options, &Silent)?)
 }

@@ -355,7 +355,7 @@ impl<'a> Pass<'a> {
         let (first, rest) = streams.split_first_mut().expect("the reference stream exists");
         let prefill_hidden = first.hidden.clone();
         let times = ExpertTimes::default();
-        let mut tap = LayerTap { kv: KvTap::default(), routes: Some(&mut first.routes) };
+        let mut tap = LayerTap { kv: KvTap::default(), routes: Some(&mut first.routes), experts: None };
         let spans = &self.spans;
         ref_layer.forward(
             ref_context,
@@ -368,7 +368,8 @@ impl<'a> Pass<'a> {
         )?;
         for stream in rest.iter_mut() {
             let fp8 = if stream.mode.fp8_kv() { Some(layer_fp8) } else { None };
-            let mut tap = LayerTap { kv: KvTap { observer: None, fp8 }, routes: Some(&mut stream.routes) };
+            let mut tap =
+                LayerTap { kv: KvTap { observer: None, fp8 }, routes: Some(&mut stream.routes), experts: None };
             let (layer, context, kv) = match (stream.mode, cand_layer) {
                 (Mode::Kv, _) => (ref_layer, ref_context, KvSource::Own),
                 (Mode::Weights, Some(cand)) => (cand, cand_context, KvSource::Own),
