@@ -1,5 +1,5 @@
-//! The runtime backend's op cases: each CUDA backend op against the CPU backend on seeded inputs of awkward shapes
-//! (test mode), then, on a real GPU, the benchmarks (perf mode): INT4 W4A16 matrix-vector at batch 1–16 on GLM-5
+//! The runtime backend's op cases: each CUDA backend op (and the device-level BF16 linear) against the CPU backend
+//! on seeded inputs of awkward shapes (test mode), then, on a real GPU, the benchmarks (perf mode): INT4 W4A16 matrix-vector at batch 1–16 on GLM-5
 //! expert shapes against the device copy bandwidth and against BF16 weights, FP8 paged decode attention at 32 K
 //! tokens with the share of its fused page verification, and the host-to-device bandwidth of resident uploads.
 
@@ -24,7 +24,7 @@ use super::SelftestRow;
 /// Dot products of up to ~400 terms (and attention's softmax sums) summed in another order than the CPU's (32 lanes
 /// × 4–8, then a butterfly, against 8 strided lanes): each sum carries a few f32 roundings (≤ ~1e-7 relative each)
 /// over √K-ish growth; measured ~1e-7, 1e-5 still catches a wrong index, scale or mask.
-const DOT_ORDER_REL_L2: f64 = 1e-5;
+pub(super) const DOT_ORDER_REL_L2: f64 = 1e-5;
 /// Norms: only the row sums differ in order (width ≤ 1000); everything after them is the CPU's arithmetic.
 const NORM_REL_L2: f64 = 2e-6;
 /// Elementwise ops and gate weights differ from the CPU only by the exponential's last bit (the same libm function
@@ -34,7 +34,14 @@ const ELEMENTWISE_REL_L2: f64 = 1e-6;
 const EXACT: f64 = 0.0;
 
 /// A row comparing `got` with `want` by relative L2 within `tolerance` (`mismatches` counted by the caller).
-fn row(op: &str, shape: String, got: &[f32], want: &[f32], mismatches: usize, tolerance: f64) -> SelftestRow {
+pub(super) fn row(
+    op: &str,
+    shape: String,
+    got: &[f32],
+    want: &[f32],
+    mismatches: usize,
+    tolerance: f64,
+) -> SelftestRow {
     let errors = metrics::errors(got, want);
     SelftestRow {
         op: op.into(),
@@ -50,13 +57,13 @@ fn row(op: &str, shape: String, got: &[f32], want: &[f32], mismatches: usize, to
 }
 
 /// A row that holds when `passed`, with `note` saying what was checked.
-fn verdict(op: &str, shape: String, passed: bool, note: String) -> SelftestRow {
+pub(super) fn verdict(op: &str, shape: String, passed: bool, note: String) -> SelftestRow {
     let mismatches = usize::from(!passed);
     SelftestRow { passed, ..row(op, shape, &[], &[], mismatches, EXACT) }.with_note(note)
 }
 
 impl SelftestRow {
-    fn with_note(mut self, note: String) -> Self {
+    pub(super) fn with_note(mut self, note: String) -> Self {
         self.note = note;
         self
     }
@@ -83,6 +90,27 @@ pub fn linear_f32(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
         }
     }
     rows
+}
+
+/// The device-level BF16 linear (the bandwidth baseline of the W4A16 benchmarks) on BF16 weight bits against the CPU
+/// `linear` on the same weights rounded to BF16, with bias: decode rows 1, a tile of 16 and 21; `in` 200 and 75/96.
+pub fn linear_bf16_weights(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<SelftestRow>, CudaError> {
+    let device = backend.device();
+    let mut rows = Vec::new();
+    for (tokens, inner, out) in [(1, 200, 75), (16, 75, 41), (21, 96, 19)] {
+        let bits: Vec<u16> = rng.values(out * inner, 0.5).iter().map(|&w| bf16::from_f32(w).to_bits()).collect();
+        let rounded = Matrix::new(out, inner, bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect());
+        let input = rng.values(tokens * inner, 2.0);
+        let bias = rng.values(out, 1.0);
+        let want = Cpu.linear(&input, tokens, &rounded, Some(&bias));
+        let (x, weight, bias) = (device.upload(&input)?, device.upload(&bits)?, device.upload(&bias)?);
+        let y = device.alloc_for::<f32>(tokens * out)?;
+        linear_bf16(device, &x, &weight, Some(&bias), &y, tokens, inner, out)?;
+        let got = device.download::<f32>(&y, tokens * out)?;
+        let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias true");
+        rows.push(row("linear bf16", shape, &got, &want, 0, DOT_ORDER_REL_L2));
+    }
+    Ok(rows)
 }
 
 /// `linear` with INT4 weights (W4A16 on the packed form; the device copy's dense data is NaN, so only the packed

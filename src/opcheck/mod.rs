@@ -5,6 +5,8 @@
 //! `squeeze selftest` and tests/integration/device_ops.rs run the same table.
 
 pub mod backend_ops;
+pub mod expert_ops;
+pub mod kv_ops;
 pub mod quantize_kernels;
 
 use crate::rng::Rng;
@@ -65,8 +67,8 @@ pub struct Case {
     check: fn(&Target, &mut Rng) -> Result<Vec<SelftestRow>, CudaError>,
 }
 
-/// Every op, each once.
-pub const CASES: [Case; 11] = [
+/// Every op, each once. No op's name contains another's, so a filter of one whole name runs that case alone.
+pub const CASES: [Case; 16] = [
     Case {
         op: "fp8_block_dequant",
         check: |target, rng| quantize_kernels::fp8_block_dequant(target.backend.device(), rng),
@@ -80,12 +82,17 @@ pub const CASES: [Case; 11] = [
         check: |target, rng| quantize_kernels::int4_quantize_f32(target.backend.device(), rng, target.exact),
     },
     Case { op: "linear f32", check: |target, rng| Ok(backend_ops::linear_f32(target.backend, rng)) },
+    Case { op: "linear bf16", check: |target, rng| backend_ops::linear_bf16_weights(target.backend, rng) },
     Case { op: "linear w4a16", check: |target, rng| Ok(backend_ops::linear_w4a16(target.backend, rng)) },
+    Case { op: "w4a16_grouped", check: |target, rng| expert_ops::w4a16_grouped_experts(target.backend, rng) },
     Case { op: "norm", check: |target, rng| Ok(backend_ops::norms(target.backend, rng)) },
     Case { op: "rope", check: |target, rng| Ok(backend_ops::rope(target.backend, rng)) },
     Case { op: "silu_mul", check: |target, rng| Ok(backend_ops::silu_mul(target.backend, rng)) },
     Case { op: "attention", check: |target, rng| Ok(backend_ops::attention(target.backend, rng)) },
+    Case { op: "kv_write", check: |target, rng| kv_ops::kv_write(target.backend, rng) },
+    Case { op: "paged_decode", check: |target, rng| kv_ops::paged_decode(target.backend, rng) },
     Case { op: "route", check: |target, rng| Ok(backend_ops::route(target.backend, rng)) },
+    Case { op: "moe_experts", check: |target, rng| Ok(expert_ops::moe_experts(target.backend, rng)) },
     Case { op: "indexer", check: |target, rng| Ok(backend_ops::indexer_top_k(target.backend, rng)) },
 ];
 

@@ -1,14 +1,25 @@
 //! The op table (src/opcheck/, the same one `squeeze selftest` runs) on the emulated device always (kernels/*.cu
 //! compiled for the host) and on a real GPU too when one is usable (skipped with a printed reason otherwise): one
-//! test per op, every row must pass. Also the emulation's own primitives, and the backends the other device tests
-//! run on.
+//! test per op, every row must pass. Also what is no comparison with the CPU: the device ops' refusals (W4A16
+//! layouts, a routed token outside the batch), paged decode's fault flags and its unverified launch, the CPU's
+//! batching contract, the emulation's own primitives; and the backends the other device tests run on.
 
 use std::sync::Arc;
 
+use half::bf16;
+use squeeze::opcheck::expert_ops::{batch, expert, routes, Expert};
+use squeeze::opcheck::kv_ops::{as_requests, filled_pool, layouts, requests_of, CONTEXTS};
 use squeeze::opcheck::{self, Mode, Target, CASES};
+use squeeze::quant::pack;
+use squeeze::rng::Rng;
+use squeeze::runtime::backend::{Int4Weight, RoutedExpert};
+use squeeze::runtime::cuda::linear;
+use squeeze::runtime::cuda::paged::{self, DecodePlan};
 use squeeze::runtime::cuda::CudaBackend;
 use squeeze::runtime::device::emulated::Emulator;
 use squeeze::runtime::device::{Arg, Device, LaunchShape};
+use squeeze::runtime::kv_cache::{inject, FaultKind, IntegrityError, KvDtype, KvPool, Mapping};
+use squeeze::runtime::{Backend, Cpu, Matrix};
 
 /// The backends under test: emulated always, the GPU when the probe finds one.
 pub fn cuda_backends() -> Vec<CudaBackend> {
@@ -55,16 +66,27 @@ fn every_case_of_the_table_has_its_test() {
         "int4_quantize_fp8",
         "int4_quantize_f32",
         "linear f32",
+        "linear bf16",
         "linear w4a16",
+        "w4a16_grouped",
         "norm",
         "rope",
         "silu_mul",
         "attention",
+        "kv_write",
+        "paged_decode",
         "route",
+        "moe_experts",
         "indexer",
     ];
     let table: Vec<&str> = CASES.iter().map(|case| case.op).collect();
     assert_eq!(table, tested, "a case without a test below (or a test without a case)");
+    // `run` selects by substring: a name inside another would run that case twice.
+    for (index, op) in table.iter().enumerate() {
+        let inside: Vec<_> =
+            table.iter().enumerate().filter(|&(other, name)| other != index && name.contains(op)).collect();
+        assert!(inside.is_empty(), "{op} is inside {inside:?}");
+    }
 }
 
 #[test]
@@ -88,8 +110,18 @@ fn dense_linear_matches_cpu() {
 }
 
 #[test]
+fn bf16_linear_matches_cpu_on_the_rounded_weights() {
+    check("linear bf16");
+}
+
+#[test]
 fn w4a16_linear_matches_cpu_on_the_dequantized_weights() {
     check("linear w4a16");
+}
+
+#[test]
+fn w4a16_grouped_matches_per_expert_cpu_products_and_nans_an_unknown_expert() {
+    check("w4a16_grouped");
 }
 
 #[test]
@@ -113,8 +145,23 @@ fn prefill_attention_matches_cpu() {
 }
 
 #[test]
+fn kv_write_is_byte_identical_to_the_cpu_pool() {
+    check("kv_write");
+}
+
+#[test]
+fn paged_decode_matches_an_f64_reference() {
+    check("paged_decode");
+}
+
+#[test]
 fn routing_matches_cpu_and_refuses_what_the_kernel_cannot_route() {
     check("route");
+}
+
+#[test]
+fn routed_experts_match_cpu() {
+    check("moe_experts");
 }
 
 #[test]
@@ -157,5 +204,187 @@ fn emulation_primitives_behave_like_cuda() {
         assert_eq!((warp_sums[2 * warp], warp_sums[2 * warp + 1]), (want, want), "warp {warp}: xor and down sums");
         assert_eq!(ballots[warp], want_ballot, "warp {warp} ballot");
         assert_eq!(broadcast[warp], lanes[0], "warp {warp} lane-0 broadcast");
+    }
+}
+
+#[test]
+fn w4a16_rejects_group_sizes_it_cannot_read() {
+    let backend = cuda_backends().remove(0);
+    let mut rng = Rng::new(14);
+    // group 12 is not a multiple of 8; in 200 is not a multiple of group 16.
+    for (in_features, group_size) in [(96, 12), (200, 16)] {
+        let words = pack::packed_columns(in_features);
+        let int4 = Int4Weight {
+            packed: vec![0x8888_8888; 5 * words],
+            scales: vec![bf16::ONE.to_bits(); 5 * in_features.div_ceil(group_size)],
+            group_size,
+        };
+        let matrix = Matrix::new(5, in_features, vec![0.0; 5 * in_features]).with_int4(int4);
+        let error = linear::linear(&backend, &rng.values(in_features, 1.0), 1, &matrix, None)
+            .expect_err("an unreadable INT4 layout is refused");
+        let message = error.to_string();
+        assert!(message.contains("group size") && message.contains("CPU backend"), "{message}");
+    }
+}
+
+#[test]
+fn routed_experts_refuse_a_token_outside_the_batch() {
+    let backend = cuda_backends().remove(0);
+    let mut rng = Rng::new(43);
+    let one = expert(&mut rng, 32, 16, Some(16), false);
+    let tokens = [(0usize, 1.0f32), (2, 0.5)];
+    let [gate, up, down] = &one.device;
+    let mut output = vec![0f32; 2 * 32];
+    backend.routed_experts(
+        &rng.values(2 * 32, 1.0),
+        32,
+        &[RoutedExpert { gate, up, down, tokens: &tokens }],
+        &mut output,
+    );
+    let failure = backend.failure().expect("a token index past x is refused");
+    assert!(failure.contains("token 2 of 2"), "{failure}");
+    assert!(output.iter().all(|v| v.is_nan()), "a refused batch leaves NaN rows");
+}
+
+#[test]
+fn cpu_batches_split_anywhere_sum_to_the_same_bits() {
+    // moe.rs cuts the hit experts into batches; each token must still add its experts in one order, so any split
+    // gives the bits of one whole batch.
+    let mut rng = Rng::new(44);
+    let (hidden, inner, tokens, count) = (40, 24, 9, 7);
+    let experts: Vec<Expert> = (0..count).map(|_| expert(&mut rng, hidden, inner, None, false)).collect();
+    let assigned = routes(&mut rng, tokens, count, 3, &[]);
+    let x = rng.values(tokens * hidden, 2.0);
+    let all = batch(experts.iter().map(|e| &e.cpu), &assigned);
+    let mut whole = vec![0f32; tokens * hidden];
+    Cpu.routed_experts(&x, hidden, &all, &mut whole);
+    for per_batch in [1, 2, 3, 6] {
+        let mut split = vec![0f32; tokens * hidden];
+        for chunk in all.chunks(per_batch) {
+            Cpu.routed_experts(&x, hidden, chunk, &mut split);
+        }
+        let differ = split.iter().zip(&whole).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "batches of {per_batch}: {differ} values differ from one batch");
+    }
+}
+
+/// The logical page `KvPool::verify` blames.
+fn blamed_index(error: &IntegrityError) -> usize {
+    match *error {
+        IntegrityError::OutOfRange { index, .. }
+        | IntegrityError::OnFreeList { index, .. }
+        | IntegrityError::Untagged { index, .. }
+        | IntegrityError::TagMismatch { index, .. } => index,
+        IntegrityError::Length { entries, .. } => entries,
+    }
+}
+
+fn fp8_pool(row_width: usize) -> KvPool {
+    filled_pool(KvDtype::Fp8, row_width, &CONTEXTS, 29).expect("the fixture pool fits")
+}
+
+#[test]
+fn paged_decode_flags_exactly_the_corrupted_requests() {
+    let backends = cuda_backends();
+    let (name, row_width, layout) = layouts()[0];
+    let clean_pool = fp8_pool(row_width);
+    let mut rng = Rng::new(31);
+    let q = rng.values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
+    let plan = Some(DecodePlan::with_pages_per_split(7, 2));
+    for backend in &backends {
+        let device = backend.device();
+        let device_pool = paged::DevicePool::mirror(device, &clean_pool).unwrap();
+        let clean_tables = requests_of(&clean_pool, &CONTEXTS);
+        let clean = paged::decode(device, &device_pool, 1, &layout, &q, &as_requests(&clean_tables), plan).unwrap();
+        assert_eq!(clean.faults, vec![0; CONTEXTS.len()]);
+
+        // Faults the pool's own injector makes (tags and tables), checked against KvPool::verify.
+        for kind in FaultKind::ALL {
+            let mut pool = fp8_pool(row_width);
+            let active: Vec<u64> = (0..CONTEXTS.len() as u64).collect();
+            let injected = inject(&mut pool, kind, 2, &active).expect("injectable");
+            device_pool.upload_tags(device, &pool).unwrap();
+            let tables = requests_of(&pool, &CONTEXTS);
+            let got = paged::decode(device, &device_pool, 1, &layout, &q, &as_requests(&tables), plan).unwrap();
+            let want_faults: Vec<u32> = active
+                .iter()
+                .map(|&request| pool.verify(request).err().map_or(0, |error| 1 + blamed_index(&error) as u32))
+                .collect();
+            assert_eq!(got.faults, want_faults, "{name} {kind:?}: {}", injected.description);
+            check_others_unchanged(&got, &clean.out, &got.faults, layout.heads * layout.v_dim, &format!("{kind:?}"));
+        }
+        device_pool.upload_tags(device, &clean_pool).unwrap();
+
+        // Table corruptions made directly, one field at a time, on request 3's logical page 4 (of 7).
+        let pages = clean_pool.shape().pages as u32;
+        let other_page = clean_tables[1].2[0];
+        let own_page = clean_tables[3].2[5];
+        let corruptions: [(&str, Mapping); 4] = [
+            ("owner", other_page),
+            ("generation", Mapping { generation: clean_tables[3].2[4].generation + 1, ..clean_tables[3].2[4] }),
+            ("logical index", own_page),
+            ("out of range", Mapping { page: pages + 1, ..clean_tables[3].2[4] }),
+        ];
+        for (what, mapping) in corruptions {
+            let mut tables = clean_tables.clone();
+            tables[3].2[4] = mapping;
+            let got = paged::decode(device, &device_pool, 1, &layout, &q, &as_requests(&tables), plan).unwrap();
+            assert_eq!(got.faults, vec![0, 0, 0, 5], "{what}");
+            check_others_unchanged(&got, &clean.out, &got.faults, layout.heads * layout.v_dim, what);
+        }
+        // A table too short for its context: blamed at its first missing logical page.
+        let mut tables = clean_tables.clone();
+        tables[2].2.truncate(2);
+        let got = paged::decode(device, &device_pool, 1, &layout, &q, &as_requests(&tables), plan).unwrap();
+        assert_eq!(got.faults, vec![0, 0, 3, 0], "short table");
+        check_others_unchanged(&got, &clean.out, &got.faults, layout.heads * layout.v_dim, "short table");
+    }
+}
+
+/// Flagged requests' outputs are NaN; every other request's output is bit-identical to the clean run.
+fn check_others_unchanged(got: &paged::DecodeOutput, clean: &[f32], faults: &[u32], per_request: usize, what: &str) {
+    for (request, &fault) in faults.iter().enumerate() {
+        let rows = &got.out[request * per_request..][..per_request];
+        let clean_rows = &clean[request * per_request..][..per_request];
+        if fault == 0 {
+            let same = rows.iter().zip(clean_rows).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what}: request {request} output changed although its mappings are intact");
+        } else {
+            assert!(rows.iter().all(|value| value.is_nan()), "{what}: flagged request {request} has output");
+        }
+    }
+}
+
+/// The self-test times the verification share against the same launch with `verify = false`: that launch must do
+/// exactly the attention (bit-identical output on a clean batch) and nothing of the checking (a corrupted mapping is
+/// not flagged).
+#[test]
+fn unverified_launch_is_the_same_attention_without_the_checks() {
+    let (_, row_width, layout) = layouts()[0];
+    let pool = fp8_pool(row_width);
+    let q = Rng::new(37).values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
+    let plan = Some(DecodePlan::with_pages_per_split(7, 2));
+    for backend in cuda_backends() {
+        let device = backend.device();
+        let device_pool = paged::DevicePool::mirror(device, &pool).unwrap();
+        let run = |tables: &[(u64, usize, Vec<Mapping>)], verify: bool| {
+            let mut batch = paged::DecodeBatch::new(device, &layout, 16, &as_requests(tables), plan).unwrap();
+            batch.verify = verify;
+            let q_buffer = device.upload(&q).unwrap();
+            let count = CONTEXTS.len() * layout.heads * layout.v_dim;
+            let out = device.alloc_for::<f32>(count).unwrap();
+            let faults = device.alloc_for::<u32>(CONTEXTS.len()).unwrap();
+            paged::decode_on(device, &device_pool, 1, &layout, &batch, &q_buffer, &out, &faults).unwrap();
+            (device.download::<f32>(&out, count).unwrap(), device.download::<u32>(&faults, CONTEXTS.len()).unwrap())
+        };
+        let clean = requests_of(&pool, &CONTEXTS);
+        let (verified, _) = run(&clean, true);
+        let (unverified, faults) = run(&clean, false);
+        assert_eq!(faults, vec![0; CONTEXTS.len()]);
+        assert!(verified.iter().zip(&unverified).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let mut corrupted = clean.clone();
+        corrupted[3].2[4].generation += 1;
+        assert_eq!(run(&corrupted, true).1, vec![0, 0, 0, 5]);
+        assert_eq!(run(&corrupted, false).1, vec![0; CONTEXTS.len()]);
     }
 }

@@ -3,11 +3,8 @@
 
 mod calibrate;
 mod common;
-mod cuda_attention;
 mod cuda_backend;
 mod cuda_decode;
-mod cuda_linear;
-mod cuda_moe;
 mod demo;
 mod device_ops;
 mod eval;
