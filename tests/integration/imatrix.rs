@@ -1,7 +1,7 @@
 //! `squeeze quantize --method imatrix` end to end: the output verifies, coverage counts sum to tokens × top_k per
 //! MoE layer, an expert the router never picks falls back to mse and is listed, `--resume` keeps a finished run and
-//! refuses other calibration options, `--method rtn` is the default byte for byte, and a missing `--calibration` is
-//! a usage error naming the flag.
+//! refuses other calibration options, `--method rtn` is the default byte for byte, a missing `--calibration` is
+//! a usage error naming the flag, and an unusable output folder is refused before the calibration pass.
 
 use std::fs;
 use std::path::Path;
@@ -196,6 +196,30 @@ fn imatrix_without_calibration_is_a_usage_error_naming_the_flag() {
     let run = squeeze(&["quantize", path_str(&source), path_str(&out), "--calibration", path_str(&tokens)]);
     assert_eq!(run.code, 2, "stderr:\n{}", run.stderr);
     assert!(run.stderr.contains("--calibration") && run.stderr.contains("--method imatrix"), "{}", run.stderr);
+}
+
+#[test]
+fn a_non_empty_output_folder_is_refused_before_the_calibration_pass() {
+    // The calibration file does not exist: were the pass run first, the error would name it.
+    let dir = tempfile::tempdir().unwrap();
+    let source = synth(dir.path(), "fp8", "kimi-k2", &["--layers", "2"]);
+    let out = dir.path().join("int4");
+    fs::create_dir_all(&out).unwrap();
+    fs::write(out.join("notes.txt"), "someone else's file").unwrap();
+    let missing = dir.path().join("no-such-calibration.txt");
+    let run = squeeze(&[
+        "quantize",
+        path_str(&source),
+        path_str(&out),
+        "--method",
+        "imatrix",
+        "--calibration",
+        path_str(&missing),
+    ]);
+    assert_eq!(run.code, 2, "stderr:\n{}", run.stderr);
+    assert!(run.stderr.contains("is not empty"), "{}", run.stderr);
+    assert!(!run.stderr.contains("no-such-calibration"), "{}", run.stderr);
+    assert_eq!(fs::read_to_string(out.join("notes.txt")).unwrap(), "someone else's file");
 }
 
 #[test]
