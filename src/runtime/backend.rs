@@ -169,6 +169,10 @@ pub trait Backend: Sync {
     fn uploads(&self) -> Option<Uploads> {
         None
     }
+    /// Host↔device copies and kernel launches so far (device backends).
+    fn device_counters(&self) -> Option<crate::runtime::device::DeviceCounters> {
+        None
+    }
     /// The backend and its device in words, for reports.
     fn describe(&self) -> String {
         self.name().to_string()

@@ -69,6 +69,11 @@ fn eval_matches_cpu(arch: &str, int4: bool) {
     let nll = (gpu["mean_nll"].as_f64().unwrap() - cpu["mean_nll"].as_f64().unwrap()).abs();
     assert!(nll < NLL_ABS, "{arch} int4={int4}: mean NLL differs by {nll:e}");
     eprintln!("{arch} int4={int4}: logits rel L2 {rel:.2e}, NLL diff {nll:.2e}");
+    assert!(cpu.get("device").is_none(), "the CPU backend reports no device copies: {cpu}");
+    let weights = &gpu["device"]["transfers"]["weights"];
+    assert!(weights["h2d_count"].as_u64().unwrap() > 0 && weights["d2h_count"] == 0, "{gpu}");
+    assert!(gpu["device"]["launches"].as_u64().unwrap() > 0, "{gpu}");
+    eprintln!("{arch} int4={int4}: device {}", gpu["device"]);
 }
 
 #[test]
@@ -277,4 +282,7 @@ fn selftest_on_the_emulated_device_runs_the_op_table() {
     }
     assert!(rows.iter().all(|row| row["passed"] == true), "{report}");
     assert_eq!(report["passed"], true);
+    let copied = &report["device"]["transfers"]["activations"];
+    assert!(copied["h2d_count"].as_u64().unwrap() > 0 && copied["d2h_count"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["device"]["launches"].as_u64().unwrap() > 0, "{report}");
 }

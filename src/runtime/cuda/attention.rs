@@ -1,7 +1,7 @@
 //! Causal prefill attention on the device: kernels/attention.cu.
 
 use crate::runtime::backend::AttentionShape;
-use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, Traffic};
 
 use super::checks::buffers_hold;
 use super::CudaBackend;
@@ -110,7 +110,10 @@ pub fn causal(
     let k_buffer = device.upload(k)?;
     let v_buffer = device.upload(v)?;
     let mask = match allowed {
-        Some(mask) => Some(device.upload(&mask.iter().map(|&keep| u8::from(keep)).collect::<Vec<u8>>())?),
+        Some(mask) => {
+            let mask: Vec<u8> = mask.iter().map(|&keep| u8::from(keep)).collect();
+            Some(backend.counted().upload_as(Traffic::Decisions, &mask)?)
+        }
         None => None,
     };
     let out = device.alloc_for::<f32>(count)?;

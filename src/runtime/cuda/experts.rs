@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
 use crate::runtime::cpu::experts::accumulate;
-use crate::runtime::device::{CudaError, DeviceBuffer};
+use crate::runtime::device::{CudaError, DeviceBuffer, Traffic};
 
 use super::activation::silu_mul_f32;
 use super::linear::{linear_f32, w4a16_grouped, GroupedInt4};
@@ -168,8 +168,8 @@ fn grouped(
     let down_weights = concatenate(backend, experts, |e| e.down)?;
     let device = backend.device();
     let x_sorted = device.upload(&sorted)?;
-    let segment_expert = device.upload(&segment_expert)?;
-    let segment_start = device.upload(&segment_start)?;
+    let segment_expert = backend.counted().upload_as(Traffic::Decisions, &segment_expert)?;
+    let segment_start = backend.counted().upload_as(Traffic::Decisions, &segment_start)?;
     let gate = device.alloc_for::<f32>(rows * inner)?;
     let up = device.alloc_for::<f32>(rows * inner)?;
     let activated = device.alloc_for::<f32>(rows * inner)?;

@@ -2,7 +2,7 @@
 
 use crate::runtime::backend::INDEXER_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{IndexerShape, KeySelection};
-use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, Traffic};
 
 use super::checks::buffers_hold;
 use super::CudaBackend;
@@ -135,7 +135,9 @@ pub fn top_k(
     let buffers =
         IndexerBuffers { q: &q, k: &k, head_weights: &head_weights, scores: &scores, mask: &mask, near_tie: &near_tie };
     launch_indexer_top_k(device, &buffers, shape)?;
-    let mask = device.download::<u8>(&mask, tokens * tokens)?;
-    let near_ties = device.download::<i32>(&near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
+    let decisions = backend.counted();
+    let mask = decisions.download_as::<u8>(Traffic::Decisions, &mask, tokens * tokens)?;
+    let near_ties =
+        decisions.download_as::<i32>(Traffic::Decisions, &near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
     Ok(KeySelection { mask: mask.into_iter().map(|cell| cell != 0).collect(), near_ties })
 }

@@ -25,7 +25,7 @@ use weights::WeightStore;
 
 use std::sync::{Arc, Mutex};
 
-use crate::runtime::device::{CudaError, Device};
+use crate::runtime::device::{Counted, CudaError, Device, DeviceCounters};
 
 use super::backend::{
     AttentionShape, Backend, IndexerShape, KeySelection, Matrix, Prefetch, RopeStyle, Routes, RoutingShape,
@@ -33,18 +33,25 @@ use super::backend::{
 
 /// The CUDA backend over a device.
 pub struct CudaBackend {
-    device: Arc<dyn Device>,
+    device: Arc<Counted>,
     weights: Arc<WeightStore>,
     failure: Mutex<Option<CudaError>>,
 }
 
 impl CudaBackend {
     pub fn new(device: Arc<dyn Device>) -> Self {
+        let device = Arc::new(Counted::new(device));
         Self { weights: Arc::new(WeightStore::new(device.clone())), device, failure: Mutex::default() }
     }
 
+    /// The device every op runs on (counting its copies and launches).
     pub fn device(&self) -> &dyn Device {
         self.device.as_ref()
+    }
+
+    /// The same device, for copies of a stated kind ([`Counted::upload_as`]).
+    pub(crate) fn counted(&self) -> &Counted {
+        &self.device
     }
 
     /// The kept failure, as [`Backend::failure`] words it, cleared (the op checks run case after case on one backend).
@@ -90,6 +97,10 @@ impl Backend for CudaBackend {
 
     fn uploads(&self) -> Option<super::backend::Uploads> {
         Some(self.weights.uploads())
+    }
+
+    fn device_counters(&self) -> Option<DeviceCounters> {
+        Some(self.device.counters_now())
     }
 
     fn failure(&self) -> Option<String> {

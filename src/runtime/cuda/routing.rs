@@ -2,7 +2,7 @@
 
 use crate::runtime::backend::ROUTING_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{Routes, RoutingShape};
-use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, Traffic};
 
 use super::checks::buffers_hold;
 use super::CudaBackend;
@@ -121,8 +121,10 @@ pub fn route(
     let buffers =
         RouteBuffers { logits: &logits, bias: &bias, experts: &experts, weights: &weights, near_tie: &near_tie };
     launch_route(device, &buffers, tokens, shape)?;
-    let chosen = device.download::<i32>(&experts, tokens * shape.top_k)?;
-    let near_ties = device.download::<i32>(&near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
+    let decisions = backend.counted();
+    let chosen = decisions.download_as::<i32>(Traffic::Decisions, &experts, tokens * shape.top_k)?;
+    let near_ties =
+        decisions.download_as::<i32>(Traffic::Decisions, &near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
     let chosen: Vec<usize> = chosen.into_iter().map(|expert| usize::try_from(expert).unwrap_or(usize::MAX)).collect();
     if let Some(bad) = chosen.iter().find(|&&expert| expert >= shape.experts) {
         return Err(unsupported(format!("the kernel chose expert {bad} of {}", shape.experts)));
@@ -130,7 +132,7 @@ pub fn route(
     Ok(Routes {
         top_k: shape.top_k,
         experts: chosen,
-        weights: device.download::<f32>(&weights, tokens * shape.top_k)?,
+        weights: decisions.download_as::<f32>(Traffic::Decisions, &weights, tokens * shape.top_k)?,
         near_ties,
     })
 }
