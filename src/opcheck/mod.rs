@@ -6,6 +6,7 @@
 
 pub mod backend_ops;
 pub mod expert_ops;
+mod host;
 pub mod kv_ops;
 pub mod quantize_kernels;
 

@@ -78,6 +78,11 @@ impl<'a> WeightReader<'a> {
         self.checked(name, Matrix::new(rows, columns, data), expected)
     }
 
+    /// A 1-D parameter (norm weight, bias) of `length` values as a one-row matrix, the form the ops take.
+    pub fn parameter(&self, name: &str, length: usize) -> Result<Matrix, RuntimeError> {
+        self.matrix(name, [1, length])
+    }
+
     /// A 1-D tensor (norm weight, bias) of `length` values.
     pub fn vector(&self, name: &str, length: usize) -> Result<Vec<f32>, RuntimeError> {
         Ok(self.matrix(name, [1, length])?.data)
