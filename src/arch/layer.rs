@@ -17,22 +17,27 @@ use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
 enum AttentionWeights {
-    Mla(MlaWeights),
-    Gqa(GqaWeights),
+    Mla(Box<MlaWeights>),
+    Gqa(Box<GqaWeights>),
 }
 
 enum Mlp {
-    Dense(DenseMlp),
-    Moe(MoeWeights),
+    Dense(Box<DenseMlp>),
+    Moe(Box<MoeWeights>),
 }
 
 impl Mlp {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
         let prefix = format!("model.layers.{layer}");
         Ok(if config.runs_moe(layer) {
-            Mlp::Moe(MoeWeights::load(reader, config, &prefix)?)
+            Mlp::Moe(Box::new(MoeWeights::load(reader, config, &prefix)?))
         } else {
-            Mlp::Dense(DenseMlp::load(reader, &format!("{prefix}.mlp"), config.hidden_size, config.intermediate_size)?)
+            Mlp::Dense(Box::new(DenseMlp::load(
+                reader,
+                &format!("{prefix}.mlp"),
+                config.hidden_size,
+                config.intermediate_size,
+            )?))
         })
     }
 
@@ -90,8 +95,8 @@ pub struct LayerState {
 impl StreamedLayer for Layer {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
         let attention = match config.attention {
-            Attention::Mla { .. } => AttentionWeights::Mla(MlaWeights::load(reader, config, layer)?),
-            Attention::Gqa { .. } => AttentionWeights::Gqa(GqaWeights::load(reader, config, layer)?),
+            Attention::Mla { .. } => AttentionWeights::Mla(Box::new(MlaWeights::load(reader, config, layer)?)),
+            Attention::Gqa { .. } => AttentionWeights::Gqa(Box::new(GqaWeights::load(reader, config, layer)?)),
         };
         let mlp = Mlp::load(reader, config, layer)?;
         let [input_norm, post_norm] = norm_weights(reader, config, layer)?;
@@ -162,14 +167,14 @@ impl Layer {
                 AttentionWeights::Mla(mla),
                 Some((Layer { attention: AttentionWeights::Mla(prefill), .. }, x_prefill, prompt)),
             ) => {
-                let kv = KvSource::Split { prefill, prefill_input: x_prefill, prompt };
+                let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
                 mla.forward(backend, config, &x, spans, table, mla_scale, kv, selection, near_ties, &mut tap.kv)?
             }
             (
                 AttentionWeights::Gqa(gqa),
                 Some((Layer { attention: AttentionWeights::Gqa(prefill), .. }, x_prefill, prompt)),
             ) => {
-                let kv = KvSource::Split { prefill, prefill_input: x_prefill, prompt };
+                let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
                 gqa.forward(backend, config, &x, spans, table, kv, &mut tap.kv)?
             }
             _ => {

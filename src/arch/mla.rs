@@ -246,7 +246,7 @@ impl MlaStep {
         let (d, _) = dims(config);
         let (heads, kv_lora, nope, v) = (d.heads, d.kv_lora, d.nope, d.v);
         // kv_b rows per head: nope rows of W_UK_h, then v rows of W_UV_h, each kv_lora wide.
-        let head_rows = |h: usize| &kv_b.data[h * (nope + v) * kv_lora..][..(nope + v) * kv_lora];
+        let head_rows = |h: usize| &kv_b.values()[h * (nope + v) * kv_lora..][..(nope + v) * kv_lora];
         let absorb_k = (0..heads)
             .map(|h| {
                 let w_uk = &head_rows(h)[..nope * kv_lora];

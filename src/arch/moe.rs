@@ -75,6 +75,9 @@ fn observe_experts(
     Ok(())
 }
 
+/// Per token, its `(expert, weight)` choices in rank order.
+pub type TokenRoutes = Vec<Vec<(usize, f32)>>;
+
 pub struct MoeWeights {
     router: Matrix,
     correction_bias: Matrix,
@@ -148,7 +151,7 @@ impl MoeWeights {
         backend: &dyn Backend,
         config: &ModelConfig,
         x: &Tensor,
-    ) -> Result<(Vec<Vec<(usize, f32)>>, usize), RuntimeError> {
+    ) -> Result<(TokenRoutes, usize), RuntimeError> {
         let experts = config.n_routed_experts;
         let routing = &config.routing;
         let logits = backend.linear(x, &self.router, None)?;

@@ -10,16 +10,41 @@ use super::rope_table::RopeTable;
 use super::tensor::{Block, Tensor};
 use super::RuntimeError;
 
-/// A dequantized weight matrix `[rows, columns]` (f32, row-major), with its packed INT4 form when it was read from a
-/// compressed-tensors INT4 checkpoint (the CUDA backend multiplies by that directly, W4A16).
+/// A weight matrix `[rows, columns]` (f32, row-major), or, read from a compressed-tensors INT4 checkpoint, its
+/// packed INT4 form only: the CUDA backend multiplies by that directly (W4A16), and the f32 values are made from it
+/// on the first [`Matrix::values`] (the CPU backend's), so a device run holds no host f32 copy of INT4 weights.
 #[derive(Debug, Clone)]
 pub struct Matrix {
     pub rows: usize,
     pub columns: usize,
-    pub data: Vec<f32>,
+    /// The f32 values given at construction (empty for a packed-only INT4 matrix).
+    data: Vec<f32>,
+    /// The f32 values of a packed-only matrix, dequantized on first use.
+    dequantized: std::sync::OnceLock<Vec<f32>>,
     pub int4: Option<Box<Int4Weight>>,
-    /// Unique per loaded matrix: the key of device-resident copies.
+    /// Unique per loaded matrix.
     pub id: u64,
+    /// Its copy on a device, kept by the device backend that uploaded it and freed with the matrix: a dropped
+    /// layer frees its device memory.
+    device_copy: DeviceCopy,
+}
+
+/// A matrix's device copy: the device it lives on (by address) and the backend's own weight type.
+#[derive(Default)]
+struct DeviceCopy(std::sync::Mutex<Option<(usize, std::sync::Arc<dyn std::any::Any + Send + Sync>)>>);
+
+impl Clone for DeviceCopy {
+    /// A clone is a new matrix: it uploads its own copy.
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl std::fmt::Debug for DeviceCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kept = self.0.lock().map(|slot| slot.is_some()).unwrap_or(false);
+        write!(f, "DeviceCopy({})", if kept { "kept" } else { "none" })
+    }
 }
 
 /// compressed-tensors `pack-quantized` INT4: `weight_packed` words `[rows, ceil(columns / 8)]` (nibble `j % 8` of
@@ -49,6 +74,23 @@ impl Int4Weight {
         }
         (Self { packed, scales, group_size }, values)
     }
+
+    /// The values `q · scale` of a `[rows, columns]` matrix.
+    pub fn dequantize(&self, rows: usize, columns: usize) -> Vec<f32> {
+        use crate::quant::{int4, pack};
+        let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(self.group_size));
+        let mut out = vec![0f32; rows * columns];
+        let mut q = vec![0i8; columns];
+        for (row, values) in out.chunks_mut(columns.max(1)).enumerate().take(rows) {
+            pack::unpack_row(&self.packed[row * words_per_row..][..words_per_row], columns, &mut q);
+            let scales: Vec<half::bf16> = self.scales[row * groups_per_row..][..groups_per_row]
+                .iter()
+                .map(|&bits| half::bf16::from_bits(bits))
+                .collect();
+            int4::dequantize_row(&q, &scales, self.group_size, values);
+        }
+        out
+    }
 }
 
 static NEXT_MATRIX_ID: AtomicU64 = AtomicU64::new(1);
@@ -56,7 +98,43 @@ static NEXT_MATRIX_ID: AtomicU64 = AtomicU64::new(1);
 impl Matrix {
     /// A matrix with a fresh id.
     pub fn new(rows: usize, columns: usize, data: Vec<f32>) -> Self {
-        Self { rows, columns, data, int4: None, id: NEXT_MATRIX_ID.fetch_add(1, Ordering::Relaxed) }
+        let id = NEXT_MATRIX_ID.fetch_add(1, Ordering::Relaxed);
+        Self {
+            rows,
+            columns,
+            data,
+            dequantized: std::sync::OnceLock::new(),
+            int4: None,
+            id,
+            device_copy: DeviceCopy::default(),
+        }
+    }
+
+    /// The copy a device backend keeps on device `device` (an address), if it made one.
+    pub(crate) fn device_copy(&self, device: usize) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
+        let slot = self.device_copy.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        slot.as_ref().filter(|(on, _)| *on == device).map(|(_, copy)| copy.clone())
+    }
+
+    /// Keeps `copy` as this matrix's copy on device `device` (replacing one on another device).
+    pub(crate) fn keep_device_copy(&self, device: usize, copy: std::sync::Arc<dyn std::any::Any + Send + Sync>) {
+        let mut slot = self.device_copy.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *slot = Some((device, copy));
+    }
+
+    /// A packed-only INT4 matrix: no f32 values until [`Matrix::values`] asks.
+    pub fn packed(rows: usize, columns: usize, int4: Int4Weight) -> Self {
+        Self::new(rows, columns, Vec::new()).with_int4(int4)
+    }
+
+    /// The f32 values `[rows · columns]`: as given, or dequantized from the INT4 form (once, then kept).
+    pub fn values(&self) -> &[f32] {
+        match &self.int4 {
+            Some(int4) if self.data.is_empty() && self.rows * self.columns > 0 => {
+                self.dequantized.get_or_init(|| int4.dequantize(self.rows, self.columns))
+            }
+            _ => &self.data,
+        }
     }
 
     /// The same matrix carrying its packed INT4 form.
@@ -67,7 +145,8 @@ impl Matrix {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.data.len() * 4 + self.int4.as_ref().map_or(0, |w| w.packed.len() * 4 + w.scales.len() * 2)
+        let dense = self.data.len() + self.dequantized.get().map_or(0, Vec::len);
+        dense * 4 + self.int4.as_ref().map_or(0, |w| w.packed.len() * 4 + w.scales.len() * 2)
     }
 }
 

@@ -25,7 +25,7 @@ pub(crate) enum Storage {
 impl Tensor {
     /// Host values (the CPU backend's tensors).
     pub(crate) fn host(values: Vec<f32>, columns: usize) -> Self {
-        let rows = if columns == 0 { 0 } else { values.len() / columns };
+        let rows = values.len().checked_div(columns).unwrap_or(0);
         debug_assert_eq!(rows * columns, values.len(), "{} values are not rows of {columns}", values.len());
         Self { rows, columns, storage: Storage::Host(values) }
     }

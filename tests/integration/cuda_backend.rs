@@ -73,6 +73,11 @@ fn eval_matches_cpu(arch: &str, int4: bool) {
     let weights = &gpu["device"]["transfers"]["weights"];
     assert!(weights["h2d_count"].as_u64().unwrap() > 0 && weights["d2h_count"] == 0, "{gpu}");
     assert!(gpu["device"]["launches"].as_u64().unwrap() > 0, "{gpu}");
+    // The residual stream stays on the device from the embedding to the logits: one upload, one logits download
+    // per chunk, no activation copy inside any decoder layer.
+    let activations = &gpu["device"]["transfers"]["activations"];
+    let (h2d, d2h) = (activations["h2d_count"].as_u64().unwrap(), activations["d2h_count"].as_u64().unwrap());
+    assert_eq!((h2d, d2h), (1, 2), "{arch} int4={int4}: activation copies {activations}");
     eprintln!("{arch} int4={int4}: device {}", gpu["device"]);
 }
 

@@ -97,12 +97,12 @@ impl Backend for Cpu {
     }
 
     fn linear(&self, x: &Tensor, weight: &Matrix, bias: Option<&Matrix>) -> Result<Tensor, RuntimeError> {
-        let bias = bias.map(|bias| bias.data.as_slice());
+        let bias = bias.map(|bias| bias.values());
         Ok(Tensor::host(matmul::linear(values(x), x.rows(), weight, bias), weight.rows))
     }
 
     fn rms_norm(&self, x: &mut Tensor, width: usize, weight: &Matrix, eps: f32) -> Result<(), RuntimeError> {
-        norm::rms_norm(values_mut(x), width, &weight.data, eps);
+        norm::rms_norm(values_mut(x), width, weight.values(), eps);
         Ok(())
     }
 
@@ -114,7 +114,7 @@ impl Backend for Cpu {
         bias: &Matrix,
         eps: f32,
     ) -> Result<(), RuntimeError> {
-        norm::layer_norm(values_mut(x), width, &weight.data, &bias.data, eps);
+        norm::layer_norm(values_mut(x), width, weight.values(), bias.values(), eps);
         Ok(())
     }
 
@@ -135,7 +135,7 @@ impl Backend for Cpu {
     ) -> Result<(), RuntimeError> {
         let (columns, half) = (x.columns(), table.cos.columns);
         let data = &mut values_mut(x)[rows.start * columns..rows.end * columns];
-        let (cos, sin) = (&table.cos.data[first_position * half..], &table.sin.data[first_position * half..]);
+        let (cos, sin) = (&table.cos.values()[first_position * half..], &table.sin.values()[first_position * half..]);
         rope::apply(data, rows.len(), columns, head_dim, offset, rotary_dim, cos, sin, style);
         Ok(())
     }
@@ -158,7 +158,7 @@ impl Backend for Cpu {
     }
 
     fn route(&self, logits: &Tensor, correction_bias: &Matrix, shape: &RoutingShape) -> Result<Routes, RuntimeError> {
-        Ok(routing::route(values(logits), logits.rows(), &correction_bias.data, shape))
+        Ok(routing::route(values(logits), logits.rows(), correction_bias.values(), shape))
     }
 
     fn indexer_top_k(

@@ -2,7 +2,7 @@
 //! expert-sorted tokens with grouped W4A16 launches (kernels/w4a16.cu, kernels/activation.cu).
 //!
 //! Per batch: gather the tokens' rows sorted by expert (one segment per expert with tokens) on the device; copy
-//! the experts' packed weights and scales from the device weight cache (where the expert loader's prefetch put them
+//! the experts' packed weights and scales from their device copies (where the expert loader's prefetch put them
 //! while the previous batch computed) side by side (`[experts, out, in / 8]`, `[experts, out, in / group_size]`), then
 //! `w4a16_grouped` gate and up, `silu_mul_f32`, `w4a16_grouped` down: four launches for the whole batch. The
 //! weighted sum runs on the device in the CPU combine's order (kernels/tensor.cu `accumulate_rows_f32`), so each
@@ -123,7 +123,7 @@ fn concatenate<'a>(
     experts: &[&RoutedExpert<'a>],
     pick: impl Fn(&RoutedExpert<'a>) -> &'a Matrix,
 ) -> Result<Concatenated, CudaError> {
-    // Each expert's packed weights come from the device weight cache (uploaded ahead by the expert loader's
+    // Each expert's packed weights come from its device copy (uploaded ahead by the expert loader's
     // prefetch), then are copied side by side on the device.
     let weights = experts.iter().map(|expert| backend.weight(pick(expert))).collect::<Result<Vec<_>, _>>()?;
     let mut parts = Vec::with_capacity(weights.len());
@@ -213,7 +213,7 @@ impl DenseWeight {
         if matrix.int4.is_none() {
             return Ok(DenseWeight::Cached(backend.weight(matrix)?));
         }
-        Ok(DenseWeight::Owned(backend.device().upload(&matrix.data)?))
+        Ok(DenseWeight::Owned(backend.device().upload(matrix.values())?))
     }
 
     fn buffer(&self) -> Result<&DeviceBuffer, CudaError> {

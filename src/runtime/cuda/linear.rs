@@ -77,8 +77,8 @@ pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&
             format!("input rows have {} values, the weight takes {in_features}", x.columns()),
         ));
     }
-    if let Some(bias) = bias.filter(|b| b.data.len() != out_features) {
-        return Err(unsupported("linear", format!("bias has {} values, expected {out_features}", bias.data.len())));
+    if let Some(bias) = bias.filter(|b| b.values().len() != out_features) {
+        return Err(unsupported("linear", format!("bias has {} values, expected {out_features}", bias.values().len())));
     }
     let device = backend.device();
     let y = alloc(device, rows, out_features)?;
@@ -88,7 +88,7 @@ pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&
     if in_features == 0 {
         // An empty dot product: y = 0 + bias, as on the CPU (and no zero-byte device allocation).
         let values: Vec<f32> =
-            (0..rows).flat_map(|_| (0..out_features).map(|o| 0.0 + bias.map_or(0.0, |b| b.data[o]))).collect();
+            (0..rows).flat_map(|_| (0..out_features).map(|o| 0.0 + bias.map_or(0.0, |b| b.values()[o]))).collect();
         return Ok(Tensor::device(device.upload(&values)?, rows, out_features));
     }
     let weight = backend.weight(weight)?;

@@ -4,8 +4,8 @@
 //! Tensors live on the device ([`Tensor`]): each op launches the kernels of its family (one file per family here,
 //! one `.cu` per family in kernels/) on device buffers and returns a device tensor; values cross the bus only in
 //! [`Backend::upload`] / [`Backend::download`] and as decisions (routes, DSA masks, row lists), all counted by the
-//! [`Counted`] device. Weights are uploaded once per loaded [`Matrix`] and kept in a bounded cache keyed by the
-//! matrix id; INT4 matrices stay packed on the device (W4A16). An op's device error is its `Err`; the paged-cache
+//! [`Counted`] device. Weights are uploaded once per loaded [`Matrix`] and kept with it (freed when it is dropped);
+//! INT4 matrices stay packed on the device (W4A16). An op's device error is its `Err`; the paged-cache
 //! ops, which return no error themselves, keep it until the runtime asks with [`Backend::failure`] after each layer.
 
 mod activation;

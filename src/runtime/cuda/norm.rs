@@ -102,7 +102,7 @@ pub fn rms_norm(
     weight: &Matrix,
     eps: f32,
 ) -> Result<(), CudaError> {
-    let rows = rows_of("rms_norm", x.len(), width, &[("weight", weight.data.len())])?;
+    let rows = rows_of("rms_norm", x.len(), width, &[("weight", weight.values().len())])?;
     if rows == 0 {
         return Ok(());
     }
@@ -119,7 +119,8 @@ pub fn layer_norm(
     bias: &Matrix,
     eps: f32,
 ) -> Result<(), CudaError> {
-    let rows = rows_of("layer_norm", x.len(), width, &[("weight", weight.data.len()), ("bias", bias.data.len())])?;
+    let rows =
+        rows_of("layer_norm", x.len(), width, &[("weight", weight.values().len()), ("bias", bias.values().len())])?;
     if rows == 0 {
         return Ok(());
     }

@@ -115,7 +115,7 @@ pub fn apply(
     let shape = RopeShape { tokens: rows.len(), row_width, head_dim, offset, rotary_dim, style };
     let (_, needed) = shape.check()?;
     let half = table.cos.columns;
-    if rows.end > x.rows() || (first_position + rows.len()) * half > table.cos.data.len() || rotary_dim / 2 > half {
+    if rows.end > x.rows() || (first_position + rows.len()) * half > table.cos.values().len() || rotary_dim / 2 > half {
         return Err(unsupported(format!(
             "rows {rows:?} of {} at position {first_position} run past the tensor or the {}-position table (needs {needed})",
             x.rows(),

@@ -108,11 +108,11 @@ pub fn route(
 ) -> Result<Routes, CudaError> {
     let tokens = logits.rows();
     check(tokens, shape)?;
-    if logits.columns() != shape.experts || correction_bias.data.len() != shape.experts {
+    if logits.columns() != shape.experts || correction_bias.values().len() != shape.experts {
         return Err(unsupported(format!(
             "logits rows of {} and {} biases for {} experts",
             logits.columns(),
-            correction_bias.data.len(),
+            correction_bias.values().len(),
             shape.experts
         )));
     }
