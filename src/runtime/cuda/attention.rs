@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use crate::runtime::tensor::Tensor;
 
-use super::tensor::{alloc, buffer};
+use super::tensor::{alloc, buffer, sequence_inputs};
 use super::CudaBackend;
 
 /// Threads per block of `attention_causal`: 4 warps, one (query, head) pair each.
@@ -101,15 +101,7 @@ pub fn causal(
     check_shape(shape)?;
     let AttentionShape { tokens, heads, kv_heads, qk_dim, v_dim, .. } = *shape;
     let widths = [("q", q, heads * qk_dim), ("k", k, kv_heads * qk_dim), ("v", v, kv_heads * v_dim)];
-    for (name, tensor, width) in widths {
-        if tensor.columns() != width || tensor.rows() < rows.end || rows.len() != tokens {
-            return Err(unsupported(format!(
-                "{name} is {}×{}, the shape needs rows {rows:?} ({tokens} tokens) of {width}",
-                tensor.rows(),
-                tensor.columns()
-            )));
-        }
-    }
+    sequence_inputs("attention", &widths, &rows, tokens)?;
     if let Some(mask) = allowed.filter(|mask| mask.len() != tokens * tokens) {
         return Err(unsupported(format!(
             "the mask has {} cells, {tokens} tokens need {}",

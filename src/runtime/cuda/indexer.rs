@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use crate::runtime::tensor::Tensor;
 
-use super::tensor::{buffer, row_range};
+use super::tensor::{buffer, row_range, sequence_inputs};
 use super::CudaBackend;
 
 /// Threads per block of both kernels (one block per query).
@@ -116,15 +116,7 @@ pub fn top_k(
     check(shape)?;
     let IndexerShape { tokens, heads, head_dim, .. } = *shape;
     let widths = [("q", q, heads * head_dim), ("k", k, head_dim), ("head weights", head_weights, heads)];
-    for (name, tensor, width) in widths {
-        if tensor.columns() != width || tensor.rows() < rows.end || rows.len() != tokens {
-            return Err(unsupported(format!(
-                "{name} is {}×{}, the shape needs rows {rows:?} ({tokens} tokens) of {width}",
-                tensor.rows(),
-                tensor.columns()
-            )));
-        }
-    }
+    sequence_inputs("indexer_top_k", &widths, &rows, tokens)?;
     if tokens == 0 {
         return Ok(KeySelection { mask: Vec::new(), near_ties: 0 });
     }

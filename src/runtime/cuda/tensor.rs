@@ -22,6 +22,29 @@ pub(crate) fn buffer(tensor: &Tensor) -> Result<&DeviceBuffer, CudaError> {
     }
 }
 
+/// Checks the inputs of a per-sequence op: each `(name, tensor, width)` is `width` wide and holds the rows `rows`,
+/// `tokens` of them.
+pub(crate) fn sequence_inputs(
+    op: &str,
+    inputs: &[(&str, &Tensor, usize)],
+    rows: &std::ops::Range<usize>,
+    tokens: usize,
+) -> Result<(), CudaError> {
+    for &(name, tensor, width) in inputs {
+        if tensor.columns() != width || tensor.rows() < rows.end || rows.len() != tokens {
+            return Err(unsupported(
+                op,
+                format!(
+                    "{name} is {}×{}, the shape needs rows {rows:?} ({tokens} tokens) of {width}",
+                    tensor.rows(),
+                    tensor.columns()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A new `[rows, columns]` tensor (contents unspecified).
 pub(crate) fn alloc(device: &dyn Device, rows: usize, columns: usize) -> Result<Tensor, CudaError> {
     // One element at least: an empty tensor still has a buffer to pass.
