@@ -51,6 +51,11 @@ done
 cmp -s <(head -c 200 "$work/logits-cpu.safetensors") <(head -c 200 "$work/logits-cuda.safetensors") ||
     echo "logits headers differ"
 grep -o '"mean_nll":[^,]*' "$work/eval-cpu.json" "$work/eval-cuda.json"
+# Host↔device copies by kind and launches (issue 16): eval keeps activations on the device, decode does not yet.
+for report in eval-cuda serve-cuda; do
+    python3 -c 'import json, sys; print(sys.argv[1], json.dumps(json.load(open(sys.argv[2])).get("device")))' \
+        "$report" "$work/$report.json"
+done
 grep -o '"token_ids":\[[^]]*\]' "$work/serve-cpu.json" >"$work/tokens-cpu"
 grep -o '"token_ids":\[[^]]*\]' "$work/serve-cuda.json" >"$work/tokens-cuda"
 if cmp -s "$work/tokens-cpu" "$work/tokens-cuda"; then echo "serve-test greedy tokens: identical"; else

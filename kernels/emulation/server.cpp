@@ -31,6 +31,7 @@
 #include "../paged_attention.cu"
 #include "../rope.cu"
 #include "../routing.cu"
+#include "../tensor.cu"
 #include "../w4a16.cu"
 
 // The emulation's own primitives, for a test that they behave like CUDA's: a block reduction with shared memory and

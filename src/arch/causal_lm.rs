@@ -132,7 +132,7 @@ impl Model {
 
         let started = Instant::now();
         let ids: Vec<u32> = sequences.concat();
-        let mut hidden = embed(&reader, config, &ids)?;
+        let mut hidden = backend.upload(&embed(&reader, config, &ids)?, width)?;
         stats.load_seconds += started.elapsed().as_secs_f64();
 
         reporter.begin("layers", config.num_hidden_layers as u64 + 1);
@@ -158,15 +158,14 @@ impl Model {
         stats.near_ties = state.near_ties;
 
         let started = Instant::now();
-        let norm = reader.vector("model.norm.weight", width)?;
+        let norm = reader.parameter("model.norm.weight", width)?;
         let head: Matrix = reader.matrix(head_name(config, &reader), [config.vocab_size, width])?;
         stats.load_seconds += started.elapsed().as_secs_f64();
         let started = Instant::now();
-        backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32);
+        backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
         for (index, (start, length)) in spans.iter().enumerate() {
-            let logits = backend.linear(&hidden[start * width..(start + length) * width], length, &head, None);
-            RuntimeError::check(backend)?;
-            sink(index, &logits)?;
+            let logits = backend.linear(&backend.row_range(&hidden, start..start + length)?, &head, None)?;
+            sink(index, &backend.download(&logits)?)?;
         }
         stats.compute_seconds += started.elapsed().as_secs_f64();
         reporter.advance(1);

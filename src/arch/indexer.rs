@@ -7,7 +7,8 @@ use crate::model::config::{Attention, Indexer};
 use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, IndexerShape, Matrix, RopeStyle};
 use crate::runtime::cpu::dot;
-use crate::runtime::rope_table::{check_positions, rope_at, RopeTable};
+use crate::runtime::rope_table::{check_positions, RopeTable};
+use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
@@ -17,8 +18,8 @@ const K_NORM_EPS: f32 = 1e-6;
 pub struct IndexerWeights {
     wq_b: Matrix,
     wk: Matrix,
-    k_norm_weight: Vec<f32>,
-    k_norm_bias: Vec<f32>,
+    k_norm_weight: Matrix,
+    k_norm_bias: Matrix,
     weights_proj: Matrix,
 }
 
@@ -69,8 +70,8 @@ impl IndexerWeights {
         Ok(Self {
             wq_b: reader.matrix(&format!("{prefix}.wq_b.weight"), [heads * dim, q_input])?,
             wk: reader.matrix(&format!("{prefix}.wk.weight"), [dim, hidden])?,
-            k_norm_weight: reader.vector(&format!("{prefix}.k_norm.weight"), dim)?,
-            k_norm_bias: reader.vector(&format!("{prefix}.k_norm.bias"), dim)?,
+            k_norm_weight: reader.parameter(&format!("{prefix}.k_norm.weight"), dim)?,
+            k_norm_bias: reader.parameter(&format!("{prefix}.k_norm.bias"), dim)?,
             weights_proj: reader.matrix(&format!("{prefix}.weights_proj.weight"), [heads, hidden])?,
         })
     }
@@ -81,8 +82,8 @@ impl IndexerWeights {
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
-        x: &[f32],
-        q_resid: &[f32],
+        x: &Tensor,
+        q_resid: &Tensor,
         spans: &Spans,
         table: &RopeTable,
     ) -> Result<(DsaMasks, usize), RuntimeError> {
@@ -91,23 +92,20 @@ impl IndexerWeights {
             .as_ref()
             .ok_or_else(|| RuntimeError::Input("indexer weights without an indexer config".into()))?;
         let (heads, dim, topk) = (settings.index_n_heads, settings.index_head_dim, settings.index_topk);
-        let tokens = spans.total();
         let rope = table.rotary_dim;
-        let mut q = backend.linear(q_resid, tokens, &self.wq_b, None);
-        let mut k = backend.linear(x, tokens, &self.wk, None);
-        backend.layer_norm(&mut k, dim, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS);
-        let head_weights = backend.linear(x, tokens, &self.weights_proj, None);
+        let mut q = backend.linear(q_resid, &self.wq_b, None)?;
+        let mut k = backend.linear(x, &self.wk, None)?;
+        backend.layer_norm(&mut k, dim, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS)?;
+        let head_weights = backend.linear(x, &self.weights_proj, None)?;
         let mut masks = Vec::with_capacity(spans.lengths.len());
         let mut near_ties = 0;
         for (start, length) in spans.iter() {
             check_positions(table, length)?;
-            let q_seq = &mut q[start * heads * dim..(start + length) * heads * dim];
-            backend.rope(q_seq, length, heads * dim, dim, 0, rope, &table.cos, &table.sin, RopeStyle::Interleaved);
-            let k_seq = &mut k[start * dim..(start + length) * dim];
-            backend.rope(k_seq, length, dim, dim, 0, rope, &table.cos, &table.sin, RopeStyle::Interleaved);
-            let w = &head_weights[start * heads..(start + length) * heads];
+            let sequence = start..start + length;
+            backend.rope(&mut q, sequence.clone(), 0, dim, 0, rope, table, RopeStyle::Interleaved)?;
+            backend.rope(&mut k, sequence.clone(), 0, dim, 0, rope, table, RopeStyle::Interleaved)?;
             let shape = IndexerShape { tokens: length, heads, head_dim: dim, top_k: topk };
-            let selection = backend.indexer_top_k(q_seq, k_seq, w, &shape);
+            let selection = backend.indexer_top_k(&q, &k, &head_weights, sequence, &shape)?;
             near_ties += selection.near_ties;
             masks.push(selection.mask);
         }
@@ -120,23 +118,24 @@ impl IndexerWeights {
         backend: &dyn Backend,
         settings: &Indexer,
         table: &RopeTable,
-        x: &[f32],
-        q_resid: &[f32],
+        x: &Tensor,
+        q_resid: &Tensor,
         positions: &[usize],
-    ) -> (Vec<f32>, IndexQueries) {
-        let tokens = positions.len();
+    ) -> Result<(Tensor, IndexQueries), RuntimeError> {
         let (index_heads, dim) = (settings.index_n_heads, settings.index_head_dim);
-        let mut iq = backend.linear(q_resid, tokens, &self.wq_b, None);
-        let mut ik = backend.linear(x, tokens, &self.wk, None);
-        backend.layer_norm(&mut ik, dim, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS);
-        let head_weights = backend.linear(x, tokens, &self.weights_proj, None);
+        let mut iq = backend.linear(q_resid, &self.wq_b, None)?;
+        let mut ik = backend.linear(x, &self.wk, None)?;
+        backend.layer_norm(&mut ik, dim, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS)?;
+        let head_weights = backend.linear(x, &self.weights_proj, None)?;
+        let rot = table.rotary_dim;
         for (t, &position) in positions.iter().enumerate() {
-            let rot = table.rotary_dim;
-            let q_row = &mut iq[t * index_heads * dim..][..index_heads * dim];
-            rope_at(backend, table, q_row, dim, 0, rot, position, RopeStyle::Interleaved);
-            rope_at(backend, table, &mut ik[t * dim..][..dim], dim, 0, rot, position, RopeStyle::Interleaved);
+            backend.rope(&mut iq, t..t + 1, position, dim, 0, rot, table, RopeStyle::Interleaved)?;
+            backend.rope(&mut ik, t..t + 1, position, dim, 0, rot, table, RopeStyle::Interleaved)?;
         }
-        (ik, IndexQueries { q: iq, head_weights })
+        debug_assert_eq!(iq.columns(), index_heads * dim);
+        // The selection over cached keys runs on the host (select_cached): the queries visit it.
+        let (q, head_weights) = (backend.download(&iq)?, backend.download(&head_weights)?);
+        Ok((ik, IndexQueries { q, head_weights }))
     }
 }
 

@@ -12,26 +12,32 @@ use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, Matrix, PagedLayout};
 use crate::runtime::layer_stream::StreamedLayer;
 use crate::runtime::rope_table::RopeTable;
+use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
 enum AttentionWeights {
-    Mla(MlaWeights),
-    Gqa(GqaWeights),
+    Mla(Box<MlaWeights>),
+    Gqa(Box<GqaWeights>),
 }
 
 enum Mlp {
-    Dense(DenseMlp),
-    Moe(MoeWeights),
+    Dense(Box<DenseMlp>),
+    Moe(Box<MoeWeights>),
 }
 
 impl Mlp {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
         let prefix = format!("model.layers.{layer}");
         Ok(if config.runs_moe(layer) {
-            Mlp::Moe(MoeWeights::load(reader, config, &prefix)?)
+            Mlp::Moe(Box::new(MoeWeights::load(reader, config, &prefix)?))
         } else {
-            Mlp::Dense(DenseMlp::load(reader, &format!("{prefix}.mlp"), config.hidden_size, config.intermediate_size)?)
+            Mlp::Dense(Box::new(DenseMlp::load(
+                reader,
+                &format!("{prefix}.mlp"),
+                config.hidden_size,
+                config.intermediate_size,
+            )?))
         })
     }
 
@@ -43,25 +49,28 @@ impl Mlp {
     }
 }
 
-fn norm_weights(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<[Vec<f32>; 2], RuntimeError> {
+fn norm_weights(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<[Matrix; 2], RuntimeError> {
     let prefix = format!("model.layers.{layer}");
     Ok([
-        reader.vector(&format!("{prefix}.input_layernorm.weight"), config.hidden_size)?,
-        reader.vector(&format!("{prefix}.post_attention_layernorm.weight"), config.hidden_size)?,
+        reader.parameter(&format!("{prefix}.input_layernorm.weight"), config.hidden_size)?,
+        reader.parameter(&format!("{prefix}.post_attention_layernorm.weight"), config.hidden_size)?,
     ])
 }
 
 /// `hidden` RMS-normed with `weight` (a copy).
-fn normed(backend: &dyn Backend, config: &ModelConfig, hidden: &[f32], weight: &[f32]) -> Vec<f32> {
-    let mut x = hidden.to_vec();
-    backend.rms_norm(&mut x, config.hidden_size, weight, config.rms_norm_eps as f32);
-    x
+fn normed(
+    backend: &dyn Backend,
+    config: &ModelConfig,
+    hidden: &Tensor,
+    weight: &Matrix,
+) -> Result<Tensor, RuntimeError> {
+    backend.rms_normed(hidden, weight, config.rms_norm_eps as f32)
 }
 
 pub struct Layer {
-    input_norm: Vec<f32>,
+    input_norm: Matrix,
     attention: AttentionWeights,
-    post_norm: Vec<f32>,
+    post_norm: Matrix,
     mlp: Mlp,
 }
 
@@ -86,8 +95,8 @@ pub struct LayerState {
 impl StreamedLayer for Layer {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
         let attention = match config.attention {
-            Attention::Mla { .. } => AttentionWeights::Mla(MlaWeights::load(reader, config, layer)?),
-            Attention::Gqa { .. } => AttentionWeights::Gqa(GqaWeights::load(reader, config, layer)?),
+            Attention::Mla { .. } => AttentionWeights::Mla(Box::new(MlaWeights::load(reader, config, layer)?)),
+            Attention::Gqa { .. } => AttentionWeights::Gqa(Box::new(GqaWeights::load(reader, config, layer)?)),
         };
         let mlp = Mlp::load(reader, config, layer)?;
         let [input_norm, post_norm] = norm_weights(reader, config, layer)?;
@@ -117,7 +126,7 @@ impl Layer {
     pub fn forward(
         &self,
         context: &LayerContext,
-        hidden: &mut [f32],
+        hidden: &mut Tensor,
         spans: &Spans,
         kv: KvSource<Layer>,
         state: &mut LayerState,
@@ -125,7 +134,6 @@ impl Layer {
         tap: Option<&mut LayerTap>,
     ) -> Result<(), RuntimeError> {
         let LayerContext { backend, config, table, mla_scale, .. } = *context;
-        let width = config.hidden_size;
         let mut untapped = LayerTap::default();
         let tap = tap.unwrap_or(&mut untapped);
         let LayerState { selection, near_ties } = state;
@@ -133,13 +141,12 @@ impl Layer {
             KvSource::Own => None,
             KvSource::Split { prefill, prefill_input, prompt } => {
                 for ((start, _), &length) in spans.iter().zip(prompt) {
-                    hidden[start * width..(start + length) * width]
-                        .copy_from_slice(&prefill_input[start * width..(start + length) * width]);
+                    backend.copy_rows(hidden, prefill_input, start..start + length)?;
                 }
-                Some((prefill, normed(backend, config, prefill_input, &prefill.input_norm), prompt))
+                Some((prefill, normed(backend, config, prefill_input, &prefill.input_norm)?, prompt))
             }
         };
-        let x = normed(backend, config, hidden, &self.input_norm);
+        let x = normed(backend, config, hidden, &self.input_norm)?;
         let attended = match (&self.attention, &split) {
             (AttentionWeights::Mla(mla), None) => mla.forward(
                 backend,
@@ -160,14 +167,14 @@ impl Layer {
                 AttentionWeights::Mla(mla),
                 Some((Layer { attention: AttentionWeights::Mla(prefill), .. }, x_prefill, prompt)),
             ) => {
-                let kv = KvSource::Split { prefill, prefill_input: x_prefill, prompt };
+                let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
                 mla.forward(backend, config, &x, spans, table, mla_scale, kv, selection, near_ties, &mut tap.kv)?
             }
             (
                 AttentionWeights::Gqa(gqa),
                 Some((Layer { attention: AttentionWeights::Gqa(prefill), .. }, x_prefill, prompt)),
             ) => {
-                let kv = KvSource::Split { prefill, prefill_input: x_prefill, prompt };
+                let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
                 gqa.forward(backend, config, &x, spans, table, kv, &mut tap.kv)?
             }
             _ => {
@@ -176,7 +183,7 @@ impl Layer {
                 ))
             }
         };
-        hidden.iter_mut().zip(&attended).for_each(|(h, a)| *h += a);
+        backend.add(hidden, &attended)?;
         // Split: only the decoded rows go through the decode node's MLP.
         let decoded = split.map(|(_, _, prompt)| {
             let mut decoded = Vec::new();
@@ -193,7 +200,7 @@ impl Layer {
     fn mlp_residual(
         &self,
         context: &LayerContext,
-        hidden: &mut [f32],
+        hidden: &mut Tensor,
         only: Option<&[usize]>,
         times: &ExpertTimes,
         near_ties: &mut usize,
@@ -202,25 +209,23 @@ impl Layer {
         let LayerTap { routes, experts, .. } = tap;
         let (routes, experts) = (routes.as_deref_mut(), experts.as_mut());
         let LayerContext { backend, reader, config, .. } = *context;
-        let width = config.hidden_size;
         let eps = config.rms_norm_eps as f32;
-        let all_rows = hidden.len() / width;
+        let all_rows = hidden.rows();
         let mut x = match only {
-            None => hidden.to_vec(),
-            Some(rows) => rows.iter().flat_map(|&r| hidden[r * width..(r + 1) * width].iter().copied()).collect(),
+            None => backend.row_range(hidden, 0..all_rows)?,
+            Some(rows) => backend.gather_rows(hidden, rows)?,
         };
-        let tokens = x.len() / width;
-        backend.rms_norm(&mut x, width, &self.post_norm, eps);
+        backend.rms_norm(&mut x, config.hidden_size, &self.post_norm, eps)?;
         let mixed = match &self.mlp {
             Mlp::Dense(mlp) => {
                 if let Some(routes) = routes {
                     routes.clear();
                 }
-                mlp.forward(backend, &x, tokens)
+                mlp.forward(backend, &x)?
             }
             Mlp::Moe(moe) => {
                 if let Some(routes) = routes {
-                    let (chosen, _) = moe.route(backend, config, &x, tokens);
+                    let (chosen, _) = moe.route(backend, config, &x)?;
                     let mut expanded = vec![Vec::new(); all_rows];
                     for (index, route) in chosen.into_iter().enumerate() {
                         let row = only.map_or(index, |rows| rows[index]);
@@ -228,14 +233,13 @@ impl Layer {
                     }
                     *routes = expanded;
                 }
-                moe.forward(backend, reader, config, &x, tokens, times, near_ties, experts)?
+                moe.forward(backend, reader, config, &x, times, near_ties, experts)?
             }
         };
-        for (index, m) in mixed.chunks(width).enumerate() {
-            let row = only.map_or(index, |rows| rows[index]);
-            hidden[row * width..(row + 1) * width].iter_mut().zip(m).for_each(|(h, v)| *h += v);
+        match only {
+            None => backend.add(hidden, &mixed),
+            Some(rows) => backend.add_rows(hidden, rows, &mixed),
         }
-        Ok(())
     }
 }
 
@@ -247,15 +251,15 @@ enum StepAttention {
 
 /// A decode step's queries of its new tokens: `[tokens, heads, qk]` post-RoPE, and the DSA indexer's.
 pub struct Queries {
-    q: Vec<f32>,
+    q: Tensor,
     index: Option<IndexQueries>,
 }
 
 /// A decoder layer's resident weights for incremental decoding (MLA in the absorbed form).
 pub struct DecodeLayer {
-    input_norm: Vec<f32>,
+    input_norm: Matrix,
     attention: StepAttention,
-    post_norm: Vec<f32>,
+    post_norm: Matrix,
     mlp: Mlp,
 }
 
@@ -289,21 +293,21 @@ impl DecodeLayer {
         backend: &dyn Backend,
         config: &ModelConfig,
         table: &RopeTable,
-        hidden: &[f32],
+        hidden: &Tensor,
         positions: &[usize],
         aux_width: usize,
-    ) -> (Vec<f32>, Vec<f32>, Queries) {
-        let x = normed(backend, config, hidden, &self.input_norm);
-        match &self.attention {
+    ) -> Result<(Tensor, Tensor, Queries), RuntimeError> {
+        let x = normed(backend, config, hidden, &self.input_norm)?;
+        Ok(match &self.attention {
             StepAttention::Mla(mla) => {
-                let (rows, aux, q, index) = mla.project(backend, config, table, &x, positions, aux_width);
+                let (rows, aux, q, index) = mla.project(backend, config, table, &x, positions, aux_width)?;
                 (rows, aux, Queries { q, index })
             }
             StepAttention::Gqa(gqa) => {
-                let (rows, q) = gqa.project(backend, config, table, &x, positions);
-                (rows, vec![0f32; positions.len() * aux_width], Queries { q, index: None })
+                let (rows, q) = gqa.project(backend, config, table, &x, positions)?;
+                (rows, backend.zeros(positions.len(), aux_width)?, Queries { q, index: None })
             }
-        }
+        })
     }
 
     /// DSA selection of query `token` over `count` cached indexer keys (`aux`): `None` when every key is kept.
@@ -318,19 +322,29 @@ impl DecodeLayer {
     }
 
     /// The queries the paged attention takes, `[tokens, heads, layout.qk_dim]`: GQA as projected; MLA absorbed.
-    pub fn attention_queries(&self, backend: &dyn Backend, config: &ModelConfig, queries: &Queries) -> Vec<f32> {
+    pub fn attention_queries(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        queries: &Queries,
+    ) -> Result<Tensor, RuntimeError> {
         match &self.attention {
             StepAttention::Mla(mla) => mla.attention_queries(backend, config, &queries.q),
-            StepAttention::Gqa(_) => queries.q.clone(),
+            StepAttention::Gqa(_) => backend.row_range(&queries.q, 0..queries.q.rows()),
         }
     }
 
     /// The attention outputs `[tokens, heads · v_dim]` that `o_proj` takes, from the paged attention's
-    /// `[tokens, heads, layout.v_dim]`: GQA as they are; MLA each head's attended latent through `W_UV_h`.
-    pub fn attention_values(&self, backend: &dyn Backend, config: &ModelConfig, attended: Vec<f32>) -> Vec<f32> {
+    /// `[tokens, heads · layout.v_dim]`: GQA as they are; MLA each head's attended latent through `W_UV_h`.
+    pub fn attention_values(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        attended: Tensor,
+    ) -> Result<Tensor, RuntimeError> {
         match &self.attention {
-            StepAttention::Mla(mla) => mla.attention_values(backend, config, attended),
-            StepAttention::Gqa(_) => attended,
+            StepAttention::Mla(mla) => mla.attention_values(backend, config, &attended),
+            StepAttention::Gqa(_) => Ok(attended),
         }
     }
 
@@ -340,21 +354,19 @@ impl DecodeLayer {
         backend: &dyn Backend,
         reader: &WeightReader,
         config: &ModelConfig,
-        hidden: &mut [f32],
-        attended: &[f32],
-        tokens: usize,
+        hidden: &mut Tensor,
+        attended: &Tensor,
     ) -> Result<(), RuntimeError> {
         let projected = match &self.attention {
-            StepAttention::Mla(mla) => mla.output(backend, attended, tokens),
-            StepAttention::Gqa(gqa) => gqa.output(backend, attended, tokens),
+            StepAttention::Mla(mla) => mla.output(backend, attended)?,
+            StepAttention::Gqa(gqa) => gqa.output(backend, attended)?,
         };
-        hidden.iter_mut().zip(&projected).for_each(|(h, a)| *h += a);
-        let x = normed(backend, config, hidden, &self.post_norm);
+        backend.add(hidden, &projected)?;
+        let x = normed(backend, config, hidden, &self.post_norm)?;
         let mixed = match &self.mlp {
-            Mlp::Dense(mlp) => mlp.forward(backend, &x, tokens),
-            Mlp::Moe(moe) => moe.forward(backend, reader, config, &x, tokens, &ExpertTimes::default(), &mut 0, None)?,
+            Mlp::Dense(mlp) => mlp.forward(backend, &x)?,
+            Mlp::Moe(moe) => moe.forward(backend, reader, config, &x, &ExpertTimes::default(), &mut 0, None)?,
         };
-        hidden.iter_mut().zip(&mixed).for_each(|(h, m)| *h += m);
-        Ok(())
+        backend.add(hidden, &mixed)
     }
 }

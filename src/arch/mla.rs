@@ -3,11 +3,12 @@
 //! queries and outputs for the decode step over cached latent rows; GLM-5 adds the DSA index selection.
 
 use super::indexer::{DsaMasks, IndexQueries, IndexerWeights};
-use super::tap::{CachedKv, KvSource, KvTap};
+use super::tap::{KvSource, KvTap};
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{AttentionShape, Backend, Matrix, PagedLayout, RopeStyle};
-use crate::runtime::rope_table::{check_positions, rope_at, RopeTable};
+use crate::runtime::rope_table::{check_positions, RopeTable};
+use crate::runtime::tensor::{Block, Tensor};
 use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
@@ -15,10 +16,10 @@ use crate::runtime::{RuntimeError, Spans};
 const LATENT_NORM_EPS: f32 = 1e-6;
 
 pub struct MlaWeights {
-    q_a: Option<(Matrix, Vec<f32>)>,
+    q_a: Option<(Matrix, Matrix)>,
     q_b: Matrix,
     kv_a: Matrix,
-    kv_a_norm: Vec<f32>,
+    kv_a_norm: Matrix,
     kv_b: Matrix,
     o: Matrix,
     indexer: Option<IndexerWeights>,
@@ -68,7 +69,7 @@ impl MlaWeights {
             Some(rank) => (
                 Some((
                     reader.matrix(&name("q_a_proj.weight"), [rank, hidden])?,
-                    reader.vector(&name("q_a_layernorm.weight"), rank)?,
+                    reader.parameter(&name("q_a_layernorm.weight"), rank)?,
                 )),
                 reader.matrix(&name("q_b_proj.weight"), [d.heads * qk, rank])?,
             ),
@@ -79,7 +80,7 @@ impl MlaWeights {
             q_a,
             q_b,
             kv_a: reader.matrix(&name("kv_a_proj_with_mqa.weight"), [d.kv_lora + d.rope, hidden])?,
-            kv_a_norm: reader.vector(&name("kv_a_layernorm.weight"), d.kv_lora)?,
+            kv_a_norm: reader.parameter(&name("kv_a_layernorm.weight"), d.kv_lora)?,
             kv_b: reader.matrix(&name("kv_b_proj.weight"), [d.heads * (d.nope + d.v), d.kv_lora])?,
             o: reader.matrix(&name("o_proj.weight"), [hidden, d.heads * d.v])?,
             indexer,
@@ -99,7 +100,7 @@ impl MlaWeights {
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
-        x: &[f32],
+        x: &Tensor,
         spans: &Spans,
         table: &RopeTable,
         scale: f32,
@@ -107,48 +108,41 @@ impl MlaWeights {
         selection: &mut Option<DsaMasks>,
         near_ties: &mut usize,
         tap: &mut KvTap,
-    ) -> Result<Vec<f32>, RuntimeError> {
+    ) -> Result<Tensor, RuntimeError> {
         let (d, _) = dims(config);
         let width = d.kv_lora + d.rope;
-        let tokens = spans.total();
         let KvSource::Split { prefill, prefill_input: x_prefill, prompt } = kv else {
-            let (q, q_resid) = self.queries(backend, x, tokens);
+            let (q, q_resid) = self.queries(backend, x)?;
             let mut rows = self.cache_rows(backend, config, x, spans, table)?;
-            tap.apply(CachedKv::Mla { rows: &mut rows, width });
+            tap.apply_mla(backend, &mut rows, width)?;
             return self.attend(backend, config, x, q, &q_resid, &rows, spans, table, scale, selection, near_ties);
         };
-        let (q, q_resid_decode) = self.queries(backend, x, tokens);
-        let (_, q_resid_prefill) = prefill.queries(backend, x_prefill, tokens);
+        let (q, mut q_resid) = self.queries(backend, x)?;
+        let (_, q_resid_prefill) = prefill.queries(backend, x_prefill)?;
         let mut rows = self.cache_rows(backend, config, x, spans, table)?;
         let rows_prefill = prefill.cache_rows(backend, config, x_prefill, spans, table)?;
-        let hidden = config.hidden_size;
-        let q_width = q_resid_decode.len() / tokens.max(1);
-        let mut x_mixed = x.to_vec();
-        let mut q_resid = q_resid_decode;
+        let mut x_mixed = backend.row_range(x, 0..x.rows())?;
         for ((start, _), &length) in spans.iter().zip(prompt) {
             let range = start..start + length;
-            rows[range.start * width..range.end * width]
-                .copy_from_slice(&rows_prefill[range.start * width..range.end * width]);
-            x_mixed[range.start * hidden..range.end * hidden]
-                .copy_from_slice(&x_prefill[range.start * hidden..range.end * hidden]);
-            q_resid[range.start * q_width..range.end * q_width]
-                .copy_from_slice(&q_resid_prefill[range.start * q_width..range.end * q_width]);
+            backend.copy_rows(&mut rows, &rows_prefill, range.clone())?;
+            backend.copy_rows(&mut x_mixed, x_prefill, range.clone())?;
+            backend.copy_rows(&mut q_resid, &q_resid_prefill, range)?;
         }
-        tap.apply(CachedKv::Mla { rows: &mut rows, width });
+        tap.apply_mla(backend, &mut rows, width)?;
         self.attend(backend, config, &x_mixed, q, &q_resid, &rows, spans, table, scale, selection, near_ties)
     }
 
     /// Queries `[tokens, heads·qk]` (before RoPE) and the query input of the indexer (the normed q latent).
-    fn queries(&self, backend: &dyn Backend, x: &[f32], tokens: usize) -> (Vec<f32>, Vec<f32>) {
+    fn queries(&self, backend: &dyn Backend, x: &Tensor) -> Result<(Tensor, Tensor), RuntimeError> {
         let q_resid = match &self.q_a {
             Some((q_a, norm)) => {
-                let mut latent = backend.linear(x, tokens, q_a, None);
-                backend.rms_norm(&mut latent, q_a.rows, norm, LATENT_NORM_EPS);
+                let mut latent = backend.linear(x, q_a, None)?;
+                backend.rms_norm(&mut latent, q_a.rows, norm, LATENT_NORM_EPS)?;
                 latent
             }
-            None => x.to_vec(),
+            None => backend.row_range(x, 0..x.rows())?,
         };
-        (backend.linear(&q_resid, tokens, &self.q_b, None), q_resid)
+        Ok((backend.linear(&q_resid, &self.q_b, None)?, q_resid))
     }
 
     /// What the engines cache per token: `[tokens, kv_lora + rope]` rows of the normed latent `kv_c_normed` and
@@ -157,32 +151,21 @@ impl MlaWeights {
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
-        x: &[f32],
+        x: &Tensor,
         spans: &Spans,
         table: &RopeTable,
-    ) -> Result<Vec<f32>, RuntimeError> {
+    ) -> Result<Tensor, RuntimeError> {
         let (d, _) = dims(config);
-        let tokens = spans.total();
-        let compressed = backend.linear(x, tokens, &self.kv_a, None);
-        let mut latent = Vec::with_capacity(tokens * d.kv_lora);
-        let mut k_rot = Vec::with_capacity(tokens * d.rope);
-        for row in compressed.chunks(d.kv_lora + d.rope) {
-            latent.extend_from_slice(&row[..d.kv_lora]);
-            k_rot.extend_from_slice(&row[d.kv_lora..]);
-        }
-        backend.rms_norm(&mut latent, d.kv_lora, &self.kv_a_norm, LATENT_NORM_EPS);
+        let compressed = backend.linear(x, &self.kv_a, None)?;
+        let mut latent = backend.columns(&compressed, 0, d.kv_lora)?;
+        let mut k_rot = backend.columns(&compressed, d.kv_lora, d.rope)?;
+        backend.rms_norm(&mut latent, d.kv_lora, &self.kv_a_norm, LATENT_NORM_EPS)?;
         let style = if config.rope.interleave { RopeStyle::Interleaved } else { RopeStyle::Half };
         for (start, length) in spans.iter() {
             check_positions(table, length)?;
-            let k_rot_seq = &mut k_rot[start * d.rope..(start + length) * d.rope];
-            backend.rope(k_rot_seq, length, d.rope, d.rope, 0, d.rope, &table.cos, &table.sin, style);
+            backend.rope(&mut k_rot, start..start + length, 0, d.rope, 0, d.rope, table, style)?;
         }
-        let mut rows = Vec::with_capacity(tokens * (d.kv_lora + d.rope));
-        for (latent_row, rot_row) in latent.chunks(d.kv_lora).zip(k_rot.chunks(d.rope)) {
-            rows.extend_from_slice(latent_row);
-            rows.extend_from_slice(rot_row);
-        }
-        Ok(rows)
+        backend.concat_columns(&[&latent, &k_rot])
     }
 
     /// Attention over cached rows: the latent expanded per head by `kv_b_proj`, the DSA selection, output projection.
@@ -191,51 +174,44 @@ impl MlaWeights {
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
-        x: &[f32],
-        mut q: Vec<f32>,
-        q_resid: &[f32],
-        rows: &[f32],
+        x: &Tensor,
+        mut q: Tensor,
+        q_resid: &Tensor,
+        rows: &Tensor,
         spans: &Spans,
         table: &RopeTable,
         scale: f32,
         selection: &mut Option<DsaMasks>,
         near_ties: &mut usize,
-    ) -> Result<Vec<f32>, RuntimeError> {
+    ) -> Result<Tensor, RuntimeError> {
         let (d, _) = dims(config);
         let tokens = spans.total();
-        let qk = d.nope + d.rope;
+        let (qk, kv_width) = (d.nope + d.rope, d.nope + d.v);
         let width = d.kv_lora + d.rope;
-        let mut latent = Vec::with_capacity(tokens * d.kv_lora);
-        for row in rows.chunks(width) {
-            latent.extend_from_slice(&row[..d.kv_lora]);
-        }
-        let kv = backend.linear(&latent, tokens, &self.kv_b, None);
+        let latent = backend.columns(rows, 0, d.kv_lora)?;
+        let kv = backend.linear(&latent, &self.kv_b, None)?;
 
         if let Some(indexer) = &self.indexer {
             let (chosen, ties) = indexer.select(backend, config, x, q_resid, spans, table)?;
             *near_ties += ties;
             *selection = Some(chosen);
         }
+        // Expand the latent per head: k = [k_nope_h, k_rot], v = v_h.
+        let per_head =
+            |offset: usize, stride: usize| Block { offset, outer_stride: d.heads * stride, inner_stride: stride };
+        let mut k = backend.zeros(tokens, d.heads * qk)?;
+        backend.copy(&mut k, per_head(0, qk), &kv, per_head(0, kv_width), [tokens, d.heads, d.nope])?;
+        let shared_rope = Block { offset: d.kv_lora, outer_stride: width, inner_stride: 0 };
+        backend.copy(&mut k, per_head(d.nope, qk), rows, shared_rope, [tokens, d.heads, d.rope])?;
+        let mut v = backend.zeros(tokens, d.heads * d.v)?;
+        backend.copy(&mut v, per_head(0, d.v), &kv, per_head(d.nope, kv_width), [tokens, d.heads, d.v])?;
+
         let style = if config.rope.interleave { RopeStyle::Interleaved } else { RopeStyle::Half };
-        let mut output = vec![0f32; tokens * d.heads * d.v];
+        let mut output = backend.zeros(tokens, d.heads * d.v)?;
         for (index, (start, length)) in spans.iter().enumerate() {
             check_positions(table, length)?;
-            let q_seq = &mut q[start * d.heads * qk..(start + length) * d.heads * qk];
-            backend.rope(q_seq, length, d.heads * qk, qk, d.nope, d.rope, &table.cos, &table.sin, style);
-            // Expand the latent per head: k = [k_nope_h, k_rot], v = v_h.
-            let mut k = vec![0f32; length * d.heads * qk];
-            let mut v = vec![0f32; length * d.heads * d.v];
-            for t in 0..length {
-                let kv_row = &kv[(start + t) * d.heads * (d.nope + d.v)..][..d.heads * (d.nope + d.v)];
-                let k_rot = &rows[(start + t) * width + d.kv_lora..][..d.rope];
-                for h in 0..d.heads {
-                    let source = &kv_row[h * (d.nope + d.v)..][..d.nope + d.v];
-                    let key = &mut k[(t * d.heads + h) * qk..][..qk];
-                    key[..d.nope].copy_from_slice(&source[..d.nope]);
-                    key[d.nope..].copy_from_slice(k_rot);
-                    v[(t * d.heads + h) * d.v..][..d.v].copy_from_slice(&source[d.nope..]);
-                }
-            }
+            let sequence = start..start + length;
+            backend.rope(&mut q, sequence.clone(), 0, qk, d.nope, d.rope, table, style)?;
             let shape =
                 AttentionShape { tokens: length, heads: d.heads, kv_heads: d.heads, qk_dim: qk, v_dim: d.v, scale };
             let allowed = match (&config.indexer, selection.as_ref()) {
@@ -243,10 +219,10 @@ impl MlaWeights {
                 (Some(_), None) => return Err(RuntimeError::Input("a shared DSA layer needs the top-k of an earlier full indexer layer, but no earlier layer has an indexer".into())),
                 _ => None,
             };
-            let attended = backend.attention(q_seq, &k, &v, &shape, allowed);
-            output[start * d.heads * d.v..][..length * d.heads * d.v].copy_from_slice(&attended);
+            let attended = backend.attention(&q, &k, &v, sequence, &shape, allowed)?;
+            backend.place_rows(&mut output, start, &attended)?;
         }
-        Ok(backend.linear(&output, tokens, &self.o, None))
+        backend.linear(&output, &self.o, None)
     }
 }
 
@@ -254,10 +230,10 @@ impl MlaWeights {
 /// through `absorb_k[h]` (`W_UK_hᵀ` `[kv_lora, nope]`) to a latent query, and the attended latent through
 /// `absorb_v[h]` (`W_UV_h` `[v, kv_lora]`) to the head's value.
 pub struct MlaStep {
-    q_a: Option<(Matrix, Vec<f32>)>,
+    q_a: Option<(Matrix, Matrix)>,
     q_b: Matrix,
     kv_a: Matrix,
-    kv_a_norm: Vec<f32>,
+    kv_a_norm: Matrix,
     absorb_k: Vec<Matrix>,
     absorb_v: Vec<Matrix>,
     o: Matrix,
@@ -270,7 +246,7 @@ impl MlaStep {
         let (d, _) = dims(config);
         let (heads, kv_lora, nope, v) = (d.heads, d.kv_lora, d.nope, d.v);
         // kv_b rows per head: nope rows of W_UK_h, then v rows of W_UV_h, each kv_lora wide.
-        let head_rows = |h: usize| &kv_b.data[h * (nope + v) * kv_lora..][..(nope + v) * kv_lora];
+        let head_rows = |h: usize| &kv_b.values()[h * (nope + v) * kv_lora..][..(nope + v) * kv_lora];
         let absorb_k = (0..heads)
             .map(|h| {
                 let w_uk = &head_rows(h)[..nope * kv_lora];
@@ -294,47 +270,42 @@ impl MlaStep {
         backend: &dyn Backend,
         config: &ModelConfig,
         table: &RopeTable,
-        x: &[f32],
+        x: &Tensor,
         positions: &[usize],
         aux_width: usize,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Option<IndexQueries>) {
+    ) -> Result<(Tensor, Tensor, Tensor, Option<IndexQueries>), RuntimeError> {
         let tokens = positions.len();
         let MlaStep { q_a, q_b, kv_a, kv_a_norm, indexer, .. } = self;
         let (d, _) = dims(config);
-        let (kv_lora, nope, rope, heads) = (d.kv_lora, d.nope, d.rope, d.heads);
+        let (kv_lora, nope, rope) = (d.kv_lora, d.nope, d.rope);
         let qk = nope + rope;
         let style = if config.rope.interleave { RopeStyle::Interleaved } else { RopeStyle::Half };
         let q_resid = match q_a {
             Some((q_a, norm)) => {
-                let mut latent = backend.linear(x, tokens, q_a, None);
-                backend.rms_norm(&mut latent, q_a.rows, norm, LATENT_NORM_EPS);
+                let mut latent = backend.linear(x, q_a, None)?;
+                backend.rms_norm(&mut latent, q_a.rows, norm, LATENT_NORM_EPS)?;
                 latent
             }
-            None => x.to_vec(),
+            None => backend.row_range(x, 0..x.rows())?,
         };
-        let mut q = backend.linear(&q_resid, tokens, q_b, None);
-        let compressed = backend.linear(x, tokens, kv_a, None);
-        let mut latent = Vec::with_capacity(tokens * kv_lora);
-        for row in compressed.chunks(kv_lora + rope) {
-            latent.extend_from_slice(&row[..kv_lora]);
-        }
-        backend.rms_norm(&mut latent, kv_lora, kv_a_norm, LATENT_NORM_EPS);
-        let mut rows = Vec::with_capacity(tokens * (kv_lora + rope));
+        let mut q = backend.linear(&q_resid, q_b, None)?;
+        let compressed = backend.linear(x, kv_a, None)?;
+        let mut latent = backend.columns(&compressed, 0, kv_lora)?;
+        backend.rms_norm(&mut latent, kv_lora, kv_a_norm, LATENT_NORM_EPS)?;
+        let mut k_pe = backend.columns(&compressed, kv_lora, rope)?;
         for (t, &position) in positions.iter().enumerate() {
-            rope_at(backend, table, &mut q[t * heads * qk..][..heads * qk], qk, nope, rope, position, style);
-            let mut k_pe = compressed[t * (kv_lora + rope) + kv_lora..][..rope].to_vec();
-            rope_at(backend, table, &mut k_pe, rope, 0, rope, position, style);
-            rows.extend_from_slice(&latent[t * kv_lora..][..kv_lora]);
-            rows.extend_from_slice(&k_pe);
+            backend.rope(&mut q, t..t + 1, position, qk, nope, rope, table, style)?;
+            backend.rope(&mut k_pe, t..t + 1, position, rope, 0, rope, table, style)?;
         }
+        let rows = backend.concat_columns(&[&latent, &k_pe])?;
         let (aux, index) = match (indexer, &config.indexer) {
             (Some(weights), Some(settings)) => {
-                let (keys, queries) = weights.project(backend, settings, table, x, &q_resid, positions);
+                let (keys, queries) = weights.project(backend, settings, table, x, &q_resid, positions)?;
                 (keys, Some(queries))
             }
-            _ => (vec![0f32; tokens * aux_width], None),
+            _ => (backend.zeros(tokens, aux_width)?, None),
         };
-        (rows, aux, q, index)
+        Ok((rows, aux, q, index))
     }
 
     /// How the paged attention reads the cached rows: in the absorbed form.
@@ -345,45 +316,56 @@ impl MlaStep {
 
     /// The queries the paged attention takes, `[tokens, heads, kv_lora + rope]`: each head's `q_nope · W_UK_h`
     /// (kv_lora wide) followed by its `q_pe`.
-    pub fn attention_queries(&self, backend: &dyn Backend, config: &ModelConfig, queries: &[f32]) -> Vec<f32> {
+    pub fn attention_queries(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        queries: &Tensor,
+    ) -> Result<Tensor, RuntimeError> {
         let (d, _) = dims(config);
         let (kv_lora, nope, rope, heads) = (d.kv_lora, d.nope, d.rope, d.heads);
         let (qk, width) = (nope + rope, kv_lora + rope);
-        let tokens = queries.len() / (heads * qk);
-        let mut absorbed = vec![0f32; tokens * heads * width];
+        let tokens = queries.rows();
+        let mut absorbed = backend.zeros(tokens, heads * width)?;
         for (h, absorb_k) in self.absorb_k.iter().enumerate() {
-            let q_nope: Vec<f32> =
-                (0..tokens).flat_map(|t| &queries[(t * heads + h) * qk..][..nope]).copied().collect();
-            let latent = backend.linear(&q_nope, tokens, absorb_k, None);
-            for t in 0..tokens {
-                let row = &mut absorbed[(t * heads + h) * width..][..width];
-                row[..kv_lora].copy_from_slice(&latent[t * kv_lora..][..kv_lora]);
-                row[kv_lora..].copy_from_slice(&queries[(t * heads + h) * qk + nope..][..rope]);
-            }
+            let q_nope = backend.columns(queries, h * qk, nope)?;
+            let latent = backend.linear(&q_nope, absorb_k, None)?;
+            backend.copy(
+                &mut absorbed,
+                Block::columns(h * width, heads * width),
+                &latent,
+                Block::columns(0, kv_lora),
+                [tokens, 1, kv_lora],
+            )?;
         }
-        absorbed
+        let per_head =
+            |offset: usize, stride: usize| Block { offset, outer_stride: heads * stride, inner_stride: stride };
+        backend.copy(&mut absorbed, per_head(kv_lora, width), queries, per_head(nope, qk), [tokens, heads, rope])?;
+        Ok(absorbed)
     }
 
     /// The attention outputs `[tokens, heads · v_dim]` that `o_proj` takes, from the paged attention's
     /// `[tokens, heads, kv_lora]`: each head's attended latent through `W_UV_h`.
-    pub fn attention_values(&self, backend: &dyn Backend, config: &ModelConfig, attended: Vec<f32>) -> Vec<f32> {
+    pub fn attention_values(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        attended: &Tensor,
+    ) -> Result<Tensor, RuntimeError> {
         let (d, _) = dims(config);
         let (kv_lora, v, heads) = (d.kv_lora, d.v, d.heads);
         let tokens = attended.len() / (heads * kv_lora);
-        let mut values = vec![0f32; tokens * heads * v];
+        let mut values = backend.zeros(tokens, heads * v)?;
         for (h, absorb_v) in self.absorb_v.iter().enumerate() {
-            let latent: Vec<f32> =
-                (0..tokens).flat_map(|t| &attended[(t * heads + h) * kv_lora..][..kv_lora]).copied().collect();
-            let head = backend.linear(&latent, tokens, absorb_v, None);
-            for t in 0..tokens {
-                values[(t * heads + h) * v..][..v].copy_from_slice(&head[t * v..][..v]);
-            }
+            let latent = backend.columns(attended, h * kv_lora, kv_lora)?;
+            let head = backend.linear(&latent, absorb_v, None)?;
+            backend.copy(&mut values, Block::columns(h * v, heads * v), &head, Block::columns(0, v), [tokens, 1, v])?;
         }
-        values
+        Ok(values)
     }
 
     /// `o_proj` of the attention outputs.
-    pub fn output(&self, backend: &dyn Backend, attended: &[f32], tokens: usize) -> Vec<f32> {
-        backend.linear(attended, tokens, &self.o, None)
+    pub fn output(&self, backend: &dyn Backend, attended: &Tensor) -> Result<Tensor, RuntimeError> {
+        backend.linear(attended, &self.o, None)
     }
 }

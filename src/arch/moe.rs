@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use super::tap::{ExpertActivations, ExpertTap};
 use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, Matrix, RoutedExpert, RoutingShape};
+use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;
 use crate::runtime::RuntimeError;
 
@@ -34,10 +35,10 @@ impl DenseMlp {
         })
     }
 
-    pub fn forward(&self, backend: &dyn Backend, x: &[f32], tokens: usize) -> Vec<f32> {
-        let gate = backend.linear(x, tokens, &self.gate, None);
-        let up = backend.linear(x, tokens, &self.up, None);
-        backend.linear(&backend.silu_mul(&gate, &up), tokens, &self.down, None)
+    pub fn forward(&self, backend: &dyn Backend, x: &Tensor) -> Result<Tensor, RuntimeError> {
+        let gate = backend.linear(x, &self.gate, None)?;
+        let up = backend.linear(x, &self.up, None)?;
+        backend.linear(&backend.silu_mul(&gate, &up)?, &self.down, None)
     }
 }
 
@@ -45,13 +46,12 @@ impl DenseMlp {
 /// (every token with `tap.route_all`); experts without a token are skipped.
 fn observe_experts(
     backend: &dyn Backend,
-    x: &[f32],
-    hidden: usize,
-    tokens: usize,
+    x: &Tensor,
     batch: &[(usize, DenseMlp)],
     assigned: &[Vec<(usize, f32)>],
     tap: &mut ExpertTap,
-) {
+) -> Result<(), RuntimeError> {
+    let tokens = x.rows();
     for (expert, mlp) in batch {
         let rows: Vec<usize> = if tap.route_all {
             (0..tokens).collect()
@@ -61,23 +61,26 @@ fn observe_experts(
         if rows.is_empty() {
             continue;
         }
-        let input: Vec<f32> =
-            rows.iter().flat_map(|&row| x[row * hidden..(row + 1) * hidden].iter().copied()).collect();
-        let gate = backend.linear(&input, rows.len(), &mlp.gate, None);
-        let up = backend.linear(&input, rows.len(), &mlp.up, None);
-        let intermediate = backend.silu_mul(&gate, &up);
+        let input = backend.gather_rows(x, &rows)?;
+        let gate = backend.linear(&input, &mlp.gate, None)?;
+        let up = backend.linear(&input, &mlp.up, None)?;
+        let intermediate = backend.silu_mul(&gate, &up)?;
         (tap.observer)(&ExpertActivations {
             expert: *expert,
             tokens: rows.len(),
-            input: &input,
-            intermediate: &intermediate,
+            input: &backend.download(&input)?,
+            intermediate: &backend.download(&intermediate)?,
         });
     }
+    Ok(())
 }
+
+/// Per token, its `(expert, weight)` choices in rank order.
+pub type TokenRoutes = Vec<Vec<(usize, f32)>>;
 
 pub struct MoeWeights {
     router: Matrix,
-    correction_bias: Vec<f32>,
+    correction_bias: Matrix,
     shared: Option<DenseMlp>,
     prefix: String,
 }
@@ -133,9 +136,9 @@ impl MoeWeights {
         Ok(Self {
             router: reader.matrix(&format!("{prefix}.mlp.gate.weight"), [experts, hidden])?,
             correction_bias: if reader.contains(&format!("{prefix}.mlp.gate.e_score_correction_bias")) {
-                reader.vector(&format!("{prefix}.mlp.gate.e_score_correction_bias"), experts)?
+                reader.parameter(&format!("{prefix}.mlp.gate.e_score_correction_bias"), experts)?
             } else {
-                vec![0.0; experts]
+                Matrix::new(1, experts, vec![0.0; experts])
             },
             shared,
             prefix: prefix.to_string(),
@@ -147,12 +150,11 @@ impl MoeWeights {
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
-        x: &[f32],
-        tokens: usize,
-    ) -> (Vec<Vec<(usize, f32)>>, usize) {
+        x: &Tensor,
+    ) -> Result<(TokenRoutes, usize), RuntimeError> {
         let experts = config.n_routed_experts;
         let routing = &config.routing;
-        let logits = backend.linear(x, tokens, &self.router, None);
+        let logits = backend.linear(x, &self.router, None)?;
         let shape = RoutingShape {
             experts,
             top_k: config.num_experts_per_tok,
@@ -161,14 +163,14 @@ impl MoeWeights {
             norm_topk_prob: routing.norm_topk_prob,
             routed_scaling_factor: routing.routed_scaling_factor as f32,
         };
-        let routes = backend.route(&logits, tokens, &self.correction_bias, &shape);
+        let routes = backend.route(&logits, &self.correction_bias, &shape)?;
         let chosen = routes
             .experts
             .chunks(routes.top_k.max(1))
             .zip(routes.weights.chunks(routes.top_k.max(1)))
             .map(|(experts, weights)| experts.iter().copied().zip(weights.iter().copied()).collect())
             .collect();
-        (chosen, routes.near_ties)
+        Ok((chosen, routes.near_ties))
     }
 
     /// The MoE output `[tokens, hidden]` for normed input `x`.
@@ -185,15 +187,15 @@ impl MoeWeights {
         backend: &dyn Backend,
         reader: &WeightReader,
         config: &ModelConfig,
-        x: &[f32],
-        tokens: usize,
+        x: &Tensor,
         times: &ExpertTimes,
         near_ties: &mut usize,
         mut tap: Option<&mut ExpertTap>,
-    ) -> Result<Vec<f32>, RuntimeError> {
+    ) -> Result<Tensor, RuntimeError> {
         let hidden = config.hidden_size;
         let inner = config.moe_intermediate_size;
-        let (routes, ties) = self.route(backend, config, x, tokens);
+        let tokens = x.rows();
+        let (routes, ties) = self.route(backend, config, x)?;
         *near_ties += ties;
         // Tokens and weights per expert.
         let mut assigned: Vec<Vec<(usize, f32)>> = vec![Vec::new(); config.n_routed_experts];
@@ -205,7 +207,7 @@ impl MoeWeights {
         let route_all = tap.as_ref().is_some_and(|tap| tap.route_all);
         let hit: Vec<usize> = (0..assigned.len()).filter(|&expert| route_all || !assigned[expert].is_empty()).collect();
         let per_batch = experts_per_batch(hidden, inner);
-        let mut output = vec![0f32; tokens * hidden];
+        let mut output = backend.zeros(tokens, hidden)?;
         let phase = Instant::now();
         std::thread::scope(|scope| -> Result<(), RuntimeError> {
             // Rendezvous: the loader holds the batch it read until the previous one is done (two in memory).
@@ -249,9 +251,9 @@ impl MoeWeights {
                         tokens: &assigned[*expert],
                     })
                     .collect();
-                backend.routed_experts(x, hidden, &experts, &mut output);
+                backend.routed_experts(x, &experts, &mut output)?;
                 if let Some(tap) = tap.as_deref_mut() {
-                    observe_experts(backend, x, hidden, tokens, &batch, &assigned, tap);
+                    observe_experts(backend, x, &batch, &assigned, tap)?;
                 }
                 times.compute_nanos.fetch_add(computing.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
@@ -260,9 +262,9 @@ impl MoeWeights {
         times.phase_nanos.fetch_add(phase.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if let Some(shared) = &self.shared {
             let started = Instant::now();
-            let extra = shared.forward(backend, x, tokens);
+            let extra = shared.forward(backend, x)?;
+            backend.add(&mut output, &extra)?;
             times.compute_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            output.iter_mut().zip(extra).for_each(|(o, e)| *o += e);
         }
         Ok(output)
     }

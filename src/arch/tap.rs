@@ -4,6 +4,7 @@
 
 use crate::format::kv_scales::LayerKvScales;
 use crate::quant::fp8;
+use crate::runtime::{Backend, RuntimeError, Tensor};
 
 /// Where an attention layer's cached rows come from.
 pub enum KvSource<'a, W> {
@@ -11,7 +12,7 @@ pub enum KvSource<'a, W> {
     Own,
     /// Split prefill/decode, teacher-forced: the rows of each sequence's first `prompt[i]` tokens come from
     /// `prefill` (the prefill node's weights) applied to `prefill_input`, the rest from the layer's own input.
-    Split { prefill: &'a W, prefill_input: &'a [f32], prompt: &'a [usize] },
+    Split { prefill: &'a W, prefill_input: &'a Tensor, prompt: &'a [usize] },
 }
 
 /// The values an attention layer caches per token, as the engines store them.
@@ -77,6 +78,47 @@ impl KvTap<'_> {
 }
 
 /// Stores `values` as FP8 e4m3 with `scale` and reads them back.
+impl KvTap<'_> {
+    /// Whether the tap looks at or changes the cached rows (the rows then visit the host).
+    pub fn active(&self) -> bool {
+        self.observer.is_some() || self.fp8.is_some()
+    }
+
+    /// [`KvTap::apply`] to MLA rows `[tokens, width]` held by `backend`: downloaded when the tap is active, uploaded
+    /// back when it stores them as FP8.
+    pub fn apply_mla(&mut self, backend: &dyn Backend, rows: &mut Tensor, width: usize) -> Result<(), RuntimeError> {
+        if !self.active() {
+            return Ok(());
+        }
+        let mut host = backend.download(rows)?;
+        self.apply(CachedKv::Mla { rows: &mut host, width });
+        if self.fp8.is_some() {
+            *rows = backend.upload(&host, rows.columns())?;
+        }
+        Ok(())
+    }
+
+    /// [`KvTap::apply`] to GQA keys and values held by `backend` (see [`KvTap::apply_mla`]).
+    pub fn apply_gqa(
+        &mut self,
+        backend: &dyn Backend,
+        (k, v): (&mut Tensor, &mut Tensor),
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<(), RuntimeError> {
+        if !self.active() {
+            return Ok(());
+        }
+        let (mut k_host, mut v_host) = (backend.download(k)?, backend.download(v)?);
+        self.apply(CachedKv::Gqa { k: &mut k_host, v: &mut v_host, heads, head_dim });
+        if self.fp8.is_some() {
+            *k = backend.upload(&k_host, k.columns())?;
+            *v = backend.upload(&v_host, v.columns())?;
+        }
+        Ok(())
+    }
+}
+
 pub fn fake_fp8(values: &mut [f32], scale: f32) {
     for value in values {
         *value = fp8::decode(fp8::encode(*value / scale)) * scale;

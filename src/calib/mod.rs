@@ -145,7 +145,7 @@ pub fn calibrate(
     let longest = lengths.iter().copied().max().unwrap_or(0);
     let (table, mla_scale) = rope_setup(config, longest);
     let ids: Vec<u32> = sequences.concat();
-    let mut hidden = embed(&reader, config, &ids)?;
+    let mut hidden = backend.upload(&embed(&reader, config, &ids)?, config.hidden_size)?;
     let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
     let mut state = LayerState::default();
     let mut observations = Vec::with_capacity(config.num_hidden_layers);

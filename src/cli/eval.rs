@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::runtime::device::DeviceChoice;
+use crate::runtime::device::{DeviceChoice, DeviceCounters};
 
 use crate::chunks::EvalInput;
 use crate::engines::Engine;
@@ -128,6 +128,9 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
                 report.seconds / report.layers.max(1) as f64
             ),
         ]);
+    }
+    if let Some(device) = &report.device {
+        table.row(vec!["device copies".into(), device_copies(device, report.layers)]);
     }
     if report.near_ties > 0 {
         table.row(vec!["top-k near-ties".into(), report.near_ties.to_string()]);
@@ -293,4 +296,23 @@ fn print_parity(report: &ParityReport) {
         gates.max_ppl_ratio,
         if report.failures.is_empty() { "pass".to_string() } else { format!("{} failed", report.failures.len()) }
     );
+}
+
+/// A device backend's copies in words: activations per layer, decisions, weights, launches.
+fn device_copies(device: &DeviceCounters, layers: usize) -> String {
+    let transfers = &device.transfers;
+    let mb = |bytes: u64| bytes as f64 / 1e6;
+    let activations = &transfers.activations;
+    format!(
+        "activations {} in ({:.1} MB) / {} out ({:.1} MB), {:.1} per layer; decisions {}; weights {} ({:.1} MB); {} launches",
+        activations.h2d_count,
+        mb(activations.h2d_bytes),
+        activations.d2h_count,
+        mb(activations.d2h_bytes),
+        activations.count() as f64 / layers.max(1) as f64,
+        transfers.decisions.count(),
+        transfers.weights.h2d_count,
+        mb(transfers.weights.h2d_bytes),
+        device.launches
+    )
 }

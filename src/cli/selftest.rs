@@ -4,10 +4,11 @@ use anyhow::Context;
 
 use std::sync::Arc;
 
-use crate::opcheck::{self, Checked, Mode, SelftestReport, Target};
+use crate::opcheck::{self, Checked, Mode, SelftestDevice, SelftestReport, Target};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::emulated::Emulator;
 use crate::runtime::device::{select, Device, DeviceChoice, DeviceSelection};
+use crate::runtime::Backend;
 
 use super::table::Table;
 use super::{print_json, Outcome};
@@ -67,7 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             ]);
         }
         println!("{}", table.render());
-        let device = report.device.as_ref().map_or_else(|| report.image.clone(), |device| device.to_string());
+        let device = report.device.info.as_ref().map_or_else(|| report.image.clone(), |device| device.to_string());
         println!("\n{device}: {}", if report.passed { "all kernels match the CPU path" } else { "MISMATCH" });
     }
     Ok(if report.passed { Outcome::Success } else { Outcome::GateFailed })
@@ -86,7 +87,8 @@ fn gpu_report(args: &Args, seed: u64) -> anyhow::Result<SelftestReport> {
     let target = Target { backend: &backend, exact: false };
     let Checked { rows, copy_gb_per_s } = opcheck::run(&target, seed, args.op.as_deref(), mode).context("selftest")?;
     let passed = rows.iter().all(|row| row.passed);
-    Ok(SelftestReport { device: Some(info), image, seed, copy_gb_per_s, rows, passed })
+    let device = SelftestDevice { info: Some(info), counters: backend.device_counters().unwrap_or_default() };
+    Ok(SelftestReport { device, image, seed, copy_gb_per_s, rows, passed })
 }
 
 /// The op table on the emulated device (no benchmarks: its timings mean nothing).
@@ -97,5 +99,6 @@ fn emulated_report(args: &Args, seed: u64) -> anyhow::Result<SelftestReport> {
     let target = Target { backend: &backend, exact: true };
     let rows = opcheck::run(&target, seed, args.op.as_deref(), Mode::Test).context("selftest")?.rows;
     let passed = rows.iter().all(|row| row.passed);
-    Ok(SelftestReport { device: None, image, seed, copy_gb_per_s: None, rows, passed })
+    let device = SelftestDevice { info: None, counters: backend.device_counters().unwrap_or_default() };
+    Ok(SelftestReport { device, image, seed, copy_gb_per_s: None, rows, passed })
 }

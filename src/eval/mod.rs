@@ -14,6 +14,7 @@ use crate::arch::Model;
 use crate::chunks::{load_sequences, ChunkError, EvalInput};
 use crate::progress::Reporter;
 use crate::runtime::backend::Uploads;
+use crate::runtime::device::DeviceCounters;
 use crate::runtime::{Backend, RuntimeError};
 
 pub use logits_file::LogitsWriter;
@@ -60,6 +61,9 @@ pub struct EvalReport {
     /// per-layer wall time `seconds / layers` is bounded below by `uploads.seconds / layers`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uploads: Option<Uploads>,
+    /// Host↔device copies by kind and kernel launches of a device backend (absent on the CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceCounters>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,5 +144,6 @@ pub fn evaluate(
         logits_file: options.save_logits.as_ref().map(|p| p.display().to_string()),
         layers: model.config().num_hidden_layers,
         uploads: backend.uploads(),
+        device: backend.device_counters(),
     })
 }

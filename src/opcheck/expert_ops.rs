@@ -4,13 +4,14 @@
 //! reuse.
 
 use crate::rng::Rng;
-use crate::runtime::backend::{Backend, Int4Weight, Matrix, RoutedExpert};
+use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
 use crate::runtime::cpu::Cpu;
 use crate::runtime::cuda::linear::{w4a16_grouped, GroupedInt4};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::CudaError;
 
 use super::backend_ops::{row, verdict, DOT_ORDER_REL_L2};
+use super::host::Host;
 use super::SelftestRow;
 
 /// Two chained dot products (gate/up over `hidden`, down over `inner`, both ≤ 96 terms) summed in another order than
@@ -80,9 +81,9 @@ fn check_batch(
     let x = rng.values(tokens * hidden, 2.0);
     let start = rng.values(tokens * hidden, 0.5);
     let mut want = start.clone();
-    Cpu.routed_experts(&x, hidden, &batch(experts.iter().map(|e| &e.cpu), assigned), &mut want);
+    Host::new(&Cpu).routed_experts(&x, hidden, &batch(experts.iter().map(|e| &e.cpu), assigned), &mut want);
     let mut got = start.clone();
-    backend.routed_experts(&x, hidden, &batch(experts.iter().map(|e| &e.device), assigned), &mut got);
+    Host::new(backend).routed_experts(&x, hidden, &batch(experts.iter().map(|e| &e.device), assigned), &mut got);
     let unchanged = usize::from(want == start);
     row("moe_experts", label, &got, &want, unchanged, EXPERTS_REL_L2)
 }
@@ -140,7 +141,7 @@ pub fn w4a16_grouped_experts(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec
     let mut want = Vec::new();
     for (segment, weight) in weights.iter().enumerate() {
         let (start, end) = (segment_start[segment], segment_start[segment + 1]);
-        want.extend(Cpu.linear(&input[start * in_features..end * in_features], end - start, weight, None));
+        want.extend(Host::new(&Cpu).linear(&input[start * in_features..end * in_features], end - start, weight, None));
     }
     let x = device.upload(&input)?;
     let packed = device.upload(&packed)?;

@@ -6,12 +6,13 @@
 
 pub mod backend_ops;
 pub mod expert_ops;
+mod host;
 pub mod kv_ops;
 pub mod quantize_kernels;
 
 use crate::rng::Rng;
 use crate::runtime::cuda::CudaBackend;
-use crate::runtime::device::{CudaError, DeviceInfo};
+use crate::runtime::device::{CudaError, DeviceCounters, DeviceInfo};
 
 /// What a run does: every case against the CPU, or that and then the benchmarks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,13 +44,22 @@ pub struct SelftestRow {
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SelftestReport {
-    /// The GPU; `None` on the emulated device.
-    pub device: Option<DeviceInfo>,
+    pub device: SelftestDevice,
     pub image: String,
     pub seed: u64,
     pub copy_gb_per_s: Option<f64>,
     pub rows: Vec<SelftestRow>,
     pub passed: bool,
+}
+
+/// The device a self-test ran on: the GPU's facts (none on the emulated device), and the run's host↔device copies
+/// by kind and kernel launches (`device.transfers`, `device.launches`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SelftestDevice {
+    #[serde(flatten)]
+    pub info: Option<DeviceInfo>,
+    #[serde(flatten)]
+    pub counters: DeviceCounters,
 }
 
 /// The device under test.

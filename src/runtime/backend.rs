@@ -3,18 +3,48 @@
 //! Layouts (row-major, f32): activations `[tokens, width]`; a linear weight `[out_features, in_features]` as
 //! PyTorch stores it (`y = x·Wᵀ + b`); attention inputs per sequence `[tokens, heads, head_dim]`.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A dequantized weight matrix `[rows, columns]` (f32, row-major), with its packed INT4 form when it was read from a
-/// compressed-tensors INT4 checkpoint (the CUDA backend multiplies by that directly, W4A16).
+use super::rope_table::RopeTable;
+use super::tensor::{Block, Tensor};
+use super::RuntimeError;
+
+/// A weight matrix `[rows, columns]` (f32, row-major), or, read from a compressed-tensors INT4 checkpoint, its
+/// packed INT4 form only: the CUDA backend multiplies by that directly (W4A16), and the f32 values are made from it
+/// on the first [`Matrix::values`] (the CPU backend's), so a device run holds no host f32 copy of INT4 weights.
 #[derive(Debug, Clone)]
 pub struct Matrix {
     pub rows: usize,
     pub columns: usize,
-    pub data: Vec<f32>,
+    /// The f32 values given at construction (empty for a packed-only INT4 matrix).
+    data: Vec<f32>,
+    /// The f32 values of a packed-only matrix, dequantized on first use.
+    dequantized: std::sync::OnceLock<Vec<f32>>,
     pub int4: Option<Box<Int4Weight>>,
-    /// Unique per loaded matrix: the key of device-resident copies.
+    /// Unique per loaded matrix.
     pub id: u64,
+    /// Its copy on a device, kept by the device backend that uploaded it and freed with the matrix: a dropped
+    /// layer frees its device memory.
+    device_copy: DeviceCopy,
+}
+
+/// A matrix's device copy: the device it lives on (by address) and the backend's own weight type.
+#[derive(Default)]
+struct DeviceCopy(std::sync::Mutex<Option<(usize, std::sync::Arc<dyn std::any::Any + Send + Sync>)>>);
+
+impl Clone for DeviceCopy {
+    /// A clone is a new matrix: it uploads its own copy.
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl std::fmt::Debug for DeviceCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kept = self.0.lock().map(|slot| slot.is_some()).unwrap_or(false);
+        write!(f, "DeviceCopy({})", if kept { "kept" } else { "none" })
+    }
 }
 
 /// compressed-tensors `pack-quantized` INT4: `weight_packed` words `[rows, ceil(columns / 8)]` (nibble `j % 8` of
@@ -44,6 +74,23 @@ impl Int4Weight {
         }
         (Self { packed, scales, group_size }, values)
     }
+
+    /// The values `q · scale` of a `[rows, columns]` matrix.
+    pub fn dequantize(&self, rows: usize, columns: usize) -> Vec<f32> {
+        use crate::quant::{int4, pack};
+        let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(self.group_size));
+        let mut out = vec![0f32; rows * columns];
+        let mut q = vec![0i8; columns];
+        for (row, values) in out.chunks_mut(columns.max(1)).enumerate().take(rows) {
+            pack::unpack_row(&self.packed[row * words_per_row..][..words_per_row], columns, &mut q);
+            let scales: Vec<half::bf16> = self.scales[row * groups_per_row..][..groups_per_row]
+                .iter()
+                .map(|&bits| half::bf16::from_bits(bits))
+                .collect();
+            int4::dequantize_row(&q, &scales, self.group_size, values);
+        }
+        out
+    }
 }
 
 static NEXT_MATRIX_ID: AtomicU64 = AtomicU64::new(1);
@@ -51,7 +98,43 @@ static NEXT_MATRIX_ID: AtomicU64 = AtomicU64::new(1);
 impl Matrix {
     /// A matrix with a fresh id.
     pub fn new(rows: usize, columns: usize, data: Vec<f32>) -> Self {
-        Self { rows, columns, data, int4: None, id: NEXT_MATRIX_ID.fetch_add(1, Ordering::Relaxed) }
+        let id = NEXT_MATRIX_ID.fetch_add(1, Ordering::Relaxed);
+        Self {
+            rows,
+            columns,
+            data,
+            dequantized: std::sync::OnceLock::new(),
+            int4: None,
+            id,
+            device_copy: DeviceCopy::default(),
+        }
+    }
+
+    /// The copy a device backend keeps on device `device` (an address), if it made one.
+    pub(crate) fn device_copy(&self, device: usize) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
+        let slot = self.device_copy.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        slot.as_ref().filter(|(on, _)| *on == device).map(|(_, copy)| copy.clone())
+    }
+
+    /// Keeps `copy` as this matrix's copy on device `device` (replacing one on another device).
+    pub(crate) fn keep_device_copy(&self, device: usize, copy: std::sync::Arc<dyn std::any::Any + Send + Sync>) {
+        let mut slot = self.device_copy.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *slot = Some((device, copy));
+    }
+
+    /// A packed-only INT4 matrix: no f32 values until [`Matrix::values`] asks.
+    pub fn packed(rows: usize, columns: usize, int4: Int4Weight) -> Self {
+        Self::new(rows, columns, Vec::new()).with_int4(int4)
+    }
+
+    /// The f32 values `[rows · columns]`: as given, or dequantized from the INT4 form (once, then kept).
+    pub fn values(&self) -> &[f32] {
+        match &self.int4 {
+            Some(int4) if self.data.is_empty() && self.rows * self.columns > 0 => {
+                self.dequantized.get_or_init(|| int4.dequantize(self.rows, self.columns))
+            }
+            _ => &self.data,
+        }
     }
 
     /// The same matrix carrying its packed INT4 form.
@@ -62,7 +145,8 @@ impl Matrix {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.data.len() * 4 + self.int4.as_ref().map_or(0, |w| w.packed.len() * 4 + w.scales.len() * 2)
+        let dense = self.data.len() + self.dequantized.get().map_or(0, Vec::len);
+        dense * 4 + self.int4.as_ref().map_or(0, |w| w.packed.len() * 4 + w.scales.len() * 2)
     }
 }
 
@@ -152,11 +236,14 @@ pub trait Prefetch: Send + Sync {
     fn prefetch(&self, matrices: &[&Matrix]);
 }
 
-/// The operations a decoder layer needs. The CPU backend is the reference (and the oracle for other backends).
+/// The operations a decoder layer needs, on tensors the backend owns ([`Tensor`]). The CPU backend is the reference
+/// (and the oracle for other backends). Values cross between host and backend only through [`Backend::upload`]
+/// and [`Backend::download`]; decisions the host takes (routes, DSA key masks) come back from the ops that make
+/// them. A device error is an `Err` of the op that hit it.
 pub trait Backend: Sync {
     fn name(&self) -> &'static str;
-    /// The first error a device backend hit since it was created (its ops return NaNs after one); the runtime checks
-    /// after each layer. The CPU backend never fails.
+    /// The first error of an op that reports no error itself ([`Backend::kv_write`], [`Backend::paged_decode`]);
+    /// the runtime checks after each layer. The CPU backend never fails.
     fn failure(&self) -> Option<String> {
         None
     }
@@ -169,45 +256,91 @@ pub trait Backend: Sync {
     fn uploads(&self) -> Option<Uploads> {
         None
     }
+    /// Host↔device copies and kernel launches so far (device backends).
+    fn device_counters(&self) -> Option<crate::runtime::device::DeviceCounters> {
+        None
+    }
     /// The backend and its device in words, for reports.
     fn describe(&self) -> String {
         self.name().to_string()
     }
-    /// `y[rows, out] = x[rows, in]·Wᵀ (+ bias)`.
-    fn linear(&self, input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>) -> Vec<f32>;
-    /// RMSNorm over each `width`-row in place: `w · x / sqrt(mean(x²) + eps)`.
-    fn rms_norm(&self, data: &mut [f32], width: usize, weight: &[f32], eps: f32);
-    /// LayerNorm over each `width`-row in place: `w · (x − μ) / sqrt(var + eps) + b`.
-    fn layer_norm(&self, data: &mut [f32], width: usize, weight: &[f32], bias: &[f32], eps: f32);
+    /// A tensor `[values.len() / columns, columns]` holding `values`.
+    fn upload(&self, values: &[f32], columns: usize) -> Result<Tensor, RuntimeError>;
+    /// A tensor's values.
+    fn download(&self, tensor: &Tensor) -> Result<Vec<f32>, RuntimeError>;
+    /// A `[rows, columns]` tensor of zeros.
+    fn zeros(&self, rows: usize, columns: usize) -> Result<Tensor, RuntimeError>;
+    /// Copies the `[outer, inner, width]` block `at` of `from` into the block `to` of `into`.
+    fn copy(
+        &self,
+        into: &mut Tensor,
+        to: Block,
+        from: &Tensor,
+        at: Block,
+        shape: [usize; 3],
+    ) -> Result<(), RuntimeError>;
+    /// `into += from`, elementwise.
+    fn add(&self, into: &mut Tensor, from: &Tensor) -> Result<(), RuntimeError>;
+    /// The rows `rows` of `x`, in that order.
+    fn gather_rows(&self, x: &Tensor, rows: &[usize]) -> Result<Tensor, RuntimeError>;
+    /// `into[targets[r]] += from[r]` for each row `r` of `from`, in row order.
+    fn add_rows(&self, into: &mut Tensor, targets: &[usize], from: &Tensor) -> Result<(), RuntimeError>;
+    /// `y[rows, out] = x[rows, in]·Wᵀ (+ bias)`; `bias` is one row of `out` values.
+    fn linear(&self, x: &Tensor, weight: &Matrix, bias: Option<&Matrix>) -> Result<Tensor, RuntimeError>;
+    /// RMSNorm over each `width`-wide slice of each row in place: `w · x / sqrt(mean(x²) + eps)`.
+    fn rms_norm(&self, x: &mut Tensor, width: usize, weight: &Matrix, eps: f32) -> Result<(), RuntimeError>;
+    /// LayerNorm over each `width`-wide slice in place: `w · (x − μ) / sqrt(var + eps) + b`.
+    fn layer_norm(
+        &self,
+        x: &mut Tensor,
+        width: usize,
+        weight: &Matrix,
+        bias: &Matrix,
+        eps: f32,
+    ) -> Result<(), RuntimeError>;
     /// `silu(gate) · up`, elementwise.
-    fn silu_mul(&self, gate: &[f32], up: &[f32]) -> Vec<f32>;
-    /// Rotates `rotary_dim` values starting at `offset` of every `head_dim`-slice of each token row
-    /// (`data` is `[tokens, row_width]`); `cos`/`sin` are `[positions, rotary_dim/2]`, token `t` at position `t`.
+    fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor, RuntimeError>;
+    /// Rotates `rotary_dim` values starting at `offset` of every `head_dim`-slice of the rows `rows` of `x`; row
+    /// `rows.start + t` is at position `first_position + t` of `table`.
     #[allow(clippy::too_many_arguments)]
     fn rope(
         &self,
-        data: &mut [f32],
-        tokens: usize,
-        row_width: usize,
+        x: &mut Tensor,
+        rows: Range<usize>,
+        first_position: usize,
         head_dim: usize,
         offset: usize,
         rotary_dim: usize,
-        cos: &[f32],
-        sin: &[f32],
+        table: &RopeTable,
         style: RopeStyle,
-    );
-    /// Causal softmax attention for one sequence. `q` `[tokens, heads, qk_dim]`, `k` `[tokens, kv_heads, qk_dim]`,
-    /// `v` `[tokens, kv_heads, v_dim]` → `[tokens, heads, v_dim]`. `allowed`, when given, is a `[tokens, tokens]`
-    /// mask of the keys each query may attend to in addition to causality (DSA top-k selection).
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: Option<&[bool]>) -> Vec<f32>;
+    ) -> Result<(), RuntimeError>;
+    /// Causal softmax attention for the sequence in rows `rows`: `q` `[tokens, heads·qk_dim]`, `k`
+    /// `[tokens, kv_heads·qk_dim]`, `v` `[tokens, kv_heads·v_dim]` → `[rows.len(), heads·v_dim]`. `allowed`, when
+    /// given, is a `[len, len]` mask of the keys each query may attend to besides causality (DSA top-k selection).
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        rows: Range<usize>,
+        shape: &AttentionShape,
+        allowed: Option<&[bool]>,
+    ) -> Result<Tensor, RuntimeError>;
     /// MoE routing from router logits `[tokens, experts]` (before the sigmoid): `σ(logit) + correction_bias` picks the
     /// groups and experts (ties to the lower index), `σ(logit)` of the chosen experts are the weights.
-    fn route(&self, logits: &[f32], tokens: usize, correction_bias: &[f32], shape: &RoutingShape) -> Routes;
-    /// DSA indexer selection for one sequence: `q` `[tokens, heads, head_dim]`, `k` `[tokens, head_dim]`,
-    /// `head_weights` `[tokens, heads]`; score of key `s` for query `t` is
+    fn route(&self, logits: &Tensor, correction_bias: &Matrix, shape: &RoutingShape) -> Result<Routes, RuntimeError>;
+    /// DSA indexer selection for the sequence in rows `rows`: `q` `[tokens, heads·head_dim]`, `k`
+    /// `[tokens, head_dim]`, `head_weights` `[tokens, heads]`; score of key `s` for query `t` is
     /// `Σ_h w[t,h]·heads^-½ · ReLU(q[t,h]·k[s]·head_dim^-½)`, and each query keeps its `top_k` best causal keys
     /// (ties to the lower key; all of them while `t < top_k`).
-    fn indexer_top_k(&self, q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection;
+    fn indexer_top_k(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        head_weights: &Tensor,
+        rows: Range<usize>,
+        shape: &IndexerShape,
+    ) -> Result<KeySelection, RuntimeError>;
     /// Writes cached rows of `layer` into `pool` (encoded in its dtype), and into the backend's resident copy of the
     /// pool's pages where it keeps one.
     fn kv_write(&self, pool: &mut KvPool, layer: usize, rows: &[KvRow<'_>]) -> Result<(), PoolError>;
@@ -220,7 +353,62 @@ pub trait Backend: Sync {
     /// `[tokens, hidden]`; for each expert in slice order and each of its `(token, weight)` pairs in list order,
     /// `output[token] += weight · down(silu(gate · x[token]) ⊙ (up · x[token]))` (the product rounded, then added),
     /// so each token sums its experts in slice order whatever the backend computes in between.
-    fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]);
+    fn routed_experts(&self, x: &Tensor, experts: &[RoutedExpert<'_>], output: &mut Tensor)
+        -> Result<(), RuntimeError>;
+}
+
+impl dyn Backend + '_ {
+    /// Columns `start..start + width` of `x`.
+    pub fn columns(&self, x: &Tensor, start: usize, width: usize) -> Result<Tensor, RuntimeError> {
+        let mut out = self.zeros(x.rows(), width)?;
+        self.copy(&mut out, Block::columns(0, width), x, Block::columns(start, x.columns()), [x.rows(), 1, width])?;
+        Ok(out)
+    }
+
+    /// The parts side by side: `[rows, Σ columns]`.
+    pub fn concat_columns(&self, parts: &[&Tensor]) -> Result<Tensor, RuntimeError> {
+        let rows = parts.first().map_or(0, |part| part.rows());
+        let columns = parts.iter().map(|part| part.columns()).sum();
+        let mut out = self.zeros(rows, columns)?;
+        let mut start = 0;
+        for part in parts {
+            let shape = [rows, 1, part.columns()];
+            self.copy(&mut out, Block::columns(start, columns), part, Block::columns(0, part.columns()), shape)?;
+            start += part.columns();
+        }
+        Ok(out)
+    }
+
+    /// Rows `range` of `x`.
+    pub fn row_range(&self, x: &Tensor, range: Range<usize>) -> Result<Tensor, RuntimeError> {
+        let columns = x.columns();
+        let mut out = self.zeros(range.len(), columns)?;
+        let at = Block { offset: range.start * columns, outer_stride: columns, inner_stride: 0 };
+        self.copy(&mut out, Block::columns(0, columns), x, at, [range.len(), 1, columns])?;
+        Ok(out)
+    }
+
+    /// Rows `range` of `into` replaced by the same rows of `from` (same width).
+    pub fn copy_rows(&self, into: &mut Tensor, from: &Tensor, range: Range<usize>) -> Result<(), RuntimeError> {
+        let columns = into.columns();
+        let block = Block { offset: range.start * columns, outer_stride: columns, inner_stride: 0 };
+        self.copy(into, block, from, block, [range.len(), 1, columns])
+    }
+
+    /// `from` written into `into` from row `at_row` on (same width).
+    pub fn place_rows(&self, into: &mut Tensor, at_row: usize, from: &Tensor) -> Result<(), RuntimeError> {
+        let columns = into.columns();
+        let to = Block { offset: at_row * columns, outer_stride: columns, inner_stride: 0 };
+        self.copy(into, to, from, Block::columns(0, columns), [from.rows(), 1, columns])
+    }
+
+    /// `x` RMS-normed with `weight` over rows of its width (a copy).
+    pub fn rms_normed(&self, x: &Tensor, weight: &Matrix, eps: f32) -> Result<Tensor, RuntimeError> {
+        let mut out = self.zeros(x.rows(), x.columns())?;
+        self.copy_rows(&mut out, x, 0..x.rows())?;
+        self.rms_norm(&mut out, x.columns(), weight, eps)?;
+        Ok(out)
+    }
 }
 
 /// One routed expert of a batch: its SwiGLU weights (`gate`, `up` `[inner, hidden]`, `down` `[hidden, inner]`) and

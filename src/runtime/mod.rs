@@ -11,6 +11,7 @@ pub mod device;
 pub mod kv_cache;
 pub mod layer_stream;
 pub mod rope_table;
+pub mod tensor;
 pub mod validate;
 pub mod weights;
 
@@ -18,6 +19,7 @@ use std::path::PathBuf;
 
 pub use backend::{AttentionShape, Backend, Matrix, RopeStyle};
 pub use cpu::Cpu;
+pub use tensor::{Block, Tensor};
 
 use crate::io::IoError;
 use crate::model::ConfigError;

@@ -1,8 +1,7 @@
 //! RoPE tables from the config — frequencies and softmax scales, default and YaRN (transformers'
-//! `_compute_yarn_parameters`, `yarn_get_mscale`), computed in f64 and stored as f32 like torch's buffers — and
-//! their use at a given position.
+//! `_compute_yarn_parameters`, `yarn_get_mscale`), computed in f64 and stored as f32 like torch's buffers.
 
-use super::backend::{Backend, RopeStyle};
+use super::backend::Matrix;
 use super::RuntimeError;
 use crate::model::config::{Attention, Rope, RopeScaling};
 use crate::model::ModelConfig;
@@ -12,8 +11,9 @@ use crate::model::ModelConfig;
 pub struct RopeTable {
     pub rotary_dim: usize,
     pub positions: usize,
-    pub cos: Vec<f32>,
-    pub sin: Vec<f32>,
+    /// `[positions, rotary_dim/2]` (a matrix so a device backend keeps it resident like a weight).
+    pub cos: Matrix,
+    pub sin: Matrix,
 }
 
 /// `0.1 · mscale · ln(scale) + 1` for `scale > 1`, else 1.
@@ -94,7 +94,12 @@ impl RopeTable {
                 sin.push(((angle as f64).sin() * attention) as f32);
             }
         }
-        Self { rotary_dim: 2 * half, positions, cos, sin }
+        Self {
+            rotary_dim: 2 * half,
+            positions,
+            cos: Matrix::new(positions, half, cos),
+            sin: Matrix::new(positions, half, sin),
+        }
     }
 }
 
@@ -130,23 +135,6 @@ pub fn check_positions(table: &RopeTable, length: usize) -> Result<(), RuntimeEr
         )));
     }
     Ok(())
-}
-
-/// RoPE of one token's `row` (heads of `head_dim`, rotating `rotary` elements from `offset`) at `position`.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_at(
-    backend: &dyn Backend,
-    table: &RopeTable,
-    row: &mut [f32],
-    head_dim: usize,
-    offset: usize,
-    rotary: usize,
-    position: usize,
-    style: RopeStyle,
-) {
-    let half = table.rotary_dim / 2;
-    let (cos, sin) = (&table.cos[position * half..][..half], &table.sin[position * half..][..half]);
-    backend.rope(row, 1, row.len(), head_dim, offset, rotary, cos, sin, style);
 }
 
 #[cfg(test)]

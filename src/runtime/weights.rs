@@ -60,14 +60,25 @@ impl<'a> WeightReader<'a> {
                     self.shard(name).display()
                 ))
             })?;
-            let data = int4.dequantize();
+            // |q| ≤ 8: every value is finite when 8 × each scale is.
+            if let Some(position) = int4.scales.iter().position(|scale| !(scale.to_f32() * 8.0).is_finite()) {
+                return Err(RuntimeError::tensor(
+                    self.shard(name),
+                    format!("{module}.weight_scale"),
+                    format!(
+                        "scale {position} is {}: its values are not finite; the checkpoint is corrupt",
+                        int4.scales[position]
+                    ),
+                ));
+            }
             let (rows, columns) = (int4.rows, int4.columns);
             let int4 = Int4Weight {
                 packed: int4.words,
                 scales: int4.scales.iter().map(|scale| scale.to_bits()).collect(),
                 group_size: group,
             };
-            return self.checked(name, Matrix::new(rows, columns, data).with_int4(int4), expected);
+            // Packed only: the CPU backend dequantizes on first use, a device backend never does.
+            return self.checked(name, Matrix::packed(rows, columns, int4), expected);
         }
         let item = stored_item(self.checkpoint, name, self.fp8_block)?;
         let [rows, columns] = match item.shape.as_slice() {
@@ -78,9 +89,14 @@ impl<'a> WeightReader<'a> {
         self.checked(name, Matrix::new(rows, columns, data), expected)
     }
 
+    /// A 1-D parameter (norm weight, bias) of `length` values as a one-row matrix, the form the ops take.
+    pub fn parameter(&self, name: &str, length: usize) -> Result<Matrix, RuntimeError> {
+        self.matrix(name, [1, length])
+    }
+
     /// A 1-D tensor (norm weight, bias) of `length` values.
     pub fn vector(&self, name: &str, length: usize) -> Result<Vec<f32>, RuntimeError> {
-        Ok(self.matrix(name, [1, length])?.data)
+        Ok(self.matrix(name, [1, length])?.values().to_vec())
     }
 
     fn checked(&self, name: &str, matrix: Matrix, expected: [usize; 2]) -> Result<Matrix, RuntimeError> {
@@ -91,11 +107,14 @@ impl<'a> WeightReader<'a> {
                 format!("has shape [{}, {}] but config.json implies {expected:?}; the config does not belong to these weights", matrix.rows, matrix.columns),
             ));
         }
-        if let Some(position) = matrix.data.iter().position(|v| !v.is_finite()) {
+        if matrix.int4.is_some() {
+            return Ok(matrix);
+        }
+        if let Some(position) = matrix.values().iter().position(|v| !v.is_finite()) {
             return Err(RuntimeError::tensor(
                 self.shard(name),
                 name,
-                format!("element {position} dequantizes to {}; the checkpoint is corrupt", matrix.data[position]),
+                format!("element {position} dequantizes to {}; the checkpoint is corrupt", matrix.values()[position]),
             ));
         }
         Ok(matrix)
@@ -179,7 +198,7 @@ mod tests {
             let reader = WeightReader::new(&checkpoint);
             let expected = [out.max(0) as usize, columns.max(0) as usize];
             match reader.matrix("m.weight", expected) {
-                Ok(matrix) => prop_assert_eq!(matrix.data.len(), expected[0] * expected[1]),
+                Ok(matrix) => prop_assert_eq!(matrix.values().len(), expected[0] * expected[1]),
                 Err(error) => prop_assert!(error.to_string().contains("m.weight"), "{}", error),
             }
         }
@@ -190,7 +209,8 @@ mod tests {
         let dir = int4_folder([3, 2], [3, 1], [3, 16], 16);
         let checkpoint = Checkpoint::open(dir.path()).unwrap();
         let matrix = WeightReader::new(&checkpoint).matrix("m.weight", [3, 16]).unwrap();
-        assert_eq!(matrix.data.len(), 48);
-        assert!(matrix.data.iter().all(|v| v.is_finite()));
+        assert!(matrix.int4.is_some() && matrix.bytes() < 48 * 4, "read packed only: {} bytes", matrix.bytes());
+        assert_eq!(matrix.values().len(), 48);
+        assert!(matrix.values().iter().all(|v| v.is_finite()));
     }
 }

@@ -22,7 +22,7 @@ use crate::runtime::cpu::paged::attend_rows;
 use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
 use crate::runtime::rope_table::{rope_setup, RopeTable};
 use crate::runtime::weights::WeightReader;
-use crate::runtime::RuntimeError;
+use crate::runtime::{RuntimeError, Tensor};
 
 /// One request's new token in a decode batch.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +54,7 @@ pub struct DecodeModel {
     checkpoint: Checkpoint,
     config: ModelConfig,
     layers: Vec<DecodeLayer>,
-    norm: Vec<f32>,
+    norm: Matrix,
     head: Matrix,
     table: RopeTable,
     mla_scale: f32,
@@ -68,7 +68,7 @@ impl DecodeModel {
         let layers = (0..config.num_hidden_layers)
             .map(|layer| DecodeLayer::load(&reader, &config, layer))
             .collect::<Result<Vec<_>, _>>()?;
-        let norm = reader.vector("model.norm.weight", config.hidden_size)?;
+        let norm = reader.parameter("model.norm.weight", config.hidden_size)?;
         let head = reader.matrix(head_name(&config, &reader), [config.vocab_size, config.hidden_size])?;
         let (table, mla_scale) = rope_setup(&config, max_positions.max(1));
         drop(reader);
@@ -143,15 +143,18 @@ impl DecodeModel {
         let reader = WeightReader::new(&self.checkpoint);
         let count = tokens.len();
         let positions: Vec<usize> = (0..count).collect();
-        let mut hidden = reader.rows("model.embed_tokens.weight", self.config.hidden_size, tokens)?;
+        let width = self.config.hidden_size;
+        let mut hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, tokens)?, width)?;
         let (mut all_rows, mut all_aux) = (Vec::new(), Vec::new());
         let mut selection: Vec<Option<Vec<bool>>> = vec![None; count];
         let layout = DecodeLayer::layout(&self.config, self.mla_scale);
         let (row_width, heads) = (self.row_width(), self.config.num_attention_heads);
         for layer in &self.layers {
             let (rows, aux, queries) =
-                layer.project(backend, &self.config, &self.table, &hidden, &positions, self.aux_width());
-            let q = layer.attention_queries(backend, &self.config, &queries);
+                layer.project(backend, &self.config, &self.table, &hidden, &positions, self.aux_width())?;
+            let q = backend.download(&layer.attention_queries(backend, &self.config, &queries)?)?;
+            // The prompt attends its own rows on the host (they are handed over to the pool after).
+            let (rows, aux) = (backend.download(&rows)?, backend.download(&aux)?);
             let mut attended = vec![0f32; count * heads * layout.v_dim];
             for (t, selected) in selection.iter_mut().enumerate() {
                 if layer.has_indexer() {
@@ -161,13 +164,13 @@ impl DecodeModel {
                 let y = &mut attended[t * heads * layout.v_dim..][..heads * layout.v_dim];
                 attend_rows(&layout, q_row, &rows, row_width, t + 1, selected.as_deref(), y);
             }
-            let attended = layer.attention_values(backend, &self.config, attended);
-            layer.finish(backend, &reader, &self.config, &mut hidden, &attended, count)?;
+            let attended = backend.upload(&attended, heads * layout.v_dim)?;
+            let attended = layer.attention_values(backend, &self.config, attended)?;
+            layer.finish(backend, &reader, &self.config, &mut hidden, &attended)?;
             all_rows.push(rows);
             all_aux.push(aux);
         }
-        let last = &hidden[(count - 1) * self.config.hidden_size..];
-        let logits = self.logits(backend, last, 1);
+        let logits = self.logits(backend, &backend.row_range(&hidden, count - 1..count)?)?;
         RuntimeError::check(backend)?;
         Ok(Prefilled { logits, rows: all_rows, aux: all_aux })
     }
@@ -218,7 +221,8 @@ impl DecodeModel {
             pool.reserve(item.request, item.position + 1).map_err(pool_error)?;
         }
         let tokens: Vec<u32> = items.iter().map(|i| i.token).collect();
-        let mut hidden = reader.rows("model.embed_tokens.weight", self.config.hidden_size, &tokens)?;
+        let width = self.config.hidden_size;
+        let mut hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
         let (row_width, aux_width) = (self.row_width(), self.aux_width());
         let layout = DecodeLayer::layout(&self.config, self.mla_scale);
         let per_item = self.config.num_attention_heads * layout.v_dim;
@@ -231,8 +235,10 @@ impl DecodeModel {
         for (index, layer) in self.layers.iter().enumerate() {
             let positions: Vec<usize> = live.iter().map(|&i| items[i].position).collect();
             let (new_rows, new_aux, queries) =
-                layer.project(backend, &self.config, &self.table, &hidden, &positions, aux_width);
-            let q = layer.attention_queries(backend, &self.config, &queries);
+                layer.project(backend, &self.config, &self.table, &hidden, &positions, aux_width)?;
+            // The paged cache takes host rows and queries.
+            let q = backend.download(&layer.attention_queries(backend, &self.config, &queries)?)?;
+            let (new_rows, new_aux) = (backend.download(&new_rows)?, backend.download(&new_aux)?);
             if layer.has_indexer() {
                 for (t, &i) in live.iter().enumerate() {
                     let item = items[i];
@@ -261,14 +267,13 @@ impl DecodeModel {
             verify_seconds += decoded.verify_seconds;
             let mut attended = decoded.out;
             if decoded.faults.iter().any(Option::is_some) {
-                let hidden_size = self.config.hidden_size;
                 let kept: Vec<usize> = (0..live.len()).filter(|&t| decoded.faults[t].is_none()).collect();
                 for (t, fault) in decoded.faults.into_iter().enumerate() {
                     if let Some(fault) = fault {
                         results[live[t]] = Some(Err(fault));
                     }
                 }
-                hidden = kept.iter().flat_map(|&t| &hidden[t * hidden_size..][..hidden_size]).copied().collect();
+                hidden = backend.gather_rows(&hidden, &kept)?;
                 attended = kept.iter().flat_map(|&t| &attended[t * per_item..][..per_item]).copied().collect();
                 selection = kept.iter().map(|&t| selection[t].take()).collect();
                 live = kept.iter().map(|&t| live[t]).collect();
@@ -276,11 +281,12 @@ impl DecodeModel {
             if live.is_empty() {
                 break;
             }
-            let attended = layer.attention_values(backend, &self.config, attended);
-            layer.finish(backend, &reader, &self.config, &mut hidden, &attended, live.len())?;
+            let attended = backend.upload(&attended, per_item)?;
+            let attended = layer.attention_values(backend, &self.config, attended)?;
+            layer.finish(backend, &reader, &self.config, &mut hidden, &attended)?;
         }
         if !live.is_empty() {
-            let logits = self.logits(backend, &hidden, live.len());
+            let logits = self.logits(backend, &hidden)?;
             for (&i, logits) in live.iter().zip(logits.chunks(self.config.vocab_size)) {
                 results[i] = Some(Ok(logits.to_vec()));
             }
@@ -290,10 +296,10 @@ impl DecodeModel {
         Ok(DecodeStep { logits, verify_seconds })
     }
 
-    fn logits(&self, backend: &dyn Backend, hidden: &[f32], tokens: usize) -> Vec<f32> {
-        let mut x = hidden[..tokens * self.config.hidden_size].to_vec();
-        backend.rms_norm(&mut x, self.config.hidden_size, &self.norm, self.config.rms_norm_eps as f32);
-        backend.linear(&x, tokens, &self.head, None)
+    /// The logits of every row of `hidden` (final norm and head).
+    fn logits(&self, backend: &dyn Backend, hidden: &Tensor) -> Result<Vec<f32>, RuntimeError> {
+        let x = backend.rms_normed(hidden, &self.norm, self.config.rms_norm_eps as f32)?;
+        backend.download(&backend.linear(&x, &self.head, None)?)
     }
 }
 

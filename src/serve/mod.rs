@@ -119,6 +119,7 @@ pub fn serve_test(
         shape,
         page_bytes: shape.page_bytes(options.kv_dtype),
         kv_scales_missing: options.kv_dtype == KvDtype::Fp8 && scales.any_missing(),
+        device: backend.device_counters(),
     };
     Ok(assemble(&facts, &pool, finished))
 }

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::format::kv_scales::KvDtype;
 use crate::model::tokenizer::Tokenizer;
+use crate::runtime::device::DeviceCounters;
 use crate::runtime::kv_cache::{InjectedFault, KvPool, PoolShape, RequestId};
 
 use super::batch::{Finish, Finished};
@@ -61,6 +62,9 @@ pub struct ServeReport {
     /// `verify_seconds / decode_seconds` (decode time includes verification).
     pub verify_share: f64,
     pub kv_scales_missing: bool,
+    /// Host↔device copies by kind and kernel launches of a device backend (absent on the CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceCounters>,
     pub injected: Vec<InjectedFault>,
     pub requests: Vec<RequestReport>,
 }
@@ -81,6 +85,7 @@ pub struct RunFacts<'a> {
     pub shape: PoolShape,
     pub page_bytes: usize,
     pub kv_scales_missing: bool,
+    pub device: Option<DeviceCounters>,
 }
 
 /// The report of a finished run: statuses, false positives (aborts no injected fault explains) and undetected
@@ -150,6 +155,7 @@ pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished) -> ServeRep
         decode_tokens_per_second: rate(timings.decode_tokens, timings.decode_seconds),
         verify_share: if timings.decode_seconds > 0.0 { timings.verify_seconds / timings.decode_seconds } else { 0.0 },
         kv_scales_missing: facts.kv_scales_missing,
+        device: facts.device,
         injected,
         requests,
     }

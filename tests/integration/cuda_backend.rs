@@ -69,6 +69,16 @@ fn eval_matches_cpu(arch: &str, int4: bool) {
     let nll = (gpu["mean_nll"].as_f64().unwrap() - cpu["mean_nll"].as_f64().unwrap()).abs();
     assert!(nll < NLL_ABS, "{arch} int4={int4}: mean NLL differs by {nll:e}");
     eprintln!("{arch} int4={int4}: logits rel L2 {rel:.2e}, NLL diff {nll:.2e}");
+    assert!(cpu.get("device").is_none(), "the CPU backend reports no device copies: {cpu}");
+    let weights = &gpu["device"]["transfers"]["weights"];
+    assert!(weights["h2d_count"].as_u64().unwrap() > 0 && weights["d2h_count"] == 0, "{gpu}");
+    assert!(gpu["device"]["launches"].as_u64().unwrap() > 0, "{gpu}");
+    // The residual stream stays on the device from the embedding to the logits: one upload, one logits download
+    // per chunk, no activation copy inside any decoder layer.
+    let activations = &gpu["device"]["transfers"]["activations"];
+    let (h2d, d2h) = (activations["h2d_count"].as_u64().unwrap(), activations["d2h_count"].as_u64().unwrap());
+    assert_eq!((h2d, d2h), (1, 2), "{arch} int4={int4}: activation copies {activations}");
+    eprintln!("{arch} int4={int4}: device {}", gpu["device"]);
 }
 
 #[test]
@@ -277,4 +287,7 @@ fn selftest_on_the_emulated_device_runs_the_op_table() {
     }
     assert!(rows.iter().all(|row| row["passed"] == true), "{report}");
     assert_eq!(report["passed"], true);
+    let copied = &report["device"]["transfers"]["activations"];
+    assert!(copied["h2d_count"].as_u64().unwrap() > 0 && copied["d2h_count"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["device"]["launches"].as_u64().unwrap() > 0, "{report}");
 }

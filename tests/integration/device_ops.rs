@@ -13,7 +13,6 @@ use squeeze::opcheck::{self, Mode, Target, CASES};
 use squeeze::quant::pack;
 use squeeze::rng::Rng;
 use squeeze::runtime::backend::{Int4Weight, RoutedExpert};
-use squeeze::runtime::cuda::linear;
 use squeeze::runtime::cuda::paged::{self, DecodePlan};
 use squeeze::runtime::cuda::CudaBackend;
 use squeeze::runtime::device::emulated::Emulator;
@@ -220,8 +219,8 @@ fn w4a16_rejects_group_sizes_it_cannot_read() {
             group_size,
         };
         let matrix = Matrix::new(5, in_features, vec![0.0; 5 * in_features]).with_int4(int4);
-        let error = linear::linear(&backend, &rng.values(in_features, 1.0), 1, &matrix, None)
-            .expect_err("an unreadable INT4 layout is refused");
+        let x = backend.upload(&rng.values(in_features, 1.0), in_features).unwrap();
+        let error = backend.linear(&x, &matrix, None).expect_err("an unreadable INT4 layout is refused");
         let message = error.to_string();
         assert!(message.contains("group size") && message.contains("CPU backend"), "{message}");
     }
@@ -234,16 +233,15 @@ fn routed_experts_refuse_a_token_outside_the_batch() {
     let one = expert(&mut rng, 32, 16, Some(16), false);
     let tokens = [(0usize, 1.0f32), (2, 0.5)];
     let [gate, up, down] = &one.device;
-    let mut output = vec![0f32; 2 * 32];
-    backend.routed_experts(
-        &rng.values(2 * 32, 1.0),
-        32,
-        &[RoutedExpert { gate, up, down, tokens: &tokens }],
-        &mut output,
-    );
-    let failure = backend.failure().expect("a token index past x is refused");
+    let x = backend.upload(&rng.values(2 * 32, 1.0), 32).unwrap();
+    let mut output = backend.zeros(2, 32).unwrap();
+    let refused = backend.routed_experts(&x, &[RoutedExpert { gate, up, down, tokens: &tokens }], &mut output);
+    let failure = refused.expect_err("a token index past x is refused").to_string();
     assert!(failure.contains("token 2 of 2"), "{failure}");
-    assert!(output.iter().all(|v| v.is_nan()), "a refused batch leaves NaN rows");
+    assert!(
+        backend.download(&output).unwrap().iter().all(|&v| v == 0.0),
+        "a refused batch leaves the output as it was"
+    );
 }
 
 #[test]
@@ -256,13 +254,16 @@ fn cpu_batches_split_anywhere_sum_to_the_same_bits() {
     let assigned = routes(&mut rng, tokens, count, 3, &[]);
     let x = rng.values(tokens * hidden, 2.0);
     let all = batch(experts.iter().map(|e| &e.cpu), &assigned);
-    let mut whole = vec![0f32; tokens * hidden];
-    Cpu.routed_experts(&x, hidden, &all, &mut whole);
+    let x = Cpu.upload(&x, hidden).unwrap();
+    let mut whole = Cpu.zeros(tokens, hidden).unwrap();
+    Cpu.routed_experts(&x, &all, &mut whole).unwrap();
+    let whole = Cpu.download(&whole).unwrap();
     for per_batch in [1, 2, 3, 6] {
-        let mut split = vec![0f32; tokens * hidden];
+        let mut split = Cpu.zeros(tokens, hidden).unwrap();
         for chunk in all.chunks(per_batch) {
-            Cpu.routed_experts(&x, hidden, chunk, &mut split);
+            Cpu.routed_experts(&x, chunk, &mut split).unwrap();
         }
+        let split = Cpu.download(&split).unwrap();
         let differ = split.iter().zip(&whole).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         assert_eq!(differ, 0, "batches of {per_batch}: {differ} values differ from one batch");
     }

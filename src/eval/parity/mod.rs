@@ -37,7 +37,7 @@ use crate::progress::Reporter;
 use crate::runtime::backend::Matrix;
 use crate::runtime::rope_table::{rope_setup, RopeTable};
 use crate::runtime::weights::WeightReader;
-use crate::runtime::{Backend, RuntimeError, Spans};
+use crate::runtime::{Backend, RuntimeError, Spans, Tensor};
 pub use stats::{Summary, TokenSamples};
 
 /// An evaluation mode (see the module docs).
@@ -164,7 +164,7 @@ pub struct ParityReport {
 /// One mode's running state through the layers.
 struct Stream {
     mode: Mode,
-    hidden: Vec<f32>,
+    hidden: Tensor,
     state: LayerState,
     routes: Vec<Vec<usize>>,
     layers: Vec<LayerError>,
@@ -213,7 +213,7 @@ pub fn evaluate_parity(
     }
 
     let pass = Pass::new(&reference, &candidate, &modes, &sequences, prompt);
-    let mut streams = pass.embed(&modes, &sequences)?;
+    let mut streams = pass.embed(&modes, &sequences, backend)?;
     reporter.begin("layers", config.num_hidden_layers as u64 + 1);
     pass.run(&mut streams, &kv_fp8, backend, reporter)?;
     let samples = pass.score(&streams, &sequences, backend)?;
@@ -295,25 +295,24 @@ impl<'a> Pass<'a> {
 
     /// One stream per mode, the reference first (it is what every mode is compared with, so it always runs), each
     /// starting from its weights' embeddings.
-    fn embed(&self, modes: &[Mode], sequences: &[Vec<u32>]) -> Result<Vec<Stream>, EvalError> {
+    fn embed(&self, modes: &[Mode], sequences: &[Vec<u32>], backend: &dyn Backend) -> Result<Vec<Stream>, EvalError> {
         let ids: Vec<u32> = sequences.concat();
         let ref_embedded = embed(&self.ref_reader, self.reference.config(), &ids)?;
         let cand_embedded =
             if self.needs_candidate { embed(&self.cand_reader, self.candidate.config(), &ids)? } else { Vec::new() };
-        Ok(std::iter::once(Mode::Reference)
-            .chain(modes.iter().copied().filter(|&m| m != Mode::Reference))
-            .map(|mode| Stream {
+        let width = self.reference.config().hidden_size;
+        let streams = std::iter::once(Mode::Reference).chain(modes.iter().copied().filter(|&m| m != Mode::Reference));
+        let stream = |mode: Mode| -> Result<Stream, EvalError> {
+            let embedded = if matches!(mode, Mode::Weights | Mode::Split) { &cand_embedded } else { &ref_embedded };
+            Ok(Stream {
                 mode,
-                hidden: if matches!(mode, Mode::Weights | Mode::Split) {
-                    cand_embedded.clone()
-                } else {
-                    ref_embedded.clone()
-                },
+                hidden: backend.upload(embedded, width)?,
                 state: LayerState::default(),
                 routes: Vec::new(),
                 layers: Vec::new(),
             })
-            .collect())
+        };
+        streams.map(stream).collect()
     }
 
     /// Advances every stream through every decoder layer in one layer-streamed pass over REF (and CAND when a
@@ -353,7 +352,7 @@ impl<'a> Pass<'a> {
         let ref_layer = &step.layers[0];
         let cand_layer = step.layers.get(1);
         let (first, rest) = streams.split_first_mut().expect("the reference stream exists");
-        let prefill_hidden = first.hidden.clone();
+        let prefill_hidden = ref_context.backend.row_range(&first.hidden, 0..first.hidden.rows())?;
         let times = ExpertTimes::default();
         let mut tap = LayerTap { kv: KvTap::default(), routes: Some(&mut first.routes), experts: None };
         let spans = &self.spans;
@@ -366,6 +365,8 @@ impl<'a> Pass<'a> {
             &times,
             Some(&mut tap),
         )?;
+        // The per-layer error visits the host (a tap of every stream's residual stream).
+        let reference_hidden = ref_context.backend.download(&first.hidden)?;
         for stream in rest.iter_mut() {
             let fp8 = if stream.mode.fp8_kv() { Some(layer_fp8) } else { None };
             let mut tap =
@@ -384,7 +385,12 @@ impl<'a> Pass<'a> {
             let moe = config.runs_moe(step.index);
             stream.layers.push(LayerError {
                 layer: step.index,
-                hidden_rel_l2: relative_l2(&stream.hidden, &first.hidden, &self.scored_rows, width),
+                hidden_rel_l2: relative_l2(
+                    &context.backend.download(&stream.hidden)?,
+                    &reference_hidden,
+                    &self.scored_rows,
+                    width,
+                ),
                 expert_agreement: if moe {
                     Some(agreement(&stream.routes, &first.routes, &self.scored_rows))
                 } else {
@@ -413,31 +419,31 @@ impl<'a> Pass<'a> {
         let (ref_reader, cand_reader) = (&self.ref_reader, &self.cand_reader);
         let prompt = self.prompt;
         let ctx = sequences[0].len();
-        let ref_norm = ref_reader.vector("model.norm.weight", width)?;
+        let ref_norm = ref_reader.parameter("model.norm.weight", width)?;
         let ref_head: Matrix = ref_reader.matrix(head_name(config, ref_reader), [vocab, width])?;
         let cand_parts = if self.needs_candidate {
             Some((
-                cand_reader.vector("model.norm.weight", width)?,
+                cand_reader.parameter("model.norm.weight", width)?,
                 cand_reader.matrix(head_name(other, cand_reader), [vocab, width])?,
             ))
         } else {
             None
         };
         let rows_per_seq = ctx - 1 - prompt;
-        let logits_of = |stream: &Stream, start: usize| -> Vec<f32> {
+        let logits_of = |stream: &Stream, start: usize| -> Result<Vec<f32>, RuntimeError> {
             let (norm, head) = match (stream.mode, &cand_parts) {
                 (Mode::Weights | Mode::Split, Some((norm, head))) => (norm, head),
                 _ => (&ref_norm, &ref_head),
             };
-            let mut rows = stream.hidden[(start + prompt) * width..(start + prompt + rows_per_seq) * width].to_vec();
-            backend.rms_norm(&mut rows, width, norm, config.rms_norm_eps as f32);
-            backend.linear(&rows, rows_per_seq, head, None)
+            let mut rows = backend.row_range(&stream.hidden, start + prompt..start + prompt + rows_per_seq)?;
+            backend.rms_norm(&mut rows, width, norm, config.rms_norm_eps as f32)?;
+            backend.download(&backend.linear(&rows, head, None)?)
         };
         let mut samples: Vec<TokenSamples> = vec![TokenSamples::default(); streams.len()];
         for (sequence, (start, _)) in self.spans.iter().enumerate() {
-            let base = logits_of(&streams[0], start);
+            let base = logits_of(&streams[0], start)?;
             for (stream, sample) in streams.iter().zip(samples.iter_mut()) {
-                let logits = if stream.mode == Mode::Reference { base.clone() } else { logits_of(stream, start) };
+                let logits = if stream.mode == Mode::Reference { base.clone() } else { logits_of(stream, start)? };
                 for row in 0..rows_per_seq {
                     let target = sequences[sequence][prompt + row + 1] as usize;
                     sample.add(&base[row * vocab..][..vocab], &logits[row * vocab..][..vocab], target);

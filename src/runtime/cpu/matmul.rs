@@ -13,6 +13,7 @@ pub fn linear(input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>)
     let (features, width) = (weight.rows, weight.columns);
     debug_assert_eq!(input.len(), rows * width);
     // Computed transposed (`[features, rows]`) so each task owns a contiguous slice, then transposed back.
+    let values = weight.values();
     let mut transposed = vec![0f32; features * rows];
     transposed.par_chunks_mut(FEATURE_BLOCK * rows.max(1)).enumerate().for_each(|(block, out)| {
         let first = block * FEATURE_BLOCK;
@@ -21,7 +22,7 @@ pub fn linear(input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>)
             let x = &input[row * width..][..width];
             for local in 0..count {
                 let feature = first + local;
-                let w = &weight.data[feature * width..][..width];
+                let w = &values[feature * width..][..width];
                 out[local * rows + row] = dot(x, w) + bias.map_or(0.0, |b| b[feature]);
             }
         }

@@ -10,81 +10,187 @@ pub mod paged;
 mod rope;
 mod routing;
 
+use std::ops::Range;
+
 use super::backend::{
-    AttentionShape, Backend, IndexerShape, KeySelection, Matrix, RopeStyle, RoutedExpert, Routes, RoutingShape,
+    AttentionShape, Backend, IndexerShape, KeySelection, KvRow, Matrix, PagedDecode, PagedStep, RopeStyle,
+    RoutedExpert, Routes, RoutingShape,
 };
+use super::kv_cache::{KvPool, PoolError};
+use super::rope_table::RopeTable;
+use super::tensor::{copy_block, Block, Storage, Tensor};
+use super::RuntimeError;
 
 /// The CPU backend.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Cpu;
+
+/// A CPU tensor's values.
+fn values(tensor: &Tensor) -> &[f32] {
+    match &tensor.storage {
+        Storage::Host(values) => &values[..tensor.len()],
+        Storage::Device(_) => panic!("a device tensor was handed to the CPU backend"),
+    }
+}
+
+fn values_mut(tensor: &mut Tensor) -> &mut [f32] {
+    let len = tensor.len();
+    match &mut tensor.storage {
+        Storage::Host(values) => &mut values[..len],
+        Storage::Device(_) => panic!("a device tensor was handed to the CPU backend"),
+    }
+}
+
+/// Rows `rows` of a `columns`-wide slice.
+fn rows_of<'a>(values: &'a [f32], columns: usize, rows: &Range<usize>) -> &'a [f32] {
+    &values[rows.start * columns..rows.end * columns]
+}
 
 impl Backend for Cpu {
     fn name(&self) -> &'static str {
         "cpu"
     }
 
-    fn linear(&self, input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>) -> Vec<f32> {
-        matmul::linear(input, rows, weight, bias)
+    fn upload(&self, values: &[f32], columns: usize) -> Result<Tensor, RuntimeError> {
+        Ok(Tensor::host(values.to_vec(), columns))
     }
 
-    fn rms_norm(&self, data: &mut [f32], width: usize, weight: &[f32], eps: f32) {
-        norm::rms_norm(data, width, weight, eps)
+    fn download(&self, tensor: &Tensor) -> Result<Vec<f32>, RuntimeError> {
+        Ok(values(tensor).to_vec())
     }
 
-    fn layer_norm(&self, data: &mut [f32], width: usize, weight: &[f32], bias: &[f32], eps: f32) {
-        norm::layer_norm(data, width, weight, bias, eps)
+    fn zeros(&self, rows: usize, columns: usize) -> Result<Tensor, RuntimeError> {
+        Ok(Tensor::host(vec![0f32; rows * columns], columns))
     }
 
-    fn silu_mul(&self, gate: &[f32], up: &[f32]) -> Vec<f32> {
-        activation::silu_mul(gate, up)
+    fn copy(
+        &self,
+        into: &mut Tensor,
+        to: Block,
+        from: &Tensor,
+        at: Block,
+        shape: [usize; 3],
+    ) -> Result<(), RuntimeError> {
+        copy_block(values_mut(into), to, values(from), at, shape);
+        Ok(())
+    }
+
+    fn add(&self, into: &mut Tensor, from: &Tensor) -> Result<(), RuntimeError> {
+        values_mut(into).iter_mut().zip(values(from)).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &Tensor, rows: &[usize]) -> Result<Tensor, RuntimeError> {
+        let (source, columns) = (values(x), x.columns());
+        let gathered =
+            rows.iter().flat_map(|&row| source[row * columns..(row + 1) * columns].iter().copied()).collect();
+        Ok(Tensor::host(gathered, columns))
+    }
+
+    fn add_rows(&self, into: &mut Tensor, targets: &[usize], from: &Tensor) -> Result<(), RuntimeError> {
+        let columns = into.columns();
+        let target = values_mut(into);
+        for (row, &index) in values(from).chunks(columns).zip(targets) {
+            target[index * columns..(index + 1) * columns].iter_mut().zip(row).for_each(|(h, v)| *h += v);
+        }
+        Ok(())
+    }
+
+    fn linear(&self, x: &Tensor, weight: &Matrix, bias: Option<&Matrix>) -> Result<Tensor, RuntimeError> {
+        let bias = bias.map(|bias| bias.values());
+        Ok(Tensor::host(matmul::linear(values(x), x.rows(), weight, bias), weight.rows))
+    }
+
+    fn rms_norm(&self, x: &mut Tensor, width: usize, weight: &Matrix, eps: f32) -> Result<(), RuntimeError> {
+        norm::rms_norm(values_mut(x), width, weight.values(), eps);
+        Ok(())
+    }
+
+    fn layer_norm(
+        &self,
+        x: &mut Tensor,
+        width: usize,
+        weight: &Matrix,
+        bias: &Matrix,
+        eps: f32,
+    ) -> Result<(), RuntimeError> {
+        norm::layer_norm(values_mut(x), width, weight.values(), bias.values(), eps);
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor, RuntimeError> {
+        Ok(Tensor::host(activation::silu_mul(values(gate), values(up)), gate.columns()))
     }
 
     fn rope(
         &self,
-        data: &mut [f32],
-        tokens: usize,
-        row_width: usize,
+        x: &mut Tensor,
+        rows: Range<usize>,
+        first_position: usize,
         head_dim: usize,
         offset: usize,
         rotary_dim: usize,
-        cos: &[f32],
-        sin: &[f32],
+        table: &RopeTable,
         style: RopeStyle,
-    ) {
-        rope::apply(data, tokens, row_width, head_dim, offset, rotary_dim, cos, sin, style)
+    ) -> Result<(), RuntimeError> {
+        let (columns, half) = (x.columns(), table.cos.columns);
+        let data = &mut values_mut(x)[rows.start * columns..rows.end * columns];
+        let (cos, sin) = (&table.cos.values()[first_position * half..], &table.sin.values()[first_position * half..]);
+        rope::apply(data, rows.len(), columns, head_dim, offset, rotary_dim, cos, sin, style);
+        Ok(())
     }
 
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: Option<&[bool]>) -> Vec<f32> {
-        attention::causal(q, k, v, shape, allowed)
-    }
-
-    fn route(&self, logits: &[f32], tokens: usize, correction_bias: &[f32], shape: &RoutingShape) -> Routes {
-        routing::route(logits, tokens, correction_bias, shape)
-    }
-
-    fn indexer_top_k(&self, q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection {
-        indexer::top_k(q, k, head_weights, shape)
-    }
-
-    fn kv_write(
+    fn attention(
         &self,
-        pool: &mut crate::runtime::kv_cache::KvPool,
-        layer: usize,
-        rows: &[super::backend::KvRow<'_>],
-    ) -> Result<(), crate::runtime::kv_cache::PoolError> {
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        rows: Range<usize>,
+        shape: &AttentionShape,
+        allowed: Option<&[bool]>,
+    ) -> Result<Tensor, RuntimeError> {
+        let (q, k, v) = (
+            rows_of(values(q), q.columns(), &rows),
+            rows_of(values(k), k.columns(), &rows),
+            rows_of(values(v), v.columns(), &rows),
+        );
+        Ok(Tensor::host(attention::causal(q, k, v, shape, allowed), shape.heads * shape.v_dim))
+    }
+
+    fn route(&self, logits: &Tensor, correction_bias: &Matrix, shape: &RoutingShape) -> Result<Routes, RuntimeError> {
+        Ok(routing::route(values(logits), logits.rows(), correction_bias.values(), shape))
+    }
+
+    fn indexer_top_k(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        head_weights: &Tensor,
+        rows: Range<usize>,
+        shape: &IndexerShape,
+    ) -> Result<KeySelection, RuntimeError> {
+        let q = rows_of(values(q), q.columns(), &rows);
+        let k = rows_of(values(k), k.columns(), &rows);
+        let w = rows_of(values(head_weights), head_weights.columns(), &rows);
+        Ok(indexer::top_k(q, k, w, shape))
+    }
+
+    fn kv_write(&self, pool: &mut KvPool, layer: usize, rows: &[KvRow<'_>]) -> Result<(), PoolError> {
         paged::kv_write(pool, layer, rows)
     }
 
-    fn paged_decode(
-        &self,
-        pool: &mut crate::runtime::kv_cache::KvPool,
-        step: &super::backend::PagedStep<'_>,
-    ) -> super::backend::PagedDecode {
+    fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> PagedDecode {
         paged::decode(pool, step)
     }
 
-    fn routed_experts(&self, x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]) {
-        experts::apply(x, hidden, experts, output)
+    fn routed_experts(
+        &self,
+        x: &Tensor,
+        experts: &[RoutedExpert<'_>],
+        output: &mut Tensor,
+    ) -> Result<(), RuntimeError> {
+        experts::apply(values(x), x.columns(), experts, values_mut(output));
+        Ok(())
     }
 }
 

@@ -2,13 +2,16 @@
 
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
+use crate::runtime::tensor::Tensor;
+
+use super::tensor::{alloc, buffer};
 use super::CudaBackend;
 
 /// Threads per block of the elementwise kernels.
 const THREADS: u32 = 256;
 
 /// `silu(gate) · up`, elementwise.
-pub fn silu_mul(backend: &CudaBackend, gate: &[f32], up: &[f32]) -> Result<Vec<f32>, CudaError> {
+pub fn silu_mul(backend: &CudaBackend, gate: &Tensor, up: &Tensor) -> Result<Tensor, CudaError> {
     if gate.len() != up.len() {
         return Err(CudaError::Unsupported {
             tensor: "silu_mul".into(),
@@ -16,12 +19,9 @@ pub fn silu_mul(backend: &CudaBackend, gate: &[f32], up: &[f32]) -> Result<Vec<f
         });
     }
     let device = backend.device();
-    let count = gate.len();
-    let gate_buffer = device.upload(gate)?;
-    let up_buffer = device.upload(up)?;
-    let out = device.alloc_for::<f32>(count)?;
-    silu_mul_f32(device, &gate_buffer, &up_buffer, &out, count)?;
-    device.download(&out, count)
+    let out = alloc(device, gate.rows(), gate.columns())?;
+    silu_mul_f32(device, buffer(gate)?, buffer(up)?, buffer(&out)?, gate.len())?;
+    Ok(out)
 }
 
 /// Device-level `out[i] = silu(gate[i]) · up[i]` for `count` f32 values.

@@ -1,9 +1,14 @@
 //! Causal prefill attention on the device: kernels/attention.cu.
 
 use crate::runtime::backend::AttentionShape;
-use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, Traffic};
 
 use super::checks::buffers_hold;
+use std::ops::Range;
+
+use crate::runtime::tensor::Tensor;
+
+use super::tensor::{alloc, buffer, sequence_inputs};
 use super::CudaBackend;
 
 /// Threads per block of `attention_causal`: 4 warps, one (query, head) pair each.
@@ -37,21 +42,26 @@ pub fn check_shape(shape: &AttentionShape) -> Result<(), CudaError> {
 /// Launches `attention_causal` on device-resident data: `q` `[tokens, heads, qk_dim]`, `k` `[tokens, kv_heads,
 /// qk_dim]`, `v` `[tokens, kv_heads, v_dim]` f32, `allowed` u8 `[tokens, tokens]` (or none), `out` `[tokens, heads,
 /// v_dim]` f32.
+///
+/// `q`, `k` and `v` start at row `first_row` of their buffers.
+#[allow(clippy::too_many_arguments)]
 pub fn causal_on(
     device: &dyn Device,
     q: &DeviceBuffer,
     k: &DeviceBuffer,
     v: &DeviceBuffer,
+    first_row: usize,
     allowed: Option<&DeviceBuffer>,
     out: &DeviceBuffer,
     shape: &AttentionShape,
 ) -> Result<(), CudaError> {
     check_shape(shape)?;
     let AttentionShape { tokens, heads, kv_heads, qk_dim, v_dim, scale } = *shape;
+    let end = first_row + tokens;
     let sizes = [
-        ("q", q.bytes(), tokens * heads * qk_dim * 4),
-        ("k", k.bytes(), tokens * kv_heads * qk_dim * 4),
-        ("v", v.bytes(), tokens * kv_heads * v_dim * 4),
+        ("q", q.bytes(), end * heads * qk_dim * 4),
+        ("k", k.bytes(), end * kv_heads * qk_dim * 4),
+        ("v", v.bytes(), end * kv_heads * v_dim * 4),
         ("out", out.bytes(), tokens * heads * v_dim * 4),
         ("allowed", allowed.map_or(usize::MAX, DeviceBuffer::bytes), tokens * tokens),
     ];
@@ -64,9 +74,9 @@ pub fn causal_on(
         "attention_causal",
         LaunchShape::linear(blocks, THREADS),
         &[
-            Arg::Buffer(q),
-            Arg::Buffer(k),
-            Arg::Buffer(v),
+            Arg::At(q, first_row * heads * qk_dim * 4),
+            Arg::At(k, first_row * kv_heads * qk_dim * 4),
+            Arg::At(v, first_row * kv_heads * v_dim * 4),
             allowed.map_or(Arg::Null, Arg::Buffer),
             Arg::Buffer(out),
             Arg::I32(tokens as i32),
@@ -79,41 +89,38 @@ pub fn causal_on(
     )
 }
 
-/// `Backend::attention`: causal softmax attention of one sequence, optionally restricted by `allowed`.
+/// [`crate::runtime::Backend::attention`] on the device: the sequence in rows `rows`, optionally restricted by
+/// `allowed` (uploaded as a decision).
 pub fn causal(
     backend: &CudaBackend,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    rows: Range<usize>,
     shape: &AttentionShape,
     allowed: Option<&[bool]>,
-) -> Result<Vec<f32>, CudaError> {
+) -> Result<Tensor, CudaError> {
     check_shape(shape)?;
     let AttentionShape { tokens, heads, kv_heads, qk_dim, v_dim, .. } = *shape;
-    let lengths = [
-        ("q", q.len(), tokens * heads * qk_dim),
-        ("k", k.len(), tokens * kv_heads * qk_dim),
-        ("v", v.len(), tokens * kv_heads * v_dim),
-        ("allowed", allowed.map_or(tokens * tokens, <[bool]>::len), tokens * tokens),
-    ];
-    for (name, have, need) in lengths {
-        if have != need {
-            return Err(unsupported(format!("{name} has {have} values, the shape needs {need}")));
-        }
-    }
-    let count = tokens * heads * v_dim;
-    if count == 0 {
-        return Ok(Vec::new());
+    let widths = [("q", q, heads * qk_dim), ("k", k, kv_heads * qk_dim), ("v", v, kv_heads * v_dim)];
+    sequence_inputs("attention", &widths, &rows, tokens)?;
+    if let Some(mask) = allowed.filter(|mask| mask.len() != tokens * tokens) {
+        return Err(unsupported(format!(
+            "the mask has {} cells, {tokens} tokens need {}",
+            mask.len(),
+            tokens * tokens
+        )));
     }
     let device = backend.device();
-    let q_buffer = device.upload(q)?;
-    let k_buffer = device.upload(k)?;
-    let v_buffer = device.upload(v)?;
+    let out = alloc(device, tokens, heads * v_dim)?;
+    if tokens == 0 || heads == 0 || v_dim == 0 {
+        return Ok(out);
+    }
     let mask = match allowed {
-        Some(mask) => Some(device.upload(&mask.iter().map(|&keep| u8::from(keep)).collect::<Vec<u8>>())?),
+        Some(mask) => {
+            let mask: Vec<u8> = mask.iter().map(|&keep| u8::from(keep)).collect();
+            Some(backend.counted().upload_as(Traffic::Decisions, &mask)?)
+        }
         None => None,
     };
-    let out = device.alloc_for::<f32>(count)?;
-    causal_on(device, &q_buffer, &k_buffer, &v_buffer, mask.as_ref(), &out, shape)?;
-    device.download(&out, count)
+    causal_on(device, buffer(q)?, buffer(k)?, buffer(v)?, rows.start, mask.as_ref(), buffer(&out)?, shape)?;
+    Ok(out)
 }

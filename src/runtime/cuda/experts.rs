@@ -1,23 +1,24 @@
 //! Routed MoE experts on the device: a batch of INT4 experts concatenated on the device and applied to its
 //! expert-sorted tokens with grouped W4A16 launches (kernels/w4a16.cu, kernels/activation.cu).
 //!
-//! Per batch: gather the tokens' rows sorted by expert (one segment per expert with tokens) and upload them; copy
-//! the experts' packed weights and scales from the device weight cache (where the expert loader's prefetch put them
+//! Per batch: gather the tokens' rows sorted by expert (one segment per expert with tokens) on the device; copy
+//! the experts' packed weights and scales from their device copies (where the expert loader's prefetch put them
 //! while the previous batch computed) side by side (`[experts, out, in / 8]`, `[experts, out, in / group_size]`), then
 //! `w4a16_grouped` gate and up, `silu_mul_f32`, `w4a16_grouped` down: four launches for the whole batch. The
-//! weighted sum runs on the host after one download, with the CPU backend's own combine
-//! ([`crate::runtime::cpu::experts::accumulate`]), so each token adds its experts in batch order exactly as the CPU
-//! does. A batch whose experts are not all INT4 with one readable group size (FP8/BF16 checkpoints) runs expert by
-//! expert on the dense f32 weights instead (gate, up, SiLU-gate and down chained on the device, one download each).
+//! weighted sum runs on the device in the CPU combine's order (kernels/tensor.cu `accumulate_rows_f32`), so each
+//! token adds its experts in batch order exactly as the CPU does. Only the row lists cross the bus (as decisions).
+//! A batch whose experts are not all INT4 with one readable group size (FP8/BF16 checkpoints) runs expert by expert
+//! on the dense f32 weights instead (gate, up, SiLU-gate and down chained on the device).
 
 use std::sync::Arc;
 
 use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
-use crate::runtime::cpu::experts::accumulate;
-use crate::runtime::device::{CudaError, DeviceBuffer};
+use crate::runtime::device::{CudaError, DeviceBuffer, Traffic};
+use crate::runtime::tensor::Tensor;
 
 use super::activation::silu_mul_f32;
 use super::linear::{linear_f32, w4a16_grouped, GroupedInt4};
+use super::tensor::{accumulate_rows, alloc, buffer, gather_rows};
 use super::{CudaBackend, DeviceWeight};
 
 fn unsupported(problem: String) -> CudaError {
@@ -27,20 +28,19 @@ fn unsupported(problem: String) -> CudaError {
 /// [`crate::runtime::Backend::routed_experts`] on the device.
 pub fn routed_experts(
     backend: &CudaBackend,
-    x: &[f32],
-    hidden: usize,
+    x: &Tensor,
     experts: &[RoutedExpert<'_>],
-    output: &mut [f32],
+    output: &mut Tensor,
 ) -> Result<(), CudaError> {
     let active: Vec<&RoutedExpert> = experts.iter().filter(|expert| !expert.tokens.is_empty()).collect();
     let Some(first) = active.first() else { return Ok(()) };
-    let inner = first.gate.rows;
-    check(x, hidden, inner, &active, output)?;
+    let (hidden, inner) = (x.columns(), first.gate.rows);
+    check(x, inner, &active, output)?;
     match common_group_size(&active, hidden, inner) {
-        Some(group_size) => grouped(backend, x, hidden, inner, group_size, &active, output),
+        Some(group_size) => grouped(backend, x, inner, group_size, &active, output),
         None => {
             for expert in active {
-                dense(backend, x, hidden, inner, expert, output)?;
+                dense(backend, x, inner, expert, output)?;
             }
             Ok(())
         }
@@ -48,21 +48,15 @@ pub fn routed_experts(
 }
 
 /// Shapes: every expert `[inner, hidden]` gate/up and `[hidden, inner]` down, tokens inside `x`.
-fn check(
-    x: &[f32],
-    hidden: usize,
-    inner: usize,
-    experts: &[&RoutedExpert],
-    output: &mut [f32],
-) -> Result<(), CudaError> {
-    if hidden == 0 || inner == 0 || !x.len().is_multiple_of(hidden) || output.len() != x.len() {
+fn check(x: &Tensor, inner: usize, experts: &[&RoutedExpert], output: &Tensor) -> Result<(), CudaError> {
+    let (hidden, tokens) = (x.columns(), x.rows());
+    if hidden == 0 || inner == 0 || output.rows() != tokens || output.columns() != hidden {
         return Err(unsupported(format!(
-            "x has {} values and output {}, expected equal multiples of hidden {hidden} (inner {inner})",
-            x.len(),
-            output.len()
+            "x is {tokens}×{hidden} and output {}×{}, expected equal shapes (inner {inner})",
+            output.rows(),
+            output.columns()
         )));
     }
-    let tokens = x.len() / hidden;
     for (index, expert) in experts.iter().enumerate() {
         let shapes = [(expert.gate, inner, hidden), (expert.up, inner, hidden), (expert.down, hidden, inner)];
         if let Some((matrix, rows, columns)) =
@@ -78,6 +72,20 @@ fn check(
         }
     }
     Ok(())
+}
+
+/// `output[token] += weight · rows[r]` for the experts' `(token, weight)` pairs in order, row `r` counting the
+/// pairs of all `experts` (the CPU combine's order, on the device).
+fn combine(
+    backend: &CudaBackend,
+    output: &mut Tensor,
+    rows: &Tensor,
+    experts: &[&RoutedExpert],
+) -> Result<(), CudaError> {
+    let pairs = experts.iter().flat_map(|expert| expert.tokens.iter());
+    let entries: Vec<(usize, usize, f32)> =
+        pairs.enumerate().map(|(row, &(token, weight))| (token, row, weight)).collect();
+    accumulate_rows(backend, output, rows, &entries)
 }
 
 /// The INT4 form of `matrix` when the grouped kernel can read it with `group_size`.
@@ -115,7 +123,7 @@ fn concatenate<'a>(
     experts: &[&RoutedExpert<'a>],
     pick: impl Fn(&RoutedExpert<'a>) -> &'a Matrix,
 ) -> Result<Concatenated, CudaError> {
-    // Each expert's packed weights come from the device weight cache (uploaded ahead by the expert loader's
+    // Each expert's packed weights come from its device copy (uploaded ahead by the expert loader's
     // prefetch), then are copied side by side on the device.
     let weights = experts.iter().map(|expert| backend.weight(pick(expert))).collect::<Result<Vec<_>, _>>()?;
     let mut parts = Vec::with_capacity(weights.len());
@@ -138,27 +146,27 @@ fn concatenate<'a>(
     Ok(Concatenated { packed, scales })
 }
 
-/// The INT4 batch: four launches over expert-sorted rows, one download, the combine on the host.
+/// The INT4 batch: the tokens' rows gathered in expert order, four launches over them, the weighted combine.
 fn grouped(
     backend: &CudaBackend,
-    x: &[f32],
-    hidden: usize,
+    x: &Tensor,
     inner: usize,
     group_size: usize,
     experts: &[&RoutedExpert],
-    output: &mut [f32],
+    output: &mut Tensor,
 ) -> Result<(), CudaError> {
-    let rows: usize = experts.iter().map(|expert| expert.tokens.len()).sum();
-    let mut sorted = Vec::with_capacity(rows * hidden);
+    let hidden = x.columns();
+    let order: Vec<usize> = experts.iter().flat_map(|expert| expert.tokens.iter().map(|&(token, _)| token)).collect();
+    let rows = order.len();
     let mut segment_start = Vec::with_capacity(experts.len() + 1);
     segment_start.push(0i32);
+    let mut end = 0usize;
     for expert in experts {
-        for &(token, _) in expert.tokens {
-            sorted.extend_from_slice(&x[token * hidden..][..hidden]);
-        }
-        let end = i32::try_from(sorted.len() / hidden)
-            .map_err(|_| unsupported(format!("{rows} routed rows do not fit a 32-bit kernel index")))?;
-        segment_start.push(end);
+        end += expert.tokens.len();
+        segment_start.push(
+            i32::try_from(end)
+                .map_err(|_| unsupported(format!("{rows} routed rows do not fit a 32-bit kernel index")))?,
+        );
     }
     let segment_expert: Vec<i32> = (0..experts.len() as i32).collect();
     let segments = experts.len();
@@ -167,13 +175,13 @@ fn grouped(
     let up_weights = concatenate(backend, experts, |e| e.up)?;
     let down_weights = concatenate(backend, experts, |e| e.down)?;
     let device = backend.device();
-    let x_sorted = device.upload(&sorted)?;
-    let segment_expert = device.upload(&segment_expert)?;
-    let segment_start = device.upload(&segment_start)?;
+    let x_sorted = gather_rows(backend, x, &order)?;
+    let segment_expert = backend.counted().upload_as(Traffic::Decisions, &segment_expert)?;
+    let segment_start = backend.counted().upload_as(Traffic::Decisions, &segment_start)?;
     let gate = device.alloc_for::<f32>(rows * inner)?;
     let up = device.alloc_for::<f32>(rows * inner)?;
     let activated = device.alloc_for::<f32>(rows * inner)?;
-    let down = device.alloc_for::<f32>(rows * hidden)?;
+    let down = alloc(device, rows, hidden)?;
 
     let projection = |weights: &Concatenated, in_features, out_features, input: &DeviceBuffer, y: &DeviceBuffer| {
         let shape = GroupedInt4 {
@@ -186,19 +194,11 @@ fn grouped(
         };
         w4a16_grouped(device, input, &shape, &segment_expert, &segment_start, segments, rows, y)
     };
-    projection(&gate_weights, hidden, inner, &x_sorted, &gate)?;
-    projection(&up_weights, hidden, inner, &x_sorted, &up)?;
+    projection(&gate_weights, hidden, inner, buffer(&x_sorted)?, &gate)?;
+    projection(&up_weights, hidden, inner, buffer(&x_sorted)?, &up)?;
     silu_mul_f32(device, &gate, &up, &activated, rows * inner)?;
-    projection(&down_weights, inner, hidden, &activated, &down)?;
-    let down = device.download::<f32>(&down, rows * hidden)?;
-
-    let mut offset = 0;
-    for expert in experts {
-        let count = expert.tokens.len() * hidden;
-        accumulate(output, hidden, expert.tokens, &down[offset..offset + count]);
-        offset += count;
-    }
-    Ok(())
+    projection(&down_weights, inner, hidden, &activated, buffer(&down)?)?;
+    combine(backend, output, &down, experts)
 }
 
 /// A dense f32 weight on the device: the cached copy (prefetched by the expert loader), or, for a matrix whose
@@ -213,7 +213,7 @@ impl DenseWeight {
         if matrix.int4.is_none() {
             return Ok(DenseWeight::Cached(backend.weight(matrix)?));
         }
-        Ok(DenseWeight::Owned(backend.device().upload(&matrix.data)?))
+        Ok(DenseWeight::Owned(backend.device().upload(matrix.values())?))
     }
 
     fn buffer(&self) -> Result<&DeviceBuffer, CudaError> {
@@ -227,23 +227,19 @@ impl DenseWeight {
     }
 }
 
-/// One expert on its dense f32 weights: gate, up, SiLU-gate and down chained on the device, one download, the
-/// combine on the host.
+/// One expert on its dense f32 weights: its rows gathered, gate, up, SiLU-gate and down chained on the device, the
+/// weighted combine.
 fn dense(
     backend: &CudaBackend,
-    x: &[f32],
-    hidden: usize,
+    x: &Tensor,
     inner: usize,
     expert: &RoutedExpert,
-    output: &mut [f32],
+    output: &mut Tensor,
 ) -> Result<(), CudaError> {
-    let rows = expert.tokens.len();
-    let mut gathered = Vec::with_capacity(rows * hidden);
-    for &(token, _) in expert.tokens {
-        gathered.extend_from_slice(&x[token * hidden..][..hidden]);
-    }
+    let (rows, hidden) = (expert.tokens.len(), x.columns());
+    let tokens: Vec<usize> = expert.tokens.iter().map(|&(token, _)| token).collect();
     let device = backend.device();
-    let x_rows = device.upload(&gathered)?;
+    let x_rows = gather_rows(backend, x, &tokens)?;
     let (gate_weight, up_weight, down_weight) = (
         DenseWeight::of(backend, expert.gate)?,
         DenseWeight::of(backend, expert.up)?,
@@ -253,12 +249,11 @@ fn dense(
     let gate = device.alloc_for::<f32>(rows * inner)?;
     let up = device.alloc_for::<f32>(rows * inner)?;
     let activated = device.alloc_for::<f32>(rows * inner)?;
-    let down = device.alloc_for::<f32>(rows * hidden)?;
-    linear_f32(device, &x_rows, gate_weight, None, &gate, rows, hidden, inner)?;
-    linear_f32(device, &x_rows, up_weight, None, &up, rows, hidden, inner)?;
+    let down = alloc(device, rows, hidden)?;
+    let x_rows = buffer(&x_rows)?;
+    linear_f32(device, x_rows, gate_weight, None, &gate, rows, hidden, inner)?;
+    linear_f32(device, x_rows, up_weight, None, &up, rows, hidden, inner)?;
     silu_mul_f32(device, &gate, &up, &activated, rows * inner)?;
-    linear_f32(device, &activated, down_weight, None, &down, rows, inner, hidden)?;
-    let down = device.download::<f32>(&down, rows * hidden)?;
-    accumulate(output, hidden, expert.tokens, &down);
-    Ok(())
+    linear_f32(device, &activated, down_weight, None, buffer(&down)?, rows, inner, hidden)?;
+    combine(backend, output, &down, &[expert])
 }

@@ -2,9 +2,14 @@
 
 use crate::runtime::backend::INDEXER_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{IndexerShape, KeySelection};
-use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, Traffic};
 
 use super::checks::buffers_hold;
+use std::ops::Range;
+
+use crate::runtime::tensor::Tensor;
+
+use super::tensor::{buffer, row_range, sequence_inputs};
 use super::CudaBackend;
 
 /// Threads per block of both kernels (one block per query).
@@ -100,42 +105,42 @@ pub fn launch_indexer_top_k(
     )
 }
 
-/// The keys each query of one sequence keeps, computed on the device.
+/// The keys each query of the sequence in rows `rows` keeps, computed on the device; the mask comes back as a
+/// decision.
 pub fn top_k(
     backend: &CudaBackend,
-    q: &[f32],
-    k: &[f32],
-    head_weights: &[f32],
+    (q, k, head_weights): (&Tensor, &Tensor, &Tensor),
+    rows: Range<usize>,
     shape: &IndexerShape,
 ) -> Result<KeySelection, CudaError> {
     check(shape)?;
     let IndexerShape { tokens, heads, head_dim, .. } = *shape;
-    if q.len() != tokens * heads * head_dim || k.len() != tokens * head_dim || head_weights.len() != tokens * heads {
-        return Err(unsupported(format!(
-            "q has {} values, k {}, head weights {}; {tokens} tokens of {heads} heads of dimension {head_dim} need {}, \
-             {} and {}",
-            q.len(),
-            k.len(),
-            head_weights.len(),
-            tokens * heads * head_dim,
-            tokens * head_dim,
-            tokens * heads
-        )));
-    }
+    let widths = [("q", q, heads * head_dim), ("k", k, head_dim), ("head weights", head_weights, heads)];
+    sequence_inputs("indexer_top_k", &widths, &rows, tokens)?;
     if tokens == 0 {
         return Ok(KeySelection { mask: Vec::new(), near_ties: 0 });
     }
     let device = backend.device();
-    let q = device.upload(q)?;
-    let k = device.upload(k)?;
-    let head_weights = device.upload(head_weights)?;
+    let (q, k, head_weights) = (
+        row_range(device, q, rows.clone())?,
+        row_range(device, k, rows.clone())?,
+        row_range(device, head_weights, rows)?,
+    );
     let scores = device.alloc_for::<f32>(tokens * tokens)?;
     let mask = device.alloc_for::<u8>(tokens * tokens)?;
     let near_tie = device.alloc_for::<i32>(tokens)?;
-    let buffers =
-        IndexerBuffers { q: &q, k: &k, head_weights: &head_weights, scores: &scores, mask: &mask, near_tie: &near_tie };
+    let buffers = IndexerBuffers {
+        q: buffer(&q)?,
+        k: buffer(&k)?,
+        head_weights: buffer(&head_weights)?,
+        scores: &scores,
+        mask: &mask,
+        near_tie: &near_tie,
+    };
     launch_indexer_top_k(device, &buffers, shape)?;
-    let mask = device.download::<u8>(&mask, tokens * tokens)?;
-    let near_ties = device.download::<i32>(&near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
+    let decisions = backend.counted();
+    let mask = decisions.download_as::<u8>(Traffic::Decisions, &mask, tokens * tokens)?;
+    let near_ties =
+        decisions.download_as::<i32>(Traffic::Decisions, &near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
     Ok(KeySelection { mask: mask.into_iter().map(|cell| cell != 0).collect(), near_ties })
 }

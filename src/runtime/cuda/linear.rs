@@ -7,6 +7,9 @@
 use crate::runtime::backend::Matrix;
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
+use crate::runtime::tensor::Tensor;
+
+use super::tensor::{alloc, buffer};
 use super::{CudaBackend, DeviceWeight};
 
 /// Threads per block of the matrix kernels: 8 warps, one output feature each.
@@ -65,56 +68,56 @@ fn check_int4(tensor: &str, in_features: usize, group_size: usize) -> Result<(),
     Ok(())
 }
 
-/// `y = x · Wᵀ + bias` for `rows` rows of `weight.columns` inputs: W4A16 when the weight is INT4 on the device,
-/// dense f32 otherwise.
-pub fn linear(
-    backend: &CudaBackend,
-    input: &[f32],
-    rows: usize,
-    weight: &Matrix,
-    bias: Option<&[f32]>,
-) -> Result<Vec<f32>, CudaError> {
-    let (out_features, in_features) = (weight.rows, weight.columns);
-    if input.len() != rows * in_features {
+/// `y = x · Wᵀ + bias` for the rows of `x`: W4A16 when the weight is INT4 on the device, dense f32 otherwise.
+pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&Matrix>) -> Result<Tensor, CudaError> {
+    let (out_features, in_features, rows) = (weight.rows, weight.columns, x.rows());
+    if x.columns() != in_features {
         return Err(unsupported(
             "linear",
-            format!("input has {} values, expected {rows} rows × {in_features}", input.len()),
+            format!("input rows have {} values, the weight takes {in_features}", x.columns()),
         ));
     }
-    if let Some(bias) = bias.filter(|b| b.len() != out_features) {
-        return Err(unsupported("linear", format!("bias has {} values, expected {out_features}", bias.len())));
+    if let Some(bias) = bias.filter(|b| b.values().len() != out_features) {
+        return Err(unsupported("linear", format!("bias has {} values, expected {out_features}", bias.values().len())));
     }
+    let device = backend.device();
+    let y = alloc(device, rows, out_features)?;
     if rows == 0 || out_features == 0 {
-        return Ok(Vec::new());
+        return Ok(y);
     }
     if in_features == 0 {
         // An empty dot product: y = 0 + bias, as on the CPU (and no zero-byte device allocation).
-        return Ok((0..rows).flat_map(|_| (0..out_features).map(|o| 0.0 + bias.map_or(0.0, |b| b[o]))).collect());
+        let values: Vec<f32> =
+            (0..rows).flat_map(|_| (0..out_features).map(|o| 0.0 + bias.map_or(0.0, |b| b.values()[o]))).collect();
+        return Ok(Tensor::device(device.upload(&values)?, rows, out_features));
     }
-    let device = backend.device();
     let weight = backend.weight(weight)?;
-    if let DeviceWeight::Int4 { group_size, .. } = weight.as_ref() {
-        check_int4("linear", in_features, *group_size)?;
-    }
-    let x = device.upload(input)?;
-    let bias_buffer = bias.map(|b| device.upload(b)).transpose()?;
-    let y = device.alloc_for::<f32>(rows * out_features)?;
+    let bias = bias.map(|b| backend.weight(b)).transpose()?;
+    let bias_buffer = match bias.as_deref() {
+        None => None,
+        Some(DeviceWeight::Dense(buffer)) => Some(buffer),
+        Some(DeviceWeight::Int4 { .. }) => return Err(unsupported("linear", "the bias is INT4".into())),
+    };
+    let (x, y_buffer) = (buffer(x)?, buffer(&y)?);
     match weight.as_ref() {
-        DeviceWeight::Dense(w) => linear_f32(device, &x, w, bias_buffer.as_ref(), &y, rows, in_features, out_features)?,
-        DeviceWeight::Int4 { packed, scales, group_size } => w4a16_linear(
-            device,
-            &x,
-            packed,
-            scales,
-            *group_size,
-            bias_buffer.as_ref(),
-            &y,
-            rows,
-            in_features,
-            out_features,
-        )?,
+        DeviceWeight::Dense(w) => linear_f32(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
+        DeviceWeight::Int4 { packed, scales, group_size } => {
+            check_int4("linear", in_features, *group_size)?;
+            w4a16_linear(
+                device,
+                x,
+                packed,
+                scales,
+                *group_size,
+                bias_buffer,
+                y_buffer,
+                rows,
+                in_features,
+                out_features,
+            )?
+        }
     }
-    device.download(&y, rows * out_features)
+    Ok(y)
 }
 
 /// Launches a dense kernel (`linear_f32` or `linear_bf16`) after the shape checks.

@@ -1,11 +1,12 @@
 //! The CUDA backend: the runtime's op surface ([`Backend`]) on a [`Device`] — a GPU, or the emulated device that runs
 //! the same kernels on the host (how CI checks this backend against the CPU oracle).
 //!
-//! Each op uploads its activations, launches the kernels of its family (one file per family here, one `.cu` per
-//! family in kernels/) and downloads the result. Weights are uploaded once per loaded [`Matrix`] and kept in a
-//! bounded cache keyed by the matrix id; INT4 matrices stay packed on the device (W4A16). A device error does not
-//! panic: the op returns NaNs and the error is kept until the runtime asks for it with [`Backend::failure`]
-//! after each layer.
+//! Tensors live on the device ([`Tensor`]): each op launches the kernels of its family (one file per family here,
+//! one `.cu` per family in kernels/) on device buffers and returns a device tensor; values cross the bus only in
+//! [`Backend::upload`] / [`Backend::download`] and as decisions (routes, DSA masks, row lists), all counted by the
+//! [`Counted`] device. Weights are uploaded once per loaded [`Matrix`] and kept with it (freed when it is dropped);
+//! INT4 matrices stay packed on the device (W4A16). An op's device error is its `Err`; the paged-cache
+//! ops, which return no error themselves, keep it until the runtime asks with [`Backend::failure`] after each layer.
 
 mod activation;
 pub mod attention;
@@ -18,6 +19,7 @@ pub mod paged;
 mod paged_decode;
 pub mod rope;
 pub mod routing;
+mod tensor;
 mod weights;
 
 pub(crate) use weights::DeviceWeight;
@@ -25,26 +27,39 @@ use weights::WeightStore;
 
 use std::sync::{Arc, Mutex};
 
-use crate::runtime::device::{CudaError, Device};
+use crate::runtime::device::{Counted, CudaError, Device, DeviceCounters};
+
+use std::ops::Range;
 
 use super::backend::{
     AttentionShape, Backend, IndexerShape, KeySelection, Matrix, Prefetch, RopeStyle, Routes, RoutingShape,
 };
+use super::rope_table::RopeTable;
+use super::tensor::{Block, Tensor};
+use super::RuntimeError;
+use crate::runtime::device::{Arg, LaunchShape};
 
 /// The CUDA backend over a device.
 pub struct CudaBackend {
-    device: Arc<dyn Device>,
+    device: Arc<Counted>,
     weights: Arc<WeightStore>,
     failure: Mutex<Option<CudaError>>,
 }
 
 impl CudaBackend {
     pub fn new(device: Arc<dyn Device>) -> Self {
+        let device = Arc::new(Counted::new(device));
         Self { weights: Arc::new(WeightStore::new(device.clone())), device, failure: Mutex::default() }
     }
 
+    /// The device every op runs on (counting its copies and launches).
     pub fn device(&self) -> &dyn Device {
         self.device.as_ref()
+    }
+
+    /// The same device, for copies of a stated kind ([`Counted::upload_as`]).
+    pub(crate) fn counted(&self) -> &Counted {
+        &self.device
     }
 
     /// The kept failure, as [`Backend::failure`] words it, cleared (the op checks run case after case on one backend).
@@ -75,6 +90,17 @@ fn nans(count: usize) -> Vec<f32> {
     vec![f32::NAN; count]
 }
 
+impl CudaBackend {
+    /// A device error as the runtime's error, naming the device.
+    fn failed(&self, error: CudaError) -> RuntimeError {
+        RuntimeError::Device(format!("{} ({error})", self.device.describe()))
+    }
+
+    fn run<T>(&self, result: Result<T, CudaError>) -> Result<T, RuntimeError> {
+        result.map_err(|error| self.failed(error))
+    }
+}
+
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
@@ -92,82 +118,140 @@ impl Backend for CudaBackend {
         Some(self.weights.uploads())
     }
 
+    fn device_counters(&self) -> Option<DeviceCounters> {
+        Some(self.device.counters_now())
+    }
+
     fn failure(&self) -> Option<String> {
         let failure = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         failure.as_ref().map(|error| format!("{} ({error})", self.device.describe()))
     }
 
-    fn linear(&self, input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>) -> Vec<f32> {
-        self.settle(linear::linear(self, input, rows, weight, bias), || nans(rows * weight.rows))
+    fn upload(&self, values: &[f32], columns: usize) -> Result<Tensor, RuntimeError> {
+        let rows = values.len().checked_div(columns).unwrap_or(0);
+        let device = self.device();
+        // One element at least: an empty tensor still has a buffer to pass.
+        let buffer = if values.is_empty() { device.alloc_for::<f32>(1) } else { device.upload(values) };
+        Ok(Tensor::device(self.run(buffer)?, rows, columns))
     }
 
-    fn rms_norm(&self, data: &mut [f32], width: usize, weight: &[f32], eps: f32) {
-        let result = norm::rms_norm(self, data, width, weight, eps);
-        self.settle(result, || data.fill(f32::NAN))
+    fn download(&self, tensor: &Tensor) -> Result<Vec<f32>, RuntimeError> {
+        if tensor.is_empty() {
+            return Ok(Vec::new());
+        }
+        let buffer = self.run(tensor::buffer(tensor))?;
+        self.run(self.device().download(buffer, tensor.len()))
     }
 
-    fn layer_norm(&self, data: &mut [f32], width: usize, weight: &[f32], bias: &[f32], eps: f32) {
-        let result = norm::layer_norm(self, data, width, weight, bias, eps);
-        self.settle(result, || data.fill(f32::NAN))
+    fn zeros(&self, rows: usize, columns: usize) -> Result<Tensor, RuntimeError> {
+        // Zeros made on the device: an empty block copy leaves the buffer as allocated, so fill it with a kernel.
+        let device = self.device();
+        let out = self.run(tensor::alloc(device, rows, columns))?;
+        let buffer = self.run(tensor::buffer(&out))?;
+        self.run(device.launch(
+            "fill_f32",
+            LaunchShape::linear(((rows * columns).max(1)).div_ceil(256).min(1 << 16) as u32, 256),
+            &[Arg::Buffer(buffer), Arg::F32(0.0), Arg::I64((rows * columns) as i64)],
+        ))?;
+        Ok(out)
     }
 
-    fn silu_mul(&self, gate: &[f32], up: &[f32]) -> Vec<f32> {
-        self.settle(activation::silu_mul(self, gate, up), || nans(gate.len()))
+    fn copy(
+        &self,
+        into: &mut Tensor,
+        to: Block,
+        from: &Tensor,
+        at: Block,
+        shape: [usize; 3],
+    ) -> Result<(), RuntimeError> {
+        self.run(tensor::copy(self.device(), into, to, from, at, shape))
+    }
+
+    fn add(&self, into: &mut Tensor, from: &Tensor) -> Result<(), RuntimeError> {
+        self.run(tensor::add(self.device(), into, from))
+    }
+
+    fn gather_rows(&self, x: &Tensor, rows: &[usize]) -> Result<Tensor, RuntimeError> {
+        self.run(tensor::gather_rows(self, x, rows))
+    }
+
+    fn add_rows(&self, into: &mut Tensor, targets: &[usize], from: &Tensor) -> Result<(), RuntimeError> {
+        let entries: Vec<(usize, usize, f32)> =
+            targets.iter().enumerate().map(|(row, &target)| (target, row, 1.0)).collect();
+        self.run(tensor::accumulate_rows(self, into, from, &entries))
+    }
+
+    fn linear(&self, x: &Tensor, weight: &Matrix, bias: Option<&Matrix>) -> Result<Tensor, RuntimeError> {
+        self.run(linear::linear(self, x, weight, bias))
+    }
+
+    fn rms_norm(&self, x: &mut Tensor, width: usize, weight: &Matrix, eps: f32) -> Result<(), RuntimeError> {
+        self.run(norm::rms_norm(self, x, width, weight, eps))
+    }
+
+    fn layer_norm(
+        &self,
+        x: &mut Tensor,
+        width: usize,
+        weight: &Matrix,
+        bias: &Matrix,
+        eps: f32,
+    ) -> Result<(), RuntimeError> {
+        self.run(norm::layer_norm(self, x, width, weight, bias, eps))
+    }
+
+    fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor, RuntimeError> {
+        self.run(activation::silu_mul(self, gate, up))
     }
 
     fn rope(
         &self,
-        data: &mut [f32],
-        tokens: usize,
-        row_width: usize,
+        x: &mut Tensor,
+        rows: Range<usize>,
+        first_position: usize,
         head_dim: usize,
         offset: usize,
         rotary_dim: usize,
-        cos: &[f32],
-        sin: &[f32],
+        table: &RopeTable,
         style: RopeStyle,
-    ) {
-        let result = rope::apply(self, data, tokens, row_width, head_dim, offset, rotary_dim, cos, sin, style);
-        self.settle(result, || data.fill(f32::NAN))
+    ) -> Result<(), RuntimeError> {
+        self.run(rope::apply(self, x, rows, first_position, head_dim, offset, rotary_dim, table, style))
     }
 
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: Option<&[bool]>) -> Vec<f32> {
-        let result = attention::causal(self, q, k, v, shape, allowed);
-        self.settle(result, || nans(shape.tokens * shape.heads * shape.v_dim))
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        rows: Range<usize>,
+        shape: &AttentionShape,
+        allowed: Option<&[bool]>,
+    ) -> Result<Tensor, RuntimeError> {
+        self.run(attention::causal(self, (q, k, v), rows, shape, allowed))
     }
 
-    fn route(&self, logits: &[f32], tokens: usize, correction_bias: &[f32], shape: &RoutingShape) -> Routes {
-        let result = routing::route(self, logits, tokens, correction_bias, shape);
-        // The first experts with NaN weights: the layer's output turns NaN and the failure is reported after it.
-        let top_k = shape.top_k.min(shape.experts);
-        self.settle(result, || Routes {
-            top_k,
-            experts: (0..tokens).flat_map(|_| 0..top_k).collect(),
-            weights: nans(tokens * top_k),
-            near_ties: 0,
-        })
+    fn route(&self, logits: &Tensor, correction_bias: &Matrix, shape: &RoutingShape) -> Result<Routes, RuntimeError> {
+        self.run(routing::route(self, logits, correction_bias, shape))
     }
 
-    fn indexer_top_k(&self, q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection {
-        let result = indexer::top_k(self, q, k, head_weights, shape);
-        let tokens = shape.tokens;
-        // Every causal key: the failure is reported after the layer.
-        self.settle(result, || KeySelection {
-            mask: (0..tokens * tokens).map(|cell| cell % tokens <= cell / tokens).collect(),
-            near_ties: 0,
-        })
+    fn indexer_top_k(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        head_weights: &Tensor,
+        rows: Range<usize>,
+        shape: &IndexerShape,
+    ) -> Result<KeySelection, RuntimeError> {
+        self.run(indexer::top_k(self, (q, k, head_weights), rows, shape))
     }
 
     fn routed_experts(
         &self,
-        x: &[f32],
-        hidden: usize,
+        x: &Tensor,
         experts: &[super::backend::RoutedExpert<'_>],
-        output: &mut [f32],
-    ) {
-        let result = experts::routed_experts(self, x, hidden, experts, output);
-        // A NaN output: the failure is reported after the layer.
-        self.settle(result, || output.fill(f32::NAN))
+        output: &mut Tensor,
+    ) -> Result<(), RuntimeError> {
+        self.run(experts::routed_experts(self, x, experts, output))
     }
 
     fn kv_write(

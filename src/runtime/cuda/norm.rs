@@ -2,7 +2,11 @@
 
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
-use super::CudaBackend;
+use crate::runtime::backend::Matrix;
+use crate::runtime::tensor::Tensor;
+
+use super::tensor::buffer;
+use super::{CudaBackend, DeviceWeight};
 
 /// Threads per block: one block per row.
 const THREADS: u32 = 256;
@@ -73,44 +77,53 @@ pub fn layer_norm_f32(
     launch_rows("layer_norm_f32", device, data, rows, width, &[weight, bias], eps)
 }
 
-/// RMSNorm of every `width`-wide row of `data`, in place.
-pub fn rms_norm(
-    backend: &CudaBackend,
-    data: &mut [f32],
-    width: usize,
-    weight: &[f32],
-    eps: f32,
-) -> Result<(), CudaError> {
-    let rows = rows_of("rms_norm", data.len(), width, &[("weight", weight.len())])?;
-    if rows == 0 {
-        return Ok(());
+/// The resident f32 copy of a norm parameter vector.
+fn parameter(backend: &CudaBackend, vector: &Matrix) -> Result<std::sync::Arc<DeviceWeight>, CudaError> {
+    let weight = backend.weight(vector)?;
+    match weight.as_ref() {
+        DeviceWeight::Dense(_) => Ok(weight),
+        DeviceWeight::Int4 { .. } => Err(unsupported("norm", "a norm parameter is INT4".into())),
     }
-    let device = backend.device();
-    let buffer = device.upload(data)?;
-    let weight = device.upload(&weight[..width])?;
-    rms_norm_f32(device, &buffer, rows, width, &weight, eps)?;
-    data.copy_from_slice(&device.download(&buffer, data.len())?);
-    Ok(())
 }
 
-/// LayerNorm of every `width`-wide row of `data`, in place.
-pub fn layer_norm(
+fn dense(weight: &DeviceWeight) -> &DeviceBuffer {
+    match weight {
+        DeviceWeight::Dense(buffer) => buffer,
+        // `parameter` refuses INT4 parameters.
+        DeviceWeight::Int4 { packed, .. } => packed,
+    }
+}
+
+/// RMSNorm of every `width`-wide slice of `x`, in place.
+pub fn rms_norm(
     backend: &CudaBackend,
-    data: &mut [f32],
+    x: &mut Tensor,
     width: usize,
-    weight: &[f32],
-    bias: &[f32],
+    weight: &Matrix,
     eps: f32,
 ) -> Result<(), CudaError> {
-    let rows = rows_of("layer_norm", data.len(), width, &[("weight", weight.len()), ("bias", bias.len())])?;
+    let rows = rows_of("rms_norm", x.len(), width, &[("weight", weight.values().len())])?;
     if rows == 0 {
         return Ok(());
     }
-    let device = backend.device();
-    let buffer = device.upload(data)?;
-    let weight = device.upload(&weight[..width])?;
-    let bias = device.upload(&bias[..width])?;
-    layer_norm_f32(device, &buffer, rows, width, &weight, &bias, eps)?;
-    data.copy_from_slice(&device.download(&buffer, data.len())?);
-    Ok(())
+    let weight = parameter(backend, weight)?;
+    rms_norm_f32(backend.device(), buffer(x)?, rows, width, dense(&weight), eps)
+}
+
+/// LayerNorm of every `width`-wide slice of `x`, in place.
+pub fn layer_norm(
+    backend: &CudaBackend,
+    x: &mut Tensor,
+    width: usize,
+    weight: &Matrix,
+    bias: &Matrix,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let rows =
+        rows_of("layer_norm", x.len(), width, &[("weight", weight.values().len()), ("bias", bias.values().len())])?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let (weight, bias) = (parameter(backend, weight)?, parameter(backend, bias)?);
+    layer_norm_f32(backend.device(), buffer(x)?, rows, width, dense(&weight), dense(&bias), eps)
 }

@@ -3,7 +3,13 @@
 use crate::runtime::backend::RopeStyle;
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
-use super::CudaBackend;
+use std::ops::Range;
+
+use crate::runtime::rope_table::RopeTable;
+use crate::runtime::tensor::Tensor;
+
+use super::tensor::buffer;
+use super::{CudaBackend, DeviceWeight};
 
 /// Threads per block: 8 warps, one (token, head) each.
 const THREADS: u32 = 256;
@@ -53,14 +59,16 @@ impl RopeShape {
 
 /// Device-level RoPE in place on `data[tokens, row_width]` with `cos`/`sin` tables of at least
 /// `tokens · rotary_dim / 2` values.
+///
+/// The rows start `data_offset` values into `data`, the tables' rows `table_offset` values into `cos`/`sin`.
 pub fn rope_f32(
     device: &dyn Device,
-    data: &DeviceBuffer,
-    cos: &DeviceBuffer,
-    sin: &DeviceBuffer,
+    (data, data_offset): (&DeviceBuffer, usize),
+    (cos, sin, table_offset): (&DeviceBuffer, &DeviceBuffer, usize),
     shape: &RopeShape,
 ) -> Result<(), CudaError> {
     let (values, table) = shape.check()?;
+    let (values, table) = (data_offset + values, table_offset + table);
     if data.bytes() < values * 4 || cos.bytes() < table * 4 || sin.bytes() < table * 4 {
         return Err(unsupported(format!("a buffer is smaller than {values} values or tables of {table}")));
     }
@@ -76,9 +84,9 @@ pub fn rope_f32(
     };
     // The check above bounds every number by tokens · row_width < 2^31.
     let args = [
-        Arg::Buffer(data),
-        Arg::Buffer(cos),
-        Arg::Buffer(sin),
+        Arg::At(data, data_offset * 4),
+        Arg::At(cos, table_offset * 4),
+        Arg::At(sin, table_offset * 4),
         Arg::I32(shape.tokens as i32),
         Arg::I32(shape.row_width as i32),
         Arg::I32(shape.head_dim as i32),
@@ -89,38 +97,37 @@ pub fn rope_f32(
     device.launch("rope_f32", LaunchShape::linear(blocks, THREADS), &args)
 }
 
-/// RoPE on the first `tokens` rows of `data`, in place (see [`crate::runtime::Backend::rope`]).
+/// [`crate::runtime::Backend::rope`] on the device: the rows `rows` of `x`, row `rows.start + t` at position
+/// `first_position + t` of the table (kept resident like a weight).
 #[allow(clippy::too_many_arguments)]
 pub fn apply(
     backend: &CudaBackend,
-    data: &mut [f32],
-    tokens: usize,
-    row_width: usize,
+    x: &mut Tensor,
+    rows: Range<usize>,
+    first_position: usize,
     head_dim: usize,
     offset: usize,
     rotary_dim: usize,
-    cos: &[f32],
-    sin: &[f32],
+    table: &RopeTable,
     style: RopeStyle,
 ) -> Result<(), CudaError> {
-    let shape = RopeShape { tokens, row_width, head_dim, offset, rotary_dim, style };
-    let (values, table) = shape.check()?;
-    if data.len() < values || cos.len() < table || sin.len() < table {
+    let row_width = x.columns();
+    let shape = RopeShape { tokens: rows.len(), row_width, head_dim, offset, rotary_dim, style };
+    let (_, needed) = shape.check()?;
+    let half = table.cos.columns;
+    if rows.end > x.rows() || (first_position + rows.len()) * half > table.cos.values().len() || rotary_dim / 2 > half {
         return Err(unsupported(format!(
-            "data has {} values (needs {values}), cos {} and sin {} (need {table})",
-            data.len(),
-            cos.len(),
-            sin.len()
+            "rows {rows:?} of {} at position {first_position} run past the tensor or the {}-position table (needs {needed})",
+            x.rows(),
+            table.positions
         )));
     }
-    if values == 0 || rotary_dim == 0 {
+    if rows.is_empty() || rotary_dim == 0 {
         return Ok(());
     }
-    let device = backend.device();
-    let buffer = device.upload(&data[..values])?;
-    let cos_buffer = device.upload(&cos[..table])?;
-    let sin_buffer = device.upload(&sin[..table])?;
-    rope_f32(device, &buffer, &cos_buffer, &sin_buffer, &shape)?;
-    data[..values].copy_from_slice(&device.download(&buffer, values)?);
-    Ok(())
+    let (cos, sin) = (backend.weight(&table.cos)?, backend.weight(&table.sin)?);
+    let (DeviceWeight::Dense(cos), DeviceWeight::Dense(sin)) = (cos.as_ref(), sin.as_ref()) else {
+        return Err(unsupported("the RoPE table is not dense".into()));
+    };
+    rope_f32(backend.device(), (buffer(x)?, rows.start * row_width), (cos, sin, first_position * half), &shape)
 }

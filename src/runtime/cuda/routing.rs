@@ -2,10 +2,14 @@
 
 use crate::runtime::backend::ROUTING_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{Routes, RoutingShape};
-use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, Traffic};
 
 use super::checks::buffers_hold;
-use super::CudaBackend;
+use crate::runtime::backend::Matrix;
+use crate::runtime::tensor::Tensor;
+
+use super::tensor::buffer;
+use super::{CudaBackend, DeviceWeight};
 
 /// Tokens per block: one warp each (the kernel's `kRouteWarps`).
 const TOKENS_PER_BLOCK: usize = 4;
@@ -95,34 +99,38 @@ pub fn launch_route(
     )
 }
 
-/// Routes each `[experts]`-row of `logits` on the device.
+/// Routes each `[experts]`-row of `logits` on the device; the choices come back as decisions.
 pub fn route(
     backend: &CudaBackend,
-    logits: &[f32],
-    tokens: usize,
-    correction_bias: &[f32],
+    logits: &Tensor,
+    correction_bias: &Matrix,
     shape: &RoutingShape,
 ) -> Result<Routes, CudaError> {
+    let tokens = logits.rows();
     check(tokens, shape)?;
-    if logits.len() != tokens * shape.experts || correction_bias.len() != shape.experts {
+    if logits.columns() != shape.experts || correction_bias.values().len() != shape.experts {
         return Err(unsupported(format!(
-            "{} logits and {} biases for {tokens} tokens of {} experts",
-            logits.len(),
-            correction_bias.len(),
+            "logits rows of {} and {} biases for {} experts",
+            logits.columns(),
+            correction_bias.values().len(),
             shape.experts
         )));
     }
     let device = backend.device();
-    let logits = device.upload(logits)?;
-    let bias = device.upload(correction_bias)?;
-    let experts = device.alloc_for::<i32>(tokens * shape.top_k)?;
-    let weights = device.alloc_for::<f32>(tokens * shape.top_k)?;
-    let near_tie = device.alloc_for::<i32>(tokens)?;
+    let bias = backend.weight(correction_bias)?;
+    let DeviceWeight::Dense(bias) = bias.as_ref() else {
+        return Err(unsupported("the correction bias is INT4".into()));
+    };
+    let experts = device.alloc_for::<i32>((tokens * shape.top_k).max(1))?;
+    let weights = device.alloc_for::<f32>((tokens * shape.top_k).max(1))?;
+    let near_tie = device.alloc_for::<i32>(tokens.max(1))?;
     let buffers =
-        RouteBuffers { logits: &logits, bias: &bias, experts: &experts, weights: &weights, near_tie: &near_tie };
+        RouteBuffers { logits: buffer(logits)?, bias, experts: &experts, weights: &weights, near_tie: &near_tie };
     launch_route(device, &buffers, tokens, shape)?;
-    let chosen = device.download::<i32>(&experts, tokens * shape.top_k)?;
-    let near_ties = device.download::<i32>(&near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
+    let decisions = backend.counted();
+    let chosen = decisions.download_as::<i32>(Traffic::Decisions, &experts, tokens * shape.top_k)?;
+    let near_ties =
+        decisions.download_as::<i32>(Traffic::Decisions, &near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
     let chosen: Vec<usize> = chosen.into_iter().map(|expert| usize::try_from(expert).unwrap_or(usize::MAX)).collect();
     if let Some(bad) = chosen.iter().find(|&&expert| expert >= shape.experts) {
         return Err(unsupported(format!("the kernel chose expert {bad} of {}", shape.experts)));
@@ -130,7 +138,7 @@ pub fn route(
     Ok(Routes {
         top_k: shape.top_k,
         experts: chosen,
-        weights: device.download::<f32>(&weights, tokens * shape.top_k)?,
+        weights: decisions.download_as::<f32>(Traffic::Decisions, &weights, tokens * shape.top_k)?,
         near_ties,
     })
 }

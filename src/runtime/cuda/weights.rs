@@ -1,18 +1,13 @@
-//! Device-resident weights: each loaded [`Matrix`] uploaded once (packed when it carries its INT4 form) and kept in
-//! a bounded first-in-first-out cache keyed by the matrix id. The store is shared with the layer loader thread,
-//! which uploads the next layer's weights ([`Prefetch`]) while the current layer computes.
+//! Device-resident weights: each loaded [`Matrix`] uploaded once (packed when it carries its INT4 form) and kept
+//! with the matrix itself, so the device memory is freed when the matrix is (a dropped layer frees its weights).
+//! The store is shared with the layer loader thread, which uploads the next layer's weights ([`Prefetch`]) while
+//! the current layer computes.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::runtime::backend::{Matrix, Prefetch, Uploads};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
-
-/// Device bytes of weights kept resident: two layers' resident weights (the one computing and the one prefetched)
-/// plus a batch of experts fit with room to spare on an 80–141 GB GPU (GLM-5: ~1.3 GB of f32 attention and shared
-/// expert weights per layer); older entries are dropped first.
-const WEIGHT_CACHE_BYTES: usize = 8 << 30;
 
 /// A weight as it lives on the device.
 pub(crate) enum DeviceWeight {
@@ -22,33 +17,26 @@ pub(crate) enum DeviceWeight {
     Int4 { packed: DeviceBuffer, scales: DeviceBuffer, group_size: usize },
 }
 
-#[derive(Default)]
-struct Cache {
-    entries: VecDeque<(u64, Arc<DeviceWeight>, usize)>,
-    bytes: usize,
-}
-
-/// The weight cache of one device.
+/// The weight uploads of one device.
 pub(crate) struct WeightStore {
     device: Arc<dyn Device>,
-    cache: Mutex<Cache>,
     uploads: Mutex<Uploads>,
 }
 
 impl WeightStore {
     pub fn new(device: Arc<dyn Device>) -> Self {
-        Self { device, cache: Mutex::default(), uploads: Mutex::default() }
+        Self { device, uploads: Mutex::default() }
     }
 
-    fn cached(&self, id: u64) -> Option<Arc<DeviceWeight>> {
-        let cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        cache.entries.iter().find(|(entry, _, _)| *entry == id).map(|(_, weight, _)| weight.clone())
+    /// The key of this device in a matrix's copy slot.
+    fn key(&self) -> usize {
+        Arc::as_ptr(&self.device) as *const () as usize
     }
 
-    /// The device copy of `matrix`, uploading it when absent. The upload runs outside the lock, so a prefetch and
-    /// the compute thread never wait on each other's copies.
+    /// The device copy of `matrix`, uploading it when absent. The upload runs outside any lock, so a prefetch and
+    /// the compute thread never wait on each other's copies (both may upload a matrix neither had; one copy stays).
     pub fn get(&self, matrix: &Matrix) -> Result<Arc<DeviceWeight>, CudaError> {
-        if let Some(weight) = self.cached(matrix.id) {
+        if let Some(weight) = matrix.device_copy(self.key()).and_then(|copy| copy.downcast::<DeviceWeight>().ok()) {
             return Ok(weight);
         }
         let device = self.device.as_ref();
@@ -62,7 +50,7 @@ impl WeightStore {
                 },
                 int4.packed.len() * 4 + int4.scales.len() * 2,
             ),
-            None => (DeviceWeight::Dense(device.upload_resident(&matrix.data)?), matrix.data.len() * 4),
+            None => (DeviceWeight::Dense(device.upload_resident(matrix.values())?), matrix.values().len() * 4),
         };
         let weight = Arc::new(weight);
         {
@@ -70,20 +58,10 @@ impl WeightStore {
             uploads.bytes += bytes as u64;
             uploads.seconds += started.elapsed().as_secs_f64();
         }
-        let mut cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        cache.entries.push_back((matrix.id, weight.clone(), bytes));
-        cache.bytes += bytes;
-        // An evicted weight still in use lives on through the op's Arc until that op has finished.
-        while cache.bytes > WEIGHT_CACHE_BYTES && cache.entries.len() > 1 {
-            if let Some((_, _, evicted)) = cache.entries.pop_front() {
-                cache.bytes -= evicted;
-            }
-        }
+        matrix.keep_device_copy(self.key(), weight.clone());
         Ok(weight)
     }
-}
 
-impl WeightStore {
     /// Bytes uploaded so far and the seconds it took.
     pub fn uploads(&self) -> Uploads {
         *self.uploads.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -9,7 +9,7 @@ pub struct Artifact {
     pub ptx_sm90: &'static str,
 }
 
-pub const ARTIFACTS: [Artifact; 12] = [
+pub const ARTIFACTS: [Artifact; 13] = [
     Artifact {
         family: "activation",
         cubin_sm90a: include_bytes!("../../../kernels/build/activation.sm_90a.cubin"),
@@ -69,6 +69,11 @@ pub const ARTIFACTS: [Artifact; 12] = [
         family: "w4a16",
         cubin_sm90a: include_bytes!("../../../kernels/build/w4a16.sm_90a.cubin"),
         ptx_sm90: include_str!("../../../kernels/build/w4a16.sm_90.ptx"),
+    },
+    Artifact {
+        family: "tensor",
+        cubin_sm90a: include_bytes!("../../../kernels/build/tensor.sm_90a.cubin"),
+        ptx_sm90: include_str!("../../../kernels/build/tensor.sm_90.ptx"),
     },
 ];
 

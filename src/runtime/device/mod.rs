@@ -8,6 +8,7 @@
 
 #[cfg(feature = "cuda")]
 mod artifacts;
+mod counted;
 pub mod emulated;
 mod error;
 #[cfg(feature = "cuda")]
@@ -18,6 +19,7 @@ pub mod select;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
+pub use counted::{Counted, DeviceCounters, Direction, Traffic, Transfers};
 pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use gpu::Gpu;
