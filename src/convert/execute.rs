@@ -22,7 +22,9 @@ use crate::quant::ScaleRule;
 use crate::recipe::{Recipe, RecipeError};
 use crate::runtime::device::{select, CudaError, DeviceChoice, DeviceSelection};
 
-use super::calibrated::{self, CalibrationError, CalibrationOptions, ExpertCoverage};
+use super::calibrated::{
+    self, CalibrationError, CalibrationOptions, CalibrationOutput, CalibrationSet, ExpertCoverage,
+};
 use super::plan::{self, Action, ClassSummary, Plan, PlanError};
 use super::{engine_check, output_files, quant_config, source, transform};
 
@@ -46,7 +48,7 @@ pub struct QuantizeOptions {
     pub engine: EngineChoice,
     /// Tensor-parallel size for the rules; `None`: `lint::default_tp` of the model.
     pub tp: Option<usize>,
-    /// `--method imatrix`: the calibration pass (`None`: round to nearest, `--method rtn`).
+    /// `--method imatrix|gptq`: the calibration pass (`None`: round to nearest, `--method rtn`).
     pub calibration: Option<CalibrationOptions>,
 }
 
@@ -93,7 +95,8 @@ pub struct QuantizeReport {
     pub engine_rules: Option<LintReport>,
     /// Keys added to the output's `config.json` because an engine needs them (safe, standard fixes).
     pub config_fixes: Vec<ConfigFix>,
-    /// `--method imatrix`: calibration tokens per layer and routed expert, and the experts that fell back to mse.
+    /// `--method imatrix|gptq`: calibration tokens per layer and routed expert, and the experts that fell back to
+    /// mse.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expert_coverage: Option<ExpertCoverage>,
 }
@@ -155,7 +158,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
     let output_config = checkpoint.config().map(|json| {
         let mut quantization_config = quant_config::quantization_config(plan, recipe);
-        if options.calibration.is_some() {
+        if options.calibration.as_ref().is_some_and(|c| c.method == calibrated::Method::Imatrix) {
             calibrated::mark_observer(&mut quantization_config);
         }
         engine_check::output_config(json, quantization_config, plan)
@@ -204,17 +207,25 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         selection => selection.into_device(),
     };
     check_output(&options.output, options)?;
-    let calibration = match &options.calibration {
-        Some(calibration) => Some(calibrated::calibrate(&options.input, calibration, plan, reporter)?),
+    let calibration_set = match &options.calibration {
+        Some(calibration) => Some(CalibrationSet::load(&options.input, calibration)?),
         None => None,
     };
     let out = &options.output;
-    let recipe_digest = match &calibration {
-        Some(calibration) => format!("{}|{}", recipe.sha256(), calibration.digest),
+    let recipe_digest = match &calibration_set {
+        Some(set) => format!("{}|{}", recipe.sha256(), set.digest),
         None => recipe.sha256(),
     };
     let plan_sha256 = plan.sha256(&source_fingerprint(checkpoint), &recipe_digest);
     let (previous, _lock) = prepare_output(out, options, &plan_sha256)?;
+    // The calibration pass runs in the locked output folder (GPTQ keeps its quantized experts there).
+    let calibration = match (&options.calibration, &calibration_set) {
+        (Some(calibration), Some(set)) => {
+            let output = CalibrationOutput { dir: out, plan_sha256: &plan_sha256, resume: options.resume };
+            Some(calibrated::calibrate(&options.input, calibration, set, plan, output, reporter)?)
+        }
+        _ => None,
+    };
     crate::io::interrupt::set_hint(format!(
         "rerun `squeeze quantize {} {} --resume` to continue",
         options.input.display(),
