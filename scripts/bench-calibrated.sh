@@ -9,7 +9,8 @@
 # blocks (the same blocks for both methods, so the text's own variance cancels). Prints a table; asserts nothing.
 #
 #   scripts/bench-calibrated.sh [--group-size N] [--samples 128] [--seq-len 256] [--ctx 256] [--blocks 8]
-#                               [--only "ct-minmax gptq ..."] [--keep DIR]
+#                               [--only "ct-minmax gptq-sequential ..."] [--keep DIR]
+#   SQUEEZE=path/to/squeeze runs that binary instead of building target/release/squeeze.
 set -euo pipefail
 
 group_size="" samples=128 seq_len=256 ctx=256 blocks=8 keep=""
@@ -29,8 +30,10 @@ done
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
-cargo build --release --quiet
-squeeze="$repo_root/target/release/squeeze"
+if [ -z "${SQUEEZE:-}" ]; then
+  cargo build --release --quiet
+fi
+squeeze="${SQUEEZE:-$repo_root/target/release/squeeze}"
 work="${keep:-$(mktemp -d)}"
 [ -n "$keep" ] || trap 'rm -rf "$work"' EXIT
 mkdir -p "$work"
@@ -117,6 +120,9 @@ for name in names:
     r, r_se = ratio(results[name], base, rng)
     print(f"| {name} | {s['kld']:.3e} ± {s['kld_se']:.1e} | {r:.3f} ± {r_se:.3f} | {s['top']:.2f} ± {s['top_se']:.2f} "
           f"| {s['ppl']:.5f} ± {s['ppl_se']:.5f} | {s['tokens']} |")
+if "gptq-sequential" in results and "gptq-no-sequential" in results:
+    r, r_se = ratio(results["gptq-sequential"], results["gptq-no-sequential"], rng)
+    print(f"paired: gptq-sequential ÷ gptq-no-sequential mean KLD = {r:.3f} ± {r_se:.3f} (bootstrap over blocks)")
 for name in names:
     report = json.load(open(f"{work}/{name}.quantize.json"))
     coverage = report.get("expert_coverage")

@@ -102,8 +102,15 @@ pub enum ExpertResult {
     Quantized(BTreeMap<String, SpillEntry>),
 }
 
-/// What a method's pass hands back: its result per calibrated `(layer, expert)`, and the layers' coverage.
-pub type PassResult = (BTreeMap<(usize, usize), ExpertResult>, Vec<LayerCoverage>);
+/// What a method's pass hands back.
+pub struct PassResult {
+    /// The result of every planned `(layer, expert)` calibrated.
+    pub experts: BTreeMap<(usize, usize), ExpertResult>,
+    /// The MoE layers' coverage.
+    pub layers: Vec<LayerCoverage>,
+    /// GPTQ with `--resume`: layers whose quantized experts a previous run had finished.
+    pub layers_reused: usize,
+}
 
 /// The rule a routed-expert tensor is quantized with.
 pub enum ExpertRule<'a> {
@@ -121,6 +128,8 @@ pub struct Calibration {
     pub coverage: ExpertCoverage,
     /// Digest of the calibration tokens and options (part of the plan digest, so `--resume` needs the same).
     pub digest: String,
+    /// GPTQ with `--resume`: layers whose quantized experts a previous run had finished.
+    pub layers_reused: usize,
 }
 
 /// `(layer, expert, projection)` of `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`.
@@ -368,7 +377,7 @@ pub fn calibrate(
 ) -> Result<Calibration, CalibrationError> {
     let model = Model::open(dir)?;
     let config = model.config().clone();
-    let (experts, layers) = match options.method {
+    let PassResult { experts, layers, layers_reused } = match options.method {
         Method::Gptq => super::gptq_pass::calibrate(dir, options, set, plan, output, reporter)?,
         _ => super::imatrix_pass::calibrate(dir, options, set, plan, reporter)?,
     };
@@ -377,6 +386,7 @@ pub fn calibrate(
         experts,
         coverage: coverage(options, set, &config, plan, layers, calibrated),
         digest: set.digest.clone(),
+        layers_reused,
     })
 }
 

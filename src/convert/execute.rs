@@ -99,6 +99,9 @@ pub struct QuantizeReport {
     /// mse.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expert_coverage: Option<ExpertCoverage>,
+    /// `--method gptq --resume`: MoE layers whose quantized experts the interrupted run had finished (not redone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration_layers_reused: Option<usize>,
 }
 
 /// A checkpoint opened and planned, ready to run or to report on.
@@ -188,6 +191,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         engine_rules,
         config_fixes: output_config.as_ref().map(|(_, fixes)| fixes.clone()).unwrap_or_default(),
         expert_coverage: None,
+        calibration_layers_reused: None,
     };
     // A dry run reports the rule results; a real run refuses before touching the output folder.
     if let Some(rules) = report.engine_rules.as_ref().filter(|rules| !rules.passed && !options.dry_run) {
@@ -259,6 +263,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         expert_coverage: calibration.as_ref().and_then(|c| serde_json::to_value(&c.coverage).ok()),
     };
     report.expert_coverage = calibration.as_ref().map(|c| c.coverage.clone());
+    report.calibration_layers_reused = calibration.as_ref().map(|c| c.layers_reused);
     // Reuse shards a previous run of the same plan finished, after re-hashing them.
     let mut reused = vec![false; plan.shards.len()];
     if let Some(previous) = previous {

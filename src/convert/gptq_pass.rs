@@ -7,10 +7,10 @@
 //! when the group starts, no act-order), written to the layer's spill file ([`super::expert_spill`]) and dropped.
 //! Experts shown fewer than `--min-expert-tokens` rows fall back to `mse` (listed in the coverage).
 //!
-//! Sequential (`--sequential`, the default): once a layer's experts are quantized the layer is run again from
-//! its input with those experts (dequantized INT4), and that output feeds the next layer, so each layer's
-//! Hessians see the errors of the quantized layers below, as GPTQ's reference implementations calibrate.
-//! `--no-sequential`: every layer's inputs come from the FP8 model (one forward per layer).
+//! `--sequential`: once a layer's experts are quantized the layer is run again from its input with those experts
+//! (dequantized INT4), and that output feeds the next layer, so each layer's Hessians see the inputs the quantized
+//! layers below produce, as GPTQ's reference implementations calibrate. `--no-sequential` (the default, chosen by
+//! measurement: BENCHMARKS.md): every layer's inputs come from the FP8 model (one forward per layer).
 //!
 //! # Memory
 //! Hessians are never held for a whole layer (GLM-5: 256 experts × (6144² + 2048²) × 8 B = 86 GB); at most one
@@ -30,7 +30,7 @@
 //!                                                                --force-route-all)
 //! ```
 //! GLM-5 (hidden 6144, moe_intermediate 2048): per_expert ≈ 0.34 + 1.81 + 0.49 = 2.6 GB, one expert per 4 GiB
-//! batch; Kimi K2 (7168, 2048): ≈ 3.4 GB. The quantized experts go to disk as they are done (the output folder
+//! batch; Kimi K2 (7168, 2048): ≈ 3.5 GB. The quantized experts go to disk as they are done (the output folder
 //! holds one extra copy of the routed experts' INT4 bytes until the run completes).
 
 use std::collections::BTreeMap;
@@ -106,6 +106,7 @@ pub fn calibrate(
     let targets = targets(plan);
     let settings = GptqSettings::default();
     let mut experts = BTreeMap::new();
+    let mut layers_reused = 0;
     // Progress: one unit per layer and one per planned expert.
     reporter.begin("gptq", (config.num_hidden_layers + targets.len()) as u64);
     let layers = run_pass(dir, options, set, reporter, &mut |run, hidden| {
@@ -143,6 +144,7 @@ pub fn calibrate(
         let entries = match reused.filter(|entries| covers(entries, &chosen, &targets, run.index)) {
             Some(entries) => {
                 reporter.advance(chosen.len() as u64);
+                layers_reused += 1;
                 entries
             }
             None => {
@@ -196,7 +198,7 @@ pub fn calibrate(
         Ok(Some(LayerCoverage { layer: run.index, routed: routed_counts(&routes, count), fallback }))
     });
     reporter.end();
-    Ok((experts, layers?))
+    Ok(PassResult { experts, layers: layers?, layers_reused })
 }
 
 /// Whether reused entries hold every projection the plan quantizes for the chosen experts.
@@ -281,5 +283,21 @@ impl Work<'_> {
             done.push((projection, target, weights.columns, quantized));
         }
         Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_batch_arithmetic_holds() {
+        // GLM-5 and Kimi K2 experts: one per batch, ≈ 2.6 GB and ≈ 3.5 GB (the module doc).
+        assert_eq!((expert_working_bytes(6144, 2048) as f64 / 1e8).round(), 26.0);
+        assert_eq!((expert_working_bytes(7168, 2048) as f64 / 1e8).round(), 35.0);
+        assert_eq!(experts_per_batch(6144, 2048), 1);
+        assert_eq!(experts_per_batch(7168, 2048), 1);
+        // The tiny trained model's experts (192, 96) all fit in one batch.
+        assert!(experts_per_batch(192, 96) >= 8);
     }
 }

@@ -77,5 +77,5 @@ pub fn calibrate(
     let layers = layers?;
     let planned = planned_experts(plan);
     experts.retain(|key, _| planned.contains(key));
-    Ok((experts, layers))
+    Ok(PassResult { experts, layers, layers_reused: 0 })
 }

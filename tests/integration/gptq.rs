@@ -84,13 +84,13 @@ fn gptq_on_a_synth_model_verifies_records_coverage_and_lists_a_never_routed_expe
     let rtn = dir.path().join("rtn");
     squeeze(&["quantize", path_str(&source), path_str(&rtn), "--device", "cpu"]).ok();
     assert_ne!(files(&out), files(&rtn));
-    let parallel = dir.path().join("parallel");
-    squeeze(&gptq_args(&source, &parallel, &tokens, &["--no-sequential"])).ok();
-    assert_ne!(files(&out), files(&parallel));
-    squeeze(&["verify", path_str(&parallel), "--source", path_str(&source)]).ok();
-    // --sequential is the default.
+    let sequential = dir.path().join("sequential");
+    squeeze(&gptq_args(&source, &sequential, &tokens, &["--sequential"])).ok();
+    assert_ne!(files(&out), files(&sequential));
+    squeeze(&["verify", path_str(&sequential), "--source", path_str(&source)]).ok();
+    // --no-sequential is the default.
     let explicit = dir.path().join("explicit");
-    squeeze(&gptq_args(&source, &explicit, &tokens, &["--sequential", "--json"])).ok();
+    squeeze(&gptq_args(&source, &explicit, &tokens, &["--no-sequential", "--json"])).ok();
     assert_eq!(files(&out), files(&explicit));
 
     // Every token shown to every expert for the statistics: nobody falls back; routed counts stay the router's.
@@ -127,7 +127,7 @@ fn resume_keeps_a_gptq_run_and_refuses_another_calibration_order() {
     let resumed = run(&["--resume"]).ok().json();
     assert_eq!(resumed["shards_reused"], first["shards"]);
     assert_eq!(files(&out), before);
-    let other = run(&["--resume", "--no-sequential"]);
+    let other = run(&["--resume", "--sequential"]);
     assert_eq!(other.code, 2, "{}", other.stderr);
     assert!(other.stderr.contains("different source, recipe or options"), "{}", other.stderr);
 }
@@ -138,30 +138,33 @@ fn a_gptq_run_killed_after_its_first_layer_resumes_byte_identical() {
     let source = synth(dir.path(), "fp8", "glm5", &["--layers", "4", "--experts", "16"]);
     let tokens = dir.path().join("calibration.safetensors");
     write_tokens(&tokens, 4, 64, 384);
-    let clean = dir.path().join("clean");
-    squeeze(&gptq_args(&source, &clean, &tokens, &[])).ok();
-    let killed = dir.path().join("killed");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_squeeze"))
-        .args(gptq_args(&source, &killed, &tokens, &[]))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // Kill it as soon as one MoE layer's quantized experts are on disk.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let finished_layer = || {
-        fs::read_dir(&killed).is_ok_and(|entries| {
-            entries.flatten().any(|e| e.file_name().to_string_lossy().contains(".index.squeeze-tmp"))
-        })
-    };
-    while Instant::now() < deadline && !finished_layer() {
-        std::thread::sleep(Duration::from_millis(2));
+    for (name, order) in [("parallel", "--no-sequential"), ("sequential", "--sequential")] {
+        let clean = dir.path().join(format!("{name}-clean"));
+        squeeze(&gptq_args(&source, &clean, &tokens, &[order])).ok();
+        let killed = dir.path().join(format!("{name}-killed"));
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_squeeze"))
+            .args(gptq_args(&source, &killed, &tokens, &[order]))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Kill it as soon as one MoE layer's quantized experts are on disk.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let finished_layer = || {
+            fs::read_dir(&killed).is_ok_and(|entries| {
+                entries.flatten().any(|entry| entry.file_name().to_string_lossy().contains(".index.squeeze-tmp"))
+            })
+        };
+        while Instant::now() < deadline && !finished_layer() {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!killed.join("config.json").exists(), "{name}: the run finished before it could be killed");
+        let resumed = squeeze(&gptq_args(&source, &killed, &tokens, &[order, "--resume", "--json"])).ok().json();
+        assert!(resumed["calibration_layers_reused"].as_u64().unwrap() >= 1, "{name}: {resumed}");
+        assert_eq!(files(&clean), files(&killed), "{name}");
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(!killed.join("config.json").exists(), "the run finished before it could be killed; make the model larger");
-    squeeze(&gptq_args(&source, &killed, &tokens, &["--resume"])).ok();
-    assert_eq!(files(&clean), files(&killed));
 }
 
 #[test]
