@@ -103,7 +103,7 @@ pub struct Args {
     /// gptq: layer L + 1 is calibrated on the output of layer L run with its already-quantized experts (as
     /// llm-compressor and GPTQModel do by default), at the cost of a second forward of every MoE layer and one more
     /// copy of the hidden states. Not the default: on the trained tiny model it was 1.010 ± 0.003× the KLD of
-    /// --no-sequential (paired over 8 held-out blocks; both 0.22× ct-minmax's) and 10 % slower; see BENCHMARKS.md.
+    /// --no-sequential (paired over 8 held-out blocks; both 0.22× ct-minmax's) and 10–40 % slower; see BENCHMARKS.md.
     #[arg(long, overrides_with = "no_sequential")]
     pub sequential: bool,
     /// gptq (the default): every layer is calibrated on the FP8 model's activations (one forward per layer, the
