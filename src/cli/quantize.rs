@@ -77,7 +77,7 @@ pub struct Args {
     /// the mean diagonal, error feedback in blocks of 128 columns, each group's scale chosen by the recipe's
     /// --scale-rule from the updated weights, no act-order (output: plain pack-quantized, actorder null, observer of
     /// the scale rule). Experts are streamed in batches, so memory stays at the pass's working set plus one batch:
-    /// 2 × tokens × hidden × 4 B (the layer's MoE input, its copy) + experts_per_batch × ((hidden² +
+    /// 2 × tokens × hidden × 4 B (the layer's MoE input; with --sequential its input copy) + experts_per_batch × ((hidden² +
     /// moe_intermediate²) × 8 B + 6 × max(hidden, moe_intermediate)² × 8 B + 3 × hidden × moe_intermediate × 13 B),
     /// batches of at most 4 GiB (GLM-5: one expert, ≈ 2.6 GB); the output folder holds the quantized experts once
     /// more until the run completes. Other INT4 tensors keep the recipe's rule in every method.
@@ -100,15 +100,17 @@ pub struct Args {
     /// still routes as the router says; coverage still counts routed tokens), so no expert falls back.
     #[arg(long)]
     pub force_route_all: bool,
-    /// gptq: layer L + 1 is calibrated on the output of layer L run with its already-quantized experts (as
-    /// llm-compressor and GPTQModel do by default), at the cost of a second forward of every MoE layer and one more
-    /// copy of the hidden states. Not the default: on the trained tiny model it was 1.010 ± 0.003× the KLD of
-    /// --no-sequential (paired over 8 held-out blocks; both 0.22× ct-minmax's) and 10–40 % slower; see BENCHMARKS.md.
+    /// gptq (the default): layer L + 1 is calibrated on the output of layer L run with its already-quantized
+    /// experts (as llm-compressor and GPTQModel do), at the cost of a second forward of every MoE layer and one
+    /// more copy of the hidden states. Chosen by measurement on the trained tiny model (BENCHMARKS.md, paired over
+    /// 8 held-out blocks): with coarse groups (96), whose errors reach the next layer as larger shifts, sequential
+    /// has 0.962 ± 0.005× the KLD of --no-sequential; at the recipe's group 32 it has 1.010 ± 0.003× (both 0.22×
+    /// ct-minmax's). A 60-layer model accumulates far more error below its upper layers than this 3-layer one,
+    /// which is where sequential calibration pays.
     #[arg(long, overrides_with = "no_sequential")]
     pub sequential: bool,
-    /// gptq (the default): every layer is calibrated on the FP8 model's activations (one forward per layer, the
-    /// layers' statistics independent of each other's quantization). Chosen by measurement (see --sequential);
-    /// the difference may change sign on a deep model, where errors compound over 60 layers (not measured).
+    /// gptq: every layer is calibrated on the FP8 model's activations (one forward per layer, the layers'
+    /// statistics independent of each other's quantization).
     #[arg(long, overrides_with = "sequential")]
     pub no_sequential: bool,
 }
@@ -144,7 +146,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             route_all: args.force_route_all,
             device: args.device,
             method: args.method,
-            sequential: args.sequential,
+            sequential: !args.no_sequential,
         }),
         (true, None) => anyhow::bail!("--method {} needs --calibration FILE", method_name(args.method)),
         (false, Some(_)) => {

@@ -7,10 +7,11 @@
 //! when the group starts, no act-order), written to the layer's spill file ([`super::expert_spill`]) and dropped.
 //! Experts shown fewer than `--min-expert-tokens` rows fall back to `mse` (listed in the coverage).
 //!
-//! `--sequential`: once a layer's experts are quantized the layer is run again from its input with those experts
-//! (dequantized INT4), and that output feeds the next layer, so each layer's Hessians see the inputs the quantized
-//! layers below produce, as GPTQ's reference implementations calibrate. `--no-sequential` (the default, chosen by
-//! measurement: BENCHMARKS.md): every layer's inputs come from the FP8 model (one forward per layer).
+//! `--sequential` (the default, chosen by measurement: BENCHMARKS.md): once a layer's experts are quantized the
+//! layer is run again from its input with those experts (dequantized INT4), and that output feeds the next layer,
+//! so each layer's Hessians see the inputs the quantized layers below produce, as GPTQ's reference
+//! implementations calibrate. `--no-sequential`: every layer's inputs come from the FP8 model (one forward per
+//! layer).
 //!
 //! # Memory
 //! Hessians are never held for a whole layer (GLM-5: 256 experts × (6144² + 2048²) × 8 B = 86 GB); at most one

@@ -84,13 +84,13 @@ fn gptq_on_a_synth_model_verifies_records_coverage_and_lists_a_never_routed_expe
     let rtn = dir.path().join("rtn");
     squeeze(&["quantize", path_str(&source), path_str(&rtn), "--device", "cpu"]).ok();
     assert_ne!(files(&out), files(&rtn));
-    let sequential = dir.path().join("sequential");
-    squeeze(&gptq_args(&source, &sequential, &tokens, &["--sequential"])).ok();
-    assert_ne!(files(&out), files(&sequential));
-    squeeze(&["verify", path_str(&sequential), "--source", path_str(&source)]).ok();
-    // --no-sequential is the default.
+    let parallel = dir.path().join("parallel");
+    squeeze(&gptq_args(&source, &parallel, &tokens, &["--no-sequential"])).ok();
+    assert_ne!(files(&out), files(&parallel));
+    squeeze(&["verify", path_str(&parallel), "--source", path_str(&source)]).ok();
+    // --sequential is the default.
     let explicit = dir.path().join("explicit");
-    squeeze(&gptq_args(&source, &explicit, &tokens, &["--no-sequential", "--json"])).ok();
+    squeeze(&gptq_args(&source, &explicit, &tokens, &["--sequential", "--json"])).ok();
     assert_eq!(files(&out), files(&explicit));
 
     // Every token shown to every expert for the statistics: nobody falls back; routed counts stay the router's.
@@ -127,7 +127,7 @@ fn resume_keeps_a_gptq_run_and_refuses_another_calibration_order() {
     let resumed = run(&["--resume"]).ok().json();
     assert_eq!(resumed["shards_reused"], first["shards"]);
     assert_eq!(files(&out), before);
-    let other = run(&["--resume", "--sequential"]);
+    let other = run(&["--resume", "--no-sequential"]);
     assert_eq!(other.code, 2, "{}", other.stderr);
     assert!(other.stderr.contains("different source, recipe or options"), "{}", other.stderr);
 }
