@@ -25,7 +25,8 @@
 //!      + routes: tokens × top_k × 8 B
 //!      + one GPTQ batch: experts_per_batch × per_expert, per_expert =
 //!          (hidden² + moe_intermediate²) × 8 B                  (the two f64 Hessians)
-//!        + 6 × max(hidden, moe_intermediate)² × 8 B             (damped inverse and its Cholesky factors)
+//!        + 6 × max(hidden, moe_intermediate)² × 8 B             (damped inverse and its Cholesky factors; one
+//!                                                                for gate_proj and up_proj together)
 //!        + 3 × hidden × moe_intermediate × 13 B                 (f32 weights, f64 working rows, i8 codes)
 //!        + rows_e × (hidden + moe_intermediate) × 4 B           (its gathered inputs; rows_e = tokens with
 //!                                                                --force-route-all)
@@ -42,7 +43,7 @@ use rayon::prelude::*;
 use crate::arch::{ExpertTap, LayerTap, Model};
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
-use crate::quant::gptq::{self, GptqSettings, Hessian, Quantized};
+use crate::quant::gptq::{self, GptqSettings, Hessian, InverseFactor, Quantized};
 use crate::quant::ScaleRule;
 use crate::runtime::backend::{Backend, Matrix};
 use crate::runtime::weights::WeightReader;
@@ -266,21 +267,35 @@ impl Work<'_> {
         activations.add(&intermediate);
         drop(intermediate);
         let planned = self.targets.get(&(self.layer, expert)).cloned().unwrap_or_default();
+        let failed = |projection: &str, e: gptq::GptqError| {
+            RuntimeError::Output(format!("gptq {module}.{projection}_proj.weight: {e}"))
+        };
+        // gate_proj and up_proj share one factor of the damped inverse Hessian.
+        let factor = |hessian: &Hessian, projection: &str| {
+            InverseFactor::new(hessian, self.settings.damping).map_err(|e| failed(projection, e))
+        };
+        let hidden_factor = match (planned.contains_key("gate"), planned.contains_key("up")) {
+            (false, false) => None,
+            _ => Some(factor(&hidden_states, "gate")?),
+        };
+        drop(hidden_states);
+        let inner_factor = if planned.contains_key("down") { Some(factor(&activations, "down")?) } else { None };
+        drop(activations);
         let mut done = Vec::new();
-        for (projection, weights, hessian) in
-            [("gate", &gate, &hidden_states), ("up", &up, &hidden_states), ("down", &down, &activations)]
+        for (projection, weights, factor) in
+            [("gate", &gate, &hidden_factor), ("up", &up, &hidden_factor), ("down", &down, &inner_factor)]
         {
-            let Some(target) = planned.get(projection).copied() else { continue };
-            let quantized = gptq::quantize(
+            let (Some(target), Some(factor)) = (planned.get(projection).copied(), factor.as_ref()) else { continue };
+            let quantized = gptq::quantize_factored(
                 &weights.data,
                 weights.rows,
                 weights.columns,
-                hessian,
+                factor,
                 target.group_size,
                 target.rule,
-                self.settings,
+                self.settings.block,
             )
-            .map_err(|e| RuntimeError::Output(format!("gptq {module}.{projection}_proj.weight: {e}")))?;
+            .map_err(|e| failed(projection, e))?;
             done.push((projection, target, weights.columns, quantized));
         }
         Ok(done)
