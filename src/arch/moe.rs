@@ -52,6 +52,7 @@ fn observe_experts(
     tap: &mut ExpertTap,
 ) -> Result<(), RuntimeError> {
     let tokens = x.rows();
+    let Some(observer) = tap.observer.as_mut() else { return Ok(()) };
     for (expert, mlp) in batch {
         let rows: Vec<usize> = if tap.route_all {
             (0..tokens).collect()
@@ -65,7 +66,7 @@ fn observe_experts(
         let gate = backend.linear(&input, &mlp.gate, None)?;
         let up = backend.linear(&input, &mlp.up, None)?;
         let intermediate = backend.silu_mul(&gate, &up)?;
-        (tap.observer)(&ExpertActivations {
+        observer(&ExpertActivations {
             expert: *expert,
             tokens: rows.len(),
             input: &backend.download(&input)?,
@@ -180,7 +181,8 @@ impl MoeWeights {
     /// batches are in memory. Each token sums its experts in ascending expert order (as transformers' expert loop
     /// does), whatever the batching. With an expert tap each expert of a batch is shown its tokens' rows of `x`
     /// and its intermediate activations after the batch is applied (with `route_all`, every token and every
-    /// expert of the layer, read for the tap alone).
+    /// expert of the layer, read for the tap alone); the tap may also take a copy of `x` and replace experts'
+    /// weights with its own.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -205,6 +207,11 @@ impl MoeWeights {
             }
         }
         let route_all = tap.as_ref().is_some_and(|tap| tap.route_all);
+        let replacement = tap.as_ref().and_then(|tap| tap.replacement);
+        if let Some(input) = tap.as_mut().and_then(|tap| tap.input.as_deref_mut()) {
+            // A tap: the MoE input visits the host.
+            *input = backend.download(x)?;
+        }
         let hit: Vec<usize> = (0..assigned.len()).filter(|&expert| route_all || !assigned[expert].is_empty()).collect();
         let per_batch = experts_per_batch(hidden, inner);
         let mut output = backend.zeros(tokens, hidden)?;
@@ -220,6 +227,11 @@ impl MoeWeights {
                     let loaded: Result<Vec<_>, _> = batch
                         .par_iter()
                         .map(|&expert| {
+                            if let Some([gate, up, down]) =
+                                replacement.map(|replace| replace(expert)).transpose()?.flatten()
+                            {
+                                return Ok((expert, DenseMlp { gate, up, down }));
+                            }
                             let module = format!("{}.mlp.experts.{expert}", self.prefix);
                             Ok((expert, DenseMlp::load(reader, &module, hidden, inner)?))
                         })

@@ -1,9 +1,10 @@
 //! What a caller plugs into one decoder layer's forward besides its input: where the attention's cached rows come
 //! from ([`KvSource`]), and taps that observe them (calibration), store them as FP8 (the engines' store/read),
-//! record the routed experts and observe each routed expert's inputs (importance calibration).
+//! record the routed experts, observe each routed expert's inputs and replace its weights (calibration).
 
 use crate::format::kv_scales::LayerKvScales;
 use crate::quant::fp8;
+use crate::runtime::backend::Matrix;
 use crate::runtime::{Backend, RuntimeError, Tensor};
 
 /// Where an attention layer's cached rows come from.
@@ -140,13 +141,22 @@ pub struct ExpertActivations<'a> {
 /// Receives each routed expert's activations (experts that received no token are not reported).
 pub type ExpertObserver<'a> = dyn FnMut(&ExpertActivations) + 'a;
 
+/// Routed expert `expert`'s `[gate, up, down]` weights to use instead of the checkpoint's (`None`: the
+/// checkpoint's), e.g. its already-quantized form during sequential GPTQ calibration.
+pub type ExpertReplacement<'a> = dyn Fn(usize) -> Result<Option<[Matrix; 3]>, RuntimeError> + Sync + 'a;
+
 /// A tap on a MoE layer's routed experts. Observing computes the activations a second time beside the forward
 /// (the forward's own numbers are untouched).
+#[derive(Default)]
 pub struct ExpertTap<'a> {
-    pub observer: &'a mut ExpertObserver<'a>,
+    pub observer: Option<&'a mut ExpertObserver<'a>>,
     /// Statistics only: every token of the layer is shown to every expert (the forward still routes as the
     /// router says), so that no expert is left without calibration inputs.
     pub route_all: bool,
+    /// Filled with the MoE block's normed input `[tokens, hidden]` (what every routed expert reads).
+    pub input: Option<&'a mut Vec<f32>>,
+    /// Weights the forward uses for routed experts instead of the checkpoint's.
+    pub replacement: Option<&'a ExpertReplacement<'a>>,
 }
 
 /// Everything a layer's forward can be tapped for.

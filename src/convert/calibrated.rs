@@ -1,16 +1,8 @@
-//! The `imatrix` method's calibration pass: the source model runs once over the calibration chunks through the
-//! layer-streamed runtime, each routed expert's inputs are accumulated into importance vectors
-//! ([`crate::quant::imatrix::Importance`]), and each routed-expert tensor gets its rule from them (importance, or
-//! the `mse` fallback for an expert with too few tokens), with the per-layer, per-expert coverage.
-//!
-//! Statistics come from the FP8 source model for every layer (not sequential): importance vectors are small and
-//! need one pass, and each layer's inputs are those the unquantized model produces. Sequential calibration
-//! (inputs from the already-quantized layers below) matters for GPTQ, whose error feedback compounds.
-//!
-//! Memory: one layer's f64 accumulators during the pass (`experts × (hidden + moe_intermediate) × 8 B`), then the
-//! f32 importance of every MoE layer while quantizing: `MoE layers × experts × (hidden + moe_intermediate) × 4 B`
-//! (gate_proj and up_proj share one vector: both read the same hidden states) — Kimi K2: 60 × 384 × 9216 × 4 B =
-//! 0.85 GB; plus the runtime's activations for `samples × seq_len` tokens (see [`crate::arch`]).
+//! What the calibrated methods (`imatrix`, `gptq`) share: the method and its options, the calibration set and
+//! its digest, the one layer-streamed calibration pass over the source model ([`run_pass`]: each layer's
+//! forward and what the method does with it), the per-layer, per-expert coverage, and the rule each routed-expert
+//! tensor is then quantized with. The methods' own per-layer work is in [`super::imatrix_pass`] and
+//! [`super::gptq_pass`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -18,17 +10,16 @@ use std::path::Path;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::arch::{
-    embed, run_layers, ExpertActivations, ExpertTap, ExpertTimes, KvSource, LayerContext, LayerState, LayerTap, Model,
-};
+use crate::arch::{embed, run_layers, ExpertTimes, KvSource, Layer, LayerContext, LayerState, LayerTap, Model};
 use crate::chunks::{load_sequences, EvalInput};
+use crate::model::ModelConfig;
 use crate::progress::Reporter;
-use crate::quant::imatrix::Importance;
 use crate::runtime::device::DeviceChoice;
 use crate::runtime::rope_table::rope_setup;
 use crate::runtime::weights::WeightReader;
-use crate::runtime::Spans;
+use crate::runtime::{RuntimeError, Spans, Tensor};
 
+use super::expert_spill::SpillEntry;
 use super::plan::{Action, Plan};
 
 /// Calibration chunks read at most (`--samples`).
@@ -52,6 +43,8 @@ pub enum Method {
     Rtn,
     /// Routed experts' scales weighted by their calibration inputs' mean x² per channel.
     Imatrix,
+    /// Routed experts quantized by GPTQ against their calibration inputs' Hessian.
+    Gptq,
 }
 
 /// What the calibration pass reads and how its statistics are used.
@@ -64,6 +57,10 @@ pub struct CalibrationOptions {
     pub route_all: bool,
     /// Where the runtime runs the pass.
     pub device: DeviceChoice,
+    pub method: Method,
+    /// GPTQ: the inputs of layer L + 1 come from layer L run with its already-quantized experts (else every
+    /// layer's inputs come from the FP8 model).
+    pub sequential: bool,
 }
 
 /// Calibration tokens per expert of one MoE layer, and the experts that fell back to `mse`.
@@ -87,7 +84,7 @@ pub struct ExpertCoverage {
     pub force_route_all: bool,
     /// Routed experts with INT4 tensors in the plan.
     pub experts: usize,
-    /// Of those, quantized with their importance.
+    /// Of those, quantized with their calibration statistics (importance, or GPTQ).
     pub calibrated: usize,
     /// Of those, quantized with the `mse` rule.
     pub fell_back: usize,
@@ -96,27 +93,43 @@ pub struct ExpertCoverage {
     pub uncalibrated_layers: Vec<usize>,
 }
 
-/// One expert's importance: over its `hidden` input channels (gate_proj, up_proj) and its `moe_intermediate`
-/// ones (down_proj).
-struct ExpertWeights {
-    gate_up: Vec<f32>,
-    down: Vec<f32>,
+/// What calibration made of one routed expert.
+pub enum ExpertResult {
+    /// imatrix: importance over its `hidden` input channels (gate_proj, up_proj, which read the same hidden
+    /// states) and its `moe_intermediate` ones (down_proj).
+    Importance { gate_up: Vec<f32>, down: Vec<f32> },
+    /// GPTQ: its planned projections (`gate`, `up`, `down`) already quantized, kept on disk until written.
+    Quantized(BTreeMap<String, SpillEntry>),
+}
+
+/// What a method's pass hands back.
+pub struct PassResult {
+    /// The result of every planned `(layer, expert)` calibrated.
+    pub experts: BTreeMap<(usize, usize), ExpertResult>,
+    /// The MoE layers' coverage.
+    pub layers: Vec<LayerCoverage>,
+    /// GPTQ with `--resume`: layers whose quantized experts a previous run had finished.
+    pub layers_reused: usize,
 }
 
 /// The rule a routed-expert tensor is quantized with.
 pub enum ExpertRule<'a> {
     /// Importance-weighted scales, one weight per input channel.
     Importance(&'a [f32]),
+    /// Already quantized (GPTQ): the packed codes and scales are read back.
+    Quantized(&'a SpillEntry),
     /// Too few calibration tokens (or a layer the pass does not run): the `mse` rule.
     Fallback,
 }
 
 /// Everything the quantize pass needs from calibration.
 pub struct Calibration {
-    experts: BTreeMap<(usize, usize), ExpertWeights>,
+    experts: BTreeMap<(usize, usize), ExpertResult>,
     pub coverage: ExpertCoverage,
     /// Digest of the calibration tokens and options (part of the plan digest, so `--resume` needs the same).
     pub digest: String,
+    /// GPTQ with `--resume`: layers whose quantized experts a previous run had finished.
+    pub layers_reused: usize,
 }
 
 /// `(layer, expert, projection)` of `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`.
@@ -134,10 +147,14 @@ impl Calibration {
     /// The rule of tensor `name`; `None` when it is not a routed expert's projection (the recipe's rule applies).
     pub fn rule_for(&self, name: &str) -> Option<ExpertRule<'_>> {
         let (layer, expert, projection) = routed_expert(name)?;
-        Some(match self.experts.get(&(layer, expert)) {
-            Some(weights) if projection == "down" => ExpertRule::Importance(&weights.down),
-            Some(weights) => ExpertRule::Importance(&weights.gate_up),
-            None => ExpertRule::Fallback,
+        Some(match (self.experts.get(&(layer, expert)), projection) {
+            (Some(ExpertResult::Importance { down, .. }), "down") => ExpertRule::Importance(down),
+            (Some(ExpertResult::Importance { gate_up, .. }), _) => ExpertRule::Importance(gate_up),
+            (Some(ExpertResult::Quantized(projections)), projection) => match projections.get(projection) {
+                Some(entry) => ExpertRule::Quantized(entry),
+                None => ExpertRule::Fallback,
+            },
+            (None, _) => ExpertRule::Fallback,
         })
     }
 
@@ -165,7 +182,9 @@ impl Calibration {
     }
 }
 
-/// Sets the INT4 group's `observer` to [`OBSERVER`] in a `quantization_config`.
+/// Sets the INT4 group's `observer` to [`OBSERVER`] in a `quantization_config` (imatrix runs). A GPTQ run keeps
+/// the scale rule's observer (`minmax` for ct-minmax/absmax7, `mse`), as llm-compressor's GPTQ does: GPTQ is a
+/// modifier there, not an observer, and its W4A16 output declares the scheme's `observer: "minmax"`.
 pub fn mark_observer(quantization_config: &mut serde_json::Value) {
     if let Some(weights) = quantization_config.pointer_mut("/config_groups/group_0/weights") {
         weights["observer"] = serde_json::Value::String(OBSERVER.into());
@@ -184,18 +203,79 @@ pub enum CalibrationError {
     Device(String),
 }
 
-/// Runs the calibration pass over the model in `dir` and derives each routed expert's importance; `plan` says
-/// which experts have INT4 tensors (the coverage counts those).
-pub fn calibrate(
+/// The calibration chunks and the digest of them and of the options (part of the plan digest, so `--resume` needs
+/// the same); read before the output folder is prepared, the pass runs after.
+pub struct CalibrationSet {
+    pub sequences: Vec<Vec<u32>>,
+    pub digest: String,
+}
+
+impl CalibrationSet {
+    pub fn load(dir: &Path, options: &CalibrationOptions) -> Result<Self, CalibrationError> {
+        let model = Model::open(dir)?;
+        let sequences = load_sequences(&options.input, dir, Some(options.samples), 2, model.config().vocab_size)
+            .map_err(|e| CalibrationError::Chunks(e.to_string()))?;
+        let mut hasher = Sha256::new();
+        hasher.update(match options.method {
+            Method::Gptq => {
+                let settings = crate::quant::gptq::GptqSettings::default();
+                format!(
+                    "gptq|{}|{}|{}|{}|{}|",
+                    options.min_expert_tokens, options.route_all, options.sequential, settings.damping, settings.block
+                )
+            }
+            _ => format!(
+                "imatrix|{}|{}|{}|",
+                options.min_expert_tokens,
+                options.route_all,
+                crate::quant::scale_rule::MseSearch::default().grid
+            ),
+        });
+        for sequence in &sequences {
+            hasher.update((sequence.len() as u64).to_le_bytes());
+            for id in sequence {
+                hasher.update(id.to_le_bytes());
+            }
+        }
+        Ok(Self { sequences, digest: crate::io::writer::hex(&hasher.finalize()) })
+    }
+}
+
+/// One decoder layer of the calibration pass, as a method's per-layer work sees it.
+pub struct LayerRun<'a, 'b> {
+    pub index: usize,
+    /// Whether the layer has routed experts.
+    pub moe: bool,
+    pub layer: &'a Layer,
+    pub context: &'a LayerContext<'b>,
+    spans: &'a Spans,
+    state: &'a mut LayerState,
+}
+
+impl LayerRun<'_, '_> {
+    /// Advances `hidden` through the layer, tapped.
+    pub fn forward(&mut self, hidden: &mut Tensor, tap: Option<&mut LayerTap>) -> Result<(), RuntimeError> {
+        let times = ExpertTimes::default();
+        self.layer.forward(self.context, hidden, self.spans, KvSource::Own, self.state, &times, tap)
+    }
+}
+
+/// A method's work on one layer: given the layer and its input hidden states, advance them to the next layer's
+/// input and return the layer's coverage (MoE layers).
+pub type LayerWork<'a> = dyn FnMut(&mut LayerRun, &mut Tensor) -> Result<Option<LayerCoverage>, RuntimeError> + 'a;
+
+/// The one calibration pass: the source model in `dir` runs over the calibration chunks, layer by layer through
+/// the layer-streamed runtime on the chosen backend; `work` does the method's part of each layer. The reporter's
+/// phase (`total` units, begun by the caller) advances one unit per layer.
+pub fn run_pass(
     dir: &Path,
     options: &CalibrationOptions,
-    plan: &Plan,
+    set: &CalibrationSet,
     reporter: &dyn Reporter,
-) -> Result<Calibration, CalibrationError> {
+    work: &mut LayerWork,
+) -> Result<Vec<LayerCoverage>, CalibrationError> {
     let model = Model::open(dir)?;
     let config = model.config();
-    let sequences = load_sequences(&options.input, dir, Some(options.samples), 2, config.vocab_size)
-        .map_err(|e| CalibrationError::Chunks(e.to_string()))?;
     let (backend, notice) =
         crate::runtime::device::open_backend(options.device).map_err(|e| CalibrationError::Device(e.to_string()))?;
     if let Some(notice) = notice {
@@ -203,68 +283,61 @@ pub fn calibrate(
     }
     let backend = backend.as_ref();
     let reader = WeightReader::new(model.checkpoint());
-    let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
+    let lengths: Vec<usize> = set.sequences.iter().map(Vec::len).collect();
     let spans = Spans::new(&lengths);
     let longest = lengths.iter().copied().max().unwrap_or(0);
     let (table, mla_scale) = rope_setup(config, longest);
-    let ids: Vec<u32> = sequences.concat();
+    let ids: Vec<u32> = set.sequences.concat();
     let mut hidden = backend.upload(&embed(&reader, config, &ids)?, config.hidden_size)?;
     let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
     let mut state = LayerState::default();
-    let (width, inner, count) = (config.hidden_size, config.moe_intermediate_size, config.n_routed_experts);
-
-    let mut experts = BTreeMap::new();
     let mut layers = Vec::new();
-    reporter.begin("calibration", config.num_hidden_layers as u64);
     run_layers(&[&model], backend, reporter, &mut |step| {
-        let moe = config.runs_moe(step.index);
-        let mut statistics: Vec<(Importance, Importance)> = if moe {
-            (0..count).map(|_| (Importance::new(width), Importance::new(inner))).collect()
-        } else {
-            Vec::new()
+        let mut run = LayerRun {
+            index: step.index,
+            moe: config.runs_moe(step.index),
+            layer: &step.layers[0],
+            context: &context,
+            spans: &spans,
+            state: &mut state,
         };
-        let mut routes = Vec::new();
-        let mut observer = |seen: &ExpertActivations| {
-            if let Some((gate_up, down)) = statistics.get_mut(seen.expert) {
-                gate_up.add(seen.input);
-                down.add(seen.intermediate);
-            }
-        };
-        let mut tap = LayerTap {
-            routes: Some(&mut routes),
-            experts: moe.then_some(ExpertTap { observer: &mut observer, route_all: options.route_all }),
-            ..LayerTap::default()
-        };
-        let times = ExpertTimes::default();
-        step.layers[0].forward(&context, &mut hidden, &spans, KvSource::Own, &mut state, &times, Some(&mut tap))?;
-        if !moe {
-            return Ok(());
+        if let Some(coverage) = work(&mut run, &mut hidden)? {
+            layers.push(coverage);
         }
-        let mut routed = vec![0u64; count];
-        for expert in routes.iter().flatten() {
-            routed[*expert] += 1;
-        }
-        let mut fallback = Vec::new();
-        for (expert, (gate_up, down)) in statistics.iter().enumerate() {
-            if gate_up.samples() >= options.min_expert_tokens.max(1) {
-                experts
-                    .insert((step.index, expert), ExpertWeights { gate_up: gate_up.weights(), down: down.weights() });
-            } else {
-                fallback.push(expert);
-            }
-        }
-        layers.push(LayerCoverage { layer: step.index, routed, fallback });
         Ok(())
     })?;
-    reporter.end();
+    Ok(layers)
+}
 
-    // Coverage over the experts the plan quantizes to INT4.
-    let planned: BTreeSet<(usize, usize)> = plan
-        .items
+/// Calibration tokens the router sent to each of `count` experts.
+pub fn routed_counts(routes: &[Vec<usize>], count: usize) -> Vec<u64> {
+    let mut routed = vec![0u64; count];
+    for expert in routes.iter().flatten() {
+        routed[*expert] += 1;
+    }
+    routed
+}
+
+/// The `(layer, expert)`s whose routed-expert tensors the plan quantizes to INT4.
+pub fn planned_experts(plan: &Plan) -> BTreeSet<(usize, usize)> {
+    plan.items
         .iter()
         .filter(|item| matches!(item.action, Action::Int4 { .. }))
         .filter_map(|item| routed_expert(&item.source.name).map(|(layer, expert, _)| (layer, expert)))
-        .collect();
+        .collect()
+}
+
+/// The coverage over the experts the plan quantizes to INT4, from the pass's layers; `calibrated` experts got
+/// their method's rule.
+pub fn coverage(
+    options: &CalibrationOptions,
+    set: &CalibrationSet,
+    config: &ModelConfig,
+    plan: &Plan,
+    mut layers: Vec<LayerCoverage>,
+    calibrated: usize,
+) -> ExpertCoverage {
+    let planned = planned_experts(plan);
     let run: BTreeSet<usize> = layers.iter().map(|layer| layer.layer).collect();
     let uncalibrated_layers: Vec<usize> = planned
         .iter()
@@ -276,39 +349,53 @@ pub fn calibrate(
     for layer in &mut layers {
         layer.fallback.retain(|expert| planned.contains(&(layer.layer, *expert)));
     }
-    experts.retain(|key, _| planned.contains(key));
-    let calibrated = experts.len();
-
-    let mut hasher = Sha256::new();
-    hasher.update(format!(
-        "imatrix|{}|{}|{}|",
-        options.min_expert_tokens,
-        options.route_all,
-        crate::quant::scale_rule::MseSearch::default().grid
-    ));
-    for sequence in &sequences {
-        hasher.update((sequence.len() as u64).to_le_bytes());
-        for id in sequence {
-            hasher.update(id.to_le_bytes());
-        }
+    ExpertCoverage {
+        method: options.method,
+        sequences: set.sequences.len(),
+        tokens: set.sequences.iter().map(|s| s.len() as u64).sum(),
+        top_k: config.num_experts_per_tok,
+        min_expert_tokens: options.min_expert_tokens,
+        force_route_all: options.route_all,
+        experts: planned.len(),
+        calibrated,
+        fell_back: planned.len() - calibrated,
+        layers,
+        uncalibrated_layers,
     }
+}
+
+/// Runs the method's calibration pass over the model in `dir`; `plan` says which experts have INT4 tensors (the
+/// coverage counts those), `out` is the output folder (GPTQ keeps its quantized experts there until they are
+/// written), `plan_sha256` the run's plan digest (a resumed GPTQ run reuses the layers it finished).
+pub fn calibrate(
+    dir: &Path,
+    options: &CalibrationOptions,
+    set: &CalibrationSet,
+    plan: &Plan,
+    output: CalibrationOutput,
+    reporter: &dyn Reporter,
+) -> Result<Calibration, CalibrationError> {
+    let model = Model::open(dir)?;
+    let config = model.config().clone();
+    let PassResult { experts, layers, layers_reused } = match options.method {
+        Method::Gptq => super::gptq_pass::calibrate(dir, options, set, plan, output, reporter)?,
+        _ => super::imatrix_pass::calibrate(dir, options, set, plan, reporter)?,
+    };
+    let calibrated = experts.len();
     Ok(Calibration {
         experts,
-        coverage: ExpertCoverage {
-            method: Method::Imatrix,
-            sequences: sequences.len(),
-            tokens: ids.len() as u64,
-            top_k: config.num_experts_per_tok,
-            min_expert_tokens: options.min_expert_tokens,
-            force_route_all: options.route_all,
-            experts: planned.len(),
-            calibrated,
-            fell_back: planned.len() - calibrated,
-            layers,
-            uncalibrated_layers,
-        },
-        digest: crate::io::writer::hex(&hasher.finalize()),
+        coverage: coverage(options, set, &config, plan, layers, calibrated),
+        digest: set.digest.clone(),
+        layers_reused,
     })
+}
+
+/// Where a calibrated run may keep files and whether it resumes.
+#[derive(Debug, Clone, Copy)]
+pub struct CalibrationOutput<'a> {
+    pub dir: &'a Path,
+    pub plan_sha256: &'a str,
+    pub resume: bool,
 }
 
 #[cfg(test)]

@@ -22,7 +22,9 @@ use crate::quant::ScaleRule;
 use crate::recipe::{Recipe, RecipeError};
 use crate::runtime::device::{select, CudaError, DeviceChoice, DeviceSelection};
 
-use super::calibrated::{self, CalibrationError, CalibrationOptions, ExpertCoverage};
+use super::calibrated::{
+    self, CalibrationError, CalibrationOptions, CalibrationOutput, CalibrationSet, ExpertCoverage,
+};
 use super::plan::{self, Action, ClassSummary, Plan, PlanError};
 use super::{engine_check, output_files, quant_config, source, transform};
 
@@ -46,7 +48,7 @@ pub struct QuantizeOptions {
     pub engine: EngineChoice,
     /// Tensor-parallel size for the rules; `None`: `lint::default_tp` of the model.
     pub tp: Option<usize>,
-    /// `--method imatrix`: the calibration pass (`None`: round to nearest, `--method rtn`).
+    /// `--method imatrix|gptq`: the calibration pass (`None`: round to nearest, `--method rtn`).
     pub calibration: Option<CalibrationOptions>,
 }
 
@@ -93,9 +95,13 @@ pub struct QuantizeReport {
     pub engine_rules: Option<LintReport>,
     /// Keys added to the output's `config.json` because an engine needs them (safe, standard fixes).
     pub config_fixes: Vec<ConfigFix>,
-    /// `--method imatrix`: calibration tokens per layer and routed expert, and the experts that fell back to mse.
+    /// `--method imatrix|gptq`: calibration tokens per layer and routed expert, and the experts that fell back to
+    /// mse.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expert_coverage: Option<ExpertCoverage>,
+    /// `--method gptq --resume`: MoE layers whose quantized experts the interrupted run had finished (not redone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration_layers_reused: Option<usize>,
 }
 
 /// A checkpoint opened and planned, ready to run or to report on.
@@ -155,7 +161,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
     let output_config = checkpoint.config().map(|json| {
         let mut quantization_config = quant_config::quantization_config(plan, recipe);
-        if options.calibration.is_some() {
+        if options.calibration.as_ref().is_some_and(|c| c.method == calibrated::Method::Imatrix) {
             calibrated::mark_observer(&mut quantization_config);
         }
         engine_check::output_config(json, quantization_config, plan)
@@ -185,6 +191,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         engine_rules,
         config_fixes: output_config.as_ref().map(|(_, fixes)| fixes.clone()).unwrap_or_default(),
         expert_coverage: None,
+        calibration_layers_reused: None,
     };
     // A dry run reports the rule results; a real run refuses before touching the output folder.
     if let Some(rules) = report.engine_rules.as_ref().filter(|rules| !rules.passed && !options.dry_run) {
@@ -204,17 +211,25 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         selection => selection.into_device(),
     };
     check_output(&options.output, options)?;
-    let calibration = match &options.calibration {
-        Some(calibration) => Some(calibrated::calibrate(&options.input, calibration, plan, reporter)?),
+    let calibration_set = match &options.calibration {
+        Some(calibration) => Some(CalibrationSet::load(&options.input, calibration)?),
         None => None,
     };
     let out = &options.output;
-    let recipe_digest = match &calibration {
-        Some(calibration) => format!("{}|{}", recipe.sha256(), calibration.digest),
+    let recipe_digest = match &calibration_set {
+        Some(set) => format!("{}|{}", recipe.sha256(), set.digest),
         None => recipe.sha256(),
     };
     let plan_sha256 = plan.sha256(&source_fingerprint(checkpoint), &recipe_digest);
     let (previous, _lock) = prepare_output(out, options, &plan_sha256)?;
+    // The calibration pass runs in the locked output folder (GPTQ keeps its quantized experts there).
+    let calibration = match (&options.calibration, &calibration_set) {
+        (Some(calibration), Some(set)) => {
+            let output = CalibrationOutput { dir: out, plan_sha256: &plan_sha256, resume: options.resume };
+            Some(calibrated::calibrate(&options.input, calibration, set, plan, output, reporter)?)
+        }
+        _ => None,
+    };
     crate::io::interrupt::set_hint(format!(
         "rerun `squeeze quantize {} {} --resume` to continue",
         options.input.display(),
@@ -248,6 +263,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         expert_coverage: calibration.as_ref().and_then(|c| serde_json::to_value(&c.coverage).ok()),
     };
     report.expert_coverage = calibration.as_ref().map(|c| c.coverage.clone());
+    report.calibration_layers_reused = calibration.as_ref().map(|c| c.layers_reused);
     // Reuse shards a previous run of the same plan finished, after re-hashing them.
     let mut reused = vec![false; plan.shards.len()];
     if let Some(previous) = previous {

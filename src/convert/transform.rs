@@ -26,7 +26,8 @@ pub struct Compute<'a> {
     pub device: Option<&'a dyn Device>,
     /// Carry NaN/infinite source elements through instead of refusing them.
     pub allow_nonfinite: bool,
-    /// `--method imatrix`: routed experts' INT4 scales from their importance (on the CPU), or `mse` as fallback.
+    /// `--method imatrix|gptq`: routed experts' INT4 scales from their importance (on the CPU) or their codes and
+    /// scales from the GPTQ pass, or `mse` as fallback.
     pub calibration: Option<&'a Calibration>,
 }
 
@@ -63,6 +64,25 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
     };
     let outputs = match item.action {
         _ if device_outputs.is_some() => device_outputs.unwrap_or_default(),
+        Action::Int4 { group_size, .. } if matches!(expert_rule, Some(ExpertRule::Quantized(_))) => {
+            let Some(ExpertRule::Quantized(entry)) = &expert_rule else { unreachable!("matched above") };
+            let grid = (item.source.shape.first().copied(), item.source.shape.get(1).copied());
+            if grid != (Some(entry.rows), Some(entry.columns)) || entry.group_size != group_size {
+                return Err(IoError::tensor(
+                    &shard,
+                    name,
+                    format!(
+                        "the GPTQ pass quantized it as [{}, {}] in groups of {}, the plan wants {:?} in groups of \
+                         {group_size}; rerun without --resume",
+                        entry.rows, entry.columns, entry.group_size, item.source.shape
+                    ),
+                ));
+            }
+            let (packed, scales) = entry.read()?;
+            let shape: Vec<u8> =
+                [entry.rows as i64, entry.columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
+            vec![packed, scales, shape]
+        }
         Action::Int4 { group_size, scale_rule } => {
             let source = reader()?;
             let (rows, columns) = (source.rows, source.columns);
@@ -83,7 +103,7 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
                             source.read(task * ROWS_PER_TASK + local, weights);
                             match &expert_rule {
                                 None => int4::quantize_row(weights, group_size, scale_rule, q, scale_row),
-                                Some(ExpertRule::Fallback) => {
+                                Some(ExpertRule::Fallback) | Some(ExpertRule::Quantized(_)) => {
                                     int4::quantize_row(weights, group_size, ScaleRule::Mse, q, scale_row)
                                 }
                                 Some(ExpertRule::Importance(importance)) => imatrix::quantize_row(

@@ -141,9 +141,39 @@ pub fn quantize(
     rule: ScaleRule,
     settings: GptqSettings,
 ) -> Result<Quantized, GptqError> {
-    check_shapes(weights, rows, columns, hessian, group)?;
+    check_shapes(weights, rows, columns, hessian.columns, group)?;
+    let factor = InverseFactor::new(hessian, settings.damping)?;
+    quantize_factored(weights, rows, columns, &factor, group, rule, settings.block)
+}
+
+/// The damped inverse Hessian's factor, computed once for every weight that reads the same inputs (an expert's
+/// gate_proj and up_proj).
+#[derive(Debug, Clone)]
+pub struct InverseFactor {
+    columns: usize,
+    /// `U`, upper triangular with `Uᵀ U = (H + λI)⁻¹`, row-major.
+    upper: Vec<f64>,
+}
+
+impl InverseFactor {
+    pub fn new(hessian: &Hessian, damping: f64) -> Result<Self, GptqError> {
+        Ok(Self { columns: hessian.columns, upper: inverse_factor(hessian, damping)? })
+    }
+}
+
+/// [`quantize`] with the factor already computed (the result is the same bit for bit).
+pub fn quantize_factored(
+    weights: &[f32],
+    rows: usize,
+    columns: usize,
+    factor: &InverseFactor,
+    group: usize,
+    rule: ScaleRule,
+    block: usize,
+) -> Result<Quantized, GptqError> {
+    check_shapes(weights, rows, columns, factor.columns, group)?;
     let scales = vec![bf16::ZERO; rows * (columns / group)];
-    run(weights, rows, columns, hessian, group, GroupScales::Chosen(rule), scales, settings)
+    Ok(run(weights, rows, columns, &factor.upper, group, GroupScales::Chosen(rule), scales, block))
 }
 
 /// Quantizes `weights` with GPTQ against `hessian` using the given scales (`[rows, columns / group]`, codes in
@@ -158,12 +188,13 @@ pub fn quantize_with_scales(
     scales: &[bf16],
     settings: GptqSettings,
 ) -> Result<Quantized, GptqError> {
-    check_shapes(weights, rows, columns, hessian, group)?;
+    check_shapes(weights, rows, columns, hessian.columns, group)?;
     let groups = columns / group;
     if scales.len() != rows * groups {
         return Err(GptqError::Scales { rows, groups, got: scales.len() });
     }
-    run(weights, rows, columns, hessian, group, GroupScales::Fixed, scales.to_vec(), settings)
+    let factor = inverse_factor(hessian, settings.damping)?;
+    Ok(run(weights, rows, columns, &factor, group, GroupScales::Fixed, scales.to_vec(), settings.block))
 }
 
 /// Where the scale of each group comes from.
@@ -179,14 +210,14 @@ fn check_shapes(
     weights: &[f32],
     rows: usize,
     columns: usize,
-    hessian: &Hessian,
+    hessian_columns: usize,
     group: usize,
 ) -> Result<(), GptqError> {
     if weights.len() != rows * columns {
         return Err(GptqError::Shape { rows, columns, got: weights.len() });
     }
-    if hessian.columns != columns {
-        return Err(GptqError::Width { hessian: hessian.columns, columns });
+    if hessian_columns != columns {
+        return Err(GptqError::Width { hessian: hessian_columns, columns });
     }
     if group == 0 || !columns.is_multiple_of(group) {
         return Err(GptqError::Group { group, columns });
@@ -199,13 +230,12 @@ fn run(
     weights: &[f32],
     rows: usize,
     columns: usize,
-    hessian: &Hessian,
+    factor: &[f64],
     group: usize,
     source: GroupScales,
     mut scales: Vec<bf16>,
-    settings: GptqSettings,
-) -> Result<Quantized, GptqError> {
-    let factor = inverse_factor(hessian, settings.damping)?;
+    block: usize,
+) -> Quantized {
     let groups = columns / group;
     let mut codes = vec![0i8; rows * columns];
     let chunk = ROW_CHUNK.min(rows.max(1));
@@ -214,9 +244,9 @@ fn run(
         .zip(scales.par_chunks_mut(chunk * groups))
         .zip(weights.par_chunks(chunk * columns))
         .for_each(|((codes, scales), weights)| {
-            quantize_rows(weights, columns, &factor, group, source, settings.block.max(1), codes, scales)
+            quantize_rows(weights, columns, factor, group, source, block.max(1), codes, scales)
         });
-    Ok(Quantized { codes, scales })
+    Quantized { codes, scales }
 }
 
 /// The column loop for a few rows. `factor` is the upper Cholesky factor `U` of `H⁻¹` (`H⁻¹ = Uᵀ U`).

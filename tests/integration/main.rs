@@ -9,6 +9,7 @@ mod demo;
 mod device_ops;
 mod eval;
 mod golden;
+mod gptq;
 mod imatrix;
 mod lint;
 mod parity;
