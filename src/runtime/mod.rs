@@ -1,5 +1,6 @@
-//! The reference runtime's machinery, knowing no architecture: one op surface ([`Backend`]) with a CPU backend
-//! (rayon, f32, the oracle) and a CUDA backend ([`cuda`], on a GPU or the emulated device), the paged KV pool,
+//! The reference runtime's machinery, knowing no architecture: one op surface ([`Backend`]) on backend-owned
+//! tensors ([`Tensor`]) with a CPU backend (rayon, f32, the oracle) and a CUDA backend ([`cuda`], on a GPU or the
+//! emulated device, its tensors in device memory), the paged KV pool,
 //! RoPE tables, and weights read from a validated checkpoint and streamed one decoder layer at a time
 //! ([`layer_stream`]). The architectures that run on it are in [`crate::arch`].
 
@@ -40,7 +41,7 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
-    /// The backend's first failure as an error (device backends keep going with NaNs after one).
+    /// The backend's first failure of an op that reports none itself (the paged-cache ops) as an error.
     pub fn check(backend: &dyn Backend) -> Result<(), RuntimeError> {
         backend.failure().map_or(Ok(()), |failure| Err(RuntimeError::Device(failure)))
     }
