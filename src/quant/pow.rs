@@ -32,10 +32,14 @@ pub fn abs_pow_2_4(x: f32) -> f32 {
     let log2 = exponent as f32 + 2.0 * t * series * LOG2_E;
     // 2^y with y = n + f, n the nearest integer, |f| ≤ ½: 2^f = e^(f·ln2) by its Taylor series to degree 6.
     let y = 0.4 * log2;
-    let whole = (y + ROUND) - ROUND;
+    let shifted = y + ROUND;
+    let whole = shifted - ROUND;
     let z = (y - whole) * std::f32::consts::LN_2;
     let exp = 1.0 + z * (1.0 + z * (0.5 + z * (1.0 / 6.0 + z * (1.0 / 24.0 + z * (1.0 / 120.0 + z * (1.0 / 720.0))))));
-    let power_of_two = f32::from_bits(((whole as i32 + 127).clamp(1, 254) as u32) << 23);
+    // The integer `whole` read from the low mantissa bits of `y + 1.5·2^23` (equal to `whole as i32`, |y| < 2^22,
+    // but a saturating float-to-int cast does not vectorize: it became eight scalar conversions per vector).
+    let whole_int = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
+    let power_of_two = f32::from_bits(((whole_int + 127).clamp(1, 254) as u32) << 23);
     let result = x * x * exp * power_of_two;
     // Tiny inputs contribute nothing an f32 sum can hold; NaN stays NaN (it never wins a comparison).
     if x >= TINY {
