@@ -49,7 +49,11 @@ pub fn quantize_group(group: &[f32], rule: ScaleRule, q: &mut [i8]) -> bf16 {
             round_group(group, scale.to_f32(), -7, q);
             scale
         }
-        ScaleRule::Mse => mse_group(group, absmax, MseSearch::default(), q),
+        ScaleRule::Mse => {
+            let scale = super::mse::search(group, absmax, MseSearch::default());
+            round_group(group, scale.to_f32(), -8, q);
+            scale
+        }
     }
 }
 
@@ -123,58 +127,6 @@ pub(crate) fn round_clamped(ratio: f32, low: f32) -> i32 {
         ratio
     };
     (clamped + ROUNDING_MAGIC).to_bits() as i32 - ROUNDING_MAGIC.to_bits() as i32
-}
-
-/// llm-compressor's mse observer, per group: for shrink `p = 1 - i/grid`, `i < max_shrink·grid`, the scale
-/// `bf16(p·absmax/7.5)` is tried and the one with the smallest `Σ|w - q·s|^norm` kept (ties keep the larger `p`).
-/// The error is measured with the stored BF16 scale, so it is the error the engine will see. Inlined so that it is
-/// compiled into [`quantize_row`]'s AVX2 version (a separately compiled function would get the baseline SSE2).
-#[inline(always)]
-pub fn mse_group(group: &[f32], absmax: f32, search: MseSearch, q: &mut [i8]) -> bf16 {
-    let steps = (search.max_shrink * search.grid as f32) as u32;
-    let mut best_scale = stored_scale(absmax / 7.5);
-    let mut best_error = f32::INFINITY;
-    for step in 0..steps.max(1) {
-        let shrink = 1.0 - step as f32 / search.grid as f32;
-        let scale = stored_scale(shrink * absmax / 7.5);
-        let error = group_error(group, scale.to_f32(), search.norm);
-        if error < best_error {
-            best_error = error;
-            best_scale = scale;
-        }
-    }
-    round_group(group, best_scale.to_f32(), -8, q);
-    best_scale
-}
-
-/// `Σ|w − q·scale|^norm` over a group. Element `j` accumulates into lane `j % 8`; the lanes are combined as
-/// `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`. The order is part of the definition (a GPU kernel must follow it to
-/// choose the same scale), and eight independent sums let the loop vectorize.
-#[inline(always)]
-fn group_error(group: &[f32], scale: f32, norm: f32) -> f32 {
-    if norm == 2.4 {
-        group_error_with(group, scale, super::pow::abs_pow_2_4)
-    } else {
-        group_error_with(group, scale, |e| e.abs().powf(norm))
-    }
-}
-
-#[inline(always)]
-fn group_error_with(group: &[f32], scale: f32, error_norm: impl Fn(f32) -> f32) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let chunks = group.chunks_exact(8);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        for (lane, &w) in lanes.iter_mut().zip(chunk) {
-            let q = round_clamped(w / scale, -8.0) as f32;
-            *lane += error_norm(w - q * scale);
-        }
-    }
-    for (lane, &w) in lanes.iter_mut().zip(tail) {
-        let q = round_clamped(w / scale, -8.0) as f32;
-        *lane += error_norm(w - q * scale);
-    }
-    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
 }
 
 /// Dequantizes one row: `w = q · scale` per group.
