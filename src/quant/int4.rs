@@ -8,19 +8,32 @@ use super::scale_rule::{MseSearch, ScaleRule};
 /// compressed-tensors replaces a zero scale by this (float32 machine epsilon) so that q stays 0.
 pub const ZERO_GROUP_SCALE: f32 = f32::EPSILON;
 
-/// Quantizes one row `weights` into `q` (same length) and `scales` (one per group). Uses AVX2 when the CPU has
-/// it (same operations in the same order, so the result is bit-identical either way).
+/// Quantizes one row `weights` into `q` (same length) and `scales` (one per group). Uses AVX-512 or AVX2 (each
+/// with FMA) when the CPU has them: the same IEEE operations in the same order, so the result is bit-identical
+/// either way (FMA is used only by the `mse` screen, whose values bound errors and are never stored).
 pub fn quantize_row(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { quantize_row_avx2(weights, group_size, rule, q, scales) };
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX-512F and FMA, checked just above.
+            return unsafe { quantize_row_avx512(weights, group_size, rule, q, scales) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA, checked just above.
+            return unsafe { quantize_row_avx2(weights, group_size, rule, q, scales) };
+        }
     }
     quantize_row_portable(weights, group_size, rule, q, scales)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn quantize_row_avx512(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
+    quantize_row_portable(weights, group_size, rule, q, scales)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_row_avx2(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
     quantize_row_portable(weights, group_size, rule, q, scales)
 }
