@@ -8,19 +8,32 @@ use super::scale_rule::{MseSearch, ScaleRule};
 /// compressed-tensors replaces a zero scale by this (float32 machine epsilon) so that q stays 0.
 pub const ZERO_GROUP_SCALE: f32 = f32::EPSILON;
 
-/// Quantizes one row `weights` into `q` (same length) and `scales` (one per group). Uses AVX2 when the CPU has
-/// it (same operations in the same order, so the result is bit-identical either way).
+/// Quantizes one row `weights` into `q` (same length) and `scales` (one per group). Uses AVX-512 or AVX2 (each
+/// with FMA) when the CPU has them: the same IEEE operations in the same order, so the result is bit-identical
+/// either way (FMA is used only by the `mse` screen, whose values bound errors and are never stored).
 pub fn quantize_row(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { quantize_row_avx2(weights, group_size, rule, q, scales) };
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX-512F and FMA, checked just above.
+            return unsafe { quantize_row_avx512(weights, group_size, rule, q, scales) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA, checked just above.
+            return unsafe { quantize_row_avx2(weights, group_size, rule, q, scales) };
+        }
     }
     quantize_row_portable(weights, group_size, rule, q, scales)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn quantize_row_avx512(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
+    quantize_row_portable(weights, group_size, rule, q, scales)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_row_avx2(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
     quantize_row_portable(weights, group_size, rule, q, scales)
 }
@@ -49,7 +62,11 @@ pub fn quantize_group(group: &[f32], rule: ScaleRule, q: &mut [i8]) -> bf16 {
             round_group(group, scale.to_f32(), -7, q);
             scale
         }
-        ScaleRule::Mse => mse_group(group, absmax, MseSearch::default(), q),
+        ScaleRule::Mse => {
+            let scale = super::mse::search(group, absmax, MseSearch::default());
+            round_group(group, scale.to_f32(), -8, q);
+            scale
+        }
     }
 }
 
@@ -123,58 +140,6 @@ pub(crate) fn round_clamped(ratio: f32, low: f32) -> i32 {
         ratio
     };
     (clamped + ROUNDING_MAGIC).to_bits() as i32 - ROUNDING_MAGIC.to_bits() as i32
-}
-
-/// llm-compressor's mse observer, per group: for shrink `p = 1 - i/grid`, `i < max_shrink·grid`, the scale
-/// `bf16(p·absmax/7.5)` is tried and the one with the smallest `Σ|w - q·s|^norm` kept (ties keep the larger `p`).
-/// The error is measured with the stored BF16 scale, so it is the error the engine will see. Inlined so that it is
-/// compiled into [`quantize_row`]'s AVX2 version (a separately compiled function would get the baseline SSE2).
-#[inline(always)]
-pub fn mse_group(group: &[f32], absmax: f32, search: MseSearch, q: &mut [i8]) -> bf16 {
-    let steps = (search.max_shrink * search.grid as f32) as u32;
-    let mut best_scale = stored_scale(absmax / 7.5);
-    let mut best_error = f32::INFINITY;
-    for step in 0..steps.max(1) {
-        let shrink = 1.0 - step as f32 / search.grid as f32;
-        let scale = stored_scale(shrink * absmax / 7.5);
-        let error = group_error(group, scale.to_f32(), search.norm);
-        if error < best_error {
-            best_error = error;
-            best_scale = scale;
-        }
-    }
-    round_group(group, best_scale.to_f32(), -8, q);
-    best_scale
-}
-
-/// `Σ|w − q·scale|^norm` over a group. Element `j` accumulates into lane `j % 8`; the lanes are combined as
-/// `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`. The order is part of the definition (a GPU kernel must follow it to
-/// choose the same scale), and eight independent sums let the loop vectorize.
-#[inline(always)]
-fn group_error(group: &[f32], scale: f32, norm: f32) -> f32 {
-    if norm == 2.4 {
-        group_error_with(group, scale, super::pow::abs_pow_2_4)
-    } else {
-        group_error_with(group, scale, |e| e.abs().powf(norm))
-    }
-}
-
-#[inline(always)]
-fn group_error_with(group: &[f32], scale: f32, error_norm: impl Fn(f32) -> f32) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let chunks = group.chunks_exact(8);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        for (lane, &w) in lanes.iter_mut().zip(chunk) {
-            let q = round_clamped(w / scale, -8.0) as f32;
-            *lane += error_norm(w - q * scale);
-        }
-    }
-    for (lane, &w) in lanes.iter_mut().zip(tail) {
-        let q = round_clamped(w / scale, -8.0) as f32;
-        *lane += error_norm(w - q * scale);
-    }
-    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
 }
 
 /// Dequantizes one row: `w = q · scale` per group.

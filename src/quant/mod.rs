@@ -8,6 +8,7 @@ pub mod gptq;
 mod gptq_golden;
 pub mod imatrix;
 pub mod int4;
+pub mod mse;
 pub mod pack;
 pub mod pow;
 pub mod scale_rule;
