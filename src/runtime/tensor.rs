@@ -51,15 +51,6 @@ impl Tensor {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// The same values seen as `[len / columns, columns]`.
-    pub fn reshaped(mut self, columns: usize) -> Self {
-        let len = self.len();
-        debug_assert!(columns > 0 && len.is_multiple_of(columns), "{len} values are not rows of {columns}");
-        self.rows = len.checked_div(columns).unwrap_or(0);
-        self.columns = columns;
-        self
-    }
 }
 
 /// A strided block inside a tensor's values: element `(i, j, w)` of a `[outer, inner, width]` block is at
