@@ -3,7 +3,7 @@
 //! through `squeeze eval`; MLA writes v_scale = k_scale; --out and --sglang-json.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -337,4 +337,19 @@ fn kv_scales_one_equals_a_candidate_without_scales() {
         assert_eq!(kld(&engine), kld(&calibrated), "{mode}");
     }
     assert_eq!(engine["kv_scales"]["applied"], "checkpoint");
+}
+
+/// A synthetic kimi-k2 FP8 model in `dir` whose expert 0 of every MoE layer can never be selected (its correction
+/// bias, used for selection only, is −10⁴), and 3 × 40 calibration token ids for it.
+pub fn never_routed_expert_source(dir: &Path) -> (PathBuf, PathBuf) {
+    let source = synth(dir, "fp8", "kimi-k2", &["--seed", "7"]);
+    for layer in 1..3 {
+        edit_tensor(&source, &format!("model.layers.{layer}.mlp.gate.e_score_correction_bias"), |bytes, dtype| {
+            assert_eq!(dtype, "F32");
+            bytes[..4].copy_from_slice(&(-1e4f32).to_le_bytes());
+        });
+    }
+    let tokens = dir.join("calibration.safetensors");
+    write_tokens(&tokens, 3, 40, 384);
+    (source, tokens)
 }

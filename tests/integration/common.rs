@@ -65,3 +65,20 @@ pub fn write_input_ids(path: &Path, rows: &[Vec<i64>]) {
     file.extend_from_slice(&bytes);
     std::fs::write(path, file).expect("the tokens file is written");
 }
+
+/// The JSON file at `path`.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).expect("file exists")).expect("valid JSON")
+}
+
+/// A folder's files (name → bytes), the lock file aside.
+pub fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut all: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .expect("output folder")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| !path.to_string_lossy().ends_with(".lock"))
+        .map(|path| (path.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&path).unwrap()))
+        .collect();
+    all.sort();
+    all
+}

@@ -9,27 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::calibrate::{edit_tensor, write_tokens};
-use crate::common::{path_str, squeeze, synth};
+use crate::calibrate::{never_routed_expert_source, write_tokens};
+use crate::common::{files, path_str, read_json, squeeze, synth};
 
 const TINY_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/tiny-shakespeare-fp8");
 const SONNETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt");
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_slice(&fs::read(path).expect("file exists")).expect("valid JSON")
-}
-
-/// The output folder's files (name → bytes), the lock file aside.
-fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut all: Vec<(String, Vec<u8>)> = fs::read_dir(dir)
-        .expect("output folder")
-        .map(|entry| entry.expect("entry").path())
-        .filter(|path| !path.to_string_lossy().ends_with(".lock"))
-        .map(|path| (path.file_name().unwrap().to_string_lossy().into_owned(), fs::read(&path).unwrap()))
-        .collect();
-    all.sort();
-    all
-}
 
 fn gptq_args<'a>(source: &'a Path, out: &'a Path, tokens: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["quantize", path_str(source), path_str(out), "--method", "gptq", "--device", "cpu"];
@@ -41,17 +25,8 @@ fn gptq_args<'a>(source: &'a Path, out: &'a Path, tokens: &'a Path, extra: &[&'a
 #[test]
 fn gptq_on_a_synth_model_verifies_records_coverage_and_lists_a_never_routed_expert() {
     let dir = tempfile::tempdir().unwrap();
-    let source = synth(dir.path(), "fp8", "kimi-k2", &["--seed", "7"]);
-    // Expert 0 of every MoE layer can never be selected: its correction bias (selection only) is −10⁴.
-    for layer in 1..3 {
-        edit_tensor(&source, &format!("model.layers.{layer}.mlp.gate.e_score_correction_bias"), |bytes, dtype| {
-            assert_eq!(dtype, "F32");
-            bytes[..4].copy_from_slice(&(-1e4f32).to_le_bytes());
-        });
-    }
-    let tokens = dir.path().join("calibration.safetensors");
+    let (source, tokens) = never_routed_expert_source(dir.path());
     let (rows, ctx) = (3, 40);
-    write_tokens(&tokens, rows, ctx, 384);
     let out = dir.path().join("gptq");
     let report = squeeze(&gptq_args(&source, &out, &tokens, &["--json"])).ok().json();
     let coverage = &report["expert_coverage"];

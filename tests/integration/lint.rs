@@ -6,14 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::common::{path_str, squeeze, synth, Run};
+use crate::common::{path_str, read_json, squeeze, synth, Run};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("temporary folder")
-}
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn write_json(path: &Path, value: &Value) {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::common::{path_str, squeeze, synth};
+use crate::common::{path_str, read_json, squeeze, synth};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("temporary folder")
@@ -15,10 +15,6 @@ fn quantize(input: &Path, output: &Path, extra: &[&str]) -> crate::common::Run {
     let mut args = vec!["quantize", path_str(input), path_str(output), "--json"];
     args.extend_from_slice(extra);
     squeeze(&args)
-}
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Absolute byte range of a tensor's data in a safetensors file.
