@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::decoder::{DecodeItem, DecodeModel};
 use crate::progress::Reporter;
+use crate::runtime::device::DeviceCounters;
 use crate::runtime::kv_cache::{inject, FaultKind, InjectedFault, KvPool, RequestId};
 use crate::runtime::Backend;
 
@@ -27,6 +28,8 @@ pub struct Timings {
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub verify_seconds: f64,
+    /// A device backend's copies and launches during the decode steps alone (prefill and handoff excluded).
+    pub decode_device: Option<DeviceCounters>,
 }
 
 /// What the batch produced: per request (in prompt order) its generated ids and how it ended.
@@ -193,7 +196,11 @@ impl Batch<'_> {
             .collect();
         // The step verifies every mapping before writing or attending through it (on a device, inside the attention
         // kernel); a request that fails is aborted and the others go on.
+        let before = self.backend.device_counters();
         let decoded = self.decoder.decode(self.backend, pool, &items, options.verify)?;
+        if let (Some(before), Some(after)) = (before, self.backend.device_counters()) {
+            state.timings.decode_device.get_or_insert_with(DeviceCounters::default).add_span(&before, &after);
+        }
         state.timings.verify_seconds += decoded.verify_seconds;
         state.timings.decode_tokens += items.len();
         let mut done = Vec::new();

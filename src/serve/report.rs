@@ -65,6 +65,9 @@ pub struct ServeReport {
     /// Host↔device copies by kind and kernel launches of a device backend (absent on the CPU).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceCounters>,
+    /// The part of `device` spent in the `decode_steps` decode steps (prefill and KV handoff excluded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_device: Option<DeviceCounters>,
     pub injected: Vec<InjectedFault>,
     pub requests: Vec<RequestReport>,
 }
@@ -156,6 +159,7 @@ pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished) -> ServeRep
         verify_share: if timings.decode_seconds > 0.0 { timings.verify_seconds / timings.decode_seconds } else { 0.0 },
         kv_scales_missing: facts.kv_scales_missing,
         device: facts.device,
+        decode_device: timings.decode_device,
         injected,
         requests,
     }

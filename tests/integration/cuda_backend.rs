@@ -252,6 +252,12 @@ fn serve_test_on_the_cuda_backend_decodes_like_the_cpu() {
         report["requests"].as_array().unwrap().iter().map(|r| r["token_ids"].clone()).collect()
     };
     assert_eq!(tokens(&cpu), tokens(&gpu), "greedy tokens differ between cpu and emulated");
+    // The decode steps' share of the device counters: part of the whole run's, absent on the CPU.
+    assert!(cpu.get("decode_device").is_none(), "{cpu}");
+    let (whole, decode) = (&gpu["device"], &gpu["decode_device"]);
+    let launches = |counters: &Value| counters["launches"].as_u64().unwrap();
+    assert!(0 < launches(decode) && launches(decode) < launches(whole), "decode {decode} of {whole}");
+    eprintln!("{} decode steps: {decode}", gpu["decode_steps"]);
 }
 
 #[test]

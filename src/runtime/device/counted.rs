@@ -80,6 +80,21 @@ pub struct DeviceCounters {
 }
 
 impl DeviceCounters {
+    /// Adds what happened between `earlier` and `later` (e.g. the decode steps of a run).
+    pub fn add_span(&mut self, earlier: &DeviceCounters, later: &DeviceCounters) {
+        let span = later.since(earlier);
+        let add = |total: &mut Direction, part: &Direction| {
+            total.h2d_count += part.h2d_count;
+            total.h2d_bytes += part.h2d_bytes;
+            total.d2h_count += part.d2h_count;
+            total.d2h_bytes += part.d2h_bytes;
+        };
+        add(&mut self.transfers.activations, &span.transfers.activations);
+        add(&mut self.transfers.weights, &span.transfers.weights);
+        add(&mut self.transfers.decisions, &span.transfers.decisions);
+        self.launches += span.launches;
+    }
+
     /// What happened between `earlier` and `self`.
     pub fn since(&self, earlier: &DeviceCounters) -> DeviceCounters {
         DeviceCounters {
