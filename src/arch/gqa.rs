@@ -148,7 +148,7 @@ impl GqaWeights {
         let (kv_heads, head_dim, _, _) = dims(config);
         let heads = config.num_attention_heads;
         let scale = (head_dim as f32).powf(-0.5);
-        let mut output = backend.zeros(spans.total(), heads * head_dim)?;
+        let mut output = backend.empty(spans.total(), heads * head_dim)?;
         for (start, length) in spans.iter() {
             let shape = AttentionShape { tokens: length, heads, kv_heads, qk_dim: head_dim, v_dim: head_dim, scale };
             let attended = backend.attention(&q, k, v, start..start + length, &shape, None)?;

@@ -199,15 +199,15 @@ impl MlaWeights {
         // Expand the latent per head: k = [k_nope_h, k_rot], v = v_h.
         let per_head =
             |offset: usize, stride: usize| Block { offset, outer_stride: d.heads * stride, inner_stride: stride };
-        let mut k = backend.zeros(tokens, d.heads * qk)?;
+        let mut k = backend.empty(tokens, d.heads * qk)?;
         backend.copy(&mut k, per_head(0, qk), &kv, per_head(0, kv_width), [tokens, d.heads, d.nope])?;
         let shared_rope = Block { offset: d.kv_lora, outer_stride: width, inner_stride: 0 };
         backend.copy(&mut k, per_head(d.nope, qk), rows, shared_rope, [tokens, d.heads, d.rope])?;
-        let mut v = backend.zeros(tokens, d.heads * d.v)?;
+        let mut v = backend.empty(tokens, d.heads * d.v)?;
         backend.copy(&mut v, per_head(0, d.v), &kv, per_head(d.nope, kv_width), [tokens, d.heads, d.v])?;
 
         let style = if config.rope.interleave { RopeStyle::Interleaved } else { RopeStyle::Half };
-        let mut output = backend.zeros(tokens, d.heads * d.v)?;
+        let mut output = backend.empty(tokens, d.heads * d.v)?;
         for (index, (start, length)) in spans.iter().enumerate() {
             check_positions(table, length)?;
             let sequence = start..start + length;
@@ -326,7 +326,7 @@ impl MlaStep {
         let (kv_lora, nope, rope, heads) = (d.kv_lora, d.nope, d.rope, d.heads);
         let (qk, width) = (nope + rope, kv_lora + rope);
         let tokens = queries.rows();
-        let mut absorbed = backend.zeros(tokens, heads * width)?;
+        let mut absorbed = backend.empty(tokens, heads * width)?;
         for (h, absorb_k) in self.absorb_k.iter().enumerate() {
             let q_nope = backend.columns(queries, h * qk, nope)?;
             let latent = backend.linear(&q_nope, absorb_k, None)?;
@@ -355,7 +355,7 @@ impl MlaStep {
         let (d, _) = dims(config);
         let (kv_lora, v, heads) = (d.kv_lora, d.v, d.heads);
         let tokens = attended.len() / (heads * kv_lora);
-        let mut values = backend.zeros(tokens, heads * v)?;
+        let mut values = backend.empty(tokens, heads * v)?;
         for (h, absorb_v) in self.absorb_v.iter().enumerate() {
             let latent = backend.columns(attended, h * kv_lora, kv_lora)?;
             let head = backend.linear(&latent, absorb_v, None)?;

@@ -280,7 +280,8 @@ fn screened_search(group: &[f32], absmax: f32, search: MseSearch) -> Option<bf16
     }
 
     let mut survivors = (0..count).filter(|&candidate| lower[candidate] <= best_upper);
-    let first = survivors.next().expect("the candidate with the smallest upper bound survives");
+    // The candidate with the smallest upper bound survives unless a bound is NaN: then the exhaustive search decides.
+    let first = survivors.next()?;
     let mut rest = survivors.peekable();
     if rest.peek().is_none() {
         return Some(bf16::from_f32(scales[first]));

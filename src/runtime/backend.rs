@@ -270,6 +270,10 @@ pub trait Backend: Sync {
     fn download(&self, tensor: &Tensor) -> Result<Vec<f32>, RuntimeError>;
     /// A `[rows, columns]` tensor of zeros.
     fn zeros(&self, rows: usize, columns: usize) -> Result<Tensor, RuntimeError>;
+    /// A `[rows, columns]` tensor the caller overwrites whole (contents unspecified; no fill on a device).
+    fn empty(&self, rows: usize, columns: usize) -> Result<Tensor, RuntimeError> {
+        self.zeros(rows, columns)
+    }
     /// Copies the `[outer, inner, width]` block `at` of `from` into the block `to` of `into`.
     fn copy(
         &self,
@@ -360,7 +364,7 @@ pub trait Backend: Sync {
 impl dyn Backend + '_ {
     /// Columns `start..start + width` of `x`.
     pub fn columns(&self, x: &Tensor, start: usize, width: usize) -> Result<Tensor, RuntimeError> {
-        let mut out = self.zeros(x.rows(), width)?;
+        let mut out = self.empty(x.rows(), width)?;
         self.copy(&mut out, Block::columns(0, width), x, Block::columns(start, x.columns()), [x.rows(), 1, width])?;
         Ok(out)
     }
@@ -369,7 +373,7 @@ impl dyn Backend + '_ {
     pub fn concat_columns(&self, parts: &[&Tensor]) -> Result<Tensor, RuntimeError> {
         let rows = parts.first().map_or(0, |part| part.rows());
         let columns = parts.iter().map(|part| part.columns()).sum();
-        let mut out = self.zeros(rows, columns)?;
+        let mut out = self.empty(rows, columns)?;
         let mut start = 0;
         for part in parts {
             let shape = [rows, 1, part.columns()];
@@ -382,7 +386,7 @@ impl dyn Backend + '_ {
     /// Rows `range` of `x`.
     pub fn row_range(&self, x: &Tensor, range: Range<usize>) -> Result<Tensor, RuntimeError> {
         let columns = x.columns();
-        let mut out = self.zeros(range.len(), columns)?;
+        let mut out = self.empty(range.len(), columns)?;
         let at = Block { offset: range.start * columns, outer_stride: columns, inner_stride: 0 };
         self.copy(&mut out, Block::columns(0, columns), x, at, [range.len(), 1, columns])?;
         Ok(out)
@@ -404,7 +408,7 @@ impl dyn Backend + '_ {
 
     /// `x` RMS-normed with `weight` over rows of its width (a copy).
     pub fn rms_normed(&self, x: &Tensor, weight: &Matrix, eps: f32) -> Result<Tensor, RuntimeError> {
-        let mut out = self.zeros(x.rows(), x.columns())?;
+        let mut out = self.empty(x.rows(), x.columns())?;
         self.copy_rows(&mut out, x, 0..x.rows())?;
         self.rms_norm(&mut out, x.columns(), weight, eps)?;
         Ok(out)

@@ -156,6 +156,10 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn empty(&self, rows: usize, columns: usize) -> Result<Tensor, RuntimeError> {
+        self.run(tensor::alloc(self.device(), rows, columns))
+    }
+
     fn copy(
         &self,
         into: &mut Tensor,
