@@ -459,7 +459,9 @@ fn bench_paged(device: &dyn Device, fence: &DeviceBuffer, copy_gb_per_s: f64) ->
         let out = device.alloc_for::<f32>(requests * layout.heads * layout.v_dim)?;
         let faults = device.alloc_for::<i32>(requests)?;
         let timed = |batch: &DecodeBatch| {
-            time_launches(device, fence, 20, || decode_on(device, &device_pool, 0, &layout, batch, &q, &out, &faults))
+            time_launches(device, fence, 20, || {
+                decode_on(device, &device_pool, 0, &layout, batch, &q, &out, &faults, None)
+            })
         };
         let verified = timed(&batch)?;
         batch.verify = false;

@@ -128,7 +128,7 @@ pub struct Checked {
 }
 
 /// Runs the cases whose op contains one of the comma-separated names in `filter` (all without one), each on its
-/// own generator from `seed` and its name; a device error or a failure the backend kept becomes a failed row of that case. In perf mode the benchmarks
+/// own generator from `seed` and its name; a device error becomes a failed row of that case. In perf mode the benchmarks
 /// follow (an error there is returned: timings are not checks).
 pub fn run(target: &Target, seed: u64, filter: Option<&str>, mode: Mode) -> Result<Checked, CudaError> {
     let mut rows = Vec::new();
@@ -138,9 +138,6 @@ pub fn run(target: &Target, seed: u64, filter: Option<&str>, mode: Mode) -> Resu
         match (case.check)(target, &mut rng) {
             Ok(case_rows) => rows.extend(case_rows),
             Err(error) => rows.push(failure_row(case.op, format!("device error: {error}"))),
-        }
-        if let Some(failure) = target.backend.take_failure() {
-            rows.push(failure_row(case.op, failure));
         }
     }
     let Mode::Perf { bench_rows } = mode else { return Ok(Checked { rows, copy_gb_per_s: None }) };

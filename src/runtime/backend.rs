@@ -242,11 +242,6 @@ pub trait Prefetch: Send + Sync {
 /// them. A device error is an `Err` of the op that hit it.
 pub trait Backend: Sync {
     fn name(&self) -> &'static str;
-    /// The first error of an op that reports no error itself ([`Backend::kv_write`], [`Backend::paged_decode`]);
-    /// the runtime checks after each layer. The CPU backend never fails.
-    fn failure(&self) -> Option<String> {
-        None
-    }
     /// A handle the layer loader thread uploads the next layer's weights through while this layer computes (device
     /// backends); `None` where weights need no upload (the CPU).
     fn prefetcher(&self) -> Option<std::sync::Arc<dyn Prefetch>> {
@@ -345,14 +340,14 @@ pub trait Backend: Sync {
         rows: Range<usize>,
         shape: &IndexerShape,
     ) -> Result<KeySelection, RuntimeError>;
-    /// Writes cached rows of `layer` into `pool` (encoded in its dtype), and into the backend's resident copy of the
-    /// pool's pages where it keeps one.
-    fn kv_write(&self, pool: &mut KvPool, layer: usize, rows: &[KvRow<'_>]) -> Result<(), PoolError>;
+    /// Writes cached rows of `layer` into the backend's pages of `pool` (encoded in the pool's dtype). A position
+    /// that is not reserved is an error naming the request.
+    fn kv_write(&self, pool: &mut KvPool, layer: usize, rows: &KvRows<'_>) -> Result<(), RuntimeError>;
     /// One layer of a decode step over the paged cache: writes each request's new row at its position, verifies its
     /// mappings ([`KvPool::verify`]; when `step.verify`, or always where the check is fused into the attention) and
     /// attends its query over positions `0..=position` (only the `selection` keys when given). A request whose
     /// mappings fail is neither written through a bad mapping nor attended: its output is NaN and its fault given.
-    fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> PagedDecode;
+    fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> Result<PagedDecode, RuntimeError>;
     /// Applies a batch of routed MoE experts to their tokens and adds the results to `output`: `x` and `output` are
     /// `[tokens, hidden]`; for each expert in slice order and each of its `(token, weight)` pairs in list order,
     /// `output[token] += weight · down(silu(gate · x[token]) ⊙ (up · x[token]))` (the product rounded, then added),
@@ -464,39 +459,48 @@ impl PagedLayout {
     }
 }
 
-/// One cached row: `request`'s `position` (`row` `[row_width]`, `aux` `[aux_width]`, f32).
-#[derive(Debug, Clone, Copy)]
-pub struct KvRow<'a> {
+/// Where a cached row belongs: `request`'s `position`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvAt {
     pub request: RequestId,
     pub position: usize,
-    pub row: &'a [f32],
-    pub aux: &'a [f32],
 }
 
-/// One request of a paged decode step: its new row (written at `row.position`, then attended with positions before
-/// it) and, on DSA layers, the keys it may attend to (`[position + 1]`).
+/// Rows to cache in one layer: row `r` of `rows` `[n, row_width]` and of `aux` `[n, aux_width]` at `at[r]`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvRows<'a> {
+    pub rows: &'a Tensor,
+    pub aux: &'a Tensor,
+    pub at: &'a [KvAt],
+}
+
+/// One request of a paged decode step: where its new row goes (written there, then attended with the positions
+/// before it) and, on DSA layers, the keys it may attend to (`[position + 1]`).
 #[derive(Debug, Clone, Copy)]
 pub struct PagedRequest<'a> {
-    pub row: KvRow<'a>,
+    pub at: KvAt,
     pub selection: Option<&'a [bool]>,
 }
 
-/// One layer of a decode step: queries `q` `[requests, heads, qk_dim]` laid out as `layout`.
+/// One layer of a decode step: per request (in order) its query row of `q` `[requests, heads · qk_dim]` laid out
+/// as `layout`, and its new cache row of `rows` `[requests, row_width]` and `aux` `[requests, aux_width]`.
 #[derive(Debug, Clone, Copy)]
 pub struct PagedStep<'a> {
     pub layer: usize,
     pub layout: PagedLayout,
     /// Verify every mapping of each request (the step's first layer); counted in the pool's counters.
     pub verify: bool,
-    pub q: &'a [f32],
+    pub q: &'a Tensor,
+    pub rows: &'a Tensor,
+    pub aux: &'a Tensor,
     pub requests: &'a [PagedRequest<'a>],
 }
 
 /// A paged decode's result.
 #[derive(Debug)]
 pub struct PagedDecode {
-    /// `[requests, heads, v_dim]`; NaN rows for faulted requests.
-    pub out: Vec<f32>,
+    /// `[requests, heads · v_dim]`; NaN rows for faulted requests.
+    pub out: Tensor,
     /// Per request, why its mappings cannot be trusted.
     pub faults: Vec<Option<PoolError>>,
     /// Host time spent verifying (0 where the check runs inside the attention kernel).

@@ -38,14 +38,11 @@ pub enum RuntimeError {
     Output(String),
     #[error("the device failed: {0}; rerun with --device cpu")]
     Device(String),
+    #[error("kv cache: {0}")]
+    Kv(#[from] kv_cache::PoolError),
 }
 
 impl RuntimeError {
-    /// The backend's first failure of an op that reports none itself (the paged-cache ops) as an error.
-    pub fn check(backend: &dyn Backend) -> Result<(), RuntimeError> {
-        backend.failure().map_or(Ok(()), |failure| Err(RuntimeError::Device(failure)))
-    }
-
     pub fn tensor(path: impl Into<PathBuf>, tensor: impl Into<String>, problem: impl Into<String>) -> Self {
         RuntimeError::Io(IoError::tensor(path, tensor, problem))
     }

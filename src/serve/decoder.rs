@@ -16,7 +16,7 @@ use crate::arch::{head_name, DecodeLayer};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, KvRow, Matrix, PagedRequest, PagedStep};
+use crate::runtime::backend::{Backend, KvAt, KvRows, Matrix, PagedRequest, PagedStep};
 use crate::runtime::checkpoint::open_checkpoint;
 use crate::runtime::cpu::paged::attend_rows;
 use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
@@ -171,31 +171,24 @@ impl DecodeModel {
             all_aux.push(aux);
         }
         let logits = self.logits(backend, &backend.row_range(&hidden, count - 1..count)?)?;
-        RuntimeError::check(backend)?;
         Ok(Prefilled { logits, rows: all_rows, aux: all_aux })
     }
 
     /// Writes a prefilled prompt's rows into `pool` for `request` (converted to the pool's dtype and scales) through
-    /// `backend`, which keeps its own copy of the pool where it attends.
+    /// `backend`, whose pages of the pool they go to.
     pub fn hand_over(
         backend: &dyn Backend,
         pool: &mut KvPool,
         request: RequestId,
         prefilled: &Prefilled,
-    ) -> Result<(), PoolError> {
+    ) -> Result<(), RuntimeError> {
         let shape = pool.shape();
         let count = prefilled.rows.first().map_or(0, |rows| rows.len() / shape.row_width);
         pool.reserve(request, count)?;
+        let at: Vec<KvAt> = (0..count).map(|position| KvAt { request, position }).collect();
         for (layer, (rows, aux)) in prefilled.rows.iter().zip(&prefilled.aux).enumerate() {
-            let rows: Vec<KvRow> = (0..count)
-                .map(|position| KvRow {
-                    request,
-                    position,
-                    row: &rows[position * shape.row_width..][..shape.row_width],
-                    aux: &aux[position * shape.aux_width..][..shape.aux_width],
-                })
-                .collect();
-            backend.kv_write(pool, layer, &rows)?;
+            let (rows, aux) = (backend.upload(rows, shape.row_width)?, backend.upload(aux, shape.aux_width)?);
+            backend.kv_write(pool, layer, &KvRows { rows: &rows, aux: &aux, at: &at })?;
         }
         Ok(())
     }
@@ -203,7 +196,8 @@ impl DecodeModel {
     /// Advances every item by one token: writes its rows at its position and attends over positions `0..=position`
     /// of the pool, through [`Backend::paged_decode`], which verifies each item's mappings at the first layer (with
     /// `verify`; a device verifies at every layer inside its attention kernel). An item that fails is dropped from
-    /// the rest of the step and gets its fault instead of logits.
+    /// the rest of the step and gets its fault instead of logits. The residual stream stays with the backend from
+    /// the embeddings to the logits; only GLM-5's DSA selection visits the host (its indexer queries and keys).
     pub fn decode(
         &self,
         backend: &dyn Backend,
@@ -214,18 +208,16 @@ impl DecodeModel {
         if items.is_empty() {
             return Ok(DecodeStep { logits: Vec::new(), verify_seconds: 0.0 });
         }
-        let pool_error = |e: PoolError| RuntimeError::Input(format!("kv cache: {e}"));
         let reader = WeightReader::new(&self.checkpoint);
         for item in items {
             self.check_positions(item.position + 1)?;
-            pool.reserve(item.request, item.position + 1).map_err(pool_error)?;
+            pool.reserve(item.request, item.position + 1)?;
         }
         let tokens: Vec<u32> = items.iter().map(|i| i.token).collect();
         let width = self.config.hidden_size;
         let mut hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
-        let (row_width, aux_width) = (self.row_width(), self.aux_width());
+        let aux_width = self.aux_width();
         let layout = DecodeLayer::layout(&self.config, self.mla_scale);
-        let per_item = self.config.num_attention_heads * layout.v_dim;
         // Items still in the step (indices into `items`), their DSA selections, and each item's result.
         let mut live: Vec<usize> = (0..items.len()).collect();
         let mut selection: Vec<Option<Vec<bool>>> = vec![None; items.len()];
@@ -236,10 +228,10 @@ impl DecodeModel {
             let positions: Vec<usize> = live.iter().map(|&i| items[i].position).collect();
             let (new_rows, new_aux, queries) =
                 layer.project(backend, &self.config, &self.table, &hidden, &positions, aux_width)?;
-            // The paged cache takes host rows and queries.
-            let q = backend.download(&layer.attention_queries(backend, &self.config, &queries)?)?;
-            let (new_rows, new_aux) = (backend.download(&new_rows)?, backend.download(&new_aux)?);
+            let q = layer.attention_queries(backend, &self.config, &queries)?;
             if layer.has_indexer() {
+                // The DSA selection over the cached indexer keys runs on the host.
+                let new_aux = backend.download(&new_aux)?;
                 for (t, &i) in live.iter().enumerate() {
                     let item = items[i];
                     // A mapping the read cannot follow leaves the keys unselected; the verification faults it.
@@ -253,17 +245,20 @@ impl DecodeModel {
                 .iter()
                 .enumerate()
                 .map(|(t, &i)| PagedRequest {
-                    row: KvRow {
-                        request: items[i].request,
-                        position: items[i].position,
-                        row: &new_rows[t * row_width..][..row_width],
-                        aux: &new_aux[t * aux_width..][..aux_width],
-                    },
+                    at: KvAt { request: items[i].request, position: items[i].position },
                     selection: selection[t].as_deref(),
                 })
                 .collect();
-            let step = PagedStep { layer: index, layout, verify: verify && index == 0, q: &q, requests: &requests };
-            let decoded = backend.paged_decode(pool, &step);
+            let step = PagedStep {
+                layer: index,
+                layout,
+                verify: verify && index == 0,
+                q: &q,
+                rows: &new_rows,
+                aux: &new_aux,
+                requests: &requests,
+            };
+            let decoded = backend.paged_decode(pool, &step)?;
             verify_seconds += decoded.verify_seconds;
             let mut attended = decoded.out;
             if decoded.faults.iter().any(Option::is_some) {
@@ -273,15 +268,14 @@ impl DecodeModel {
                         results[live[t]] = Some(Err(fault));
                     }
                 }
-                hidden = backend.gather_rows(&hidden, &kept)?;
-                attended = kept.iter().flat_map(|&t| &attended[t * per_item..][..per_item]).copied().collect();
-                selection = kept.iter().map(|&t| selection[t].take()).collect();
                 live = kept.iter().map(|&t| live[t]).collect();
+                if live.is_empty() {
+                    break;
+                }
+                hidden = backend.gather_rows(&hidden, &kept)?;
+                attended = backend.gather_rows(&attended, &kept)?;
+                selection = kept.iter().map(|&t| selection[t].take()).collect();
             }
-            if live.is_empty() {
-                break;
-            }
-            let attended = backend.upload(&attended, per_item)?;
             let attended = layer.attention_values(backend, &self.config, attended)?;
             layer.finish(backend, &reader, &self.config, &mut hidden, &attended)?;
         }
@@ -291,7 +285,6 @@ impl DecodeModel {
                 results[i] = Some(Ok(logits.to_vec()));
             }
         }
-        RuntimeError::check(backend)?;
         let logits = results.into_iter().map(|result| result.expect("every item decoded or faulted")).collect();
         Ok(DecodeStep { logits, verify_seconds })
     }

@@ -450,7 +450,6 @@ impl<'a> Pass<'a> {
                 }
             }
         }
-        RuntimeError::check(backend)?;
         Ok(samples)
     }
 }

@@ -13,10 +13,10 @@ mod routing;
 use std::ops::Range;
 
 use super::backend::{
-    AttentionShape, Backend, IndexerShape, KeySelection, KvRow, Matrix, PagedDecode, PagedStep, RopeStyle,
+    AttentionShape, Backend, IndexerShape, KeySelection, KvRows, Matrix, PagedDecode, PagedStep, RopeStyle,
     RoutedExpert, Routes, RoutingShape,
 };
-use super::kv_cache::{KvPool, PoolError};
+use super::kv_cache::KvPool;
 use super::rope_table::RopeTable;
 use super::tensor::{copy_block, Block, Storage, Tensor};
 use super::RuntimeError;
@@ -175,12 +175,15 @@ impl Backend for Cpu {
         Ok(indexer::top_k(q, k, w, shape))
     }
 
-    fn kv_write(&self, pool: &mut KvPool, layer: usize, rows: &[KvRow<'_>]) -> Result<(), PoolError> {
-        paged::kv_write(pool, layer, rows)
+    fn kv_write(&self, pool: &mut KvPool, layer: usize, rows: &KvRows<'_>) -> Result<(), RuntimeError> {
+        Ok(paged::kv_write(pool, layer, values(rows.rows), values(rows.aux), rows.at)?)
     }
 
-    fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> PagedDecode {
-        paged::decode(pool, step)
+    fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> Result<PagedDecode, RuntimeError> {
+        let (out, faults, verify_seconds) =
+            paged::decode(pool, step, values(step.q), values(step.rows), values(step.aux));
+        let columns = step.layout.heads * step.layout.v_dim;
+        Ok(PagedDecode { out: Tensor::host(out, columns), faults, verify_seconds })
     }
 
     fn routed_experts(

@@ -1,28 +1,49 @@
-//! Paged decode on the host: the pool's own row write, [`KvPool::verify`], and single-query softmax attention over
+//! Paged decode on the host (the CPU backend's pages are the pool's host pages): the pool's own row write, [`KvPool::verify`], and single-query softmax attention over
 //! the rows [`KvPool::read`] decodes (the arithmetic of [`super::attention::attend`]).
 
 use std::time::Instant;
 
 use super::attention::{attend, KeyValues};
-use crate::runtime::backend::{KvRow, PagedDecode, PagedLayout, PagedStep};
+use crate::runtime::backend::{PagedLayout, PagedStep};
 use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
 
-/// Writes `rows` of `layer` into `pool`.
-pub fn kv_write(pool: &mut KvPool, layer: usize, rows: &[KvRow<'_>]) -> Result<(), PoolError> {
-    for row in rows {
-        pool.write(row.request, layer, row.position, row.row, row.aux)?;
+/// Writes the rows `rows` `[n, row_width]` and `aux` `[n, aux_width]` of `layer` at `at` into `pool`'s host pages.
+pub fn kv_write(
+    pool: &mut KvPool,
+    layer: usize,
+    rows: &[f32],
+    aux: &[f32],
+    at: &[crate::runtime::backend::KvAt],
+) -> Result<(), PoolError> {
+    let (row_width, aux_width) = (pool.shape().row_width, pool.shape().aux_width);
+    for (r, at) in at.iter().enumerate() {
+        pool.write(
+            at.request,
+            layer,
+            at.position,
+            &rows[r * row_width..][..row_width],
+            &aux[r * aux_width..][..aux_width],
+        )?;
     }
     Ok(())
 }
 
-/// Verify (when asked), write, attend, per request in order.
-pub fn decode(pool: &mut KvPool, step: &PagedStep<'_>) -> PagedDecode {
+/// Verify (when asked), write, attend, per request in order: `q`, `rows` and `aux` are `step`'s tensors' values;
+/// returns the `[requests, heads · v_dim]` outputs and each request's fault.
+pub fn decode(
+    pool: &mut KvPool,
+    step: &PagedStep<'_>,
+    q: &[f32],
+    rows: &[f32],
+    aux: &[f32],
+) -> (Vec<f32>, Vec<Option<PoolError>>, f64) {
     let PagedLayout { heads, qk_dim, v_dim, .. } = step.layout;
+    let (row_width, aux_width) = (pool.shape().row_width, pool.shape().aux_width);
     let mut out = vec![0f32; step.requests.len() * heads * v_dim];
     let mut faults = vec![None; step.requests.len()];
     let mut verify_seconds = 0.0;
     for (index, request) in step.requests.iter().enumerate() {
-        let KvRow { request: id, position, row, aux } = request.row;
+        let (id, position) = (request.at.request, request.at.position);
         let y = &mut out[index * heads * v_dim..][..heads * v_dim];
         let result = (|| -> Result<(), PoolError> {
             if step.verify {
@@ -31,8 +52,9 @@ pub fn decode(pool: &mut KvPool, step: &PagedStep<'_>) -> PagedDecode {
                 verify_seconds += started.elapsed().as_secs_f64();
                 verified?;
             }
-            pool.write(id, step.layer, position, row, aux)?;
-            let q = &step.q[index * heads * qk_dim..][..heads * qk_dim];
+            let row = &rows[index * row_width..][..row_width];
+            pool.write(id, step.layer, position, row, &aux[index * aux_width..][..aux_width])?;
+            let q = &q[index * heads * qk_dim..][..heads * qk_dim];
             attend_cached(pool, step.layer, &step.layout, q, id, position + 1, request.selection, y)
         })();
         if let Err(error) = result {
@@ -40,7 +62,7 @@ pub fn decode(pool: &mut KvPool, step: &PagedStep<'_>) -> PagedDecode {
             faults[index] = Some(error);
         }
     }
-    PagedDecode { out, faults, verify_seconds }
+    (out, faults, verify_seconds)
 }
 
 /// Attends one request's query `q` `[heads, qk_dim]` over its cached positions `0..context` of `layer` (no

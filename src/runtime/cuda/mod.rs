@@ -5,8 +5,8 @@
 //! one `.cu` per family in kernels/) on device buffers and returns a device tensor; values cross the bus only in
 //! [`Backend::upload`] / [`Backend::download`] and as decisions (routes, DSA masks, row lists), all counted by the
 //! [`Counted`] device. Weights are uploaded once per loaded [`Matrix`] and kept with it (freed when it is dropped);
-//! INT4 matrices stay packed on the device (W4A16). An op's device error is its `Err`; the paged-cache
-//! ops, which return no error themselves, keep it until the runtime asks with [`Backend::failure`] after each layer.
+//! INT4 matrices stay packed on the device (W4A16). An op's device error is its `Err`. The paged KV cache's rows
+//! live in device pages kept with the pool (paged_decode.rs).
 
 mod activation;
 pub mod attention;
@@ -25,7 +25,7 @@ mod weights;
 pub(crate) use weights::DeviceWeight;
 use weights::WeightStore;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::runtime::device::{Counted, CudaError, Device, DeviceCounters};
 
@@ -43,13 +43,12 @@ use crate::runtime::device::{Arg, LaunchShape};
 pub struct CudaBackend {
     device: Arc<Counted>,
     weights: Arc<WeightStore>,
-    failure: Mutex<Option<CudaError>>,
 }
 
 impl CudaBackend {
     pub fn new(device: Arc<dyn Device>) -> Self {
         let device = Arc::new(Counted::new(device));
-        Self { weights: Arc::new(WeightStore::new(device.clone())), device, failure: Mutex::default() }
+        Self { weights: Arc::new(WeightStore::new(device.clone())), device }
     }
 
     /// The device every op runs on (counting its copies and launches).
@@ -62,32 +61,10 @@ impl CudaBackend {
         &self.device
     }
 
-    /// The kept failure, as [`Backend::failure`] words it, cleared (the op checks run case after case on one backend).
-    pub fn take_failure(&self) -> Option<String> {
-        let mut failure = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        failure.take().map(|error| format!("{} ({error})", self.device.describe()))
-    }
-
     /// The device copy of `matrix`, uploading it on first use (packed when it carries its INT4 form).
     pub(crate) fn weight(&self, matrix: &Matrix) -> Result<Arc<DeviceWeight>, CudaError> {
         self.weights.get(matrix)
     }
-
-    /// Keeps the first error; the op that failed returns `fallback`.
-    fn settle<T>(&self, result: Result<T, CudaError>, fallback: impl FnOnce() -> T) -> T {
-        match result {
-            Ok(value) => value,
-            Err(error) => {
-                let mut failure = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                failure.get_or_insert(error);
-                fallback()
-            }
-        }
-    }
-}
-
-fn nans(count: usize) -> Vec<f32> {
-    vec![f32::NAN; count]
 }
 
 impl CudaBackend {
@@ -120,11 +97,6 @@ impl Backend for CudaBackend {
 
     fn device_counters(&self) -> Option<DeviceCounters> {
         Some(self.device.counters_now())
-    }
-
-    fn failure(&self) -> Option<String> {
-        let failure = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        failure.as_ref().map(|error| format!("{} ({error})", self.device.describe()))
     }
 
     fn upload(&self, values: &[f32], columns: usize) -> Result<Tensor, RuntimeError> {
@@ -262,24 +234,16 @@ impl Backend for CudaBackend {
         &self,
         pool: &mut super::kv_cache::KvPool,
         layer: usize,
-        rows: &[super::backend::KvRow<'_>],
-    ) -> Result<(), super::kv_cache::PoolError> {
-        // A device error: the host pool holds the rows, the failure is reported after the step.
-        let result = paged_decode::kv_write(self, pool, layer, rows);
-        self.settle(result, || Ok(()))
+        rows: &super::backend::KvRows<'_>,
+    ) -> Result<(), RuntimeError> {
+        Ok(self.run(paged_decode::kv_write(self, pool, layer, rows))??)
     }
 
     fn paged_decode(
         &self,
         pool: &mut super::kv_cache::KvPool,
         step: &super::backend::PagedStep<'_>,
-    ) -> super::backend::PagedDecode {
-        let result = paged_decode::decode(self, pool, step);
-        // NaN outputs, no faults: the failure is reported after the layer.
-        self.settle(result, || super::backend::PagedDecode {
-            out: nans(step.requests.len() * step.layout.heads * step.layout.v_dim),
-            faults: vec![None; step.requests.len()],
-            verify_seconds: 0.0,
-        })
+    ) -> Result<super::backend::PagedDecode, RuntimeError> {
+        self.run(paged_decode::decode(self, pool, step))
     }
 }

@@ -88,17 +88,24 @@ impl DevicePool {
         })
     }
 
-    /// A copy of `pool`: its bytes, tags and scales.
+    /// A copy of `pool`: its host pages' bytes (none allocated: rows unset), tags and scales. A backend's own pages
+    /// start from a pool the host never wrote: nothing but the tags and scales crosses the bus, and a row is read
+    /// only after the backend wrote it.
     pub fn mirror(device: &dyn Device, pool: &KvPool) -> Result<Self, CudaError> {
         let shape = pool.shape();
         let scales: Vec<Vec<f32>> = (0..shape.layers).map(|layer| pool.layer_scales(layer).to_vec()).collect();
         Self::check_shape(shape, &scales)?;
+        let bytes = shape.pages * shape.layers * shape.page_size * shape.row_width * pool.dtype().bytes();
+        let pages = match pool.page_data() {
+            Some(data) => device.upload(data)?,
+            None => device.alloc(bytes)?,
+        };
         let this = Self {
             shape,
             dtype: pool.dtype(),
-            pages: device.upload(pool.page_data())?,
+            pages,
             tags: device.alloc_for::<u32>(shape.pages * TAG_WORDS)?,
-            scales: device.upload(&scales.concat())?,
+            scales: device.upload_resident(&scales.concat())?,
         };
         this.upload_tags(device, pool)?;
         Ok(this)
@@ -341,9 +348,17 @@ impl DecodeBatch {
     }
 }
 
+/// The keys each request of a batch may attend to: u8 `[requests, stride]`, key `t` of request `r` at `r · stride + t`
+/// (nonzero = allowed).
+#[derive(Clone, Copy)]
+pub struct AllowedKeys<'a> {
+    pub mask: &'a DeviceBuffer,
+    pub stride: usize,
+}
+
 /// Launches `paged_decode_partial` then `paged_decode_combine`: `q` f32 `[requests, heads, qk_dim]` → `out` f32
-/// `[requests, heads, v_dim]` and `faults` i32 `[requests]` (0, or 1 + the first bad logical page; NaN output).
-/// `batch` must have been built for the same `layout`.
+/// `[requests, heads, v_dim]` and `faults` i32 `[requests]` (0, or 1 + the first bad logical page; NaN output),
+/// attending only the `allowed` keys when given. `batch` must have been built for the same `layout`.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_on(
     device: &dyn Device,
@@ -354,6 +369,7 @@ pub fn decode_on(
     q: &DeviceBuffer,
     out: &DeviceBuffer,
     faults: &DeviceBuffer,
+    allowed: Option<AllowedKeys<'_>>,
 ) -> Result<(), CudaError> {
     pool.check_layer(layer)?;
     let PoolShape { layers, row_width, page_size, pages, .. } = pool.shape;
@@ -365,6 +381,7 @@ pub fn decode_on(
         ("out", out.bytes(), requests * heads * v_dim * 4),
         ("faults", faults.bytes(), requests * 4),
         ("workspace", batch.partial_acc.bytes(), requests * batch.plan.splits * heads * v_dim * 4),
+        ("allowed keys", allowed.map_or(0, |keys| keys.mask.bytes()), allowed.map_or(0, |keys| requests * keys.stride)),
     ];
     buffers_hold("paged attention", &sizes)?;
     let head_blocks = kv_heads * (heads / kv_heads).div_ceil(HEADS_PER_BLOCK);
@@ -386,6 +403,8 @@ pub fn decode_on(
             Arg::Buffer(&batch.partial_sum),
             Arg::Buffer(&batch.partial_acc),
             Arg::Buffer(&batch.split_faults),
+            Arg::Buffer(allowed.map_or(q, |keys| keys.mask)),
+            Arg::I32(allowed.map_or(0, |keys| keys.stride) as i32),
             Arg::I32(pages as i32),
             Arg::I32(layers as i32),
             Arg::I32(layer as i32),
@@ -458,6 +477,6 @@ pub fn decode(
     let count = requests.len() * layout.heads * layout.v_dim;
     let out = device.alloc_for::<f32>(count)?;
     let faults = device.alloc_for::<u32>(requests.len())?;
-    decode_on(device, pool, layer, layout, &batch, &q_buffer, &out, &faults)?;
+    decode_on(device, pool, layer, layout, &batch, &q_buffer, &out, &faults, None)?;
     Ok(DecodeOutput { out: device.download(&out, count)?, faults: device.download(&faults, requests.len())? })
 }

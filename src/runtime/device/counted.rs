@@ -170,6 +170,12 @@ impl Counted {
         Ok(out)
     }
 
+    /// This device with every plain copy counted as a decision (page tables, block tables, masks, slot lists, fault
+    /// flags); weight uploads and launches count as usual.
+    pub fn decisions(&self) -> Decisions<'_> {
+        Decisions(self)
+    }
+
     /// The counts so far.
     pub fn counters_now(&self) -> DeviceCounters {
         DeviceCounters {
@@ -221,6 +227,43 @@ impl Device for Counted {
     }
 }
 
+/// [`Counted::decisions`].
+pub struct Decisions<'a>(&'a Counted);
+
+impl Device for Decisions<'_> {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+        self.0.alloc(bytes)
+    }
+
+    fn write(&self, buffer: &DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError> {
+        self.0.inner.write(buffer, bytes)?;
+        self.0.count_h2d(Traffic::Decisions, bytes.len());
+        Ok(())
+    }
+
+    fn read(&self, buffer: &DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError> {
+        self.0.inner.read(buffer, out)?;
+        self.0.count_d2h(Traffic::Decisions, out.len());
+        Ok(())
+    }
+
+    fn upload_bytes_resident(&self, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
+        self.0.upload_bytes_resident(bytes)
+    }
+
+    fn copy(&self, source: &DeviceBuffer, target: &DeviceBuffer, offset: usize) -> Result<(), CudaError> {
+        self.0.copy(source, target, offset)
+    }
+
+    fn launch(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError> {
+        self.0.launch(kernel, shape, args)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +276,9 @@ mod tests {
         let activations = dyn_device.upload(&[1f32, 2.0, 3.0]).unwrap();
         let _weights = dyn_device.upload_resident(&[7u16; 5]).unwrap();
         let decisions = device.upload_as(Traffic::Decisions, &[4u32, 5]).unwrap();
+        let view = device.decisions();
+        let viewed = (&view as &dyn Device).upload(&[6u32]).unwrap();
+        assert_eq!((&view as &dyn Device).download::<u32>(&viewed, 1).unwrap(), [6]);
         assert_eq!(dyn_device.download::<f32>(&activations, 3).unwrap(), [1.0, 2.0, 3.0]);
         assert_eq!(device.download_as::<u32>(Traffic::Decisions, &decisions, 2).unwrap(), [4, 5]);
         let counters = device.counters_now();
@@ -240,7 +286,7 @@ mod tests {
             |h2d_count, h2d_bytes, d2h_count, d2h_bytes| Direction { h2d_count, h2d_bytes, d2h_count, d2h_bytes };
         assert_eq!(counters.transfers.activations, expected(1, 12, 1, 12));
         assert_eq!(counters.transfers.weights, expected(1, 10, 0, 0));
-        assert_eq!(counters.transfers.decisions, expected(1, 8, 1, 8));
+        assert_eq!(counters.transfers.decisions, expected(2, 12, 2, 12));
         assert_eq!(counters.launches, 0);
         assert_eq!(counters.since(&counters), DeviceCounters::default());
     }

@@ -8,6 +8,13 @@
 //! decode step's top-k selection scores; 0 wide for other models). A row is what the engines cache per token and
 //! layer: MLA the 576-wide latent (`kv_c_normed` 512 + post-RoPE `k_pe` 64), GQA `[K heads·dim, V heads·dim]`.
 //! Bytes per page: `layers · page_size · (row_width · dtype + aux_width · 4)`.
+//!
+//! # Whose pages
+//! The page table (tags, block tables, free list, [`KvPool::verify`]) and the aux values are the pool's, on the host,
+//! shared by every backend. The cached rows belong to the backend that computes on them: the CPU backend's are the
+//! pool's host pages ([`KvPool::write`] / [`KvPool::read`], allocated on the first host write); a device backend
+//! keeps its own with the pool ([`KvPool::keep_resident`]) and records what it wrote with [`KvPool::record`], so a
+//! device decode never holds a host copy of the rows.
 
 mod fault;
 mod storage;
@@ -110,6 +117,7 @@ pub struct KvPool {
     dtype: KvDtype,
     /// Per layer, one scale per row element (FP8 only; 1.0 otherwise).
     scales: Vec<Vec<f32>>,
+    /// The host pages `[pages, layers, page_size, row_width]` in `dtype` (empty until the first host write).
     data: Vec<u8>,
     aux: Vec<f32>,
     tags: Vec<Option<PageTag>>,
@@ -120,8 +128,8 @@ pub struct KvPool {
     tables: BTreeMap<RequestId, BlockTable>,
     pub counters: Counters,
     peak_used: usize,
-    /// Rows written so far, and changes of tags / free-list state so far: a backend's resident copy compares them
-    /// with what it has mirrored.
+    /// Rows written into the host pages so far, and changes of tags / free-list state so far: a backend's resident
+    /// copy compares them with what it has mirrored.
     writes: u64,
     tag_version: u64,
     /// A backend's copy of this pool where it computes (the CUDA backend's device pages and tags), kept with the
@@ -133,12 +141,11 @@ impl KvPool {
     /// A pool whose FP8 elements use `scales[layer][element]` (`row_width` per layer).
     pub fn new(shape: PoolShape, dtype: KvDtype, scales: Vec<Vec<f32>>) -> Self {
         assert_eq!(scales.len(), shape.layers, "one scale row per layer");
-        let row_bytes = shape.row_width * dtype.bytes();
         Self {
             shape,
             dtype,
             scales,
-            data: vec![0u8; shape.pages * shape.layers * shape.page_size * row_bytes],
+            data: Vec::new(),
             aux: vec![0f32; shape.pages * shape.layers * shape.page_size * shape.aux_width],
             tags: vec![None; shape.pages],
             on_free: vec![true; shape.pages],
@@ -174,9 +181,15 @@ impl KvPool {
         self.peak_used
     }
 
-    /// The element bytes `[pages, layers, page_size, row_width]` (what a device pool mirrors).
-    pub fn page_data(&self) -> &[u8] {
-        &self.data
+    /// The host pages' bytes `[pages, layers, page_size, row_width]` (what a device pool mirrors), `None` before
+    /// the first host write.
+    pub fn page_data(&self) -> Option<&[u8]> {
+        (!self.data.is_empty()).then_some(&self.data[..])
+    }
+
+    /// Bytes of the host pages once allocated.
+    fn data_bytes(&self) -> usize {
+        self.shape.pages * self.shape.layers * self.shape.page_size * self.shape.row_width * self.dtype.bytes()
     }
 
     /// Physical page `page`'s tag and whether it is on the free list.
@@ -197,7 +210,7 @@ impl KvPool {
         self.tables.keys().copied()
     }
 
-    /// Rows written since the pool was created.
+    /// Rows written into the host pages since the pool was created.
     pub fn writes(&self) -> u64 {
         self.writes
     }
@@ -253,7 +266,7 @@ impl KvPool {
         Ok(mapping.page as usize * self.shape.page_size + position % self.shape.page_size)
     }
 
-    /// Writes one position's row (and aux values) of `layer`; the position must be reserved.
+    /// Writes one position's row into the host pages (and its aux values) of `layer`; the position must be reserved.
     pub fn write(
         &mut self,
         request: RequestId,
@@ -262,17 +275,34 @@ impl KvPool {
         row: &[f32],
         aux: &[f32],
     ) -> Result<(), PoolError> {
-        let PoolShape { layers, row_width, aux_width, .. } = self.shape;
-        let slot = self.slot(request, position)?;
+        let slot = self.record(request, layer, position, aux)?;
+        if self.data.is_empty() {
+            self.data = vec![0u8; self.data_bytes()];
+        }
         let (page, offset) = (slot / self.shape.page_size, slot % self.shape.page_size);
-        let element = (page * layers + layer) * self.shape.page_size + offset;
-        let bytes = row_width * self.dtype.bytes();
+        let element = (page * self.shape.layers + layer) * self.shape.page_size + offset;
+        let bytes = self.shape.row_width * self.dtype.bytes();
         storage::encode(self.dtype, row, &self.scales[layer], &mut self.data[element * bytes..][..bytes]);
+        self.writes += 1;
+        Ok(())
+    }
+
+    /// Records that `request`'s `position` of `layer` was written where its backend keeps the rows, and stores its
+    /// aux values; returns the slot (page · page_size + offset) the row belongs to.
+    pub fn record(
+        &mut self,
+        request: RequestId,
+        layer: usize,
+        position: usize,
+        aux: &[f32],
+    ) -> Result<usize, PoolError> {
+        let PoolShape { layers, aux_width, page_size, .. } = self.shape;
+        let slot = self.slot(request, position)?;
+        let element = ((slot / page_size) * layers + layer) * page_size + slot % page_size;
         self.aux[element * aux_width..][..aux_width].copy_from_slice(&aux[..aux_width]);
         let table = self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?;
         table.tokens = table.tokens.max(position + 1);
-        self.writes += 1;
-        Ok(())
+        Ok(slot)
     }
 
     /// Whether the mapping that holds `request`'s `position` agrees with its page's tag (the one check a write
@@ -310,7 +340,8 @@ impl KvPool {
         Ok(())
     }
 
-    /// Reads positions `0..count` of `layer` into `rows` (`[count, row_width]`) and `aux` (`[count, aux_width]`).
+    /// Reads positions `0..count` of `layer` from the host pages into `rows` (`[count, row_width]`; zeros where the
+    /// host never wrote) and `aux` (`[count, aux_width]`).
     pub fn read(
         &self,
         request: RequestId,
@@ -329,12 +360,11 @@ impl KvPool {
             let (page, offset) = (slot / page_size, slot % page_size);
             let run = (page_size - offset).min(count - position);
             let element = (page * layers + layer) * page_size + offset;
-            storage::decode(
-                self.dtype,
-                &self.data[element * bytes..][..run * bytes],
-                &self.scales[layer].repeat(run),
-                &mut rows[position * row_width..][..run * row_width],
-            );
+            let target = &mut rows[position * row_width..][..run * row_width];
+            match self.data.get(element * bytes..(element + run) * bytes) {
+                Some(data) => storage::decode(self.dtype, data, &self.scales[layer].repeat(run), target),
+                None => target.fill(0.0),
+            }
             aux[position * aux_width..][..run * aux_width]
                 .copy_from_slice(&self.aux[element * aux_width..][..run * aux_width]);
             position += run;
