@@ -12,8 +12,9 @@
 //   mappings u32 `[total, 4]`: physical page, generation lo, generation hi, 0; request r's logical page i is
 //           mapping `first + i`.
 //   q       f32 `[requests, heads, qk_dim]`; out f32 `[requests, heads, v_dim]`; faults i32 `[requests]`.
-//   allowed u8 `[requests, allowed_stride]`: with allowed_stride > 0, request r attends only the keys t with
-//           allowed[r · allowed_stride + t] != 0 (GLM-5's DSA top-k selection); allowed_stride 0 attends every key.
+//   allowed f32 `[requests, allowed_stride]`: with allowed_stride > 0, request r attends only the keys t with
+//           allowed[r · allowed_stride + t] != 0 (GLM-5's DSA top-k selection, kernels/indexer.cu
+//           `paged_index_top_k`); allowed_stride 0 attends every key.
 //   Key head g (query heads g·group … g·group + group − 1, group = heads / kv_heads) reads its key at row element
 //   g · k_stride and its value at v_base + g · v_stride. GQA rows [K | V]: k_stride = v_stride = head_dim,
 //   v_base = kv_heads · head_dim. MLA absorbed: kv_heads = 1, the key is the whole 576-wide [latent | k_pe] row
@@ -88,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(256)
                          const uint32_t* __restrict__ requests, const uint32_t* __restrict__ mappings,
                          float* __restrict__ partial_max, float* __restrict__ partial_sum,
                          float* __restrict__ partial_acc, int* __restrict__ split_faults,
-                         const unsigned char* __restrict__ allowed, int allowed_stride, int pool_pages, int layers,
+                         const float* __restrict__ allowed, int allowed_stride, int pool_pages, int layers,
                          int layer, int page_size, int row_width, int dtype, int heads, int kv_heads, int qk_dim,
                          int v_dim, int k_stride, int v_base, int v_stride, float scale, int pages_per_split,
                          int verify) {
@@ -170,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     for (int key = key_begin + warp; key < key_end; key += kDecodeWarps) {
         // Uniform across the warp (one key per warp): the shuffles below stay converged.
-        if (allowed_stride > 0 && allowed[(long long)request * allowed_stride + key] == 0) continue;
+        if (allowed_stride > 0 && allowed[(long long)request * allowed_stride + key] == 0.0f) continue;
         const int logical = key / page_size, offset = key % page_size;
         const long long page = mappings[(first_mapping + logical) * kMappingWords];
         const unsigned char* row = pages + ((page * layers + layer) * page_size + offset) * row_bytes;

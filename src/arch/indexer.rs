@@ -5,8 +5,7 @@
 
 use crate::model::config::{Attention, Indexer};
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, IndexerShape, Matrix, RopeStyle};
-use crate::runtime::cpu::dot;
+use crate::runtime::backend::{Backend, IndexerShape, KeyChoice, KeySelection, Matrix, RopeStyle};
 use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;
@@ -29,11 +28,41 @@ pub struct DsaMasks {
     pub masks: Vec<Vec<bool>>,
 }
 
-/// The decode step's indexer queries `[tokens, index_heads, index_dim]` (post-RoPE) and head weights
-/// `[tokens, index_heads]`.
+/// The decode step's indexer queries `[tokens, index_heads · index_dim]` (post-RoPE) and head weights
+/// `[tokens, index_heads]`, where the backend keeps them.
 pub struct IndexQueries {
-    q: Vec<f32>,
-    head_weights: Vec<f32>,
+    q: Tensor,
+    head_weights: Tensor,
+}
+
+impl IndexQueries {
+    /// The keys each of a prompt's tokens keeps among the prompt's own indexer keys `keys` `[tokens, index_dim]`.
+    pub fn select_prompt(
+        &self,
+        backend: &dyn Backend,
+        settings: &Indexer,
+        keys: &Tensor,
+    ) -> Result<KeySelection, RuntimeError> {
+        let tokens = keys.rows();
+        let shape = IndexerShape {
+            tokens,
+            heads: settings.index_n_heads,
+            head_dim: settings.index_head_dim,
+            top_k: settings.index_topk,
+        };
+        backend.indexer_top_k(&self.q, keys, &self.head_weights, 0..tokens, &shape)
+    }
+
+    /// The paged decode's key selection by these queries ([`Backend::paged_decode`]).
+    pub fn choice<'a>(&'a self, settings: &Indexer) -> KeyChoice<'a> {
+        KeyChoice::Select {
+            q: &self.q,
+            head_weights: &self.head_weights,
+            heads: settings.index_n_heads,
+            dim: settings.index_head_dim,
+            top_k: settings.index_topk,
+        }
+    }
 }
 
 /// Whether decoder layer `layer` runs its own indexer (GLM-5's `full` layers; `shared` layers reuse the last one).
@@ -133,44 +162,6 @@ impl IndexerWeights {
             backend.rope(&mut ik, t..t + 1, position, dim, 0, rot, table, RopeStyle::Interleaved)?;
         }
         debug_assert_eq!(iq.columns(), index_heads * dim);
-        // The selection over cached keys runs on the host (select_cached): the queries visit it.
-        let (q, head_weights) = (backend.download(&iq)?, backend.download(&head_weights)?);
-        Ok((ik, IndexQueries { q, head_weights }))
+        Ok((ik, IndexQueries { q: iq, head_weights }))
     }
-}
-
-/// Decode step: the DSA selection of query `token` over `count` cached indexer keys (`aux`); `None` when every key
-/// is kept (no indexer, or no more keys than `index_topk`).
-pub fn select_cached(
-    config: &ModelConfig,
-    queries: Option<&IndexQueries>,
-    token: usize,
-    aux: &[f32],
-    count: usize,
-) -> Option<Vec<bool>> {
-    let settings = config.indexer.as_ref()?;
-    let IndexQueries { q: iq, head_weights } = queries?;
-    let (heads, dim, topk) = (settings.index_n_heads, settings.index_head_dim, settings.index_topk);
-    if count <= topk {
-        return None;
-    }
-    let softmax_scale = (dim as f32).powf(-0.5);
-    let head_scale = (heads as f32).powf(-0.5);
-    let q = &iq[token * heads * dim..][..heads * dim];
-    let w = &head_weights[token * heads..][..heads];
-    let mut scored: Vec<(f32, usize)> = (0..count)
-        .map(|s| {
-            let key = &aux[s * dim..][..dim];
-            let score = (0..heads)
-                .map(|h| w[h] * head_scale * (dot(&q[h * dim..][..dim], key) * softmax_scale).max(0.0))
-                .sum::<f32>();
-            (score, s)
-        })
-        .collect();
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut mask = vec![false; count];
-    for &(_, s) in &scored[..topk] {
-        mask[s] = true;
-    }
-    Some(mask)
 }

@@ -3,13 +3,13 @@
 //! as the decode step around the paged attention.
 
 use super::gqa::GqaWeights;
-use super::indexer::{select_cached, DsaMasks, IndexQueries};
+use super::indexer::{DsaMasks, IndexQueries};
 use super::mla::{MlaStep, MlaWeights};
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::tap::{KvSource, LayerTap};
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, Matrix, PagedLayout};
+use crate::runtime::backend::{Backend, KeyChoice, KeySelection, Matrix, PagedLayout};
 use crate::runtime::layer_stream::StreamedLayer;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
@@ -310,15 +310,29 @@ impl DecodeLayer {
         })
     }
 
-    /// DSA selection of query `token` over `count` cached indexer keys (`aux`): `None` when every key is kept.
-    pub fn select(
+    /// A prompt's DSA selection by this layer's indexer (`None` for a layer without one): its queries over the
+    /// prompt's own indexer keys `keys` `[tokens, index_dim]`, causal, as the full-sequence forward selects.
+    pub fn select_prompt(
+        backend: &dyn Backend,
         config: &ModelConfig,
         queries: &Queries,
-        token: usize,
-        aux: &[f32],
-        count: usize,
-    ) -> Option<Vec<bool>> {
-        select_cached(config, queries.index.as_ref(), token, aux, count)
+        keys: &Tensor,
+    ) -> Result<Option<KeySelection>, RuntimeError> {
+        let (Some(index), Some(settings)) = (&queries.index, &config.indexer) else { return Ok(None) };
+        index.select_prompt(backend, settings, keys).map(Some)
+    }
+
+    /// How this layer's paged attention picks its keys on a DSA model: its own indexer's selection, or `earlier`
+    /// (the last indexer layer's mask in this step) reused; `None` where every key is attended.
+    pub fn key_choice<'a>(
+        config: &ModelConfig,
+        queries: &'a Queries,
+        earlier: Option<&'a Tensor>,
+    ) -> Option<KeyChoice<'a>> {
+        match (&queries.index, &config.indexer) {
+            (Some(index), Some(settings)) => Some(index.choice(settings)),
+            _ => earlier.map(KeyChoice::Reuse),
+        }
     }
 
     /// The queries the paged attention takes, `[tokens, heads, layout.qk_dim]`: GQA as projected; MLA absorbed.

@@ -345,7 +345,7 @@ pub trait Backend: Sync {
     fn kv_write(&self, pool: &mut KvPool, layer: usize, rows: &KvRows<'_>) -> Result<(), RuntimeError>;
     /// One layer of a decode step over the paged cache: writes each request's new row at its position, verifies its
     /// mappings ([`KvPool::verify`]; when `step.verify`, or always where the check is fused into the attention) and
-    /// attends its query over positions `0..=position` (only the `selection` keys when given). A request whose
+    /// attends its query over positions `0..=position` (only the DSA-chosen keys with `step.keys`). A request whose
     /// mappings fail is neither written through a bad mapping nor attended: its output is NaN and its fault given.
     fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> Result<PagedDecode, RuntimeError>;
     /// Applies a batch of routed MoE experts to their tokens and adds the results to `output`: `x` and `output` are
@@ -474,16 +474,9 @@ pub struct KvRows<'a> {
     pub at: &'a [KvAt],
 }
 
-/// One request of a paged decode step: where its new row goes (written there, then attended with the positions
-/// before it) and, on DSA layers, the keys it may attend to (`[position + 1]`).
-#[derive(Debug, Clone, Copy)]
-pub struct PagedRequest<'a> {
-    pub at: KvAt,
-    pub selection: Option<&'a [bool]>,
-}
-
-/// One layer of a decode step: per request (in order) its query row of `q` `[requests, heads · qk_dim]` laid out
-/// as `layout`, and its new cache row of `rows` `[requests, row_width]` and `aux` `[requests, aux_width]`.
+/// One layer of a decode step: per request (in order) where its new row goes (written there, then attended with
+/// the positions before it), its query row of `q` `[requests, heads · qk_dim]` laid out as `layout`, and its new
+/// cache row of `rows` `[requests, row_width]` and `aux` `[requests, aux_width]`.
 #[derive(Debug, Clone, Copy)]
 pub struct PagedStep<'a> {
     pub layer: usize,
@@ -493,7 +486,21 @@ pub struct PagedStep<'a> {
     pub q: &'a Tensor,
     pub rows: &'a Tensor,
     pub aux: &'a Tensor,
-    pub requests: &'a [PagedRequest<'a>],
+    pub requests: &'a [KvAt],
+    /// DSA (GLM-5): the keys each request attends to, chosen in this step by this layer's indexer over the cached
+    /// indexer keys (the aux values, the new ones included), or an earlier layer's choice reused.
+    pub keys: Option<KeyChoice<'a>>,
+}
+
+/// How a DSA layer of a decode step picks the keys its requests attend to.
+#[derive(Debug, Clone, Copy)]
+pub enum KeyChoice<'a> {
+    /// This layer's indexer: request `r`'s query row of `q` `[requests, heads · dim]` and head weights `[requests,
+    /// heads]` score each cached key `s ≤ position` as [`Backend::indexer_top_k`] does; the `top_k` best are kept
+    /// (every key while `position < top_k`).
+    Select { q: &'a Tensor, head_weights: &'a Tensor, heads: usize, dim: usize, top_k: usize },
+    /// The keys an earlier layer chose in this step ([`PagedDecode::keys`], rows in request order).
+    Reuse(&'a Tensor),
 }
 
 /// A paged decode's result.
@@ -503,6 +510,9 @@ pub struct PagedDecode {
     pub out: Tensor,
     /// Per request, why its mappings cannot be trusted.
     pub faults: Vec<Option<PoolError>>,
+    /// The keys each request attended to when this layer chose them ([`KeyChoice::Select`]): `[requests, stride]`,
+    /// 1.0 for a kept key, for the next layers that reuse it ([`KeyChoice::Reuse`]).
+    pub keys: Option<Tensor>,
     /// Host time spent verifying (0 where the check runs inside the attention kernel).
     pub verify_seconds: f64,
 }

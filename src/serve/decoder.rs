@@ -16,7 +16,7 @@ use crate::arch::{head_name, DecodeLayer};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, KvAt, KvRows, Matrix, PagedRequest, PagedStep};
+use crate::runtime::backend::{Backend, KvAt, KvRows, Matrix, PagedStep};
 use crate::runtime::checkpoint::open_checkpoint;
 use crate::runtime::cpu::paged::attend_rows;
 use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
@@ -153,12 +153,13 @@ impl DecodeModel {
             let (rows, aux, queries) =
                 layer.project(backend, &self.config, &self.table, &hidden, &positions, self.aux_width())?;
             let q = backend.download(&layer.attention_queries(backend, &self.config, &queries)?)?;
+            let chosen = DecodeLayer::select_prompt(backend, &self.config, &queries, &aux)?;
             // The prompt attends its own rows on the host (they are handed over to the pool after).
             let (rows, aux) = (backend.download(&rows)?, backend.download(&aux)?);
             let mut attended = vec![0f32; count * heads * layout.v_dim];
             for (t, selected) in selection.iter_mut().enumerate() {
-                if layer.has_indexer() {
-                    *selected = DecodeLayer::select(&self.config, &queries, t, &aux, t + 1);
+                if let Some(chosen) = &chosen {
+                    *selected = Some(chosen.mask[t * count..][..t + 1].to_vec());
                 }
                 let q_row = &q[t * heads * layout.qk_dim..][..heads * layout.qk_dim];
                 let y = &mut attended[t * heads * layout.v_dim..][..heads * layout.v_dim];
@@ -196,8 +197,8 @@ impl DecodeModel {
     /// Advances every item by one token: writes its rows at its position and attends over positions `0..=position`
     /// of the pool, through [`Backend::paged_decode`], which verifies each item's mappings at the first layer (with
     /// `verify`; a device verifies at every layer inside its attention kernel). An item that fails is dropped from
-    /// the rest of the step and gets its fault instead of logits. The residual stream stays with the backend from
-    /// the embeddings to the logits; only GLM-5's DSA selection visits the host (its indexer queries and keys).
+    /// the rest of the step and gets its fault instead of logits. The residual stream, the cache rows and GLM-5's
+    /// DSA selections stay with the backend from the embeddings to the logits.
     pub fn decode(
         &self,
         backend: &dyn Backend,
@@ -218,37 +219,19 @@ impl DecodeModel {
         let mut hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
         let aux_width = self.aux_width();
         let layout = DecodeLayer::layout(&self.config, self.mla_scale);
-        // Items still in the step (indices into `items`), their DSA selections, and each item's result.
+        // Items still in the step (indices into `items`), the last DSA selection (rows in `live` order), and each
+        // item's result.
         let mut live: Vec<usize> = (0..items.len()).collect();
-        let mut selection: Vec<Option<Vec<bool>>> = vec![None; items.len()];
+        let mut keys: Option<Tensor> = None;
         let mut results: Vec<Option<Result<Vec<f32>, PoolError>>> = vec![None; items.len()];
         let mut verify_seconds = 0.0;
-        let mut aux = Vec::new();
         for (index, layer) in self.layers.iter().enumerate() {
             let positions: Vec<usize> = live.iter().map(|&i| items[i].position).collect();
             let (new_rows, new_aux, queries) =
                 layer.project(backend, &self.config, &self.table, &hidden, &positions, aux_width)?;
             let q = layer.attention_queries(backend, &self.config, &queries)?;
-            if layer.has_indexer() {
-                // The DSA selection over the cached indexer keys runs on the host.
-                let new_aux = backend.download(&new_aux)?;
-                for (t, &i) in live.iter().enumerate() {
-                    let item = items[i];
-                    // A mapping the read cannot follow leaves the keys unselected; the verification faults it.
-                    selection[t] = pool.read_aux(item.request, index, item.position, &mut aux).ok().and_then(|()| {
-                        aux.extend_from_slice(&new_aux[t * aux_width..][..aux_width]);
-                        DecodeLayer::select(&self.config, &queries, t, &aux, item.position + 1)
-                    });
-                }
-            }
-            let requests: Vec<PagedRequest> = live
-                .iter()
-                .enumerate()
-                .map(|(t, &i)| PagedRequest {
-                    at: KvAt { request: items[i].request, position: items[i].position },
-                    selection: selection[t].as_deref(),
-                })
-                .collect();
+            let requests: Vec<KvAt> =
+                live.iter().map(|&i| KvAt { request: items[i].request, position: items[i].position }).collect();
             let step = PagedStep {
                 layer: index,
                 layout,
@@ -257,10 +240,12 @@ impl DecodeModel {
                 rows: &new_rows,
                 aux: &new_aux,
                 requests: &requests,
+                keys: DecodeLayer::key_choice(&self.config, &queries, keys.as_ref()),
             };
             let decoded = backend.paged_decode(pool, &step)?;
             verify_seconds += decoded.verify_seconds;
             let mut attended = decoded.out;
+            keys = decoded.keys.or(keys);
             if decoded.faults.iter().any(Option::is_some) {
                 let kept: Vec<usize> = (0..live.len()).filter(|&t| decoded.faults[t].is_none()).collect();
                 for (t, fault) in decoded.faults.into_iter().enumerate() {
@@ -274,7 +259,7 @@ impl DecodeModel {
                 }
                 hidden = backend.gather_rows(&hidden, &kept)?;
                 attended = backend.gather_rows(&attended, &kept)?;
-                selection = kept.iter().map(|&t| selection[t].take()).collect();
+                keys = keys.map(|keys| backend.gather_rows(&keys, &kept)).transpose()?;
             }
             let attended = layer.attention_values(backend, &self.config, attended)?;
             layer.finish(backend, &reader, &self.config, &mut hidden, &attended)?;

@@ -1,8 +1,9 @@
 //! `serve-test` with the decode step's cache write, mapping verification and attention on the device (`--device
 //! emulated`: kernels/kv_write.cu and kernels/paged_attention.cu compiled for the host, the pool resident across
-//! steps, MLA in the absorbed form, DSA-selecting layers on the host) against `--device cpu`: the same greedy tokens
-//! and statuses on the three architectures with BF16 and FP8 caches while requests join mid-run, and every injected
-//! mapping fault detected by the fused check with only its requests aborted.
+//! steps, MLA in the absorbed form, GLM-5's DSA selection over the cached indexer keys by kernels/indexer.cu) against
+//! `--device cpu`: the same greedy tokens and statuses on the three architectures with BF16 and FP8 caches while
+//! requests join mid-run, two activation copies per decode step (tokens in, logits out), and every injected mapping
+//! fault detected by the fused check with only its requests aborted.
 
 use std::path::Path;
 
@@ -15,7 +16,7 @@ const SMALL: [&str; 10] =
     ["--layers", "2", "--hidden", "96", "--experts", "4", "--moe-intermediate", "64", "--vocab", "260"];
 
 /// Four prompts, two at a time: requests finish and others join while the batch runs (GLM-5's `index_topk` is 8,
-/// so the longer contexts select keys and those layers attend on the host).
+/// so the longer contexts select keys).
 const PROMPTS: [&str; 4] = ["the cat sat on the mat", "hi", "paged caches on a device", "x y"];
 const NEW_TOKENS: &str = "5";
 
@@ -72,6 +73,12 @@ fn device_decode_matches_the_cpu_on_every_architecture_and_cache_dtype() {
             assert_eq!(gpu["completed"], PROMPTS.len(), "{what}");
             assert_eq!(gpu["faults_detected"], 0, "{what}");
             assert!(gpu["mappings_verified"].as_u64().unwrap() > 0, "{what}");
+            // The residual stream, cache rows, queries and DSA keys stay on the device: per step the embeddings go
+            // up once and the logits come back once.
+            let activations = &gpu["decode_device"]["transfers"]["activations"];
+            let steps = gpu["decode_steps"].as_u64().unwrap();
+            let count = |key: &str| activations[key].as_u64().unwrap();
+            assert_eq!((count("h2d_count"), count("d2h_count")), (steps, steps), "{what}: {activations}");
         }
     }
 }

@@ -6,40 +6,47 @@ use crate::runtime::backend::{IndexerShape, KeySelection};
 
 /// The `[tokens, tokens]` mask of the keys each query keeps.
 pub fn top_k(q: &[f32], k: &[f32], head_weights: &[f32], shape: &IndexerShape) -> KeySelection {
-    let IndexerShape { tokens: length, heads, head_dim: dim, top_k: topk } = *shape;
-    let softmax_scale = (dim as f32).powf(-0.5);
-    let head_scale = (heads as f32).powf(-0.5);
+    let IndexerShape { tokens: length, heads, head_dim: dim, .. } = *shape;
     let mut near_ties = 0;
     let mut mask = vec![false; length * length];
-    let keep = topk.min(length);
     for t in 0..length {
-        let row = &mut mask[t * length..][..length];
-        if t < keep {
-            // Every past key fits in the top-k (the rest of the k slots fall on masked future keys).
-            row[..=t].iter_mut().for_each(|m| *m = true);
-            continue;
-        }
-        let w = &head_weights[t * heads..][..heads];
-        let mut scored: Vec<(f32, usize)> = (0..=t)
-            .map(|s| {
-                let key = &k[s * dim..][..dim];
-                let score = (0..heads)
-                    .map(|h| {
-                        let logit = super::dot(&q[(t * heads + h) * dim..][..dim], key) * softmax_scale;
-                        w[h] * head_scale * logit.max(0.0)
-                    })
-                    .sum::<f32>();
-                (score, s)
-            })
-            .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let (inside, outside) = (scored[keep - 1].0, scored[keep].0);
-        if inside - outside <= NEAR_TIE_RELATIVE * inside.abs().max(outside.abs()).max(f32::MIN_POSITIVE) {
-            near_ties += 1;
-        }
-        for &(_, s) in &scored[..keep] {
-            row[s] = true;
-        }
+        let query = &q[t * heads * dim..][..heads * dim];
+        let near_tie =
+            select(query, &head_weights[t * heads..][..heads], k, t + 1, shape, &mut mask[t * length..][..t + 1]);
+        near_ties += near_tie as usize;
     }
     KeySelection { mask, near_ties }
+}
+
+/// One query's selection among its `count` keys `keys` `[count, head_dim]` (`shape.tokens` unused): `query`
+/// `[heads, head_dim]` with head weights `w` `[heads]` scores key `s` as
+/// `Σ_h w[h]·heads^-½ · ReLU(q[h]·k[s]·head_dim^-½)`; the `top_k` best (ties to the lower key) are set in `kept`
+/// `[count]`, or every key while `count ≤ top_k`. Returns whether the top-k boundary is a near tie.
+pub fn select(query: &[f32], w: &[f32], keys: &[f32], count: usize, shape: &IndexerShape, kept: &mut [bool]) -> bool {
+    let IndexerShape { heads, head_dim: dim, top_k: topk, .. } = *shape;
+    if count <= topk {
+        // Every past key fits in the top-k (the rest of the k slots fall on masked future keys).
+        kept[..count].iter_mut().for_each(|m| *m = true);
+        return false;
+    }
+    let softmax_scale = (dim as f32).powf(-0.5);
+    let head_scale = (heads as f32).powf(-0.5);
+    let mut scored: Vec<(f32, usize)> = (0..count)
+        .map(|s| {
+            let key = &keys[s * dim..][..dim];
+            let score = (0..heads)
+                .map(|h| {
+                    let logit = super::dot(&query[h * dim..][..dim], key) * softmax_scale;
+                    w[h] * head_scale * logit.max(0.0)
+                })
+                .sum::<f32>();
+            (score, s)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let (inside, outside) = (scored[topk - 1].0, scored[topk].0);
+    for &(_, s) in &scored[..topk] {
+        kept[s] = true;
+    }
+    inside - outside <= NEAR_TIE_RELATIVE * inside.abs().max(outside.abs()).max(f32::MIN_POSITIVE)
 }

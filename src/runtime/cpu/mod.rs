@@ -3,7 +3,7 @@
 mod activation;
 pub mod attention;
 pub(crate) mod experts;
-mod indexer;
+pub(crate) mod indexer;
 mod matmul;
 mod norm;
 pub mod paged;
@@ -13,7 +13,7 @@ mod routing;
 use std::ops::Range;
 
 use super::backend::{
-    AttentionShape, Backend, IndexerShape, KeySelection, KvRows, Matrix, PagedDecode, PagedStep, RopeStyle,
+    AttentionShape, Backend, IndexerShape, KeyChoice, KeySelection, KvRows, Matrix, PagedDecode, PagedStep, RopeStyle,
     RoutedExpert, Routes, RoutingShape,
 };
 use super::kv_cache::KvPool;
@@ -180,10 +180,17 @@ impl Backend for Cpu {
     }
 
     fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> Result<PagedDecode, RuntimeError> {
-        let (out, faults, verify_seconds) =
-            paged::decode(pool, step, values(step.q), values(step.rows), values(step.aux));
-        let columns = step.layout.heads * step.layout.v_dim;
-        Ok(PagedDecode { out: Tensor::host(out, columns), faults, verify_seconds })
+        let keys = step.keys.map(|choice| match choice {
+            KeyChoice::Select { q, head_weights, .. } => (values(q), values(head_weights)),
+            KeyChoice::Reuse(mask) => (values(mask), &[][..]),
+        });
+        let decoded = paged::decode(pool, step, (values(step.q), values(step.rows), values(step.aux)), keys);
+        Ok(PagedDecode {
+            out: Tensor::host(decoded.out, step.layout.heads * step.layout.v_dim),
+            faults: decoded.faults,
+            keys: decoded.keys.map(|(mask, stride)| Tensor::host(mask, stride)),
+            verify_seconds: decoded.verify_seconds,
+        })
     }
 
     fn routed_experts(

@@ -4,17 +4,12 @@
 use std::time::Instant;
 
 use super::attention::{attend, KeyValues};
-use crate::runtime::backend::{PagedLayout, PagedStep};
+use super::indexer::select;
+use crate::runtime::backend::{IndexerShape, KeyChoice, KvAt, PagedLayout, PagedStep};
 use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
 
 /// Writes the rows `rows` `[n, row_width]` and `aux` `[n, aux_width]` of `layer` at `at` into `pool`'s host pages.
-pub fn kv_write(
-    pool: &mut KvPool,
-    layer: usize,
-    rows: &[f32],
-    aux: &[f32],
-    at: &[crate::runtime::backend::KvAt],
-) -> Result<(), PoolError> {
+pub fn kv_write(pool: &mut KvPool, layer: usize, rows: &[f32], aux: &[f32], at: &[KvAt]) -> Result<(), PoolError> {
     let (row_width, aux_width) = (pool.shape().row_width, pool.shape().aux_width);
     for (r, at) in at.iter().enumerate() {
         pool.write(
@@ -28,22 +23,26 @@ pub fn kv_write(
     Ok(())
 }
 
-/// Verify (when asked), write, attend, per request in order: `q`, `rows` and `aux` are `step`'s tensors' values;
-/// returns the `[requests, heads · v_dim]` outputs and each request's fault.
+/// Verify (when asked), write, choose the DSA keys (with `step.keys`), attend, per request in order: `q`, `rows`,
+/// `aux` are `step`'s tensors' values and `keys` those of its [`KeyChoice`] (the query and head weights to select
+/// with, or the mask to reuse). Returns the `[requests, heads · v_dim]` outputs, each request's fault and, when
+/// this layer selected, the `[requests, stride]` mask of the keys it chose.
 pub fn decode(
     pool: &mut KvPool,
     step: &PagedStep<'_>,
-    q: &[f32],
-    rows: &[f32],
-    aux: &[f32],
-) -> (Vec<f32>, Vec<Option<PoolError>>, f64) {
+    (q, rows, aux): (&[f32], &[f32], &[f32]),
+    keys: Option<(&[f32], &[f32])>,
+) -> Decoded {
     let PagedLayout { heads, qk_dim, v_dim, .. } = step.layout;
     let (row_width, aux_width) = (pool.shape().row_width, pool.shape().aux_width);
-    let mut out = vec![0f32; step.requests.len() * heads * v_dim];
-    let mut faults = vec![None; step.requests.len()];
+    let count = step.requests.len();
+    let stride = key_stride(step);
+    let mut out = vec![0f32; count * heads * v_dim];
+    let mut mask = step.keys.map(|_| vec![0f32; count * stride]);
+    let mut faults = vec![None; count];
     let mut verify_seconds = 0.0;
-    for (index, request) in step.requests.iter().enumerate() {
-        let (id, position) = (request.at.request, request.at.position);
+    let (mut cached, mut kept) = (Vec::new(), Vec::new());
+    for (index, &KvAt { request: id, position }) in step.requests.iter().enumerate() {
         let y = &mut out[index * heads * v_dim..][..heads * v_dim];
         let result = (|| -> Result<(), PoolError> {
             if step.verify {
@@ -54,15 +53,82 @@ pub fn decode(
             }
             let row = &rows[index * row_width..][..row_width];
             pool.write(id, step.layer, position, row, &aux[index * aux_width..][..aux_width])?;
+            let allowed = match (step.keys, keys, mask.as_mut()) {
+                (Some(choice), Some((first, second)), Some(mask)) => {
+                    let mask = &mut mask[index * stride..][..position + 1];
+                    choose(
+                        pool,
+                        step.layer,
+                        choice,
+                        (first, second),
+                        index,
+                        KvAt { request: id, position },
+                        mask,
+                        &mut cached,
+                        &mut kept,
+                    )?;
+                    Some(&kept[..])
+                }
+                _ => None,
+            };
             let q = &q[index * heads * qk_dim..][..heads * qk_dim];
-            attend_cached(pool, step.layer, &step.layout, q, id, position + 1, request.selection, y)
+            attend_cached(pool, step.layer, &step.layout, q, id, position + 1, allowed, y)
         })();
         if let Err(error) = result {
             y.fill(f32::NAN);
             faults[index] = Some(error);
         }
     }
-    (out, faults, verify_seconds)
+    let selected = matches!(step.keys, Some(KeyChoice::Select { .. }));
+    Decoded { out, faults, keys: mask.filter(|_| selected).map(|mask| (mask, stride)), verify_seconds }
+}
+
+/// [`decode`]'s results.
+pub struct Decoded {
+    pub out: Vec<f32>,
+    pub faults: Vec<Option<PoolError>>,
+    /// The `[requests, stride]` mask and its stride.
+    pub keys: Option<(Vec<f32>, usize)>,
+    pub verify_seconds: f64,
+}
+
+/// Columns of a step's key mask: the longest context.
+pub fn key_stride(step: &PagedStep<'_>) -> usize {
+    step.requests.iter().map(|at| at.position + 1).max().unwrap_or(0)
+}
+
+/// Request `index`'s DSA keys at `at` into `mask` (`[position + 1]`, 1.0 kept) and `kept`: selected by this layer's
+/// indexer over the host pool's cached keys (`values` = its query and head weights), or reused (`values.0` = the
+/// earlier mask).
+#[allow(clippy::too_many_arguments)]
+fn choose(
+    pool: &KvPool,
+    layer: usize,
+    choice: KeyChoice<'_>,
+    values: (&[f32], &[f32]),
+    index: usize,
+    at: KvAt,
+    mask: &mut [f32],
+    cached: &mut Vec<f32>,
+    kept: &mut Vec<bool>,
+) -> Result<(), PoolError> {
+    let context = at.position + 1;
+    kept.clear();
+    kept.resize(context, false);
+    match choice {
+        KeyChoice::Select { heads, dim, top_k, .. } => {
+            pool.read_aux(at.request, layer, context, cached)?;
+            let shape = IndexerShape { tokens: context, heads, head_dim: dim, top_k };
+            let query = &values.0[index * heads * dim..][..heads * dim];
+            select(query, &values.1[index * heads..][..heads], cached, context, &shape, kept);
+        }
+        KeyChoice::Reuse(earlier) => {
+            let row = &values.0[index * earlier.columns()..][..context];
+            kept.iter_mut().zip(row).for_each(|(keep, &value)| *keep = value != 0.0);
+        }
+    }
+    mask.iter_mut().zip(kept.iter()).for_each(|(slot, &keep)| *slot = if keep { 1.0 } else { 0.0 });
+    Ok(())
 }
 
 /// Attends one request's query `q` `[heads, qk_dim]` over its cached positions `0..context` of `layer` (no

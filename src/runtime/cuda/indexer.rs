@@ -1,4 +1,5 @@
-//! The DSA indexer's top-k selection on the device: kernels/indexer.cu (index scores, then a per-query top-k mask).
+//! The DSA indexer's top-k selection on the device: kernels/indexer.cu (index scores, then a per-query top-k mask),
+//! over one sequence's keys or, in a decode step, over each request's keys in the paged cache.
 
 use crate::runtime::backend::INDEXER_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{IndexerShape, KeySelection};
@@ -9,7 +10,8 @@ use std::ops::Range;
 
 use crate::runtime::tensor::Tensor;
 
-use super::tensor::{buffer, row_range, sequence_inputs};
+use super::paged::{DecodeBatch, DevicePool};
+use super::tensor::{alloc, buffer, row_range, sequence_inputs};
 use super::CudaBackend;
 
 /// Threads per block of both kernels (one block per query).
@@ -143,4 +145,69 @@ pub fn top_k(
     let near_ties =
         decisions.download_as::<i32>(Traffic::Decisions, &near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
     Ok(KeySelection { mask: mask.into_iter().map(|cell| cell != 0).collect(), near_ties })
+}
+
+/// A decode step's DSA selection over a paged cache: request `r`'s index query and head weights (rows of `q`
+/// `[requests, heads · head_dim]`, `head_weights` `[requests, heads]`) score its cached keys in `aux` (an F32 pool of
+/// `head_dim`-wide rows) through `batch`'s block tables, and the best `shape.top_k` of its `context` keys are kept
+/// (kernels/indexer.cu `paged_index_scores`, `paged_index_top_k`; the arithmetic of [`top_k`]'s kernels). Returns
+/// the f32 0/1 mask `[requests, stride]`, on the device.
+pub fn paged_select(
+    backend: &CudaBackend,
+    aux: &DevicePool,
+    layer: usize,
+    batch: &DecodeBatch,
+    (q, head_weights): (&Tensor, &Tensor),
+    shape: &IndexerShape,
+    stride: usize,
+) -> Result<Tensor, CudaError> {
+    check(&IndexerShape { tokens: 1, ..*shape })?;
+    let IndexerShape { heads, head_dim, top_k, .. } = *shape;
+    let requests = batch.requests;
+    let aux_shape = aux.shape();
+    if aux_shape.row_width != head_dim || layer >= aux_shape.layers {
+        return Err(unsupported(format!(
+            "layer {layer}'s cached keys are {} wide in a {}-layer pool; the indexer's are {head_dim}",
+            aux_shape.row_width, aux_shape.layers
+        )));
+    }
+    let widths = [("q", q, heads * head_dim), ("head weights", head_weights, heads)];
+    sequence_inputs("paged indexer", &widths, &(0..requests), requests)?;
+    let device = backend.device();
+    let scores = device.alloc_for::<f32>((requests * stride).max(1))?;
+    let mask = alloc(device, requests, stride)?;
+    let blocks = stride.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
+    device.launch(
+        "paged_index_scores",
+        LaunchShape { grid: [blocks, requests as u32, 1], block: [THREADS, 1, 1] },
+        &[
+            Arg::Buffer(buffer(q)?),
+            Arg::Buffer(buffer(head_weights)?),
+            Arg::Buffer(&aux.pages),
+            Arg::Buffer(&batch.descriptors),
+            Arg::Buffer(&batch.mappings),
+            Arg::Buffer(&scores),
+            Arg::I32(stride as i32),
+            Arg::I32(aux_shape.pages as i32),
+            Arg::I32(aux_shape.layers as i32),
+            Arg::I32(layer as i32),
+            Arg::I32(aux_shape.page_size as i32),
+            Arg::I32(heads as i32),
+            Arg::I32(head_dim as i32),
+            Arg::F32((head_dim as f32).powf(-0.5)),
+            Arg::F32((heads as f32).powf(-0.5)),
+        ],
+    )?;
+    device.launch(
+        "paged_index_top_k",
+        LaunchShape::linear(requests as u32, THREADS),
+        &[
+            Arg::Buffer(&scores),
+            Arg::Buffer(&batch.descriptors),
+            Arg::Buffer(buffer(&mask)?),
+            Arg::I32(stride as i32),
+            Arg::I32(top_k as i32),
+        ],
+    )?;
+    Ok(mask)
 }

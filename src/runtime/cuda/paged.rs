@@ -88,6 +88,25 @@ impl DevicePool {
         })
     }
 
+    /// A pool of `shape` whose rows are written before they are read (nothing uploaded but `scales`, as weights);
+    /// its tags are not kept (the aux keys beside a pool whose tags are).
+    pub fn allocate(
+        device: &dyn Device,
+        shape: PoolShape,
+        dtype: KvDtype,
+        scales: &[Vec<f32>],
+    ) -> Result<Self, CudaError> {
+        Self::check_shape(shape, scales)?;
+        let bytes = shape.pages * shape.layers * shape.page_size * shape.row_width * dtype.bytes();
+        Ok(Self {
+            shape,
+            dtype,
+            pages: device.alloc(bytes)?,
+            tags: device.alloc_for::<u32>(TAG_WORDS)?,
+            scales: device.upload_resident(&scales.concat())?,
+        })
+    }
+
     /// A copy of `pool`: its host pages' bytes (none allocated: rows unset), tags and scales. A backend's own pages
     /// start from a pool the host never wrote: nothing but the tags and scales crosses the bus, and a row is read
     /// only after the backend wrote it.
@@ -348,8 +367,8 @@ impl DecodeBatch {
     }
 }
 
-/// The keys each request of a batch may attend to: u8 `[requests, stride]`, key `t` of request `r` at `r · stride + t`
-/// (nonzero = allowed).
+/// The keys each request of a batch may attend to: f32 `[requests, stride]`, key `t` of request `r` at
+/// `r · stride + t` (nonzero = allowed).
 #[derive(Clone, Copy)]
 pub struct AllowedKeys<'a> {
     pub mask: &'a DeviceBuffer,
@@ -381,7 +400,11 @@ pub fn decode_on(
         ("out", out.bytes(), requests * heads * v_dim * 4),
         ("faults", faults.bytes(), requests * 4),
         ("workspace", batch.partial_acc.bytes(), requests * batch.plan.splits * heads * v_dim * 4),
-        ("allowed keys", allowed.map_or(0, |keys| keys.mask.bytes()), allowed.map_or(0, |keys| requests * keys.stride)),
+        (
+            "allowed keys",
+            allowed.map_or(0, |keys| keys.mask.bytes()),
+            allowed.map_or(0, |keys| requests * keys.stride * 4),
+        ),
     ];
     buffers_hold("paged attention", &sizes)?;
     let head_blocks = kv_heads * (heads / kv_heads).div_ceil(HEADS_PER_BLOCK);

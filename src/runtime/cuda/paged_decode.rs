@@ -2,19 +2,22 @@
 //! steps, new rows written into them from the device tensors that hold them (kernels/kv_write.cu), and batched
 //! decode attention whose launch also verifies every mapping against the page tags (kernels/paged_attention.cu).
 //!
-//! The host pool keeps the page table (block tables, tags, free list) and the DSA indexer keys; the rows live only
-//! here. What crosses the bus is the table's state, as decisions: tags when the host's tag version moved
-//! (allocation, release, injected fault), the batch's block tables when they change, the slots each write goes to,
-//! DSA key masks, and the per-request fault flags — never a row, a query or an output.
+//! The host pool keeps the page table (block tables, tags, free list); the rows and GLM-5's DSA indexer keys live
+//! only here, and a DSA layer's key selection runs here too (kernels/indexer.cu `paged_index_*`). What crosses the
+//! bus is the table's state, as decisions: tags when the host's tag version moved (allocation, release, injected
+//! fault), the batch's block tables when they change, the slots each write goes to, and the per-request fault flags
+//! — never a row, a key, a query or an output.
 
 use std::sync::Arc;
 
+use super::indexer;
 use super::paged::{self, AllowedKeys, DecodeBatch, DecodeRequest, DevicePool};
 use super::tensor::{alloc, buffer};
 use super::CudaBackend;
-use crate::runtime::backend::{KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
+use crate::runtime::backend::{IndexerShape, KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
+use crate::runtime::cpu::paged::key_stride;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
-use crate::runtime::kv_cache::{KvPool, PoolError};
+use crate::runtime::kv_cache::{KvDtype, KvPool, PoolError, PoolShape};
 use crate::runtime::tensor::Tensor;
 
 /// The backend's pages of a pool, kept in the pool ([`KvPool::keep_resident`]).
@@ -22,6 +25,8 @@ struct ResidentPool {
     /// The device it lives on (by address: a pool used with another backend gets pages of its own there).
     device: usize,
     pool: DevicePool,
+    /// The aux values (GLM-5's DSA indexer keys) as an F32 pool of `aux_width`-wide rows; `None` when 0 wide.
+    aux: Option<DevicePool>,
     /// The host pool's [`KvPool::writes`] and [`KvPool::tag_version`] this copy reflects.
     writes: u64,
     tag_version: u64,
@@ -58,9 +63,26 @@ fn resident(backend: &CudaBackend, pool: &mut KvPool) -> Result<ResidentPool, Cu
                 == (shape.pages, shape.layers, shape.row_width, shape.page_size)
     });
     let Some(mut kept) = kept else {
+        if pool.page_data().is_some() {
+            return Err(unsupported(
+                "the pool's rows were written on the host; write a pool's rows through one backend".into(),
+            ));
+        }
+        let aux = (shape.aux_width > 0)
+            .then(|| {
+                let aux_shape = PoolShape { row_width: shape.aux_width, aux_width: 0, ..shape };
+                DevicePool::allocate(
+                    &decisions,
+                    aux_shape,
+                    KvDtype::F32,
+                    &vec![vec![1.0; shape.aux_width]; shape.layers],
+                )
+            })
+            .transpose()?;
         return Ok(ResidentPool {
             device: device_key(backend),
             pool: DevicePool::mirror(&decisions, pool)?,
+            aux,
             writes: pool.writes(),
             tag_version: pool.tag_version(),
             batch: None,
@@ -91,15 +113,13 @@ fn write(
     rows: &KvRows<'_>,
     tolerant: bool,
 ) -> Result<Result<(), PoolError>, CudaError> {
-    let aux_width = pool.shape().aux_width;
-    let aux = if aux_width > 0 { backend.device().download::<f32>(buffer(rows.aux)?, rows.aux.len())? } else { vec![] };
     let mut slots = Vec::with_capacity(rows.at.len());
-    for (r, &KvAt { request, position }) in rows.at.iter().enumerate() {
+    for &KvAt { request, position } in rows.at {
         if tolerant && !pool.mapping_agrees(request, position) {
             slots.push(-1);
             continue;
         }
-        match pool.record(request, layer, position, &aux[r * aux_width..][..aux_width]) {
+        match pool.record(request, position) {
             Ok(slot) => slots.push(slot as i32),
             Err(error) => return Ok(Err(error)),
         }
@@ -107,7 +127,11 @@ fn write(
     if !slots.is_empty() {
         let decisions = backend.counted().decisions();
         let slots_buffer = (&decisions as &dyn Device).upload(&slots)?;
-        paged::write_rows_on(backend.device(), &resident.pool, layer, buffer(rows.rows)?, &slots_buffer, slots.len())?;
+        let device = backend.device();
+        paged::write_rows_on(device, &resident.pool, layer, buffer(rows.rows)?, &slots_buffer, slots.len())?;
+        if let Some(aux) = &resident.aux {
+            paged::write_rows_on(device, aux, layer, buffer(rows.aux)?, &slots_buffer, slots.len())?;
+        }
     }
     Ok(Ok(()))
 }
@@ -142,17 +166,16 @@ fn decode_with(
     let layout = step.layout;
     paged::check_layout(&layout, pool.shape().row_width)?;
     let count = step.requests.len();
-    let at: Vec<KvAt> = step.requests.iter().map(|request| request.at).collect();
     // Tolerant writes fail only on an unknown request, which the attention below faults as well.
-    let _ = write(backend, resident, pool, step.layer, &KvRows { rows: step.rows, aux: step.aux, at: &at }, true)?;
+    let rows = KvRows { rows: step.rows, aux: step.aux, at: step.requests };
+    let _ = write(backend, resident, pool, step.layer, &rows, true)?;
 
     let requests: Vec<DecodeRequest> = step
         .requests
         .iter()
-        .map(|request| {
-            let id = request.at.request;
-            let entries = pool.table(id).map_or(&[][..], |table| &table.entries[..]);
-            DecodeRequest { id, context: request.at.position + 1, entries }
+        .map(|at| {
+            let entries = pool.table(at.request).map_or(&[][..], |table| &table.entries[..]);
+            DecodeRequest { id: at.request, context: at.position + 1, entries }
         })
         .collect();
     let key: Vec<u64> = requests
@@ -171,10 +194,22 @@ fn decode_with(
         resident.batch = Some(CachedBatch { key, layout, batch, faults: backend.device().alloc_for::<u32>(count)? });
     }
     let cached = resident.batch.as_ref().expect("a batch was just cached");
-    let mask = allowed_keys(step);
-    let mask_buffer = mask.as_ref().map(|(mask, _)| (&decisions as &dyn Device).upload(mask)).transpose()?;
-    let allowed =
-        mask_buffer.as_ref().zip(mask.as_ref()).map(|(buffer, &(_, stride))| AllowedKeys { mask: buffer, stride });
+    let selected = match step.keys {
+        Some(KeyChoice::Select { q, head_weights, heads, dim, top_k }) => {
+            let aux =
+                resident.aux.as_ref().ok_or_else(|| unsupported("a DSA selection needs the pool's aux keys".into()))?;
+            let shape = IndexerShape { tokens: count, heads, head_dim: dim, top_k };
+            let stride = key_stride(step);
+            Some(indexer::paged_select(backend, aux, step.layer, &cached.batch, (q, head_weights), &shape, stride)?)
+        }
+        _ => None,
+    };
+    let allowed = match (step.keys, &selected) {
+        (Some(KeyChoice::Reuse(mask)), _) | (_, Some(mask)) => {
+            Some(AllowedKeys { mask: buffer(mask)?, stride: mask.columns() })
+        }
+        _ => None,
+    };
     let out: Tensor = alloc(backend.device(), count, layout.heads * layout.v_dim)?;
     paged::decode_on(
         backend.device(),
@@ -208,26 +243,5 @@ fn decode_with(
     }
     pool.counters.mappings_verified += verified;
     pool.counters.faults_detected += detected;
-    Ok(PagedDecode { out, faults, verify_seconds: 0.0 })
-}
-
-/// The step's DSA key selections as one u8 mask `[requests, stride]` (every key of a request without a selection
-/// allowed), or `None` when no request has one.
-fn allowed_keys(step: &PagedStep<'_>) -> Option<(Vec<u8>, usize)> {
-    step.requests.iter().any(|request| request.selection.is_some()).then(|| {
-        let stride = step.requests.iter().map(|request| request.at.position + 1).max().unwrap_or(0);
-        let mut mask = vec![0u8; step.requests.len() * stride];
-        for (row, request) in mask.chunks_mut(stride.max(1)).zip(step.requests) {
-            let context = request.at.position + 1;
-            match request.selection {
-                Some(selection) => {
-                    for (slot, &keep) in row.iter_mut().zip(selection.iter().take(context)) {
-                        *slot = keep as u8;
-                    }
-                }
-                None => row[..context].fill(1),
-            }
-        }
-        (mask, stride)
-    })
+    Ok(PagedDecode { out, faults, keys: selected, verify_seconds: 0.0 })
 }

@@ -10,11 +10,11 @@
 //! Bytes per page: `layers · page_size · (row_width · dtype + aux_width · 4)`.
 //!
 //! # Whose pages
-//! The page table (tags, block tables, free list, [`KvPool::verify`]) and the aux values are the pool's, on the host,
-//! shared by every backend. The cached rows belong to the backend that computes on them: the CPU backend's are the
+//! The page table (tags, block tables, free list, [`KvPool::verify`]) is the pool's, on the host, shared by every
+//! backend. The cached rows and aux values belong to the backend that computes on them: the CPU backend's are the
 //! pool's host pages ([`KvPool::write`] / [`KvPool::read`], allocated on the first host write); a device backend
 //! keeps its own with the pool ([`KvPool::keep_resident`]) and records what it wrote with [`KvPool::record`], so a
-//! device decode never holds a host copy of the rows.
+//! device decode never holds a host copy of them.
 
 mod fault;
 mod storage;
@@ -117,7 +117,8 @@ pub struct KvPool {
     dtype: KvDtype,
     /// Per layer, one scale per row element (FP8 only; 1.0 otherwise).
     scales: Vec<Vec<f32>>,
-    /// The host pages `[pages, layers, page_size, row_width]` in `dtype` (empty until the first host write).
+    /// The host pages `[pages, layers, page_size, row_width]` in `dtype` and their aux values `[pages, layers,
+    /// page_size, aux_width]` (both empty until the first host write).
     data: Vec<u8>,
     aux: Vec<f32>,
     tags: Vec<Option<PageTag>>,
@@ -146,7 +147,7 @@ impl KvPool {
             dtype,
             scales,
             data: Vec::new(),
-            aux: vec![0f32; shape.pages * shape.layers * shape.page_size * shape.aux_width],
+            aux: Vec::new(),
             tags: vec![None; shape.pages],
             on_free: vec![true; shape.pages],
             free: (0..shape.pages as u32).rev().collect(),
@@ -275,31 +276,24 @@ impl KvPool {
         row: &[f32],
         aux: &[f32],
     ) -> Result<(), PoolError> {
-        let slot = self.record(request, layer, position, aux)?;
+        let PoolShape { layers, aux_width, page_size, .. } = self.shape;
+        let slot = self.record(request, position)?;
         if self.data.is_empty() {
             self.data = vec![0u8; self.data_bytes()];
+            self.aux = vec![0f32; self.shape.pages * layers * page_size * aux_width];
         }
-        let (page, offset) = (slot / self.shape.page_size, slot % self.shape.page_size);
-        let element = (page * self.shape.layers + layer) * self.shape.page_size + offset;
+        let element = ((slot / page_size) * layers + layer) * page_size + slot % page_size;
         let bytes = self.shape.row_width * self.dtype.bytes();
         storage::encode(self.dtype, row, &self.scales[layer], &mut self.data[element * bytes..][..bytes]);
+        self.aux[element * aux_width..][..aux_width].copy_from_slice(&aux[..aux_width]);
         self.writes += 1;
         Ok(())
     }
 
-    /// Records that `request`'s `position` of `layer` was written where its backend keeps the rows, and stores its
-    /// aux values; returns the slot (page · page_size + offset) the row belongs to.
-    pub fn record(
-        &mut self,
-        request: RequestId,
-        layer: usize,
-        position: usize,
-        aux: &[f32],
-    ) -> Result<usize, PoolError> {
-        let PoolShape { layers, aux_width, page_size, .. } = self.shape;
+    /// Records that `request`'s `position` was written where its backend keeps the rows (its own pages); returns
+    /// the slot (page · page_size + offset) the row belongs to.
+    pub fn record(&mut self, request: RequestId, position: usize) -> Result<usize, PoolError> {
         let slot = self.slot(request, position)?;
-        let element = ((slot / page_size) * layers + layer) * page_size + slot % page_size;
-        self.aux[element * aux_width..][..aux_width].copy_from_slice(&aux[..aux_width]);
         let table = self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?;
         table.tokens = table.tokens.max(position + 1);
         Ok(slot)
@@ -333,8 +327,11 @@ impl KvPool {
             let (page, offset) = (slot / page_size, slot % page_size);
             let run = (page_size - offset).min(count - position);
             let element = (page * layers + layer) * page_size + offset;
-            aux[position * aux_width..][..run * aux_width]
-                .copy_from_slice(&self.aux[element * aux_width..][..run * aux_width]);
+            let target = &mut aux[position * aux_width..][..run * aux_width];
+            match self.aux.get(element * aux_width..(element + run) * aux_width) {
+                Some(values) => target.copy_from_slice(values),
+                None => target.fill(0.0),
+            }
             position += run;
         }
         Ok(())
@@ -365,8 +362,11 @@ impl KvPool {
                 Some(data) => storage::decode(self.dtype, data, &self.scales[layer].repeat(run), target),
                 None => target.fill(0.0),
             }
-            aux[position * aux_width..][..run * aux_width]
-                .copy_from_slice(&self.aux[element * aux_width..][..run * aux_width]);
+            let target = &mut aux[position * aux_width..][..run * aux_width];
+            match self.aux.get(element * aux_width..(element + run) * aux_width) {
+                Some(values) => target.copy_from_slice(values),
+                None => target.fill(0.0),
+            }
             position += run;
         }
         Ok(())
