@@ -22,6 +22,8 @@ pub struct Matrix {
     /// The f32 values of a packed-only matrix, dequantized on first use.
     dequantized: std::sync::OnceLock<Vec<f32>>,
     pub int4: Option<Box<Int4Weight>>,
+    /// Every value is a BF16 number (read from a BF16 linear weight): a device may hold it as BF16 without loss.
+    pub bf16_values: bool,
     /// Unique per loaded matrix.
     pub id: u64,
     /// Its copy on a device, kept by the device backend that uploaded it and freed with the matrix: a dropped
@@ -105,6 +107,7 @@ impl Matrix {
             data,
             dequantized: std::sync::OnceLock::new(),
             int4: None,
+            bf16_values: false,
             id,
             device_copy: DeviceCopy::default(),
         }
@@ -135,6 +138,12 @@ impl Matrix {
             }
             _ => &self.data,
         }
+    }
+
+    /// The same matrix, marked as holding BF16 numbers only (or not).
+    pub fn with_bf16_values(mut self, bf16_values: bool) -> Self {
+        self.bf16_values = bf16_values;
+        self
     }
 
     /// The same matrix carrying its packed INT4 form.

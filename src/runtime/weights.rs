@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use crate::format::compressed_tensors::{int4_group_size, int4_modules, Int4Module};
 use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceItem, SourceKind};
-use crate::io::Checkpoint;
+use crate::io::{Checkpoint, Dtype};
 
 use super::backend::{Int4Weight, Matrix};
 use super::RuntimeError;
@@ -86,12 +86,14 @@ impl<'a> WeightReader<'a> {
             other => [1, other.iter().product()],
         };
         let data = RowReader::new(self.checkpoint, &item)?.read_all();
-        self.checked(name, Matrix::new(rows, columns, data), expected)
+        let bf16 = item.dtype == Dtype::BF16 && matches!(item.kind, SourceKind::Plain);
+        self.checked(name, Matrix::new(rows, columns, data).with_bf16_values(bf16), expected)
     }
 
     /// A 1-D parameter (norm weight, bias) of `length` values as a one-row matrix, the form the ops take.
     pub fn parameter(&self, name: &str, length: usize) -> Result<Matrix, RuntimeError> {
-        self.matrix(name, [1, length])
+        // f32 on a device too: norms, biases and the router bias are read by f32 kernels.
+        Ok(self.matrix(name, [1, length])?.with_bf16_values(false))
     }
 
     /// A 1-D tensor (norm weight, bias) of `length` values.

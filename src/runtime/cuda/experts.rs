@@ -13,11 +13,11 @@
 use std::sync::Arc;
 
 use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
-use crate::runtime::device::{CudaError, DeviceBuffer, Traffic};
+use crate::runtime::device::{CudaError, Device, DeviceBuffer, Traffic};
 use crate::runtime::tensor::Tensor;
 
 use super::activation::silu_mul_f32;
-use super::linear::{linear_f32, w4a16_grouped, GroupedInt4};
+use super::linear::{linear_bf16, linear_f32, w4a16_grouped, GroupedInt4};
 use super::tensor::{accumulate_rows, alloc, buffer, gather_rows};
 use super::{CudaBackend, DeviceWeight};
 
@@ -130,7 +130,9 @@ fn concatenate<'a>(
     for weight in &weights {
         match weight.as_ref() {
             DeviceWeight::Int4 { packed, scales, .. } => parts.push((packed, scales)),
-            DeviceWeight::Dense(_) => return Err(unsupported("an expert of an INT4 batch has no INT4 form".into())),
+            DeviceWeight::Dense(_) | DeviceWeight::Bf16(_) => {
+                return Err(unsupported("an expert of an INT4 batch has no INT4 form".into()))
+            }
         }
     }
     let device = backend.device();
@@ -216,13 +218,24 @@ impl DenseWeight {
         Ok(DenseWeight::Owned(backend.device().upload(matrix.values())?))
     }
 
-    fn buffer(&self) -> Result<&DeviceBuffer, CudaError> {
+    /// `y = x · Wᵀ` on the f32 or BF16 kernel, as the weight is held.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        device: &dyn Device,
+        x: &DeviceBuffer,
+        y: &DeviceBuffer,
+        rows: usize,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<(), CudaError> {
         match self {
             DenseWeight::Cached(weight) => match weight.as_ref() {
-                DeviceWeight::Dense(buffer) => Ok(buffer),
+                DeviceWeight::Dense(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),
+                DeviceWeight::Bf16(w) => linear_bf16(device, x, w, None, y, rows, in_features, out_features),
                 DeviceWeight::Int4 { .. } => Err(unsupported("a dense expert weight is cached packed".into())),
             },
-            DenseWeight::Owned(buffer) => Ok(buffer),
+            DenseWeight::Owned(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),
         }
     }
 }
@@ -245,15 +258,14 @@ fn dense(
         DenseWeight::of(backend, expert.up)?,
         DenseWeight::of(backend, expert.down)?,
     );
-    let (gate_weight, up_weight, down_weight) = (gate_weight.buffer()?, up_weight.buffer()?, down_weight.buffer()?);
     let gate = device.alloc_for::<f32>(rows * inner)?;
     let up = device.alloc_for::<f32>(rows * inner)?;
     let activated = device.alloc_for::<f32>(rows * inner)?;
     let down = alloc(device, rows, hidden)?;
     let x_rows = buffer(&x_rows)?;
-    linear_f32(device, x_rows, gate_weight, None, &gate, rows, hidden, inner)?;
-    linear_f32(device, x_rows, up_weight, None, &up, rows, hidden, inner)?;
+    gate_weight.linear(device, x_rows, &gate, rows, hidden, inner)?;
+    up_weight.linear(device, x_rows, &up, rows, hidden, inner)?;
     silu_mul_f32(device, &gate, &up, &activated, rows * inner)?;
-    linear_f32(device, &activated, down_weight, None, buffer(&down)?, rows, inner, hidden)?;
+    down_weight.linear(device, &activated, buffer(&down)?, rows, inner, hidden)?;
     combine(backend, output, &down, &[expert])
 }

@@ -68,7 +68,8 @@ fn check_int4(tensor: &str, in_features: usize, group_size: usize) -> Result<(),
     Ok(())
 }
 
-/// `y = x · Wᵀ + bias` for the rows of `x`: W4A16 when the weight is INT4 on the device, dense f32 otherwise.
+/// `y = x · Wᵀ + bias` for the rows of `x`: W4A16 when the weight is INT4 on the device, dense BF16 or f32
+/// otherwise (as uploaded).
 pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&Matrix>) -> Result<Tensor, CudaError> {
     let (out_features, in_features, rows) = (weight.rows, weight.columns, x.rows());
     if x.columns() != in_features {
@@ -96,11 +97,14 @@ pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&
     let bias_buffer = match bias.as_deref() {
         None => None,
         Some(DeviceWeight::Dense(buffer)) => Some(buffer),
-        Some(DeviceWeight::Int4 { .. }) => return Err(unsupported("linear", "the bias is INT4".into())),
+        Some(DeviceWeight::Int4 { .. } | DeviceWeight::Bf16(_)) => {
+            return Err(unsupported("linear", "the bias is not an f32 parameter".into()))
+        }
     };
     let (x, y_buffer) = (buffer(x)?, buffer(&y)?);
     match weight.as_ref() {
         DeviceWeight::Dense(w) => linear_f32(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
+        DeviceWeight::Bf16(w) => linear_bf16(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
         DeviceWeight::Int4 { packed, scales, group_size } => {
             check_int4("linear", in_features, *group_size)?;
             w4a16_linear(
@@ -170,8 +174,8 @@ pub fn linear_f32(
     dense("linear_f32", 4, device, x, weight, bias, y, rows, in_features, out_features)
 }
 
-/// Device-level dense linear with BF16 weight bits (u16 `[out, in]`); x, bias and y f32. The bandwidth baseline
-/// the W4A16 kernels are compared with.
+/// Device-level dense linear with BF16 weight bits (u16 `[out, in]`); x, bias and y f32. BF16 linear weights run on
+/// it, and it is the bandwidth baseline the W4A16 kernels are compared with.
 #[allow(clippy::too_many_arguments)]
 pub fn linear_bf16(
     device: &dyn Device,

@@ -82,15 +82,18 @@ fn parameter(backend: &CudaBackend, vector: &Matrix) -> Result<std::sync::Arc<De
     let weight = backend.weight(vector)?;
     match weight.as_ref() {
         DeviceWeight::Dense(_) => Ok(weight),
-        DeviceWeight::Int4 { .. } => Err(unsupported("norm", "a norm parameter is INT4".into())),
+        DeviceWeight::Int4 { .. } | DeviceWeight::Bf16(_) => {
+            Err(unsupported("norm", "a norm parameter is not held as f32".into()))
+        }
     }
 }
 
 fn dense(weight: &DeviceWeight) -> &DeviceBuffer {
     match weight {
         DeviceWeight::Dense(buffer) => buffer,
-        // `parameter` refuses INT4 parameters.
+        // `parameter` refuses the other forms.
         DeviceWeight::Int4 { packed, .. } => packed,
+        DeviceWeight::Bf16(buffer) => buffer,
     }
 }
 

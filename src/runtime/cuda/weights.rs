@@ -1,4 +1,5 @@
-//! Device-resident weights: each loaded [`Matrix`] uploaded once (packed when it carries its INT4 form) and kept
+//! Device-resident weights: each loaded [`Matrix`] uploaded once (packed when it carries its INT4 form, as BF16 when
+//! its values are BF16 numbers, f32 otherwise — FP8 weights dequantized with their block scales) and kept
 //! with the matrix itself, so the device memory is freed when the matrix is (a dropped layer frees its weights).
 //! The store is shared with the layer loader thread, which uploads the next layer's weights ([`Prefetch`]) while
 //! the current layer computes.
@@ -13,6 +14,9 @@ use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 pub(crate) enum DeviceWeight {
     /// f32 `[rows, columns]`.
     Dense(DeviceBuffer),
+    /// BF16 bits `[rows, columns]` of a matrix whose values are all BF16 numbers ([`Matrix::bf16_values`]: a BF16
+    /// checkpoint's linear weights, the dense weights of squeeze's INT4 output): half the bytes, the same values.
+    Bf16(DeviceBuffer),
     /// compressed-tensors INT4: packed words and BF16 scale bits.
     Int4 { packed: DeviceBuffer, scales: DeviceBuffer, group_size: usize },
 }
@@ -50,6 +54,11 @@ impl WeightStore {
                 },
                 int4.packed.len() * 4 + int4.scales.len() * 2,
             ),
+            None if matrix.bf16_values => {
+                let bits: Vec<u16> =
+                    matrix.values().iter().map(|&value| half::bf16::from_f32(value).to_bits()).collect();
+                (DeviceWeight::Bf16(device.upload_resident(&bits)?), bits.len() * 2)
+            }
             None => (DeviceWeight::Dense(device.upload_resident(matrix.values())?), matrix.values().len() * 4),
         };
         let weight = Arc::new(weight);
