@@ -17,6 +17,7 @@ mod demo;
 mod engine_rules;
 mod eval;
 mod inspect;
+mod merge;
 mod progress;
 mod quantize;
 mod report;
@@ -53,6 +54,9 @@ pub struct Cli {
 enum Command {
     /// Convert an FP8 checkpoint to INT4 group-quantized compressed-tensors safetensors.
     Quantize(quantize::Args),
+    /// Join the parts of a `quantize --part I/N` conversion into the folder one run writes (exit 2 naming the part
+    /// that is missing, duplicated or made differently).
+    Merge(merge::Args),
     /// Show what a checkpoint holds: architecture, dtypes, quantization config, bytes by tensor class.
     Inspect(inspect::Args),
     /// Re-check an output against its manifest, the compressed-tensors conventions and (optionally) its source.
@@ -88,6 +92,7 @@ pub fn run() -> i32 {
     };
     let result = match command {
         Command::Quantize(args) => quantize::run(args),
+        Command::Merge(args) => merge::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Synth(args) => synth::run(args),

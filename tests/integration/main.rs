@@ -13,6 +13,7 @@ mod gptq;
 mod imatrix;
 mod lint;
 mod parity;
+mod parts;
 mod quantize;
 mod reliability;
 mod report;

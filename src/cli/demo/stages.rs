@@ -96,6 +96,7 @@ pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<QuantizeR
         engine: crate::engines::EngineChoice::All,
         tp: None,
         calibration: None,
+        part: None,
     };
     Ok(quantize(&options, &Silent)?)
 }
