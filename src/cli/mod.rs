@@ -18,6 +18,7 @@ mod engine_rules;
 mod eval;
 mod inspect;
 mod merge;
+mod merge_eval;
 mod progress;
 mod quantize;
 mod report;
@@ -69,6 +70,8 @@ enum Command {
     CalibrateKv(calibrate_kv::Args),
     /// Perplexity of one model on text or token chunks, computed by the layer-streamed reference runtime.
     Eval(eval::Args),
+    /// Join the `--save-stats` files of the parts of an `eval --part I/N` into the report one run gives.
+    MergeEval(merge_eval::Args),
     /// Checkpoint size before/after a recipe and GPU memory budgets (KV capacity, concurrency) from config.json alone.
     Report(report::Args),
     /// Check every GPU kernel against the CPU path on random data, then benchmark (needs a CUDA build and a GPU).
@@ -98,6 +101,7 @@ pub fn run() -> i32 {
         Command::Synth(args) => synth::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::MergeEval(args) => merge_eval::run(args),
         Command::CalibrateKv(args) => calibrate_kv::run(args),
         Command::Report(args) => report::run(args),
         Command::Selftest(args) => selftest::run(args),

@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-use sha2::{Digest, Sha256};
-
 use crate::format::fp8_block;
 use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE, MANIFEST_FILE};
 use crate::io::lock::{FolderLock, LOCK_FILE};
@@ -217,7 +215,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     };
     let own_shards = match options.part {
         Some(part) => {
-            let range = part.shards(plan.shards.len());
+            let range = part.range(plan.shards.len());
             if part.count > plan.shards.len() {
                 return Err(ConvertError::Output {
                     path: options.output.clone(),
@@ -239,7 +237,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
                     .filter(|item| range.contains(&item.shard))
                     .map(|item| item.source.bytes())
                     .sum(),
-                manifest: part.manifest_file(),
+                manifest: super::parts::manifest_file(part),
             });
             range
         }
@@ -272,7 +270,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         Some(set) => format!("{}|{}", recipe.sha256(), set.digest),
         None => recipe.sha256(),
     };
-    let source_sha256 = source_fingerprint(checkpoint);
+    let source_sha256 = checkpoint.fingerprint();
     let plan_sha256 = plan.sha256(&source_sha256, &recipe_digest);
     let (previous, _lock) = match options.part {
         Some(part) => {
@@ -583,13 +581,13 @@ fn prepare_part_output(
     let output_error = |problem: String| ConvertError::Output { path: out.to_path_buf(), problem };
     check_output(out, options)?;
     fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
-    let lock = FolderLock::acquire_named(out, &part.lock_file(), &format!("quantize --part {part}"))?;
+    let lock = FolderLock::acquire_named(out, &super::parts::lock_file(part), &format!("quantize --part {part}"))?;
     if out.join(MANIFEST_FILE).exists() {
         return Err(output_error(format!(
             "holds a finished conversion ({MANIFEST_FILE}); write the parts to a new folder, or remove it"
         )));
     }
-    let manifest_path = out.join(part.manifest_file());
+    let manifest_path = out.join(super::parts::manifest_file(part));
     let present = manifest_path.exists() || own.iter().any(|file| out.join(file).exists());
     if present && !options.resume && !options.force {
         return Err(output_error(format!(
@@ -611,7 +609,7 @@ fn prepare_part_output(
         Some(_) if !options.force => {
             return Err(output_error(format!(
                 "holds {} from a different source, recipe or options; pass --force to redo part {part}",
-                part.manifest_file()
+                super::parts::manifest_file(part)
             )))
         }
         _ => None,
@@ -619,7 +617,7 @@ fn prepare_part_output(
     if previous.is_none() && present && !options.force {
         return Err(output_error(format!(
             "has no {} to resume part {part} from; pass --force to redo it",
-            part.manifest_file()
+            super::parts::manifest_file(part)
         )));
     }
     Ok((previous, lock))
@@ -646,17 +644,4 @@ fn remove_leftover_temporaries(out: &Path) -> Result<(), IoError> {
         }
     }
     Ok(())
-}
-
-/// Digest of the source's shard names, sizes and headers.
-pub fn source_fingerprint(checkpoint: &Checkpoint) -> String {
-    let mut hasher = Sha256::new();
-    for shard in checkpoint.shards() {
-        hasher.update(shard.path().file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default());
-        hasher.update(shard.file_bytes().to_le_bytes());
-        for (name, entry) in shard.entries() {
-            hasher.update(format!("{name}|{}|{:?}|{}|{};", entry.dtype, entry.shape, entry.start, entry.end));
-        }
-    }
-    crate::io::writer::hex(&hasher.finalize())
 }

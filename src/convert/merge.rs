@@ -144,7 +144,7 @@ fn find_parts(dirs: &[PathBuf]) -> Result<BTreeMap<Part, Found>, MergeError> {
         let mut names: Vec<(String, Part)> = Vec::new();
         for entry in entries {
             let name = entry.map_err(|e| IoError::file(dir, e))?.file_name().to_string_lossy().into_owned();
-            if let Some(part) = Part::of_manifest_file(&name) {
+            if let Some(part) = super::parts::part_of_manifest_file(&name) {
                 names.push((name, part));
             }
         }
@@ -222,7 +222,7 @@ fn check_parts<'a>(parts: &'a BTreeMap<Part, Found>, dirs: &[PathBuf]) -> Result
         if !theirs.manifest.complete {
             return Err(MergeError::Unfinished { part: theirs.part, file: found.file.clone() });
         }
-        let expected = theirs.part.shards(theirs.manifest.shards.len());
+        let expected = theirs.part.range(theirs.manifest.shards.len());
         if theirs.shard_range() != expected {
             return Err(mismatch(
                 "shard assignment",
@@ -234,7 +234,7 @@ fn check_parts<'a>(parts: &'a BTreeMap<Part, Found>, dirs: &[PathBuf]) -> Result
     for index in 1..=ours.part.count {
         let part = Part { index, count: ours.part.count };
         if !parts.contains_key(&part) {
-            return Err(MergeError::Missing { part, file: part.manifest_file(), searched });
+            return Err(MergeError::Missing { part, file: super::parts::manifest_file(part), searched });
         }
     }
     Ok(reference)

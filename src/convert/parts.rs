@@ -1,12 +1,10 @@
-//! A conversion split into parts: the `--part I/N` argument, the plan's shards part I writes, and the part
-//! manifest (`squeeze-part-0000I-of-0000N.json`) in which a part records what it wrote, for `squeeze merge`.
+//! The part manifest (`squeeze-part-0000I-of-0000N.json`) in which one part of a split conversion records what it
+//! wrote (its shards of the plan, its source, flags and output config), for `squeeze merge`.
 
-use std::fmt;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::Path;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,64 +15,28 @@ use crate::io::manifest::Manifest;
 use crate::io::{Checkpoint, IoError};
 use crate::quant::ScaleRule;
 
-/// Part `index` (1-based) of `count`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Part {
-    pub index: usize,
-    pub count: usize,
-}
-
-impl FromStr for Part {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let invalid = || format!("expected I/N with 1 ≤ I ≤ N (e.g. 2/8: the second of eight parts), got `{text}`");
-        let (index, count) = text.split_once('/').ok_or_else(invalid)?;
-        let index: usize = index.trim().parse().map_err(|_| invalid())?;
-        let count: usize = count.trim().parse().map_err(|_| invalid())?;
-        if index == 0 || count == 0 || index > count {
-            return Err(invalid());
-        }
-        Ok(Part { index, count })
-    }
-}
-
-impl fmt::Display for Part {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(formatter, "{}/{}", self.index, self.count)
-    }
-}
+pub use crate::part::Part;
 
 /// Prefix and suffix of every part manifest's file name.
 const MANIFEST_PREFIX: &str = "squeeze-part-";
 const MANIFEST_SUFFIX: &str = ".json";
 
-impl Part {
-    /// The plan's shards this part writes: a contiguous run, the runs of all parts as even as whole shards allow
-    /// (sizes differ by at most one shard), in order, together covering every shard once.
-    pub fn shards(&self, shard_count: usize) -> Range<usize> {
-        let start = (self.index - 1) * shard_count / self.count;
-        let end = self.index * shard_count / self.count;
-        start..end
-    }
+/// The part manifest's file name of `part`.
+pub fn manifest_file(part: Part) -> String {
+    format!("{MANIFEST_PREFIX}{:05}-of-{:05}{MANIFEST_SUFFIX}", part.index, part.count)
+}
 
-    /// The part manifest's file name.
-    pub fn manifest_file(&self) -> String {
-        format!("{MANIFEST_PREFIX}{:05}-of-{:05}{MANIFEST_SUFFIX}", self.index, self.count)
-    }
+/// The lock file `part` holds in its output folder (parts may share one folder, so each has its own).
+pub fn lock_file(part: Part) -> String {
+    format!(".squeeze-part-{:05}-of-{:05}.lock", part.index, part.count)
+}
 
-    /// The lock file a part holds in its output folder (parts may share one folder, so each has its own).
-    pub fn lock_file(&self) -> String {
-        format!(".squeeze-part-{:05}-of-{:05}.lock", self.index, self.count)
-    }
-
-    /// The part a file name is the manifest of, if it is one.
-    pub fn of_manifest_file(name: &str) -> Option<Part> {
-        let middle = name.strip_prefix(MANIFEST_PREFIX)?.strip_suffix(MANIFEST_SUFFIX)?;
-        let (index, count) = middle.split_once("-of-")?;
-        let part = Part { index: index.parse().ok()?, count: count.parse().ok()? };
-        (part.index >= 1 && part.index <= part.count).then_some(part)
-    }
+/// The part a file name is the manifest of, if it is one.
+pub fn part_of_manifest_file(name: &str) -> Option<Part> {
+    let middle = name.strip_prefix(MANIFEST_PREFIX)?.strip_suffix(MANIFEST_SUFFIX)?;
+    let (index, count) = middle.split_once("-of-")?;
+    let part = Part { index: index.parse().ok()?, count: count.parse().ok()? };
+    (part.index >= 1 && part.index <= part.count).then_some(part)
 }
 
 /// Bytes read from each of three places (start, middle, end) of every source shard's tensor data.
@@ -160,7 +122,7 @@ impl PartManifest {
     }
 
     pub fn write(&self, dir: &Path) -> Result<(), IoError> {
-        crate::io::atomic::write_json(&dir.join(self.part.manifest_file()), self)
+        crate::io::atomic::write_json(&dir.join(manifest_file(self.part)), self)
     }
 
     pub fn shard_range(&self) -> Range<usize> {
@@ -173,30 +135,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parts_parse_and_name_their_files() {
+    fn part_manifests_are_named_by_their_part() {
         let part: Part = "2/3".parse().unwrap();
-        assert_eq!(part, Part { index: 2, count: 3 });
-        assert_eq!(part.manifest_file(), "squeeze-part-00002-of-00003.json");
-        assert_eq!(Part::of_manifest_file(&part.manifest_file()), Some(part));
-        assert_eq!(Part::of_manifest_file("squeeze-manifest.json"), None);
-        for bad in ["0/3", "4/3", "3", "a/b", "1/0", ""] {
-            assert!(bad.parse::<Part>().unwrap_err().contains("I/N"), "{bad}");
-        }
-    }
-
-    #[test]
-    fn the_parts_cover_every_shard_once_in_order() {
-        for shards in 0..23 {
-            for count in 1..9 {
-                let mut next = 0;
-                for index in 1..=count {
-                    let range = Part { index, count }.shards(shards);
-                    assert_eq!(range.start, next);
-                    assert!(range.len() <= shards.div_ceil(count) && range.len() + 1 >= shards / count);
-                    next = range.end;
-                }
-                assert_eq!(next, shards);
-            }
-        }
+        assert_eq!(manifest_file(part), "squeeze-part-00002-of-00003.json");
+        assert_eq!(part_of_manifest_file(&manifest_file(part)), Some(part));
+        assert_eq!(part_of_manifest_file("squeeze-manifest.json"), None);
+        assert_eq!(part_of_manifest_file("squeeze-part-00004-of-00003.json"), None);
     }
 }

@@ -8,6 +8,7 @@ mod cuda_decode;
 mod demo;
 mod device_ops;
 mod eval;
+mod eval_parts;
 mod golden;
 mod gptq;
 mod imatrix;

@@ -129,6 +129,8 @@ pub fn eval_model(model: &Path, text: &Path) -> anyhow::Result<EvalReport> {
         input: text_input(text),
         chunks: Some(EVAL_CHUNKS),
         save_logits: None,
+        part: None,
+        save_stats: None,
     };
     evaluate(&options, &Cpu, &Silent).with_context(|| format!("evaluating {}", model.display()))
 }
@@ -162,6 +164,8 @@ pub fn parity(reference: &Path, candidate: &Path, text: &Path) -> anyhow::Result
         // The deployment that exists: what vLLM really caches with (scale 1.0 for this MLA model).
         kv_scales: KvScaleChoice::Engine,
         engine: Engine::Vllm,
+        part: None,
+        save_stats: None,
     };
     evaluate_parity(&options, &Cpu, &Silent)
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))
