@@ -1,11 +1,18 @@
 //! `--part I/N`: one of N independent parts of a job (a conversion's shards, an evaluation's or calibration's
-//! chunks), the contiguous run of items it takes, the same arithmetic in every job and in `scripts/cluster/`.
+//! chunks), the contiguous run of items it takes (the same arithmetic in every job and in `scripts/cluster/`), and
+//! the identity a chunk-split part records so that a merge can check the parts belong together.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::io::Checkpoint;
 
 /// Part `index` (1-based) of `count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -52,6 +59,137 @@ impl Part {
         let count = self.count;
         (1..=count).map(move |index| Part { index, count })
     }
+}
+
+/// The chunks `part` takes of `all` (every chunk without a part), and their range; more parts than chunks is an
+/// error (some part would have nothing to do).
+pub fn select<T: Clone>(all: &[T], part: Option<Part>) -> Result<(Vec<T>, Range<usize>), String> {
+    let part = part.unwrap_or(Part::WHOLE);
+    if part.count > all.len() {
+        return Err(format!(
+            "--part {part}: the input has only {} chunk(s), so some parts would have none; use at most {} parts",
+            all.len(),
+            all.len()
+        ));
+    }
+    let range = part.range(all.len());
+    Ok((all[range.clone()].to_vec(), range))
+}
+
+/// What every part of one chunk-split job must agree on, and which chunks this one took.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartIdentity {
+    pub version: String,
+    pub part: Part,
+    /// `[start, end)` of the chunks of the whole input.
+    pub chunks: [usize; 2],
+    pub total_chunks: usize,
+    /// SHA-256 of every chunk's token ids (every part reads the whole input).
+    pub input_sha256: String,
+    /// The models' fingerprints (shard names, sizes and headers).
+    pub models: Vec<String>,
+}
+
+impl PartIdentity {
+    pub fn of(all: &[Vec<u32>], models: &[&Checkpoint], part: Part, chunks: Range<usize>) -> Self {
+        let mut hasher = Sha256::new();
+        for sequence in all {
+            hasher.update((sequence.len() as u64).to_le_bytes());
+            for id in sequence {
+                hasher.update(id.to_le_bytes());
+            }
+        }
+        PartIdentity {
+            version: env!("CARGO_PKG_VERSION").into(),
+            part,
+            chunks: [chunks.start, chunks.end],
+            total_chunks: all.len(),
+            input_sha256: crate::io::writer::hex(&hasher.finalize()),
+            models: models.iter().map(|checkpoint| checkpoint.fingerprint()).collect(),
+        }
+    }
+}
+
+/// One part's file as a merge sees it: where it is, its identity, and the flags that decide its statistics.
+#[derive(Debug, Clone)]
+pub struct PartEntry {
+    pub path: PathBuf,
+    pub identity: PartIdentity,
+    /// Compared as a whole between parts; `what_options` names it in the error.
+    pub options: Value,
+}
+
+/// Why the parts of a chunk-split job do not merge.
+#[derive(Debug, thiserror::Error)]
+pub enum PartsError {
+    #[error("no statistics files given; pass the --save-stats FILE of every part")]
+    Empty,
+    #[error("part {part} is missing: no file holds chunks {start}..{end}; run that part with --part {part} --save-stats FILE and merge again")]
+    Missing { part: Part, start: usize, end: usize },
+    #[error("part {part} appears twice, in {} and {}; give each part's file once", first.display(), second.display())]
+    Duplicate { part: Part, first: PathBuf, second: PathBuf },
+    #[error("part {part} ({}) was made with a different {what} than part {reference} ({}); rerun part {part} with the same models, input and flags as the others", path.display(), reference_path.display())]
+    Mismatch { part: Part, path: PathBuf, reference: Part, reference_path: PathBuf, what: String },
+}
+
+/// Checks that `entries` are every part of one job once: same part count, squeeze version, models, input and
+/// options, each with the chunks its number gives it, none missing; returns them ordered by part.
+pub fn check_parts(entries: Vec<PartEntry>, what_options: &str) -> Result<Vec<PartEntry>, PartsError> {
+    let first = entries.first().ok_or(PartsError::Empty)?;
+    if let Some(other) = entries.iter().find(|entry| entry.identity.part.count != first.identity.part.count) {
+        return Err(PartsError::Mismatch {
+            part: other.identity.part,
+            path: other.path.clone(),
+            reference: first.identity.part,
+            reference_path: first.path.clone(),
+            what: "part count".into(),
+        });
+    }
+    let mut parts: BTreeMap<usize, PartEntry> = BTreeMap::new();
+    for entry in entries {
+        let part = entry.identity.part;
+        if let Some(first) = parts.get(&part.index) {
+            return Err(PartsError::Duplicate { part, first: first.path.clone(), second: entry.path });
+        }
+        parts.insert(part.index, entry);
+    }
+    let reference = parts.values().next().ok_or(PartsError::Empty)?;
+    let ours = &reference.identity;
+    for entry in parts.values() {
+        let theirs = &entry.identity;
+        let expected = theirs.part.range(theirs.total_chunks);
+        let differs = if theirs.part.count != ours.part.count {
+            Some("part count".to_string())
+        } else if theirs.version != ours.version {
+            Some("squeeze version".into())
+        } else if theirs.models != ours.models {
+            Some("model (shard names, sizes or headers)".into())
+        } else if theirs.input_sha256 != ours.input_sha256 || theirs.total_chunks != ours.total_chunks {
+            Some("input (token chunks, --ctx/--seq-len, --chunks/--samples)".into())
+        } else if entry.options != reference.options {
+            Some(what_options.to_string())
+        } else if theirs.chunks != [expected.start, expected.end] {
+            Some("chunk split".into())
+        } else {
+            None
+        };
+        if let Some(what) = differs {
+            return Err(PartsError::Mismatch {
+                part: theirs.part,
+                path: entry.path.clone(),
+                reference: ours.part,
+                reference_path: reference.path.clone(),
+                what,
+            });
+        }
+    }
+    for part in ours.part.siblings() {
+        if !parts.contains_key(&part.index) {
+            let range = part.range(ours.total_chunks);
+            return Err(PartsError::Missing { part, start: range.start, end: range.end });
+        }
+    }
+    Ok(parts.into_values().collect())
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod engine_rules;
 mod eval;
 mod inspect;
 mod merge;
+mod merge_calib;
 mod merge_eval;
 mod progress;
 mod quantize;
@@ -68,6 +69,8 @@ enum Command {
     Demo(demo::Args),
     /// Calibrate per-layer FP8 KV-cache scales (k_scale/v_scale) and write them where vLLM and SGLang read them.
     CalibrateKv(calibrate_kv::Args),
+    /// Join the `--save-stats` files of the parts of a `calibrate-kv --part I/N` into the scales one run writes.
+    MergeCalib(merge_calib::Args),
     /// Perplexity of one model on text or token chunks, computed by the layer-streamed reference runtime.
     Eval(eval::Args),
     /// Join the `--save-stats` files of the parts of an `eval --part I/N` into the report one run gives.
@@ -103,6 +106,7 @@ pub fn run() -> i32 {
         Command::Eval(args) => eval::run(args),
         Command::MergeEval(args) => merge_eval::run(args),
         Command::CalibrateKv(args) => calibrate_kv::run(args),
+        Command::MergeCalib(args) => merge_calib::run(args),
         Command::Report(args) => report::run(args),
         Command::Selftest(args) => selftest::run(args),
         Command::ServeTest(args) => serve_test::run(args),

@@ -141,8 +141,12 @@ pub fn evaluate(
         near_ties: forward.near_ties,
     };
     if let Some(path) = &options.save_stats {
-        let identity =
-            part_stats::Identity::of(&all, &[model.checkpoint()], options.part.unwrap_or(Part::WHOLE), chunk_range);
+        let identity = crate::part::PartIdentity::of(
+            &all,
+            &[model.checkpoint()],
+            options.part.unwrap_or(Part::WHOLE),
+            chunk_range,
+        );
         part_stats::write_eval(path, &identity, &run, &stats)?;
     }
     let mut report =

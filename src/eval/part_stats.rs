@@ -3,68 +3,25 @@
 //! flags plus per-layer, per-chunk error sums (parity); and `merge-eval`, which checks the parts against each
 //! other and recomputes the report one run gives, in the same order of summation, so to the bit.
 
-use std::collections::BTreeMap;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use super::parity::{
     summarize, Gates, KvScalesUsed, LayerSums, Mode, ModeStats, ParityReport, ParityStats, Summaries, TokenSamples,
 };
 use super::{EvalError, EvalReport, NllStats};
 use crate::io::stats_file::StatsFile;
-use crate::io::{Checkpoint, IoError};
-use crate::part::Part;
+use crate::io::IoError;
+use crate::part::{check_parts, PartEntry, PartIdentity as Identity, PartsError};
 
-/// What every part of one evaluation must agree on, and which chunks this one scored.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Identity {
-    pub version: String,
-    pub part: Part,
-    /// `[start, end)` of the chunks of the whole input.
-    pub chunks: [usize; 2],
-    pub total_chunks: usize,
-    /// SHA-256 of every chunk's token ids (all parts read the whole input).
-    pub input_sha256: String,
-    /// The models' fingerprints (shard names, sizes and headers).
-    pub models: Vec<String>,
-}
-
-impl Identity {
-    pub fn of(all: &[Vec<u32>], models: &[&Checkpoint], part: Part, chunks: Range<usize>) -> Self {
-        let mut hasher = Sha256::new();
-        for sequence in all {
-            hasher.update((sequence.len() as u64).to_le_bytes());
-            for id in sequence {
-                hasher.update(id.to_le_bytes());
-            }
-        }
-        Identity {
-            version: env!("CARGO_PKG_VERSION").into(),
-            part,
-            chunks: [chunks.start, chunks.end],
-            total_chunks: all.len(),
-            input_sha256: crate::io::writer::hex(&hasher.finalize()),
-            models: models.iter().map(|checkpoint| checkpoint.fingerprint()).collect(),
-        }
-    }
-}
-
-/// The chunks `part` scores (all without a part), and their range.
-pub fn select(all: &[Vec<u32>], part: Option<Part>) -> Result<(Vec<Vec<u32>>, Range<usize>), EvalError> {
-    let part = part.unwrap_or(Part::WHOLE);
-    if part.count > all.len() {
-        return Err(EvalError::Input(format!(
-            "--part {part}: the input has only {} chunk(s), so some parts would score nothing; use at most {} parts",
-            all.len(),
-            all.len()
-        )));
-    }
-    let range = part.range(all.len());
-    Ok((all[range.clone()].to_vec(), range))
+/// The chunks a part scores, and their range.
+pub fn select(
+    all: &[Vec<u32>],
+    part: Option<crate::part::Part>,
+) -> Result<(Vec<Vec<u32>>, std::ops::Range<usize>), EvalError> {
+    crate::part::select(all, part).map_err(EvalError::Input)
 }
 
 /// The fields of a one-model report that are not statistics (part 1's are kept; times are summed).
@@ -155,16 +112,10 @@ pub enum MergeEvalError {
     Io(#[from] IoError),
     #[error(transparent)]
     Eval(#[from] EvalError),
-    #[error("no statistics files given; pass the --save-stats FILE of every part")]
-    Empty,
-    #[error("{}: {problem}; the files were not written by `squeeze {command} --save-stats`", path.display())]
-    Format { path: PathBuf, command: &'static str, problem: String },
-    #[error("part {part} is missing: none of the files scored chunks {start}..{end}; run that part with --part {part} --save-stats FILE and merge again")]
-    Missing { part: Part, start: usize, end: usize },
-    #[error("part {part} appears twice, in {} and {}; give each part's file once", first.display(), second.display())]
-    Duplicate { part: Part, first: PathBuf, second: PathBuf },
-    #[error("part {part} ({}) was made with a different {what} than part {reference} ({}); rerun part {part} with the same models, input and flags as the others", path.display(), reference_path.display())]
-    Mismatch { part: Part, path: PathBuf, reference: Part, reference_path: PathBuf, what: &'static str },
+    #[error(transparent)]
+    Parts(#[from] PartsError),
+    #[error("{}: {problem}; the files were not written by `squeeze eval --save-stats`", path.display())]
+    Format { path: PathBuf, problem: String },
 }
 
 /// The merged report.
@@ -185,15 +136,15 @@ struct PartFile {
 /// Reads, checks and merges the statistics files of every part of one evaluation (the part's number is read from
 /// each file, so the order of `paths` does not matter).
 pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
-    let parts = read_parts(paths, "eval")?;
-    let first = parts.values().next().expect("read_parts returns at least one part");
+    let parts = read_parts(paths)?;
+    let first = &parts[0];
     let parts_count = first.identity.part.count;
     if first.kind == "eval" {
         let mut values = Vec::new();
         let mut run: Option<EvalRun> = None;
-        for part in parts.values() {
+        for part in &parts {
             values.extend_from_slice(part.file.f64(&part.path, "nll")?);
-            let this: EvalRun = parse_run(part, "eval")?;
+            let this: EvalRun = parse_run(part)?;
             run = Some(match run {
                 None => this,
                 Some(mut total) => {
@@ -210,7 +161,7 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
         let report = super::report(&run, first.identity.total_chunks, &stats, None);
         return Ok(Merged::Eval { report, parts: parts_count });
     }
-    let runs: Vec<ParityRun> = parts.values().map(|part| parse_run(part, "eval")).collect::<Result<_, _>>()?;
+    let runs: Vec<ParityRun> = parts.iter().map(parse_run).collect::<Result<_, _>>()?;
     let run = &runs[0];
     let mut streams: Vec<ModeStats> = run
         .streams
@@ -221,7 +172,7 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
             layers: vec![LayerSums::default(); run.moe_layers.len()],
         })
         .collect();
-    for part in parts.values() {
+    for part in &parts {
         let (file, path) = (&part.file, &part.path);
         for stream in &mut streams {
             let name = stream.mode.name();
@@ -258,24 +209,19 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
     Ok(Merged::Parity { report, parts: parts_count })
 }
 
-fn parse_run<T: serde::de::DeserializeOwned>(part: &PartFile, command: &'static str) -> Result<T, MergeEvalError> {
+fn parse_run<T: serde::de::DeserializeOwned>(part: &PartFile) -> Result<T, MergeEvalError> {
     serde_json::from_value(part.run.clone()).map_err(|e| MergeEvalError::Format {
         path: part.path.clone(),
-        command,
         problem: format!("its header does not parse ({e})"),
     })
 }
 
-/// Reads every file and checks the parts: one kind, one version, input, model set and part count, flags that
-/// decide the statistics equal, each part once, none missing, each with the chunks its number gives it.
-fn read_parts(paths: &[PathBuf], command: &'static str) -> Result<BTreeMap<usize, PartFile>, MergeEvalError> {
-    if paths.is_empty() {
-        return Err(MergeEvalError::Empty);
-    }
-    let mut parts: BTreeMap<usize, PartFile> = BTreeMap::new();
+/// Reads every file and checks the parts (one kind of evaluation, then [`check_parts`]); returns them by part.
+fn read_parts(paths: &[PathBuf]) -> Result<Vec<PartFile>, MergeEvalError> {
+    let mut files = Vec::new();
     for path in paths {
         let file = StatsFile::read(path)?;
-        let format = |problem: String| MergeEvalError::Format { path: path.clone(), command, problem };
+        let format = |problem: String| MergeEvalError::Format { path: path.clone(), problem };
         let kind = file.header.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
         if kind != "eval" && kind != "parity" {
             return Err(format(format!("it holds `{kind}` statistics, not eval's")));
@@ -283,53 +229,30 @@ fn read_parts(paths: &[PathBuf], command: &'static str) -> Result<BTreeMap<usize
         let identity: Identity = serde_json::from_value(file.header.get("identity").cloned().unwrap_or_default())
             .map_err(|e| format(format!("its header has no part identity ({e})")))?;
         let run = file.header.get("run").cloned().unwrap_or_default();
-        let part = identity.part;
-        if let Some(first) = parts.get(&part.index) {
-            if first.identity.part == part {
-                return Err(MergeEvalError::Duplicate { part, first: first.path.clone(), second: path.clone() });
-            }
-        }
-        let entry = PartFile { path: path.clone(), identity, kind, run, file };
-        if let Some(existing) = parts.get(&part.index) {
-            // Same index, other count: reported as a mismatch below against the lowest part.
-            return Err(mismatch(&entry, existing, "part count"));
-        }
-        parts.insert(part.index, entry);
+        files.push(PartFile { path: path.clone(), identity, kind, run, file });
     }
-    let reference = parts.values().next().expect("one path at least");
-    for part in parts.values() {
-        let (ours, theirs) = (&reference.identity, &part.identity);
-        let differs = if part.kind != reference.kind {
-            Some("kind of evaluation (one model vs --reference/--candidate)")
-        } else if theirs.part.count != ours.part.count {
-            Some("part count")
-        } else if theirs.version != ours.version {
-            Some("squeeze version")
-        } else if theirs.models != ours.models {
-            Some("model (shard names, sizes or headers)")
-        } else if theirs.input_sha256 != ours.input_sha256 || theirs.total_chunks != ours.total_chunks {
-            Some("input (token chunks, --ctx or --chunks)")
-        } else if options_of(&part.run) != options_of(&reference.run) {
-            Some("flags (--modes, --kv-scales, --engine or the gates)")
-        } else {
-            None
-        };
-        if let Some(what) = differs {
-            return Err(mismatch(part, reference, what));
-        }
-        let expected = theirs.part.range(theirs.total_chunks);
-        if theirs.chunks != [expected.start, expected.end] {
-            return Err(mismatch(part, reference, "chunk split"));
-        }
-    }
-    let count = reference.identity.part.count;
-    for part in (Part { index: 1, count }).siblings() {
-        if !parts.contains_key(&part.index) {
-            let range = part.range(reference.identity.total_chunks);
-            return Err(MergeEvalError::Missing { part, start: range.start, end: range.end });
-        }
-    }
-    Ok(parts)
+    let entries = files
+        .iter()
+        .map(|file| PartEntry {
+            path: file.path.clone(),
+            identity: file.identity.clone(),
+            options: serde_json::json!({ "kind": file.kind, "run": options_of(&file.run) }),
+        })
+        .collect();
+    let ordered = check_parts(entries, "kind of evaluation or flags (--modes, --kv-scales, --engine, gates)")?;
+    let mut by_path: Vec<Option<PartFile>> = files.into_iter().map(Some).collect();
+    Ok(ordered
+        .iter()
+        .map(|entry| {
+            let index = by_path
+                .iter()
+                .position(|file| {
+                    file.as_ref().is_some_and(|file| file.identity == entry.identity && file.path == entry.path)
+                })
+                .expect("check_parts returns the entries it was given");
+            by_path[index].take().expect("each entry once")
+        })
+        .collect())
 }
 
 /// The parts of a run header that decide the statistics (times and paths aside).
@@ -343,14 +266,4 @@ fn options_of(run: &Value) -> Value {
         }
     }
     options
-}
-
-fn mismatch(part: &PartFile, reference: &PartFile, what: &'static str) -> MergeEvalError {
-    MergeEvalError::Mismatch {
-        part: part.identity.part,
-        path: part.path.clone(),
-        reference: reference.identity.part,
-        reference_path: reference.path.clone(),
-        what,
-    }
 }

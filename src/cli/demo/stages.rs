@@ -144,6 +144,8 @@ pub fn calibrate_kv(model: &Path, text: &Path) -> anyhow::Result<CalibReport> {
         percentile: None,
         strategy: Strategy::Tensor,
         engines: Engine::ALL.to_vec(),
+        part: None,
+        save_stats: None,
     };
     let mut report =
         calibrate(&options, &Cpu, &Silent).with_context(|| format!("calibrating KV scales of {}", model.display()))?;

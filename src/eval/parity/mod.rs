@@ -301,7 +301,7 @@ pub fn evaluate_parity(
         mode_reports,
     };
     if let Some(path) = &options.save_stats {
-        let identity = super::part_stats::Identity::of(
+        let identity = crate::part::PartIdentity::of(
             &all,
             &[reference.checkpoint(), candidate.checkpoint()],
             options.part.unwrap_or(Part::WHOLE),
