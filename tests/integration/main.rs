@@ -3,6 +3,7 @@
 
 mod calib_parts;
 mod calibrate;
+mod cluster;
 mod common;
 mod cuda_backend;
 mod cuda_decode;
