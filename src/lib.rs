@@ -21,6 +21,7 @@ pub mod lint;
 pub mod metrics;
 pub mod model;
 pub mod opcheck;
+pub mod part;
 pub mod progress;
 pub mod quant;
 pub mod recipe;

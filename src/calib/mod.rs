@@ -4,6 +4,7 @@
 //! head), and derives `scale = amax / 448` (or a percentile of |x| / 448).
 
 mod observe;
+pub mod part_stats;
 mod write;
 
 use std::path::PathBuf;
@@ -19,6 +20,8 @@ use crate::arch::{
 };
 use crate::chunks::{load_sequences, ChunkError, EvalInput};
 use crate::engines::{kv_scale_handling, kv_scale_names, CacheLayout, Engine, KvScaleHandling};
+use crate::model::ModelConfig;
+use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::rope_table::rope_setup;
 use crate::runtime::weights::WeightReader;
@@ -38,12 +41,14 @@ pub enum CalibError {
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Chunks(#[from] ChunkError),
+    #[error(transparent)]
+    Io(#[from] crate::io::IoError),
     #[error("{0}")]
     Input(String),
 }
 
 /// One scale per layer or one per KV head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
     Tensor,
@@ -60,6 +65,10 @@ pub struct CalibOptions {
     pub strategy: Strategy,
     /// The engines the scales are written for (their tensor names; the report says what each does with them).
     pub engines: Vec<Engine>,
+    /// `--part I/N`: observe only part I's calibration sequences.
+    pub part: Option<Part>,
+    /// `--save-stats FILE`: write the per-layer amax, counts and histograms for `squeeze merge-calib`.
+    pub save_stats: Option<std::path::PathBuf>,
 }
 
 /// Calibrated scales and statistics of one layer.
@@ -110,9 +119,19 @@ pub struct CalibReport {
 }
 
 /// Per layer: K and V statistics per KV head (MLA: one "head", K only).
-struct LayerObservation {
-    k: Vec<AbsStats>,
-    v: Vec<AbsStats>,
+#[derive(Debug, Clone)]
+pub struct LayerObservation {
+    pub k: Vec<AbsStats>,
+    pub v: Vec<AbsStats>,
+}
+
+/// What a calibration observed: per layer statistics (exact integer counts and maxima, so parts merge exactly),
+/// the sequences and the longest of them.
+#[derive(Debug, Clone)]
+pub struct Observations {
+    pub layers: Vec<LayerObservation>,
+    pub samples: usize,
+    pub seq_len: usize,
 }
 
 /// Runs the calibration and returns the report (nothing is written; see [`write_scales`]).
@@ -124,7 +143,8 @@ pub fn calibrate(
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let config = model.config();
-    let sequences = load_sequences(&options.input, &options.model, Some(options.samples), 1, config.vocab_size)?;
+    let all = load_sequences(&options.input, &options.model, Some(options.samples), 1, config.vocab_size)?;
+    let (sequences, chunk_range) = crate::part::select(&all, options.part).map_err(CalibError::Input)?;
     if let Some(p) = options.percentile {
         if !(p > 0.0 && p <= 100.0) {
             return Err(CalibError::Input(format!("--percentile {p} must be in (0, 100]")));
@@ -172,9 +192,31 @@ pub fn calibrate(
         Ok(())
     })?;
     reporter.end();
+    let observed = Observations { layers: observations, samples: sequences.len(), seq_len: longest };
+    if let Some(path) = &options.save_stats {
+        let identity = crate::part::PartIdentity::of(
+            &all,
+            &[model.checkpoint()],
+            options.part.unwrap_or(Part::WHOLE),
+            chunk_range,
+        );
+        part_stats::write(path, &identity, options, &observed, started.elapsed().as_secs_f64())?;
+    }
+    let report = summarize(config, options, &observed, started.elapsed().as_secs_f64());
+    for layer in &report.layers {
+        if let Some(warning) = &layer.warning {
+            reporter.warn(&format!("layer {}: {warning}", layer.layer));
+        }
+    }
+    Ok(report)
+}
 
+/// The report (scales and statistics per layer) of what was observed.
+pub fn summarize(config: &ModelConfig, options: &CalibOptions, observed: &Observations, seconds: f64) -> CalibReport {
+    let mla = matches!(config.attention, crate::model::config::Attention::Mla { .. });
     let percent = options.percentile.unwrap_or(100.0);
-    let mut layers: Vec<LayerReport> = observations
+    let mut layers: Vec<LayerReport> = observed
+        .layers
         .iter()
         .enumerate()
         .map(|(layer, observation)| {
@@ -233,12 +275,7 @@ pub fn calibrate(
         })
         .collect();
     flag_outliers(&mut layers);
-    for layer in &layers {
-        if let Some(warning) = &layer.warning {
-            reporter.warn(&format!("layer {}: {warning}", layer.layer));
-        }
-    }
-    Ok(CalibReport {
+    CalibReport {
         model: options.model.display().to_string(),
         architecture: config.architecture.name().to_string(),
         cache: if mla { "mla".into() } else { "gqa".into() },
@@ -247,17 +284,17 @@ pub fn calibrate(
             Some(p) => format!("p{p} / 448"),
             None => "amax / 448".into(),
         },
-        samples: sequences.len(),
-        seq_len: longest,
+        samples: observed.samples,
+        seq_len: observed.seq_len,
         layers,
         engines: options.engines.iter().map(|&engine| kv_scale_handling(engine, CacheLayout::of(config))).collect(),
         tensor_names: kv_scale_names(&options.engines, CacheLayout::of(config))
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        seconds: started.elapsed().as_secs_f64(),
+        seconds,
         written: Vec::new(),
-    })
+    }
 }
 
 /// Flags layers whose K or V amax is far (×[`NEIGHBOUR_FACTOR`]) from the geometric mean of their neighbours'.

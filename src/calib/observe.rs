@@ -45,6 +45,16 @@ impl AbsStats {
         self.count += values.len() as u64;
     }
 
+    /// The histogram's counts, bin by bin (what a part of a split calibration saves).
+    pub fn histogram(&self) -> &[u64] {
+        &self.histogram
+    }
+
+    /// Statistics from saved parts (`None` when the histogram is not of this build's bins).
+    pub fn from_parts(amax: f32, count: u64, histogram: Vec<u64>) -> Option<Self> {
+        (histogram.len() == BINS).then_some(Self { amax, count, histogram })
+    }
+
     pub fn merge(&mut self, other: &AbsStats) {
         self.amax = self.amax.max(other.amax);
         self.count += other.count;

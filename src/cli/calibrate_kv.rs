@@ -6,7 +6,7 @@ use anyhow::Context;
 
 use crate::runtime::device::DeviceChoice;
 
-use crate::calib::{calibrate, open_for_edit, write_scales, CalibOptions, Strategy};
+use crate::calib::{calibrate, open_for_edit, write_scales, CalibOptions, CalibReport, Strategy};
 use crate::chunks::EvalInput;
 use crate::engines::{EngineChoice, ScaleUse};
 
@@ -57,6 +57,15 @@ pub struct Args {
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
     #[arg(long, default_value = "auto")]
     pub device: DeviceChoice,
+    /// Observe only part I of N of the calibration sequences (a contiguous run, the parts as even as whole
+    /// sequences allow), e.g. $SLURM_ARRAY_TASK_ID/8, and write nothing into the model: the part's statistics go to
+    /// --save-stats, and `squeeze merge-calib MODEL FILE…` writes the scales one run writes.
+    #[arg(long, value_name = "I/N", requires = "save_stats")]
+    pub part: Option<crate::part::Part>,
+    /// Write the raw observations (per layer and head: amax, count and |x| histogram of K and V), a small
+    /// safetensors file, for `squeeze merge-calib`.
+    #[arg(long, value_name = "FILE")]
+    pub save_stats: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
@@ -72,9 +81,15 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         percentile: args.percentile,
         strategy: args.strategy,
         engines: args.engine.engines(),
+        part: args.part,
+        save_stats: args.save_stats.clone(),
     };
+    if args.part.is_some() && (args.out.is_some() || args.sglang_json.is_some()) {
+        anyhow::bail!("a --part writes only its --save-stats file; give --out/--sglang-json to `squeeze merge-calib`");
+    }
+    let writes = !args.dry_run && args.part.is_none();
     let target = args.out.clone().unwrap_or_else(|| args.model.clone());
-    let _lock = if args.dry_run {
+    let _lock = if !writes {
         None
     } else {
         crate::io::interrupt::set_hint(format!("the folder {} is unchanged", target.display()));
@@ -83,7 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let bar = Bar::new(false);
     let mut report = calibrate(&options, super::open_backend(args.device)?.as_ref(), &bar)
         .with_context(|| format!("calibrating KV scales of {}", args.model.display()))?;
-    if !args.dry_run {
+    if writes {
         let written = write_scales(&report, &args.model, args.out.as_deref(), args.sglang_json.as_deref())
             .with_context(|| format!("writing KV scales for {}", args.model.display()))?;
         report.written = written.files.iter().map(|p| p.display().to_string()).collect();
@@ -92,6 +107,15 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         print_json(&report)?;
         return Ok(Outcome::Success);
     }
+    print_report(&report);
+    if let Some(part) = args.part {
+        eprintln!("part {part}: observations saved; `squeeze merge-calib MODEL FILE…` writes the scales of all parts");
+    }
+    Ok(Outcome::Success)
+}
+
+/// The human report of a calibration (one run's or merged parts').
+pub(super) fn print_report(report: &CalibReport) {
     println!(
         "{} ({}, {} cache, {} scales, {}): {} sequences × {} tokens",
         report.model,
@@ -162,5 +186,4 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     for file in &report.written {
         println!("wrote {file}");
     }
-    Ok(Outcome::Success)
 }

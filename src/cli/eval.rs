@@ -68,6 +68,15 @@ pub struct Args {
     /// Print the report as JSON (keys include ppl, mean_nll, tokens, seconds).
     #[arg(long)]
     pub json: bool,
+    /// Score only part I of N of the chunks (a contiguous run, the parts as even as whole chunks allow), e.g.
+    /// $SLURM_ARRAY_TASK_ID/8; the report covers those chunks. With --save-stats, `squeeze merge-eval` joins the
+    /// parts into the report one run gives. Gates are not applied to a part (merge-eval applies them).
+    #[arg(long, value_name = "I/N", requires = "save_stats")]
+    pub part: Option<crate::part::Part>,
+    /// Write the raw statistics (per-position NLLs; parity: per-position KLD, Δp, NLLs, top-1 flags and per-layer,
+    /// per-chunk error sums), a small safetensors file, for `squeeze merge-eval FILE…`.
+    #[arg(long, value_name = "FILE")]
+    pub save_stats: Option<PathBuf>,
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
     #[arg(long, default_value = "auto")]
@@ -92,8 +101,17 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     if !args.modes.is_empty() {
         anyhow::bail!("--modes needs --reference and --candidate");
     }
-    let options =
-        EvalOptions { model: model.clone(), input, chunks: args.chunks, save_logits: args.save_logits.clone() };
+    if args.part.is_some() && args.save_logits.is_some() {
+        anyhow::bail!("--save-logits writes the whole evaluation's logits; drop it or drop --part");
+    }
+    let options = EvalOptions {
+        model: model.clone(),
+        input,
+        chunks: args.chunks,
+        save_logits: args.save_logits.clone(),
+        part: args.part,
+        save_stats: args.save_stats.clone(),
+    };
     let backend = super::open_backend(args.device)?;
     let report = evaluate(&options, backend.as_ref(), &Bar::new(false))
         .with_context(|| format!("evaluating {}", model.display()))?;
@@ -101,6 +119,12 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         print_json(&report)?;
         return Ok(Outcome::Success);
     }
+    print_eval(&report);
+    Ok(Outcome::Success)
+}
+
+/// The human table of a one-model evaluation.
+pub(super) fn print_eval(report: &crate::eval::EvalReport) {
     let mut table = Table::new(&["eval", ""]);
     table.row(vec!["model".into(), format!("{} ({})", report.model, report.architecture)]);
     table.row(vec!["backend".into(), report.backend.clone()]);
@@ -139,7 +163,6 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         table.row(vec!["logits".into(), file.clone()]);
     }
     println!("{}", table.render().trim_end());
-    Ok(Outcome::Success)
 }
 
 fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalInput) -> anyhow::Result<Outcome> {
@@ -159,6 +182,8 @@ fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalIn
         },
         kv_scales: args.kv_scales,
         engine: args.engine,
+        part: args.part,
+        save_stats: args.save_stats.clone(),
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate_parity(&options, backend.as_ref(), &Bar::new(false))
@@ -172,6 +197,19 @@ fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalIn
     } else {
         print_parity(&report);
     }
+    if let Some(part) = args.part {
+        eprintln!(
+            "part {part}: statistics of its {} chunk(s) saved; gates are applied by `squeeze merge-eval` over all parts",
+            report.chunks
+        );
+        return Ok(Outcome::Success);
+    }
+    report_failures(&report);
+    Ok(if report.failures.is_empty() { Outcome::Success } else { Outcome::GateFailed })
+}
+
+/// The failed gates on stderr.
+pub(super) fn report_failures(report: &ParityReport) {
     for failure in &report.failures {
         eprintln!(
             "gate {} failed: mode {} has {} {:.6}, limit {}",
@@ -186,10 +224,9 @@ fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalIn
             failure.limit
         );
     }
-    Ok(if report.failures.is_empty() { Outcome::Success } else { Outcome::GateFailed })
 }
 
-fn print_parity(report: &ParityReport) {
+pub(super) fn print_parity(report: &ParityReport) {
     println!(
         "parity: {} (candidate) against {} (reference), {}: {} chunks × {} tokens, prompt {} (prefill), {} scored per chunk",
         report.candidate,

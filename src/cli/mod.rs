@@ -17,6 +17,9 @@ mod demo;
 mod engine_rules;
 mod eval;
 mod inspect;
+mod merge;
+mod merge_calib;
+mod merge_eval;
 mod progress;
 mod quantize;
 mod report;
@@ -53,6 +56,9 @@ pub struct Cli {
 enum Command {
     /// Convert an FP8 checkpoint to INT4 group-quantized compressed-tensors safetensors.
     Quantize(quantize::Args),
+    /// Join the parts of a `quantize --part I/N` conversion into the folder one run writes (exit 2 naming the part
+    /// that is missing, duplicated or made differently).
+    Merge(merge::Args),
     /// Show what a checkpoint holds: architecture, dtypes, quantization config, bytes by tensor class.
     Inspect(inspect::Args),
     /// Re-check an output against its manifest, the compressed-tensors conventions and (optionally) its source.
@@ -63,8 +69,12 @@ enum Command {
     Demo(demo::Args),
     /// Calibrate per-layer FP8 KV-cache scales (k_scale/v_scale) and write them where vLLM and SGLang read them.
     CalibrateKv(calibrate_kv::Args),
+    /// Join the `--save-stats` files of the parts of a `calibrate-kv --part I/N` into the scales one run writes.
+    MergeCalib(merge_calib::Args),
     /// Perplexity of one model on text or token chunks, computed by the layer-streamed reference runtime.
     Eval(eval::Args),
+    /// Join the `--save-stats` files of the parts of an `eval --part I/N` into the report one run gives.
+    MergeEval(merge_eval::Args),
     /// Checkpoint size before/after a recipe and GPU memory budgets (KV capacity, concurrency) from config.json alone.
     Report(report::Args),
     /// Check every GPU kernel against the CPU path on random data, then benchmark (needs a CUDA build and a GPU).
@@ -88,12 +98,15 @@ pub fn run() -> i32 {
     };
     let result = match command {
         Command::Quantize(args) => quantize::run(args),
+        Command::Merge(args) => merge::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::MergeEval(args) => merge_eval::run(args),
         Command::CalibrateKv(args) => calibrate_kv::run(args),
+        Command::MergeCalib(args) => merge_calib::run(args),
         Command::Report(args) => report::run(args),
         Command::Selftest(args) => selftest::run(args),
         Command::ServeTest(args) => serve_test::run(args),

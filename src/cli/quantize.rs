@@ -8,6 +8,7 @@ use crate::chunks::EvalInput;
 use crate::convert::calibrated::{
     Calibration, CalibrationOptions, Method, DEFAULT_MIN_EXPERT_TOKENS, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN,
 };
+use crate::convert::parts::Part;
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
 use crate::lint::EngineChoice;
 use crate::quant::ScaleRule;
@@ -113,6 +114,13 @@ pub struct Args {
     /// statistics independent of each other's quantization).
     #[arg(long, overrides_with = "sequential")]
     pub no_sequential: bool,
+    /// Write only part I of N (1 ≤ I ≤ N; e.g. 2/8 or $SLURM_ARRAY_TASK_ID/8): every part computes the same plan
+    /// and writes its own contiguous run of the output shards plus `squeeze-part-0000I-of-0000N.json`, into OUTPUT
+    /// (shared by all parts, or one folder each); `squeeze merge` then checks the parts and writes the index,
+    /// config and manifest. Parts run anywhere (on other machines, in any order) with the same source, recipe and
+    /// flags; --resume and --force act on this part's files only. Round to nearest only (--method rtn).
+    #[arg(long, value_name = "I/N")]
+    pub part: Option<Part>,
 }
 
 fn method_name(method: Method) -> &'static str {
@@ -157,7 +165,15 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         }
         (false, None) => None,
     };
+    if let (Some(part), true) = (args.part, calibrated) {
+        anyhow::bail!(
+            "--part {part} splits --method rtn conversions only: --method {} needs one calibration pass over the \
+             whole model; run it in one process",
+            method_name(args.method)
+        );
+    }
     let options = QuantizeOptions {
+        part: args.part,
         calibration,
         allow_nonfinite: args.allow_nonfinite,
         input: args.input.clone(),
@@ -202,6 +218,18 @@ pub fn print_human(report: &QuantizeReport) {
     }
     println!("{}", table.render());
     let verb = if report.dry_run { "would write" } else { "wrote" };
+    if let Some(part) = &report.part {
+        println!(
+            "part {}: {verb} {} in {} of the plan's {} shard(s) ({} … {}) and {}; merge the parts with `squeeze merge`",
+            part.part,
+            both_units(part.output_bytes),
+            part.shards.len(),
+            report.shards,
+            part.shards.first().map_or("", String::as_str),
+            part.shards.last().map_or("", String::as_str),
+            part.manifest
+        );
+    }
     println!(
         "\n{} with recipe {}: {} in, {verb} {} in {} shard(s){}",
         report.architecture.as_deref().unwrap_or("model"),

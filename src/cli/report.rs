@@ -2,7 +2,11 @@
 
 use anyhow::Context;
 
-use crate::report::{parse_gpu_memory, report, GpuMemory, Layout, NodeBudget, Report, ReportOptions};
+use crate::quant::ScaleRule;
+use crate::report::{
+    parse_gpu_memory, report, ConversionEstimate, GpuMemory, Layout, Machine, NodeBudget, QuantizeOn, Report,
+    ReportOptions,
+};
 use crate::units::{both_units, human, parse_bytes};
 
 use super::table::Table;
@@ -45,6 +49,28 @@ pub struct Args {
     /// Use this KV pool per GPU (e.g. what the engine logged) instead of computing it; skips the fit check.
     #[arg(long, value_parser = parse_bytes)]
     pub kv_pool: Option<u64>,
+    /// Conversion estimate: the scale rule of every rule, as quantize's --scale-rule (mse costs ≈ 4.5× the CPU
+    /// time of ct-minmax per GB; BENCHMARKS.md).
+    #[arg(long)]
+    pub scale_rule: Option<ScaleRule>,
+    /// Conversion estimate: bytes per second one part reads the source at (its disk, or its share of shared
+    /// storage), e.g. 2GB for one NVMe drive.
+    #[arg(long, default_value = "2GB", value_parser = parse_bytes)]
+    pub read_speed: u64,
+    /// Conversion estimate: bytes per second one part writes the output at.
+    #[arg(long, default_value = "1GB", value_parser = parse_bytes)]
+    pub write_speed: u64,
+    /// Conversion estimate: CPU cores per part; default: this machine's.
+    #[arg(long, value_parser = super::values::count)]
+    pub cores: Option<usize>,
+    /// Conversion estimate: where INT4 quantization runs (cpu: measured core-seconds per GB; gpu: the kernels are
+    /// taken as faster than the disk).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub quantize_on: QuantizeOn,
+    /// Conversion estimate: machines the conversion is split over (`quantize --part I/N`); at most the plan's
+    /// shard count (reported).
+    #[arg(long, default_value_t = 1, value_parser = super::values::count)]
+    pub parts: usize,
     /// Print one JSON report on stdout.
     #[arg(long)]
     pub json: bool,
@@ -74,7 +100,15 @@ pub(crate) fn build(args: &Args) -> anyhow::Result<Report> {
         model: args.model.clone(),
         recipe: args.recipe.clone(),
         group_size: args.group_size,
+        scale_rule: args.scale_rule,
         max_shard_bytes: args.max_shard_size,
+        machine: Machine {
+            read_bytes_per_second: args.read_speed as f64,
+            write_bytes_per_second: args.write_speed as f64,
+            cores: args.cores.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            quantize_on: args.quantize_on,
+            parts: args.parts,
+        },
         layout: Layout {
             gpus: args.gpus,
             tp: args.tp.unwrap_or(args.gpus),
@@ -91,6 +125,47 @@ pub(crate) fn build(args: &Args) -> anyhow::Result<Report> {
 
 fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// A duration in seconds as `42 s`, `7.5 min` or `2.3 h`.
+fn duration(seconds: f64) -> String {
+    if seconds < 90.0 {
+        format!("{seconds:.0} s")
+    } else if seconds < 5400.0 {
+        format!("{:.1} min", seconds / 60.0)
+    } else {
+        format!("{:.1} h", seconds / 3600.0)
+    }
+}
+
+/// The conversion estimate paragraph.
+fn print_conversion(estimate: &ConversionEstimate) {
+    let machine = &estimate.machine;
+    let compute = match machine.quantize_on {
+        QuantizeOn::Cpu => format!("compute {} on {} cores", duration(estimate.compute_seconds), machine.cores),
+        QuantizeOn::Gpu => "compute on the GPU (taken as faster than the disk)".into(),
+    };
+    println!(
+        "conversion in {} part(s) (at most {}: one per shard of the plan{}): per part read {} at {}/s in {}, write {} at \
+         {}/s in {}, {compute} → ≈ {} per part, bound by {}; {} of machine time",
+        machine.parts,
+        estimate.max_parts,
+        if estimate.capped { "; fewer parts than asked" } else { "" },
+        human(estimate.read_bytes_per_part),
+        human(machine.read_bytes_per_second as u64),
+        duration(estimate.read_seconds),
+        human(estimate.write_bytes_per_part),
+        human(machine.write_bytes_per_second as u64),
+        duration(estimate.write_seconds),
+        duration(estimate.seconds_per_part),
+        estimate.bound_by,
+        duration(estimate.machine_seconds)
+    );
+    println!(
+        "(reading, computing and writing overlap; CPU cost {} core-s/GB, mse {} core-s/GB, from BENCHMARKS.md)\n",
+        crate::report::conversion::MINMAX_CORE_SECONDS_PER_GB,
+        crate::report::conversion::MSE_CORE_SECONDS_PER_GB
+    );
 }
 
 /// `1234567` as `1,234,567`.
@@ -131,6 +206,7 @@ pub fn print_human(report: &Report) {
     println!("source:          {}", both_units(report.source_bytes));
     println!("source as BF16:  {}", both_units(report.bf16_bytes));
     println!("after {}: {} in {} shard file(s)\n", report.recipe, both_units(report.output_bytes), sizes.shards);
+    print_conversion(&report.conversion);
 
     let layout = &report.layout;
     println!(

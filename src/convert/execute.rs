@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-use sha2::{Digest, Sha256};
-
 use crate::format::fp8_block;
 use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE, MANIFEST_FILE};
 use crate::io::lock::{FolderLock, LOCK_FILE};
@@ -25,6 +23,7 @@ use crate::runtime::device::{select, CudaError, DeviceChoice, DeviceSelection};
 use super::calibrated::{
     self, CalibrationError, CalibrationOptions, CalibrationOutput, CalibrationSet, ExpertCoverage,
 };
+use super::parts::{Part, PartManifest, PartOptions};
 use super::plan::{self, Action, ClassSummary, Plan, PlanError};
 use super::{engine_check, output_files, quant_config, source, transform};
 
@@ -50,6 +49,8 @@ pub struct QuantizeOptions {
     pub tp: Option<usize>,
     /// `--method imatrix|gptq`: the calibration pass (`None`: round to nearest, `--method rtn`).
     pub calibration: Option<CalibrationOptions>,
+    /// `--part I/N`: write only part I's shards and its part manifest, for `squeeze merge`.
+    pub part: Option<Part>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +103,24 @@ pub struct QuantizeReport {
     /// `--method gptq --resume`: MoE layers whose quantized experts the interrupted run had finished (not redone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration_layers_reused: Option<usize>,
+    /// `--part I/N`: what this part writes (`shards` and `output_bytes` above are the whole plan's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub part: Option<PartSummary>,
+}
+
+/// The share of one part in a conversion.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PartSummary {
+    /// `I/N`.
+    pub part: String,
+    /// Its shard files, in plan order.
+    pub shards: Vec<String>,
+    /// Bytes of those files.
+    pub output_bytes: u64,
+    /// Source tensor bytes it reads.
+    pub input_bytes: u64,
+    /// The part manifest it writes (`merge` reads it).
+    pub manifest: String,
 }
 
 /// A checkpoint opened and planned, ready to run or to report on.
@@ -192,6 +211,37 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         config_fixes: output_config.as_ref().map(|(_, fixes)| fixes.clone()).unwrap_or_default(),
         expert_coverage: None,
         calibration_layers_reused: None,
+        part: None,
+    };
+    let own_shards = match options.part {
+        Some(part) => {
+            let range = part.range(plan.shards.len());
+            if part.count > plan.shards.len() {
+                return Err(ConvertError::Output {
+                    path: options.output.clone(),
+                    problem: format!(
+                        "--part {part}: the plan has only {} shard(s), so some parts would write nothing; use at most \
+                         {} parts, or a smaller --max-shard-size for more shards",
+                        plan.shards.len(),
+                        plan.shards.len()
+                    ),
+                });
+            }
+            report.part = Some(PartSummary {
+                part: part.to_string(),
+                shards: plan.shards[range.clone()].iter().map(|shard| shard.file.clone()).collect(),
+                output_bytes: plan.shards[range.clone()].iter().map(|shard| shard.bytes).sum(),
+                input_bytes: plan
+                    .items
+                    .iter()
+                    .filter(|item| range.contains(&item.shard))
+                    .map(|item| item.source.bytes())
+                    .sum(),
+                manifest: super::parts::manifest_file(part),
+            });
+            range
+        }
+        None => 0..plan.shards.len(),
     };
     // A dry run reports the rule results; a real run refuses before touching the output folder.
     if let Some(rules) = report.engine_rules.as_ref().filter(|rules| !rules.passed && !options.dry_run) {
@@ -220,8 +270,15 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         Some(set) => format!("{}|{}", recipe.sha256(), set.digest),
         None => recipe.sha256(),
     };
-    let plan_sha256 = plan.sha256(&source_fingerprint(checkpoint), &recipe_digest);
-    let (previous, _lock) = prepare_output(out, options, &plan_sha256)?;
+    let source_sha256 = checkpoint.fingerprint();
+    let plan_sha256 = plan.sha256(&source_sha256, &recipe_digest);
+    let (previous, _lock) = match options.part {
+        Some(part) => {
+            let own: Vec<&str> = plan.shards[own_shards.clone()].iter().map(|shard| shard.file.as_str()).collect();
+            prepare_part_output(out, options, part, &own, &plan_sha256)?
+        }
+        None => prepare_output(out, options, &plan_sha256)?,
+    };
     // The calibration pass runs in the locked output folder (GPTQ keeps its quantized experts there).
     let calibration = match (&options.calibration, &calibration_set) {
         (Some(calibration), Some(set)) => {
@@ -231,9 +288,10 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         _ => None,
     };
     crate::io::interrupt::set_hint(format!(
-        "rerun `squeeze quantize {} {} --resume` to continue",
+        "rerun `squeeze quantize {} {}{} --resume` to continue",
         options.input.display(),
-        out.display()
+        out.display(),
+        options.part.map(|part| format!(" --part {part}")).unwrap_or_default()
     ));
     let mut manifest = Manifest {
         tool: "squeeze".into(),
@@ -268,6 +326,9 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     let mut reused = vec![false; plan.shards.len()];
     if let Some(previous) = previous {
         for (index, record) in previous.shards.iter().enumerate() {
+            if !own_shards.contains(&index) {
+                continue;
+            }
             let Some(finished) = record.finished() else { continue };
             let path = out.join(&finished.file);
             if path.exists() && sha256_file(&path)? == (finished.bytes, finished.sha256.clone()) {
@@ -277,19 +338,62 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         }
     }
     report.shards_reused = reused.iter().filter(|r| **r).count();
-    manifest.write(out)?;
+    // Where the manifest goes while the run goes on: the folder's manifest, or this part's.
+    let source_identity = match options.part {
+        Some(_) => super::parts::source_identity(checkpoint, &source_sha256)?,
+        None => String::new(),
+    };
+    let mut part_manifest = options.part.map(|part| PartManifest {
+        part,
+        shards: [own_shards.start, own_shards.end],
+        source_sha256: source_identity,
+        options: PartOptions {
+            recipe: options.recipe.clone(),
+            group_size: options.group_size,
+            scale_rule: options.scale_rule,
+            max_shard_bytes: options.max_shard_bytes,
+            allow_nonfinite: options.allow_nonfinite,
+        },
+        config: output_config.as_ref().map(|(config, _)| config.clone()),
+        companions: Vec::new(),
+        manifest: manifest.clone(),
+    });
+    let save = |manifest: &Manifest, part_manifest: &Option<PartManifest>| -> Result<(), IoError> {
+        match part_manifest {
+            Some(part_manifest) => PartManifest { manifest: manifest.clone(), ..part_manifest.clone() }.write(out),
+            None => manifest.write(out),
+        }
+    };
+    save(&manifest, &part_manifest)?;
 
-    let work: Vec<usize> = (0..plan.items.len()).filter(|&i| !reused[plan.items[i].shard]).collect();
+    let work: Vec<usize> = (0..plan.items.len())
+        .filter(|&i| own_shards.contains(&plan.items[i].shard) && !reused[plan.items[i].shard])
+        .collect();
     reporter.begin("quantize", work.iter().map(|&i| plan.items[i].source.bytes()).sum());
     let compute = transform::Compute {
         device: device.as_deref(),
         allow_nonfinite: options.allow_nonfinite,
         calibration: calibration.as_ref(),
     };
-    let result = run_items(checkpoint, plan, &work, out, &mut manifest, reporter, compute);
+    let result = {
+        let save = |manifest: &Manifest| save(manifest, &part_manifest);
+        run_items(checkpoint, plan, &work, out, &mut manifest, &save, reporter, compute)
+    };
     reporter.end();
     result?;
 
+    if let Some(part_manifest) = &mut part_manifest {
+        // Part 1 carries the companions; `merge` writes the index, config and final manifest.
+        if part_manifest.part.index == 1 {
+            part_manifest.companions = output_files::copy_companions(checkpoint, out)?;
+        }
+        manifest.complete = true;
+        save(&manifest, &Some(part_manifest.clone()))?;
+        remove_own_temporaries(out, &plan.shards[own_shards].iter().map(|s| s.file.as_str()).collect::<Vec<_>>())?;
+        report.seconds = started.elapsed().as_secs_f64();
+        report.peak_rss_bytes = peak_rss_bytes();
+        return Ok(report);
+    }
     output_files::copy_companions(checkpoint, out)?;
     output_files::write_index(out, plan)?;
     if let Some((config, _)) = &output_config {
@@ -303,13 +407,16 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     Ok(report)
 }
 
-/// Transforms `work` items in order on this thread (rows in parallel) while a writer thread streams them out.
+/// Transforms `work` items in order on this thread (rows in parallel) while a writer thread streams them out;
+/// `save` records the manifest after each finished shard.
+#[allow(clippy::too_many_arguments)]
 fn run_items(
     checkpoint: &Checkpoint,
     plan: &Plan,
     work: &[usize],
     out: &Path,
     manifest: &mut Manifest,
+    save: &(dyn Fn(&Manifest) -> Result<(), IoError> + Sync),
     reporter: &dyn Reporter,
     compute: transform::Compute,
 ) -> Result<(), ConvertError> {
@@ -320,7 +427,7 @@ fn run_items(
             let finish = |shard: usize, writer: ShardWriter, manifest: &mut Manifest| -> Result<(), ConvertError> {
                 let finished = writer.finish()?;
                 manifest.shards[shard].sha256 = Some(finished.sha256);
-                manifest.write(out)?;
+                save(manifest)?;
                 Ok(())
             };
             let outcome = (|| {
@@ -388,7 +495,8 @@ fn check_output(out: &Path, options: &QuantizeOptions) -> Result<(), ConvertErro
             return Err(output_error("is the input folder; write the output to a new folder".into()));
         }
     }
-    if options.resume || options.force || !out.is_dir() {
+    // A part's folder may hold the other parts' files: `prepare_part_output` checks only its own.
+    if options.resume || options.force || !out.is_dir() || options.part.is_some() {
         return Ok(());
     }
     for entry in fs::read_dir(out).map_err(|e| IoError::file(out, e))? {
@@ -460,6 +568,73 @@ fn prepare_output(
     Ok((previous, lock))
 }
 
+/// Checks and prepares a part's output folder, which other parts may share: locks the part's own lock file, refuses
+/// a folder holding a finished conversion, and looks only at this part's shards and manifest (`--resume`: the
+/// previous part manifest when it is of the same plan; `--force`: this part's files removed).
+fn prepare_part_output(
+    out: &Path,
+    options: &QuantizeOptions,
+    part: Part,
+    own: &[&str],
+    plan_sha256: &str,
+) -> Result<(Option<Manifest>, FolderLock), ConvertError> {
+    let output_error = |problem: String| ConvertError::Output { path: out.to_path_buf(), problem };
+    check_output(out, options)?;
+    fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
+    let lock = FolderLock::acquire_named(out, &super::parts::lock_file(part), &format!("quantize --part {part}"))?;
+    if out.join(MANIFEST_FILE).exists() {
+        return Err(output_error(format!(
+            "holds a finished conversion ({MANIFEST_FILE}); write the parts to a new folder, or remove it"
+        )));
+    }
+    let manifest_path = out.join(super::parts::manifest_file(part));
+    let present = manifest_path.exists() || own.iter().any(|file| out.join(file).exists());
+    if present && !options.resume && !options.force {
+        return Err(output_error(format!(
+            "already holds files of part {part}; pass --resume to continue it or --force to redo it"
+        )));
+    }
+    if options.force && !options.resume {
+        for name in own.iter().copied().chain([manifest_path.file_name().and_then(|n| n.to_str()).unwrap_or("")]) {
+            let path = out.join(name);
+            if !name.is_empty() && path.exists() {
+                fs::remove_file(&path).map_err(|e| IoError::file(&path, e))?;
+            }
+        }
+        return Ok((None, lock));
+    }
+    let previous = if manifest_path.exists() { Some(PartManifest::read(&manifest_path)?) } else { None };
+    let previous = match previous {
+        Some(previous) if previous.manifest.plan_sha256 == plan_sha256 => Some(previous.manifest),
+        Some(_) if !options.force => {
+            return Err(output_error(format!(
+                "holds {} from a different source, recipe or options; pass --force to redo part {part}",
+                super::parts::manifest_file(part)
+            )))
+        }
+        _ => None,
+    };
+    if previous.is_none() && present && !options.force {
+        return Err(output_error(format!(
+            "has no {} to resume part {part} from; pass --force to redo it",
+            super::parts::manifest_file(part)
+        )));
+    }
+    Ok((previous, lock))
+}
+
+/// Removes the temporaries an interrupted earlier run of this part left for its own shards (the other parts
+/// sharing the folder may be writing theirs).
+fn remove_own_temporaries(out: &Path, own: &[&str]) -> Result<(), IoError> {
+    for file in own {
+        let path = crate::io::atomic::temporary_sibling(&out.join(file));
+        if path.exists() {
+            fs::remove_file(&path).map_err(|e| IoError::file(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Removes the temporary files an interrupted earlier run left (this run's own are all renamed by now).
 fn remove_leftover_temporaries(out: &Path) -> Result<(), IoError> {
     for entry in fs::read_dir(out).map_err(|e| IoError::file(out, e))? {
@@ -469,17 +644,4 @@ fn remove_leftover_temporaries(out: &Path) -> Result<(), IoError> {
         }
     }
     Ok(())
-}
-
-/// Digest of the source's shard names, sizes and headers.
-fn source_fingerprint(checkpoint: &Checkpoint) -> String {
-    let mut hasher = Sha256::new();
-    for shard in checkpoint.shards() {
-        hasher.update(shard.path().file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default());
-        hasher.update(shard.file_bytes().to_le_bytes());
-        for (name, entry) in shard.entries() {
-            hasher.update(format!("{name}|{}|{:?}|{}|{};", entry.dtype, entry.shape, entry.start, entry.end));
-        }
-    }
-    crate::io::writer::hex(&hasher.finalize())
 }

@@ -21,10 +21,13 @@ pub fn write_index(out: &Path, plan: &Plan) -> Result<(), IoError> {
             weight_map.insert(tensor.name.clone(), shard.file.clone());
         }
     }
-    write_json(
-        &out.join(INDEX_FILE),
-        &json!({ "metadata": { "total_size": plan.tensor_bytes() }, "weight_map": weight_map }),
-    )
+    write_index_map(out, &weight_map, plan.tensor_bytes())
+}
+
+/// Writes `model.safetensors.index.json` from its tensor → shard file map and the tensors' total bytes (what
+/// `merge` rebuilds from the shard headers).
+pub fn write_index_map(out: &Path, weight_map: &BTreeMap<String, String>, total_size: u64) -> Result<(), IoError> {
+    write_json(&out.join(INDEX_FILE), &json!({ "metadata": { "total_size": total_size }, "weight_map": weight_map }))
 }
 
 /// Writes the output config (made by `engine_check::output_config`).

@@ -4,6 +4,7 @@
 mod logits_file;
 mod nll;
 pub mod parity;
+pub mod part_stats;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -12,6 +13,7 @@ use serde::Serialize;
 
 use crate::arch::Model;
 use crate::chunks::{load_sequences, ChunkError, EvalInput};
+use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::backend::Uploads;
 use crate::runtime::device::DeviceCounters;
@@ -28,6 +30,10 @@ pub struct EvalOptions {
     pub chunks: Option<usize>,
     /// Write all logits as F32 `logits` `[n, ctx, vocab]` here.
     pub save_logits: Option<PathBuf>,
+    /// `--part I/N`: evaluate only part I's chunks (the report covers those).
+    pub part: Option<Part>,
+    /// `--save-stats FILE`: write the per-position NLLs for `squeeze merge-eval`.
+    pub save_stats: Option<PathBuf>,
 }
 
 /// The result of an evaluation.
@@ -87,7 +93,8 @@ pub fn evaluate(
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let vocab = model.config().vocab_size;
-    let sequences = load_sequences(&options.input, &options.model, options.chunks, 2, vocab)?;
+    let all = load_sequences(&options.input, &options.model, options.chunks, 2, vocab)?;
+    let (sequences, chunk_range) = part_stats::select(&all, options.part)?;
     let ctx = sequences[0].len();
     let mut writer = match &options.save_logits {
         Some(path) => Some(LogitsWriter::create(path, [sequences.len(), ctx, vocab])?),
@@ -122,28 +129,56 @@ pub fn evaluate(
     if let Some(writer) = writer {
         writer.finish()?;
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let (mean_nll, mean_nll_stderr) = stats.mean_and_stderr();
-    let ppl = mean_nll.exp();
-    Ok(EvalReport {
+    let run = part_stats::EvalRun {
         model: options.model.display().to_string(),
         architecture: model.config().architecture.name().to_string(),
         backend: backend.describe(),
-        chunks: sequences.len(),
         ctx,
+        layers: model.config().num_hidden_layers,
+        seconds: started.elapsed().as_secs_f64(),
+        load_seconds: forward.load_seconds,
+        compute_seconds: forward.compute_seconds,
+        near_ties: forward.near_ties,
+    };
+    if let Some(path) = &options.save_stats {
+        let identity = crate::part::PartIdentity::of(
+            &all,
+            &[model.checkpoint()],
+            options.part.unwrap_or(Part::WHOLE),
+            chunk_range,
+        );
+        part_stats::write_eval(path, &identity, &run, &stats)?;
+    }
+    let mut report =
+        report(&run, sequences.len(), &stats, options.save_logits.as_ref().map(|p| p.display().to_string()));
+    report.uploads = backend.uploads();
+    report.device = backend.device_counters();
+    Ok(report)
+}
+
+/// The report of `chunks` chunks whose NLLs are `stats` (a run's, or merged parts').
+fn report(run: &part_stats::EvalRun, chunks: usize, stats: &NllStats, logits_file: Option<String>) -> EvalReport {
+    let (mean_nll, mean_nll_stderr) = stats.mean_and_stderr();
+    let ppl = mean_nll.exp();
+    EvalReport {
+        model: run.model.clone(),
+        architecture: run.architecture.clone(),
+        backend: run.backend.clone(),
+        chunks,
+        ctx: run.ctx,
         tokens: stats.count,
         mean_nll,
         mean_nll_stderr,
         ppl,
         ppl_stderr: ppl * mean_nll_stderr,
-        seconds,
-        tokens_per_second: (sequences.len() * ctx) as f64 / seconds.max(1e-9),
-        load_seconds: forward.load_seconds,
-        compute_seconds: forward.compute_seconds,
-        near_ties: forward.near_ties,
-        logits_file: options.save_logits.as_ref().map(|p| p.display().to_string()),
-        layers: model.config().num_hidden_layers,
-        uploads: backend.uploads(),
-        device: backend.device_counters(),
-    })
+        seconds: run.seconds,
+        tokens_per_second: (chunks * run.ctx) as f64 / run.seconds.max(1e-9),
+        load_seconds: run.load_seconds,
+        compute_seconds: run.compute_seconds,
+        near_ties: run.near_ties,
+        logits_file,
+        layers: run.layers,
+        uploads: None,
+        device: None,
+    }
 }

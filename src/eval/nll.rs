@@ -1,23 +1,39 @@
 //! Negative log-likelihood of each next token under the logits (log-softmax in f64), accumulated as mean and
 //! standard error (llama.cpp `perplexity` statistics).
 
-/// Running sums of per-token NLL.
+/// Running sums of per-token NLL, and the NLLs themselves (what a part of a split evaluation saves).
 #[derive(Debug, Clone, Default)]
 pub struct NllStats {
     pub count: usize,
     sum: f64,
     sum_squares: f64,
+    /// Every position's NLL, in order.
+    pub values: Vec<f64>,
 }
 
 impl NllStats {
     /// Adds every position of one sequence: logits row `t` predicts token `t + 1`.
     pub fn add_sequence(&mut self, tokens: &[u32], logits: &[f32], vocab: usize) {
         for (position, row) in logits.chunks(vocab).enumerate().take(tokens.len().saturating_sub(1)) {
-            let nll = token_nll(row, tokens[position + 1] as usize);
-            self.count += 1;
-            self.sum += nll;
-            self.sum_squares += nll * nll;
+            self.add(token_nll(row, tokens[position + 1] as usize));
         }
+    }
+
+    /// Adds one position's NLL.
+    pub fn add(&mut self, nll: f64) {
+        self.count += 1;
+        self.sum += nll;
+        self.sum_squares += nll * nll;
+        self.values.push(nll);
+    }
+
+    /// The statistics of these NLLs, accumulated in their order (so equal to the bit to adding them one by one).
+    pub fn from_values(values: Vec<f64>) -> Self {
+        let mut stats = NllStats::default();
+        for nll in values {
+            stats.add(nll);
+        }
+        stats
     }
 
     /// Mean NLL and its standard error.

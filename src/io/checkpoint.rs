@@ -165,6 +165,21 @@ impl Checkpoint {
         self.locations.len()
     }
 
+    /// Digest of the shard names, sizes and headers (what a conversion's plan digest and a job's part files
+    /// identify the model by without reading its weights).
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        for shard in &self.shards {
+            hasher.update(shard.path().file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default());
+            hasher.update(shard.file_bytes().to_le_bytes());
+            for (name, entry) in shard.entries() {
+                hasher.update(format!("{name}|{}|{:?}|{}|{};", entry.dtype, entry.shape, entry.start, entry.end));
+            }
+        }
+        super::writer::hex(&hasher.finalize())
+    }
+
     /// Bytes of all shard files.
     pub fn shard_bytes(&self) -> u64 {
         self.shards.iter().map(ShardFile::file_bytes).sum()

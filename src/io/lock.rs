@@ -19,7 +19,13 @@ pub struct FolderLock {
 impl FolderLock {
     /// Takes the lock of `folder` (which must exist) for a run described by `what` (e.g. "quantize").
     pub fn acquire(folder: &Path, what: &str) -> Result<Self, IoError> {
-        let path = folder.join(LOCK_FILE);
+        Self::acquire_named(folder, LOCK_FILE, what)
+    }
+
+    /// Takes the lock file `name` of `folder`: runs that may share a folder (the parts of one conversion) each
+    /// hold their own.
+    pub fn acquire_named(folder: &Path, name: &str, what: &str) -> Result<Self, IoError> {
+        let path = folder.join(name);
         let holder = format!("{}\n{}\n{what}\n", std::process::id(), host());
         for _ in 0..2 {
             match OpenOptions::new().write(true).create_new(true).open(&path) {

@@ -10,6 +10,7 @@ pub mod journal;
 pub mod lock;
 pub mod manifest;
 pub mod shard;
+pub mod stats_file;
 pub mod writer;
 
 pub use checkpoint::Checkpoint;

@@ -3,6 +3,7 @@
 //! or a built-in preset.
 
 pub mod budget;
+pub mod conversion;
 mod error;
 pub mod gpu;
 pub mod input;
@@ -11,6 +12,7 @@ pub mod presets;
 pub mod size;
 
 pub use budget::{Layout, NodeBudget};
+pub use conversion::{ConversionEstimate, Machine, QuantizeOn};
 pub use error::ReportError;
 pub use gpu::{parse_gpu_memory, GpuMemory};
 pub use kv::KvPerToken;
@@ -18,9 +20,11 @@ pub use size::Sizes;
 
 use crate::convert::execute::prepare;
 use crate::convert::plan;
+use crate::convert::{Action, Plan};
 use crate::format::fp8_block;
 use crate::format::kv_scales::KvDtype;
 use crate::model::ModelConfig;
+use crate::quant::ScaleRule;
 use crate::recipe::Recipe;
 use crate::units::both_units;
 use input::{Input, Origin};
@@ -33,9 +37,13 @@ pub struct ReportOptions {
     /// Built-in recipe name or TOML path; `None` picks the architecture's default.
     pub recipe: Option<String>,
     pub group_size: Option<usize>,
+    /// `--scale-rule` of every rule, as quantize's (changes the conversion time, not the sizes).
+    pub scale_rule: Option<ScaleRule>,
     /// Largest output shard, as `quantize --max-shard-size` (headers per shard change the file bytes).
     pub max_shard_bytes: u64,
     pub layout: Layout,
+    /// The machine the conversion time is estimated for.
+    pub machine: Machine,
 }
 
 /// KV bytes per token on one GPU for both cache types, at the layout's attention tensor parallelism.
@@ -70,6 +78,8 @@ pub struct Report {
     pub kv: KvSummary,
     pub prefill: NodeBudget,
     pub decode: NodeBudget,
+    /// How long `quantize` takes on the given machine, and in how many parts it can run.
+    pub conversion: ConversionEstimate,
 }
 
 /// A model resolved into a config and a plan.
@@ -78,22 +88,40 @@ struct Planned {
     recipe: String,
     sizes: Sizes,
     input: &'static str,
+    /// Source tensor bytes the `mse` search quantizes.
+    mse_bytes: u64,
+}
+
+/// Source bytes of the items quantized with the `mse` rule.
+fn mse_bytes(plan: &Plan) -> u64 {
+    plan.items
+        .iter()
+        .filter(|item| matches!(item.action, Action::Int4 { scale_rule: ScaleRule::Mse, .. }))
+        .map(|item| item.source.bytes())
+        .sum()
 }
 
 fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
     match input::resolve(&options.model)? {
         Input::Weights(dir) => {
-            let prepared = prepare(&dir, options.recipe.as_deref(), options.group_size, None, options.max_shard_bytes)?;
+            let prepared = prepare(
+                &dir,
+                options.recipe.as_deref(),
+                options.group_size,
+                options.scale_rule,
+                options.max_shard_bytes,
+            )?;
             let config = prepared.config.ok_or_else(|| ReportError::NoConfig { path: dir.clone() })?;
             let sizes = size::from_plan(&prepared.plan, Some(prepared.checkpoint.shard_bytes()));
-            Ok(Planned { config, recipe: prepared.recipe.name().to_string(), sizes, input: "checkpoint" })
+            let mse_bytes = mse_bytes(&prepared.plan);
+            Ok(Planned { config, recipe: prepared.recipe.name().to_string(), sizes, input: "checkpoint", mse_bytes })
         }
         Input::Config { origin, json } => {
             let config = ModelConfig::from_json(&json)
                 .map_err(|source| ReportError::Config { origin: origin.describe(), source })?;
             let recipe_name =
                 options.recipe.clone().unwrap_or_else(|| config.architecture.default_recipe().to_string());
-            let recipe = Recipe::load(&recipe_name)?.with_overrides(options.group_size, None)?;
+            let recipe = Recipe::load(&recipe_name)?.with_overrides(options.group_size, options.scale_rule)?;
             let plan = plan::build(
                 fp8_block::items_from_config(&config),
                 &recipe,
@@ -104,7 +132,14 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
                 Origin::Preset(_) => "preset",
                 Origin::File(_) => "config",
             };
-            Ok(Planned { config, recipe: recipe.name().to_string(), sizes: size::from_plan(&plan, None), input })
+            let mse_bytes = mse_bytes(&plan);
+            Ok(Planned {
+                config,
+                recipe: recipe.name().to_string(),
+                sizes: size::from_plan(&plan, None),
+                input,
+                mse_bytes,
+            })
         }
     }
 }
@@ -112,7 +147,7 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
 /// Builds the report: sizes from the plan, then both nodes' budgets.
 pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
     options.layout.check()?;
-    let Planned { config, recipe, sizes, input } = plan_model(options)?;
+    let Planned { config, recipe, sizes, input, mse_bytes } = plan_model(options)?;
     let layout = &options.layout;
     // FP8 weights are the only tensors whose BF16 form differs from the source.
     let fp8_source = sizes.bf16.bytes != sizes.source_tensors.bytes;
@@ -144,6 +179,8 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
         bf16: kv::per_token(&config, KvDtype::Bf16, layout.attention_tp()),
         fp8: kv::per_token(&config, KvDtype::Fp8, layout.attention_tp()),
     };
+    let conversion =
+        conversion::estimate(sizes.source.bytes, mse_bytes, sizes.output.bytes, sizes.shards, options.machine);
     Ok(Report {
         model: options.model.clone(),
         input,
@@ -163,6 +200,7 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
         kv,
         prefill,
         decode,
+        conversion,
     })
 }
 

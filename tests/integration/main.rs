@@ -1,18 +1,22 @@
 //! Integration tests: drive the built `squeeze` binary on tiny synthetic checkpoints and check exit codes,
 //! stdout and stderr. One test binary; one module per subcommand.
 
+mod calib_parts;
 mod calibrate;
+mod cluster;
 mod common;
 mod cuda_backend;
 mod cuda_decode;
 mod demo;
 mod device_ops;
 mod eval;
+mod eval_parts;
 mod golden;
 mod gptq;
 mod imatrix;
 mod lint;
 mod parity;
+mod parts;
 mod quantize;
 mod reliability;
 mod report;

@@ -239,3 +239,31 @@ fn bad_layouts_are_refused() {
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("h200-141g"), "{}", run.stderr);
 }
+
+#[test]
+fn the_conversion_estimate_takes_the_slowest_of_disk_and_compute_and_caps_the_parts() {
+    let base = ["glm-5", "--read-speed", "2GB", "--write-speed", "1GB", "--cores", "64", "--json"];
+    let one = report(&base).ok().json();
+    let conversion = &one["conversion"];
+    let output = number(&one, "/output_bytes") as f64;
+    // 64 cores of ct-minmax keep up with the disk: writing the output at 1 GB/s sets the time.
+    assert_eq!(conversion["bound_by"], "write", "{conversion}");
+    let seconds = conversion["seconds_per_part"].as_f64().unwrap();
+    assert!((seconds - output / 1e9).abs() < 1e-6, "{seconds}");
+    let shards = number(&one, "/sizes/shards");
+    assert_eq!(number(&one, "/conversion/max_parts"), shards);
+    // mse on 2 cores is compute-bound; eight parts take an eighth of the time or a little more (whole shards).
+    let mse = report(&["glm-5", "--scale-rule", "mse", "--cores", "2", "--json"]).ok().json();
+    assert_eq!(mse["conversion"]["bound_by"], "compute");
+    let eight: Vec<&str> = base.iter().copied().chain(["--parts", "8"]).collect();
+    let split = report(&eight).ok().json();
+    let per_part = split["conversion"]["seconds_per_part"].as_f64().unwrap();
+    assert!(per_part >= seconds / 8.0 && per_part < seconds / 8.0 * 1.1, "{per_part} vs {seconds}");
+    // More parts than shards: capped at one shard each, and said so.
+    let many = format!("{}", shards + 5);
+    let capped = report(&["glm-5", "--parts", &many, "--json"]).ok().json();
+    assert_eq!(number(&capped, "/conversion/machine/parts"), shards);
+    assert_eq!(capped["conversion"]["capped"], true);
+    let human = report(&["glm-5", "--parts", "4"]).ok();
+    assert!(human.stdout.contains("conversion in 4 part(s)") && human.stdout.contains("bound by"), "{}", human.stdout);
+}

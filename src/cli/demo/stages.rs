@@ -96,6 +96,7 @@ pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<QuantizeR
         engine: crate::engines::EngineChoice::All,
         tp: None,
         calibration: None,
+        part: None,
     };
     Ok(quantize(&options, &Silent)?)
 }
@@ -128,6 +129,8 @@ pub fn eval_model(model: &Path, text: &Path) -> anyhow::Result<EvalReport> {
         input: text_input(text),
         chunks: Some(EVAL_CHUNKS),
         save_logits: None,
+        part: None,
+        save_stats: None,
     };
     evaluate(&options, &Cpu, &Silent).with_context(|| format!("evaluating {}", model.display()))
 }
@@ -141,6 +144,8 @@ pub fn calibrate_kv(model: &Path, text: &Path) -> anyhow::Result<CalibReport> {
         percentile: None,
         strategy: Strategy::Tensor,
         engines: Engine::ALL.to_vec(),
+        part: None,
+        save_stats: None,
     };
     let mut report =
         calibrate(&options, &Cpu, &Silent).with_context(|| format!("calibrating KV scales of {}", model.display()))?;
@@ -161,6 +166,8 @@ pub fn parity(reference: &Path, candidate: &Path, text: &Path) -> anyhow::Result
         // The deployment that exists: what vLLM really caches with (scale 1.0 for this MLA model).
         kv_scales: KvScaleChoice::Engine,
         engine: Engine::Vllm,
+        part: None,
+        save_stats: None,
     };
     evaluate_parity(&options, &Cpu, &Silent)
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))

@@ -21,7 +21,7 @@ pub mod stats;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Map;
 
 use super::EvalError;
@@ -33,6 +33,7 @@ use crate::chunks::{load_sequences, EvalInput};
 use crate::engines::{kv_scale_handling, CacheLayout, Engine, ScaleUse, DYNAMIC_TILE};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::model::config::Attention;
+use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::backend::Matrix;
 use crate::runtime::rope_table::{rope_setup, RopeTable};
@@ -41,7 +42,7 @@ use crate::runtime::{Backend, RuntimeError, Spans, Tensor};
 pub use stats::{Summary, TokenSamples};
 
 /// An evaluation mode (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Reference,
@@ -68,7 +69,7 @@ impl Mode {
 }
 
 /// Pass/fail thresholds, applied to every mode but `reference`.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Gates {
     pub max_mean_kld: f64,
     /// Percent.
@@ -77,7 +78,7 @@ pub struct Gates {
 }
 
 /// Which scales the FP8-KV modes (`kv`, `split`) cache with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum KvScaleChoice {
     /// What the chosen engine really uses for this cache layout.
@@ -99,10 +100,14 @@ pub struct ParityOptions {
     pub kv_scales: KvScaleChoice,
     /// The engine whose behaviour `KvScaleChoice::Engine` follows.
     pub engine: Engine,
+    /// `--part I/N`: score only part I's chunks (the report covers those).
+    pub part: Option<Part>,
+    /// `--save-stats FILE`: write the raw per-position and per-layer statistics for `squeeze merge-eval`.
+    pub save_stats: Option<PathBuf>,
 }
 
 /// The KV scales the FP8-KV modes used, and why.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KvScalesUsed {
     pub choice: KvScaleChoice,
     pub engine: Engine,
@@ -161,13 +166,57 @@ pub struct ParityReport {
     pub mode_reports: Vec<(Mode, ModeReport)>,
 }
 
+/// Per decoder layer, one mode's error sums against the reference, per chunk: summed over a chunk's scored rows,
+/// then over the chunks in order ([`LayerSums::error`]), so that the parts of a split evaluation merge to the bit.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LayerSums {
+    /// Σ (h_mode − h_ref)² of the residual stream leaving the layer, per chunk.
+    pub difference: Vec<f64>,
+    /// Σ h_ref², per chunk.
+    pub norm: Vec<f64>,
+    /// Scored rows whose routed top-k expert set equals the reference's, per chunk (MoE layers; else empty).
+    pub same_routes: Vec<u64>,
+}
+
+impl LayerSums {
+    /// The layer's error from its sums; `rows`: scored rows of all chunks; `moe`: whether the layer routes.
+    pub fn error(&self, layer: usize, rows: u64, moe: bool) -> LayerError {
+        let difference = self.difference.iter().fold(0f64, |total, value| total + value);
+        let norm = self.norm.iter().fold(0f64, |total, value| total + value);
+        let same: u64 = self.same_routes.iter().sum();
+        LayerError {
+            layer,
+            hidden_rel_l2: if norm > 0.0 { (difference / norm).sqrt() } else { difference.sqrt() },
+            expert_agreement: moe.then(|| if rows == 0 { 1.0 } else { same as f64 / rows as f64 }),
+        }
+    }
+}
+
+/// One mode's raw statistics: per scored token and per layer and chunk.
+#[derive(Debug, Clone)]
+pub struct ModeStats {
+    pub mode: Mode,
+    pub samples: TokenSamples,
+    pub layers: Vec<LayerSums>,
+}
+
+/// Every stream's raw statistics (the reference first), what a report is summarized from.
+#[derive(Debug, Clone)]
+pub struct ParityStats {
+    pub streams: Vec<ModeStats>,
+    /// Scored rows per chunk (`ctx − prompt`) the expert agreement is a share of.
+    pub rows_per_chunk: u64,
+    /// Per decoder layer, whether it routes (its agreement is reported).
+    pub moe_layers: Vec<bool>,
+}
+
 /// One mode's running state through the layers.
 struct Stream {
     mode: Mode,
     hidden: Tensor,
     state: LayerState,
     routes: Vec<Vec<usize>>,
-    layers: Vec<LayerError>,
+    layers: Vec<LayerSums>,
 }
 
 /// The two models of a parity run, their readers, and the positions every mode is scored on.
@@ -183,8 +232,6 @@ struct Pass<'a> {
     prompt: usize,
     /// The same for each sequence.
     prompts: Vec<usize>,
-    /// Flat row indices of the scored positions.
-    scored_rows: Vec<usize>,
     table: RopeTable,
     mla_scale: f32,
 }
@@ -199,7 +246,8 @@ pub fn evaluate_parity(
     let (reference, candidate) = open_models(options)?;
     let config = reference.config();
     // Half of each chunk is the prompt; at least two scored positions must remain.
-    let sequences = load_sequences(&options.input, &options.reference, options.chunks, 4, config.vocab_size)?;
+    let all = load_sequences(&options.input, &options.reference, options.chunks, 4, config.vocab_size)?;
+    let (sequences, chunk_range) = super::part_stats::select(&all, options.part)?;
     let ctx = sequences[0].len();
     let modes = requested_modes(&options.modes);
     let prompt = ctx / 2;
@@ -219,9 +267,22 @@ pub fn evaluate_parity(
     let samples = pass.score(&streams, &sequences, backend)?;
     reporter.advance(1);
     reporter.end();
-    let Summaries { mode_reports, json_modes, failures } = summarize(&streams, &samples, &modes, &options.gates)?;
+    let stats = ParityStats {
+        streams: streams
+            .iter_mut()
+            .zip(samples)
+            .map(|(stream, samples)| ModeStats {
+                mode: stream.mode,
+                samples,
+                layers: std::mem::take(&mut stream.layers),
+            })
+            .collect(),
+        rows_per_chunk: (ctx - prompt) as u64,
+        moe_layers: (0..config.num_hidden_layers).map(|layer| config.runs_moe(layer)).collect(),
+    };
+    let Summaries { mode_reports, json_modes, failures } = summarize(&stats, &modes, &options.gates)?;
 
-    Ok(ParityReport {
+    let report = ParityReport {
         reference: options.reference.display().to_string(),
         candidate: options.candidate.display().to_string(),
         architecture: config.architecture.name().to_string(),
@@ -238,7 +299,17 @@ pub fn evaluate_parity(
         failures,
         seconds: started.elapsed().as_secs_f64(),
         mode_reports,
-    })
+    };
+    if let Some(path) = &options.save_stats {
+        let identity = crate::part::PartIdentity::of(
+            &all,
+            &[reference.checkpoint(), candidate.checkpoint()],
+            options.part.unwrap_or(Part::WHOLE),
+            chunk_range,
+        );
+        super::part_stats::write_parity(path, &identity, &modes, &report, &stats)?;
+    }
+    Ok(report)
 }
 
 /// Opens REF and CAND, refusing a candidate that is not a quantization of the reference.
@@ -275,8 +346,6 @@ impl<'a> Pass<'a> {
         let ctx = sequences[0].len();
         let lengths: Vec<usize> = sequences.iter().map(Vec::len).collect();
         let spans = Spans::new(&lengths);
-        let scored_rows: Vec<usize> =
-            spans.iter().flat_map(|(start, length)| start + prompt.min(length)..start + length).collect();
         let (table, mla_scale) = rope_setup(reference.config(), ctx);
         Self {
             reference,
@@ -287,7 +356,6 @@ impl<'a> Pass<'a> {
             spans,
             prompt,
             prompts: vec![prompt; sequences.len()],
-            scored_rows,
             table,
             mla_scale,
         }
@@ -383,27 +451,36 @@ impl<'a> Pass<'a> {
             };
             layer.forward(context, &mut stream.hidden, spans, kv, &mut stream.state, &times, Some(&mut tap))?;
             let moe = config.runs_moe(step.index);
-            stream.layers.push(LayerError {
-                layer: step.index,
-                hidden_rel_l2: relative_l2(
-                    &context.backend.download(&stream.hidden)?,
-                    &reference_hidden,
-                    &self.scored_rows,
-                    width,
-                ),
-                expert_agreement: if moe {
-                    Some(agreement(&stream.routes, &first.routes, &self.scored_rows))
-                } else {
-                    None
-                },
-            });
+            let hidden = context.backend.download(&stream.hidden)?;
+            let mut sums = LayerSums::default();
+            for rows in self.scored_rows_by_chunk() {
+                let (difference, norm) = squared_sums(&hidden, &reference_hidden, rows.clone(), width);
+                sums.difference.push(difference);
+                sums.norm.push(norm);
+                if moe {
+                    sums.same_routes.push(same_routes(&stream.routes, &first.routes, rows));
+                }
+            }
+            stream.layers.push(sums);
         }
-        first.layers.push(LayerError {
-            layer: step.index,
-            hidden_rel_l2: 0.0,
-            expert_agreement: if config.runs_moe(step.index) { Some(1.0) } else { None },
+        // The reference against itself: no difference, every route the same.
+        let chunks = self.spans.iter().count();
+        first.layers.push(LayerSums {
+            difference: vec![0.0; chunks],
+            norm: vec![0.0; chunks],
+            same_routes: if config.runs_moe(step.index) {
+                self.scored_rows_by_chunk().map(|rows| rows.len() as u64).collect()
+            } else {
+                Vec::new()
+            },
         });
         Ok(())
+    }
+
+    /// Each chunk's scored rows (flat row indices).
+    fn scored_rows_by_chunk(&self) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let prompt = self.prompt;
+        self.spans.iter().map(move |(start, length)| start + prompt.min(length)..start + length)
     }
 
     /// Final norm and head — REF's for the modes on REF weights, CAND's for the others — on the scored rows only,
@@ -455,29 +532,34 @@ impl<'a> Pass<'a> {
 }
 
 /// Each requested mode's report (sorted by mode), the same as JSON by mode name, and the failed gates.
-struct Summaries {
-    mode_reports: Vec<(Mode, ModeReport)>,
-    json_modes: Map<String, serde_json::Value>,
-    failures: Vec<GateFailure>,
+pub(crate) struct Summaries {
+    pub mode_reports: Vec<(Mode, ModeReport)>,
+    pub json_modes: Map<String, serde_json::Value>,
+    pub failures: Vec<GateFailure>,
 }
 
-fn summarize(
-    streams: &[Stream],
-    samples: &[TokenSamples],
-    modes: &[Mode],
-    gates: &Gates,
-) -> Result<Summaries, EvalError> {
+pub(crate) fn summarize(stats: &ParityStats, modes: &[Mode], gates: &Gates) -> Result<Summaries, EvalError> {
     let mut mode_reports = Vec::new();
     let mut json_modes = Map::new();
     let mut failures = Vec::new();
-    for (stream, sample) in streams.iter().zip(samples) {
+    for stream in &stats.streams {
         if !modes.contains(&stream.mode) {
             continue;
         }
+        let sample = &stream.samples;
         let summary = Summary::of(sample);
         let mut kld_sorted = sample.kld.clone();
         kld_sorted.sort_by(f64::total_cmp);
-        let report = ModeReport { summary, layers: stream.layers.clone(), kld_sorted };
+        let layers = stream
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(layer, sums)| {
+                let rows = stats.rows_per_chunk * sums.difference.len() as u64;
+                sums.error(layer, rows, stats.moe_layers.get(layer).copied().unwrap_or(false))
+            })
+            .collect();
+        let report = ModeReport { summary, layers, kld_sorted };
         if stream.mode != Mode::Reference {
             failures.extend(check_gates(stream.mode, &report.summary, gates));
         }
@@ -549,36 +631,26 @@ fn check_gates(mode: Mode, summary: &Summary, gates: &Gates) -> Vec<GateFailure>
     failures
 }
 
-/// ‖a − b‖ / ‖b‖ over the listed rows.
-fn relative_l2(a: &[f32], b: &[f32], rows: &[usize], width: usize) -> f64 {
+/// Σ (a − b)² and Σ b² over the rows.
+fn squared_sums(a: &[f32], b: &[f32], rows: std::ops::Range<usize>, width: usize) -> (f64, f64) {
     let (mut difference, mut norm) = (0f64, 0f64);
-    for &row in rows {
+    for row in rows {
         for (x, y) in a[row * width..(row + 1) * width].iter().zip(&b[row * width..(row + 1) * width]) {
             difference += ((x - y) as f64).powi(2);
             norm += (*y as f64).powi(2);
         }
     }
-    if norm > 0.0 {
-        (difference / norm).sqrt()
-    } else {
-        difference.sqrt()
-    }
+    (difference, norm)
 }
 
-/// Share of rows whose expert sets agree.
-fn agreement(routes: &[Vec<usize>], reference: &[Vec<usize>], rows: &[usize]) -> f64 {
-    if rows.is_empty() {
-        return 1.0;
-    }
-    let same = rows
-        .iter()
-        .filter(|&&row| {
-            let (mut a, mut b) =
-                (routes.get(row).cloned().unwrap_or_default(), reference.get(row).cloned().unwrap_or_default());
-            a.sort_unstable();
-            b.sort_unstable();
-            a == b
-        })
-        .count();
-    same as f64 / rows.len() as f64
+/// Rows whose expert sets agree.
+fn same_routes(routes: &[Vec<usize>], reference: &[Vec<usize>], rows: std::ops::Range<usize>) -> u64 {
+    rows.filter(|&row| {
+        let (mut a, mut b) =
+            (routes.get(row).cloned().unwrap_or_default(), reference.get(row).cloned().unwrap_or_default());
+        a.sort_unstable();
+        b.sort_unstable();
+        a == b
+    })
+    .count() as u64
 }
