@@ -16,9 +16,8 @@ use crate::arch::{head_name, DecodeLayer};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, KvAt, KvRows, Matrix, PagedStep};
+use crate::runtime::backend::{AttentionShape, Backend, KvAt, KvRows, Matrix, PagedLayout, PagedStep};
 use crate::runtime::checkpoint::open_checkpoint;
-use crate::runtime::cpu::paged::attend_rows;
 use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
 use crate::runtime::rope_table::{rope_setup, RopeTable};
 use crate::runtime::weights::WeightReader;
@@ -36,9 +35,10 @@ pub struct DecodeItem {
 /// A prompt's prefill result: the last position's logits and the rows to hand to a pool.
 pub struct Prefilled {
     pub logits: Vec<f32>,
-    /// Per layer `[tokens, row_width]` and `[tokens, aux_width]`, f32 (the handoff converts them to the pool dtype).
-    pub rows: Vec<Vec<f32>>,
-    pub aux: Vec<Vec<f32>>,
+    /// Per layer `[tokens, row_width]` and `[tokens, aux_width]`, f32, where the backend keeps them (the handoff
+    /// converts them to the pool dtype).
+    pub rows: Vec<Tensor>,
+    pub aux: Vec<Tensor>,
 }
 
 /// One decode step's results, in item order: logits `[vocab]`, or why the item's cached mappings cannot be trusted
@@ -146,26 +146,27 @@ impl DecodeModel {
         let width = self.config.hidden_size;
         let mut hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, tokens)?, width)?;
         let (mut all_rows, mut all_aux) = (Vec::new(), Vec::new());
-        let mut selection: Vec<Option<Vec<bool>>> = vec![None; count];
+        // The last DSA selection `[count, count]` (shared layers reuse the last indexer layer's).
+        let mut selection: Option<Vec<bool>> = None;
         let layout = DecodeLayer::layout(&self.config, self.mla_scale);
-        let (row_width, heads) = (self.row_width(), self.config.num_attention_heads);
+        let shape = AttentionShape {
+            tokens: count,
+            heads: layout.heads,
+            kv_heads: layout.kv_heads,
+            qk_dim: layout.qk_dim,
+            v_dim: layout.v_dim,
+            scale: layout.scale,
+        };
         for layer in &self.layers {
             let (rows, aux, queries) =
                 layer.project(backend, &self.config, &self.table, &hidden, &positions, self.aux_width())?;
-            let q = backend.download(&layer.attention_queries(backend, &self.config, &queries)?)?;
-            let chosen = DecodeLayer::select_prompt(backend, &self.config, &queries, &aux)?;
-            // The prompt attends its own rows on the host (they are handed over to the pool after).
-            let (rows, aux) = (backend.download(&rows)?, backend.download(&aux)?);
-            let mut attended = vec![0f32; count * heads * layout.v_dim];
-            for (t, selected) in selection.iter_mut().enumerate() {
-                if let Some(chosen) = &chosen {
-                    *selected = Some(chosen.mask[t * count..][..t + 1].to_vec());
-                }
-                let q_row = &q[t * heads * layout.qk_dim..][..heads * layout.qk_dim];
-                let y = &mut attended[t * heads * layout.v_dim..][..heads * layout.v_dim];
-                attend_rows(&layout, q_row, &rows, row_width, t + 1, selected.as_deref(), y);
+            let q = layer.attention_queries(backend, &self.config, &queries)?;
+            if let Some(chosen) = DecodeLayer::select_prompt(backend, &self.config, &queries, &aux)? {
+                selection = Some(chosen.mask);
             }
-            let attended = backend.upload(&attended, heads * layout.v_dim)?;
+            // The prompt attends its own f32 rows, as the cache layout reads them, before the handoff rounds them.
+            let (k, v) = keys_and_values(backend, &layout, &rows)?;
+            let attended = backend.attention(&q, &k, &v, 0..count, &shape, selection.as_deref())?;
             let attended = layer.attention_values(backend, &self.config, attended)?;
             layer.finish(backend, &reader, &self.config, &mut hidden, &attended)?;
             all_rows.push(rows);
@@ -183,13 +184,11 @@ impl DecodeModel {
         request: RequestId,
         prefilled: &Prefilled,
     ) -> Result<(), RuntimeError> {
-        let shape = pool.shape();
-        let count = prefilled.rows.first().map_or(0, |rows| rows.len() / shape.row_width);
+        let count = prefilled.rows.first().map_or(0, Tensor::rows);
         pool.reserve(request, count)?;
         let at: Vec<KvAt> = (0..count).map(|position| KvAt { request, position }).collect();
         for (layer, (rows, aux)) in prefilled.rows.iter().zip(&prefilled.aux).enumerate() {
-            let (rows, aux) = (backend.upload(rows, shape.row_width)?, backend.upload(aux, shape.aux_width)?);
-            backend.kv_write(pool, layer, &KvRows { rows: &rows, aux: &aux, at: &at })?;
+            backend.kv_write(pool, layer, &KvRows { rows, aux, at: &at })?;
         }
         Ok(())
     }
@@ -279,6 +278,20 @@ impl DecodeModel {
         let x = backend.rms_normed(hidden, &self.norm, self.config.rms_norm_eps as f32)?;
         backend.download(&backend.linear(&x, &self.head, None)?)
     }
+}
+
+/// The keys `[tokens, kv_heads · qk_dim]` and values `[tokens, kv_heads · v_dim]` that `layout` reads in cache rows
+/// `rows`: GQA's K and V halves, MLA's whole absorbed row and its latent.
+fn keys_and_values(
+    backend: &dyn Backend,
+    layout: &PagedLayout,
+    rows: &Tensor,
+) -> Result<(Tensor, Tensor), RuntimeError> {
+    let PagedLayout { kv_heads, qk_dim, v_dim, k_stride, v_base, v_stride, .. } = *layout;
+    if kv_heads > 1 && (k_stride != qk_dim || v_stride != v_dim) {
+        return Err(RuntimeError::Input(format!("a cache layout of {kv_heads} interleaved heads cannot be prefilled")));
+    }
+    Ok((backend.columns(rows, 0, kv_heads * qk_dim)?, backend.columns(rows, v_base, kv_heads * v_dim)?))
 }
 
 #[cfg(test)]
