@@ -96,3 +96,20 @@ fn bad_token_files_are_refused_with_the_reason() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("input_ids"), "{}", run.stderr);
 }
+
+/// transformers' `Glm4MoeForCausalLM` (5.24.0, eager attention, f32, the checkpoint dequantized exactly) on the
+/// committed GLM-4.5-shaped trained model over the held-out play, 256-byte chunks: mean NLL in nats/byte, from
+/// `scripts/oracle/eval-ppl.py` (eval/TINY-SHAKESPEARE.md).
+const GLM45_TRAINED_TRANSFORMERS_NLL: f64 = 2.408756431;
+
+#[test]
+fn the_trained_glm45_model_scores_the_held_out_play_as_transformers_does() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = root.join("eval/tiny-shakespeare-glm45-fp8");
+    let data = root.join("eval/shakespeare-heldout.txt");
+    let report = eval_json(&model, &["--data", path_str(&data), "--ctx", "256"]);
+    let nll = report["mean_nll"].as_f64().unwrap();
+    assert_eq!(report["tokens"].as_u64(), Some(97_920), "{report}");
+    // Measured 5.2e-9 apart; 1e-6 leaves room for another summation order, not for a wrong layer.
+    assert!((nll - GLM45_TRAINED_TRANSFORMERS_NLL).abs() <= 1e-6, "squeeze {nll} vs transformers");
+}
