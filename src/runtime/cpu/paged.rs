@@ -1,5 +1,7 @@
-//! Paged decode on the host (the CPU backend's pages are the pool's host pages): the pool's own row write, [`KvPool::verify`], and single-query softmax attention over
-//! the rows [`KvPool::read`] decodes (the arithmetic of [`super::attention::attend`]).
+//! Paged decode on the host (the CPU backend's pages are the pool's host pages): the pool's own row write,
+//! [`KvPool::verify`], the DSA key choice over the cached indexer keys ([`super::indexer::select`]), and
+//! single-query softmax attention over the rows [`KvPool::read`] decodes (the arithmetic of
+//! [`super::attention::attend`]).
 
 use std::time::Instant;
 
