@@ -1,13 +1,16 @@
-//! The paged KV cache's device op cases: the KV row write byte for byte against `KvPool::write`, and paged decode
-//! attention against an f64 softmax over the rows `KvPool::read` decodes; with the pools, tables and layouts the
+//! The paged KV cache's device op cases: the KV row write byte for byte against `KvPool::write`, paged decode
+//! attention against an f64 softmax over the rows `KvPool::read` decodes, and GLM-5's DSA key selection inside a
+//! decode step against the CPU backend; with the pools, tables and layouts the
 //! fault-flag tests (tests/integration/device_ops.rs) reuse.
 
 use crate::quant::fp8;
 use crate::rng::Rng;
+use crate::runtime::backend::{KeyChoice, KvAt, KvRows, PagedLayout, PagedStep};
 use crate::runtime::cuda::paged::{self, DecodeLayout, DecodePlan, DecodeRequest, DevicePool};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::CudaError;
 use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PoolError, PoolShape};
+use crate::runtime::{Backend, Cpu, RuntimeError};
 
 use super::backend_ops::row;
 use super::SelftestRow;
@@ -247,4 +250,61 @@ pub fn paged_decode(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<Selftest
         }
     }
     Ok(rows)
+}
+
+/// One decode step of a GLM-5-like DSA layer on `backend`: three requests whose earlier keys are cached attend with
+/// this layer's indexer selection over them (kernels/indexer.cu `paged_index_*` on a device). Returns the kept-key
+/// mask `[3, 17]` and the attention outputs.
+fn dsa_decode_step(backend: &dyn Backend, seed: u64) -> Result<(Vec<f32>, Vec<f32>), RuntimeError> {
+    let (heads, dim, top_k) = (3, 20, 5); // a key width that is no multiple of the dot product's 8 lanes
+    let layout = PagedLayout::gqa(2, 1, 16, 0.25);
+    let shape = PoolShape { layers: 2, row_width: 32, aux_width: dim, page_size: 4, pages: 16 };
+    let contexts = [3usize, 9, 17]; // the first under top_k: every key kept
+    let mut pool = KvPool::new(shape, KvDtype::F32, vec![vec![1.0; shape.row_width]; shape.layers]);
+    for (request, &context) in contexts.iter().enumerate() {
+        pool.open(request as u64);
+        pool.reserve(request as u64, context)?;
+    }
+    let mut rng = Rng::new(seed);
+    let mut tensor = |rows: usize, columns: usize| backend.upload(&rng.values(rows * columns, 1.0), columns);
+    for (request, &context) in contexts.iter().enumerate() {
+        let at: Vec<KvAt> = (0..context - 1).map(|position| KvAt { request: request as u64, position }).collect();
+        let (rows, aux) = (tensor(at.len(), shape.row_width)?, tensor(at.len(), dim)?);
+        backend.kv_write(&mut pool, 1, &KvRows { rows: &rows, aux: &aux, at: &at })?;
+    }
+    let requests: Vec<KvAt> = contexts
+        .iter()
+        .enumerate()
+        .map(|(request, &context)| KvAt { request: request as u64, position: context - 1 })
+        .collect();
+    let (q, rows, aux) = (tensor(3, layout.heads * layout.qk_dim)?, tensor(3, shape.row_width)?, tensor(3, dim)?);
+    let (index_q, head_weights) = (tensor(3, heads * dim)?, tensor(3, heads)?);
+    let keys = Some(KeyChoice::Select { q: &index_q, head_weights: &head_weights, heads, dim, top_k });
+    let step = PagedStep { layer: 1, layout, verify: true, q: &q, rows: &rows, aux: &aux, requests: &requests, keys };
+    let decoded = backend.paged_decode(&mut pool, &step)?;
+    if let Some(fault) = decoded.faults.iter().flatten().next() {
+        return Err(RuntimeError::Input(format!("a clean pool faulted: {fault}")));
+    }
+    let mask = match &decoded.keys {
+        Some(keys) => backend.download(keys)?,
+        None => return Err(RuntimeError::Input("a selecting layer returned no keys".into())),
+    };
+    Ok((mask, backend.download(&decoded.out)?))
+}
+
+/// GLM-5's DSA selection inside a paged decode step against the CPU backend: the kept keys bit for bit (kept counts
+/// 3, 5, 5 with top-k 5: one request under top-k), the attention over them within [`DECODE_REL_L2`].
+pub fn paged_select(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<SelftestRow>, CudaError> {
+    let seed = rng.next_u64();
+    let failed =
+        |error: RuntimeError| CudaError::Unsupported { tensor: "paged_select".into(), problem: error.to_string() };
+    let (want_mask, want) = dsa_decode_step(&Cpu, seed).map_err(failed)?;
+    let (mask, got) = dsa_decode_step(backend, seed).map_err(failed)?;
+    let differing = mask.iter().zip(&want_mask).filter(|(a, b)| a != b).count() + mask.len().abs_diff(want_mask.len());
+    let kept: Vec<usize> = mask.chunks(17).map(|row| row.iter().filter(|&&v| v != 0.0).count()).collect();
+    let label = "3 index heads of 20, top-k 5, contexts [3, 9, 17], pages of 4".to_string();
+    let mut checked = row("paged_select", label, &got, &want, differing, DECODE_REL_L2);
+    checked.passed &= kept == [3, 5, 5];
+    checked.note = format!("{}; kept keys {kept:?}, {differing} mask entries differ from the cpu", checked.note);
+    Ok(vec![checked])
 }

@@ -78,7 +78,7 @@ pub struct Case {
 }
 
 /// Every op, each once. No op's name contains another's, so a filter of one whole name runs that case alone.
-pub const CASES: [Case; 16] = [
+pub const CASES: [Case; 17] = [
     Case {
         op: "fp8_block_dequant",
         check: |target, rng| quantize_kernels::fp8_block_dequant(target.backend.device(), rng),
@@ -101,6 +101,7 @@ pub const CASES: [Case; 16] = [
     Case { op: "attention", check: |target, rng| Ok(backend_ops::attention(target.backend, rng)) },
     Case { op: "kv_write", check: |target, rng| kv_ops::kv_write(target.backend, rng) },
     Case { op: "paged_decode", check: |target, rng| kv_ops::paged_decode(target.backend, rng) },
+    Case { op: "paged_select", check: |target, rng| kv_ops::paged_select(target.backend, rng) },
     Case { op: "route", check: |target, rng| Ok(backend_ops::route(target.backend, rng)) },
     Case { op: "moe_experts", check: |target, rng| Ok(expert_ops::moe_experts(target.backend, rng)) },
     Case { op: "indexer", check: |target, rng| Ok(backend_ops::indexer_top_k(target.backend, rng)) },

@@ -74,6 +74,7 @@ fn every_case_of_the_table_has_its_test() {
         "attention",
         "kv_write",
         "paged_decode",
+        "paged_select",
         "route",
         "moe_experts",
         "indexer",
@@ -390,52 +391,7 @@ fn unverified_launch_is_the_same_attention_without_the_checks() {
     }
 }
 
-/// One decode step of a GLM-5-like DSA layer on `backend`: three requests whose keys were cached (positions before
-/// their last) attend with this layer's indexer selection. Returns the kept-key mask and the attention outputs.
-fn dsa_decode_step(backend: &dyn Backend) -> (Vec<f32>, Vec<f32>) {
-    use squeeze::runtime::backend::{KeyChoice, KvAt, KvRows, PagedLayout, PagedStep};
-    use squeeze::runtime::kv_cache::PoolShape;
-    let (heads, dim, top_k) = (3, 20, 5); // a key width that is no multiple of the dot product's 8 lanes
-    let layout = PagedLayout::gqa(2, 1, 16, 0.25);
-    let shape = PoolShape { layers: 2, row_width: 32, aux_width: dim, page_size: 4, pages: 16 };
-    let contexts = [3usize, 9, 17]; // the first under top_k: every key kept
-    let mut pool = KvPool::new(shape, KvDtype::F32, vec![vec![1.0; shape.row_width]; shape.layers]);
-    for (request, &context) in contexts.iter().enumerate() {
-        pool.open(request as u64);
-        pool.reserve(request as u64, context).unwrap();
-    }
-    let mut rng = Rng::new(0xD5A);
-    let mut tensor = |rows: usize, columns: usize| backend.upload(&rng.values(rows * columns, 1.0), columns).unwrap();
-    for (request, &context) in contexts.iter().enumerate() {
-        let at: Vec<KvAt> = (0..context - 1).map(|position| KvAt { request: request as u64, position }).collect();
-        let (rows, aux) = (tensor(at.len(), shape.row_width), tensor(at.len(), dim));
-        backend.kv_write(&mut pool, 1, &KvRows { rows: &rows, aux: &aux, at: &at }).unwrap();
-    }
-    let requests: Vec<KvAt> = contexts
-        .iter()
-        .enumerate()
-        .map(|(request, &context)| KvAt { request: request as u64, position: context - 1 })
-        .collect();
-    let (q, rows, aux) = (tensor(3, layout.heads * layout.qk_dim), tensor(3, shape.row_width), tensor(3, dim));
-    let (index_q, head_weights) = (tensor(3, heads * dim), tensor(3, heads));
-    let keys = Some(KeyChoice::Select { q: &index_q, head_weights: &head_weights, heads, dim, top_k });
-    let step = PagedStep { layer: 1, layout, verify: true, q: &q, rows: &rows, aux: &aux, requests: &requests, keys };
-    let decoded = backend.paged_decode(&mut pool, &step).unwrap();
-    assert!(decoded.faults.iter().all(Option::is_none), "{:?}", decoded.faults);
-    let mask = backend.download(decoded.keys.as_ref().expect("a selecting layer returns its keys")).unwrap();
-    (mask, backend.download(&decoded.out).unwrap())
-}
-
 #[test]
-fn paged_dsa_selection_keeps_the_keys_the_cpu_keeps() {
-    let (want_mask, want_out) = dsa_decode_step(&Cpu);
-    let kept: Vec<usize> = want_mask.chunks(17).map(|row| row.iter().filter(|&&v| v != 0.0).count()).collect();
-    assert_eq!(kept, [3, 5, 5], "every key under top_k, then top_k of them");
-    for backend in cuda_backends() {
-        let (mask, out) = dsa_decode_step(&backend);
-        let what = backend.device().describe();
-        assert_eq!(mask, want_mask, "{what}: kept keys differ");
-        let error = out.iter().zip(&want_out).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(error <= 1e-5, "{what}: attention over the kept keys differs by {error}");
-    }
+fn paged_select_keeps_the_keys_the_cpu_keeps() {
+    check("paged_select");
 }
