@@ -79,7 +79,7 @@ PY
 done
 if [ "$factor" = 1 ]; then
   for count in $threads; do
-    RAYON_NUM_THREADS=$count cargo test --release --quiet --lib quant::gptq::tests::factor_timing -- --ignored \
+    RAYON_NUM_THREADS=$count cargo test --release --quiet --lib quant::gptq_factor::tests::factor_timing -- --ignored \
       --nocapture 2>/dev/null | grep '^factor'
   done
 fi

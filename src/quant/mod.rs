@@ -4,6 +4,7 @@
 pub mod fp8;
 pub mod fp8_block;
 pub mod gptq;
+mod gptq_factor;
 #[cfg(test)]
 mod gptq_golden;
 pub mod imatrix;
