@@ -501,6 +501,13 @@ pub struct PagedStep<'a> {
     pub keys: Option<KeyChoice<'a>>,
 }
 
+impl PagedStep<'_> {
+    /// Columns of the step's DSA key mask ([`PagedDecode::keys`]): the longest context.
+    pub fn key_columns(&self) -> usize {
+        self.requests.iter().map(|at| at.position + 1).max().unwrap_or(0)
+    }
+}
+
 /// How a DSA layer of a decode step picks the keys its requests attend to.
 #[derive(Debug, Clone, Copy)]
 pub enum KeyChoice<'a> {

@@ -38,7 +38,7 @@ pub fn decode(
     let PagedLayout { heads, qk_dim, v_dim, .. } = step.layout;
     let (row_width, aux_width) = (pool.shape().row_width, pool.shape().aux_width);
     let count = step.requests.len();
-    let stride = key_stride(step);
+    let stride = step.key_columns();
     let mut out = vec![0f32; count * heads * v_dim];
     let mut mask = step.keys.map(|_| vec![0f32; count * stride]);
     let mut faults = vec![None; count];
@@ -92,11 +92,6 @@ pub struct Decoded {
     /// The `[requests, stride]` mask and its stride.
     pub keys: Option<(Vec<f32>, usize)>,
     pub verify_seconds: f64,
-}
-
-/// Columns of a step's key mask: the longest context.
-pub fn key_stride(step: &PagedStep<'_>) -> usize {
-    step.requests.iter().map(|at| at.position + 1).max().unwrap_or(0)
 }
 
 /// Request `index`'s DSA keys at `at` into `mask` (`[position + 1]`, 1.0 kept) and `kept`: selected by this layer's

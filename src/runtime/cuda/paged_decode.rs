@@ -15,7 +15,6 @@ use super::paged::{self, AllowedKeys, DecodeBatch, DecodeRequest, DevicePool};
 use super::tensor::{alloc, buffer};
 use super::CudaBackend;
 use crate::runtime::backend::{IndexerShape, KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
-use crate::runtime::cpu::paged::key_stride;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 use crate::runtime::kv_cache::{KvDtype, KvPool, PoolError, PoolShape};
 use crate::runtime::tensor::Tensor;
@@ -102,8 +101,8 @@ fn resident(backend: &CudaBackend, pool: &mut KvPool) -> Result<ResidentPool, Cu
     Ok(kept)
 }
 
-/// Writes row `r` of `rows` (and `aux`) at `at[r]`: the rows into the device pages with one `kv_write_rows`
-/// launch, the aux values and the written length into the host pool. With `tolerant`, a row whose mapping disagrees
+/// Writes row `r` of `rows` (and `aux`) at `at[r]`: one `kv_write_rows` launch each into the device pages (and the
+/// aux pages), the written length into the host pool's table. With `tolerant`, a row whose mapping disagrees
 /// with its page's tag is skipped (the attention's verification reports the request); otherwise it is an error.
 fn write(
     backend: &CudaBackend,
@@ -199,7 +198,7 @@ fn decode_with(
             let aux =
                 resident.aux.as_ref().ok_or_else(|| unsupported("a DSA selection needs the pool's aux keys".into()))?;
             let shape = IndexerShape { tokens: count, heads, head_dim: dim, top_k };
-            let stride = key_stride(step);
+            let stride = step.key_columns();
             Some(indexer::paged_select(backend, aux, step.layer, &cached.batch, (q, head_weights), &shape, stride)?)
         }
         _ => None,
