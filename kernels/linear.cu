@@ -8,6 +8,8 @@
 // A warp streams its weight row once per 16-row tile with 16-byte loads (4 f32 or 8 BF16 per lane; when `in` is
 // not a multiple of that, one element per lane) and keeps the 16 rows' partial sums in registers; x is read
 // through the read-only cache, shared by the block's 8 warps. bias may be null.
+//
+// Below them: the pieces of the BF16 GEMM path for many rows (split, join, and the GEMM's reference kernel).
 #include "row_tile.cuh"
 
 namespace squeeze {
@@ -86,7 +88,54 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     squeeze::linear::dense_tile<true>(x, weight, bias, y, rows, in, out);
 }
 
+// The split BF16 product (src/runtime/cuda/linear.rs `linear_bf16_gemm`): f32 activations x = hi + lo with
+// hi = bf16(x) and lo = bf16(x − hi) (x − hi is exact in f32), both rounded to nearest even, so hi + lo keeps 16
+// significant bits (|x − hi − lo| ≤ 2⁻¹⁸·|x|) and W·hi + W·lo stays within the CPU oracle's tolerance where one BF16
+// rounding of x (2⁻⁹) would not. hi and lo are stacked as the 2·rows rows of one BF16 GEMM input, so the weight is
+// read once. One thread per value: halves[e] = hi, halves[count + e] = lo.
+extern "C" __global__ void __launch_bounds__(256)
+    split_bf16(const float* __restrict__ x, uint16_t* __restrict__ halves, long long count) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < count; e += stride) {
+        const uint16_t high = squeeze::bf16_bits(x[e]);
+        halves[e] = high;
+        halves[count + e] = squeeze::bf16_bits(__fsub_rn(x[e], squeeze::bf16_value(high)));
+    }
+}
+
+// y[e] = (products[e] + products[count + e]) + bias[e % out] (+ 0 without a bias, as the CPU does): the hi and lo
+// halves of the split product summed, `count` = rows·out values.
+extern "C" __global__ void __launch_bounds__(256)
+    join_halves_f32(float* __restrict__ y, const float* __restrict__ products, const float* __restrict__ bias,
+                    long long count, long long out) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < count; e += stride) {
+        y[e] = __fadd_rn(__fadd_rn(products[e], products[count + e]), bias ? bias[e % out] : 0.0f);
+    }
+}
+
+// The reference of `Device::gemm_bf16` (the emulated device, and a GPU where libcublas cannot be loaded):
+// c[r, o] = Σ_k x[r, k]·w[o, k] with BF16 bits x [rows, in] and w [out, in] and f32 c [rows, out], summed in k
+// order with fused multiply-adds; one thread per output value (slow, but any shape).
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_bf16_reference(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x, float* __restrict__ c, int rows,
+                        int in, int out) {
+    const long long count = (long long)rows * out;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < count; e += stride) {
+        const long long r = e / out, o = e % out;
+        float sum = 0.0f;
+        for (int k = 0; k < in; ++k) {
+            sum = __fmaf_rn(squeeze::bf16_value(x[r * in + k]), squeeze::bf16_value(w[o * in + k]), sum);
+        }
+        c[e] = sum;
+    }
+}
+
 #ifdef SQUEEZE_EMULATION
 SQUEEZE_EMULATION_KERNEL(linear_f32);
 SQUEEZE_EMULATION_KERNEL(linear_bf16);
+SQUEEZE_EMULATION_KERNEL(split_bf16);
+SQUEEZE_EMULATION_KERNEL(join_halves_f32);
+SQUEEZE_EMULATION_KERNEL(gemm_bf16_reference);
 #endif

@@ -26,6 +26,21 @@ step() { printf '\n== %s\n' "$*"; }
 seconds() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
+# cuBLAS (the dense BF16 GEMMs) is loaded at run time as libcublas.so.13; a CUDA toolkit or PyTorch's nvidia-cublas
+# wheel holds it outside the default library path. Without it squeeze runs its reference GEMM kernel and says so in
+# the device line of the self-test.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.13'; then
+    sites="$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)"
+    # shellcheck disable=SC2086
+    cublas="$(find /usr/local /usr/lib /opt $sites -name 'libcublas.so.13*' 2>/dev/null | head -1 || true)"
+    if [ -n "$cublas" ]; then
+        export LD_LIBRARY_PATH="$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "libcublas: $cublas"
+    else
+        echo "libcublas.so.13 not found: the dense GEMMs run on the reference kernel"
+    fi
+fi
+
 step "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv || true
 "$binary" --version --verbose

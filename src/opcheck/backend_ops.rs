@@ -11,7 +11,7 @@ use crate::metrics;
 use crate::rng::Rng;
 use crate::runtime::backend::{AttentionShape, IndexerShape, Int4Weight, Matrix, PagedLayout, RopeStyle, RoutingShape};
 use crate::runtime::cpu::Cpu;
-use crate::runtime::cuda::linear::{linear_bf16, w4a16_linear};
+use crate::runtime::cuda::linear::{linear_bf16, linear_bf16_gemm, w4a16_linear, GEMM_MIN_ROWS};
 use crate::runtime::cuda::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
@@ -111,6 +111,33 @@ pub fn linear_bf16_weights(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<S
         let got = device.download::<f32>(&y, tokens * out)?;
         let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias true");
         rows.push(row("linear bf16", shape, &got, &want, 0, DOT_ORDER_REL_L2));
+    }
+    Ok(rows)
+}
+
+/// The split BF16 GEMM (activations as two BF16 halves, [`linear_bf16_gemm`]; cuBLAS on a GPU, the reference
+/// kernel here) against the CPU `linear` on the same BF16 weights and f32 activations: rows from [`GEMM_MIN_ROWS`]
+/// up, `in` a multiple of 8 and not, with and without bias. Its own tolerance: the halves keep x within 2⁻¹⁸
+/// (≈ 4e-6) relative, so a sum is off by about that over the dot-order noise; one BF16 rounding of x (2⁻⁹) would be
+/// ≈ 1e-3 and fail.
+pub fn linear_bf16_split_gemm(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<SelftestRow>, CudaError> {
+    const SPLIT_REL_L2: f64 = 2e-5;
+    let device = backend.device();
+    let mut rows = Vec::new();
+    for (tokens, inner, out) in [(GEMM_MIN_ROWS, 200, 75), (45, 96, 19), (70, 75, 41)] {
+        let bits: Vec<u16> = rng.values(out * inner, 0.5).iter().map(|&w| bf16::from_f32(w).to_bits()).collect();
+        let rounded = Matrix::new(out, inner, bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect());
+        let input = rng.values(tokens * inner, 2.0);
+        let bias_values = rng.values(out, 1.0);
+        let (x, weight, bias) = (device.upload(&input)?, device.upload(&bits)?, device.upload(&bias_values)?);
+        for with_bias in [false, true] {
+            let want = Host::new(&Cpu).linear(&input, tokens, &rounded, with_bias.then_some(bias_values.as_slice()));
+            let y = device.alloc_for::<f32>(tokens * out)?;
+            linear_bf16_gemm(device, &x, &weight, with_bias.then_some(&bias), &y, tokens, inner, out)?;
+            let got = device.download::<f32>(&y, tokens * out)?;
+            let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias {with_bias}");
+            rows.push(row("gemm_bf16", shape, &got, &want, 0, SPLIT_REL_L2));
+        }
     }
     Ok(rows)
 }
@@ -308,7 +335,7 @@ pub fn indexer_top_k(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
 }
 
 /// Seconds per call of `launch` (best of 3 rounds of `repeats` calls), with the device drained around each round.
-fn time_launches(
+pub(super) fn time_launches(
     device: &dyn Device,
     fence: &DeviceBuffer,
     repeats: usize,
@@ -394,6 +421,7 @@ pub fn bench(backend: &CudaBackend, copy_gb_per_s: f64) -> Result<Vec<SelftestRo
         }
     }
     rows.extend(bench_paged(device, &fence, copy_gb_per_s)?);
+    rows.extend(super::dense_bench::bench(device, &fence)?);
     let bytes = 1usize << 30;
     let payload = vec![0x5Au8; bytes];
     let started = Instant::now();

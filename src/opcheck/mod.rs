@@ -5,6 +5,7 @@
 //! `squeeze selftest` and tests/integration/device_ops.rs run the same table.
 
 pub mod backend_ops;
+mod dense_bench;
 pub mod expert_ops;
 mod host;
 pub mod kv_ops;
@@ -78,7 +79,7 @@ pub struct Case {
 }
 
 /// Every op, each once. No op's name contains another's, so a filter of one whole name runs that case alone.
-pub const CASES: [Case; 17] = [
+pub const CASES: [Case; 18] = [
     Case {
         op: "fp8_block_dequant",
         check: |target, rng| quantize_kernels::fp8_block_dequant(target.backend.device(), rng),
@@ -93,6 +94,7 @@ pub const CASES: [Case; 17] = [
     },
     Case { op: "linear f32", check: |target, rng| Ok(backend_ops::linear_f32(target.backend, rng)) },
     Case { op: "linear bf16", check: |target, rng| backend_ops::linear_bf16_weights(target.backend, rng) },
+    Case { op: "gemm_bf16", check: |target, rng| backend_ops::linear_bf16_split_gemm(target.backend, rng) },
     Case { op: "linear w4a16", check: |target, rng| Ok(backend_ops::linear_w4a16(target.backend, rng)) },
     Case { op: "w4a16_grouped", check: |target, rng| expert_ops::w4a16_grouped_experts(target.backend, rng) },
     Case { op: "norm", check: |target, rng| Ok(backend_ops::norms(target.backend, rng)) },

@@ -66,6 +66,7 @@ fn every_case_of_the_table_has_its_test() {
         "int4_quantize_f32",
         "linear f32",
         "linear bf16",
+        "gemm_bf16",
         "linear w4a16",
         "w4a16_grouped",
         "norm",
@@ -112,6 +113,11 @@ fn dense_linear_matches_cpu() {
 #[test]
 fn bf16_linear_matches_cpu_on_the_rounded_weights() {
     check("linear bf16");
+}
+
+#[test]
+fn split_bf16_gemm_matches_cpu_on_the_rounded_weights_and_f32_activations() {
+    check("gemm_bf16");
 }
 
 #[test]

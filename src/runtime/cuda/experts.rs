@@ -17,7 +17,7 @@ use crate::runtime::device::{CudaError, Device, DeviceBuffer, Traffic};
 use crate::runtime::tensor::Tensor;
 
 use super::activation::silu_mul_f32;
-use super::linear::{linear_bf16, linear_f32, w4a16_grouped, GroupedInt4};
+use super::linear::{dense_bf16, linear_f32, w4a16_grouped, GroupedInt4};
 use super::tensor::{accumulate_rows, alloc, buffer, gather_rows};
 use super::{CudaBackend, DeviceWeight};
 
@@ -232,7 +232,7 @@ impl DenseWeight {
         match self {
             DenseWeight::Cached(weight) => match weight.as_ref() {
                 DeviceWeight::Dense(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),
-                DeviceWeight::Bf16(w) => linear_bf16(device, x, w, None, y, rows, in_features, out_features),
+                DeviceWeight::Bf16(w) => dense_bf16(device, x, w, None, y, rows, in_features, out_features),
                 DeviceWeight::Int4 { .. } => Err(unsupported("a dense expert weight is cached packed".into())),
             },
             DenseWeight::Owned(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),

@@ -1,11 +1,13 @@
-//! Linear layers on the device: dense f32/BF16 weights (kernels/linear.cu) and INT4 W4A16 (kernels/w4a16.cu).
+//! Linear layers on the device: dense f32/BF16 weights (kernels/linear.cu; BF16 over many rows as a split BF16
+//! GEMM on cuBLAS) and INT4 W4A16 (kernels/w4a16.cu).
 //!
 //! The host-level [`linear`] serves [`crate::runtime::Backend::linear`]; the device-level functions
-//! ([`linear_f32`], [`linear_bf16`], [`w4a16_linear`], [`w4a16_grouped`]) take device-resident buffers, check
-//! shapes and sizes, and launch (no copies), so the MoE path and benchmarks can chain them.
+//! ([`linear_f32`], [`dense_bf16`], [`linear_bf16`], [`linear_bf16_gemm`], [`w4a16_linear`], [`w4a16_grouped`])
+//! take device-resident buffers, check shapes and sizes, and launch (no copies), so the MoE path and benchmarks can
+//! chain them.
 
 use crate::runtime::backend::Matrix;
-use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, GemmBf16, LaunchShape};
 
 use crate::runtime::tensor::Tensor;
 
@@ -18,6 +20,12 @@ const THREADS: u32 = 256;
 const FEATURES_PER_BLOCK: usize = 8;
 /// Input rows one warp handles at once (kRowTile in kernels/row_tile.cuh).
 const ROW_TILE: usize = 16;
+/// From this many rows on, BF16 weights run as a split BF16 GEMM ([`linear_bf16_gemm`]: tensor cores, the weight
+/// read once) instead of the matrix-vector kernel (CUDA cores, the weight read once per 16 rows). Two row tiles:
+/// below it the kernel reads the weight no more often than the GEMM does.
+pub const GEMM_MIN_ROWS: usize = 2 * ROW_TILE;
+/// Grid-stride kernels (split, join) launch at most this many blocks.
+const MAX_BLOCKS: usize = 1 << 16;
 
 fn unsupported(tensor: &str, problem: String) -> CudaError {
     CudaError::Unsupported { tensor: tensor.into(), problem }
@@ -104,7 +112,7 @@ pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&
     let (x, y_buffer) = (buffer(x)?, buffer(&y)?);
     match weight.as_ref() {
         DeviceWeight::Dense(w) => linear_f32(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
-        DeviceWeight::Bf16(w) => linear_bf16(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
+        DeviceWeight::Bf16(w) => dense_bf16(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
         DeviceWeight::Int4 { packed, scales, group_size } => {
             check_int4("linear", in_features, *group_size)?;
             w4a16_linear(
@@ -175,7 +183,8 @@ pub fn linear_f32(
 }
 
 /// Device-level dense linear with BF16 weight bits (u16 `[out, in]`); x, bias and y f32. BF16 linear weights run on
-/// it, and it is the bandwidth baseline the W4A16 kernels are compared with.
+/// it below [`GEMM_MIN_ROWS`] rows ([`dense_bf16`]), and it is the bandwidth baseline the W4A16 kernels are compared
+/// with.
 #[allow(clippy::too_many_arguments)]
 pub fn linear_bf16(
     device: &dyn Device,
@@ -188,6 +197,67 @@ pub fn linear_bf16(
     out_features: usize,
 ) -> Result<(), CudaError> {
     dense("linear_bf16", 2, device, x, weight, bias, y, rows, in_features, out_features)
+}
+
+/// Device-level dense linear on BF16 weight bits, as [`linear_bf16`] computes it: on that kernel below
+/// [`GEMM_MIN_ROWS`] rows, as [`linear_bf16_gemm`] from there on.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_bf16(
+    device: &dyn Device,
+    x: &DeviceBuffer,
+    weight: &DeviceBuffer,
+    bias: Option<&DeviceBuffer>,
+    y: &DeviceBuffer,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+) -> Result<(), CudaError> {
+    if rows < GEMM_MIN_ROWS {
+        linear_bf16(device, x, weight, bias, y, rows, in_features, out_features)
+    } else {
+        linear_bf16_gemm(device, x, weight, bias, y, rows, in_features, out_features)
+    }
+}
+
+/// Device-level dense linear on BF16 weight bits as one BF16 GEMM ([`Device::gemm_bf16`]: cuBLAS on a GPU) over
+/// the activations split in two BF16 halves, `x = hi + lo` (kernels/linear.cu `split_bf16`: 16 significant bits,
+/// within 2⁻¹⁸ of x), stacked as 2·rows rows, then `y = x_hi·Wᵀ + x_lo·Wᵀ (+ bias)`. Twice the GEMM's flops for
+/// f32-faithful activations; the weight is read once. Temporary device memory: 2·rows·in BF16 + 2·rows·out f32.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_bf16_gemm(
+    device: &dyn Device,
+    x: &DeviceBuffer,
+    weight: &DeviceBuffer,
+    bias: Option<&DeviceBuffer>,
+    y: &DeviceBuffer,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+) -> Result<(), CudaError> {
+    const KERNEL: &str = "linear_bf16_gemm";
+    holds(KERNEL, "x", x, rows * in_features, 4)?;
+    holds(KERNEL, "y", y, rows * out_features, 4)?;
+    if let Some(bias) = bias {
+        holds(KERNEL, "bias", bias, out_features, 4)?;
+    }
+    if rows == 0 || out_features == 0 {
+        return Ok(());
+    }
+    let (inputs, outputs) = (rows * in_features, rows * out_features);
+    let halves = device.alloc_for::<u16>(2 * inputs)?;
+    let products = device.alloc_for::<f32>(2 * outputs)?;
+    let blocks = |count: usize| LaunchShape::linear(count.div_ceil(THREADS as usize).min(MAX_BLOCKS) as u32, THREADS);
+    let count = |value: usize| Arg::I64(value as i64);
+    device.launch("split_bf16", blocks(inputs), &[Arg::Buffer(x), Arg::Buffer(&halves), count(inputs)])?;
+    device.gemm_bf16(&GemmBf16 { weight, x: &halves, c: &products, rows: 2 * rows, in_features, out_features })?;
+    let args = [
+        Arg::Buffer(y),
+        Arg::Buffer(&products),
+        bias.map_or(Arg::Null, Arg::Buffer),
+        count(outputs),
+        count(out_features),
+    ];
+    device.launch("join_halves_f32", blocks(outputs), &args)
 }
 
 /// Device-level W4A16 linear: `packed` u32 `[out, in / 8]`, `scales` BF16 bits `[out, in / group_size]`

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::{bytes_of, bytes_of_mut, Arg, CudaError, Device, DeviceBuffer, LaunchShape, Plain};
+use super::{bytes_of, bytes_of_mut, Arg, CudaError, Device, DeviceBuffer, GemmBf16, LaunchShape, Plain};
 
 /// What a copy carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,6 +225,13 @@ impl Device for Counted {
         self.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+
+    /// Counts one launch per GEMM (cuBLAS may run more than one kernel for it).
+    fn gemm_bf16(&self, gemm: &GemmBf16) -> Result<(), CudaError> {
+        self.inner.gemm_bf16(gemm)?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 /// [`Counted::decisions`].
@@ -261,6 +268,10 @@ impl Device for Decisions<'_> {
 
     fn launch(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError> {
         self.0.launch(kernel, shape, args)
+    }
+
+    fn gemm_bf16(&self, gemm: &GemmBf16) -> Result<(), CudaError> {
+        self.0.gemm_bf16(gemm)
     }
 }
 

@@ -10,9 +10,10 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::artifacts::{ARTIFACTS, KERNELS};
+use super::cublas::Blas;
 use super::error::driver;
 use super::resident::{Resident, ResidentUploads};
-use super::{Arg, CudaError, Device, DeviceBuffer, DeviceInfo, LaunchShape};
+use super::{Arg, CudaError, Device, DeviceBuffer, DeviceInfo, GemmBf16, LaunchShape, REFERENCE_GEMM};
 
 /// Probes the driver library and device 0 without creating a context.
 pub fn probe() -> Result<DeviceInfo, CudaError> {
@@ -54,6 +55,8 @@ pub struct Gpu {
     /// Functions looked up so far, by name (any module may export it).
     functions: Mutex<HashMap<String, CudaFunction>>,
     resident: ResidentUploads,
+    /// cuBLAS on stream 0 for the dense BF16 GEMMs, or why it could not load (the reference kernel runs then).
+    blas: Result<Blas, String>,
 }
 
 impl Gpu {
@@ -97,7 +100,8 @@ impl Gpu {
         let image = if use_cubin { "sm_90a cubin" } else { "sm_90 PTX (JIT)" };
         let functions = Mutex::new(functions);
         let resident = ResidentUploads::new(context, streams[1].clone(), streams[0].clone());
-        Ok(Gpu { info, image, streams, modules, functions, resident })
+        let blas = Blas::open(streams[0].clone());
+        Ok(Gpu { info, image, streams, modules, functions, resident, blas })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -138,7 +142,11 @@ impl Gpu {
 /// The device surface, on stream 0 (copies synchronize it; launches are asynchronous).
 impl Device for Gpu {
     fn describe(&self) -> String {
-        format!("{} ({})", self.info, self.image)
+        let gemm = match &self.blas {
+            Ok(_) => "cuBLAS".to_string(),
+            Err(why) => format!("no cuBLAS ({why}): reference GEMM kernel"),
+        };
+        format!("{} ({}, {gemm})", self.info, self.image)
     }
 
     fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
@@ -224,6 +232,17 @@ impl Device for Gpu {
         // the kernel's C signature (checked against the emulated device, which rejects a mismatch) and buffers sized
         // for the shape.
         unsafe { builder.launch(config) }.map_err(driver("cuLaunchKernel")).map(|_| ())
+    }
+
+    fn gemm_bf16(&self, gemm: &GemmBf16) -> Result<(), CudaError> {
+        let Ok(blas) = &self.blas else {
+            let (shape, args) = gemm.reference_launch()?;
+            return self.launch(REFERENCE_GEMM, shape, &args);
+        };
+        let stream = &self.streams[0];
+        let pointers =
+            [device_pointer(gemm.weight, stream)?, device_pointer(gemm.x, stream)?, device_pointer(gemm.c, stream)?];
+        blas.gemm_bf16(gemm, pointers)
     }
 }
 

@@ -9,6 +9,8 @@
 #[cfg(feature = "cuda")]
 mod artifacts;
 mod counted;
+#[cfg(feature = "cuda")]
+mod cublas;
 pub mod emulated;
 mod error;
 #[cfg(feature = "cuda")]
@@ -101,6 +103,66 @@ pub trait Device: Send + Sync {
     fn copy(&self, source: &DeviceBuffer, target: &DeviceBuffer, offset: usize) -> Result<(), CudaError>;
     /// Launches kernel `kernel` (an `extern "C"` name in kernels/*.cu).
     fn launch(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError>;
+    /// One BF16 GEMM ([`GemmBf16`], sizes checked by [`GemmBf16::check`]): cuBLAS on a GPU that can load it, the
+    /// `gemm_bf16_reference` kernel (kernels/linear.cu) otherwise, as here.
+    fn gemm_bf16(&self, gemm: &GemmBf16) -> Result<(), CudaError> {
+        let (shape, args) = gemm.reference_launch()?;
+        self.launch(REFERENCE_GEMM, shape, &args)
+    }
+}
+
+/// The kernel [`Device::gemm_bf16`] launches without cuBLAS.
+const REFERENCE_GEMM: &str = "gemm_bf16_reference";
+
+/// `c[rows, out] = x[rows, in] · w[out, in]ᵀ`: `weight` and `x` BF16 bits, `c` f32, all row-major, products
+/// accumulated in f32.
+pub struct GemmBf16<'a> {
+    pub weight: &'a DeviceBuffer,
+    pub x: &'a DeviceBuffer,
+    pub c: &'a DeviceBuffer,
+    pub rows: usize,
+    pub in_features: usize,
+    pub out_features: usize,
+}
+
+impl GemmBf16<'_> {
+    /// `[rows, in, out]` as 32-bit ints; fails unless every buffer holds its matrix and every dimension fits.
+    pub fn check(&self) -> Result<[i32; 3], CudaError> {
+        let dimensions = [self.int(self.rows)?, self.int(self.in_features)?, self.int(self.out_features)?];
+        let (rows, inner, out) = (self.rows as u64, self.in_features as u64, self.out_features as u64);
+        for (what, buffer, need) in
+            [("weight", self.weight, out * inner * 2), ("x", self.x, rows * inner * 2), ("c", self.c, rows * out * 4)]
+        {
+            if (buffer.bytes() as u64) < need {
+                return Err(self.unsupported(format!("{what} buffer has {} bytes, needs {need}", buffer.bytes())));
+            }
+        }
+        Ok(dimensions)
+    }
+
+    /// The grid and arguments of [`REFERENCE_GEMM`] (grid-stride, one thread per output value).
+    fn reference_launch(&self) -> Result<(LaunchShape, [Arg<'_>; 6]), CudaError> {
+        let [rows, in_features, out_features] = self.check()?;
+        let blocks = (rows as u32).saturating_mul(out_features as u32).div_ceil(256).min(65_535);
+        let args = [
+            Arg::Buffer(self.weight),
+            Arg::Buffer(self.x),
+            Arg::Buffer(self.c),
+            Arg::I32(rows),
+            Arg::I32(in_features),
+            Arg::I32(out_features),
+        ];
+        Ok((LaunchShape::linear(blocks, 256), args))
+    }
+
+    fn int(&self, value: usize) -> Result<i32, CudaError> {
+        i32::try_from(value).map_err(|_| self.unsupported(format!("dimension {value} does not fit a 32-bit int")))
+    }
+
+    fn unsupported(&self, problem: String) -> CudaError {
+        let shape = format!("[{}, {}]·[{}, {}]ᵀ", self.rows, self.in_features, self.out_features, self.in_features);
+        CudaError::Unsupported { tensor: format!("gemm_bf16 {shape}"), problem }
+    }
 }
 
 /// Plain element types that travel to and from the device as their little-endian bytes.
