@@ -4,6 +4,7 @@
 //! kernels/fp8_dequant.cu (256 threads per block, one group or element per thread).
 
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
+use crate::runtime::cuda::fp8::{self, Fp8OnDevice};
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 /// Threads per block of every kernel (the kernels declare `__launch_bounds__(256)`).
@@ -241,17 +242,14 @@ pub fn dequantize_fp8(
     let out_bytes = elements * if bf16 { 2 } else { 4 };
     let out = device.alloc(out_bytes)?;
     device.write(&out, &vec![0xA5; out_bytes])?;
-    let kernel = if bf16 { "fp8_block_dequant_bf16" } else { "fp8_block_dequant_f32" };
-    let args = [
-        Arg::Buffer(&codes),
-        Arg::Buffer(&scales),
-        Arg::Buffer(&out),
-        Arg::I64(tensor.rows as i64),
-        Arg::I64(tensor.columns as i64),
-        Arg::I64(first_row as i64),
-        Arg::I32(tensor.block_rows as i32),
-        Arg::I32(tensor.block_columns as i32),
-    ];
-    device.launch(kernel, LaunchShape::linear(blocks_for(elements).min(1 << 20), THREADS_PER_BLOCK), &args)?;
+    let on_device = Fp8OnDevice {
+        codes: &codes,
+        scales: &scales,
+        rows: tensor.rows,
+        columns: tensor.columns,
+        first_row,
+        block: [tensor.block_rows, tensor.block_columns],
+    };
+    fp8::dequantize(device, &on_device, &out, bf16)?;
     device.download::<u8>(&out, out_bytes)
 }

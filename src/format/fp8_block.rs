@@ -342,6 +342,11 @@ impl<'a> RowReader<'a> {
         Ok(Self { bytes: tensor.bytes, dtype: tensor.dtype, rows, columns, fp8 })
     }
 
+    /// A block-FP8 tensor's codes `[rows, columns]`, block grid and block multipliers, as stored.
+    pub fn fp8_parts(&self) -> Option<(&'a [u8], BlockGrid, &[f32])> {
+        self.fp8.as_ref().map(|(grid, scales)| (&self.bytes[..self.rows * self.columns], *grid, scales.as_slice()))
+    }
+
     /// The whole tensor as f32, row-major.
     pub fn read_all(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.columns];

@@ -13,6 +13,9 @@ use super::RuntimeError;
 /// A weight matrix `[rows, columns]` (f32, row-major), or, read from a compressed-tensors INT4 checkpoint, its
 /// packed INT4 form only: the CUDA backend multiplies by that directly (W4A16), and the f32 values are made from it
 /// on the first [`Matrix::values`] (the CPU backend's), so a device run holds no host f32 copy of INT4 weights.
+/// A block-FP8 weight is read as its codes and block scales ([`Fp8Weight`]): a device backend uploads those (a
+/// quarter of the f32 bytes) and dequantizes on the device; the first [`Matrix::values`] dequantizes on the host
+/// and drops the codes, so the CPU holds the f32 values only, as before.
 #[derive(Debug, Clone)]
 pub struct Matrix {
     pub rows: usize,
@@ -22,6 +25,8 @@ pub struct Matrix {
     /// The f32 values of a packed-only matrix, dequantized on first use.
     dequantized: std::sync::OnceLock<Vec<f32>>,
     pub int4: Option<Box<Int4Weight>>,
+    /// The FP8 form of a block-FP8 weight until its f32 values are made.
+    fp8: CodedFp8,
     /// Every value is a BF16 number (read from a BF16 linear weight): a device may hold it as BF16 without loss.
     pub bf16_values: bool,
     /// Unique per loaded matrix.
@@ -29,6 +34,58 @@ pub struct Matrix {
     /// Its copy on a device, kept by the device backend that uploaded it and freed with the matrix: a dropped
     /// layer frees its device memory.
     device_copy: DeviceCopy,
+}
+
+/// A matrix's FP8 codes and scales, taken when the host dequantizes them.
+#[derive(Debug, Default)]
+struct CodedFp8(std::sync::Mutex<Option<std::sync::Arc<Fp8Weight>>>);
+
+impl CodedFp8 {
+    fn get(&self) -> Option<std::sync::Arc<Fp8Weight>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    fn take(&self) -> Option<std::sync::Arc<Fp8Weight>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+    }
+}
+
+impl Clone for CodedFp8 {
+    fn clone(&self) -> Self {
+        Self(std::sync::Mutex::new(self.get()))
+    }
+}
+
+/// Block-scaled FP8 e4m3 as a checkpoint stores it: codes `[rows, columns]` and one f32 multiplier per block of
+/// `grid` (`w = e4m3(code) · scale`, [`crate::quant::fp8_block::dequantize_row`]).
+#[derive(Debug, Clone)]
+pub struct Fp8Weight {
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub grid: crate::quant::fp8_block::BlockGrid,
+}
+
+impl Fp8Weight {
+    /// The f32 values, row-major: what a checkpoint reader dequantizing row by row gives, bit for bit.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let columns = self.grid.columns;
+        let mut out = vec![0f32; self.grid.rows * columns];
+        for (row, values) in out.chunks_mut(columns.max(1)).enumerate().take(self.grid.rows) {
+            crate::quant::fp8_block::dequantize_row(
+                &self.grid,
+                row,
+                &self.codes[row * columns..][..columns],
+                &self.scales,
+                values,
+            );
+        }
+        out
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + self.scales.len() * 4
+    }
 }
 
 /// A matrix's device copy: the device it lives on (by address) and the backend's own weight type.
@@ -107,6 +164,7 @@ impl Matrix {
             data,
             dequantized: std::sync::OnceLock::new(),
             int4: None,
+            fp8: CodedFp8::default(),
             bf16_values: false,
             id,
             device_copy: DeviceCopy::default(),
@@ -130,13 +188,27 @@ impl Matrix {
         Self::new(rows, columns, Vec::new()).with_int4(int4)
     }
 
-    /// The f32 values `[rows · columns]`: as given, or dequantized from the INT4 form (once, then kept).
+    /// A block-FP8 matrix held as its codes and scales: no f32 values until [`Matrix::values`] asks.
+    pub fn coded_fp8(fp8: Fp8Weight) -> Self {
+        let matrix = Self::new(fp8.grid.rows, fp8.grid.columns, Vec::new());
+        *matrix.fp8.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(std::sync::Arc::new(fp8));
+        matrix
+    }
+
+    /// The FP8 codes and scales, while the values have not been made from them on the host.
+    pub fn fp8(&self) -> Option<std::sync::Arc<Fp8Weight>> {
+        self.fp8.get()
+    }
+
+    /// The f32 values `[rows · columns]`: as given, or dequantized from the INT4 form or the FP8 codes (once, then
+    /// kept; the FP8 codes are dropped then).
     pub fn values(&self) -> &[f32] {
+        if !self.data.is_empty() || self.rows * self.columns == 0 {
+            return &self.data;
+        }
         match &self.int4 {
-            Some(int4) if self.data.is_empty() && self.rows * self.columns > 0 => {
-                self.dequantized.get_or_init(|| int4.dequantize(self.rows, self.columns))
-            }
-            _ => &self.data,
+            Some(int4) => self.dequantized.get_or_init(|| int4.dequantize(self.rows, self.columns)),
+            None => self.dequantized.get_or_init(|| self.fp8.take().map(|fp8| fp8.dequantize()).unwrap_or_default()),
         }
     }
 
@@ -155,7 +227,9 @@ impl Matrix {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         let dense = self.data.len() + self.dequantized.get().map_or(0, Vec::len);
-        dense * 4 + self.int4.as_ref().map_or(0, |w| w.packed.len() * 4 + w.scales.len() * 2)
+        dense * 4
+            + self.int4.as_ref().map_or(0, |w| w.packed.len() * 4 + w.scales.len() * 2)
+            + self.fp8.get().map_or(0, |w| w.bytes())
     }
 }
 

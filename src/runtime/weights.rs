@@ -8,8 +8,15 @@ use crate::format::compressed_tensors::{int4_group_size, int4_modules, Int4Modul
 use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceItem, SourceKind};
 use crate::io::{Checkpoint, Dtype};
 
-use super::backend::{Int4Weight, Matrix};
+use super::backend::{Fp8Weight, Int4Weight, Matrix};
 use super::RuntimeError;
+
+/// Whether every value `e4m3(code) · scale` is finite, without making them: no NaN code (`0x7F`/`0xFF`; e4m3fn has
+/// no infinity) and every block's multiplier finite with `448 · scale` finite (448 is the largest |e4m3|). False
+/// when unsure (an overflowing scale may still give finite values for small codes): the caller then checks values.
+fn all_finite(fp8: &Fp8Weight) -> bool {
+    fp8.codes.iter().all(|&code| code & 0x7F != 0x7F) && fp8.scales.iter().all(|&scale| (scale * 448.0).is_finite())
+}
 
 /// Dequantizing reader over an opened checkpoint.
 pub struct WeightReader<'a> {
@@ -85,7 +92,15 @@ impl<'a> WeightReader<'a> {
             [rows, columns] => [*rows, *columns],
             other => [1, other.iter().product()],
         };
-        let data = RowReader::new(self.checkpoint, &item)?.read_all();
+        let reader = RowReader::new(self.checkpoint, &item)?;
+        if let Some((codes, grid, scales)) =
+            reader.fp8_parts().filter(|(_, grid, _)| [grid.rows, grid.columns] == [rows, columns])
+        {
+            // Codes only: a device backend dequantizes them on the device, the CPU's first `values()` on the host.
+            let fp8 = Fp8Weight { codes: codes.to_vec(), scales: scales.to_vec(), grid };
+            return self.checked(name, Matrix::coded_fp8(fp8), expected);
+        }
+        let data = reader.read_all();
         let bf16 = item.dtype == Dtype::BF16 && matches!(item.kind, SourceKind::Plain);
         self.checked(name, Matrix::new(rows, columns, data).with_bf16_values(bf16), expected)
     }
@@ -112,6 +127,10 @@ impl<'a> WeightReader<'a> {
         if matrix.int4.is_some() {
             return Ok(matrix);
         }
+        if matrix.fp8().is_some_and(|fp8| all_finite(&fp8)) {
+            return Ok(matrix);
+        }
+        // Found non-finite (or a plain matrix): the values say which element.
         if let Some(position) = matrix.values().iter().position(|v| !v.is_finite()) {
             return Err(RuntimeError::tensor(
                 self.shard(name),
@@ -214,5 +233,53 @@ mod tests {
         assert!(matrix.int4.is_some() && matrix.bytes() < 48 * 4, "read packed only: {} bytes", matrix.bytes());
         assert_eq!(matrix.values().len(), 48);
         assert!(matrix.values().iter().all(|v| v.is_finite()));
+    }
+
+    /// A block-FP8 weight `m.weight` [5, 7] with 2×4 blocks (partial edge blocks) and its `weight_scale_inv`.
+    fn fp8_folder(codes: &[u8], scales: [f32; 6]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = vec![
+            PlannedTensor::new("m.weight", Dtype::F8_E4M3, vec![5, 7]),
+            PlannedTensor::new("m.weight_scale_inv", Dtype::F32, vec![3, 2]),
+        ];
+        let mut writer = ShardWriter::create(&dir.path().join("model.safetensors"), tensors).unwrap();
+        writer.write_tensor("m.weight", codes).unwrap();
+        writer
+            .write_tensor("m.weight_scale_inv", &scales.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<_>>())
+            .unwrap();
+        writer.finish().unwrap();
+        let config = serde_json::json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [2, 4]}});
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_block_fp8_weight_reads_as_its_codes_until_the_host_needs_values() {
+        // Every code but the two NaNs, and scales of awkward sizes.
+        let codes: Vec<u8> = (0..35u8).map(|i| i.wrapping_mul(37) % 0x7F).collect();
+        let scales = [0.5, 1.0e-3, 3.0, 7.25e-2, 1.0e5, 2.0e-7];
+        let dir = fp8_folder(&codes, scales);
+        let checkpoint = Checkpoint::open(dir.path()).unwrap();
+        let matrix = WeightReader::new(&checkpoint).matrix("m.weight", [5, 7]).unwrap();
+        let fp8 = matrix.fp8().expect("held as codes");
+        assert_eq!((fp8.codes.as_slice(), fp8.scales.as_slice()), (codes.as_slice(), scales.as_slice()));
+        assert_eq!(matrix.bytes(), 35 + 6 * 4, "no f32 values before they are asked for");
+        // The values are what the row reader makes, bit for bit; the codes are dropped then.
+        let item = stored_item(&checkpoint, "m.weight", [2, 4]).unwrap();
+        let want = RowReader::new(&checkpoint, &item).unwrap().read_all();
+        let got: Vec<u32> = matrix.values().iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert!(matrix.fp8().is_none());
+        assert_eq!(matrix.bytes(), 35 * 4);
+    }
+
+    #[test]
+    fn a_nan_fp8_code_is_refused_naming_its_element() {
+        let mut codes = vec![0x38u8; 35];
+        codes[17] = 0xFF;
+        let dir = fp8_folder(&codes, [1.0; 6]);
+        let checkpoint = Checkpoint::open(dir.path()).unwrap();
+        let error = WeightReader::new(&checkpoint).matrix("m.weight", [5, 7]).unwrap_err().to_string();
+        assert!(error.contains("m.weight") && error.contains("element 17"), "{error}");
     }
 }

@@ -1,5 +1,6 @@
-//! Device-resident weights: each loaded [`Matrix`] uploaded once (packed when it carries its INT4 form, as BF16 when
-//! its values are BF16 numbers, f32 otherwise — FP8 weights dequantized with their block scales) and kept
+//! Device-resident weights: each loaded [`Matrix`] uploaded once (packed when it carries its INT4 form; as its FP8
+//! codes and block scales when it still holds them, dequantized to f32 on the device; as BF16 when its values are
+//! BF16 numbers; f32 otherwise) and kept
 //! with the matrix itself, so the device memory is freed when the matrix is (a dropped layer frees its weights).
 //! The store is shared with the layer loader thread, which uploads the next layer's weights ([`Prefetch`]) while
 //! the current layer computes.
@@ -7,8 +8,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::runtime::backend::{Matrix, Prefetch, Uploads};
+use crate::runtime::backend::{Fp8Weight, Matrix, Prefetch, Uploads};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
+
+use super::fp8::{self, Fp8OnDevice};
 
 /// A weight as it lives on the device.
 pub(crate) enum DeviceWeight {
@@ -45,8 +48,9 @@ impl WeightStore {
         }
         let device = self.device.as_ref();
         let started = Instant::now();
-        let (weight, bytes) = match &matrix.int4 {
-            Some(int4) => (
+        let fp8 = if matrix.int4.is_none() { matrix.fp8() } else { None };
+        let (weight, bytes) = match (&matrix.int4, fp8) {
+            (Some(int4), _) => (
                 DeviceWeight::Int4 {
                     packed: device.upload_resident(&int4.packed)?,
                     scales: device.upload_resident(&int4.scales)?,
@@ -54,12 +58,13 @@ impl WeightStore {
                 },
                 int4.packed.len() * 4 + int4.scales.len() * 2,
             ),
-            None if matrix.bf16_values => {
+            (None, Some(fp8)) => (DeviceWeight::Dense(dequantized(device, &fp8)?), fp8.bytes()),
+            (None, None) if matrix.bf16_values => {
                 let bits: Vec<u16> =
                     matrix.values().iter().map(|&value| half::bf16::from_f32(value).to_bits()).collect();
                 (DeviceWeight::Bf16(device.upload_resident(&bits)?), bits.len() * 2)
             }
-            None => (DeviceWeight::Dense(device.upload_resident(matrix.values())?), matrix.values().len() * 4),
+            (None, None) => (DeviceWeight::Dense(device.upload_resident(matrix.values())?), matrix.values().len() * 4),
         };
         let weight = Arc::new(weight);
         {
@@ -75,6 +80,26 @@ impl WeightStore {
     pub fn uploads(&self) -> Uploads {
         *self.uploads.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The f32 values of `fp8` made on the device: codes and scales uploaded (resident: on the copy stream), the
+/// values written by `fp8_block_dequant_f32` on the compute stream — the same bits as the host's dequantization.
+/// The uploaded codes are freed when this returns, once the compute stream has passed the kernel.
+fn dequantized(device: &dyn Device, fp8: &Fp8Weight) -> Result<DeviceBuffer, CudaError> {
+    let grid = fp8.grid;
+    let codes = device.upload_resident(&fp8.codes)?;
+    let scales = device.upload_resident(&fp8.scales)?;
+    let values = device.alloc_for::<f32>((grid.rows * grid.columns).max(1))?;
+    let tensor = Fp8OnDevice {
+        codes: &codes,
+        scales: &scales,
+        rows: grid.rows,
+        columns: grid.columns,
+        first_row: 0,
+        block: [grid.block_rows, grid.block_columns],
+    };
+    fp8::dequantize(device, &tensor, &values, false)?;
+    Ok(values)
 }
 
 impl Prefetch for WeightStore {
