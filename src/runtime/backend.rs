@@ -325,8 +325,8 @@ pub trait Prefetch: Send + Sync {
 /// them. A device error is an `Err` of the op that hit it.
 pub trait Backend: Sync {
     fn name(&self) -> &'static str;
-    /// A handle the layer loader thread uploads the next layer's weights through while this layer computes (device
-    /// backends); `None` where weights need no upload (the CPU).
+    /// A handle the layer loader thread readies the next layer's weights through while this layer computes (a device
+    /// uploads them, the CPU makes their f32 values); `None`: nothing to ready.
     fn prefetcher(&self) -> Option<std::sync::Arc<dyn Prefetch>> {
         None
     }

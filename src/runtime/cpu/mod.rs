@@ -13,8 +13,8 @@ mod routing;
 use std::ops::Range;
 
 use super::backend::{
-    AttentionShape, Backend, IndexerShape, KeyChoice, KeySelection, KvRows, Matrix, PagedDecode, PagedStep, RopeStyle,
-    RoutedExpert, Routes, RoutingShape,
+    AttentionShape, Backend, IndexerShape, KeyChoice, KeySelection, KvRows, Matrix, PagedDecode, PagedStep, Prefetch,
+    RopeStyle, RoutedExpert, Routes, RoutingShape,
 };
 use super::kv_cache::KvPool;
 use super::rope_table::RopeTable;
@@ -24,6 +24,19 @@ use super::RuntimeError;
 /// The CPU backend.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Cpu;
+
+/// The CPU's prefetch: the f32 values of the next layer's (or expert batch's) weights made on the loader thread
+/// (block-FP8 and INT4 weights are read coded and dequantized on first use), so compute never waits for them.
+struct HostValues;
+
+impl Prefetch for HostValues {
+    fn prefetch(&self, matrices: &[&Matrix]) {
+        use rayon::prelude::*;
+        matrices.par_iter().for_each(|matrix| {
+            matrix.values();
+        });
+    }
+}
 
 /// A CPU tensor's values.
 fn values(tensor: &Tensor) -> &[f32] {
@@ -49,6 +62,10 @@ fn rows_of<'a>(values: &'a [f32], columns: usize, rows: &Range<usize>) -> &'a [f
 impl Backend for Cpu {
     fn name(&self) -> &'static str {
         "cpu"
+    }
+
+    fn prefetcher(&self) -> Option<std::sync::Arc<dyn Prefetch>> {
+        Some(std::sync::Arc::new(HostValues))
     }
 
     fn upload(&self, values: &[f32], columns: usize) -> Result<Tensor, RuntimeError> {
