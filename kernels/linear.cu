@@ -88,11 +88,12 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     squeeze::linear::dense_tile<true>(x, weight, bias, y, rows, in, out);
 }
 
-// The split BF16 product (src/runtime/cuda/linear.rs `linear_bf16_gemm`): f32 activations x = hi + lo with
+// The split BF16 products (src/runtime/cuda/linear.rs `linear_bf16_gemm`, `linear_bf16_pair`): f32 activations x = hi + lo with
 // hi = bf16(x) and lo = bf16(x − hi) (x − hi is exact in f32), both rounded to nearest even, so hi + lo keeps 16
 // significant bits (|x − hi − lo| ≤ 2⁻¹⁸·|x|) and W·hi + W·lo stays within the CPU oracle's tolerance where one BF16
 // rounding of x (2⁻⁹) would not. hi and lo are stacked as the 2·rows rows of one BF16 GEMM input, so the weight is
-// read once. One thread per value: halves[e] = hi, halves[count + e] = lo.
+// read once. One thread per value: halves[e] = hi, halves[count + e] = lo. The same split of an f32 weight (FP8
+// dequantized on the device) gives the weight pair W = W_hi + W_lo.
 extern "C" __global__ void __launch_bounds__(256)
     split_bf16(const float* __restrict__ x, uint16_t* __restrict__ halves, long long count) {
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -103,14 +104,21 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// y[e] = (products[e] + products[count + e]) + bias[e % out] (+ 0 without a bias, as the CPU does): the hi and lo
-// halves of the split product summed, `count` = rows·out values.
+// y[r, o] = (p[r·ld + o] + p[second + r·ld + o] (+ p[third + r·ld + o] when third ≥ 0)) + bias[o] (+ 0 without a
+// bias, as the CPU does): the partial products of the split forms summed, for `rows` rows of `out` values. Layouts
+// (src/runtime/cuda/linear.rs): x split over a BF16 weight, p [2·rows, out] (second = rows·out); a BF16 weight pair
+// (hi rows then lo rows) on the matrix-vector kernel, p [rows, 2·out] (second = out); a pair times split x, p
+// [2·rows, 2·out] (second = 2·rows·out: x_lo·W_hi, third = out: x_hi·W_lo; x_lo·W_lo is left out).
 extern "C" __global__ void __launch_bounds__(256)
-    join_halves_f32(float* __restrict__ y, const float* __restrict__ products, const float* __restrict__ bias,
-                    long long count, long long out) {
+    join_products_f32(float* __restrict__ y, const float* __restrict__ p, const float* __restrict__ bias,
+                      long long rows, long long out, long long ld, long long second, long long third) {
+    const long long count = rows * out;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < count; e += stride) {
-        y[e] = __fadd_rn(__fadd_rn(products[e], products[count + e]), bias ? bias[e % out] : 0.0f);
+        const long long at = (e / out) * ld + e % out;
+        float sum = __fadd_rn(p[at], p[second + at]);
+        if (third >= 0) sum = __fadd_rn(sum, p[third + at]);
+        y[e] = __fadd_rn(sum, bias ? bias[e % out] : 0.0f);
     }
 }
 
@@ -136,6 +144,6 @@ extern "C" __global__ void __launch_bounds__(256)
 SQUEEZE_EMULATION_KERNEL(linear_f32);
 SQUEEZE_EMULATION_KERNEL(linear_bf16);
 SQUEEZE_EMULATION_KERNEL(split_bf16);
-SQUEEZE_EMULATION_KERNEL(join_halves_f32);
+SQUEEZE_EMULATION_KERNEL(join_products_f32);
 SQUEEZE_EMULATION_KERNEL(gemm_bf16_reference);
 #endif

@@ -11,7 +11,9 @@ use crate::metrics;
 use crate::rng::Rng;
 use crate::runtime::backend::{AttentionShape, IndexerShape, Int4Weight, Matrix, PagedLayout, RopeStyle, RoutingShape};
 use crate::runtime::cpu::Cpu;
-use crate::runtime::cuda::linear::{linear_bf16, linear_bf16_gemm, w4a16_linear, GEMM_MIN_ROWS};
+use crate::runtime::cuda::linear::{
+    linear_bf16, linear_bf16_gemm, linear_bf16_pair, split, w4a16_linear, GEMM_MIN_ROWS,
+};
 use crate::runtime::cuda::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
@@ -117,7 +119,8 @@ pub fn linear_bf16_weights(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<S
 
 /// The split BF16 GEMM (activations as two BF16 halves, [`linear_bf16_gemm`]; cuBLAS on a GPU, the reference
 /// kernel here) against the CPU `linear` on the same BF16 weights and f32 activations: rows from [`GEMM_MIN_ROWS`]
-/// up, `in` a multiple of 8 and not, with and without bias. Its own tolerance: the halves keep x within 2⁻¹⁸
+/// up, `in` a multiple of 8 and not, with and without bias; and an f32 weight as its BF16 pair
+/// ([`linear_bf16_pair`], the device form of block-FP8 weights) on both of its paths. Its own tolerance: the halves keep x within 2⁻¹⁸
 /// (≈ 4e-6) relative, so a sum is off by about that over the dot-order noise; one BF16 rounding of x (2⁻⁹) would be
 /// ≈ 1e-3 and fail.
 pub fn linear_bf16_split_gemm(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<SelftestRow>, CudaError> {
@@ -136,6 +139,17 @@ pub fn linear_bf16_split_gemm(backend: &CudaBackend, rng: &mut Rng) -> Result<Ve
             linear_bf16_gemm(device, &x, &weight, with_bias.then_some(&bias), &y, tokens, inner, out)?;
             let got = device.download::<f32>(&y, tokens * out)?;
             let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias {with_bias}");
+            rows.push(row("gemm_bf16", shape, &got, &want, 0, SPLIT_REL_L2));
+        }
+        // An f32 weight (as block-FP8 dequantizes) as its BF16 pair, below and from GEMM_MIN_ROWS rows.
+        let dense = Matrix::new(out, inner, rng.values(out * inner, 0.5));
+        let pair = split(device, &device.upload(dense.values())?, out * inner)?;
+        for tokens in [5, tokens] {
+            let want = Host::new(&Cpu).linear(&input[..tokens * inner], tokens, &dense, Some(&bias_values));
+            let y = device.alloc_for::<f32>(tokens * out)?;
+            linear_bf16_pair(device, &x, &pair, Some(&bias), &y, tokens, inner, out)?;
+            let got = device.download::<f32>(&y, tokens * out)?;
+            let shape = format!("[{tokens}, {inner}]·([{out}, {inner}] f32 as a BF16 pair)ᵀ bias true");
             rows.push(row("gemm_bf16", shape, &got, &want, 0, SPLIT_REL_L2));
         }
     }

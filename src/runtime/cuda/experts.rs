@@ -17,7 +17,7 @@ use crate::runtime::device::{CudaError, Device, DeviceBuffer, Traffic};
 use crate::runtime::tensor::Tensor;
 
 use super::activation::silu_mul_f32;
-use super::linear::{dense_bf16, linear_f32, w4a16_grouped, GroupedInt4};
+use super::linear::{dense_bf16, linear_bf16_pair, linear_f32, w4a16_grouped, GroupedInt4};
 use super::tensor::{accumulate_rows, alloc, buffer, gather_rows};
 use super::{CudaBackend, DeviceWeight};
 
@@ -130,7 +130,7 @@ fn concatenate<'a>(
     for weight in &weights {
         match weight.as_ref() {
             DeviceWeight::Int4 { packed, scales, .. } => parts.push((packed, scales)),
-            DeviceWeight::Dense(_) | DeviceWeight::Bf16(_) => {
+            DeviceWeight::Dense(_) | DeviceWeight::Bf16(_) | DeviceWeight::Bf16Pair(_) => {
                 return Err(unsupported("an expert of an INT4 batch has no INT4 form".into()))
             }
         }
@@ -218,7 +218,7 @@ impl DenseWeight {
         Ok(DenseWeight::Owned(backend.device().upload(matrix.values())?))
     }
 
-    /// `y = x · Wᵀ` on the f32 or BF16 kernel, as the weight is held.
+    /// `y = x · Wᵀ` on the f32, BF16 or BF16-pair product, as the weight is held.
     #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
@@ -233,6 +233,7 @@ impl DenseWeight {
             DenseWeight::Cached(weight) => match weight.as_ref() {
                 DeviceWeight::Dense(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),
                 DeviceWeight::Bf16(w) => dense_bf16(device, x, w, None, y, rows, in_features, out_features),
+                DeviceWeight::Bf16Pair(w) => linear_bf16_pair(device, x, w, None, y, rows, in_features, out_features),
                 DeviceWeight::Int4 { .. } => Err(unsupported("a dense expert weight is cached packed".into())),
             },
             DenseWeight::Owned(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),

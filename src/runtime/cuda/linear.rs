@@ -105,7 +105,7 @@ pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&
     let bias_buffer = match bias.as_deref() {
         None => None,
         Some(DeviceWeight::Dense(buffer)) => Some(buffer),
-        Some(DeviceWeight::Int4 { .. } | DeviceWeight::Bf16(_)) => {
+        Some(DeviceWeight::Int4 { .. } | DeviceWeight::Bf16(_) | DeviceWeight::Bf16Pair(_)) => {
             return Err(unsupported("linear", "the bias is not an f32 parameter".into()))
         }
     };
@@ -113,6 +113,9 @@ pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&
     match weight.as_ref() {
         DeviceWeight::Dense(w) => linear_f32(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
         DeviceWeight::Bf16(w) => dense_bf16(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
+        DeviceWeight::Bf16Pair(w) => {
+            linear_bf16_pair(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?
+        }
         DeviceWeight::Int4 { packed, scales, group_size } => {
             check_int4("linear", in_features, *group_size)?;
             w4a16_linear(
@@ -220,9 +223,9 @@ pub fn dense_bf16(
 }
 
 /// Device-level dense linear on BF16 weight bits as one BF16 GEMM ([`Device::gemm_bf16`]: cuBLAS on a GPU) over
-/// the activations split in two BF16 halves, `x = hi + lo` (kernels/linear.cu `split_bf16`: 16 significant bits,
-/// within 2⁻¹⁸ of x), stacked as 2·rows rows, then `y = x_hi·Wᵀ + x_lo·Wᵀ (+ bias)`. Twice the GEMM's flops for
-/// f32-faithful activations; the weight is read once. Temporary device memory: 2·rows·in BF16 + 2·rows·out f32.
+/// the activations split in two BF16 halves, `x = hi + lo` ([`split`]: 16 significant bits, within 2⁻¹⁸ of x),
+/// stacked as 2·rows rows, then `y = x_hi·Wᵀ + x_lo·Wᵀ (+ bias)`. Twice the GEMM's flops for f32-faithful
+/// activations; the weight is read once. Temporary device memory: 2·rows·in BF16 + 2·rows·out f32.
 #[allow(clippy::too_many_arguments)]
 pub fn linear_bf16_gemm(
     device: &dyn Device,
@@ -234,30 +237,115 @@ pub fn linear_bf16_gemm(
     in_features: usize,
     out_features: usize,
 ) -> Result<(), CudaError> {
-    const KERNEL: &str = "linear_bf16_gemm";
-    holds(KERNEL, "x", x, rows * in_features, 4)?;
-    holds(KERNEL, "y", y, rows * out_features, 4)?;
-    if let Some(bias) = bias {
-        holds(KERNEL, "bias", bias, out_features, 4)?;
-    }
-    if rows == 0 || out_features == 0 {
+    if !checked_dense("linear_bf16_gemm", x, bias, y, rows, in_features, out_features)? {
         return Ok(());
     }
-    let (inputs, outputs) = (rows * in_features, rows * out_features);
-    let halves = device.alloc_for::<u16>(2 * inputs)?;
-    let products = device.alloc_for::<f32>(2 * outputs)?;
-    let blocks = |count: usize| LaunchShape::linear(count.div_ceil(THREADS as usize).min(MAX_BLOCKS) as u32, THREADS);
-    let count = |value: usize| Arg::I64(value as i64);
-    device.launch("split_bf16", blocks(inputs), &[Arg::Buffer(x), Arg::Buffer(&halves), count(inputs)])?;
+    let halves = split(device, x, rows * in_features)?;
+    let products = device.alloc_for::<f32>(2 * rows * out_features)?;
     device.gemm_bf16(&GemmBf16 { weight, x: &halves, c: &products, rows: 2 * rows, in_features, out_features })?;
+    let layout = Join { ld: out_features, second: rows * out_features, third: None };
+    join(device, y, &products, bias, rows, out_features, layout)
+}
+
+/// Device-level dense linear on a BF16 weight pair `W = W_hi + W_lo` (u16 `[2, out, in]`: an f32 weight split as
+/// [`split`] does, e.g. block-FP8 dequantized on the device; within 2⁻¹⁸ of W): below [`GEMM_MIN_ROWS`] rows the
+/// matrix-vector kernel over both halves as one `[2·out, in]` weight (the f32 weight's bytes); from there on one
+/// BF16 GEMM of the pair by the split activations, `x_hi·W_hiᵀ + x_lo·W_hiᵀ + x_hi·W_loᵀ` (the fourth product,
+/// x_lo·W_lo, below 2⁻¹⁸, is computed and left out). Temporary memory of the GEMM form: 2·rows·in BF16 +
+/// 4·rows·out f32.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_bf16_pair(
+    device: &dyn Device,
+    x: &DeviceBuffer,
+    pair: &DeviceBuffer,
+    bias: Option<&DeviceBuffer>,
+    y: &DeviceBuffer,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+) -> Result<(), CudaError> {
+    if !checked_dense("linear_bf16_pair", x, bias, y, rows, in_features, out_features)? {
+        return Ok(());
+    }
+    let products = device.alloc_for::<f32>(if rows < GEMM_MIN_ROWS { 2 } else { 4 } * rows * out_features)?;
+    let pair_out = 2 * out_features;
+    let layout = if rows < GEMM_MIN_ROWS {
+        linear_bf16(device, x, pair, None, &products, rows, in_features, pair_out)?;
+        Join { ld: pair_out, second: out_features, third: None }
+    } else {
+        let halves = split(device, x, rows * in_features)?;
+        let gemm =
+            GemmBf16 { weight: pair, x: &halves, c: &products, rows: 2 * rows, in_features, out_features: pair_out };
+        device.gemm_bf16(&gemm)?;
+        Join { ld: pair_out, second: rows * pair_out, third: Some(out_features) }
+    };
+    join(device, y, &products, bias, rows, out_features, layout)
+}
+
+/// Checks x, bias and y of a dense product; false when there is nothing to compute.
+fn checked_dense(
+    kernel: &str,
+    x: &DeviceBuffer,
+    bias: Option<&DeviceBuffer>,
+    y: &DeviceBuffer,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+) -> Result<bool, CudaError> {
+    holds(kernel, "x", x, rows * in_features, 4)?;
+    holds(kernel, "y", y, rows * out_features, 4)?;
+    if let Some(bias) = bias {
+        holds(kernel, "bias", bias, out_features, 4)?;
+    }
+    Ok(rows > 0 && out_features > 0)
+}
+
+fn grid_stride(count: usize) -> LaunchShape {
+    LaunchShape::linear(count.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32, THREADS)
+}
+
+/// `count` f32 values as BF16 halves (kernels/linear.cu `split_bf16`): u16 `[2, count]`, hi then lo.
+pub(crate) fn split(device: &dyn Device, values: &DeviceBuffer, count: usize) -> Result<DeviceBuffer, CudaError> {
+    holds("split_bf16", "values", values, count, 4)?;
+    let halves = device.alloc_for::<u16>((2 * count).max(1))?;
+    device.launch(
+        "split_bf16",
+        grid_stride(count),
+        &[Arg::Buffer(values), Arg::Buffer(&halves), Arg::I64(count as i64)],
+    )?;
+    Ok(halves)
+}
+
+/// Where a split form's partial products lie (kernels/linear.cu `join_products_f32`): row stride `ld`, the second
+/// (and third) term's offset in values.
+struct Join {
+    ld: usize,
+    second: usize,
+    third: Option<usize>,
+}
+
+/// `y[rows, out] = the layout's terms summed (+ bias)`.
+fn join(
+    device: &dyn Device,
+    y: &DeviceBuffer,
+    products: &DeviceBuffer,
+    bias: Option<&DeviceBuffer>,
+    rows: usize,
+    out: usize,
+    layout: Join,
+) -> Result<(), CudaError> {
+    let long = |value: usize| Arg::I64(value as i64);
     let args = [
         Arg::Buffer(y),
-        Arg::Buffer(&products),
+        Arg::Buffer(products),
         bias.map_or(Arg::Null, Arg::Buffer),
-        count(outputs),
-        count(out_features),
+        long(rows),
+        long(out),
+        long(layout.ld),
+        long(layout.second),
+        Arg::I64(layout.third.map_or(-1, |third| third as i64)),
     ];
-    device.launch("join_halves_f32", blocks(outputs), &args)
+    device.launch("join_products_f32", grid_stride(rows * out), &args)
 }
 
 /// Device-level W4A16 linear: `packed` u32 `[out, in / 8]`, `scales` BF16 bits `[out, in / group_size]`

@@ -82,7 +82,7 @@ fn parameter(backend: &CudaBackend, vector: &Matrix) -> Result<std::sync::Arc<De
     let weight = backend.weight(vector)?;
     match weight.as_ref() {
         DeviceWeight::Dense(_) => Ok(weight),
-        DeviceWeight::Int4 { .. } | DeviceWeight::Bf16(_) => {
+        DeviceWeight::Int4 { .. } | DeviceWeight::Bf16(_) | DeviceWeight::Bf16Pair(_) => {
             Err(unsupported("norm", "a norm parameter is not held as f32".into()))
         }
     }
@@ -93,7 +93,7 @@ fn dense(weight: &DeviceWeight) -> &DeviceBuffer {
         DeviceWeight::Dense(buffer) => buffer,
         // `parameter` refuses the other forms.
         DeviceWeight::Int4 { packed, .. } => packed,
-        DeviceWeight::Bf16(buffer) => buffer,
+        DeviceWeight::Bf16(buffer) | DeviceWeight::Bf16Pair(buffer) => buffer,
     }
 }
 

@@ -12,6 +12,7 @@ use crate::runtime::backend::{Fp8Weight, Matrix, Prefetch, Uploads};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 
 use super::fp8::{self, Fp8OnDevice};
+use super::linear::split;
 
 /// A weight as it lives on the device.
 pub(crate) enum DeviceWeight {
@@ -20,6 +21,9 @@ pub(crate) enum DeviceWeight {
     /// BF16 bits `[rows, columns]` of a matrix whose values are all BF16 numbers ([`Matrix::bf16_values`]: a BF16
     /// checkpoint's linear weights, the dense weights of squeeze's INT4 output): half the bytes, the same values.
     Bf16(DeviceBuffer),
+    /// BF16 bits `[2, rows, columns]` of an f32 weight split in two, `W = W_hi + W_lo` (within 2⁻¹⁸ of W): a
+    /// block-FP8 weight dequantized on the device (the f32 bytes, multiplied on tensor cores over many rows).
+    Bf16Pair(DeviceBuffer),
     /// compressed-tensors INT4: packed words and BF16 scale bits.
     Int4 { packed: DeviceBuffer, scales: DeviceBuffer, group_size: usize },
 }
@@ -58,7 +62,7 @@ impl WeightStore {
                 },
                 int4.packed.len() * 4 + int4.scales.len() * 2,
             ),
-            (None, Some(fp8)) => (DeviceWeight::Dense(dequantized(device, &fp8)?), fp8.bytes()),
+            (None, Some(fp8)) => (DeviceWeight::Bf16Pair(dequantized_pair(device, &fp8)?), fp8.bytes()),
             (None, None) if matrix.bf16_values => {
                 let bits: Vec<u16> =
                     matrix.values().iter().map(|&value| half::bf16::from_f32(value).to_bits()).collect();
@@ -82,10 +86,11 @@ impl WeightStore {
     }
 }
 
-/// The f32 values of `fp8` made on the device: codes and scales uploaded (resident: on the copy stream), the
-/// values written by `fp8_block_dequant_f32` on the compute stream — the same bits as the host's dequantization.
-/// The uploaded codes are freed when this returns, once the compute stream has passed the kernel.
-fn dequantized(device: &dyn Device, fp8: &Fp8Weight) -> Result<DeviceBuffer, CudaError> {
+/// `fp8` as a BF16 weight pair made on the device: codes and scales uploaded (resident: on the copy stream), the
+/// f32 values written by `fp8_block_dequant_f32` on the compute stream (the same bits as the host's
+/// dequantization), then split in their BF16 halves. The uploaded codes and the f32 values are freed when this
+/// returns, once the compute stream has passed the kernels.
+fn dequantized_pair(device: &dyn Device, fp8: &Fp8Weight) -> Result<DeviceBuffer, CudaError> {
     let grid = fp8.grid;
     let codes = device.upload_resident(&fp8.codes)?;
     let scales = device.upload_resident(&fp8.scales)?;
@@ -99,7 +104,7 @@ fn dequantized(device: &dyn Device, fp8: &Fp8Weight) -> Result<DeviceBuffer, Cud
         block: [grid.block_rows, grid.block_columns],
     };
     fp8::dequantize(device, &tensor, &values, false)?;
-    Ok(values)
+    split(device, &values, grid.rows * grid.columns)
 }
 
 impl Prefetch for WeightStore {
