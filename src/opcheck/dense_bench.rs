@@ -1,11 +1,11 @@
 //! Perf mode on a real GPU: the dense BF16 products on GLM-5's attention shapes (issue 16's cuBLAS target). For each
 //! weight shape at 4096 tokens: one plain BF16 GEMM ([`Device::gemm_bf16`], cuBLAS), the runtime's split product
-//! ([`linear_bf16_gemm`]: the same GEMM over 2 × 4096 rows, plus the split and join kernels) as useful TFLOP/s, and
-//! the matrix-vector kernel it replaced from [`GEMM_MIN_ROWS`] rows on ([`linear_bf16`]). Shares are against the
+//! ([`linear_bf16_gemm`]: the same GEMM over 2 × 4096 rows, plus the split and join kernels) as useful TFLOP/s, the
+//! block-FP8 weights' pair form ([`linear_bf16_pair`]), and the matrix-vector kernel it replaced from [`GEMM_MIN_ROWS`] rows on ([`linear_bf16`]). Shares are against the
 //! best rate cuBLAS reaches in this run on a large square BF16 GEMM ("peak").
 
 use crate::rng::Rng;
-use crate::runtime::cuda::linear::{linear_bf16, linear_bf16_gemm, GEMM_MIN_ROWS};
+use crate::runtime::cuda::linear::{linear_bf16, linear_bf16_gemm, linear_bf16_pair, GEMM_MIN_ROWS};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer, GemmBf16};
 
 use super::backend_ops::time_launches;
@@ -96,6 +96,20 @@ pub fn bench(device: &dyn Device, fence: &DeviceBuffer) -> Result<Vec<SelftestRo
                 100.0 * split / rate
             ),
         ));
+        let pair = bf16_buffer(device, &mut rng, 2 * out * inner)?;
+        let seconds_pair =
+            time_launches(device, fence, 10, || linear_bf16_pair(device, &x, &pair, None, &y, TOKENS, inner, out))?;
+        let pair_rate = tflops(TOKENS, inner, out, seconds_pair);
+        rows.push(timed_row(
+            "linear bf16 pair gemm",
+            shape.clone(),
+            seconds_pair,
+            format!(
+                "{pair_rate:.0} useful TFLOP/s (block-FP8 weights: a BF16 pair by split x, 4 GEMM flops per useful one), {:.0}% of peak",
+                100.0 * pair_rate / peak
+            ),
+        ));
+        drop(pair);
         let kernel =
             time_launches(device, fence, 3, || linear_bf16(device, &x, &weight, None, &y, TOKENS, inner, out))?;
         rows.push(timed_row(
