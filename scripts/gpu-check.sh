@@ -66,7 +66,7 @@ done
 cmp -s <(head -c 200 "$work/logits-cpu.safetensors") <(head -c 200 "$work/logits-cuda.safetensors") ||
     echo "logits headers differ"
 grep -o '"mean_nll":[^,]*' "$work/eval-cpu.json" "$work/eval-cuda.json"
-# Host↔device copies by kind and launches (issue 16): eval keeps activations on the device, decode does not yet.
+# Host↔device copies by kind and launches (issue 16): eval and decode keep activations on the device.
 for report in eval-cuda serve-cuda; do
     python3 -c 'import json, sys; print(sys.argv[1], json.dumps(json.load(open(sys.argv[2])).get("device")))' \
         "$report" "$work/$report.json"
