@@ -1,10 +1,10 @@
-//! Linear layers on the device: dense f32/BF16 weights (kernels/linear.cu; BF16 over many rows as a split BF16
-//! GEMM on cuBLAS) and INT4 W4A16 (kernels/w4a16.cu).
+//! Linear layers on the device: dense f32, BF16 and BF16-pair weights (kernels/linear.cu; over many rows as split
+//! BF16 GEMMs on cuBLAS) and INT4 W4A16 (kernels/w4a16.cu).
 //!
 //! The host-level [`linear`] serves [`crate::runtime::Backend::linear`]; the device-level functions
-//! ([`linear_f32`], [`dense_bf16`], [`linear_bf16`], [`linear_bf16_gemm`], [`w4a16_linear`], [`w4a16_grouped`])
-//! take device-resident buffers, check shapes and sizes, and launch (no copies), so the MoE path and benchmarks can
-//! chain them.
+//! ([`linear_f32`], [`dense_bf16`], [`linear_bf16`], [`linear_bf16_gemm`], [`linear_bf16_pair`], [`w4a16_linear`],
+//! [`w4a16_grouped`]) take device-resident buffers, check shapes and sizes, and launch (no copies), so the MoE path
+//! and benchmarks can chain them.
 
 use crate::runtime::backend::Matrix;
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, GemmBf16, LaunchShape};
