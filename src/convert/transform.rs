@@ -5,7 +5,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::format::fp8_block::{read_scales, RowReader, SourceKind};
-use crate::io::dtype::first_nonfinite;
+use crate::io::dtype::{bf16_bits, first_nonfinite};
 use crate::io::{Checkpoint, IoError};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{imatrix, int4, pack};
@@ -88,17 +88,28 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
             let (rows, columns) = (source.rows, source.columns);
             let words_per_row = pack::packed_columns(columns);
             let groups_per_row = columns / group_size;
-            let mut packed = vec![0u32; rows * words_per_row];
-            let mut scales = vec![bf16::ZERO; rows * groups_per_row];
+            // The output bytes are written in the row tasks (each row packed into a task-local buffer and copied
+            // while in cache), so no serial pass over the whole tensor follows.
+            let mut packed = vec![0u8; rows * words_per_row * 4];
+            let mut scales = vec![0u8; rows * groups_per_row * 2];
             packed
-                .par_chunks_mut(words_per_row * ROWS_PER_TASK)
-                .zip(scales.par_chunks_mut(groups_per_row * ROWS_PER_TASK))
+                .par_chunks_mut(words_per_row * 4 * ROWS_PER_TASK)
+                .zip(scales.par_chunks_mut(groups_per_row * 2 * ROWS_PER_TASK))
                 .enumerate()
                 .for_each_init(
-                    || (vec![0f32; columns], vec![0i8; columns]),
-                    |(weights, q), (task, (packed_rows, scale_rows))| {
-                        for (local, (packed_row, scale_row)) in
-                            packed_rows.chunks_mut(words_per_row).zip(scale_rows.chunks_mut(groups_per_row)).enumerate()
+                    || {
+                        (
+                            vec![0f32; columns],
+                            vec![0i8; columns],
+                            vec![0u32; words_per_row],
+                            vec![bf16::ZERO; groups_per_row],
+                        )
+                    },
+                    |(weights, q, packed_row, scale_row), (task, (packed_rows, scale_rows))| {
+                        for (local, (packed_bytes, scale_bytes)) in packed_rows
+                            .chunks_mut(words_per_row * 4)
+                            .zip(scale_rows.chunks_mut(groups_per_row * 2))
+                            .enumerate()
                         {
                             source.read(task * ROWS_PER_TASK + local, weights);
                             match &expert_rule {
@@ -116,11 +127,17 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
                                 ),
                             }
                             pack::pack_row(q, packed_row);
+                            for (slot, word) in packed_bytes.chunks_exact_mut(4).zip(packed_row.iter()) {
+                                slot.copy_from_slice(&word.to_le_bytes());
+                            }
+                            for (slot, scale) in scale_bytes.chunks_exact_mut(2).zip(scale_row.iter()) {
+                                slot.copy_from_slice(&scale.to_le_bytes());
+                            }
                         }
                     },
                 );
             let shape: Vec<u8> = [rows as i64, columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
-            vec![words_to_bytes(&packed), bf16_to_bytes(&scales), shape]
+            vec![packed, scales, shape]
         }
         Action::Bf16 => {
             let source = reader()?;
@@ -132,7 +149,7 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
                     for (local, row_bytes) in bytes.chunks_mut(columns * 2).enumerate() {
                         source.read(task * ROWS_PER_TASK + local, row_buffer);
                         for (slot, value) in row_bytes.chunks_exact_mut(2).zip(row_buffer.iter()) {
-                            slot.copy_from_slice(&bf16::from_f32(*value).to_le_bytes());
+                            slot.copy_from_slice(&bf16_bits(*value).to_le_bytes());
                         }
                     }
                 },
@@ -194,8 +211,4 @@ fn int4_on_device(
 
 fn words_to_bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
-}
-
-fn bf16_to_bytes(values: &[bf16]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }

@@ -8,9 +8,26 @@ pub fn element_bytes(dtype: Dtype) -> usize {
     dtype.bitsize() / 8
 }
 
+/// Bytes per parallel task of [`first_nonfinite`] (a multiple of every element width).
+const SCAN_CHUNK: usize = 1 << 20;
+
 /// Index of the first NaN or infinite element of little-endian float `bytes` of `dtype` (e4m3fn has no
-/// infinities: `0x7F`/`0xFF` are its NaNs); `None` when all are finite or the dtype is not a float.
+/// infinities: `0x7F`/`0xFF` are its NaNs); `None` when all are finite or the dtype is not a float. Tensors over
+/// a MiB are scanned in parallel on the rayon pool (the first bad element of the first chunk holding one).
 pub fn first_nonfinite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
+    use rayon::prelude::*;
+    if bytes.len() <= SCAN_CHUNK {
+        return first_nonfinite_serial(dtype, bytes);
+    }
+    let width = element_bytes(dtype).max(1);
+    bytes
+        .par_chunks(SCAN_CHUNK)
+        .enumerate()
+        .find_map_first(|(index, chunk)| first_nonfinite_serial(dtype, chunk).map(|at| index * SCAN_CHUNK / width + at))
+}
+
+/// [`first_nonfinite`] on this thread.
+fn first_nonfinite_serial(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
     match dtype {
         Dtype::F8_E4M3 => first_position(bytes, |&[b]: &[u8; 1]| b & 0x7F == 0x7F),
         Dtype::BF16 => first_position(bytes, |&b: &[u8; 2]| u16::from_le_bytes(b) & 0x7F80 == 0x7F80),
@@ -32,6 +49,18 @@ fn first_position<const WIDTH: usize>(bytes: &[u8], is_bad: impl Fn(&[u8; WIDTH]
         }
     }
     None
+}
+
+/// The bits of `half::bf16::from_f32(value)` (round to nearest, ties to even; a NaN keeps its sign and top
+/// mantissa bits and becomes quiet), with selects instead of branches so that a loop over it vectorizes.
+#[inline(always)]
+pub fn bf16_bits(value: f32) -> u16 {
+    let x = value.to_bits();
+    let quiet_nan = (x >> 16) | 0x0040;
+    // Round up when the dropped half is above ½ ulp, or exactly ½ with an odd kept part.
+    let round_up = u32::from((x & 0x8000) != 0 && (x & 0x17FFF) != 0);
+    let rounded = (x >> 16).wrapping_add(round_up);
+    (if x & 0x7FFF_FFFF > 0x7F80_0000 { quiet_nan } else { rounded }) as u16
 }
 
 /// The values of a little-endian I32 or I64 tensor as i64; `None` for another dtype.
@@ -79,6 +108,39 @@ mod tests {
         let f32s: Vec<u8> = [0.5f32, -3.0, f32::NAN].iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(first_nonfinite(Dtype::F32, &f32s), Some(2));
         assert_eq!(first_nonfinite(Dtype::I32, &[0xFF; 8]), None);
+    }
+
+    #[test]
+    fn bf16_bits_match_half() {
+        // Every 61st bit pattern (all exponents, signs, subnormals, infinities, NaNs) and the rounding edges.
+        let edges = [0u32, 0x8000_0000, 0x7F80_0000, 0xFF80_0000, 0x7FC0_0000, 0x7F80_0001, 0xFFFF_FFFF, 0x7F7F_FFFF];
+        let ties = (0..64u32).flat_map(|m| [(m << 16) | 0x8000, (m << 16) | 0x8001, (m << 16) | 0x7FFF]);
+        for bits in (0..=u32::MAX).step_by(61).chain(edges).chain(ties) {
+            let value = f32::from_bits(bits);
+            assert_eq!(bf16_bits(value), half::bf16::from_f32(value).to_bits(), "{bits:#x}");
+        }
+    }
+
+    #[test]
+    fn parallel_scan_agrees_with_the_serial_one() {
+        let mut rng = crate::rng::Rng::new(9);
+        for dtype in [Dtype::F8_E4M3, Dtype::BF16, Dtype::F32] {
+            for bad in [
+                None,
+                Some(0),
+                Some(SCAN_CHUNK - 1),
+                Some(SCAN_CHUNK),
+                Some(3 * SCAN_CHUNK + 17),
+                Some(4 * SCAN_CHUNK + 4),
+            ] {
+                let mut bytes: Vec<u8> = (0..4 * SCAN_CHUNK + 12).map(|_| (rng.next_u64() % 0x70) as u8).collect();
+                if let Some(at) = bad {
+                    bytes[at] = 0xFF;
+                    bytes[at + 5] = 0xFF;
+                }
+                assert_eq!(first_nonfinite(dtype, &bytes), first_nonfinite_serial(dtype, &bytes), "{dtype:?} {bad:?}");
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! one). Each candidate gets an estimate and an error bound covering the polynomial, the reciprocal, and the f32
 //! rounding of both sums; a candidate whose lower bound is above the smallest upper bound cannot be the minimum
 //! (not even tie with it), so only the others are scored exactly, in the search's order. When one candidate
-//! remains, no exact error is computed at all.
+//! remains, no exact error is computed at all. The screen runs with the candidates in SIMD lanes: each weight is
+//! scored under all of them at once.
 
 use half::bf16;
 
@@ -82,8 +83,6 @@ fn group_error_with(group: &[f32], scale: f32, error_norm: impl Fn(f32) -> f32) 
 const MAX_CANDIDATES: usize = 32;
 /// Longest group the screen handles (its error bound is derived for sums of at most this many terms).
 const MAX_GROUP: usize = 128;
-/// Weights per screen step: 16 f32 lanes (one AVX-512 or two AVX2 registers).
-const LANES: usize = 16;
 /// The screen runs for `absmax` in this range: every term and sum stays a normal f32 far from overflow, and
 /// the polynomial's absolute error bound stays far above f32's subnormal noise.
 const MIN_ABSMAX: f32 = 1e-6;
@@ -95,10 +94,10 @@ const MAX_RATIO: f32 = 9.9;
 /// every candidate, so `|f| ≤ ½` (the reciprocal's rounding cannot move 7.4 past 7.5).
 const INSIDE_RANGE: f32 = 7.4;
 
-/// `|f|^2.4 ≈ POW_INSIDE(|f|)` for `0 ≤ |f| ≤ 0.5001` (Chebyshev interpolation of degree 6, coefficients of
-/// `x^0 … x^6`); the test `polynomials_stay_within_their_bounds` measures its error in f32.
-const POW_INSIDE: [f32; 7] =
-    [1.522_410_3e-5, -0.003_462_039, 0.285_894, 1.686_463, -2.554_089_3, 2.936_654_8, -1.487_549_1];
+/// `|f|^2.4 ≈ |f| · POW_INSIDE(|f|)` for `0 ≤ |f| ≤ 0.5001` (a near-minimax fit of degree 5 with no constant
+/// term, coefficients of `x^1 … x^5`), so that a term is added to its sum by one fused multiply-add and a zero
+/// weight adds nothing; the test `polynomials_stay_within_their_bounds` measures its error in f32.
+const POW_INSIDE: [f32; 5] = [-0.003_376_167_5, 0.299_939_8, 1.487_019_4, -1.574_902_3, 0.919_733_2];
 /// `|f|^2.4 ≈ POW_CLIPPED(|f|)` for `0.49 ≤ |f| ≤ 3` (degree 7), the error of a clipped weight.
 const POW_CLIPPED: [f32; 8] = [
     0.008_843_587,
@@ -111,15 +110,16 @@ const POW_CLIPPED: [f32; 8] = [
     0.000_286_556_84,
 ];
 /// Bound on the screen's error per term, in units of `s^2.4`: the polynomials' own error as evaluated in f32
-/// (below 1.5e-5 for [`POW_INSIDE`], 9.6e-6 for [`POW_CLIPPED`]: the fit, checked in f32 by a test) plus that of
+/// (below 2.1e-5 for [`POW_INSIDE`], 9.6e-6 for [`POW_CLIPPED`]: the fit, checked in f32 by a test) plus that of
 /// `|f|` itself, which the screen takes as `|u − code|` with `u = w·r`: `u` is within `|w/s|·2^-23 ≤ 1.2e-6` of
 /// `w/s`, which moves `|f|^2.4` by at most `2.4·|f|^1.4·1.2e-6` (1.1e-6 inside, 1.4e-5 at `|f| = 3`); where `u`
 /// and `w/s` round to different codes they straddle a tie and both leave `|f|` within 2.5e-6 of ½.
-const TERM_ERROR: f64 = 3.0e-5;
-/// Relative bound on everything else: the f32 sums of at most [`MAX_GROUP`] terms in the screen and in
-/// [`group_error`] (`(128/8 + 3)·2^-24` and `128/8 + 3)·2^-24`), `abs_pow_2_4`'s error on each term and on `s^2.4`
-/// (below 1e-6, its test), with a wide margin.
-const RELATIVE_ERROR: f64 = 5e-5;
+const TERM_ERROR: f32 = 3.0e-5;
+/// Relative bound on everything else: the screen's sequential f32 sum of at most `2·MAX_GROUP` terms per
+/// candidate (`255·2^-24 = 1.5e-5`), [`group_error`]'s sum (`(128/8 + 3)·2^-24`), `abs_pow_2_4`'s error on each
+/// exact term and on the bounds' `s^2.4` (below 1e-6 each, its tests), and the f32 roundings of the bounds
+/// themselves (a few `2^-24`): ≈ 1.9e-5, with a margin.
+const RELATIVE_ERROR: f32 = 5e-5;
 
 /// Horner evaluation with fused multiply-adds (one instruction each in the AVX2/AVX-512 builds of
 /// `int4::quantize_row`, which enable FMA; a library call in the portable one). Only the screen uses it: its
@@ -143,23 +143,14 @@ fn screen_offset(w: f32, reciprocal: f32) -> f32 {
     (ratio - code).abs()
 }
 
-/// Adds the screen's `|f|^2.4` of one 16-weight chunk under one candidate, for weights all inside the clip range.
+/// The screen's `|f|` for a weight inside every candidate's clip range (`|w·r| < 7.5`, so the code needs no
+/// clamp): `|u − round(u)|`, `u = w·r`.
 #[inline(always)]
-fn screen_inside(chunk: &[f32; LANES], reciprocal: f32, lanes: &mut [f32; LANES]) {
-    for (lane, &w) in lanes.iter_mut().zip(chunk) {
-        *lane += polynomial(&POW_INSIDE, screen_offset(w, reciprocal));
-    }
-}
-
-/// The same for a chunk holding a weight that some candidate clips.
-#[inline(always)]
-fn screen_mixed(chunk: &[f32; LANES], reciprocal: f32, lanes: &mut [f32; LANES]) {
-    for (lane, &w) in lanes.iter_mut().zip(chunk) {
-        let offset = screen_offset(w, reciprocal);
-        let inside = polynomial(&POW_INSIDE, offset);
-        let clipped = polynomial(&POW_CLIPPED, offset);
-        *lane += if offset > 0.5 { clipped } else { inside };
-    }
+fn inside_offset(w: f32, reciprocal: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    let ratio = w * reciprocal;
+    let code = (ratio + MAGIC) - MAGIC;
+    (ratio - code).abs()
 }
 
 /// `bf16::from_f32(x).to_f32()` (round to nearest, ties to even) for a finite `x`, in integer operations that
@@ -170,34 +161,11 @@ fn round_to_bf16(x: f32) -> f32 {
     f32::from_bits((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000)
 }
 
-/// Sum of the lanes, halving the array each step (vectorizes; the screen needs no particular order).
-#[inline(always)]
-fn sum_lanes(mut lanes: [f32; LANES]) -> f32 {
-    let mut width = LANES / 2;
-    while width > 0 {
-        for k in 0..width {
-            lanes[k] += lanes[k + width];
-        }
-        width /= 2;
-    }
-    lanes[0]
-}
-
-/// `s^2.4` for a positive normal BF16 `s`, from two f64 tables: `(1 + m/128)^2.4` by mantissa and
-/// `2^(2.4·(e − 127))` by exponent.
-fn scale_power(scale: f32) -> f64 {
-    static TABLES: std::sync::OnceLock<([f64; 128], [f64; 256])> = std::sync::OnceLock::new();
-    let (mantissas, exponents) = TABLES.get_or_init(|| {
-        (
-            std::array::from_fn(|m| (1.0 + m as f64 / 128.0).powf(2.4)),
-            std::array::from_fn(|e| (2.4 * (e as f64 - 127.0)).exp2()),
-        )
-    });
-    let bits = scale.to_bits();
-    mantissas[((bits >> 16) & 0x7F) as usize] * exponents[((bits >> 23) & 0xFF) as usize]
-}
-
 /// The screened search; `None` where it does not apply (then [`reference_search`] runs).
+///
+/// Layout: the candidates are the SIMD lanes (32 of them, two AVX-512 or four AVX2 registers), so each weight is
+/// broadcast once and adds its screen term to every candidate's sum at once; no sum needs a horizontal reduction
+/// and the bounds are computed in lanes too.
 #[inline(always)]
 fn screened_search(group: &[f32], absmax: f32, search: MseSearch) -> Option<bf16> {
     if search.norm != 2.4 || search.grid == 0 || group.len() > MAX_GROUP || !(MIN_ABSMAX..=MAX_ABSMAX).contains(&absmax)
@@ -209,91 +177,93 @@ fn screened_search(group: &[f32], absmax: f32, search: MseSearch) -> Option<bf16
         return None;
     }
     // Every candidate's stored scale, as `stored_scale(shrink · absmax / 7.5)` computes it (positive and normal
-    // here, so no zero replacement), for all 32 slots at once so that the loop vectorizes.
+    // here, so no zero replacement), for all 32 lanes at once so that the loop vectorizes; the lanes past `steps`
+    // repeat the last candidate (computed, never chosen).
     let grid = search.grid as f32;
-    let all: [f32; MAX_CANDIDATES] =
-        std::array::from_fn(|step| round_to_bf16((1.0 - step as f32 / grid) * absmax / 7.5));
-    // Distinct candidates in search order (scales never increase along it, so equal ones are adjacent; a repeat
-    // has the same error as the first and, ties keeping the earlier, can never be chosen).
-    let mut scales = [0.0f32; MAX_CANDIDATES];
-    let mut count = 0;
-    for &scale in &all[..steps] {
-        if count == 0 || scale != scales[count - 1] {
-            scales[count] = scale;
-            count += 1;
-        }
-    }
-    if count == 1 {
+    let last = (steps - 1) as f32;
+    let scales: [f32; MAX_CANDIDATES] =
+        std::array::from_fn(|step| round_to_bf16((1.0 - (step as f32).min(last) / grid) * absmax / 7.5));
+    // Scales never increase along the search, so a repeated scale follows its first occurrence; a repeat has the
+    // same error and, ties keeping the earlier, is never chosen.
+    if scales[0] == scales[steps - 1] {
         return Some(bf16::from_f32(scales[0]));
     }
-    let smallest = scales[count - 1];
+    let smallest = scales[steps - 1];
     if !(smallest > 0.0 && absmax / smallest <= MAX_RATIO) {
         return None;
     }
     let reciprocals: [f32; MAX_CANDIDATES] = std::array::from_fn(|c| 1.0 / scales[c]);
 
-    // The weights regrouped for the screen (its sums need no particular order): those inside the clip range of
-    // every candidate from the front, the others (at least the largest) from the back of `chunk_count` chunks of
-    // 16, zeros between. Only the chunks reaching into the back part need the clipped polynomial.
-    let chunk_count = group.len().div_ceil(LANES);
-    let padded = chunk_count * LANES;
+    // The weights inside the clip range of every candidate (the others replaced by zeros, whose screen term is
+    // 0, as exact), and the others, at least the largest,
+    // gathered for the pass that evaluates both polynomials. A NaN weight is an outer one.
     let inside_limit = INSIDE_RANGE * smallest;
-    let mut weights = [0.0f32; MAX_GROUP];
-    let (mut front, mut back) = (0, padded);
-    for &w in group {
-        if w.abs() <= inside_limit {
-            weights[front] = w;
-            front += 1;
-        } else {
-            back -= 1;
-            weights[back] = w;
-        }
+    let mut inside = [0.0f32; MAX_GROUP];
+    let mut outer = [0.0f32; MAX_GROUP];
+    let mut outer_count = 0;
+    for (slot, &w) in inside.iter_mut().zip(group) {
+        let is_inside = w.abs() <= inside_limit;
+        *slot = if is_inside { w } else { 0.0 };
+        outer[outer_count] = w;
+        outer_count += usize::from(!is_inside);
     }
-    let first_mixed = back / LANES;
-    let chunks: &[[f32; LANES]] = weights[..padded].as_chunks::<LANES>().0;
 
     let mut sums = [0.0f32; MAX_CANDIDATES];
-    for (sum, &reciprocal) in sums.iter_mut().zip(&reciprocals).take(count) {
-        let mut lanes = [0.0f32; LANES];
-        for chunk in &chunks[..first_mixed] {
-            screen_inside(chunk, reciprocal, &mut lanes);
+    for &w in &inside[..group.len()] {
+        for (sum, &reciprocal) in sums.iter_mut().zip(&reciprocals) {
+            let offset = inside_offset(w, reciprocal);
+            *sum = polynomial(&POW_INSIDE, offset).mul_add(offset, *sum);
         }
-        for chunk in &chunks[first_mixed..] {
-            screen_mixed(chunk, reciprocal, &mut lanes);
-        }
-        *sum = sum_lanes(lanes);
     }
-    if sums[..count].iter().any(|sum| sum.is_nan()) {
+    for &w in &outer[..outer_count] {
+        for (sum, &reciprocal) in sums.iter_mut().zip(&reciprocals) {
+            let offset = screen_offset(w, reciprocal);
+            let inside = polynomial(&POW_INSIDE, offset) * offset;
+            let clipped = polynomial(&POW_CLIPPED, offset);
+            *sum += if offset > 0.5 { clipped } else { inside };
+        }
+    }
+    if sums.iter().any(|sum| sum.is_nan()) {
         // A NaN weight makes every exact error NaN: no candidate beats the first.
         return Some(bf16::from_f32(scales[0]));
     }
 
-    // Bounds: `E(s) ∈ s^2.4 · (Σ ± terms · TERM_ERROR) · (1 ± RELATIVE_ERROR)`.
-    let spread = padded as f64 * TERM_ERROR;
-    let mut lower = [0.0f64; MAX_CANDIDATES];
-    let mut best_upper = f64::INFINITY;
-    for candidate in 0..count {
-        let power = scale_power(scales[candidate]);
-        let estimate = sums[candidate] as f64;
-        lower[candidate] = power * (estimate - spread) * (1.0 - RELATIVE_ERROR);
-        best_upper = best_upper.min(power * (estimate + spread) * (1.0 + RELATIVE_ERROR));
+    // Bounds: `E(s) ∈ s^2.4 · (Σ ± terms · TERM_ERROR) · (1 ± RELATIVE_ERROR)`, `s^2.4` from `abs_pow_2_4`.
+    // One term per weight (the zeros standing in for the outer weights add exactly 0).
+    let spread = group.len() as f32 * TERM_ERROR;
+    let mut lower = [0.0f32; MAX_CANDIDATES];
+    let mut upper = [0.0f32; MAX_CANDIDATES];
+    for c in 0..MAX_CANDIDATES {
+        let power = abs_pow_2_4(scales[c]);
+        lower[c] = power * (sums[c] - spread) * (1.0 - RELATIVE_ERROR);
+        upper[c] = power * (sums[c] + spread) * (1.0 + RELATIVE_ERROR);
     }
+    let best_upper = upper[..steps].iter().fold(f32::INFINITY, |best, &u| if u < best { u } else { best });
 
-    let mut survivors = (0..count).filter(|&candidate| lower[candidate] <= best_upper);
-    // The candidate with the smallest upper bound survives unless a bound is NaN: then the exhaustive search decides.
-    let first = survivors.next()?;
-    let mut rest = survivors.peekable();
-    if rest.peek().is_none() {
-        return Some(bf16::from_f32(scales[first]));
-    }
-    let mut best: Option<(f32, f32)> = None;
-    for candidate in std::iter::once(first).chain(rest) {
-        let error = group_error(group, scales[candidate], 2.4);
-        if best.is_none_or(|(_, best_error)| error < best_error) {
-            best = Some((scales[candidate], error));
+    // The survivors in search order, each distinct scale once; the candidate with the smallest upper bound is one.
+    let mut survivors = [0.0f32; MAX_CANDIDATES];
+    let mut count = 0;
+    for c in 0..steps {
+        if lower[c] <= best_upper && (count == 0 || scales[c] != survivors[count - 1]) {
+            survivors[count] = scales[c];
+            count += 1;
         }
     }
-    best.map(|(scale, _)| bf16::from_f32(scale))
+    match count {
+        // Only a NaN bound leaves none: the exhaustive search decides.
+        0 => None,
+        1 => Some(bf16::from_f32(survivors[0])),
+        _ => {
+            let mut best = (survivors[0], group_error(group, survivors[0], 2.4));
+            for &scale in &survivors[1..count] {
+                let error = group_error(group, scale, 2.4);
+                if error < best.1 {
+                    best = (scale, error);
+                }
+            }
+            Some(bf16::from_f32(best.0))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -348,11 +318,13 @@ mod tests {
     }
 
     #[test]
-    fn scale_powers_are_exact_to_double_precision() {
-        for bits in (0x3300u16..0x4A00).step_by(7) {
+    fn scale_powers_are_within_the_relative_bound() {
+        // Every BF16 scale the screen can meet (absmax in 1e-6..1e6, shrink 0.81..1): abs_pow_2_4's error on
+        // `s^2.4`, which RELATIVE_ERROR counts as below 1e-6.
+        for bits in 0x3300u16..0x4900 {
             let scale = bf16::from_bits(bits).to_f32();
             let exact = (scale as f64).powf(2.4);
-            assert!(((scale_power(scale) - exact) / exact).abs() < 1e-12, "{scale:e}");
+            assert!(((abs_pow_2_4(scale) as f64 - exact) / exact).abs() < 1e-6, "{scale:e}");
         }
     }
 
@@ -363,7 +335,7 @@ mod tests {
             for i in 0..=200_000 {
                 let x = (low + (high - low) * i as f64 / 200_000.0) as f32;
                 let value = match coefficients.len() {
-                    7 => polynomial(&POW_INSIDE, x),
+                    5 => polynomial(&POW_INSIDE, x) * x,
                     _ => polynomial(&POW_CLIPPED, x),
                 };
                 worst = worst.max((value as f64 - (x as f64).powf(2.4)).abs());
@@ -373,8 +345,8 @@ mod tests {
         let inside = check(&POW_INSIDE, 0.0, 0.5001);
         let clipped = check(&POW_CLIPPED, 0.49, 3.0);
         // Plus the error of `|f|` itself (TERM_ERROR's comment): 3.6e-6 inside, 1.4e-5 clipped.
-        assert!(inside + 3.6e-6 < TERM_ERROR, "inside polynomial error {inside}");
-        assert!(clipped + 1.4e-5 < TERM_ERROR, "clipped polynomial error {clipped}");
+        assert!(inside + 3.6e-6 < TERM_ERROR as f64, "inside polynomial error {inside}");
+        assert!(clipped + 1.4e-5 < TERM_ERROR as f64, "clipped polynomial error {clipped}");
     }
 
     #[test]
