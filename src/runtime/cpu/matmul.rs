@@ -1,9 +1,9 @@
-//! Linear layers `y = x·Wᵀ + b`: parallel over blocks of output features, each block reusing an input row
-//! from cache across its weight rows.
+//! Linear layers `y = x·Wᵀ + b`: parallel over blocks of output features, each block running the register-tiled
+//! kernel of [`super::dots`] over every input row (a block's weight rows are read from memory once).
 
 use rayon::prelude::*;
 
-use super::dot;
+use super::dots;
 use crate::runtime::backend::Matrix;
 
 /// Weight rows per parallel task.
@@ -18,12 +18,10 @@ pub fn linear(input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>)
     transposed.par_chunks_mut(FEATURE_BLOCK * rows.max(1)).enumerate().for_each(|(block, out)| {
         let first = block * FEATURE_BLOCK;
         let count = out.len() / rows.max(1);
-        for row in 0..rows {
-            let x = &input[row * width..][..width];
-            for local in 0..count {
-                let feature = first + local;
-                let w = &values[feature * width..][..width];
-                out[local * rows + row] = dot(x, w) + bias.map_or(0.0, |b| b[feature]);
+        dots::block(input, rows, &values[first * width..][..count * width], count, width, out);
+        if let Some(bias) = bias {
+            for (local, feature_out) in out.chunks_mut(rows.max(1)).enumerate() {
+                feature_out.iter_mut().for_each(|value| *value += bias[first + local]);
             }
         }
     });

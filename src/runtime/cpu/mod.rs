@@ -2,6 +2,7 @@
 
 mod activation;
 pub mod attention;
+mod dots;
 pub(crate) mod experts;
 pub(crate) mod indexer;
 mod matmul;
