@@ -15,7 +15,8 @@ use super::RuntimeError;
 /// no infinity) and every block's multiplier finite with `448 · scale` finite (448 is the largest |e4m3|). False
 /// when unsure (an overflowing scale may still give finite values for small codes): the caller then checks values.
 fn all_finite(fp8: &Fp8Weight) -> bool {
-    fp8.codes.iter().all(|&code| code & 0x7F != 0x7F) && fp8.scales.iter().all(|&scale| (scale * 448.0).is_finite())
+    crate::io::dtype::first_nonfinite(Dtype::F8_E4M3, &fp8.codes).is_none()
+        && fp8.scales.iter().all(|&scale| (scale * 448.0).is_finite())
 }
 
 /// Dequantizing reader over an opened checkpoint.
