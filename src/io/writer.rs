@@ -1,15 +1,14 @@
 //! Streaming safetensors writer: the header is written first from the planned tensor list, tensor bytes are
 //! appended in plan order while they are hashed (SHA-256), and the file is renamed into place only when complete.
-//! Written bytes are handed to the disk every `WRITEBACK_BYTES` as they come (Linux `sync_file_range`), so the
-//! `fsync` that ends a shard waits for the last few MiB instead of the whole shard.
+//! The bytes go to disk as they come, bypassing the page cache where the filesystem allows (`SequentialFile`).
 
 use std::fs::{self, File};
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
 use super::atomic::temporary_sibling;
+use super::direct_file::SequentialFile;
 use super::dtype::{dtype_name, tensor_bytes, Dtype};
 use super::IoError;
 
@@ -66,20 +65,12 @@ pub fn file_bytes(tensors: &[PlannedTensor]) -> u64 {
 pub struct ShardWriter {
     path: PathBuf,
     temporary: PathBuf,
-    out: BufWriter<File>,
+    out: SequentialFile,
     hasher: Sha256,
     tensors: Vec<PlannedTensor>,
     next: usize,
     written: u64,
-    /// Bytes whose writeback has been started; the rest sits in the page cache (or the buffer) as dirty data.
-    handed_to_disk: u64,
 }
-
-/// How many written bytes accumulate before their writeback starts. Large enough for big sequential disk writes,
-/// small enough that the final `fsync` of a multi-GB shard finds almost nothing left to write: without it the
-/// kernel starts writing only past `dirty_background_ratio` (10 % of RAM) and the `fsync` waits for all of that,
-/// with compute stalled behind the writer.
-const WRITEBACK_BYTES: u64 = 64 << 20;
 
 /// What a finished shard looks like.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -93,18 +84,10 @@ impl ShardWriter {
     /// Creates the temporary sibling of `path` and writes the header.
     pub fn create(path: &Path, tensors: Vec<PlannedTensor>) -> Result<Self, IoError> {
         let temporary = temporary_sibling(path);
-        let file = File::create(&temporary).map_err(|e| IoError::file(&temporary, e))?;
+        let out = SequentialFile::create(&temporary).map_err(|e| IoError::file(&temporary, e))?;
         super::interrupt::register_temporary(&temporary);
-        let mut writer = Self {
-            path: path.to_path_buf(),
-            temporary,
-            out: BufWriter::with_capacity(8 << 20, file),
-            hasher: Sha256::new(),
-            tensors,
-            next: 0,
-            written: 0,
-            handed_to_disk: 0,
-        };
+        let mut writer =
+            Self { path: path.to_path_buf(), temporary, out, hasher: Sha256::new(), tensors, next: 0, written: 0 };
         let header = header_bytes(&writer.tensors);
         writer.put(&header)?;
         Ok(writer)
@@ -138,17 +121,11 @@ impl ShardWriter {
     fn put(&mut self, bytes: &[u8]) -> Result<(), IoError> {
         self.hasher.update(bytes);
         self.written += bytes.len() as u64;
-        self.out.write_all(bytes).map_err(|e| IoError::file(&self.temporary, e))?;
-        if self.written - self.handed_to_disk >= WRITEBACK_BYTES {
-            self.out.flush().map_err(|e| IoError::file(&self.temporary, e))?;
-            start_writeback(self.out.get_ref(), self.handed_to_disk, self.written - self.handed_to_disk);
-            self.handed_to_disk = self.written;
-        }
-        Ok(())
+        self.out.write_all(bytes).map_err(|e| IoError::file(&self.temporary, e))
     }
 
     /// Flushes, syncs and renames the file into place.
-    pub fn finish(mut self) -> Result<FinishedShard, IoError> {
+    pub fn finish(self) -> Result<FinishedShard, IoError> {
         if self.next != self.tensors.len() {
             let missing = self.tensors[self.next].name.clone();
             let path = self.path.clone();
@@ -156,11 +133,7 @@ impl ShardWriter {
             return Err(IoError::tensor(path, missing, "was planned but never written (internal error)"));
         }
         let temporary = self.temporary.clone();
-        let result = (|| {
-            self.out.flush()?;
-            self.out.get_ref().sync_all()?;
-            fs::rename(&self.temporary, &self.path)
-        })();
+        let result = self.out.finish().and_then(|()| fs::rename(&self.temporary, &self.path));
         super::interrupt::unregister_temporary(&temporary);
         if let Err(source) = result {
             let _ = fs::remove_file(&temporary);
@@ -178,21 +151,6 @@ impl ShardWriter {
         let _ = fs::remove_file(temporary);
     }
 }
-
-/// Starts writing `length` bytes from `offset` of `file` to disk without waiting for them (a hint: the `fsync` in
-/// `finish` is what makes the shard durable, so a failure here changes nothing and is ignored).
-#[cfg(target_os = "linux")]
-fn start_writeback(file: &File, offset: u64, length: u64) {
-    use std::os::fd::AsRawFd;
-    let (Ok(offset), Ok(length)) = (libc::off64_t::try_from(offset), libc::off64_t::try_from(length)) else {
-        return;
-    };
-    // SAFETY: the descriptor is open for the duration of the call and the call reads no memory of ours.
-    let _ = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, length, libc::SYNC_FILE_RANGE_WRITE) };
-}
-
-#[cfg(not(target_os = "linux"))]
-fn start_writeback(_file: &File, _offset: u64, _length: u64) {}
 
 /// Lower-case hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {
@@ -235,13 +193,13 @@ mod dtype_serde {
 mod tests {
     use super::*;
 
-    /// A shard past several writeback steps, written in pieces that straddle the step boundaries, holds exactly
-    /// the header and the bytes appended, and its recorded hash is the file's.
+    /// A shard written in pieces that straddle the output file's staging buffer (8 MiB) and end off a block
+    /// boundary holds exactly the header and the bytes appended, and its recorded hash is the file's.
     #[test]
-    fn a_shard_larger_than_the_writeback_step_is_written_whole_and_hashed() {
+    fn a_shard_is_written_whole_and_its_hash_is_the_files() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.safetensors");
-        let step = WRITEBACK_BYTES as usize;
+        let step = 8 << 20;
         let sizes = [step - 3, step + 5, 1000, step / 2 + 7];
         let tensors: Vec<PlannedTensor> =
             sizes.iter().enumerate().map(|(i, &n)| PlannedTensor::new(format!("t{i}"), Dtype::U8, vec![n])).collect();
