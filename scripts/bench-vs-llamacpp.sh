@@ -24,6 +24,13 @@
 #   and its NLL statistics inside the timed run, llama-perplexity the logits only for the second half of each
 #   window (what it scores) and its scoring after the timed pass. With vocab 258 (tiny models) that is < 1 % of the
 #   flops; at hidden 1024, vocab 4096 (realistic width) the head is ~5 % of the linear flops, ~2.5 % saved by llama.
+# - YaRN: llama.cpp 0.3.36 reads beta_fast / beta_slow from the GGUF only for Grok, so the script passes the
+#   config's values on the command line (Kimi K2's 1 / 1, not llama.cpp's default 32 / 1; without them llama.cpp
+#   computes a different model: scripts/llamacpp_bench.py, llama-args).
+# - GLM-5: llama.cpp 0.3.36 runs GlmMoeDsaForCausalLM only with a power-of-two DSA indexer head >= 64; squeeze
+#   synth draws 32, so for `--arch glm5` the script re-draws the indexer at 64 (scripts/llamacpp_bench.py,
+#   indexer-head). With synth's 32 the conversion succeeds and llama-perplexity aborts building its graph
+#   (`GGML_ASSERT(ggml_can_mul_mat(a, b)) failed`, llama_model_glm_dsa::build_arch_graph).
 # - Both binaries read the weights as f32 (llama.cpp from an F32 GGUF, squeeze dequantizing FP8 codes on the fly).
 # - Token ids: the first chunks x ctx bytes of eval/shakespeare-heldout.txt (squeeze's tokenizers are byte-level,
 #   id = byte value, so the trained tiny models see real text; the synthetic ones see in-vocab ids either way).
@@ -118,11 +125,16 @@ else
     name="$arch-h$hidden-e$experts-m$moe-l$layers-v$vocab"
     synth_dims=(--layers "$layers" --hidden "$hidden" --experts "$experts" --moe-intermediate "$moe" --vocab "$vocab")
   fi
+  if [ "$arch" = glm5 ]; then name="$name-index64"; fi
   work="$cache/models/$name"
   fp8="$work/fp8"
   mkdir -p "$work"
   if [ ! -f "$fp8/config.json" ]; then
     "$squeeze" synth --arch "$arch" "$fp8" "${synth_dims[@]}" --force >/dev/null
+    # llama.cpp's GLM-5 graph needs a power-of-two indexer head >= 64; synth draws 32 (scripts/llamacpp_bench.py).
+    if [ "$arch" = glm5 ]; then
+      "$venv/bin/python" scripts/llamacpp_bench.py indexer-head "$fp8" 64
+    fi
   fi
 fi
 gguf="$work/model-f32.gguf"
@@ -141,6 +153,9 @@ RAYON_NUM_THREADS="$threads" "$squeeze" eval "$fp8" --tokens "$tokens" --save-lo
 "$venv/bin/python" scripts/llamacpp_bench.py kld-base "$tokens" "$work/logits.safetensors" "$base"
 rm -f "$work/logits.safetensors"
 
+# YaRN's beta_fast / beta_slow from config.json: this llama.cpp ignores them in the GGUF (scripts/llamacpp_bench.py).
+read -r -a llama_extra <<<"$("$venv/bin/python" scripts/llamacpp_bench.py llama-args "$fp8")"
+
 # --- interleaved rounds ---
 field() { "$venv/bin/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
 echo "$name: squeeze $commit vs llama.cpp (llama-cpp-python 0.3.36 sdist), $chunks x $ctx tokens, $threads threads"
@@ -151,7 +166,7 @@ for round in $(seq "$rounds"); do
     "$squeeze" eval "$fp8" --tokens "$tokens" --json >"$work/squeeze.json"
   s=$(field "$work/squeeze.json" tokens_per_second)
   /usr/bin/time -f '%M' -o "$work/llama.rss" "$perplexity" -m "$gguf" --kl-divergence --kl-divergence-base "$base" \
-    -c "$ctx" -b $((chunks * ctx)) -t "$threads" -tb "$threads" >"$work/llama.log" 2>&1 ||
+    -c "$ctx" -b $((chunks * ctx)) -t "$threads" -tb "$threads" "${llama_extra[@]}" >"$work/llama.log" 2>&1 ||
     { tail -n 20 "$work/llama.log" >&2; echo "llama-perplexity failed: $work/llama.log" >&2; exit 2; }
   l=$("$venv/bin/python" scripts/llamacpp_bench.py llama-rate "$work/llama.log" $((chunks * ctx)))
   printf 'round %d: squeeze %.1f tokens/s (load not hidden %.2f s, peak RSS %d MB), llama.cpp %.1f tokens/s (peak RSS %d MB), load %s\n' \

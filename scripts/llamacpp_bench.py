@@ -7,6 +7,8 @@
                                                              tokenizers: id = byte value)
     llamacpp_bench.py kld-base TOKENS LOGITS OUT.kld         token ids + squeeze's logits -> a llama-perplexity
                                                              `--kl-divergence-base` file
+    llamacpp_bench.py indexer-head FP8_DIR HEAD_DIM          re-draw a GLM-5 folder's DSA indexer at HEAD_DIM (in place)
+    llamacpp_bench.py llama-args FP8_DIR                     extra llama-perplexity arguments the GGUF cannot carry
     llamacpp_bench.py llama-rate LOG TOKENS                  tokens/s of the one pass a llama-perplexity
                                                              `--kl-divergence` log shows
 
@@ -26,6 +28,22 @@ how far its logits are from squeeze's (KL divergence, same top token, PPL(Q) vs 
 `kl_divergence()` / `log_softmax()` in tools/perplexity/perplexity.cpp: "_logits_", n_ctx u32, n_vocab i32,
 n_chunk i32, the ids as i32, then per chunk n_ctx - 1 - n_ctx/2 rows of nv = 2*((n_vocab+1)/2) + 4 uint16: two
 f32 (scale, min_log_prob), then each logit quantized to 16 bits over [max - 16, max].
+
+indexer-head: llama.cpp's GLM-5 graph (src/models/glm-dsa.cpp) multiplies the indexer's q and k by a Hadamard
+rotation whose side is the largest power of two >= 64 dividing the head size (llama_kv_cache::build_input_k_rot),
+so it needs index_head_dim to be a power of two >= 64 (GLM-5 ships 128). squeeze synth's glm5 draws 32, and
+llama-perplexity aborts while reserving its graph: `ggml.c:3354: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed` in
+llama_model_glm_dsa::build_arch_graph. This re-draws, in every layer, `indexer.wq_b` and `indexer.wk` (FP8 e4m3
+with 128x128 `weight_scale_inv` blocks, N(0, 0.02) before quantization) and `indexer.k_norm` weight (1) and bias (0)
+at HEAD_DIM and sets `index_head_dim`; everything else is squeeze synth's. The rotation itself is orthonormal and
+applied to both q and k, so it leaves the f32 indexer scores unchanged (up to rounding).
+
+llama-args: this llama.cpp reads YaRN's beta_fast / beta_slow from a GGUF for Grok only; every other architecture
+runs with its defaults, 32 and 1, whatever the converter wrote (`deepseek2.rope.scaling.yarn_beta_fast`). Kimi K2
+(and squeeze synth's kimi-k2, which copies its rope_scaling) has beta_fast = beta_slow = 1, so llama.cpp computed a
+different model: on the synthetic tiny Kimi, mean KLD 0.045 against squeeze and the same top token 21 % of the
+time, while squeeze matched transformers 4.57.6 to 1e-8 nats (scripts/oracle/eval-ppl.py). Passing the config's
+values as `--yarn-beta-fast` / `--yarn-beta-slow` brings it to KLD 0.0002, 99 % the same top token.
 
 llama-rate: this llama.cpp's own counter (`llama_perf_context_print`'s "prompt eval time") is wrong on this path
 (it stops at a synchronisation inside the decode call and printed 1.26 ms for a 86 ms pass), so the rate is taken
@@ -113,6 +131,60 @@ def kld_base(tokens_path: str, logits_path: str, out: str) -> None:
             file.write(packed.tobytes())
 
 
+def indexer_head(fp8_dir: str, head_dim: int) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = pathlib.Path(fp8_dir)
+    config = json.loads((folder / "config.json").read_text())
+    heads = int(config["index_n_heads"])
+    generator = torch.Generator().manual_seed(0)
+
+    def fp8_blocks(rows: int, columns: int) -> tuple:
+        weight = torch.randn(rows, columns, generator=generator) * 0.02
+        blocks = torch.zeros((rows + 127) // 128, (columns + 127) // 128)
+        codes = torch.empty(rows, columns, dtype=torch.float8_e4m3fn)
+        for i in range(blocks.shape[0]):
+            for j in range(blocks.shape[1]):
+                block = weight[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128]
+                scale = block.abs().max().clamp(min=1e-12) / 448.0
+                blocks[i, j] = scale
+                codes[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128] = (block / scale).to(torch.float8_e4m3fn)
+        return codes, blocks
+
+    for shard in sorted(folder.glob("*.safetensors")):
+        tensors = load_file(str(shard))
+        changed = False
+        for name in list(tensors):
+            if not name.endswith(".indexer.wk.weight"):
+                continue
+            prefix = name[: -len("wk.weight")]
+            hidden = tensors[name].shape[1]
+            q_rank = tensors[prefix + "wq_b.weight"].shape[1]
+            tensors[prefix + "wk.weight"], tensors[prefix + "wk.weight_scale_inv"] = fp8_blocks(head_dim, hidden)
+            tensors[prefix + "wq_b.weight"], tensors[prefix + "wq_b.weight_scale_inv"] = fp8_blocks(
+                heads * head_dim, q_rank
+            )
+            tensors[prefix + "k_norm.weight"] = torch.ones(head_dim, dtype=torch.bfloat16)
+            tensors[prefix + "k_norm.bias"] = torch.zeros(head_dim, dtype=torch.bfloat16)
+            changed = True
+        if changed:
+            save_file(tensors, str(shard), metadata={"format": "pt"})
+    config["index_head_dim"] = head_dim
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def llama_args(fp8_dir: str) -> None:
+    config = json.loads((pathlib.Path(fp8_dir) / "config.json").read_text())
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    arguments = []
+    if rope.get("type", rope.get("rope_type")) == "yarn":
+        for key in ("beta_fast", "beta_slow"):
+            if key in rope:
+                arguments += [f"--yarn-{key.replace('_', '-')}", str(rope[key])]
+    print(" ".join(arguments))
+
+
 def llama_rate(log: str, tokens: int) -> None:
     import re
 
@@ -146,6 +218,10 @@ def main() -> None:
         tokens(args[0], int(args[1]), int(args[2]), args[3])
     elif command == "kld-base" and len(args) == 3:
         kld_base(*args)
+    elif command == "indexer-head" and len(args) == 2:
+        indexer_head(args[0], int(args[1]))
+    elif command == "llama-args" and len(args) == 1:
+        llama_args(*args)
     elif command == "llama-rate" and len(args) == 2:
         llama_rate(args[0], int(args[1]))
     else:
