@@ -51,10 +51,10 @@
 # kv_b split into k_b/v_b, stacked experts, GLM's NextN, GLM-5's DSA indexer) in our own gguf-py writer would
 # make the "same model" claim rest on our mapping instead of llama.cpp's. transformers is not needed.
 #
-# Checked end to end on 2026-12-02: the trained tiny Kimi K2-shaped model
-# (eval/tiny-shakespeare-fp8); llama.cpp's logits agree with squeeze's (PPL ratio 1.000004, mean KLD ~0).
-# Converted but not yet benchmarked: the tiny GLM-4.5 model, synthetic GLM-5 (GlmMoeDsaForCausalLM, DSA indexer
-# tensors written) and the realistic-width Kimi K2 layout.
+# Checked end to end on 2026-12-02 (BENCHMARKS.md, "squeeze vs llama.cpp (issue 19)"): the trained tiny Kimi
+# K2-shaped and GLM-4.5-shaped models (--model eval/...), synth's tiny GLM-5 (--arch glm5 --tiny) and the realistic
+# Kimi K2 layout (--arch kimi-k2), at 2 and 1 threads. The sdist download, CMake build and conversion ran as written
+# here; the venv was installed in steps (torch first without, then with its dependencies), not by the one pip line.
 set -euo pipefail
 
 model="" arch="" tiny=0 hidden=1024 experts=48 moe=512 layers=8 vocab=4096 ctx=256 chunks=8 rounds=5 threads=2
