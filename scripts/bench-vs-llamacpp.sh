@@ -22,8 +22,9 @@
 #   wrong on this path (scripts/llamacpp_bench.py, llama-rate).
 # - Work per token is the same except the output head and the scoring: squeeze computes logits at every position
 #   and its NLL statistics inside the timed run, llama-perplexity the logits only for the second half of each
-#   window (what it scores) and its scoring after the timed pass. With vocab 258 (tiny models) that is < 1 % of the
-#   flops; at hidden 1024, vocab 4096 (realistic width) the head is ~5 % of the linear flops, ~2.5 % saved by llama.
+#   window (what it scores) and its scoring after the timed pass. The head is ~6 % of the linear flops of the tiny
+#   trained models (hidden 192, vocab 258) and ~5 % at realistic width (hidden 1024, vocab 4096): llama.cpp skips
+#   about half of it.
 # - YaRN: llama.cpp 0.3.36 reads beta_fast / beta_slow from the GGUF only for Grok, so the script passes the
 #   config's values on the command line (Kimi K2's 1 / 1, not llama.cpp's default 32 / 1; without them llama.cpp
 #   computes a different model: scripts/llamacpp_bench.py, llama-args).
@@ -37,7 +38,7 @@
 # - Agreement: llama-perplexity prints PPL(Q) (llama.cpp) against PPL(base) (squeeze's logits) over the same
 #   positions (second half of each window), mean KL divergence and how often the top token is the same.
 #
-# Cached outside the repo in ${SQUEEZE_CACHE:-~/.cache/squeeze}/llama.cpp (first run: ~6 GB download, ~20 min of
+# Cached outside the repo in ${SQUEEZE_CACHE:-~/.cache/squeeze}/llama.cpp (first run: ~6 GB download, 15-20 min of
 # build on 2 cores): the llama.cpp sources vendored in PyPI's llama-cpp-python==0.3.36 sdist, their CMake build
 # (-DGGML_NATIVE=ON, llama-perplexity only; cmake from PyPI), a venv, and per model the F32 GGUF and token files.
 #
@@ -49,7 +50,8 @@
 # torch` does not import (`ValueError: libcublasLt.so.*[0-9] not found in the system path`), the PyTorch wheel
 # index is not reachable from here, and re-implementing the converter's per-architecture tensor mapping (MLA's
 # kv_b split into k_b/v_b, stacked experts, GLM's NextN, GLM-5's DSA indexer) in our own gguf-py writer would
-# make the "same model" claim rest on our mapping instead of llama.cpp's. transformers is not needed.
+# make the "same model" claim rest on our mapping instead of llama.cpp's. transformers (4.57.6, the converter's
+# pin) is imported by the converter for AutoConfig only; no tokenizer is loaded.
 #
 # Checked end to end on 2026-12-02 (BENCHMARKS.md, "squeeze vs llama.cpp (issue 19)"): the trained tiny Kimi
 # K2-shaped and GLM-4.5-shaped models (--model eval/...), synth's tiny GLM-5 (--arch glm5 --tiny) and the realistic
@@ -167,9 +169,9 @@ for round in $(seq "$rounds"); do
     "$squeeze" eval "$fp8" --tokens "$tokens" --json >"$work/squeeze.json"
   s=$(field "$work/squeeze.json" tokens_per_second)
   /usr/bin/time -f '%M' -o "$work/llama.rss" "$perplexity" -m "$gguf" --kl-divergence --kl-divergence-base "$base" \
-    -c "$ctx" -b $((chunks * ctx)) -t "$threads" -tb "$threads" "${llama_extra[@]}" >"$work/llama.log" 2>&1 ||
-    { tail -n 20 "$work/llama.log" >&2; echo "llama-perplexity failed: $work/llama.log" >&2; exit 2; }
-  l=$("$venv/bin/python" scripts/llamacpp_bench.py llama-rate "$work/llama.log" $((chunks * ctx)))
+    -c "$ctx" -b $((chunks * ctx)) -t "$threads" -tb "$threads" "${llama_extra[@]}" >"$work/llama-$round.log" 2>&1 ||
+    { tail -n 20 "$work/llama-$round.log" >&2; echo "llama-perplexity failed: $work/llama-$round.log" >&2; exit 2; }
+  l=$("$venv/bin/python" scripts/llamacpp_bench.py llama-rate "$work/llama-$round.log" $((chunks * ctx)))
   printf 'round %d: squeeze %.1f tokens/s (load not hidden %.2f s, peak RSS %d MB), llama.cpp %.1f tokens/s (peak RSS %d MB), load %s\n' \
     "$round" "$s" "$(field "$work/squeeze.json" load_seconds)" $(($(cat "$work/squeeze.rss") / 1024)) "$l" \
     $(($(cat "$work/llama.rss") / 1024)) "$(cut -d' ' -f1 /proc/loadavg)"
@@ -180,4 +182,11 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$venv/bin/python" -c "print(f'$name: squeeze {$best_squeeze:.1f} tokens/s, llama.cpp {$best_llama:.1f} tokens/s, ratio {$best_squeeze / $best_llama:.2f}x (best of $rounds, $threads threads)')"
 echo "squeeze eval: ppl $(field "$work/squeeze.json" ppl) over all positions after the first"
 echo "llama-perplexity against squeeze's logits (second half of each window):"
-grep -E '^(Mean PPL\(Q\)|Mean PPL\(base\)|Mean +KLD|Maximum KLD|Same top p)' "$work/llama.log" | sed 's/^/  /'
+# Every round prints the same statistics, but llama.cpp's asynchronous logger can drop the last lines at exit (its
+# queue is not drained): take them from a round whose log has them all.
+for round in $(seq "$rounds"); do
+  if grep -q '^Same top p' "$work/llama-$round.log"; then
+    grep -E '^(Mean PPL\(Q\)|Mean PPL\(base\)|Mean +KLD|Maximum KLD|Same top p)' "$work/llama-$round.log" | sed 's/^/  /'
+    break
+  fi
+done
