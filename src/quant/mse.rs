@@ -181,8 +181,11 @@ fn screened_search(group: &[f32], absmax: f32, search: MseSearch) -> Option<bf16
     // repeat the last candidate (computed, never chosen).
     let grid = search.grid as f32;
     let last = (steps - 1) as f32;
-    let scales: [f32; MAX_CANDIDATES] =
-        std::array::from_fn(|step| round_to_bf16((1.0 - (step as f32).min(last) / grid) * absmax / 7.5));
+    // (Plain loops over the arrays: `std::array::from_fn` stayed an out-of-line call here, ≈ 4 % of `mse`'s time.)
+    let mut scales = [0.0f32; MAX_CANDIDATES];
+    for (step, scale) in scales.iter_mut().enumerate() {
+        *scale = round_to_bf16((1.0 - (step as f32).min(last) / grid) * absmax / 7.5);
+    }
     // Scales never increase along the search, so a repeated scale follows its first occurrence; a repeat has the
     // same error and, ties keeping the earlier, is never chosen.
     if scales[0] == scales[steps - 1] {
@@ -192,7 +195,10 @@ fn screened_search(group: &[f32], absmax: f32, search: MseSearch) -> Option<bf16
     if !(smallest > 0.0 && absmax / smallest <= MAX_RATIO) {
         return None;
     }
-    let reciprocals: [f32; MAX_CANDIDATES] = std::array::from_fn(|c| 1.0 / scales[c]);
+    let mut reciprocals = [0.0f32; MAX_CANDIDATES];
+    for (reciprocal, &scale) in reciprocals.iter_mut().zip(&scales) {
+        *reciprocal = 1.0 / scale;
+    }
 
     // The weights inside the clip range of every candidate (the others replaced by zeros, whose screen term is
     // 0, as exact), and the others, at least the largest,
