@@ -16,4 +16,4 @@ pub mod writer;
 pub use checkpoint::Checkpoint;
 pub use dtype::Dtype;
 pub use error::IoError;
-pub use shard::{ShardFile, TensorRef};
+pub use shard::{MappedBytes, ShardFile, TensorRef};
