@@ -16,9 +16,9 @@ const PPL_RELATIVE_TOLERANCE: f64 = 1e-4;
 
 /// What the KV-scale golden proves is that vLLM loads the names squeeze writes and reads back the value written;
 /// the value itself is a maximum of f32 activations whose sums' order the CPU runtime may change (its linear layers
-/// use fused multiply-adds on 16 lanes since the golden was made, which moved the scales by 2 ulps,
-/// 2.3e-7 relative). 1e-6 (≈ 8 ulps) still refuses a scale computed differently: a wrong layer or projection, or
-/// a value rounded through bf16 (off by up to 2e-3).
+/// use fused multiply-adds on 16 lanes since the golden was made, which moved five of the six scales by up to
+/// 3.1e-7 relative, 5 ulps). 1e-6 (8–17 ulps) still refuses a scale computed differently: a wrong layer or
+/// projection, or a value rounded through bf16 (off by up to 2e-3).
 const KV_SCALE_RELATIVE_TOLERANCE: f64 = 1e-6;
 
 fn repo() -> PathBuf {
