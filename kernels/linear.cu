@@ -1,7 +1,7 @@
 // Dense linear layers: y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ bias[out]), x and y f32 row-major, W f32
 // (linear_f32) or BF16 bits (linear_bf16, w = bits << 16 as f32). Matches src/runtime/cpu/matmul.rs `linear` up to
-// the summation order of each dot product (the CPU sums 8 strided lanes, here 32 lanes × 4 or 8 then a butterfly)
-// and its rounding (fused multiply-adds here).
+// the summation order of each dot product (the CPU sums 16 strided lanes of fused multiply-adds, src/runtime/cpu/
+// dots.rs; here 32 lanes × 4 or 8 then a butterfly), both with fused multiply-adds.
 //
 // Launch: 256 threads = 8 warps, one output feature per warp; grid.x = ceil(out / 8), grid.y = ceil(rows / 16).
 // __launch_bounds__(256, 4): at most 64 registers, 4 blocks per SM, no spills.

@@ -79,6 +79,7 @@ pub fn run_layers(
     hook: &mut LayerHook,
 ) -> Result<(), RuntimeError> {
     let Some(first) = models.first() else { return Ok(()) };
+    crate::runtime::allocator::retain_freed_memory();
     let count = first.config.num_hidden_layers;
     let mut streams: Vec<LayerStream<Layer>> =
         models.iter().map(|model| LayerStream::start(model.checkpoint.dir(), count, backend.prefetcher())).collect();

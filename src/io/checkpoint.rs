@@ -151,6 +151,11 @@ impl Checkpoint {
         self.locations.get(name).and_then(|&shard| self.shards[shard].get(name))
     }
 
+    /// The bytes of tensor `name`, held in place in its shard's mapping.
+    pub fn mapped(&self, name: &str) -> Option<super::shard::MappedBytes> {
+        self.shard_of(name)?.mapped(name)
+    }
+
     /// The shard holding `name`.
     pub fn shard_of(&self, name: &str) -> Option<&ShardFile> {
         self.locations.get(name).map(|&shard| &self.shards[shard])

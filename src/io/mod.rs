@@ -17,4 +17,4 @@ pub mod writer;
 pub use checkpoint::Checkpoint;
 pub use dtype::Dtype;
 pub use error::IoError;
-pub use shard::{ShardFile, TensorRef};
+pub use shard::{MappedBytes, ShardFile, TensorRef};

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::{Mmap, UncheckedAdvice};
 use safetensors::SafeTensors;
@@ -29,11 +30,36 @@ pub struct TensorRef<'a> {
     pub bytes: &'a [u8],
 }
 
+/// A tensor's bytes inside a shard's mapping, kept mapped while held (after the shard itself is dropped too):
+/// a weight can be read in place instead of copied.
+#[derive(Debug, Clone)]
+pub struct MappedBytes {
+    map: Arc<Mmap>,
+    start: usize,
+    end: usize,
+}
+
+impl MappedBytes {
+    /// The first `length` bytes.
+    pub fn prefix(mut self, length: usize) -> Self {
+        self.end = self.start + length.min(self.end - self.start);
+        self
+    }
+}
+
+impl std::ops::Deref for MappedBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.map[self.start..self.end]
+    }
+}
+
 /// A memory-mapped, validated safetensors file.
 #[derive(Debug)]
 pub struct ShardFile {
     path: PathBuf,
-    map: Mmap,
+    map: Arc<Mmap>,
     tensors: BTreeMap<String, TensorEntry>,
     metadata: BTreeMap<String, String>,
 }
@@ -83,7 +109,7 @@ impl ShardFile {
             );
         }
         let metadata = metadata.metadata().clone().unwrap_or_default().into_iter().collect();
-        Ok(Self { path: path.to_path_buf(), map, tensors, metadata })
+        Ok(Self { path: path.to_path_buf(), map: Arc::new(map), tensors, metadata })
     }
 
     pub fn path(&self) -> &Path {
@@ -114,6 +140,12 @@ impl ShardFile {
     pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
         let entry = self.tensors.get(name)?;
         Some(TensorRef { dtype: entry.dtype, shape: &entry.shape, bytes: &self.map[entry.start..entry.end] })
+    }
+
+    /// The bytes of tensor `name`, held in place (see [`MappedBytes`]).
+    pub fn mapped(&self, name: &str) -> Option<MappedBytes> {
+        let entry = self.tensors.get(name)?;
+        Some(MappedBytes { map: self.map.clone(), start: entry.start, end: entry.end })
     }
 
     /// Tells the kernel the tensor's pages will not be needed again, so that streaming a checkpoint larger

@@ -60,9 +60,28 @@ impl Clone for CodedFp8 {
 /// `grid` (`w = e4m3(code) · scale`, [`crate::quant::fp8_block::dequantize_row`]).
 #[derive(Debug, Clone)]
 pub struct Fp8Weight {
-    pub codes: Vec<u8>,
+    pub codes: Fp8Codes,
     pub scales: Vec<f32>,
     pub grid: crate::quant::fp8_block::BlockGrid,
+}
+
+/// An FP8 weight's codes: read in place from the checkpoint's mapping (no copy: the CPU decodes them block by
+/// block as it multiplies), or owned.
+#[derive(Debug, Clone)]
+pub enum Fp8Codes {
+    Mapped(crate::io::MappedBytes),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Fp8Codes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Mapped(bytes) => bytes,
+            Self::Owned(bytes) => bytes,
+        }
+    }
 }
 
 impl Fp8Weight {

@@ -4,6 +4,7 @@
 //! RoPE tables, and weights read from a validated checkpoint and streamed one decoder layer at a time
 //! ([`layer_stream`]). The architectures that run on it are in [`crate::arch`].
 
+pub mod allocator;
 pub mod backend;
 pub mod checkpoint;
 pub mod cpu;

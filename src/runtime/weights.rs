@@ -8,14 +8,14 @@ use crate::format::compressed_tensors::{int4_group_size, int4_modules, Int4Modul
 use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceItem, SourceKind};
 use crate::io::{Checkpoint, Dtype};
 
-use super::backend::{Fp8Weight, Int4Weight, Matrix};
+use super::backend::{Fp8Codes, Fp8Weight, Int4Weight, Matrix};
 use super::RuntimeError;
 
 /// Whether every value `e4m3(code) · scale` is finite, without making them: no NaN code (`0x7F`/`0xFF`; e4m3fn has
 /// no infinity) and every block's multiplier finite with `448 · scale` finite (448 is the largest |e4m3|). False
 /// when unsure (an overflowing scale may still give finite values for small codes): the caller then checks values.
 fn all_finite(fp8: &Fp8Weight) -> bool {
-    crate::io::dtype::first_nonfinite(Dtype::F8_E4M3, &fp8.codes).is_none()
+    crate::io::dtype::first_nonfinite(Dtype::F8_E4M3, &fp8.codes[..]).is_none()
         && fp8.scales.iter().all(|&scale| (scale * 448.0).is_finite())
 }
 
@@ -98,7 +98,12 @@ impl<'a> WeightReader<'a> {
             reader.fp8_parts().filter(|(_, grid, _)| [grid.rows, grid.columns] == [rows, columns])
         {
             // Codes only: a device backend dequantizes them on the device, the CPU's first `values()` on the host.
-            let fp8 = Fp8Weight { codes: codes.to_vec(), scales: scales.to_vec(), grid };
+            // In place when the checkpoint's mapping holds them (the usual case): no copy of every expert's codes.
+            let codes = match self.checkpoint.mapped(&item.name) {
+                Some(mapped) if mapped.as_ptr() == codes.as_ptr() => Fp8Codes::Mapped(mapped.prefix(codes.len())),
+                _ => Fp8Codes::Owned(codes.to_vec()),
+            };
+            let fp8 = Fp8Weight { codes, scales: scales.to_vec(), grid };
             return self.checked(name, Matrix::coded_fp8(fp8), expected);
         }
         let data = reader.read_all();
@@ -263,7 +268,7 @@ mod tests {
         let checkpoint = Checkpoint::open(dir.path()).unwrap();
         let matrix = WeightReader::new(&checkpoint).matrix("m.weight", [5, 7]).unwrap();
         let fp8 = matrix.fp8().expect("held as codes");
-        assert_eq!((fp8.codes.as_slice(), fp8.scales.as_slice()), (codes.as_slice(), scales.as_slice()));
+        assert_eq!((&fp8.codes[..], fp8.scales.as_slice()), (codes.as_slice(), scales.as_slice()));
         assert_eq!(matrix.bytes(), 35 + 6 * 4, "no f32 values before they are asked for");
         // The values are what the row reader makes, bit for bit; the codes are dropped then.
         let item = stored_item(&checkpoint, "m.weight", [2, 4]).unwrap();

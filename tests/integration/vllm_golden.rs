@@ -14,6 +14,13 @@ use crate::common::{path_str, squeeze, write_input_ids};
 /// oracle was built for: a wrong scale, a dropped expert or a wrong rotary layout moves perplexity by ≥ 1e-3.
 const PPL_RELATIVE_TOLERANCE: f64 = 1e-4;
 
+/// What the KV-scale golden proves is that vLLM loads the names squeeze writes and reads back the value written;
+/// the value itself is a maximum of f32 activations whose sums' order the CPU runtime may change (its linear layers
+/// use fused multiply-adds on 16 lanes since the golden was made, which moved five of the six scales by up to
+/// 3.1e-7 relative, 5 ulps). 1e-6 (8–17 ulps) still refuses a scale computed differently: a wrong layer or
+/// projection, or a value rounded through bf16 (off by up to 2e-3).
+const KV_SCALE_RELATIVE_TOLERANCE: f64 = 1e-6;
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -170,7 +177,12 @@ fn glm45_perplexity_greedy_tokens_and_kv_scales_match_vllm() {
         for which in ["k_scale", "v_scale"] {
             let ours = layer[which][0].as_f64().unwrap() as f32;
             let vllm = theirs[which].as_f64().unwrap() as f32;
-            assert_eq!(ours, vllm, "layer {index} {which}: squeeze writes {ours}, vLLM loaded {vllm}");
+            let relative = ((ours as f64 - vllm as f64) / vllm as f64).abs();
+            assert!(
+                relative <= KV_SCALE_RELATIVE_TOLERANCE,
+                "layer {index} {which}: squeeze writes {ours}, vLLM loaded {vllm} ({relative:.1e} relative, over \
+                 {KV_SCALE_RELATIVE_TOLERANCE:.0e})"
+            );
         }
     }
 }

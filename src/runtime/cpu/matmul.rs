@@ -1,35 +1,72 @@
 //! Linear layers `y = x·Wᵀ + b`: parallel over blocks of output features, each block running the register-tiled
-//! kernel of [`super::dots`] over every input row (a block's weight rows are read from memory once).
+//! kernel of [`super::dots`] over every input row (a block's weight rows are read from memory once) and writing
+//! its columns of `y` in place. A block-FP8 weight is multiplied straight from its codes: each task decodes its
+//! block's rows into a per-thread buffer that stays in cache (the values [`Matrix::values`] would make, bit for
+//! bit), so no f32 copy of the matrix is made.
+
+use std::cell::RefCell;
 
 use rayon::prelude::*;
 
 use super::dots;
+use crate::quant::fp8_block::dequantize_row;
 use crate::runtime::backend::Matrix;
 
-/// Weight rows per parallel task.
+/// Weight rows per parallel task (a multiple of the kernel's tile of weight rows).
 const FEATURE_BLOCK: usize = 32;
+
+thread_local! {
+    /// A task's FP8 weight rows decoded to f32 (`FEATURE_BLOCK × width`), reused by every task on this thread.
+    static DECODED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The output `[rows, features]`, shared by the tasks, each of which writes its own columns only.
+#[derive(Clone, Copy)]
+struct Columns(*mut f32);
+// SAFETY: the tasks write disjoint columns of one buffer that outlives them (see `linear`).
+unsafe impl Send for Columns {}
+// SAFETY: as above.
+unsafe impl Sync for Columns {}
+
+impl Columns {
+    /// The address of column `column` of row 0.
+    fn at(&self, column: usize) -> *mut f32 {
+        self.0.wrapping_add(column)
+    }
+}
 
 pub fn linear(input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>) -> Vec<f32> {
     let (features, width) = (weight.rows, weight.columns);
     debug_assert_eq!(input.len(), rows * width);
-    // Computed transposed (`[features, rows]`) so each task owns a contiguous slice, then transposed back.
-    let values = weight.values();
-    let mut transposed = vec![0f32; features * rows];
-    transposed.par_chunks_mut(FEATURE_BLOCK * rows.max(1)).enumerate().for_each(|(block, out)| {
-        let first = block * FEATURE_BLOCK;
-        let count = out.len() / rows.max(1);
-        dots::block(input, rows, &values[first * width..][..count * width], count, width, out);
-        if let Some(bias) = bias {
-            for (local, feature_out) in out.chunks_mut(rows.max(1)).enumerate() {
-                feature_out.iter_mut().for_each(|value| *value += bias[first + local]);
-            }
-        }
-    });
     let mut out = vec![0f32; rows * features];
-    out.par_chunks_mut(features.max(1)).enumerate().for_each(|(row, y)| {
-        for (feature, value) in y.iter_mut().enumerate() {
-            *value = transposed[feature * rows + row];
+    if rows == 0 || features == 0 {
+        return out;
+    }
+    // Coded FP8 while no one asked for the f32 values; the values otherwise (plain, INT4, or FP8 already made).
+    let fp8 = weight.fp8();
+    let values = if fp8.is_some() { &[][..] } else { weight.values() };
+    let columns = Columns(out.as_mut_ptr());
+    (0..features.div_ceil(FEATURE_BLOCK)).into_par_iter().for_each(|block| {
+        let first = block * FEATURE_BLOCK;
+        let count = (features - first).min(FEATURE_BLOCK);
+        // SAFETY: `out` is `[rows, features]` and lives until the loop ends; this task alone writes columns
+        // `first..first + count` of it (rows × stride `features`), and nothing reads `out` meanwhile.
+        let run = |w: &[f32]| unsafe { dots::block_into(input, rows, w, count, width, columns.at(first), features) };
+        match &fp8 {
+            Some(fp8) => DECODED.with(|decoded| {
+                let mut decoded = decoded.borrow_mut();
+                decoded.resize(FEATURE_BLOCK * width, 0.0);
+                for (local, row) in decoded.chunks_mut(width.max(1)).take(count).enumerate() {
+                    let index = first + local;
+                    dequantize_row(&fp8.grid, index, &fp8.codes[index * width..][..width], &fp8.scales, row);
+                }
+                run(&decoded[..count * width]);
+            }),
+            None => run(&values[first * width..][..count * width]),
         }
     });
+    if let Some(bias) = bias {
+        out.par_chunks_mut(features).for_each(|row| row.iter_mut().zip(bias).for_each(|(value, b)| *value += b));
+    }
     out
 }

@@ -26,14 +26,15 @@ use super::RuntimeError;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Cpu;
 
-/// The CPU's prefetch: the f32 values of the next layer's (or expert batch's) weights made on the loader thread
-/// (block-FP8 and INT4 weights are read coded and dequantized on first use), so compute never waits for them.
+/// The CPU's prefetch: the f32 values of the next layer's (or expert batch's) INT4 weights made on the loader
+/// thread, so compute never waits for them. Block-FP8 weights stay coded: the linear layers decode them block by
+/// block into cache ([`matmul::linear`]), which costs less than writing and reading back a full f32 copy.
 struct HostValues;
 
 impl Prefetch for HostValues {
     fn prefetch(&self, matrices: &[&Matrix]) {
         use rayon::prelude::*;
-        matrices.par_iter().for_each(|matrix| {
+        matrices.par_iter().filter(|matrix| matrix.fp8().is_none()).for_each(|matrix| {
             matrix.values();
         });
     }

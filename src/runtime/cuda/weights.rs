@@ -92,7 +92,7 @@ impl WeightStore {
 /// returns, once the compute stream has passed the kernels.
 fn dequantized_pair(device: &dyn Device, fp8: &Fp8Weight) -> Result<DeviceBuffer, CudaError> {
     let grid = fp8.grid;
-    let codes = device.upload_resident(&fp8.codes)?;
+    let codes = device.upload_resident(&fp8.codes[..])?;
     let scales = device.upload_resident(&fp8.scales)?;
     let values = device.alloc_for::<f32>((grid.rows * grid.columns).max(1))?;
     let tensor = Fp8OnDevice {
