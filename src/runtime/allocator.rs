@@ -12,16 +12,10 @@ pub fn retain_freed_memory() {
     {
         static DONE: std::sync::Once = std::sync::Once::new();
         DONE.call_once(|| {
-            use std::ffi::c_int;
-            extern "C" {
-                fn mallopt(parameter: c_int, value: c_int) -> c_int;
-            }
-            const M_TRIM_THRESHOLD: c_int = -1;
-            const M_TOP_PAD: c_int = -2;
             // SAFETY: mallopt only changes glibc's allocator parameters; both values are in range.
             unsafe {
-                mallopt(M_TRIM_THRESHOLD, 256 << 20);
-                mallopt(M_TOP_PAD, 64 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+                libc::mallopt(libc::M_TOP_PAD, 64 << 20);
             }
         });
     }
