@@ -1,71 +1,206 @@
-//! Causal softmax attention for one sequence, optionally restricted to a per-query key selection (DSA).
-//! Grouped heads: query head `h` reads key/value head `h / (heads / kv_heads)`.
+//! Causal softmax attention for one sequence, optionally restricted to a per-query key selection (DSA), and the
+//! same arithmetic for one decode query over its cached rows ([`super::paged`]). Grouped heads: query head `h`
+//! reads key/value head `h / (heads / kv_heads)`.
+//!
+//! The arithmetic, one definition for both paths ([`attend_block`]): the scores `q·k` by the linear layers' tiled
+//! kernel ([`super::dots::block_into`], its 16-lane fused order), times `scale`; per query the softmax over the
+//! keys it sees, `w = exp(s − max)` ([`super::exp`]) and `p = w / Σw` (the sum in 16 lanes, [`normalize`]); then `y = Σ p·v` by the same kernel
+//! against the values transposed (`[v_dim, keys]`), a key the query does not see having `p = 0`.
 
 use rayon::prelude::*;
 
-use super::dot;
+use super::dots::block_into;
+use super::exp::exp;
 use crate::runtime::backend::AttentionShape;
+
+/// Queries per task of the full-sequence path (eight of the kernel's 6-row tiles): their scores and the values
+/// they read stay in L2 for a few thousand keys.
+const QUERY_BLOCK: usize = 48;
 
 pub fn causal(q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: Option<&[bool]>) -> Vec<f32> {
     let AttentionShape { tokens, heads, kv_heads, qk_dim, v_dim, scale } = *shape;
     let group = heads / kv_heads.max(1);
+    let by_head: Vec<KeysValues> = (0..kv_heads)
+        .into_par_iter()
+        .map(|head| {
+            KeysValues::gather(
+                tokens,
+                qk_dim,
+                v_dim,
+                |key| &k[(key * kv_heads + head) * qk_dim..][..qk_dim],
+                |key| &v[(key * kv_heads + head) * v_dim..][..v_dim],
+            )
+        })
+        .collect();
+    // One task per (block of queries, head); each returns its rows `[queries, v_dim]`.
+    let blocks = tokens.div_ceil(QUERY_BLOCK);
+    let pieces: Vec<Vec<f32>> = (0..blocks * heads)
+        .into_par_iter()
+        .map(|task| {
+            let (first, head) = (task / heads * QUERY_BLOCK, task % heads);
+            let rows = (tokens - first).min(QUERY_BLOCK);
+            let mut q_block = Vec::with_capacity(rows * qk_dim);
+            for query in first..first + rows {
+                q_block.extend_from_slice(&q[(query * heads + head) * qk_dim..][..qk_dim]);
+            }
+            let mut y = vec![0f32; rows * v_dim];
+            let seen = |row: usize| first + row + 1;
+            let admits = |row: usize, key: usize| allowed.is_none_or(|mask| mask[(first + row) * tokens + key]);
+            attend_block(&q_block, rows, &by_head[head / group.max(1)], first + rows, seen, admits, scale, &mut y);
+            y
+        })
+        .collect();
     let mut out = vec![0f32; tokens * heads * v_dim];
-    // One task per (query token, head): out row `[t, h, :]` is contiguous.
-    out.par_chunks_mut(v_dim).enumerate().for_each(|(index, y)| {
-        let (query, head) = (index / heads, index % heads);
-        let kv_head = head / group.max(1);
-        let q_row = &q[(query * heads + head) * qk_dim..][..qk_dim];
-        let keys = KeyValues { k, v, kv_heads, kv_head, qk_dim, v_dim };
-        attend(q_row, &keys, query + 1, scale, |key| allowed.is_none_or(|mask| mask[query * tokens + key]), y);
-    });
+    for (task, y) in pieces.iter().enumerate() {
+        let (first, head) = (task / heads * QUERY_BLOCK, task % heads);
+        for (row, values) in y.chunks(v_dim).enumerate() {
+            out[((first + row) * heads + head) * v_dim..][..v_dim].copy_from_slice(values);
+        }
+    }
     out
 }
 
-/// The keys and values one query head reads: rows `[key, kv_heads, dim]`, head `kv_head`.
-pub struct KeyValues<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub kv_heads: usize,
-    pub kv_head: usize,
-    pub qk_dim: usize,
-    pub v_dim: usize,
+/// One key/value head's keys `[count, qk_dim]` and values transposed `[v_dim, count]`, the layouts the kernel reads.
+pub struct KeysValues {
+    keys: Vec<f32>,
+    values_t: Vec<f32>,
+    count: usize,
+    qk_dim: usize,
+    v_dim: usize,
 }
 
-/// Softmax attention of one query row over the first `count` keys that `allowed` admits, accumulated into `y`.
-/// Shared by the full-sequence path and token-by-token decode so that both do the same arithmetic.
-pub fn attend(
-    q_row: &[f32],
-    keys: &KeyValues,
-    count: usize,
+impl KeysValues {
+    /// From `count` keys and values, key `i` being `key(i)` (`qk_dim` values) and its value `value(i)` (`v_dim`).
+    pub fn gather<'a>(
+        count: usize,
+        qk_dim: usize,
+        v_dim: usize,
+        key: impl Fn(usize) -> &'a [f32],
+        value: impl Fn(usize) -> &'a [f32],
+    ) -> Self {
+        let mut keys = Vec::with_capacity(count * qk_dim);
+        let mut values_t = vec![0f32; v_dim * count];
+        for index in 0..count {
+            keys.extend_from_slice(key(index));
+            for (dim, &x) in value(index).iter().enumerate() {
+                values_t[dim * count + index] = x;
+            }
+        }
+        Self { keys, values_t, count, qk_dim, v_dim }
+    }
+}
+
+/// Softmax attention of `rows` queries `q` `[rows, qk_dim]` over the first `keys` of `kv`, written to `y`
+/// `[rows, v_dim]`: query `r` sees keys `0..seen(r)` (`seen(r) ≤ keys`) that `admits(r, key)`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_block(
+    q: &[f32],
+    rows: usize,
+    kv: &KeysValues,
+    keys: usize,
+    seen: impl Fn(usize) -> usize,
+    admits: impl Fn(usize, usize) -> bool,
     scale: f32,
-    allowed: impl Fn(usize) -> bool,
     y: &mut [f32],
 ) {
-    let KeyValues { k, v, kv_heads, kv_head, qk_dim, v_dim } = *keys;
-    let mut weights = Vec::with_capacity(count);
-    let mut max = f32::NEG_INFINITY;
-    for key in 0..count {
-        if !allowed(key) {
-            weights.push(f32::NEG_INFINITY);
-            continue;
-        }
-        let score = dot(q_row, &k[(key * kv_heads + kv_head) * qk_dim..][..qk_dim]) * scale;
-        max = max.max(score);
-        weights.push(score);
+    let KeysValues { qk_dim, v_dim, .. } = *kv;
+    assert!(keys <= kv.count && q.len() >= rows * qk_dim && y.len() >= rows * v_dim);
+    let mut p = vec![0f32; rows * keys];
+    // SAFETY: `p` holds `rows·keys` values, borrowed mutably; `kv.keys` holds `count ≥ keys` rows.
+    unsafe { block_into(q, rows, &kv.keys, keys, qk_dim, p.as_mut_ptr(), keys) };
+    for (row, scores) in p.chunks_mut(keys.max(1)).enumerate().take(rows) {
+        softmax(scores, seen(row), scale, |key| admits(row, key));
     }
-    let mut total = 0f32;
-    for weight in weights.iter_mut() {
-        *weight = if *weight == f32::NEG_INFINITY { 0.0 } else { (*weight - max).exp() };
-        total += *weight;
+    // The values of the first `keys` keys, `[v_dim, keys]`.
+    let prefix: Vec<f32>;
+    let values_t = if keys == kv.count {
+        &kv.values_t
+    } else {
+        prefix = kv.values_t.chunks(kv.count).flat_map(|dim| &dim[..keys]).copied().collect();
+        &prefix
+    };
+    // SAFETY: `y` holds `rows·v_dim` values (checked above), borrowed mutably.
+    unsafe { block_into(&p, rows, values_t, v_dim, keys, y.as_mut_ptr(), v_dim) };
+}
+
+/// Scores in, attention weights out: the first `seen` scores `s` (the admitted ones) become `p = w / Σw` with
+/// `w = exp(s·scale − max)`; the others, and those past `seen`, become 0.
+fn softmax(scores: &mut [f32], seen: usize, scale: f32, admits: impl Fn(usize) -> bool) {
+    for (key, score) in scores[..seen].iter_mut().enumerate() {
+        *score = if admits(key) { *score * scale } else { f32::NEG_INFINITY };
     }
-    for (key, weight) in weights.iter().enumerate() {
-        if *weight == 0.0 {
-            continue;
+    normalize(&mut scores[..seen]);
+    scores[seen..].fill(0.0);
+}
+
+/// `s → exp(s − max) / Σ exp(s − max)` in place (all zeros when every `s` is −∞), with AVX-512 or AVX2 where the
+/// CPU has them: the same basic operations in the same order, so the same bits on every instruction set.
+fn normalize(scores: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F, checked just above.
+            return unsafe { normalize_avx512(scores) };
         }
-        let p = weight / total;
-        let v_row = &v[(key * kv_heads + kv_head) * v_dim..][..v_dim];
-        for (o, value) in y.iter_mut().zip(v_row) {
-            *o += p * value;
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { normalize_avx2(scores) };
         }
     }
+    normalize_portable(scores)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn normalize_avx512(scores: &mut [f32]) {
+    normalize_portable(scores)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn normalize_avx2(scores: &mut [f32]) {
+    normalize_portable(scores)
+}
+
+/// Lanes of the max and the sum: score `j` goes to lane `j % 16`; the lanes are combined pairwise
+/// (`l_i + l_{i+8}`, then `+4`, `+2`, `+1`), the order the sum is defined by.
+const LANES: usize = 16;
+
+#[inline(always)]
+fn normalize_portable(scores: &mut [f32]) {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    for chunk in scores.chunks(LANES) {
+        for (lane, &s) in lanes.iter_mut().zip(chunk) {
+            *lane = if s > *lane { s } else { *lane };
+        }
+    }
+    let max = combine(lanes, |a, b| if b > a { b } else { a });
+    if max == f32::NEG_INFINITY {
+        scores.fill(0.0);
+        return;
+    }
+    let mut lanes = [0f32; LANES];
+    for chunk in scores.chunks_mut(LANES) {
+        for (lane, s) in lanes.iter_mut().zip(chunk) {
+            *s = exp(*s - max);
+            *lane += *s;
+        }
+    }
+    let total = combine(lanes, |a, b| a + b);
+    for s in scores {
+        *s /= total;
+    }
+}
+
+/// `l_i ∘ l_{i+8}`, then `∘ +4`, `∘ +2`, `∘ +1`: lane 0 holds the result.
+#[inline(always)]
+fn combine(mut lanes: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            lanes[i] = op(lanes[i], lanes[i + width]);
+        }
+        width /= 2;
+    }
+    lanes[0]
 }

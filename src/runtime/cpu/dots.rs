@@ -194,24 +194,23 @@ mod x86 {
         stride: usize,
     ) {
         // SAFETY: the caller's guarantees; the CPU supports AVX-512F, and `tiles` passes rows of `width` values.
-        unsafe {
-            tiles::<6, 4>(x, rows, w, count, width, out, stride, |x, w, width| {
-                sums_avx512(&tile_avx512::<6, 4>(x, w, width))
-            })
-        }
+        unsafe { tiles::<6, 4>(x, rows, w, count, width, out, stride, |x, w, width| tile_avx512::<6>(x, w, width)) }
     }
 
-    /// One tile's accumulators on AVX-512F (returned through memory; reduced by [`sums_avx512`]).
+    /// One tile's sums on AVX-512F: its accumulators stay in registers and are reduced by [`sums_avx512`] here
+    /// (returning them through memory to be reduced by the caller cost a 1.5 KiB clear, store and reload per tile,
+    /// as much as the multiply-adds at the attention's widths of 32–64).
     ///
     /// # Safety
     /// The CPU must support AVX-512F; every pointer points at `width` readable values.
     #[inline(never)]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn tile_avx512<const R: usize, const F: usize>(
+    unsafe fn tile_avx512<const R: usize>(
         x_rows: &[*const f32; R],
-        w_rows: &[*const f32; F],
+        w_rows: &[*const f32; 4],
         width: usize,
-    ) -> [[__m512; F]; R] {
+    ) -> [[f32; 4]; R] {
+        const F: usize = 4;
         const LANES: usize = 16;
         let full = width / LANES * LANES;
         let mut acc = [[_mm512_setzero_ps(); F]; R];
@@ -246,7 +245,7 @@ mod x86 {
                 }
             }
         }
-        acc
+        sums_avx512(&acc)
     }
 
     /// The sums of a tile's 16-lane accumulators, four of a row at a time: the same tree as [`sum_lanes`] with
@@ -310,12 +309,10 @@ mod x86 {
         stride: usize,
     ) {
         // SAFETY: the caller's guarantees; the CPU supports AVX2 and FMA, and `tiles` passes rows of `width` values.
-        unsafe {
-            tiles::<2, 2>(x, rows, w, count, width, out, stride, |x, w, width| sums_avx2(&tile_avx2(x, w, width)))
-        }
+        unsafe { tiles::<2, 2>(x, rows, w, count, width, out, stride, |x, w, width| tile_avx2(x, w, width)) }
     }
 
-    /// One tile's accumulators on AVX2 + FMA (reduced by [`sums_avx2`]).
+    /// One tile's sums on AVX2 + FMA (the accumulators reduced here by [`sums_avx2`], as on AVX-512).
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; every pointer points at `width` readable values.
@@ -326,7 +323,7 @@ mod x86 {
         x_rows: &[*const f32; R],
         w_rows: &[*const f32; F],
         width: usize,
-    ) -> [[[__m256; 2]; F]; R] {
+    ) -> [[f32; F]; R] {
         const LANES: usize = 16;
         let full = width / LANES * LANES;
         let mut acc = [[[_mm256_setzero_ps(); 2]; F]; R];
@@ -364,7 +361,7 @@ mod x86 {
                 }
             }
         }
-        acc
+        sums_avx2(&acc)
     }
 
     /// The sums of a tile's 16-lane accumulators held as pairs of 8-lane registers.

@@ -3,6 +3,7 @@
 mod activation;
 pub mod attention;
 mod dots;
+mod exp;
 pub(crate) mod experts;
 pub(crate) mod indexer;
 mod matmul;

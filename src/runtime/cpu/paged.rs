@@ -1,11 +1,11 @@
 //! Paged decode on the host (the CPU backend's pages are the pool's host pages): the pool's own row write,
 //! [`KvPool::verify`], the DSA key choice over the cached indexer keys ([`super::indexer::select`]), and
 //! single-query softmax attention over the rows [`KvPool::read`] decodes (the arithmetic of
-//! [`super::attention::attend`]).
+//! [`super::attention::attend_block`]).
 
 use std::time::Instant;
 
-use super::attention::{attend, KeyValues};
+use super::attention::{attend_block, KeysValues};
 use super::indexer::select;
 use crate::runtime::backend::{IndexerShape, KeyChoice, KvAt, PagedLayout, PagedStep};
 use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
@@ -160,21 +160,21 @@ pub fn attend_rows(
 ) {
     let PagedLayout { heads, kv_heads, qk_dim, v_dim, k_stride, v_base, v_stride, scale } = *layout;
     let group = heads / kv_heads.max(1);
-    // Keys and values `[count, kv_heads, dim]`, the layout `attend` reads.
-    let mut k = Vec::with_capacity(count * kv_heads * qk_dim);
-    let mut v = Vec::with_capacity(count * kv_heads * v_dim);
-    for row in rows[..count * row_width].chunks(row_width) {
-        for head in 0..kv_heads {
-            k.extend_from_slice(&row[head * k_stride..][..qk_dim]);
-        }
-        for head in 0..kv_heads {
-            v.extend_from_slice(&row[v_base + head * v_stride..][..v_dim]);
-        }
-    }
-    y.fill(0.0);
+    let rows = &rows[..count * row_width];
+    let by_head: Vec<KeysValues> = (0..kv_heads)
+        .map(|head| {
+            KeysValues::gather(
+                count,
+                qk_dim,
+                v_dim,
+                |key| &rows[key * row_width + head * k_stride..][..qk_dim],
+                |key| &rows[key * row_width + v_base + head * v_stride..][..v_dim],
+            )
+        })
+        .collect();
     for (head, out) in y.chunks_mut(v_dim).enumerate().take(heads) {
-        let keys = KeyValues { k: &k, v: &v, kv_heads, kv_head: head / group.max(1), qk_dim, v_dim };
         let q_row = &q[head * qk_dim..][..qk_dim];
-        attend(q_row, &keys, count, scale, |key| allowed.is_none_or(|mask| mask[key]), out);
+        let admits = |_: usize, key: usize| allowed.is_none_or(|mask| mask[key]);
+        attend_block(q_row, 1, &by_head[head / group.max(1)], count, |_| count, admits, scale, out);
     }
 }
