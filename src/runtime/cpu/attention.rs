@@ -9,8 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::dots::block_into;
 use super::exp::exp;
+use super::gemm::gemm;
 use crate::runtime::backend::AttentionShape;
 
 /// Queries per task of the full-sequence path (eight of the kernel's 6-row tiles): their scores and the values
@@ -60,10 +60,10 @@ pub fn causal(q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: 
     out
 }
 
-/// One key/value head's keys `[count, qk_dim]` and values transposed `[v_dim, count]`, the layouts the kernel reads.
+/// One key/value head's keys transposed `[qk_dim, count]` and values `[count, v_dim]`, the layouts the kernel reads.
 pub struct KeysValues {
-    keys: Vec<f32>,
-    values_t: Vec<f32>,
+    keys_t: Vec<f32>,
+    values: Vec<f32>,
     count: usize,
     qk_dim: usize,
     v_dim: usize,
@@ -78,15 +78,15 @@ impl KeysValues {
         key: impl Fn(usize) -> &'a [f32],
         value: impl Fn(usize) -> &'a [f32],
     ) -> Self {
-        let mut keys = Vec::with_capacity(count * qk_dim);
-        let mut values_t = vec![0f32; v_dim * count];
+        let mut keys_t = vec![0f32; qk_dim * count];
+        let mut values = Vec::with_capacity(count * v_dim);
         for index in 0..count {
-            keys.extend_from_slice(key(index));
-            for (dim, &x) in value(index).iter().enumerate() {
-                values_t[dim * count + index] = x;
+            for (dim, &x) in key(index).iter().enumerate() {
+                keys_t[dim * count + index] = x;
             }
+            values.extend_from_slice(value(index));
         }
-        Self { keys, values_t, count, qk_dim, v_dim }
+        Self { keys_t, values, count, qk_dim, v_dim }
     }
 }
 
@@ -106,21 +106,11 @@ pub fn attend_block(
     let KeysValues { qk_dim, v_dim, .. } = *kv;
     assert!(keys <= kv.count && q.len() >= rows * qk_dim && y.len() >= rows * v_dim);
     let mut p = vec![0f32; rows * keys];
-    // SAFETY: `p` holds `rows·keys` values, borrowed mutably; `kv.keys` holds `count ≥ keys` rows.
-    unsafe { block_into(q, rows, &kv.keys, keys, qk_dim, p.as_mut_ptr(), keys) };
+    gemm(q, qk_dim, &kv.keys_t, kv.count, rows, qk_dim, keys, &mut p, keys);
     for (row, scores) in p.chunks_mut(keys.max(1)).enumerate().take(rows) {
         softmax(scores, seen(row), scale, |key| admits(row, key));
     }
-    // The values of the first `keys` keys, `[v_dim, keys]`.
-    let prefix: Vec<f32>;
-    let values_t = if keys == kv.count {
-        &kv.values_t
-    } else {
-        prefix = kv.values_t.chunks(kv.count).flat_map(|dim| &dim[..keys]).copied().collect();
-        &prefix
-    };
-    // SAFETY: `y` holds `rows·v_dim` values (checked above), borrowed mutably.
-    unsafe { block_into(&p, rows, values_t, v_dim, keys, y.as_mut_ptr(), v_dim) };
+    gemm(&p, keys, &kv.values, v_dim, rows, keys, v_dim, y, v_dim);
 }
 
 /// Scores in, attention weights out: the first `seen` scores `s` (the admitted ones) become `p = w / Σw` with

@@ -5,6 +5,7 @@ pub mod attention;
 mod dots;
 mod exp;
 pub(crate) mod experts;
+mod gemm;
 pub(crate) mod indexer;
 mod matmul;
 mod norm;
