@@ -119,8 +119,8 @@ const POW_CLIPPED: [f32; 8] = [
 const TERM_ERROR: f32 = 3.0e-5;
 /// Relative bound on everything else: the screen's sequential f32 sum of at most `2·MAX_GROUP` terms per
 /// candidate (`255·2^-24 = 1.5e-5`), [`group_error`]'s sum (`(128/8 + 3)·2^-24`), `abs_pow_2_4`'s error on each
-/// exact term and [`scale_power`]'s on the bounds' `s^2.4` (below 1e-6 each, their tests), and the f32 roundings of the bounds
-/// themselves (a few `2^-24`): ≈ 1.9e-5, with a margin.
+/// exact term and [`scale_power`]'s on the bounds' `s^2.4` (below 1e-6 each, their tests), and the f32 roundings
+/// of the bounds themselves (a few `2^-24`): ≈ 1.9e-5, with a margin.
 const RELATIVE_ERROR: f32 = 5e-5;
 
 /// Horner evaluation with fused multiply-adds (one instruction each in the AVX2/AVX-512 builds of

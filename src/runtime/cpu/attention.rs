@@ -2,10 +2,11 @@
 //! same arithmetic for one decode query over its cached rows ([`super::paged`]). Grouped heads: query head `h`
 //! reads key/value head `h / (heads / kv_heads)`.
 //!
-//! The arithmetic, one definition for both paths ([`attend_block`]): the scores `q·k` by the linear layers' tiled
-//! kernel ([`super::dots::block_into`], its 16-lane fused order), times `scale`; per query the softmax over the
-//! keys it sees, `w = exp(s − max)` ([`super::exp`]) and `p = w / Σw` (the sum in 16 lanes, [`normalize`]); then `y = Σ p·v` by the same kernel
-//! against the values transposed (`[v_dim, keys]`), a key the query does not see having `p = 0`.
+//! The arithmetic, one definition for both paths ([`attend_block`]): the scores `q·k` by the broadcast kernel
+//! ([`super::gemm`]: fused multiply-adds in dimension order) against the keys stored transposed (`[qk_dim, keys]`),
+//! times `scale`; per query the softmax over the keys it sees, `w = exp(s − max)` ([`super::exp`]) and
+//! `p = w / Σw` (the sum in 16 lanes, [`normalize`]); then `y = Σ p·v` by the same kernel against the values as
+//! stored (`[keys, v_dim]`, in key order), a key the query does not see having `p = 0`.
 
 use rayon::prelude::*;
 
