@@ -16,9 +16,8 @@ pub fn temporary_sibling(path: &Path) -> PathBuf {
 /// Writes `bytes` to `path` atomically.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     let temporary = temporary_sibling(path);
-    super::interrupt::register_temporary(&temporary);
     let result = (|| {
-        let mut file = fs::File::create(&temporary)?;
+        let mut file = super::interrupt::create_temporary(&temporary, || fs::File::create(&temporary))?;
         file.write_all(bytes)?;
         file.sync_all()?;
         fs::rename(&temporary, path)

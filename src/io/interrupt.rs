@@ -39,8 +39,15 @@ fn with(edit: impl FnOnce(&mut Pending)) {
     edit(&mut PENDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
 }
 
-pub fn register_temporary(path: &Path) {
-    with(|p| p.temporaries.push(path.to_path_buf()));
+/// Creates the temporary file `path` with `create` and registers it, with the handler held off meanwhile: an
+/// interrupt removes the file whichever side of its creation it lands on (registering after the creation left a
+/// window in which an interrupt kept the file; registering before left one in which the handler removed the path
+/// before it existed and the file was created while the process exited).
+pub fn create_temporary<T>(path: &Path, create: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
+    let mut pending = PENDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let created = create()?;
+    pending.temporaries.push(path.to_path_buf());
+    Ok(created)
 }
 
 pub fn unregister_temporary(path: &Path) {

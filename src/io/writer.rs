@@ -84,8 +84,8 @@ impl ShardWriter {
     /// Creates the temporary sibling of `path` and writes the header.
     pub fn create(path: &Path, tensors: Vec<PlannedTensor>) -> Result<Self, IoError> {
         let temporary = temporary_sibling(path);
-        let out = SequentialFile::create(&temporary).map_err(|e| IoError::file(&temporary, e))?;
-        super::interrupt::register_temporary(&temporary);
+        let out = super::interrupt::create_temporary(&temporary, || SequentialFile::create(&temporary))
+            .map_err(|e| IoError::file(&temporary, e))?;
         let mut writer =
             Self { path: path.to_path_buf(), temporary, out, hasher: Sha256::new(), tensors, next: 0, written: 0 };
         let header = header_bytes(&writer.tensors);
