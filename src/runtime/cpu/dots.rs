@@ -199,7 +199,7 @@ mod x86 {
 
     /// One tile's sums on AVX-512F: its accumulators stay in registers and are reduced by [`sums_avx512`] here
     /// (returning them through memory to be reduced by the caller cost a 1.5 KiB clear, store and reload per tile,
-    /// as much as the multiply-adds at the attention's widths of 32–64).
+    /// as much as the multiply-adds at widths of 32–64: the tiny models' narrow projections).
     ///
     /// # Safety
     /// The CPU must support AVX-512F; every pointer points at `width` readable values.
