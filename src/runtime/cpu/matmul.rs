@@ -1,6 +1,6 @@
-//! Linear layers `y = x·Wᵀ + b`: parallel over blocks of output features, each block running the register-tiled
-//! kernel of [`super::dots`] over every input row (a block's weight rows are read from memory once) and writing
-//! its columns of `y` in place. A block-FP8 weight is multiplied straight from its codes: each task decodes its
+//! Linear layers `y = x·Wᵀ + b`: parallel over blocks of output features (and of rows, where the features give
+//! too few tasks), each block running the register-tiled kernel of [`super::dots`] over its input rows (a block's
+//! weight rows are read from memory once per task) and writing its part of `y` in place. A block-FP8 weight is multiplied straight from its codes: each task decodes its
 //! block's rows into a per-thread buffer that stays in cache (the values [`Matrix::values`] would make, bit for
 //! bit), so no f32 copy of the matrix is made.
 
@@ -14,6 +14,10 @@ use crate::runtime::backend::Matrix;
 
 /// Weight rows per parallel task (a multiple of the kernel's tile of weight rows).
 const FEATURE_BLOCK: usize = 32;
+/// Tasks per thread a linear layer aims for at least, splitting rows where its feature blocks are fewer.
+const TASKS_PER_THREAD: usize = 2;
+/// Fewest rows of a task that splits rows (each such task decodes its block's FP8 weight rows again).
+const MIN_CHUNK_ROWS: usize = 256;
 
 thread_local! {
     /// A task's FP8 weight rows decoded to f32 (`FEATURE_BLOCK × width`), reused by every task on this thread.
@@ -29,9 +33,9 @@ unsafe impl Send for Columns {}
 unsafe impl Sync for Columns {}
 
 impl Columns {
-    /// The address of column `column` of row 0.
-    fn at(&self, column: usize) -> *mut f32 {
-        self.0.wrapping_add(column)
+    /// The address of element `index` (row-major).
+    fn at(&self, index: usize) -> *mut f32 {
+        self.0.wrapping_add(index)
     }
 }
 
@@ -46,12 +50,23 @@ pub fn linear(input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>)
     let fp8 = weight.fp8();
     let values = if fp8.is_some() { &[][..] } else { weight.values() };
     let columns = Columns(out.as_mut_ptr());
-    (0..features.div_ceil(FEATURE_BLOCK)).into_par_iter().for_each(|block| {
+    // Tasks: blocks of output features, and where they are too few to keep every thread busy (a 96-wide
+    // projection is three blocks; the router one), chunks of rows too. Each output is the kernel's value either way.
+    let blocks = features.div_ceil(FEATURE_BLOCK);
+    let chunks = (TASKS_PER_THREAD * rayon::current_num_threads()).div_ceil(blocks).min(rows.div_ceil(MIN_CHUNK_ROWS));
+    let chunk_rows = rows.div_ceil(chunks.max(1));
+    (0..blocks * rows.div_ceil(chunk_rows)).into_par_iter().for_each(|task| {
+        let (block, chunk) = (task % blocks, task / blocks);
         let first = block * FEATURE_BLOCK;
         let count = (features - first).min(FEATURE_BLOCK);
+        let (first_row, chunk_rows) = (chunk * chunk_rows, chunk_rows.min(rows - chunk * chunk_rows));
+        let input = &input[first_row * width..][..chunk_rows * width];
         // SAFETY: `out` is `[rows, features]` and lives until the loop ends; this task alone writes columns
-        // `first..first + count` of it (rows × stride `features`), and nothing reads `out` meanwhile.
-        let run = |w: &[f32]| unsafe { dots::block_into(input, rows, w, count, width, columns.at(first), features) };
+        // `first..first + count` of rows `first_row..first_row + chunk_rows` of it (stride `features`), and
+        // nothing reads `out` meanwhile.
+        let run = |w: &[f32]| unsafe {
+            dots::block_into(input, chunk_rows, w, count, width, columns.at(first_row * features + first), features)
+        };
         match &fp8 {
             Some(fp8) => DECODED.with(|decoded| {
                 let mut decoded = decoded.borrow_mut();
