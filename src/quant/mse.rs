@@ -119,7 +119,7 @@ const POW_CLIPPED: [f32; 8] = [
 const TERM_ERROR: f32 = 3.0e-5;
 /// Relative bound on everything else: the screen's sequential f32 sum of at most `2·MAX_GROUP` terms per
 /// candidate (`255·2^-24 = 1.5e-5`), [`group_error`]'s sum (`(128/8 + 3)·2^-24`), `abs_pow_2_4`'s error on each
-/// exact term and [`scale_power`]'s on the bounds' `s^2.4` (below 1e-6 each, their tests), and the f32 roundings
+/// exact term and [`ScalePowers`]'s on the bounds' `s^2.4` (below 1e-6 each, their tests), and the f32 roundings
 /// of the bounds themselves (a few `2^-24`): ≈ 1.9e-5, with a margin.
 const RELATIVE_ERROR: f32 = 5e-5;
 
@@ -167,16 +167,26 @@ fn round_to_bf16(x: f32) -> f32 {
 /// tables computed once in f64 and rounded to f32: relative error at most `3·2^-24` (two roundings and the
 /// product's), below the 1e-6 that [`RELATIVE_ERROR`] allows. Only the bounds use it, for `steps` scales a group
 /// (it replaced [`abs_pow_2_4`] there, whose division and series were ≈ 12 % of the search).
-#[inline(always)]
-fn scale_power(scale: f32) -> f32 {
-    static TABLES: OnceLock<([f32; 128], [f32; 256])> = OnceLock::new();
-    let (mantissas, exponents) = TABLES.get_or_init(|| {
-        let mantissas = std::array::from_fn(|i| (1.0 + i as f64 / 128.0).powf(2.4) as f32);
-        let exponents = std::array::from_fn(|e| (2.4 * (e as f64 - 127.0)).exp2() as f32);
-        (mantissas, exponents)
-    });
-    let bits = scale.to_bits();
-    mantissas[(bits >> 16) as usize & 0x7F] * exponents[(bits >> 23) as usize & 0xFF]
+struct ScalePowers {
+    mantissas: [f32; 128],
+    exponents: [f32; 256],
+}
+
+impl ScalePowers {
+    /// The tables, made on first use (fetch them once per group, not per scale: the check is an atomic load).
+    fn get() -> &'static Self {
+        static TABLES: OnceLock<ScalePowers> = OnceLock::new();
+        TABLES.get_or_init(|| ScalePowers {
+            mantissas: std::array::from_fn(|i| (1.0 + i as f64 / 128.0).powf(2.4) as f32),
+            exponents: std::array::from_fn(|e| (2.4 * (e as f64 - 127.0)).exp2() as f32),
+        })
+    }
+
+    #[inline(always)]
+    fn power(&self, scale: f32) -> f32 {
+        let bits = scale.to_bits();
+        self.mantissas[(bits >> 16) as usize & 0x7F] * self.exponents[(bits >> 23) as usize & 0xFF]
+    }
 }
 
 /// The screened search; `None` where it does not apply (then [`reference_search`] runs).
@@ -252,12 +262,13 @@ fn screened_search(group: &[f32], absmax: f32, search: MseSearch) -> Option<bf16
         return Some(bf16::from_f32(scales[0]));
     }
 
-    // Bounds: `E(s) ∈ s^2.4 · (Σ ± terms · TERM_ERROR) · (1 ± RELATIVE_ERROR)`, `s^2.4` from [`scale_power`].
+    // Bounds: `E(s) ∈ s^2.4 · (Σ ± terms · TERM_ERROR) · (1 ± RELATIVE_ERROR)`, `s^2.4` from [`ScalePowers`].
     // One term per weight (the zeros standing in for the outer weights add exactly 0).
     let spread = group.len() as f32 * TERM_ERROR;
+    let tables = ScalePowers::get();
     let mut powers = [0.0f32; MAX_CANDIDATES];
     for (power, &scale) in powers.iter_mut().zip(&scales) {
-        *power = scale_power(scale);
+        *power = tables.power(scale);
     }
     let mut lower = [0.0f32; MAX_CANDIDATES];
     let mut upper = [0.0f32; MAX_CANDIDATES];
@@ -366,12 +377,12 @@ mod tests {
 
     #[test]
     fn scale_powers_are_within_the_relative_bound() {
-        // Every BF16 scale the screen can meet (absmax in 1e-6..1e6, shrink 0.81..1): scale_power's error on
+        // Every BF16 scale the screen can meet (absmax in 1e-6..1e6, shrink 0.81..1): ScalePowers' error on
         // `s^2.4`, which RELATIVE_ERROR counts as below 1e-6.
         for bits in 0x3300u16..0x4900 {
             let scale = bf16::from_bits(bits).to_f32();
             let exact = (scale as f64).powf(2.4);
-            assert!(((scale_power(scale) as f64 - exact) / exact).abs() < 1e-6, "{scale:e}");
+            assert!(((ScalePowers::get().power(scale) as f64 - exact) / exact).abs() < 1e-6, "{scale:e}");
         }
     }
 
