@@ -3,33 +3,53 @@
 # x86-64 glibc 2.36): every kernel (quantize and runtime) against the CPU path, kernel and pipeline benchmarks, the
 # runtime commands on cuda against cpu, a layer-streamed eval of a GLM-5-shaped INT4 model against its upload time,
 # then an end-to-end GPU quantize of a synthetic GLM-5-shaped checkpoint against the time to read its input and
-# write its output. Needs an NVIDIA GPU with a CUDA 13.0+ driver (libcuda.so.1) and bash/coreutils/awk; no Rust,
-# no CUDA toolkit. Finishes in < 9 min.
+# write its output. Needs an NVIDIA GPU with a CUDA 13.0+ driver (libcuda.so.1) and bash/coreutils/awk/python3; no
+# Rust, no CUDA toolkit.
 #
-# Device steps (exactly what to run on the GPU machine):
-#   1. copy the binary and this script over: target/release/squeeze  scripts/gpu-check.sh
-#   2. bash gpu-check.sh ./squeeze [WORK_DIR]        (WORK_DIR: a local disk with ~20 GB free; default /tmp)
-#   3. keep the output: the self-test table (op, shape, max rel error vs CPU, time, GB/s, share of device copy
-#      bandwidth) and the end-to-end line; exit status 0 = every kernel matched and both runs succeeded.
-# Knobs: EXPERTS (72) and LAYERS (3) size the synthetic checkpoint (~8 GB FP8 at hidden 6144, expert width 2048);
-#        BENCH_ROWS (16384) sizes the kernel benchmark tensor [BENCH_ROWS, 6144].
-set -euo pipefail
+# From the development machine with the device tool (one call, inside its 10-minute command limit):
+#   scripts/gpu-prepare.sh     builds, strips the binary into .gpu/ (the unstripped 80 MB exceeds the tool's
+#                              64 MiB carry limit) and prints the `run` command to give the device tool
+# By hand on a GPU machine:
+#   bash scripts/gpu-check.sh ./squeeze [WORK_DIR]    (WORK_DIR: a local disk with ~20 GB free; default /tmp)
+#
+# The steps run in order of value within BUDGET_S seconds (default 540): a step that would start with under 20 s
+# left is skipped, each is cut at its own limit or the time left, and a failed step does not stop the later ones.
+# The summary at the end lists every step as passed, FAILED or skipped; exit status 0 = every step passed.
+#
+# Knobs: EXPERTS (72) and LAYERS (3) size the synthetic checkpoint of the end-to-end quantize (~8 GB FP8 at hidden
+#        6144, expert width 2048); BENCH_ROWS (16384) sizes the kernel benchmark tensor [BENCH_ROWS, 6144].
+#        REHEARSE=1 runs every step on the emulated device (`--device emulated`, no benchmarks) at toy sizes, to
+#        check this script on a machine without a GPU (about a minute on 2 cores; `cargo test` runs it).
+set -uo pipefail
 
-binary="${1:-./squeeze}"
+binary="$(realpath "${1:-./squeeze}")"
 work="${2:-/tmp}/squeeze-gpu-check.$$"
-experts="${EXPERTS:-72}"
-layers="${LAYERS:-3}"
-bench_rows="${BENCH_ROWS:-16384}"
 mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
-step() { printf '\n== %s\n' "$*"; }
-seconds() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+if [[ "${REHEARSE:-0}" == 1 ]]; then
+    device=emulated
+    selftest_flags=(--no-bench)
+    hidden=256 width=128 stream_experts=4 experts="${EXPERTS:-4}" layers="${LAYERS:-2}"
+    small_hidden=256 small_width=128 ctx=16 chunks=1 long_ctx=32 long_chunks=1 text_lines=8
+    # Every emulated CUDA thread is a fiber on the host: give each step 4 times its GPU limit.
+    slack=4 budget="${BUDGET_S:-2400}"
+else
+    device=cuda
+    selftest_flags=(--bench-rows "${BENCH_ROWS:-16384}")
+    hidden=6144 width=2048 stream_experts=32 experts="${EXPERTS:-72}" layers="${LAYERS:-3}"
+    small_hidden=576 small_width=320 ctx=64 chunks=4 long_ctx=1024 long_chunks=4 text_lines=200
+    slack=1 budget="${BUDGET_S:-540}"
+fi
+export binary work device hidden width stream_experts experts layers small_hidden small_width ctx chunks \
+    long_ctx long_chunks text_lines
+selftest_args="${selftest_flags[*]}"
+export selftest_args
 
 # cuBLAS (the dense BF16 GEMMs) is loaded at run time as libcublas.so.13; a CUDA toolkit or PyTorch's nvidia-cublas
 # wheel holds it outside the default library path. Without it squeeze runs its reference GEMM kernel and says so in
 # the device line of the self-test.
-if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.13'; then
+if [[ $device == cuda ]] && ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.13'; then
     sites="$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)"
     # shellcheck disable=SC2086
     cublas="$(find /usr/local /usr/lib /opt $sites -name 'libcublas.so.13*' 2>/dev/null | head -1 || true)"
@@ -41,99 +61,174 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.13'; then
     fi
 fi
 
-step "device"
-nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv || true
-"$binary" --version --verbose
-
-step "self-test: every kernel vs the CPU path (fresh random inputs, poisoned outputs) and benchmarks"
-timeout 300 "$binary" selftest --device cuda --bench-rows "$bench_rows"
-
-step "runtime on cuda vs cpu: eval logits, parity, calibrate-kv and serve-test on a small model"
-timeout 60 "$binary" synth --arch glm5 "$work/rt" --layers 2 --hidden 256 --experts 8 --moe-intermediate 128 \
-    --vocab 512 >/dev/null
-"$binary" quantize "$work/rt" "$work/rt-int4" --device cuda --force >/dev/null
-printf 'Shall I compare thee to a summer%ss day? Thou art more lovely and more temperate.\n%.0s' "'" {1..40} \
+# A text of `text_lines` lines (about 80 byte tokens each) for the evals.
+# shellcheck disable=SC2016
+eval "printf 'Shall I compare thee to a summer%ss day? Thou art more lovely and more temperate.\n%.0s' \"'\" {1..$text_lines}" \
     >"$work/text.txt"
-for device in cpu cuda; do
-    "$binary" eval "$work/rt-int4" --data "$work/text.txt" --ctx 64 --chunks 4 --device "$device" --json \
-        --save-logits "$work/logits-$device.safetensors" >"$work/eval-$device.json"
-    "$binary" calibrate-kv "$work/rt-int4" --data "$work/text.txt" --seq-len 64 --samples 4 --dry-run --json \
-        --device "$device" >"$work/calib-$device.json"
-    "$binary" serve-test "$work/rt-int4" --prompt "Shall I compare thee" --prompt "to a summer's day" \
-        --max-new-tokens 8 --kv-dtype fp8 --json --device "$device" >"$work/serve-$device.json"
-done
-# The logits files are identical in layout; compare their f32 payloads after the (equal) headers.
-cmp -s <(head -c 200 "$work/logits-cpu.safetensors") <(head -c 200 "$work/logits-cuda.safetensors") ||
-    echo "logits headers differ"
-grep -o '"mean_nll":[^,]*' "$work/eval-cpu.json" "$work/eval-cuda.json"
-# Host↔device copies by kind and launches (issue 16): eval and decode keep activations on the device.
-for report in eval-cuda serve-cuda; do
-    python3 -c 'import json, sys; print(sys.argv[1], json.dumps(json.load(open(sys.argv[2])).get("device")))' \
-        "$report" "$work/$report.json"
-done
-grep -o '"token_ids":\[[^]]*\]' "$work/serve-cpu.json" >"$work/tokens-cpu"
-grep -o '"token_ids":\[[^]]*\]' "$work/serve-cuda.json" >"$work/tokens-cuda"
-if cmp -s "$work/tokens-cpu" "$work/tokens-cuda"; then echo "serve-test greedy tokens: identical"; else
-    echo "serve-test greedy tokens: DIFFERENT"; diff "$work/tokens-cpu" "$work/tokens-cuda" || true; fi
-rm -rf "$work/rt" "$work/rt-int4"
 
-step "layer-streamed eval of a GLM-5-shaped INT4 model (hidden 6144, experts of width 2048): per-layer time vs upload"
-timeout 200 "$binary" synth --arch glm5 "$work/glm5" --hidden 6144 --moe-intermediate 2048 --experts 32 \
-    --layers 3 --shards 4 >/dev/null
-"$binary" quantize "$work/glm5" "$work/glm5-int4" --device cuda --force >/dev/null
-rm -rf "$work/glm5"
-"$binary" eval "$work/glm5-int4" --data "$work/text.txt" --ctx 64 --chunks 4 --device cuda --json >"$work/layer.json"
-cat "$work/layer.json"
-rm -rf "$work/glm5-int4"
+# ---- the steps, most valuable first; each runs in its own `bash -e` with the variables above ----
 
-step "byte identity: a small checkpoint quantized on the CPU and on the GPU, every rule"
-timeout 60 "$binary" synth --arch glm5 "$work/small" --hidden 576 --moe-intermediate 320 --experts 8 >/dev/null
-for rule in ct-minmax absmax7 mse; do
-    "$binary" quantize "$work/small" "$work/small-cpu" --device cpu --scale-rule "$rule" --force >/dev/null
-    "$binary" quantize "$work/small" "$work/small-gpu" --device cuda --scale-rule "$rule" --force >/dev/null
-    for shard in "$work"/small-cpu/*.safetensors; do
-        if cmp -s "$shard" "$work/small-gpu/$(basename "$shard")"; then
-            echo "$rule $(basename "$shard"): identical"
-        else
-            echo "$rule $(basename "$shard"): DIFFERENT (for mse: count tied groups with squeeze verify / the self-test)"
-            [[ $rule == mse ]] || exit 1
-        fi
+step_device() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
+        --format=csv || true
+    "$binary" --version --verbose
+}
+
+step_selftest() {
+    # shellcheck disable=SC2086
+    "$binary" selftest --device "$device" $selftest_args
+}
+
+# eval (logits, NLL), calibrate-kv and serve-test on cpu and on the device, on a small INT4 GLM-5 model.
+step_runtime() {
+    "$binary" synth --arch glm5 "$work/rt" --layers 2 --hidden 256 --experts 8 --moe-intermediate 128 --vocab 512 \
+        >/dev/null
+    "$binary" quantize "$work/rt" "$work/rt-int4" --device "$device" --force >/dev/null
+    for d in cpu "$device"; do
+        "$binary" eval "$work/rt-int4" --data "$work/text.txt" --ctx "$ctx" --chunks "$chunks" --device "$d" --json \
+            --save-logits "$work/logits-$d.safetensors" >"$work/eval-$d.json"
+        "$binary" calibrate-kv "$work/rt-int4" --data "$work/text.txt" --seq-len "$ctx" --samples "$chunks" --dry-run \
+            --json --device "$d" >"$work/calib-$d.json"
+        "$binary" serve-test "$work/rt-int4" --prompt "Shall I compare thee" --prompt "to a summer's day" \
+            --max-new-tokens 8 --kv-dtype fp8 --json --device "$d" >"$work/serve-$d.json"
     done
+    python3 - "$work" "$device" <<'EOF'
+import json, struct, sys
+work, device = sys.argv[1], sys.argv[2]
+def floats(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    body = data[8 + n:]
+    return struct.unpack(f"<{len(body) // 4}f", body)
+a, b = floats(f"{work}/logits-cpu.safetensors"), floats(f"{work}/logits-{device}.safetensors")
+err = sum((x - y) ** 2 for x, y in zip(a, b)) ** 0.5 / max(sum(x * x for x in a) ** 0.5, 1e-30)
+load = lambda name: json.load(open(f"{work}/{name}.json"))
+ok = len(a) == len(b) and err <= 1e-4
+print(f"eval logits rel L2 {device} vs cpu: {err:.2e} ({len(a)} values; tolerance 1e-4)")
+print("mean_nll cpu", load("eval-cpu")["mean_nll"], device, load(f"eval-{device}")["mean_nll"])
+tokens = lambda name: [r.get("token_ids") for r in load(name).get("requests", [])]
+same = tokens("serve-cpu") == tokens(f"serve-{device}")
+print("serve-test greedy tokens:", "identical" if same else "DIFFERENT", tokens(f"serve-{device}"))
+# Host<->device copies by kind and launches (issue 16): eval and decode keep activations on the device.
+for name in (f"eval-{device}", f"serve-{device}"):
+    print(name, json.dumps(load(name).get("device")))
+for d in ("cpu", device):
+    s = load(f"serve-{d}")
+    print(f"serve-test {d}: {s['decode_steps']} decode steps, {s['decode_seconds'] / max(s['decode_steps'], 1) * 1e3:.2f} ms "
+          f"per step, page verification {s['verify_share']:.2%} of it")
+sys.exit(0 if ok and same else 1)
+EOF
+}
+
+# Layer-streamed INT4 eval at GLM-5 width: per-layer time against the upload time of the layer's weights (target
+# <= 1.5x), at a few hundred tokens and, if time is left, at 4096.
+step_layer_stream() {
+    "$binary" synth --arch glm5 "$work/glm5" --hidden "$hidden" --moe-intermediate "$width" \
+        --experts "$stream_experts" --layers 3 --shards 4 >/dev/null
+    "$binary" quantize "$work/glm5" "$work/glm5-int4" --device "$device" --force >/dev/null
+    rm -rf "$work/glm5"
+    for shape in "$ctx $chunks" "$long_ctx $long_chunks"; do
+        read -r c n <<<"$shape"
+        "$binary" eval "$work/glm5-int4" --data "$work/text.txt" --ctx "$c" --chunks "$n" --device "$device" --json \
+            >"$work/layer.json"
+        python3 - "$work/layer.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+layers, up = r["layers"], r.get("uploads") or {}
+per_layer, upload = r["compute_seconds"] / layers, up.get("seconds", 0.0) / layers
+print(f"{r['tokens']} tokens: {per_layer * 1e3:.1f} ms per layer, weight upload {upload * 1e3:.1f} ms per layer "
+      f"({up.get('bytes', 0) / layers / 1e6:.0f} MB), ratio {per_layer / max(upload, 1e-9):.2f} (target <= 1.5); "
+      f"{r['tokens_per_second']:.0f} tokens/s")
+print("device", json.dumps(r.get("device")))
+EOF
+    done
+}
+
+step_byte_identity() {
+    "$binary" synth --arch glm5 "$work/small" --hidden "$small_hidden" --moe-intermediate "$small_width" --experts 8 \
+        >/dev/null
+    status=0
+    for rule in ct-minmax absmax7 mse; do
+        "$binary" quantize "$work/small" "$work/small-cpu" --device cpu --scale-rule "$rule" --force >/dev/null
+        "$binary" quantize "$work/small" "$work/small-gpu" --device "$device" --scale-rule "$rule" --force >/dev/null
+        for shard in "$work"/small-cpu/*.safetensors; do
+            if cmp -s "$shard" "$work/small-gpu/$(basename "$shard")"; then
+                echo "$rule $(basename "$shard"): identical"
+            else
+                echo "$rule $(basename "$shard"): DIFFERENT (for mse: count tied groups with squeeze verify / the self-test)"
+                [[ $rule == mse ]] || status=1
+            fi
+        done
+    done
+    rm -rf "$work/small" "$work/small-cpu" "$work/small-gpu"
+    return $status
+}
+
+# End-to-end GPU quantize of a synthetic GLM-5-shaped checkpoint against reading its input and writing an
+# output-sized file (target <= 1.2x).
+step_end_to_end() {
+    "$binary" synth --arch glm5 "$work/in" --hidden "$hidden" --moe-intermediate "$width" --experts "$experts" \
+        --layers "$layers" --shards 8 >/dev/null
+    input_bytes=$(du -sb "$work/in" | cut -f1)
+    echo "input: $input_bytes bytes ($experts experts, $layers layers)"
+    drop() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || echo "(page cache not dropped: not root)"; }
+    drop
+    t0=$(date +%s.%N)
+    cat "$work"/in/*.safetensors >/dev/null
+    t1=$(date +%s.%N)
+    # INT4 output is ~ 4.5/8 of the FP8 input for the experts; write that much and flush it.
+    dd if=/dev/zero of="$work/baseline.bin" bs=16M count=$((input_bytes * 9 / 16 / 16777216 + 1)) conv=fsync \
+        status=none
+    t2=$(date +%s.%N)
+    rm -f "$work/baseline.bin"
+    for rule in ct-minmax mse; do
+        drop
+        t3=$(date +%s.%N)
+        "$binary" quantize "$work/in" "$work/out-$rule" --device "$device" --scale-rule "$rule" --force >/dev/null
+        sync
+        t4=$(date +%s.%N)
+        awk -v r="$t0 $t1 $t2" -v q="$t3 $t4" -v b="$input_bytes" -v rule="$rule" 'BEGIN {
+            split(r, a); split(q, c); read = a[2] - a[1]; write = a[3] - a[2]; s = c[2] - c[1]
+            printf "quantize %-9s %8.2f s  %6.2f GB/s input  %.2fx of read %.2f s + write %.2f s  target <= 1.2x\n",
+                rule, s, b / s / 1e9, s / (read + write), read, write }'
+        rm -rf "$work/out-$rule"
+    done
+}
+
+# ---- the runner ----
+
+names=() results=()
+run_step() {
+    local name="$1" limit=$(($2 * slack)) left=$((budget - SECONDS)) started=$SECONDS status
+    if ((left < 20)); then
+        printf '\n== %s: skipped (%d s of the %d s budget left)\n' "$name" "$left" "$budget"
+        names+=("$name") results+=("skipped")
+        return
+    fi
+    ((limit > left)) && limit=$left
+    printf '\n== %s (at most %d s)\n' "$name" "$limit"
+    timeout "$limit" bash -euo pipefail -c "$(declare -f "step_$name"); step_$name"
+    status=$?
+    case $status in
+        0) results+=("passed in $((SECONDS - started)) s") ;;
+        124) results+=("FAILED: cut at its limit of $limit s") ;;
+        *) results+=("FAILED (exit $status) after $((SECONDS - started)) s") ;;
+    esac
+    names+=("$name")
+    rm -rf "${work:?}"/rt "$work"/rt-int4 "$work"/glm5 "$work"/glm5-int4 "$work"/small* "$work"/in "$work"/out-*
+}
+
+run_step device 30
+run_step selftest 300
+run_step runtime 90
+run_step layer_stream 150
+run_step byte_identity 60
+run_step end_to_end 240
+
+printf '\n== summary (%d s of %d s, device %s)\n' "$SECONDS" "$budget" "$device"
+failed=0
+for i in "${!names[@]}"; do
+    printf '%-16s %s\n' "${names[$i]}" "${results[$i]}"
+    [[ ${results[$i]} == passed* ]] || failed=1
 done
-rm -rf "$work/small" "$work/small-cpu" "$work/small-gpu"
-
-step "synthetic GLM-5-shaped checkpoint: hidden 6144, expert width 2048, $experts experts, $layers layers"
-timeout 150 "$binary" synth --arch glm5 "$work/in" --hidden 6144 --moe-intermediate 2048 --experts "$experts" \
-    --layers "$layers" --shards 8
-input_bytes=$(du -sb "$work/in" | cut -f1)
-echo "input: $input_bytes bytes"
-
-step "baseline: read the input and write an output-sized file"
-sync
-echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || echo "(page cache not dropped: not root; the read may come from memory)"
-t0=$(seconds)
-cat "$work"/in/*.safetensors >/dev/null
-t1=$(seconds)
-# INT4 output is ~ 4.5/8 of the FP8 input for the experts; write that much and flush it.
-output_estimate=$((input_bytes * 9 / 16))
-dd if=/dev/zero of="$work/baseline.bin" bs=16M count=$((output_estimate / 16777216 + 1)) conv=fsync status=none
-t2=$(seconds)
-rm -f "$work/baseline.bin"
-read_s=$(elapsed "$t0" "$t1")
-write_s=$(elapsed "$t1" "$t2")
-echo "read ${read_s} s, write ${write_s} s"
-
-step "end-to-end GPU quantize (ct-minmax, then mse)"
-for rule in ct-minmax mse; do
-    sync
-    echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
-    t0=$(seconds)
-    timeout 150 "$binary" quantize "$work/in" "$work/out-$rule" --device cuda --scale-rule "$rule" --force >/dev/null
-    sync
-    t1=$(seconds)
-    quantize_s=$(elapsed "$t0" "$t1")
-    awk -v q="$quantize_s" -v r="$read_s" -v w="$write_s" -v b="$input_bytes" -v rule="$rule" 'BEGIN {
-        printf "quantize %-9s %8.2f s  %6.2f GB/s input  %.2fx of read+write (%.2f s)  target <= 1.2x\n",
-            rule, q, b / q / 1e9, q / (r + w), r + w }'
-    rm -rf "$work/out-$rule"
-done
+exit $failed

@@ -297,3 +297,32 @@ fn selftest_on_the_emulated_device_runs_the_op_table() {
     assert!(copied["h2d_count"].as_u64().unwrap() > 0 && copied["d2h_count"].as_u64().unwrap() > 0, "{report}");
     assert!(report["device"]["launches"].as_u64().unwrap() > 0, "{report}");
 }
+
+#[test]
+fn gpu_check_script_passes_its_rehearsal_on_the_emulated_device() {
+    // scripts/gpu-check.sh is what a session lent a GPU runs, once, inside 15 minutes of device time; its rehearsal
+    // runs every step of it (self-test, runtime cpu vs device, layer-streamed eval, byte identity, end-to-end
+    // quantize) on the emulated device at toy sizes, so a renamed flag or a broken step shows here, not there.
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gpu-check.sh"))
+        .args([env!("CARGO_BIN_EXE_squeeze"), path_str(dir.path())])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("REHEARSE", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let log = format!("{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(0), "{log}");
+    let summary = stdout.split("== summary").nth(1).unwrap_or_else(|| panic!("no summary: {log}"));
+    for step in ["device", "selftest", "runtime", "layer_stream", "byte_identity", "end_to_end"] {
+        let line = summary.lines().find(|line| line.starts_with(step)).unwrap_or_else(|| panic!("{step}: {log}"));
+        assert!(line.contains("passed"), "{line}\n{log}");
+    }
+    for evidence in
+        ["all kernels match the CPU path", "serve-test greedy tokens: identical", "per layer", "quantize mse"]
+    {
+        assert!(stdout.contains(evidence), "no `{evidence}` in the log:\n{log}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the script left its work folder behind");
+}
