@@ -112,10 +112,15 @@ print("serve-test greedy tokens:", "identical" if same else "DIFFERENT", tokens(
 # Host<->device copies by kind and launches (issue 16): eval and decode keep activations on the device.
 for name in (f"eval-{device}", f"serve-{device}"):
     print(name, json.dumps(load(name).get("device")))
+# The decode step's latency and its share spent in host<->device copies (decode_device: the decode steps only).
 for d in ("cpu", device):
     s = load(f"serve-{d}")
-    print(f"serve-test {d}: {s['decode_steps']} decode steps, {s['decode_seconds'] / max(s['decode_steps'], 1) * 1e3:.2f} ms "
-          f"per step, page verification {s['verify_share']:.2%} of it")
+    steps, seconds, copies = max(s["decode_steps"], 1), s["decode_seconds"], s.get("decode_device")
+    line = f"serve-test {d}: {steps} decode steps, {seconds / steps * 1e3:.2f} ms per step, verification {s['verify_share']:.2%}"
+    if copies:
+        line += (f", copies {copies['copy_seconds'] / steps * 1e3:.3f} ms per step ({copies['copy_seconds'] / seconds:.1%}),"
+                 f" {copies['launches'] / steps:.0f} launches per step")
+    print(line)
 sys.exit(0 if ok and same else 1)
 EOF
 }

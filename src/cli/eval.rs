@@ -341,7 +341,8 @@ fn device_copies(device: &DeviceCounters, layers: usize) -> String {
     let mb = |bytes: u64| bytes as f64 / 1e6;
     let activations = &transfers.activations;
     format!(
-        "activations {} in ({:.1} MB) / {} out ({:.1} MB), {:.1} per layer; decisions {}; weights {} ({:.1} MB); {} launches",
+        "activations {} in ({:.1} MB) / {} out ({:.1} MB), {:.1} per layer; decisions {}; weights {} ({:.1} MB); {} launches; \
+         {:.1} ms copying activations and decisions",
         activations.h2d_count,
         mb(activations.h2d_bytes),
         activations.d2h_count,
@@ -350,6 +351,7 @@ fn device_copies(device: &DeviceCounters, layers: usize) -> String {
         transfers.decisions.count(),
         transfers.weights.h2d_count,
         mb(transfers.weights.h2d_bytes),
-        device.launches
+        device.launches,
+        device.copy_seconds * 1e3
     )
 }

@@ -138,6 +138,20 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             report.false_positives,
             report.undetected
         );
+        if let Some(device) = &report.decode_device {
+            let steps = report.decode_steps.max(1) as f64;
+            let transfers = &device.transfers;
+            println!(
+                "device, per decode step: {:.1} activation copies, {:.1} decision copies, {:.0} launches; {:.3} ms \
+                 copying ({:.1} % of decode time), {:.3} ms waiting for kernels before the copies",
+                transfers.activations.count() as f64 / steps,
+                transfers.decisions.count() as f64 / steps,
+                device.launches as f64 / steps,
+                device.copy_seconds / steps * 1e3,
+                device.copy_seconds / report.decode_seconds.max(f64::MIN_POSITIVE) * 100.0,
+                device.wait_seconds / steps * 1e3
+            );
+        }
     }
     Ok(if report.passed() { Outcome::Success } else { Outcome::GateFailed })
 }

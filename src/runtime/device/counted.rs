@@ -1,9 +1,12 @@
 //! A device that counts what crosses the bus: host↔device copies by kind of data (activations, weights, decisions)
 //! and kernel launches. The CUDA runtime backend runs every op through one, so `eval`, `serve-test` and `selftest`
-//! can say how often an op surface synchronizes with the host, on a GPU and on the emulated device alike.
+//! can say how often an op surface synchronizes with the host, on a GPU and on the emulated device alike. Each
+//! activation or decision copy first waits for the device's queued work, then is timed alone, so the time spent
+//! copying (a decode step's share in transfers) is told apart from the time spent waiting for kernels.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -73,10 +76,14 @@ pub struct Transfers {
 }
 
 /// What a device backend did so far: `device` in `eval --json`, `serve-test --json` and `selftest --json`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct DeviceCounters {
     pub transfers: Transfers,
     pub launches: u64,
+    /// Seconds in activation and decision copies, each timed after the device finished its earlier work.
+    pub copy_seconds: f64,
+    /// Seconds the host waited, before those copies, for the device to finish its earlier work (kernels).
+    pub wait_seconds: f64,
 }
 
 impl DeviceCounters {
@@ -93,6 +100,8 @@ impl DeviceCounters {
         add(&mut self.transfers.weights, &span.transfers.weights);
         add(&mut self.transfers.decisions, &span.transfers.decisions);
         self.launches += span.launches;
+        self.copy_seconds += span.copy_seconds;
+        self.wait_seconds += span.wait_seconds;
     }
 
     /// What happened between `earlier` and `self`.
@@ -104,6 +113,8 @@ impl DeviceCounters {
                 decisions: self.transfers.decisions.minus(&earlier.transfers.decisions),
             },
             launches: self.launches - earlier.launches,
+            copy_seconds: self.copy_seconds - earlier.copy_seconds,
+            wait_seconds: self.wait_seconds - earlier.wait_seconds,
         }
     }
 }
@@ -116,6 +127,8 @@ pub struct Counted {
     weights: DirectionCounters,
     decisions: DirectionCounters,
     launches: AtomicU64,
+    copy_nanos: AtomicU64,
+    wait_nanos: AtomicU64,
 }
 
 impl Counted {
@@ -126,6 +139,8 @@ impl Counted {
             weights: DirectionCounters::default(),
             decisions: DirectionCounters::default(),
             launches: AtomicU64::new(0),
+            copy_nanos: AtomicU64::new(0),
+            wait_nanos: AtomicU64::new(0),
         }
     }
 
@@ -149,11 +164,34 @@ impl Counted {
         counters.d2h_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
+    /// Waits for the device's earlier work, then runs `copy` (a write or a read of the inner device) timed alone.
+    fn timed(&self, copy: impl FnOnce(&dyn Device) -> Result<(), CudaError>) -> Result<(), CudaError> {
+        let nanos = |time: Duration| u64::try_from(time.as_nanos()).unwrap_or(u64::MAX);
+        let start = Instant::now();
+        self.inner.synchronize()?;
+        let synchronized = Instant::now();
+        copy(self.inner.as_ref())?;
+        self.wait_nanos.fetch_add(nanos(synchronized - start), Ordering::Relaxed);
+        self.copy_nanos.fetch_add(nanos(synchronized.elapsed()), Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_as(&self, traffic: Traffic, buffer: &DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError> {
+        self.timed(|inner| inner.write(buffer, bytes))?;
+        self.count_h2d(traffic, bytes.len());
+        Ok(())
+    }
+
+    fn read_as(&self, traffic: Traffic, buffer: &DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError> {
+        self.timed(|inner| inner.read(buffer, out))?;
+        self.count_d2h(traffic, out.len());
+        Ok(())
+    }
+
     /// A new buffer holding `values`, counted as `traffic`.
     pub fn upload_as<T: Plain>(&self, traffic: Traffic, values: &[T]) -> Result<DeviceBuffer, CudaError> {
         let buffer = self.inner.alloc(std::mem::size_of_val(values))?;
-        self.inner.write(&buffer, bytes_of(values))?;
-        self.count_h2d(traffic, std::mem::size_of_val(values));
+        self.write_as(traffic, &buffer, bytes_of(values))?;
         Ok(buffer)
     }
 
@@ -165,8 +203,7 @@ impl Counted {
         count: usize,
     ) -> Result<Vec<T>, CudaError> {
         let mut out = vec![T::default(); count];
-        self.inner.read(buffer, bytes_of_mut(&mut out))?;
-        self.count_d2h(traffic, std::mem::size_of_val(out.as_slice()));
+        self.read_as(traffic, buffer, bytes_of_mut(&mut out))?;
         Ok(out)
     }
 
@@ -185,6 +222,8 @@ impl Counted {
                 decisions: self.decisions.snapshot(),
             },
             launches: self.launches.load(Ordering::Relaxed),
+            copy_seconds: self.copy_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+            wait_seconds: self.wait_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
         }
     }
 }
@@ -199,15 +238,15 @@ impl Device for Counted {
     }
 
     fn write(&self, buffer: &DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError> {
-        self.inner.write(buffer, bytes)?;
-        self.count_h2d(Traffic::Activations, bytes.len());
-        Ok(())
+        self.write_as(Traffic::Activations, buffer, bytes)
     }
 
     fn read(&self, buffer: &DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError> {
-        self.inner.read(buffer, out)?;
-        self.count_d2h(Traffic::Activations, out.len());
-        Ok(())
+        self.read_as(Traffic::Activations, buffer, out)
+    }
+
+    fn synchronize(&self) -> Result<(), CudaError> {
+        self.inner.synchronize()
     }
 
     fn upload_bytes_resident(&self, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
@@ -247,15 +286,15 @@ impl Device for Decisions<'_> {
     }
 
     fn write(&self, buffer: &DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError> {
-        self.0.inner.write(buffer, bytes)?;
-        self.0.count_h2d(Traffic::Decisions, bytes.len());
-        Ok(())
+        self.0.write_as(Traffic::Decisions, buffer, bytes)
     }
 
     fn read(&self, buffer: &DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError> {
-        self.0.inner.read(buffer, out)?;
-        self.0.count_d2h(Traffic::Decisions, out.len());
-        Ok(())
+        self.0.read_as(Traffic::Decisions, buffer, out)
+    }
+
+    fn synchronize(&self) -> Result<(), CudaError> {
+        self.0.synchronize()
     }
 
     fn upload_bytes_resident(&self, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
@@ -300,5 +339,53 @@ mod tests {
         assert_eq!(counters.transfers.decisions, expected(2, 12, 2, 12));
         assert_eq!(counters.launches, 0);
         assert_eq!(counters.since(&counters), DeviceCounters::default());
+    }
+
+    /// A device whose copies take a millisecond per byte and whose synchronization takes 30 ms.
+    struct Slow;
+
+    impl Device for Slow {
+        fn describe(&self) -> String {
+            "slow".into()
+        }
+        fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+            Ok(DeviceBuffer::new(bytes, Box::new(())))
+        }
+        fn write(&self, _: &DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError> {
+            std::thread::sleep(Duration::from_millis(bytes.len() as u64));
+            Ok(())
+        }
+        fn read(&self, _: &DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError> {
+            std::thread::sleep(Duration::from_millis(out.len() as u64));
+            Ok(())
+        }
+        fn synchronize(&self) -> Result<(), CudaError> {
+            std::thread::sleep(Duration::from_millis(30));
+            Ok(())
+        }
+        fn copy(&self, _: &DeviceBuffer, _: &DeviceBuffer, _: usize) -> Result<(), CudaError> {
+            Ok(())
+        }
+        fn launch(&self, _: &str, _: LaunchShape, _: &[Arg]) -> Result<(), CudaError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn activation_and_decision_copies_are_timed_apart_from_the_wait_for_kernels() {
+        let device = Counted::new(Arc::new(Slow));
+        let dyn_device: &dyn Device = &device;
+        let activations = dyn_device.upload(&[0u8; 8]).unwrap();
+        let decisions = device.upload_as(Traffic::Decisions, &[0u8; 4]).unwrap();
+        dyn_device.download::<u8>(&activations, 8).unwrap();
+        device.download_as::<u8>(Traffic::Decisions, &decisions, 4).unwrap();
+        // A weight upload (1 s here) is not an activation or decision copy: `uploads` in eval times those.
+        let _weights = dyn_device.upload_resident(&[0u8; 1000]).unwrap();
+        let counters = device.counters_now();
+        // Four copies of 8 + 4 + 8 + 4 ms, each after a 30 ms synchronization that is not theirs.
+        assert!(counters.copy_seconds >= 0.024 && counters.copy_seconds < 0.1, "{counters:?}");
+        assert!(counters.wait_seconds >= 0.120, "{counters:?}");
+        let span = counters.since(&DeviceCounters::default());
+        assert_eq!((span.copy_seconds, span.wait_seconds), (counters.copy_seconds, counters.wait_seconds));
     }
 }

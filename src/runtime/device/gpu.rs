@@ -180,6 +180,10 @@ impl Device for Gpu {
         stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 
+    fn synchronize(&self) -> Result<(), CudaError> {
+        self.streams[0].synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
     fn copy(&self, source: &DeviceBuffer, target: &DeviceBuffer, offset: usize) -> Result<(), CudaError> {
         let stream = &self.streams[0];
         if offset + source.bytes() > target.bytes() {

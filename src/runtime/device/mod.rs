@@ -92,6 +92,10 @@ pub trait Device: Send + Sync {
     fn write(&self, buffer: &DeviceBuffer, bytes: &[u8]) -> Result<(), CudaError>;
     /// Copies the first `out.len()` bytes of `buffer` to `out`.
     fn read(&self, buffer: &DeviceBuffer, out: &mut [u8]) -> Result<(), CudaError>;
+    /// Returns once every earlier launch and copy finished (the emulated device runs each call to its end).
+    fn synchronize(&self) -> Result<(), CudaError> {
+        Ok(())
+    }
     /// A new buffer holding `bytes`, for data that stays resident (weights). A GPU copies on its copy stream through
     /// pinned staging, so another thread may upload while kernels run; the buffer is ready when this returns.
     fn upload_bytes_resident(&self, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
