@@ -140,8 +140,10 @@ step_layer_stream() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 layers, up = r["layers"], r.get("uploads") or {}
-per_layer, upload = r["compute_seconds"] / layers, up.get("seconds", 0.0) / layers
-print(f"{r['tokens']} tokens: {per_layer * 1e3:.1f} ms per layer, weight upload {upload * 1e3:.1f} ms per layer "
+# The whole eval's wall time per layer (reading, uploading and computing overlap), against the weight uploads'.
+per_layer, upload = r["seconds"] / layers, up.get("seconds", 0.0) / layers
+print(f"{r['tokens']} tokens: {per_layer * 1e3:.1f} ms per layer (compute {r['compute_seconds'] / layers * 1e3:.1f}, "
+      f"waiting for weights {r['load_seconds'] / layers * 1e3:.1f}), weight upload {upload * 1e3:.1f} ms per layer "
       f"({up.get('bytes', 0) / layers / 1e6:.0f} MB), ratio {per_layer / max(upload, 1e-9):.2f} (target <= 1.5); "
       f"{r['tokens_per_second']:.0f} tokens/s")
 print("device", json.dumps(r.get("device")))
