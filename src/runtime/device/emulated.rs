@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
+use super::launch_check::LaunchCheck;
 use super::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 struct Pipe {
@@ -80,6 +81,7 @@ impl Drop for Handle {
 /// The emulated CUDA device.
 pub struct Emulator {
     connection: Arc<Connection>,
+    checks: Arc<LaunchCheck>,
 }
 
 fn handle_id(buffer: &DeviceBuffer) -> u64 {
@@ -120,6 +122,18 @@ fn sources_hash(dir: &Path) -> Result<String, CudaError> {
         hasher.update(std::fs::read(&file).map_err(missing)?);
     }
     Ok(hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect())
+}
+
+/// The launch contracts of the compiled kernels next to the sources (kernels/build/), read once per process.
+fn launch_checks() -> Result<Arc<LaunchCheck>, CudaError> {
+    static CHECKS: Mutex<Option<Arc<LaunchCheck>>> = Mutex::new(None);
+    let mut checks = CHECKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(checks) = checks.as_ref() {
+        return Ok(checks.clone());
+    }
+    let read = Arc::new(LaunchCheck::from_dir(&kernels_dir().join("build"))?);
+    *checks = Some(read.clone());
+    Ok(read)
 }
 
 /// The compiled server for the current sources, building it when absent.
@@ -168,6 +182,7 @@ impl Emulator {
     /// Builds (or reuses) the emulator and starts its process.
     pub fn start() -> Result<Emulator, CudaError> {
         let binary = server_binary()?;
+        let checks = launch_checks()?;
         let mut child = Command::new(&binary)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -178,7 +193,8 @@ impl Emulator {
             return Err(CudaError::Module("the kernel emulator has no pipes".into()));
         };
         let pipe = Pipe { child, input: BufWriter::new(input), output: BufReader::new(output) };
-        Ok(Emulator { connection: Arc::new(Connection { pipe: Mutex::new(pipe), next_id: AtomicU64::new(1) }) })
+        let connection = Arc::new(Connection { pipe: Mutex::new(pipe), next_id: AtomicU64::new(1) });
+        Ok(Emulator { connection, checks })
     }
 }
 
@@ -224,6 +240,7 @@ impl Device for Emulator {
     }
 
     fn launch(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError> {
+        self.checks.check(kernel, shape, args)?;
         let mut command = vec![b'L'];
         command.extend((kernel.len() as u32).to_le_bytes());
         command.extend(kernel.as_bytes());

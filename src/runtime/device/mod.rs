@@ -15,6 +15,7 @@ pub mod emulated;
 mod error;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod launch_check;
 #[cfg(feature = "cuda")]
 mod resident;
 pub mod select;
