@@ -6,7 +6,7 @@
 use crate::rng::Rng;
 use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
 use crate::runtime::cpu::Cpu;
-use crate::runtime::cuda::linear::{w4a16_grouped, GroupedInt4};
+use crate::runtime::cuda::linear::{w4a16_grouped, GroupedInt4, Segments};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::CudaError;
 
@@ -146,17 +146,18 @@ pub fn w4a16_grouped_experts(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec
     let x = device.upload(&input)?;
     let packed = device.upload(&packed)?;
     let scales = device.upload(&scales)?;
-    let experts_buffer = device.upload(&segment_expert)?;
-    let starts = device.upload(&segment_start.map(|start| start as i32))?;
+    // Both lists in one buffer, as the runtime uploads them: experts at byte 0, starts after them.
+    let lists = device.upload(&[segment_expert.as_slice(), &segment_start.map(|start| start as i32)].concat())?;
+    let segments = Segments { lists: &lists, expert_at: 0, start_at: 12, count: 3 };
     let y = device.alloc_for::<f32>(rows * out_features)?;
     let grouped = GroupedInt4 { packed: &packed, scales: &scales, group_size, experts, in_features, out_features };
-    w4a16_grouped(device, &x, &grouped, &experts_buffer, &starts, 3, rows, &y)?;
+    w4a16_grouped(device, &x, &grouped, &segments, rows, &y)?;
     let got = device.download::<f32>(&y, rows * out_features)?;
     let shape = format!("{experts} experts [{out_features}, {in_features}] g{group_size}, {rows} rows in 5/0/18");
     let mut checked = vec![row("w4a16_grouped", shape, &got, &want, 0, DOT_ORDER_REL_L2)];
 
-    device.write_values(&experts_buffer, &[0i32, 1, 7])?;
-    w4a16_grouped(device, &x, &grouped, &experts_buffer, &starts, 3, rows, &y)?;
+    device.write_values(&lists, &[0i32, 1, 7])?;
+    w4a16_grouped(device, &x, &grouped, &segments, rows, &y)?;
     let got = device.download::<f32>(&y, rows * out_features)?;
     let (valid, unknown) = got.split_at(5 * out_features);
     let passed = valid.iter().all(|v| v.is_finite()) && unknown.iter().all(|v| v.is_nan());

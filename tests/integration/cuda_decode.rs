@@ -79,6 +79,11 @@ fn device_decode_matches_the_cpu_on_every_architecture_and_cache_dtype() {
             let steps = gpu["decode_steps"].as_u64().unwrap();
             let count = |key: &str| activations[key].as_u64().unwrap();
             assert_eq!((count("h2d_count"), count("d2h_count")), (steps, steps), "{what}: {activations}");
+            // Each decision download is a wait for the device: per layer and step at most the fault flags and the
+            // routes (the routing kernel's three outputs joined on the device, one download).
+            let downloads = gpu["decode_device"]["transfers"]["decisions"]["d2h_count"].as_u64().unwrap();
+            let layers = 2; // SMALL
+            assert!(downloads <= 2 * layers * steps, "{what}: {downloads} decision downloads in {steps} steps");
         }
     }
 }

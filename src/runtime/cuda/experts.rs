@@ -13,12 +13,12 @@
 use std::sync::Arc;
 
 use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
-use crate::runtime::device::{CudaError, Device, DeviceBuffer, Traffic};
+use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 use crate::runtime::tensor::Tensor;
 
 use super::activation::silu_mul_f32;
-use super::linear::{dense_bf16, linear_bf16_pair, linear_f32, w4a16_grouped, GroupedInt4};
-use super::tensor::{accumulate_rows, alloc, buffer, gather_rows};
+use super::linear::{dense_bf16, linear_bf16_pair, linear_f32, w4a16_grouped, GroupedInt4, Segments};
+use super::tensor::{accumulate_rows, alloc, buffer, gather_rows, DecisionPack};
 use super::{CudaBackend, DeviceWeight};
 
 fn unsupported(problem: String) -> CudaError {
@@ -171,15 +171,16 @@ fn grouped(
         );
     }
     let segment_expert: Vec<i32> = (0..experts.len() as i32).collect();
-    let segments = experts.len();
 
     let gate_weights = concatenate(backend, experts, |e| e.gate)?;
     let up_weights = concatenate(backend, experts, |e| e.up)?;
     let down_weights = concatenate(backend, experts, |e| e.down)?;
     let device = backend.device();
     let x_sorted = gather_rows(backend, x, &order)?;
-    let segment_expert = backend.counted().upload_as(Traffic::Decisions, &segment_expert)?;
-    let segment_start = backend.counted().upload_as(Traffic::Decisions, &segment_start)?;
+    let mut pack = DecisionPack::default();
+    let (expert_at, start_at) = (pack.push_i32(&segment_expert), pack.push_i32(&segment_start));
+    let lists = pack.upload(backend)?;
+    let segments = Segments { lists: &lists, expert_at, start_at, count: experts.len() };
     let gate = device.alloc_for::<f32>(rows * inner)?;
     let up = device.alloc_for::<f32>(rows * inner)?;
     let activated = device.alloc_for::<f32>(rows * inner)?;
@@ -190,11 +191,11 @@ fn grouped(
             packed: &weights.packed,
             scales: &weights.scales,
             group_size,
-            experts: segments,
+            experts: experts.len(),
             in_features,
             out_features,
         };
-        w4a16_grouped(device, input, &shape, &segment_expert, &segment_start, segments, rows, y)
+        w4a16_grouped(device, input, &shape, &segments, rows, y)
     };
     projection(&gate_weights, hidden, inner, buffer(&x_sorted)?, &gate)?;
     projection(&up_weights, hidden, inner, buffer(&x_sorted)?, &up)?;

@@ -140,11 +140,14 @@ pub fn top_k(
         near_tie: &near_tie,
     };
     launch_indexer_top_k(device, &buffers, shape)?;
-    let decisions = backend.counted();
-    let mask = decisions.download_as::<u8>(Traffic::Decisions, &mask, tokens * tokens)?;
-    let near_ties =
-        decisions.download_as::<i32>(Traffic::Decisions, &near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
-    Ok(KeySelection { mask: mask.into_iter().map(|cell| cell != 0).collect(), near_ties })
+    // The near-tie flags after the mask on the device, so that one download (one wait for the device) brings both.
+    let joined = device.alloc(mask.bytes() + near_tie.bytes())?;
+    device.copy(&mask, &joined, 0)?;
+    device.copy(&near_tie, &joined, mask.bytes())?;
+    let bytes = backend.counted().download_as::<u8>(Traffic::Decisions, &joined, joined.bytes())?;
+    let (cells, flags) = bytes.split_at(mask.bytes());
+    let near_ties = flags.chunks_exact(4).filter(|flag| flag.iter().any(|&byte| byte != 0)).count();
+    Ok(KeySelection { mask: cells[..tokens * tokens].iter().map(|&cell| cell != 0).collect(), near_ties })
 }
 
 /// A decode step's DSA selection over a paged cache: request `r`'s index query and head weights (rows of `q`

@@ -400,6 +400,17 @@ pub struct GroupedInt4<'a> {
     pub out_features: usize,
 }
 
+/// The segments of a grouped launch, both i32 lists in one buffer (one upload): segment `s` uses expert
+/// `segment_expert[s]` (at byte `expert_at`, `count` of them) over rows `segment_start[s] .. segment_start[s + 1]`
+/// (at byte `start_at`, `count + 1` of them).
+#[derive(Clone, Copy)]
+pub struct Segments<'a> {
+    pub lists: &'a DeviceBuffer,
+    pub expert_at: usize,
+    pub start_at: usize,
+    pub count: usize,
+}
+
 /// Device-level grouped W4A16 for MoE experts: x f32 `[rows, in]` holds the routed tokens sorted by expert;
 /// segment `s` covers rows `segment_start[s] .. segment_start[s + 1]` (i32 `[segments + 1]`) and uses expert
 /// `segment_expert[s]` (i32 `[segments]`); y f32 `[rows, out]` in the same row order. Segment contents live on the
@@ -410,30 +421,29 @@ pub fn w4a16_grouped(
     device: &dyn Device,
     x: &DeviceBuffer,
     weights: &GroupedInt4,
-    segment_expert: &DeviceBuffer,
-    segment_start: &DeviceBuffer,
-    segments: usize,
+    segments: &Segments,
     rows: usize,
     y: &DeviceBuffer,
 ) -> Result<(), CudaError> {
     const KERNEL: &str = "w4a16_grouped";
     let GroupedInt4 { packed, scales, group_size, experts, in_features, out_features } = *weights;
+    let Segments { lists, expert_at, start_at, count } = *segments;
     check_int4(KERNEL, in_features, group_size)?;
     holds(KERNEL, "x", x, rows * in_features, 4)?;
     holds(KERNEL, "weight_packed", packed, experts * out_features * (in_features / 8), 4)?;
     holds(KERNEL, "weight_scale", scales, experts * out_features * (in_features / group_size), 2)?;
-    holds(KERNEL, "segment_expert", segment_expert, segments, 4)?;
-    holds(KERNEL, "segment_start", segment_start, segments + 1, 4)?;
+    holds(KERNEL, "segment_expert", lists, expert_at / 4 + count, 4)?;
+    holds(KERNEL, "segment_start", lists, start_at / 4 + count + 1, 4)?;
     holds(KERNEL, "y", y, rows * out_features, 4)?;
-    if segments == 0 || rows == 0 || out_features == 0 {
+    if count == 0 || rows == 0 || out_features == 0 {
         return Ok(());
     }
     let args = [
         Arg::Buffer(x),
         Arg::Buffer(packed),
         Arg::Buffer(scales),
-        Arg::Buffer(segment_expert),
-        Arg::Buffer(segment_start),
+        Arg::At(lists, expert_at),
+        Arg::At(lists, start_at),
         Arg::Buffer(y),
         Arg::I32(int(KERNEL, "rows", rows)?),
         Arg::I32(int(KERNEL, "experts", experts)?),
@@ -441,5 +451,5 @@ pub fn w4a16_grouped(
         Arg::I32(int(KERNEL, "output features", out_features)?),
         Arg::I32(int(KERNEL, "group size", group_size)?),
     ];
-    device.launch(KERNEL, grid(out_features, segments)?, &args)
+    device.launch(KERNEL, grid(out_features, count)?, &args)
 }

@@ -127,18 +127,23 @@ pub fn route(
     let buffers =
         RouteBuffers { logits: buffer(logits)?, bias, experts: &experts, weights: &weights, near_tie: &near_tie };
     launch_route(device, &buffers, tokens, shape)?;
-    let decisions = backend.counted();
-    let chosen = decisions.download_as::<i32>(Traffic::Decisions, &experts, tokens * shape.top_k)?;
-    let near_ties =
-        decisions.download_as::<i32>(Traffic::Decisions, &near_tie, tokens)?.iter().filter(|&&tie| tie != 0).count();
-    let chosen: Vec<usize> = chosen.into_iter().map(|expert| usize::try_from(expert).unwrap_or(usize::MAX)).collect();
+    // The three outputs side by side on the device, so that one download (one wait for the device) brings them.
+    let joined = device.alloc(experts.bytes() + weights.bytes() + near_tie.bytes())?;
+    device.copy(&experts, &joined, 0)?;
+    device.copy(&weights, &joined, experts.bytes())?;
+    device.copy(&near_tie, &joined, experts.bytes() + weights.bytes())?;
+    let words = backend.counted().download_as::<u32>(Traffic::Decisions, &joined, joined.bytes() / 4)?;
+    let picks = tokens * shape.top_k;
+    let (weights_at, near_tie_at) = (experts.bytes() / 4, (experts.bytes() + weights.bytes()) / 4);
+    let chosen: Vec<usize> =
+        words[..picks].iter().map(|&expert| usize::try_from(expert as i32).unwrap_or(usize::MAX)).collect();
     if let Some(bad) = chosen.iter().find(|&&expert| expert >= shape.experts) {
         return Err(unsupported(format!("the kernel chose expert {bad} of {}", shape.experts)));
     }
     Ok(Routes {
         top_k: shape.top_k,
         experts: chosen,
-        weights: decisions.download_as::<f32>(Traffic::Decisions, &weights, tokens * shape.top_k)?,
-        near_ties,
+        weights: words[weights_at..weights_at + picks].iter().map(|&bits| f32::from_bits(bits)).collect(),
+        near_ties: words[near_tie_at..near_tie_at + tokens].iter().filter(|&&tie| tie != 0).count(),
     })
 }

@@ -61,7 +61,33 @@ fn long(value: usize) -> Arg<'static> {
 }
 
 /// Row indices as kernel `int`s.
-fn indices(tensor: &str, rows: &[usize], limit: usize) -> Result<Vec<i32>, CudaError> {
+/// Decision lists of 4-byte values (i32 indices, f32 weights) gathered into one upload: one host→device copy (on a
+/// GPU, one wait for the stream) where each list would take its own. `push_*` return where a list starts in the
+/// uploaded buffer, for [`Arg::At`].
+#[derive(Default)]
+pub(crate) struct DecisionPack {
+    words: Vec<u32>,
+}
+
+impl DecisionPack {
+    pub(crate) fn push_i32(&mut self, values: &[i32]) -> usize {
+        let at = self.words.len() * 4;
+        self.words.extend(values.iter().map(|&value| value as u32));
+        at
+    }
+
+    pub(crate) fn push_f32(&mut self, values: &[f32]) -> usize {
+        let at = self.words.len() * 4;
+        self.words.extend(values.iter().map(|value| value.to_bits()));
+        at
+    }
+
+    pub(crate) fn upload(&self, backend: &CudaBackend) -> Result<DeviceBuffer, CudaError> {
+        backend.counted().upload_as(Traffic::Decisions, &self.words)
+    }
+}
+
+pub(crate) fn indices(tensor: &str, rows: &[usize], limit: usize) -> Result<Vec<i32>, CudaError> {
     rows.iter()
         .map(|&row| {
             i32::try_from(row)
@@ -177,19 +203,20 @@ pub fn accumulate_rows(
         weights.push(weight);
     }
     starts.push(sources.len());
-    let decisions = backend.counted();
-    let targets_buffer = decisions.upload_as(Traffic::Decisions, &indices("add_rows", &targets, into.rows())?)?;
-    let starts_buffer = decisions.upload_as(Traffic::Decisions, &indices("add_rows", &starts, usize::MAX)?)?;
-    let sources_buffer = decisions.upload_as(Traffic::Decisions, &indices("add_rows", &sources, from.rows())?)?;
-    let weights_buffer = decisions.upload_as(Traffic::Decisions, &weights)?;
+    let mut pack = DecisionPack::default();
+    let targets_at = pack.push_i32(&indices("add_rows", &targets, into.rows())?);
+    let starts_at = pack.push_i32(&indices("add_rows", &starts, usize::MAX)?);
+    let sources_at = pack.push_i32(&indices("add_rows", &sources, from.rows())?);
+    let weights_at = pack.push_f32(&weights);
+    let lists = pack.upload(backend)?;
     let count = targets.len() * into.columns();
     let args = [
         Arg::Buffer(buffer(into)?),
         Arg::Buffer(buffer(from)?),
-        Arg::Buffer(&targets_buffer),
-        Arg::Buffer(&starts_buffer),
-        Arg::Buffer(&sources_buffer),
-        Arg::Buffer(&weights_buffer),
+        Arg::At(&lists, targets_at),
+        Arg::At(&lists, starts_at),
+        Arg::At(&lists, sources_at),
+        Arg::At(&lists, weights_at),
         long(targets.len()),
         long(into.columns()),
     ];
