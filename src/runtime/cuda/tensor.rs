@@ -60,7 +60,6 @@ fn long(value: usize) -> Arg<'static> {
     Arg::I64(value as i64)
 }
 
-/// Row indices as kernel `int`s.
 /// Decision lists of 4-byte values (i32 indices, f32 weights) gathered into one upload: one host→device copy (on a
 /// GPU, one wait for the stream) where each list would take its own. `push_*` return where a list starts in the
 /// uploaded buffer, for [`Arg::At`].
@@ -87,7 +86,8 @@ impl DecisionPack {
     }
 }
 
-pub(crate) fn indices(tensor: &str, rows: &[usize], limit: usize) -> Result<Vec<i32>, CudaError> {
+/// Row indices as kernel `int`s.
+fn indices(tensor: &str, rows: &[usize], limit: usize) -> Result<Vec<i32>, CudaError> {
     rows.iter()
         .map(|&row| {
             i32::try_from(row)
