@@ -3,7 +3,7 @@
 
 use crate::runtime::backend::INDEXER_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{IndexerShape, KeySelection};
-use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, Traffic};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::checks::buffers_hold;
 use std::ops::Range;
@@ -11,7 +11,7 @@ use std::ops::Range;
 use crate::runtime::tensor::Tensor;
 
 use super::paged::{DecodeBatch, DevicePool};
-use super::tensor::{alloc, buffer, row_range, sequence_inputs};
+use super::tensor::{alloc, buffer, download_decisions, row_range, sequence_inputs, words};
 use super::CudaBackend;
 
 /// Threads per block of both kernels (one block per query).
@@ -140,13 +140,8 @@ pub fn top_k(
         near_tie: &near_tie,
     };
     launch_indexer_top_k(device, &buffers, shape)?;
-    // The near-tie flags after the mask on the device, so that one download (one wait for the device) brings both.
-    let joined = device.alloc(mask.bytes() + near_tie.bytes())?;
-    device.copy(&mask, &joined, 0)?;
-    device.copy(&near_tie, &joined, mask.bytes())?;
-    let bytes = backend.counted().download_as::<u8>(Traffic::Decisions, &joined, joined.bytes())?;
-    let (cells, flags) = bytes.split_at(mask.bytes());
-    let near_ties = flags.chunks_exact(4).filter(|flag| flag.iter().any(|&byte| byte != 0)).count();
+    let [cells, flags] = download_decisions(backend, [&mask, &near_tie])?;
+    let near_ties = words(&flags).take(tokens).filter(|&tie| tie != 0).count();
     Ok(KeySelection { mask: cells[..tokens * tokens].iter().map(|&cell| cell != 0).collect(), near_ties })
 }
 

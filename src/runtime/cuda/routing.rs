@@ -2,13 +2,13 @@
 
 use crate::runtime::backend::ROUTING_NEAR_TIE_RELATIVE as NEAR_TIE_RELATIVE;
 use crate::runtime::backend::{Routes, RoutingShape};
-use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, Traffic};
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::checks::buffers_hold;
 use crate::runtime::backend::Matrix;
 use crate::runtime::tensor::Tensor;
 
-use super::tensor::buffer;
+use super::tensor::{buffer, download_decisions, words};
 use super::{CudaBackend, DeviceWeight};
 
 /// Tokens per block: one warp each (the kernel's `kRouteWarps`).
@@ -127,23 +127,17 @@ pub fn route(
     let buffers =
         RouteBuffers { logits: buffer(logits)?, bias, experts: &experts, weights: &weights, near_tie: &near_tie };
     launch_route(device, &buffers, tokens, shape)?;
-    // The three outputs side by side on the device, so that one download (one wait for the device) brings them.
-    let joined = device.alloc(experts.bytes() + weights.bytes() + near_tie.bytes())?;
-    device.copy(&experts, &joined, 0)?;
-    device.copy(&weights, &joined, experts.bytes())?;
-    device.copy(&near_tie, &joined, experts.bytes() + weights.bytes())?;
-    let words = backend.counted().download_as::<u32>(Traffic::Decisions, &joined, joined.bytes() / 4)?;
+    let [experts, weights, near_tie] = download_decisions(backend, [&experts, &weights, &near_tie])?;
     let picks = tokens * shape.top_k;
-    let (weights_at, near_tie_at) = (experts.bytes() / 4, (experts.bytes() + weights.bytes()) / 4);
     let chosen: Vec<usize> =
-        words[..picks].iter().map(|&expert| usize::try_from(expert as i32).unwrap_or(usize::MAX)).collect();
+        words(&experts).take(picks).map(|expert| usize::try_from(expert as i32).unwrap_or(usize::MAX)).collect();
     if let Some(bad) = chosen.iter().find(|&&expert| expert >= shape.experts) {
         return Err(unsupported(format!("the kernel chose expert {bad} of {}", shape.experts)));
     }
     Ok(Routes {
         top_k: shape.top_k,
         experts: chosen,
-        weights: words[weights_at..weights_at + picks].iter().map(|&bits| f32::from_bits(bits)).collect(),
-        near_ties: words[near_tie_at..near_tie_at + tokens].iter().filter(|&&tie| tie != 0).count(),
+        weights: words(&weights).take(picks).map(f32::from_bits).collect(),
+        near_ties: words(&near_tie).take(tokens).filter(|&tie| tie != 0).count(),
     })
 }

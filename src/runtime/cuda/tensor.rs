@@ -86,6 +86,28 @@ impl DecisionPack {
     }
 }
 
+/// Decision outputs of one launch brought back together: copied side by side on the device, then one download (on
+/// a GPU, one wait for the stream) where each buffer would take its own. Each buffer's bytes, in order.
+pub(crate) fn download_decisions<const N: usize>(
+    backend: &CudaBackend,
+    parts: [&DeviceBuffer; N],
+) -> Result<[Vec<u8>; N], CudaError> {
+    let device = backend.device();
+    let joined = device.alloc(parts.iter().map(|part| part.bytes()).sum())?;
+    let mut at = 0;
+    for part in parts {
+        device.copy(part, &joined, at)?;
+        at += part.bytes();
+    }
+    let mut bytes = backend.counted().download_as::<u8>(Traffic::Decisions, &joined, at)?.into_iter();
+    Ok(parts.map(|part| bytes.by_ref().take(part.bytes()).collect()))
+}
+
+/// Little-endian 4-byte words of a downloaded buffer.
+pub(crate) fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes.chunks_exact(4).map(|word| u32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+}
+
 /// Row indices as kernel `int`s.
 fn indices(tensor: &str, rows: &[usize], limit: usize) -> Result<Vec<i32>, CudaError> {
     rows.iter()
