@@ -112,7 +112,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     // The weights agree with config.json (layers, shapes, MTP layers).
     if let Some(json) = checkpoint.config() {
         match crate::model::ModelConfig::from_json(json) {
-            Ok(config) => problems.extend(crate::runtime::validate::mismatches(&checkpoint, &config)),
+            Ok(config) => problems.extend(crate::model::validate::mismatches(&checkpoint, &config)),
             Err(error) => problems.push(format!("config.json: {error}")),
         }
     }

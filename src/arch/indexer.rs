@@ -65,11 +65,6 @@ impl IndexQueries {
     }
 }
 
-/// Whether decoder layer `layer` runs its own indexer (GLM-5's `full` layers; `shared` layers reuse the last one).
-fn runs_indexer(config: &ModelConfig, layer: usize) -> bool {
-    config.indexer.as_ref().is_some_and(|i| i.full_layers.get(layer).copied().unwrap_or(true))
-}
-
 impl IndexerWeights {
     /// Every weight matrix (for device prefetch).
     pub fn matrices(&self) -> [&Matrix; 3] {
@@ -78,7 +73,7 @@ impl IndexerWeights {
 
     /// The indexer of decoder layer `layer`, or `None` where the model has none or the layer reuses another's.
     pub fn load_layer(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Option<Self>, RuntimeError> {
-        let (Some(settings), true) = (&config.indexer, runs_indexer(config, layer)) else { return Ok(None) };
+        let (Some(settings), true) = (&config.indexer, config.runs_indexer(layer)) else { return Ok(None) };
         let hidden = config.hidden_size;
         let q_input = match &config.attention {
             Attention::Mla { q_lora_rank, .. } => q_lora_rank.unwrap_or(hidden),

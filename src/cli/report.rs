@@ -228,7 +228,10 @@ pub fn print_human(report: &Report) {
         count(report.kv.bf16.bytes_per_token),
         count(report.kv.fp8.bytes_per_token),
         if report.kv.bf16.indexer_bytes_per_layer > 0 {
-            format!(" (each includes the DSA indexer's {} B/layer FP8 key row)", report.kv.bf16.indexer_bytes_per_layer)
+            format!(
+                " (each includes the DSA indexer's {} B FP8 key row in the {} of {} layers that run an indexer)",
+                report.kv.bf16.indexer_bytes_per_layer, report.kv.bf16.indexer_layers, report.kv.bf16.layers
+            )
         } else {
             String::new()
         }

@@ -9,12 +9,12 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Architecture: kimi-k2, glm5 or glm45.
+    /// Architecture: kimi-k2, glm5, glm5.2 (shared DSA indexer) or glm45.
     #[arg(long)]
     pub arch: SynthArch,
     /// Output folder.
     pub out: PathBuf,
-    /// Decoder layers (the first is dense; glm5 and glm45 add one MTP layer).
+    /// Decoder layers (the first is dense; glm5, glm5.2 and glm45 add one MTP layer).
     #[arg(long, default_value_t = SynthSize::default().layers)]
     pub layers: usize,
     /// Hidden size (any multiple of the INT4 group size; need not be a multiple of 128).

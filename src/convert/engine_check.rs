@@ -14,7 +14,8 @@ pub fn output_config(source_config: &Value, quantization_config: Value, plan: &P
         object.insert("quantization_config".into(), quantization_config);
     }
     let names = plan.items.iter().flat_map(|item| item.outputs.iter().map(|t| t.name.as_str()));
-    let fixes = lint::router_fixes(&mut config, names);
+    let mut fixes = lint::router_fixes(&mut config, names);
+    fixes.extend(lint::indexer_fixes(&mut config));
     (config, fixes)
 }
 

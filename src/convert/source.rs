@@ -1,5 +1,6 @@
 //! `squeeze quantize`'s source checked against its `config.json`: the tensors the architecture names have the
-//! shapes and float dtypes the config implies.
+//! shapes and float dtypes the config implies, and nothing the config needs is missing or misplaced (the checks the
+//! runtime makes, [`crate::model::validate`]).
 
 use crate::io::dtype::Dtype;
 use crate::io::{Checkpoint, IoError};
@@ -29,5 +30,8 @@ pub fn check_against_config(checkpoint: &Checkpoint, config: &ModelConfig) -> Re
             ));
         }
     }
-    Ok(())
+    match crate::model::validate::summary(checkpoint, config) {
+        Some(problem) => Err(IoError::folder(checkpoint.dir(), problem)),
+        None => Ok(()),
+    }
 }

@@ -1,5 +1,6 @@
 //! The config fixes `quantize` applies because they are safe and standard: `topk_method: "noaux_tc"` and
-//! `scoring_func: "sigmoid"` added to a config that lacks them when the router has `e_score_correction_bias`.
+//! `scoring_func: "sigmoid"` added to a config that lacks them when the router has `e_score_correction_bias`, and
+//! `index_topk_pattern` added where vLLM would derive another DSA indexer schedule than `indexer_types` says.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -36,6 +37,30 @@ pub fn router_fixes<'a>(config: &mut Value, tensor_names: impl IntoIterator<Item
     fixes
 }
 
+/// Adds `index_topk_pattern` (`F`/`S` per layer) when `indexer_types` marks shared layers, no pattern is given and
+/// vLLM, which reads only the pattern or `index_topk_freq`/`index_skip_topk_offset`, would derive another schedule
+/// (building indexers the checkpoint has no weights for). SGLang and transformers read `indexer_types` first, so
+/// the key changes nothing for them.
+pub fn indexer_fixes(config: &mut Value) -> Vec<ConfigFix> {
+    let Some(kinds) = config.get("indexer_types").and_then(Value::as_array) else { return Vec::new() };
+    let full: Vec<bool> = kinds.iter().map(|kind| kind.as_str() != Some("shared")).collect();
+    if config.get("index_topk_pattern").is_some_and(|p| !p.is_null())
+        || super::indexer_schedule::vllm_disagreements(config, &full).is_empty()
+    {
+        return Vec::new();
+    }
+    let value = Value::from(super::indexer_schedule::pattern(&full));
+    let Some(object) = config.as_object_mut() else { return Vec::new() };
+    object.insert("index_topk_pattern".into(), value.clone());
+    vec![ConfigFix {
+        key: "index_topk_pattern".into(),
+        value,
+        reason: "indexer_types marks shared DSA layers, and vLLM reads only index_topk_pattern or \
+                 index_topk_freq/index_skip_topk_offset, from which it would build other indexers"
+            .into(),
+    }]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,7 +82,23 @@ mod tests {
         assert_eq!(softmax["scoring_func"], "softmax");
 
         let mut no_bias = json!({});
+        assert!(indexer_fixes(&mut no_bias).is_empty());
         assert!(router_fixes(&mut no_bias, ["model.layers.1.mlp.gate.weight"]).is_empty());
         assert_eq!(no_bias, json!({}));
+    }
+
+    #[test]
+    fn adds_the_indexer_pattern_only_where_vllm_would_derive_another_schedule() {
+        let mut shared = json!({"indexer_types": ["full", "shared", "full", "shared"]});
+        let fixes = indexer_fixes(&mut shared);
+        assert_eq!(fixes.len(), 1);
+        assert_eq!(shared["index_topk_pattern"], "FSFS");
+        assert!(indexer_fixes(&mut shared).is_empty(), "a second pass adds nothing");
+
+        let mut agreeing = json!({"indexer_types": ["full", "shared", "full"], "index_topk_freq": 2,
+                                  "index_skip_topk_offset": 1});
+        assert!(indexer_fixes(&mut agreeing).is_empty(), "vLLM's frequency gives the same schedule");
+        let mut all_full = json!({"indexer_types": ["full", "full"]});
+        assert!(indexer_fixes(&mut all_full).is_empty());
     }
 }

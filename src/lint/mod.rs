@@ -4,6 +4,7 @@
 pub mod context;
 pub mod engine;
 pub mod fixes;
+pub mod indexer_schedule;
 pub mod matching;
 pub mod output;
 pub mod report;
@@ -11,7 +12,7 @@ pub mod rules;
 pub mod written;
 
 pub use engine::{default_tp, Engine, EngineChoice};
-pub use fixes::{router_fixes, ConfigFix};
+pub use fixes::{indexer_fixes, router_fixes, ConfigFix};
 pub use output::{OutputDescription, TensorFacts, Values};
 pub use report::{LintReport, RuleResult, Status};
 

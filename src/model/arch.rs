@@ -50,7 +50,7 @@ pub fn tensor_specs(config: &ModelConfig) -> Vec<TensorSpec> {
             push(&mut specs, format!("{prefix}.shared_head.head.weight"), vec![config.vocab_size, hidden], Embedding);
         }
         push(&mut specs, format!("{prefix}.input_layernorm.weight"), vec![hidden], Norm);
-        attention_specs(config, &prefix, &mut specs);
+        attention_specs(config, layer, &prefix, &mut specs);
         push(&mut specs, format!("{prefix}.post_attention_layernorm.weight"), vec![hidden], Norm);
         mlp_specs(config, layer, &prefix, &mut specs);
     }
@@ -61,7 +61,7 @@ pub fn tensor_specs(config: &ModelConfig) -> Vec<TensorSpec> {
     specs
 }
 
-fn attention_specs(config: &ModelConfig, prefix: &str, specs: &mut Vec<TensorSpec>) {
+fn attention_specs(config: &ModelConfig, layer: usize, prefix: &str, specs: &mut Vec<TensorSpec>) {
     use TensorRole::*;
     let hidden = config.hidden_size;
     let heads = config.num_attention_heads;
@@ -91,7 +91,8 @@ fn attention_specs(config: &ModelConfig, prefix: &str, specs: &mut Vec<TensorSpe
                 Linear,
             );
             push(specs, format!("{attention}.o_proj.weight"), vec![hidden, heads * v_head_dim], Linear);
-            if let Some(indexer) = &config.indexer {
+            // GLM-5.2's `shared` layers store no indexer: they reuse the previous full layer's selection.
+            if let (Some(indexer), true) = (&config.indexer, config.runs_indexer(layer)) {
                 let q_input = q_lora_rank.unwrap_or(hidden);
                 let index = format!("{attention}.indexer");
                 push(

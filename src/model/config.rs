@@ -255,6 +255,12 @@ impl ModelConfig {
         layer >= self.first_k_dense_replace
     }
 
+    /// Whether decoder layer `layer` runs its own DSA indexer (GLM-5's `full` layers and MTP layers); `false`
+    /// without an indexer and for `shared` layers, which reuse the last full layer's selection and store no indexer.
+    pub fn runs_indexer(&self, layer: usize) -> bool {
+        self.indexer.as_ref().is_some_and(|i| i.full_layers.get(layer).copied().unwrap_or(true))
+    }
+
     /// Whether decoder layer `layer` runs a MoE block in the forward pass (`mlp_layer_types` when the config
     /// gives it; MTP layers past `num_hidden_layers` follow `first_k_dense_replace`).
     pub fn runs_moe(&self, layer: usize) -> bool {
@@ -366,18 +372,71 @@ impl Keys<'_> {
         Ok(Rope { theta, partial_rotary_factor, interleave, scaling })
     }
 
-    /// GLM-5's per-layer indexer kinds, as `GlmMoeDsaConfig.__post_init__` derives them.
+    /// GLM-5's per-layer indexer kinds, as `GlmMoeDsaConfig.__post_init__` derives them: `indexer_types`
+    /// (`"full"`/`"shared"` per layer), else `index_topk_pattern` (a string of `F`/`S` or such a list), else
+    /// `index_topk_freq`/`index_skip_topk_offset` (full where `max(layer − offset + 1, 0) % freq == 0`). A given
+    /// list must name every decoder layer, and layer 0 must be full (a shared layer reuses an earlier selection).
     fn indexer_full_layers(&self, layers: usize) -> Result<Vec<bool>, ConfigError> {
-        if let Some(kinds) = self.0.get("indexer_types").and_then(Value::as_array) {
-            return Ok(kinds.iter().map(|kind| kind.as_str() != Some("shared")).collect());
+        let unsupported =
+            |key: &str, value: String, hint: String| ConfigError::Unsupported { key: key.into(), value, hint };
+        let kinds = |key: &str, list: &[Value]| -> Result<Vec<bool>, ConfigError> {
+            list.iter()
+                .enumerate()
+                .map(|(layer, kind)| match kind.as_str() {
+                    Some("full") => Ok(true),
+                    Some("shared") => Ok(false),
+                    _ => Err(unsupported(
+                        &format!("{key}[{layer}]"),
+                        kind.to_string(),
+                        "each layer is \"full\" (runs its indexer) or \"shared\" (reuses the previous full layer's)"
+                            .into(),
+                    )),
+                })
+                .collect()
+        };
+        let (key, full) = if let Some(list) = self.0.get("indexer_types").and_then(Value::as_array) {
+            ("indexer_types", kinds("indexer_types", list)?)
+        } else {
+            match self.0.get("index_topk_pattern") {
+                Some(Value::String(pattern)) => {
+                    let full = pattern
+                        .chars()
+                        .enumerate()
+                        .map(|(layer, c)| match c {
+                            'F' => Ok(true),
+                            'S' => Ok(false),
+                            other => Err(unsupported(
+                                "index_topk_pattern",
+                                format!("{other:?} at layer {layer}"),
+                                "the pattern has one letter per layer: F (full) or S (shared)".into(),
+                            )),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    ("index_topk_pattern", full)
+                }
+                Some(Value::Array(list)) => ("index_topk_pattern", kinds("index_topk_pattern", list)?),
+                _ => {
+                    let frequency = self.optional_usize("index_topk_freq")?.unwrap_or(1).max(1);
+                    let offset = self.optional_usize("index_skip_topk_offset")?.unwrap_or(2);
+                    let full = (0..layers).map(|layer| (layer + 1).saturating_sub(offset) % frequency == 0).collect();
+                    return Ok(full);
+                }
+            }
+        };
+        if full.len() != layers {
+            return Err(unsupported(
+                key,
+                format!("with {} entries", full.len()),
+                format!("it needs one entry per decoder layer: num_hidden_layers is {layers}"),
+            ));
         }
-        match self.0.get("index_topk_pattern") {
-            Some(Value::String(pattern)) => return Ok(pattern.chars().map(|c| c != 'S').collect()),
-            Some(Value::Array(kinds)) => return Ok(kinds.iter().map(|kind| kind.as_str() != Some("shared")).collect()),
-            _ => {}
+        if full.first() == Some(&false) {
+            return Err(unsupported(
+                key,
+                "starting with a shared layer".into(),
+                "layer 0 has no earlier full layer whose top-k it could reuse; make it \"full\"".into(),
+            ));
         }
-        let frequency = self.optional_usize("index_topk_freq")?.unwrap_or(1).max(1);
-        let offset = self.optional_usize("index_skip_topk_offset")?.unwrap_or(2);
-        Ok((0..layers).map(|layer| (layer + 1).saturating_sub(offset) % frequency == 0).collect())
+        Ok(full)
     }
 }

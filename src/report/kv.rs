@@ -16,11 +16,16 @@ pub struct KvPerToken {
     /// Elements cached per token per layer on one GPU: MLA `kv_lora_rank + qk_rope_head_dim`;
     /// GQA `2 × kv_heads_per_gpu × head_dim`.
     pub elements_per_layer: usize,
-    /// DSA indexer key bytes per token per layer (always FP8 with FP32 scales; 0 without an indexer).
+    /// DSA indexer key bytes per token in a layer that runs an indexer (always FP8 with FP32 scales; 0 without
+    /// an indexer).
     pub indexer_bytes_per_layer: u64,
-    /// `elements_per_layer × dtype bytes + indexer_bytes_per_layer`.
+    /// Decoder layers that run their own indexer and so cache its keys (GLM-5.2's `full` layers; `shared` layers
+    /// reuse a selection and get no indexer cache in vLLM, which builds no indexer there, or SGLang, whose DSA pool
+    /// gives them a 0-row buffer).
+    pub indexer_layers: usize,
+    /// `elements_per_layer × dtype bytes + indexer_bytes_per_layer` (a layer with an indexer).
     pub bytes_per_layer: u64,
-    /// `bytes_per_layer × layers`.
+    /// `elements_per_layer × dtype bytes × layers + indexer_bytes_per_layer × indexer_layers`.
     pub bytes_per_token: u64,
 }
 
@@ -44,15 +49,17 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
         .as_ref()
         .map(|indexer| (indexer.index_head_dim + indexer.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64)
         .unwrap_or(0);
-    let bytes_per_layer = (elements_per_layer * dtype.bytes()) as u64 + indexer_bytes_per_layer;
+    let row_bytes = (elements_per_layer * dtype.bytes()) as u64;
     let layers = config.num_hidden_layers;
+    let indexer_layers = (0..layers).filter(|&layer| config.runs_indexer(layer)).count();
     KvPerToken {
         dtype,
         layers,
         elements_per_layer,
         indexer_bytes_per_layer,
-        bytes_per_layer,
-        bytes_per_token: bytes_per_layer * layers as u64,
+        indexer_layers,
+        bytes_per_layer: row_bytes + indexer_bytes_per_layer,
+        bytes_per_token: row_bytes * layers as u64 + indexer_bytes_per_layer * indexer_layers as u64,
     }
 }
 
@@ -86,6 +93,15 @@ mod tests {
         assert_eq!(bf16.bytes_per_layer, 576 * 2 + 132);
         assert_eq!(bf16.bytes_per_token, 78 * (576 * 2 + 132));
         assert_eq!(per_token(&glm5, KvDtype::Fp8, 8).bytes_per_token, 78 * (576 + 132));
+    }
+
+    #[test]
+    fn glm52_caches_indexer_keys_only_in_its_21_full_layers() {
+        let glm52 = config_from("glm-5.2");
+        let fp8 = per_token(&glm52, KvDtype::Fp8, 8);
+        assert_eq!(fp8.indexer_layers, 21);
+        assert_eq!(fp8.bytes_per_token, 78 * 576 + 21 * 132);
+        assert_eq!(per_token(&glm52, KvDtype::Bf16, 8).bytes_per_token, 78 * 576 * 2 + 21 * 132);
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! Built-in model presets: the public `config.json` values of Kimi K2, GLM-5 and GLM-4.5, embedded from
+//! Built-in model presets: the public `config.json` values of Kimi K2, GLM-5, GLM-5.2 and GLM-4.5, embedded from
 //! `src/model/presets/` so that `squeeze report kimi-k2` works before anything is downloaded.
 
 /// Preset name and its `config.json` text.
-const PRESETS: [(&str, &str); 3] = [
+const PRESETS: [(&str, &str); 4] = [
     ("kimi-k2", include_str!("../model/presets/kimi-k2.json")),
     ("glm-5", include_str!("../model/presets/glm-5.json")),
+    ("glm-5.2", include_str!("../model/presets/glm-5.2.json")),
     ("glm-4.5", include_str!("../model/presets/glm-4.5.json")),
 ];
 
@@ -42,6 +43,7 @@ mod tests {
         };
         assert_eq!(architecture("kimi-k2"), Architecture::DeepseekV3);
         assert_eq!(architecture("glm-5"), Architecture::GlmMoeDsa);
+        assert_eq!(architecture("glm-5.2"), Architecture::GlmMoeDsa);
         assert_eq!(architecture("glm-4.5"), Architecture::Glm4Moe);
         assert!(config_text("glm-6").is_none());
     }

@@ -14,7 +14,6 @@ pub mod kv_cache;
 pub mod layer_stream;
 pub mod rope_table;
 pub mod tensor;
-pub mod validate;
 pub mod weights;
 
 use std::path::PathBuf;

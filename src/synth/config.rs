@@ -12,6 +12,8 @@ pub const EOS_ID: usize = 257;
 pub enum SynthArch {
     KimiK2,
     Glm5,
+    /// GLM-5.2: GLM-5 with a shared DSA indexer (`indexer_types`), 1 M context, RoPE θ 8e6, an F32 router.
+    Glm52,
     Glm45,
 }
 
@@ -20,6 +22,7 @@ impl SynthArch {
         match self {
             SynthArch::KimiK2 => "kimi-k2",
             SynthArch::Glm5 => "glm5",
+            SynthArch::Glm52 => "glm5.2",
             SynthArch::Glm45 => "glm45",
         }
     }
@@ -31,8 +34,9 @@ impl FromStr for SynthArch {
         match text {
             "kimi-k2" => Ok(SynthArch::KimiK2),
             "glm5" => Ok(SynthArch::Glm5),
+            "glm5.2" => Ok(SynthArch::Glm52),
             "glm45" => Ok(SynthArch::Glm45),
-            _ => Err(format!("unknown architecture `{text}`; known: kimi-k2, glm5, glm45")),
+            _ => Err(format!("unknown architecture `{text}`; known: kimi-k2, glm5, glm5.2, glm45")),
         }
     }
 }
@@ -102,7 +106,7 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
             "rope_scaling": { "type": "yarn", "factor": 32.0, "original_max_position_embeddings": 128, "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0 },
             "quantization_config": fp8_deepseek,
         }),
-        SynthArch::Glm5 => json!({
+        SynthArch::Glm5 | SynthArch::Glm52 => json!({
             "architectures": ["GlmMoeDsaForCausalLM"],
             "model_type": "glm_moe_dsa",
             "num_key_value_heads": heads,
@@ -151,10 +155,33 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
         }),
     };
     let mut merged = common;
-    if let (Some(target), Some(extra)) = (merged.as_object_mut(), specific.as_object()) {
-        for (key, value) in extra {
-            target.insert(key.clone(), value.clone());
+    let release = if arch == SynthArch::Glm52 { glm52_keys(size.layers) } else { json!({}) };
+    for extra in [specific, release] {
+        if let (Some(target), Some(extra)) = (merged.as_object_mut(), extra.as_object()) {
+            for (key, value) in extra {
+                target.insert(key.clone(), value.clone());
+            }
         }
     }
     merged
+}
+
+/// What GLM-5.2's `config.json` adds to GLM-5's: the indexer schedule written three ways as the release carries it
+/// (`indexer_types`, which transformers and SGLang read; `index_topk_freq`/`index_skip_topk_offset`, which vLLM
+/// reads), 1 M positions, RoPE θ 8e6 and an F32 router. The real schedule (full at 0, 1, 2, then every 4th from 6:
+/// frequency 4, offset 3) leaves a model of under 8 layers with no shared layer, so small models use frequency 2,
+/// offset 1 (full, shared, full, …).
+fn glm52_keys(layers: usize) -> Value {
+    let (frequency, offset) = if layers >= 8 { (4, 3) } else { (2, 1) };
+    let kinds: Vec<&str> = (0..layers)
+        .map(|layer| if (layer + 1).saturating_sub(offset) % frequency == 0 { "full" } else { "shared" })
+        .collect();
+    json!({
+        "indexer_types": kinds,
+        "index_topk_freq": frequency,
+        "index_skip_topk_offset": offset,
+        "max_position_embeddings": 1_048_576,
+        "rope_parameters": { "rope_theta": 8_000_000.0, "rope_type": "default" },
+        "moe_router_dtype": "float32",
+    })
 }

@@ -19,7 +19,7 @@ use stages::{Folders, Weights};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run on random weights of this architecture instead of the trained model: kimi-k2, glm5 or glm45
+    /// Run on random weights of this architecture instead of the trained model: kimi-k2, glm5, glm5.2 or glm45
     /// (the machinery only: gates fail and the decoded text is garbage, as expected of random weights).
     #[arg(long)]
     pub arch: Option<SynthArch>,

@@ -1,5 +1,5 @@
 //! The rules on `config.json` alone: quantization method and format, the group and its weight arguments, the
-//! KV-cache scheme, and the router keys `e_score_correction_bias` needs.
+//! KV-cache scheme, the router keys `e_score_correction_bias` needs, and the DSA indexer schedule each engine derives.
 
 use serde_json::{json, Value};
 
@@ -324,4 +324,39 @@ pub fn shown(value: Option<&Value>) -> String {
         None => "missing".into(),
         Some(value) => value.to_string(),
     }
+}
+/// GLM-5.2's shared DSA indexer: the engine must build an indexer exactly in the layers `indexer_types` marks full
+/// (the ones whose weights the checkpoint holds). vLLM ignores `indexer_types`; SGLang reads it first.
+pub fn indexer_schedule(context: &Context, engine: Engine) -> Outcome {
+    let Some(kinds) = context.config.get("indexer_types").and_then(Value::as_array) else {
+        return Outcome::skipped("no indexer_types (every DSA layer, if any, runs its own indexer)");
+    };
+    let full: Vec<bool> = kinds.iter().map(|kind| kind.as_str() != Some("shared")).collect();
+    let shared = full.iter().filter(|runs| !**runs).count();
+    let detail = format!("{} full, {shared} shared DSA layers", full.len() - shared);
+    if engine == Engine::Sglang {
+        return Outcome::passed(detail);
+    }
+    let disagreements = crate::lint::indexer_schedule::vllm_disagreements(context.config, &full);
+    if disagreements.is_empty() {
+        return Outcome::passed(detail);
+    }
+    let shown: Vec<String> = disagreements.iter().take(3).cloned().collect();
+    let more = disagreements.len().saturating_sub(shown.len());
+    Outcome::from_findings(
+        detail,
+        vec![Finding::failed(
+            "config.json `indexer_types`",
+            format!(
+                "vLLM reads only index_topk_pattern or index_topk_freq/index_skip_topk_offset, and from them derives \
+                 another schedule: {}{}",
+                shown.join("; "),
+                if more > 0 { format!("; and {more} more layers") } else { String::new() }
+            ),
+            format!(
+                "add \"index_topk_pattern\": \"{}\" to config.json (squeeze quantize adds it)",
+                crate::lint::indexer_schedule::pattern(&full)
+            ),
+        )],
+    )
 }

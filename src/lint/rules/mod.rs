@@ -33,7 +33,7 @@ impl Rule {
 const NOT_READ_SGLANG: &str = "SGLang: file not read, same rule as vLLM assumed";
 
 /// Every rule, in the order the report lists them.
-pub const RULES: [Rule; 12] = [
+pub const RULES: [Rule; 13] = [
     Rule {
         id: "quant-method",
         title: "quant_method compressed-tensors, format pack-quantized",
@@ -103,6 +103,13 @@ pub const RULES: [Rule; 12] = [
         vllm: "vLLM deepseek_v2.py (bias created only for noaux_tc; softmax by default)",
         sglang: NOT_READ_SGLANG,
         check: config::router_topk,
+    },
+    Rule {
+        id: "indexer-schedule",
+        title: "the engine builds a DSA indexer exactly in the layers indexer_types marks full",
+        vllm: "vLLM deepseek_v2.py (index_topk_pattern, index_topk_freq/index_skip_topk_offset; no indexer_types)",
+        sglang: "SGLang configs/model_config.py dsa_layer_skips_topk (indexer_types first)",
+        check: config::indexer_schedule,
     },
     Rule {
         id: "kv-cache-scheme",

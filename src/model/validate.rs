@@ -2,14 +2,15 @@
 //! needs for the configured layers is present with the configured shape (as a plain/FP8 `weight` or as an INT4
 //! `weight_packed` whose `weight_shape` says it), no decoder layer holds multi-token-prediction tensors, and no
 //! layer lies beyond the configured ones — so a config edited to disagree with the weights fails with the tensor
-//! named instead of running the wrong network.
+//! named instead of running the wrong network. GLM-5.2's `shared` DSA layers need no indexer tensors; where a
+//! checkpoint still ships them they are carried and not run, as vLLM's and SGLang's loaders drop them.
 
 use std::collections::BTreeSet;
 
+use super::arch::tensor_specs;
+use super::ModelConfig;
 use crate::format::compressed_tensors::{packed_name, read_shape, shape_name};
 use crate::io::Checkpoint;
-use crate::model::arch::tensor_specs;
-use crate::model::ModelConfig;
 
 /// Problems listed in one error before "and N more".
 const SHOWN: usize = 5;
@@ -58,6 +59,11 @@ pub fn mismatches(checkpoint: &Checkpoint, config: &ModelConfig) -> Vec<String> 
 
 /// An error message for `mismatches`, or `None` when there are none.
 pub fn describe(checkpoint: &Checkpoint, config: &ModelConfig) -> Option<String> {
+    summary(checkpoint, config).map(|summary| format!("{}: {summary}", checkpoint.dir().display()))
+}
+
+/// `describe` without the folder in front (for errors that name it themselves).
+pub fn summary(checkpoint: &Checkpoint, config: &ModelConfig) -> Option<String> {
     let problems = mismatches(checkpoint, config);
     if problems.is_empty() {
         return None;
@@ -67,8 +73,7 @@ pub fn describe(checkpoint: &Checkpoint, config: &ModelConfig) -> Option<String>
         shown.push_str(&format!("; and {} more", problems.len() - SHOWN));
     }
     Some(format!(
-        "{}: config.json disagrees with the weights: {shown}; restore the config the checkpoint was released with",
-        checkpoint.dir().display()
+        "config.json disagrees with the weights: {shown}; restore the config the checkpoint was released with"
     ))
 }
 
