@@ -75,7 +75,7 @@ pub fn inspect(dir: &Path) -> Result<InspectReport, IoError> {
         file_bytes: checkpoint.shard_bytes(),
         dtypes,
         classes,
-        quantization_config: raw.and_then(|c| c.get("quantization_config")).cloned(),
+        quantization_config: raw.and_then(crate::io::composite::quantization_config).cloned(),
         config_problem: match parsed {
             Some(Err(error)) => Some(error.to_string()),
             None => Some("no config.json".into()),

@@ -54,6 +54,8 @@ pub struct VerifyReport {
     pub quantized_tensors: usize,
     pub compared_tensors: usize,
     pub problems: Vec<String>,
+    /// What was not checked and why (a folder not written by squeeze has no manifest to re-hash against).
+    pub notes: Vec<String>,
     pub worst: Vec<TensorError>,
     /// The engine load rules (`None` without `--engine`).
     pub engine_rules: Option<LintReport>,
@@ -63,11 +65,15 @@ pub struct VerifyReport {
 pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     let out = &options.output;
     let mut problems = Vec::new();
+    let mut notes = Vec::new();
     let manifest = Manifest::read(out)?;
     let mut shards_checked = 0;
     match &manifest {
-        None => problems
-            .push(format!("{}: no squeeze-manifest.json; was this folder written by squeeze quantize?", out.display())),
+        // A vendor's or a peer's checkpoint (Kimi K2.6 as Moonshot ships it): every other check still applies.
+        None => notes.push(format!(
+            "{}: no squeeze-manifest.json, so not written by squeeze quantize: shard hashes not checked",
+            out.display()
+        )),
         Some(manifest) => {
             if !manifest.complete {
                 problems.push("manifest says the conversion did not finish; rerun quantize with --resume".into());
@@ -122,7 +128,10 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     let names = checkpoint.names_in_file_order();
     let nonfinite: Vec<String> = names
         .par_iter()
-        .filter(|name| name.strip_suffix(".weight_scale").is_none_or(|module| !int4_modules.contains(module)))
+        .filter(|name| {
+            name.strip_suffix(".weight_scale")
+                .is_none_or(|module| !int4_modules.contains(checkpoint.text_name(module).as_str()))
+        })
         .filter_map(|name| {
             let tensor = checkpoint.get(name)?;
             let index = first_nonfinite(tensor.dtype, tensor.bytes)?;
@@ -183,6 +192,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
         compared_tensors: compared,
         passed: problems.is_empty() && rules_passed,
         problems,
+        notes,
         worst: errors,
         engine_rules,
     })

@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 use super::{CalibReport, Strategy};
 use crate::format::kv_scales::{kv_cache_scheme, quantization_param_json, tensor_name, tensor_shape};
 use crate::io::checkpoint::{read_json, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
+use crate::io::composite::{self, NameStyle};
 use crate::io::dtype::Dtype;
 use crate::io::lock::FolderLock;
 use crate::io::writer::{PlannedTensor, ShardWriter};
@@ -69,13 +70,34 @@ pub fn write_scales(
 
 /// Writes the shard, the index and the config under their staged names in `target`; returns the new config.
 fn write_staged(report: &CalibReport, model: &Path, target: &Path) -> Result<Value, IoError> {
+    let config_path = model.join(CONFIG_FILE);
+    let mut config = read_json(&config_path)?;
+    let index_path = model.join(INDEX_FILE);
+    let mut index = if index_path.exists() {
+        read_json(&index_path)?
+    } else {
+        let single = model.join(SINGLE_FILE);
+        let shard = ShardFile::open(&single)?;
+        let map: Map<String, Value> =
+            shard.entries().keys().map(|name| (name.clone(), Value::from(SINGLE_FILE))).collect();
+        json!({ "metadata": { "total_size": shard.file_bytes() }, "weight_map": map })
+    };
+    // Inside a vision-language wrapper the scales take the text model's stored prefix, which the engines' wrapper
+    // loaders strip (`language_model.model.layers.N.…` for Kimi K2.6).
+    let style = match composite::wrapper(&config) {
+        Some(_) => NameStyle::of(
+            index.get("weight_map").and_then(Value::as_object).into_iter().flat_map(|m| m.keys()).map(String::as_str),
+        ),
+        None => NameStyle::Plain,
+    };
+
     // 1. the shard
     let mut planned = Vec::new();
     let mut payload: Vec<(String, Vec<u8>)> = Vec::new();
     for layer in &report.layers {
         for (k_name, v_name) in &report.tensor_names {
             for (suffix, values) in [(k_name, &layer.k_scale), (v_name, &layer.v_scale)] {
-                let name = tensor_name(layer.layer, suffix);
+                let name = composite::stored_name(&tensor_name(layer.layer, suffix), style);
                 let shape = tensor_shape(values.len(), report.strategy == Strategy::Head);
                 planned.push(PlannedTensor::new(name.clone(), Dtype::F32, shape));
                 payload.push((name, values.iter().flat_map(|v| v.to_le_bytes()).collect()));
@@ -93,16 +115,6 @@ fn write_staged(report: &CalibReport, model: &Path, target: &Path) -> Result<Val
     writer.finish()?;
 
     // 2. the index: every existing entry, the scale names routed to the new shard
-    let index_path = model.join(INDEX_FILE);
-    let mut index = if index_path.exists() {
-        read_json(&index_path)?
-    } else {
-        let single = model.join(SINGLE_FILE);
-        let shard = ShardFile::open(&single)?;
-        let map: Map<String, Value> =
-            shard.entries().keys().map(|name| (name.clone(), Value::from(SINGLE_FILE))).collect();
-        json!({ "metadata": { "total_size": shard.file_bytes() }, "weight_map": map })
-    };
     let weight_map = index
         .get_mut("weight_map")
         .and_then(Value::as_object_mut)
@@ -127,12 +139,19 @@ fn write_staged(report: &CalibReport, model: &Path, target: &Path) -> Result<Val
     }
     atomic::write_json(&journal::staged(&target.join(INDEX_FILE)), &index)?;
 
-    // 3. config.json
-    let config_path = model.join(CONFIG_FILE);
-    let mut config = read_json(&config_path)?;
+    // 3. config.json: `kv_cache_scheme` in the `quantization_config` the engines read — the top level's, else the
+    // wrapped text model's (where Moonshot keeps it; a new top-level one would hide it from vLLM) — else on its own.
     let scheme = kv_cache_scheme(report.strategy == Strategy::Head);
+    let in_text_config = config.get("quantization_config").is_none_or(Value::is_null)
+        && composite::wrapper(&config).is_some()
+        && config.pointer("/text_config/quantization_config").is_some_and(Value::is_object);
     let object = config.as_object_mut().ok_or_else(|| IoError::folder(&config_path, "is not a JSON object"))?;
-    match object.get_mut("quantization_config").and_then(Value::as_object_mut) {
+    let quantization = if in_text_config {
+        object.get_mut("text_config").and_then(|t| t.get_mut("quantization_config"))
+    } else {
+        object.get_mut("quantization_config")
+    };
+    match quantization.and_then(Value::as_object_mut) {
         Some(quantization) => {
             quantization.insert("kv_cache_scheme".into(), scheme);
         }

@@ -73,6 +73,9 @@ pub fn print_human(report: &VerifyReport) {
     if let Some(rules) = &report.engine_rules {
         print_rules(rules);
     }
+    for note in &report.notes {
+        println!("note: {note}");
+    }
     if report.passed {
         println!("verify: OK");
     } else {

@@ -72,6 +72,15 @@ pub enum ConvertError {
     EngineRules(String),
     #[error(transparent)]
     Calibration(#[from] CalibrationError),
+    #[error(
+        "{}: is already INT4 ({modules} compressed-tensors pack-quantized modules, group size {group}), as Moonshot \
+         ships Kimi K2.5/K2.6/K2.7; quantize converts FP8 and BF16 sources, so there is nothing to do: evaluate or \
+         serve it as it is with `squeeze eval`, `squeeze eval --reference DIR --candidate DIR` (BF16 vs FP8 KV), \
+         `squeeze calibrate-kv`, `squeeze serve-test`, and check it with `squeeze verify DIR --engine vllm`",
+        path.display(),
+        group = group_size.map_or("unknown".to_string(), |g| g.to_string())
+    )]
+    AlreadyInt4 { path: PathBuf, modules: usize, group_size: Option<usize> },
 }
 
 /// The result of `quantize` (or its dry run).
@@ -140,6 +149,11 @@ pub fn prepare(
     max_shard_bytes: u64,
 ) -> Result<Prepared, ConvertError> {
     let checkpoint = Checkpoint::open(input)?;
+    let int4 = crate::format::compressed_tensors::int4_modules(&checkpoint);
+    if !int4.is_empty() {
+        let group_size = crate::format::compressed_tensors::int4_group_size(checkpoint.config());
+        return Err(ConvertError::AlreadyInt4 { path: input.to_path_buf(), modules: int4.len(), group_size });
+    }
     let config = match checkpoint.config() {
         Some(json) => Some(
             ModelConfig::from_json(json)

@@ -73,7 +73,7 @@ fn pair(value: Option<&Value>) -> Option<[usize; 2]> {
 
 /// The layout `quantization_config` declares: what `squeeze quantize` holds a source's files to.
 fn scale_layout(config: Option<&Value>) -> ScaleLayout {
-    let quantization = config.and_then(|c| c.get("quantization_config"));
+    let quantization = config.and_then(crate::io::composite::quantization_config);
     let method = quantization.and_then(|q| q.get("quant_method")).and_then(Value::as_str).unwrap_or("fp8");
     if method == "compressed-tensors" {
         let weights = quantization
@@ -252,7 +252,7 @@ pub fn items_from_config(config: &ModelConfig) -> Vec<SourceItem> {
 /// The FP8 block shape a config declares, as [`stored_item`] takes it: DeepSeek `weight_block_size`, else the first
 /// compressed-tensors group with a `block_structure`, else 128×128.
 pub fn declared_block(config: Option<&Value>) -> [usize; 2] {
-    let quantization = config.and_then(|c| c.get("quantization_config"));
+    let quantization = config.and_then(crate::io::composite::quantization_config);
     let block_structure = quantization
         .and_then(|q| q.get("config_groups"))
         .and_then(Value::as_object)

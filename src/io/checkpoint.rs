@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::composite::{self, NameStyle};
 use super::shard::{ShardFile, TensorRef};
 use super::IoError;
 
@@ -24,6 +25,9 @@ pub struct Checkpoint {
     shards: Vec<ShardFile>,
     /// tensor name → index into `shards`
     locations: BTreeMap<String, usize>,
+    /// How the text model's tensors are named ([`composite`]); inside a wrapper every lookup by a text-model name
+    /// (`model.layers.0.…`) finds the stored one (`language_model.model.layers.0.…`).
+    style: NameStyle,
 }
 
 impl Checkpoint {
@@ -127,7 +131,36 @@ impl Checkpoint {
                 }
             }
         }
-        Ok(Self { dir: dir.to_path_buf(), config, shards, locations })
+        let style = match config.as_ref().and_then(composite::wrapper) {
+            Some(_) => NameStyle::of(locations.keys().map(String::as_str)),
+            None => NameStyle::Plain,
+        };
+        Ok(Self { dir: dir.to_path_buf(), config, shards, locations, style })
+    }
+
+    /// How the folder names its text model's tensors (plain, or inside a vision-language wrapper).
+    pub fn name_style(&self) -> NameStyle {
+        self.style
+    }
+
+    /// The text model's name of stored tensor `stored` (itself in a plain folder, and for a wrapper's vision tower).
+    pub fn text_name(&self, stored: &str) -> String {
+        match self.style {
+            NameStyle::Plain => stored.to_string(),
+            _ => composite::text_name(stored).unwrap_or_else(|| stored.to_string()),
+        }
+    }
+
+    /// The shard index of `name`, a stored name or the text model's name of a wrapped tensor.
+    fn location(&self, name: &str) -> Option<(usize, String)> {
+        if let Some(&shard) = self.locations.get(name) {
+            return Some((shard, name.to_string()));
+        }
+        if self.style == NameStyle::Plain {
+            return None;
+        }
+        let stored = composite::stored_name(name, self.style);
+        self.locations.get(&stored).map(|&shard| (shard, stored))
     }
 
     pub fn dir(&self) -> &Path {
@@ -143,22 +176,26 @@ impl Checkpoint {
         &self.shards
     }
 
+    /// Whether tensor `name` (stored, or the text model's name inside a wrapper) exists.
     pub fn contains(&self, name: &str) -> bool {
-        self.locations.contains_key(name)
+        self.location(name).is_some()
     }
 
+    /// Tensor `name` (stored, or the text model's name inside a wrapper).
     pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
-        self.locations.get(name).and_then(|&shard| self.shards[shard].get(name))
+        let (shard, stored) = self.location(name)?;
+        self.shards[shard].get(&stored)
     }
 
     /// The bytes of tensor `name`, held in place in its shard's mapping.
     pub fn mapped(&self, name: &str) -> Option<super::shard::MappedBytes> {
-        self.shard_of(name)?.mapped(name)
+        let (shard, stored) = self.location(name)?;
+        self.shards[shard].mapped(&stored)
     }
 
     /// The shard holding `name`.
     pub fn shard_of(&self, name: &str) -> Option<&ShardFile> {
-        self.locations.get(name).map(|&shard| &self.shards[shard])
+        self.location(name).map(|(shard, _)| &self.shards[shard])
     }
 
     /// Every tensor name in reading order: shard by shard, by offset within a shard.

@@ -3,6 +3,7 @@
 
 pub mod atomic;
 pub mod checkpoint;
+pub mod composite;
 pub mod direct_file;
 pub mod dtype;
 pub mod error;

@@ -48,17 +48,21 @@ pub struct Context<'a> {
     pub ignore: PatternList,
     pub groups: Vec<Group<'a>>,
     pub tp: usize,
+    /// How the output names its text model's tensors (inside a vision-language wrapper: with a prefix).
+    pub name_style: crate::io::composite::NameStyle,
 }
 
 impl<'a> Context<'a> {
     pub fn new(output: &'a OutputDescription, tp: usize) -> Self {
-        let config = &output.config;
-        let quantization = config.get("quantization_config").and_then(Value::as_object);
+        // A vision-language wrapper's text model keys sit in `text_config` (what the engines' text model reads).
+        let config = crate::io::composite::text_config(&output.config);
+        let quantization = crate::io::composite::quantization_config(&output.config).and_then(Value::as_object);
         let tensors: BTreeMap<&str, &TensorFacts> = output.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         let mut modules = BTreeMap::new();
         for tensor in &output.tensors {
             let Some((module, suffix)) = module_name(&tensor.name) else { continue };
-            if module.ends_with("embed_tokens") {
+            // vLLM and SGLang build a wrapper's vision tower and projector without the quantization config.
+            if module.ends_with("embed_tokens") || crate::io::composite::is_carried(module) {
                 continue;
             }
             match suffix {
@@ -90,7 +94,11 @@ impl<'a> Context<'a> {
                     .collect()
             })
             .unwrap_or_default();
-        Self { config, quantization, tensors, modules, ignore, groups, tp }
+        let name_style = match crate::io::composite::wrapper(&output.config) {
+            Some(_) => crate::io::composite::NameStyle::of(output.tensors.iter().map(|t| t.name.as_str())),
+            None => crate::io::composite::NameStyle::Plain,
+        };
+        Self { config, quantization, tensors, modules, ignore, groups, tp, name_style }
     }
 
     /// Whether anything in the output is INT4 (tensors or a config group): the INT4 rules apply.
@@ -101,6 +109,11 @@ impl<'a> Context<'a> {
     /// The module view of the engines: ignore entries are checked first, then the groups' targets in order.
     pub fn view(&self, module: &str) -> ConfigView {
         if let Some(entry) = self.ignore.first_match(module) {
+            return ConfigView::Ignored(entry.to_string());
+        }
+        // Inside a wrapper an entry written for the text model's name (Moonshot's `lm_head` for
+        // `language_model.lm_head`) covers the module too.
+        if let Some(entry) = crate::io::composite::text_name(module).and_then(|text| self.ignore.first_match(&text)) {
             return ConfigView::Ignored(entry.to_string());
         }
         match self.groups.iter().position(|group| group.targets.first_match(module).is_some()) {

@@ -144,8 +144,23 @@ pub enum ConfigError {
 }
 
 impl ModelConfig {
-    /// Parses a `config.json` value.
+    /// Parses a `config.json` value: a causal LM's, or the text model's inside a vision-language wrapper
+    /// (`text_config`, [`crate::io::composite`]), whose missing keys are then named `text_config.KEY`.
     pub fn from_json(config: &Value) -> Result<Self, ConfigError> {
+        if crate::io::composite::wrapper(config).is_none() {
+            return Self::from_text_json(config, config);
+        }
+        let text = crate::io::composite::text_config(config);
+        Self::from_text_json(text, config).map_err(|error| match error {
+            ConfigError::Missing(key) => ConfigError::Missing(format!("text_config.{key}")),
+            ConfigError::Unsupported { key, value, hint } => {
+                ConfigError::Unsupported { key: format!("text_config.{key}"), value, hint }
+            }
+        })
+    }
+
+    /// Parses the text model's keys from `config`; `quantization_config` may sit in `whole` (the wrapper).
+    fn from_text_json(config: &Value, whole: &Value) -> Result<Self, ConfigError> {
         let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or_default().to_string();
         let architecture_names: Vec<&str> = config
             .get("architectures")
@@ -211,8 +226,7 @@ impl ModelConfig {
             None => (0..num_hidden_layers).map(|layer| layer >= first_k_dense_replace).collect(),
         };
         let default_eps = if architecture == Architecture::DeepseekV3 { 1e-6 } else { 1e-5 };
-        let weight_block_size = config
-            .get("quantization_config")
+        let weight_block_size = crate::io::composite::quantization_config(whole)
             .and_then(|q| q.get("weight_block_size"))
             .and_then(Value::as_array)
             .and_then(|list| match list.as_slice() {

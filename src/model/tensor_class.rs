@@ -1,5 +1,5 @@
 //! Tensor classes for plans and reports: routed experts, shared experts, attention, indexer, dense MLP,
-//! embeddings/lm_head, norms/router, MTP.
+//! embeddings/lm_head, norms/router, MTP, a wrapper's vision tower.
 
 use std::fmt;
 
@@ -14,11 +14,13 @@ pub enum TensorClass {
     Embeddings,
     NormsRouter,
     Mtp,
+    /// A vision-language wrapper's vision tower and projector (carried, never quantized or run).
+    Vision,
     Other,
 }
 
 impl TensorClass {
-    pub const ALL: [TensorClass; 9] = [
+    pub const ALL: [TensorClass; 10] = [
         TensorClass::RoutedExperts,
         TensorClass::SharedExperts,
         TensorClass::Attention,
@@ -27,6 +29,7 @@ impl TensorClass {
         TensorClass::Embeddings,
         TensorClass::NormsRouter,
         TensorClass::Mtp,
+        TensorClass::Vision,
         TensorClass::Other,
     ];
 
@@ -40,12 +43,18 @@ impl TensorClass {
             TensorClass::Embeddings => "embeddings",
             TensorClass::NormsRouter => "norms_router",
             TensorClass::Mtp => "mtp",
+            TensorClass::Vision => "vision",
             TensorClass::Other => "other",
         }
     }
 
     /// Classifies a tensor (or module) name; layers at or past `num_hidden_layers` are MTP layers.
     pub fn of(name: &str, num_hidden_layers: Option<usize>) -> TensorClass {
+        if crate::io::composite::is_carried(name) {
+            return TensorClass::Vision;
+        }
+        let text_name = crate::io::composite::text_name(name);
+        let name = text_name.as_deref().unwrap_or(name);
         if let (Some(limit), Some(layer)) = (num_hidden_layers, layer_index(name)) {
             if layer >= limit {
                 return TensorClass::Mtp;

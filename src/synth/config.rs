@@ -11,6 +11,9 @@ pub const EOS_ID: usize = 257;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynthArch {
     KimiK2,
+    /// Kimi K2.6 as Moonshot ships it: the Kimi K2 text model natively INT4 (routed experts `pack-quantized`
+    /// g32, codes in −7…7, everything else BF16) inside the `kimi_k25` vision-language wrapper.
+    KimiK26,
     Glm5,
     /// GLM-5.2: GLM-5 with a shared DSA indexer (`indexer_types`), 1 M context, RoPE θ 8e6, an F32 router.
     Glm52,
@@ -21,6 +24,7 @@ impl SynthArch {
     pub fn name(self) -> &'static str {
         match self {
             SynthArch::KimiK2 => "kimi-k2",
+            SynthArch::KimiK26 => "kimi-k2.6",
             SynthArch::Glm5 => "glm5",
             SynthArch::Glm52 => "glm5.2",
             SynthArch::Glm45 => "glm45",
@@ -33,10 +37,11 @@ impl FromStr for SynthArch {
     fn from_str(text: &str) -> Result<Self, String> {
         match text {
             "kimi-k2" => Ok(SynthArch::KimiK2),
+            "kimi-k2.6" => Ok(SynthArch::KimiK26),
             "glm5" => Ok(SynthArch::Glm5),
             "glm5.2" => Ok(SynthArch::Glm52),
             "glm45" => Ok(SynthArch::Glm45),
-            _ => Err(format!("unknown architecture `{text}`; known: kimi-k2, glm5, glm5.2, glm45")),
+            _ => Err(format!("unknown architecture `{text}`; known: kimi-k2, kimi-k2.6, glm5, glm5.2, glm45")),
         }
     }
 }
@@ -87,7 +92,7 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
     });
     let fp8_deepseek = json!({ "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128] });
     let specific = match arch {
-        SynthArch::KimiK2 => json!({
+        SynthArch::KimiK2 | SynthArch::KimiK26 => json!({
             "architectures": ["DeepseekV3ForCausalLM"],
             "model_type": "kimi_k2",
             "num_key_value_heads": heads,
@@ -163,7 +168,106 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
             }
         }
     }
+    if arch == SynthArch::KimiK26 {
+        return kimi_k25_wrapper(merged);
+    }
     merged
+}
+
+/// Group size of Moonshot's native INT4 experts.
+pub const KIMI_INT4_GROUP: usize = 32;
+
+/// The `kimi_k25` wrapper around a Kimi K2 text config: `quantization_config` (INT4 routed experts, the ignore list
+/// Moonshot-derived checkpoints use) inside `text_config`, a small MoonViT `vision_config`, 262,144 positions with
+/// YaRN factor 64 (shortened for the tiny model's original window).
+fn kimi_k25_wrapper(mut text: Value) -> Value {
+    if let Some(object) = text.as_object_mut() {
+        object.insert(
+            "quantization_config".into(),
+            json!({
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "quantization_status": "compressed",
+                "config_groups": { "group_0": {
+                    "targets": ["Linear"],
+                    "weights": { "num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
+                                 "group_size": KIMI_INT4_GROUP, "dynamic": false, "actorder": null, "observer": "minmax" },
+                    "input_activations": null,
+                    "output_activations": null
+                }},
+                "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                           "re:.*vision_tower.*", "re:.*mm_projector.*"],
+                "kv_cache_scheme": null
+            }),
+        );
+        object.insert("max_position_embeddings".into(), json!(262_144));
+        object.insert(
+            "rope_scaling".into(),
+            json!({ "type": "yarn", "factor": 64.0, "original_max_position_embeddings": 128, "beta_fast": 1.0,
+                    "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0 }),
+        );
+    }
+    json!({
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "media_placeholder_token_id": 258,
+        "pad_token_id": 259,
+        "text_config": text,
+        "vision_config": VISION.config(),
+        "torch_dtype": "bfloat16",
+    })
+}
+
+/// The small MoonViT tower and projector a synthetic K2.6 carries (squeeze never runs them).
+pub struct Vision {
+    pub hidden: usize,
+    pub blocks: usize,
+    pub patch: usize,
+    pub merge: usize,
+}
+
+pub const VISION: Vision = Vision { hidden: 72, blocks: 2, patch: 14, merge: 2 };
+
+impl Vision {
+    fn config(&self) -> Value {
+        json!({
+            "model_type": "kimi_k25_vision",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.blocks,
+            "num_attention_heads": 4,
+            "patch_size": self.patch,
+            "merge_kernel_size": [self.merge, self.merge],
+            "intermediate_size": self.hidden * 2,
+        })
+    }
+
+    /// Every tensor `[name, shape]`, as Moonshot names them, for a text model of width `text_hidden`.
+    pub fn tensors(&self, text_hidden: usize) -> Vec<(String, Vec<usize>)> {
+        let hidden = self.hidden;
+        let merged = hidden * self.merge * self.merge;
+        let mut tensors = vec![
+            ("vision_tower.patch_embed.proj.weight".to_string(), vec![hidden, 3, self.patch, self.patch]),
+            ("vision_tower.patch_embed.proj.bias".to_string(), vec![hidden]),
+        ];
+        for block in 0..self.blocks {
+            let prefix = format!("vision_tower.encoder.blocks.{block}");
+            for (name, shape) in [
+                ("norm0.weight", vec![hidden]),
+                ("wqkv.weight", vec![3 * hidden, hidden]),
+                ("wo.weight", vec![hidden, hidden]),
+                ("norm1.weight", vec![hidden]),
+                ("mlp.fc0.weight", vec![2 * hidden, hidden]),
+                ("mlp.fc1.weight", vec![hidden, 2 * hidden]),
+            ] {
+                tensors.push((format!("{prefix}.{name}"), shape));
+            }
+        }
+        tensors.push(("vision_tower.encoder.final_layernorm.weight".into(), vec![hidden]));
+        tensors.push(("mm_projector.pre_norm.weight".into(), vec![hidden]));
+        tensors.push(("mm_projector.proj.0.weight".into(), vec![merged, merged]));
+        tensors.push(("mm_projector.proj.2.weight".into(), vec![text_hidden, merged]));
+        tensors
+    }
 }
 
 /// What GLM-5.2's `config.json` adds to GLM-5's: the indexer schedule written three ways as the release carries it

@@ -11,13 +11,17 @@ use std::path::PathBuf;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::format::compressed_tensors::int4_tensors;
 use crate::io::atomic::write_json;
 use crate::io::checkpoint::INDEX_FILE;
+use crate::io::composite::{stored_name, NameStyle};
 use crate::io::dtype::Dtype;
 use crate::io::writer::{PlannedTensor, ShardWriter};
 use crate::io::IoError;
-use crate::model::{tensor_specs, ModelConfig, TensorRole};
+use crate::model::{tensor_specs, ModelConfig, TensorClass, TensorRole};
 use crate::quant::fp8_block::{quantize_matrix, BlockGrid};
+use crate::quant::{int4, pack, ScaleRule};
+use half::bf16;
 
 pub use config::{SynthArch, SynthSize};
 
@@ -73,12 +77,40 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
         SynthArch::Glm45 => "weight_scale",
         _ => "weight_scale_inv",
     };
+    let native_int4 = options.arch == SynthArch::KimiK26;
+    let style = if native_int4 { NameStyle::Moonshot } else { NameStyle::Plain };
 
-    // Lay out every stored tensor (FP8 weights followed by their scales) and split into shards by bytes.
-    let specs = tensor_specs(&config);
+    // Lay out every stored tensor (FP8 weights followed by their scales; natively INT4 releases: routed experts
+    // as their three INT4 tensors, other linears BF16, then the vision tower) and split into shards by bytes.
+    let mut specs = tensor_specs(&config);
+    for spec in &mut specs {
+        spec.name = stored_name(&spec.name, style);
+        if native_int4
+            && spec.role == TensorRole::Linear
+            && TensorClass::of(&spec.name, None) != TensorClass::RoutedExperts
+        {
+            spec.role = TensorRole::LinearBf16;
+        }
+    }
+    if native_int4 {
+        for (name, shape) in config::VISION.tensors(config.hidden_size) {
+            let role = if shape.len() == 1 { TensorRole::Norm } else { TensorRole::Embedding };
+            specs.push(crate::model::TensorSpec { name, shape, role });
+        }
+    }
     let mut layout: Vec<(usize, PlannedTensor)> = Vec::new();
     for (index, spec) in specs.iter().enumerate() {
         match spec.role {
+            TensorRole::Linear if native_int4 => {
+                let module = spec.name.trim_end_matches(".weight");
+                for mut tensor in int4_tensors(module, spec.shape[0], spec.shape[1], config::KIMI_INT4_GROUP) {
+                    if tensor.name.ends_with(".weight_shape") {
+                        tensor = PlannedTensor::new(tensor.name, Dtype::I32, vec![2]);
+                        // as Moonshot's shards store it
+                    }
+                    layout.push((index, tensor));
+                }
+            }
             TensorRole::Linear => {
                 let grid = BlockGrid::new(spec.shape[0], spec.shape[1], 128, 128);
                 let module = spec.name.trim_end_matches(".weight");
@@ -124,7 +156,8 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
         };
         let mut next = 0;
         for batch in spec_indices.chunks(16) {
-            let generated: Vec<Vec<Vec<u8>>> = batch.par_iter().map(|&s| generate(&specs[s], options.seed)).collect();
+            let generated: Vec<Vec<Vec<u8>>> =
+                batch.par_iter().map(|&s| generate(&specs[s], options.seed, native_int4)).collect();
             for pieces in generated {
                 for bytes in pieces {
                     let name = tensors[next].name.clone();
@@ -156,10 +189,31 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
     })
 }
 
-/// The stored bytes of one spec: FP8 codes and scales for linears, BF16/F32 otherwise.
-fn generate(spec: &crate::model::TensorSpec, seed: u64) -> Vec<Vec<u8>> {
+/// The stored bytes of one spec: FP8 codes and scales for linears (`native_int4`: INT4 `weight_packed`, BF16
+/// `weight_scale` with 15-level codes as quantization-aware training leaves them, I32 `weight_shape`), BF16/F32
+/// otherwise.
+fn generate(spec: &crate::model::TensorSpec, seed: u64, native_int4: bool) -> Vec<Vec<u8>> {
     let mut rng = random::Rng::for_name(seed, &spec.name);
     match spec.role {
+        TensorRole::Linear if native_int4 => {
+            let (rows, columns) = (spec.shape[0], spec.shape[1]);
+            let weights = random::linear_weights(&mut rng, rows, columns);
+            let group = config::KIMI_INT4_GROUP;
+            let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(group));
+            let (mut words, mut scales) = (vec![0u32; rows * words_per_row], vec![bf16::ZERO; rows * groups_per_row]);
+            let mut q = vec![0i8; columns];
+            for (row, values) in weights.chunks(columns).enumerate() {
+                let row_scales = &mut scales[row * groups_per_row..][..groups_per_row];
+                int4::quantize_row(values, group, ScaleRule::Absmax7, &mut q, row_scales);
+                pack::pack_row(&q, &mut words[row * words_per_row..][..words_per_row]);
+            }
+            let shape = [rows as i32, columns as i32];
+            vec![
+                words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+                scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+                shape.iter().flat_map(|d| d.to_le_bytes()).collect(),
+            ]
+        }
         TensorRole::Linear => {
             let (rows, columns) = (spec.shape[0], spec.shape[1]);
             let weights = random::linear_weights(&mut rng, rows, columns);

@@ -79,7 +79,7 @@ pub fn quantization_config(scheme: &QuantizationScheme) -> Value {
 
 /// The INT4 group size from a compressed-tensors `quantization_config` (the first group with 4-bit weights).
 pub fn int4_group_size(config: Option<&Value>) -> Option<usize> {
-    let groups = config?.get("quantization_config")?.get("config_groups")?.as_object()?;
+    let groups = crate::io::composite::quantization_config(config?)?.get("config_groups")?.as_object()?;
     groups.values().find_map(|group| {
         let weights = group.get("weights")?;
         (weights.get("num_bits")?.as_u64()? == 4).then(|| weights.get("group_size")?.as_u64().map(|g| g as usize))?

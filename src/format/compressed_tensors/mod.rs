@@ -32,12 +32,12 @@ pub fn shape_name(module: &str) -> String {
     format!("{module}.weight_shape")
 }
 
-/// The INT4 modules of a checkpoint (those with a `weight_packed`), in file order.
+/// The INT4 modules of a checkpoint (those with a `weight_packed`), in file order, by the text model's names.
 pub fn int4_modules(checkpoint: &Checkpoint) -> Vec<String> {
     checkpoint
         .names_in_file_order()
         .into_iter()
-        .filter_map(|name| name.strip_suffix(".weight_packed").map(String::from))
+        .filter_map(|name| name.strip_suffix(".weight_packed").map(|module| checkpoint.text_name(module)))
         .collect()
 }
 

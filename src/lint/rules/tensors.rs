@@ -142,8 +142,11 @@ fn cache_layout(context: &Context) -> CacheLayout {
 }
 
 /// `model.layers.N.` removed: the suffix the engines' loaders match.
+/// The decoder layer and the rest of `name` (`model.layers.N.…`, or a wrapper's `language_model.model.layers.N.…`).
 fn layer_suffix(name: &str) -> Option<(&str, &str)> {
-    let rest = name.strip_prefix("model.layers.")?;
+    let rest = ["model.layers.", "language_model.model.layers.", "model.language_model.layers."]
+        .iter()
+        .find_map(|prefix| name.strip_prefix(prefix))?;
     let (layer, suffix) = rest.split_once('.')?;
     layer.parse::<usize>().ok().map(|_| (layer, suffix))
 }
@@ -193,7 +196,8 @@ pub fn kv_scales(context: &Context, engine: Engine) -> Outcome {
             for layer in &layers {
                 for suffix in &handling.loads {
                     let name = format!("model.layers.{layer}.{suffix}");
-                    if !context.tensors.contains_key(name.as_str()) {
+                    let stored = crate::io::composite::stored_name(&name, context.name_style);
+                    if !context.tensors.contains_key(stored.as_str()) {
                         findings.push(Finding::failed(
                             name,
                             format!(
