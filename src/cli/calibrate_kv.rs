@@ -16,7 +16,9 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder to calibrate (its weights produce the observed KV values; the scales are written into it).
+    /// Model to calibrate (its weights produce the observed KV values; the scales are written into it): folder or
+    /// Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
+    #[arg(value_parser = super::values::model_dir)]
     pub model: PathBuf,
     /// UTF-8 calibration text, tokenized with the model's tokenizer and cut into --seq-len chunks.
     #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]

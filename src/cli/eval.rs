@@ -18,14 +18,17 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder (FP8, INT4 compressed-tensors or BF16 checkpoint with config.json).
-    #[arg(required_unless_present = "reference", conflicts_with = "reference")]
+    /// Model (FP8, INT4 compressed-tensors or BF16 checkpoint with config.json): folder or Hugging Face repo id
+    /// (ORG/NAME[@REV]) in the local cache.
+    #[arg(required_unless_present = "reference", conflicts_with = "reference", value_parser = super::values::model_dir)]
     pub model: Option<PathBuf>,
-    /// Parity: the reference model (the prefill checkpoint, e.g. the FP8 release).
-    #[arg(long, requires = "candidate")]
+    /// Parity: the reference model (the prefill checkpoint, e.g. the FP8 release): folder or Hugging Face repo id
+    /// (ORG/NAME[@REV]) in the local cache.
+    #[arg(long, requires = "candidate", value_parser = super::values::model_dir)]
     pub reference: Option<PathBuf>,
-    /// Parity: the candidate (the decode checkpoint, e.g. INT4), whose k_scale/v_scale set the FP8 KV cache.
-    #[arg(long, requires = "reference")]
+    /// Parity: the candidate (the decode checkpoint, e.g. INT4), whose k_scale/v_scale set the FP8 KV cache: folder
+    /// or Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
+    #[arg(long, requires = "reference", value_parser = super::values::model_dir)]
     pub candidate: Option<PathBuf>,
     /// Parity modes to run (comma-separated); default all: reference, kv, weights, split.
     #[arg(long, value_enum, value_delimiter = ',')]

@@ -10,7 +10,8 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder.
+    /// Model: folder or Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
+    #[arg(value_parser = super::values::model_dir)]
     pub dir: PathBuf,
     /// Print a JSON report.
     #[arg(long)]

@@ -22,7 +22,9 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Source model folder (FP8 block-scaled, compressed-tensors FP8, or BF16).
+    /// Source model (FP8 block-scaled, compressed-tensors FP8, or BF16): folder or Hugging Face repo id
+    /// (ORG/NAME[@REV]) in the local cache.
+    #[arg(value_parser = super::values::model_dir)]
     pub input: PathBuf,
     /// Output folder (must be new or empty unless --resume/--force).
     pub output: PathBuf,

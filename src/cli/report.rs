@@ -14,7 +14,9 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A model folder (with or without weights), a config.json file, or a preset: kimi-k2, glm-5, glm-4.5.
+    /// A model folder (with or without weights), a config.json file, a preset (kimi-k2, glm-5, glm-4.5), or a
+    /// Hugging Face repo id (ORG/NAME[@REV]) in the local cache; in that order.
+    #[arg(value_parser = super::values::report_model)]
     pub model: String,
     /// Built-in recipe name (kimi-k2-int4, glm5-int4, glm45-int4) or a TOML file; default: chosen from the config.
     #[arg(long)]

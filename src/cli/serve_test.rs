@@ -14,7 +14,9 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder to decode with (e.g. the INT4 output), with config.json and a tokenizer.
+    /// Model to decode with (e.g. the INT4 output), with config.json and a tokenizer: folder or Hugging Face repo
+    /// id (ORG/NAME[@REV]) in the local cache.
+    #[arg(value_parser = super::values::model_dir)]
     pub model: PathBuf,
     /// A prompt (repeatable).
     #[arg(long)]
@@ -46,8 +48,9 @@ pub struct Args {
     /// Seed for sampling and for the choice of the fault's victim.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Run prefill on this model (e.g. the FP8 source); its KV is handed to MODEL converted to --kv-dtype.
-    #[arg(long)]
+    /// Run prefill on this model (e.g. the FP8 source; folder or Hugging Face repo id (ORG/NAME[@REV]) in the local
+    /// cache); its KV is handed to MODEL converted to --kv-dtype.
+    #[arg(long, value_parser = super::values::model_dir)]
     pub prefill_model: Option<PathBuf>,
     /// Inject a mapping fault: stale-page, swap, out-of-range, tag-corrupt or double-map, optionally @STEP
     /// (the decode step before whose verification it happens; default 1).

@@ -1,5 +1,10 @@
 //! Parsers for numeric flags that reject what makes no sense (zero counts, NaN, out-of-range shares) before any
-//! work starts: clap then exits 2 naming the flag and the accepted range.
+//! work starts: clap then exits 2 naming the flag and the accepted range. Also the one parser of arguments naming
+//! an existing model: a folder, or a Hugging Face repo id found in the local cache.
+
+use std::path::{Path, PathBuf};
+
+use crate::io::hub::{self, HubError};
 
 /// A count of at least 1 (chunks, samples, tokens per chunk, requests).
 pub fn count(text: &str) -> Result<usize, String> {
@@ -69,6 +74,50 @@ pub fn temperature(text: &str) -> Result<f32, String> {
     Ok(non_negative(text)? as f32)
 }
 
+/// A model folder, or a Hugging Face repo id (`ORG/NAME[@REV]`) resolved to its snapshot folder in the local cache
+/// (never downloaded). An existing path wins. A text that is neither goes on as a path, for the command's own "not
+/// a model folder" error, unless it looks like a mistyped repo id: then it is refused saying why it is not one.
+pub fn model_dir(text: &str) -> Result<PathBuf, String> {
+    let path = Path::new(text);
+    if path.exists() {
+        return Ok(path.to_path_buf());
+    }
+    match hub::resolve(text) {
+        Ok(snapshot) => Ok(snapshot),
+        Err(HubError::NotRepoId { reason, .. }) if looks_like_repo_id(text) => {
+            Err(format!("no file or folder `{text}` here, and it is not a Hugging Face repo id either: {reason}"))
+        }
+        Err(HubError::NotRepoId { .. }) => Ok(path.to_path_buf()),
+        Err(error @ (HubError::NotCached { .. } | HubError::NoCache)) => {
+            Err(format!("no file or folder `{text}` here, and {error}"))
+        }
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// `squeeze report`'s MODEL: an existing path, then a preset name (presets have no `/`), then a repo id.
+pub fn report_model(text: &str) -> Result<String, String> {
+    if Path::new(text).exists() || crate::report::presets::config_text(text).is_some() {
+        return Ok(text.into());
+    }
+    model_dir(text)?.into_os_string().into_string().map_err(|path| {
+        format!(
+            "the snapshot folder of `{text}`, {}, is not valid UTF-8; pass a copy or link of it under a UTF-8 path",
+            Path::new(&path).display()
+        )
+    })
+}
+
+/// Whether a text that is no repo id was probably meant as one (two non-empty names around one `/`, not `./…` or
+/// `~/…`), so that saying why it is not one helps.
+fn looks_like_repo_id(text: &str) -> bool {
+    let id = text.split_once('@').map_or(text, |(id, _)| id);
+    match id.split_once('/') {
+        Some((org, name)) => !org.is_empty() && !name.is_empty() && !name.contains('/') && !org.starts_with(['.', '~']),
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +136,21 @@ mod tests {
             assert!(mass(bad).is_err(), "{bad}");
         }
         assert_eq!(mass("1"), Ok(1.0));
+    }
+
+    #[test]
+    fn an_existing_path_wins_and_only_near_repo_ids_are_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().to_str().unwrap();
+        assert_eq!(model_dir(text), Ok(dir.path().to_path_buf()));
+        assert_eq!(report_model(text), Ok(text.to_string()));
+        assert_eq!(report_model("kimi-k2"), Ok("kimi-k2".to_string()));
+        // Not repo ids, not there: passed on for the command's own error.
+        for path in ["missing-folder", "./org/name", "out/int4/model", "/no/such/dir", "out/"] {
+            assert_eq!(model_dir(path), Ok(PathBuf::from(path)), "{path}");
+        }
+        let error = model_dir("zai-org/GLM 5").unwrap_err();
+        assert!(error.contains("no file or folder `zai-org/GLM 5`") && error.contains("holds ` `"), "{error}");
+        assert!(looks_like_repo_id("org/na--me@v1") && !looks_like_repo_id("~/name") && !looks_like_repo_id("a/b/c"));
     }
 }

@@ -11,10 +11,12 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Output folder written by `squeeze quantize`.
+    /// Output written by `squeeze quantize`: folder or Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
+    #[arg(value_parser = super::values::model_dir)]
     pub output: PathBuf,
-    /// The source folder: dequantize both and report per-tensor error.
-    #[arg(long)]
+    /// The source (folder or Hugging Face repo id (ORG/NAME[@REV]) in the local cache): dequantize both and report
+    /// per-tensor error.
+    #[arg(long, value_parser = super::values::model_dir)]
     pub source: Option<PathBuf>,
     /// Largest relative L2 error an INT4 tensor may have against its source (routed experts of a `--method gptq`
     /// output: at least 0.75, since GPTQ moves rounding error into input directions calibration hardly excites).

@@ -1,5 +1,5 @@
 //! Checkpoint files: validated, memory-mapped safetensors shards; model folders; the streaming shard writer;
-//! atomic small-file writes; the conversion manifest.
+//! atomic small-file writes; the conversion manifest; Hugging Face repo ids resolved in the local hub cache.
 
 pub mod atomic;
 pub mod checkpoint;
@@ -7,6 +7,7 @@ pub mod composite;
 pub mod direct_file;
 pub mod dtype;
 pub mod error;
+pub mod hub;
 pub mod interrupt;
 pub mod journal;
 pub mod lock;

@@ -24,8 +24,21 @@ impl Run {
 
 /// Runs `squeeze` with `args`.
 pub fn squeeze(args: &[&str]) -> Run {
-    let output: Output =
-        Command::new(env!("CARGO_BIN_EXE_squeeze")).args(args).output().expect("the squeeze binary runs");
+    run_command(Command::new(env!("CARGO_BIN_EXE_squeeze")).args(args))
+}
+
+/// Runs `squeeze` with `args` in the working folder `cwd`, with the environment variables `env` set.
+pub fn squeeze_in(cwd: &Path, env: &[(&str, &Path)], args: &[&str]) -> Run {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_squeeze"));
+    command.args(args).current_dir(cwd);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    run_command(&mut command)
+}
+
+fn run_command(command: &mut Command) -> Run {
+    let output: Output = command.output().expect("the squeeze binary runs");
     Run {
         code: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),

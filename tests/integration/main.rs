@@ -13,6 +13,7 @@ mod eval;
 mod eval_parts;
 mod golden;
 mod gptq;
+mod hub;
 mod imatrix;
 mod lint;
 mod parity;
