@@ -16,6 +16,9 @@ pub struct InspectReport {
     pub path: String,
     pub model_type: Option<String>,
     pub architecture: Option<String>,
+    /// The vision-language wrapper around the text model (Kimi K2.6's `KimiK25ForConditionalGeneration`), if any;
+    /// its vision tower and projector are counted as the class `vision`.
+    pub wrapper: Option<crate::io::composite::Wrapper>,
     pub layers: Option<usize>,
     pub mtp_layers: Option<usize>,
     pub routed_experts: Option<usize>,
@@ -66,6 +69,7 @@ pub fn inspect(dir: &Path) -> Result<InspectReport, IoError> {
         path: dir.display().to_string(),
         model_type: raw.and_then(|c| c.get("model_type")).and_then(Value::as_str).map(String::from),
         architecture: config.map(|c| c.architecture.name().to_string()),
+        wrapper: raw.and_then(crate::io::composite::wrapper),
         layers: config.map(|c| c.num_hidden_layers),
         mtp_layers: config.map(|c| c.num_nextn_predict_layers),
         routed_experts: config.map(|c| c.n_routed_experts),

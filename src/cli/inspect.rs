@@ -41,6 +41,12 @@ pub fn print_human(report: &InspectReport) {
         ),
         None => println!("  architecture unknown: {}", report.config_problem.as_deref().unwrap_or("")),
     }
+    if let Some(wrapper) = &report.wrapper {
+        println!(
+            "  inside {} ({}): the {} text model under text_config; vision tower and projector carried, never run",
+            wrapper.architecture, wrapper.model_type, wrapper.text_model_type
+        );
+    }
     println!("  {} tensors in {} shard(s), {}", report.tensors, report.shards, both_units(report.file_bytes));
     let method = report
         .quantization_config

@@ -149,11 +149,6 @@ pub fn prepare(
     max_shard_bytes: u64,
 ) -> Result<Prepared, ConvertError> {
     let checkpoint = Checkpoint::open(input)?;
-    let int4 = crate::format::compressed_tensors::int4_modules(&checkpoint);
-    if !int4.is_empty() {
-        let group_size = crate::format::compressed_tensors::int4_group_size(checkpoint.config());
-        return Err(ConvertError::AlreadyInt4 { path: input.to_path_buf(), modules: int4.len(), group_size });
-    }
     let config = match checkpoint.config() {
         Some(json) => Some(
             ModelConfig::from_json(json)
@@ -192,6 +187,11 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         options.max_shard_bytes,
     )?;
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
+    let int4 = crate::format::compressed_tensors::int4_modules(checkpoint);
+    if !int4.is_empty() {
+        let group_size = crate::format::compressed_tensors::int4_group_size(checkpoint.config());
+        return Err(ConvertError::AlreadyInt4 { path: options.input.clone(), modules: int4.len(), group_size });
+    }
     let output_config = checkpoint.config().map(|json| {
         let mut quantization_config = quant_config::quantization_config(plan, recipe);
         if options.calibration.as_ref().is_some_and(|c| c.method == calibrated::Method::Imatrix) {

@@ -92,6 +92,38 @@ pub fn stored_name(text: &str, style: NameStyle) -> String {
     }
 }
 
+/// Prompt text that stands for an image or video in a vision-language chat template (Kimi K2.5/K2.6's
+/// `<|media_begin|>image<|media_content|><|media_pad|><|media_end|>`, vLLM's video placeholder, `<image>`).
+pub const MEDIA_MARKERS: [&str; 6] = [
+    "<|media_begin|>",
+    "<|media_content|>",
+    "<|media_pad|>",
+    "<|media_end|>",
+    "<|kimi_k25_video_placeholder|>",
+    "<image>",
+];
+
+/// The token ids a wrapper's config reserves for media (`media_placeholder_token_id`, `image_token_id`,
+/// `video_token_id`): a text-only runtime cannot embed them.
+pub fn media_token_ids(config: &Value) -> Vec<u64> {
+    ["media_placeholder_token_id", "image_token_id", "video_token_id"]
+        .iter()
+        .filter_map(|key| config.get(key).and_then(Value::as_u64))
+        .collect()
+}
+
+/// Why `prompt` (encoded as `ids`) cannot run on the text model of a wrapper described by `config`, if it cannot.
+pub fn media_in_prompt(config: &Value, prompt: &str, ids: &[u32]) -> Option<String> {
+    wrapper(config)?;
+    if let Some(marker) = MEDIA_MARKERS.iter().find(|marker| prompt.contains(*marker)) {
+        return Some(format!("holds the media marker `{marker}`"));
+    }
+    let media = media_token_ids(config);
+    ids.iter()
+        .position(|id| media.contains(&(*id as u64)))
+        .map(|position| format!("holds the media token id {} at position {position}", ids[position]))
+}
+
 /// How a folder names its text model's tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -133,10 +133,13 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
                 Origin::File(_) => "config",
             };
             let mse_bytes = mse_bytes(&plan);
+            let sizes = size::from_plan(&plan, None);
+            // A config declaring INT4 groups describes a natively INT4 release (Kimi K2.6): the recipe's output.
+            let native_int4 = crate::format::compressed_tensors::int4_group_size(Some(&json)).is_some();
             Ok(Planned {
                 config,
                 recipe: recipe.name().to_string(),
-                sizes: size::from_plan(&plan, None),
+                sizes: if native_int4 { sizes.shipped_as_output() } else { sizes },
                 input,
                 mse_bytes,
             })
@@ -149,8 +152,10 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
     options.layout.check()?;
     let Planned { config, recipe, sizes, input, mse_bytes } = plan_model(options)?;
     let layout = &options.layout;
-    // FP8 weights are the only tensors whose BF16 form differs from the source.
-    let fp8_source = sizes.bf16.bytes != sizes.source_tensors.bytes;
+    // FP8 weights are the only tensors whose BF16 form differs from the source (a natively INT4 release is
+    // its own recipe's output).
+    let fp8_source =
+        sizes.bf16.bytes != sizes.source_tensors.bytes && sizes.source_tensors.bytes != sizes.output_tensors.bytes;
     let source_name = if fp8_source { "fp8 source" } else { "source" };
     let prefill = budget::node(&config, layout, source_name, sizes.source_tensors.bytes, KvDtype::Bf16);
     let decode = budget::node(&config, layout, &recipe, sizes.output_tensors.bytes, KvDtype::Fp8);

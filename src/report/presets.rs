@@ -1,9 +1,11 @@
-//! Built-in model presets: the public `config.json` values of Kimi K2, GLM-5, GLM-5.2 and GLM-4.5, embedded from
+//! Built-in model presets: the public `config.json` values of Kimi K2, Kimi K2.6 (natively INT4 inside its
+//! vision-language wrapper), GLM-5, GLM-5.2 and GLM-4.5, embedded from
 //! `src/model/presets/` so that `squeeze report kimi-k2` works before anything is downloaded.
 
 /// Preset name and its `config.json` text.
-const PRESETS: [(&str, &str); 4] = [
+const PRESETS: [(&str, &str); 5] = [
     ("kimi-k2", include_str!("../model/presets/kimi-k2.json")),
+    ("kimi-k2.6", include_str!("../model/presets/kimi-k2.6.json")),
     ("glm-5", include_str!("../model/presets/glm-5.json")),
     ("glm-5.2", include_str!("../model/presets/glm-5.2.json")),
     ("glm-4.5", include_str!("../model/presets/glm-4.5.json")),
@@ -26,7 +28,7 @@ mod tests {
 
     #[test]
     fn every_preset_parses_with_a_block_fp8_quantization_config() {
-        for name in names() {
+        for name in names().into_iter().filter(|name| *name != "kimi-k2.6") {
             let text = config_text(name).expect("listed presets exist");
             let json: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
             let config = ModelConfig::from_json(&json).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -42,6 +44,7 @@ mod tests {
             ModelConfig::from_json(&json).unwrap().architecture
         };
         assert_eq!(architecture("kimi-k2"), Architecture::DeepseekV3);
+        assert_eq!(architecture("kimi-k2.6"), Architecture::DeepseekV3);
         assert_eq!(architecture("glm-5"), Architecture::GlmMoeDsa);
         assert_eq!(architecture("glm-5.2"), Architecture::GlmMoeDsa);
         assert_eq!(architecture("glm-4.5"), Architecture::Glm4Moe);

@@ -56,6 +56,19 @@ pub struct Sizes {
     pub classes: BTreeMap<String, ClassSize>,
 }
 
+impl Sizes {
+    /// The sizes of a release that ships as the recipe's output (Kimi K2.5/K2.6/K2.7: natively INT4 experts,
+    /// everything else BF16): its source is that output, planned from the FP8 layout of the same model.
+    pub fn shipped_as_output(mut self) -> Self {
+        self.source = self.output_tensors;
+        self.source_tensors = self.output_tensors;
+        for class in self.classes.values_mut() {
+            class.source_bytes = class.output_bytes;
+        }
+        self
+    }
+}
+
 /// Bytes of an item's tensor in BF16 (FP8 weights lose their scales; other tensors are unchanged).
 pub fn bf16_bytes(item: &PlannedItem) -> u64 {
     match item.source.kind {

@@ -76,6 +76,16 @@ pub fn serve_test(
     }
     let longest = encoded.iter().map(Vec::len).max().unwrap_or(0);
     let decoder = DecodeModel::open(&options.model, longest + options.max_new_tokens)?;
+    if let Some(raw) = decoder.checkpoint().config() {
+        for (index, (prompt, ids)) in options.prompts.iter().zip(&encoded).enumerate() {
+            if let Some(problem) = crate::io::composite::media_in_prompt(raw, prompt, ids) {
+                return Err(input(format!(
+                    "prompt {index} {problem}: serve-test runs the text model only (the vision tower is carried, \
+                     never run); remove the image or video from the prompt"
+                )));
+            }
+        }
+    }
     let prefiller = open_prefiller(options, &decoder, longest + options.max_new_tokens)?;
     let config = decoder.config();
     let scales = if options.kv_dtype == KvDtype::Fp8 {
