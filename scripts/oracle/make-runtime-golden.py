@@ -40,6 +40,8 @@ import transformers
 MIN_MARGIN = 1e-4  # relative margin at any top-k boundary; 10x the runtime's near-tie threshold
 SEQUENCES = 2
 LENGTH = 24
+# GLM-5.2 needs 4 layers for shared ones (synth: full, shared, full, shared).
+SIZES_52 = ["--layers", "4", "--hidden", "160", "--experts", "6", "--moe-intermediate", "96", "--vocab", "300", "--shards", "1"]
 SIZES = ["--layers", "3", "--hidden", "160", "--experts", "6", "--moe-intermediate", "96", "--vocab", "300", "--shards", "1"]
 
 
@@ -57,13 +59,29 @@ def edit_config(arch, config):
 
 
 def dequantize(folder):
-    """Exact float32 weights of an FP8 checkpoint folder (DeepSeek `_scale_inv` or compressed-tensors `_scale`)."""
+    """Exact float32 weights of an FP8 checkpoint folder (DeepSeek `_scale_inv` or compressed-tensors `_scale`), or
+    of a natively INT4 one (Kimi K2.6: `weight_packed` unpacked by compressed-tensors' own helper, times the BF16
+    group scales), under the text model's names: a vision-language wrapper's `language_model.` prefix is dropped and
+    its vision tower and projector are left out (squeeze never runs them)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
     tensors = {}
     for path in sorted(folder.glob("*.safetensors")):
         tensors.update(load_file(str(path)))
     out = {}
     for name, tensor in tensors.items():
-        if name.endswith("_scale_inv") or name.endswith(".weight_scale"):
+        if name.startswith(("vision_tower.", "mm_projector.")):
+            continue
+        text = name[len("language_model."):] if name.startswith("language_model.") else name
+        if name.endswith(".weight_packed"):
+            module = name[: -len(".weight_packed")]
+            rows, columns = (int(v) for v in tensors[module + ".weight_shape"])
+            codes = unpack_from_int32(tensor, 4, torch.Size([rows, columns]))
+            scale = tensors[module + ".weight_scale"].float()
+            group = columns // scale.shape[1] if columns % scale.shape[1] == 0 else math.ceil(columns / scale.shape[1])
+            out[text[: -len("_packed")]] = codes.float() * scale.repeat_interleave(group, 1)[:, :columns]
+            continue
+        if name.endswith("_scale_inv") or name.endswith(".weight_scale") or name.endswith(".weight_shape"):
             continue
         if tensor.dtype == torch.float8_e4m3fn:
             scale = tensors.get(name + "_scale_inv")
@@ -71,14 +89,16 @@ def dequantize(folder):
                 scale = tensors[name[: -len(".weight")] + ".weight_scale"]
             rows, columns = tensor.shape
             expanded = scale.float().repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :columns]
-            out[name] = tensor.float() * expanded
+            out[text] = tensor.float() * expanded
         else:
-            out[name] = tensor.float()
+            out[text] = tensor.float()
     return out
 
 
-def float_folder(arch, source, target, config):
+def float_folder(arch, source, target, config, extra=None):
     weights = dequantize(source)
+    weights.update(extra or {})
+    config = config.get("text_config") or config
     layers = config["num_hidden_layers"]
     shared = [i for i, kind in enumerate(config.get("indexer_types") or []) if kind == "shared"]
     keep = {}
@@ -91,7 +111,7 @@ def float_folder(arch, source, target, config):
         keep[name] = tensor.contiguous()
     target.mkdir(parents=True)
     save_file(keep, str(target / "model.safetensors"), metadata={"format": "pt"})
-    plain = dict(config)
+    plain = dict(config.get("text_config") or config)  # a wrapper's text path: its text_config
     plain.pop("quantization_config", None)
     plain["torch_dtype"] = "float32"
     if plain.get("model_type") == "kimi_k2":
@@ -99,9 +119,29 @@ def float_folder(arch, source, target, config):
     (target / "config.json").write_text(json.dumps(plain, indent=2))
 
 
+def all_full_logits(squeeze, seed, sizes, fp8, config, scratch, input_ids):
+    """GLM-5.2's shared layers run as full ones on the same weights: the indexers they lack come from the GLM-5
+    synth of the same seed and sizes (every tensor is drawn from its own name, so the shared tensors are equal). The
+    golden logits must differ from these, or a runtime that ignored `indexer_types` would pass."""
+    glm5 = scratch / "glm5"
+    subprocess.run([squeeze, "synth", "--arch", "glm5", str(glm5), "--seed", str(seed), *sizes], check=True, capture_output=True)
+    shared = [i for i, kind in enumerate(config["indexer_types"]) if kind == "shared"]
+    indexers = {
+        name: tensor for name, tensor in dequantize(glm5).items()
+        if ".indexer." in name and name.startswith("model.layers.") and int(name.split(".")[2]) in shared
+    }
+    full = dict(config, indexer_types=["full"] * config["num_hidden_layers"])
+    float_folder("glm5.2", fp8, scratch / "f32-full", full, extra=indexers)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(scratch / "f32-full"), dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits.float()
+
+
 def margins_hooks(model, config, record):
     """Hooks that record the smallest relative margin at every router and DSA top-k boundary."""
     handles = []
+    config = config.get("text_config") or config
     top_k = config["num_experts_per_tok"]
 
     def relative(inside, outside):
@@ -157,7 +197,8 @@ def run_arch(arch, squeeze, out_root, first_seed):
         with tempfile.TemporaryDirectory() as scratch:
             scratch = pathlib.Path(scratch)
             fp8 = scratch / "fp8"
-            subprocess.run([squeeze, "synth", "--arch", arch, str(fp8), "--seed", str(seed), *SIZES], check=True, capture_output=True)
+            sizes = SIZES_52 if arch == "glm5.2" else SIZES
+            subprocess.run([squeeze, "synth", "--arch", arch, str(fp8), "--seed", str(seed), *sizes], check=True, capture_output=True)
             config = edit_config(arch, json.loads((fp8 / "config.json").read_text()))
             (fp8 / "config.json").write_text(json.dumps(config, indent=2))
             float_folder(arch, fp8, scratch / "f32", config)
@@ -169,7 +210,8 @@ def run_arch(arch, squeeze, out_root, first_seed):
                 sys.exit(f"{arch}: transformers left weights random: {sorted(missing)[:8]}")
             model.eval()
             generator = torch.Generator().manual_seed(1000 + seed)
-            input_ids = torch.randint(0, config["vocab_size"], (SEQUENCES, LENGTH), generator=generator)
+            vocab = (config.get("text_config") or config)["vocab_size"]
+            input_ids = torch.randint(0, vocab, (SEQUENCES, LENGTH), generator=generator)
             record = []
             handles = margins_hooks(model, config, record)
             with torch.no_grad():
@@ -181,18 +223,30 @@ def run_arch(arch, squeeze, out_root, first_seed):
             if smallest < MIN_MARGIN:
                 print(f"  near-tie: rejected ({[r for r in record if r[1] < MIN_MARGIN][:3]})")
                 continue
+            goldens = {"input_ids": input_ids.to(torch.int64), "logits": logits.contiguous()}
+            extra = {}
+            if arch == "glm5.2":
+                full = all_full_logits(squeeze, seed, sizes, fp8, config, scratch, input_ids)
+                goldens["logits_all_full"] = full.contiguous()
+                extra["relative_l2_shared_vs_all_full"] = float((logits - full).norm() / full.norm())
+                print(f"  shared vs all-full indexers: relative L2 {extra['relative_l2_shared_vs_all_full']:.3e}")
+                if extra["relative_l2_shared_vs_all_full"] < 1e-3:
+                    sys.exit("glm5.2: sharing the indexer changed nothing; the golden could not catch a runtime that ignores it")
             target = out_root / arch
             if target.exists():
                 shutil.rmtree(target)
             target.mkdir(parents=True)
             shutil.copy(fp8 / "config.json", target / "config.json")
-            for shard in fp8.glob("*.safetensors"):
-                shutil.copy(shard, target / "model.safetensors")
-            save_file({"input_ids": input_ids.to(torch.int64), "logits": logits.contiguous()}, str(target / "golden.safetensors"))
+            # One shard named model.safetensors (shards merged: the index is dropped).
+            merged = {}
+            for shard in sorted(fp8.glob("*.safetensors")):
+                merged.update(load_file(str(shard)))
+            save_file(merged, str(target / "model.safetensors"), metadata={"format": "pt"})
+            save_file(goldens, str(target / "golden.safetensors"))
             meta = {
                 "arch": arch, "seed": seed, "smallest_topk_margin": smallest, "min_margin": MIN_MARGIN,
                 "torch": torch.__version__, "transformers": transformers.__version__,
-                "attn_implementation": "eager", "logits_shape": list(logits.shape),
+                "attn_implementation": "eager", "logits_shape": list(logits.shape), **extra,
             }
             (target / "golden.json").write_text(json.dumps(meta, indent=2) + "\n")
             return
@@ -203,11 +257,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--squeeze", default="target/debug/squeeze")
     parser.add_argument("--out", default="tests/golden/runtime")
-    parser.add_argument("--arch", action="append", help="kimi-k2, glm5, glm45 (default: all)")
+    parser.add_argument("--arch", action="append", help="kimi-k2, kimi-k2.6, glm5, glm5.2, glm45 (default: all)")
     args = parser.parse_args()
     torch.manual_seed(0)
     out_root = pathlib.Path(args.out)
-    for arch in args.arch or ["kimi-k2", "glm5", "glm45"]:
+    for arch in args.arch or ["kimi-k2", "kimi-k2.6", "glm5", "glm5.2", "glm45"]:
         run_arch(arch, args.squeeze, out_root, first_seed=1)
 
 

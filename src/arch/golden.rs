@@ -34,7 +34,8 @@ pub(crate) fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
     ((difference / norm.max(f64::MIN_POSITIVE)).sqrt(), max_abs)
 }
 
-fn check(arch: &str) {
+/// Checks the runtime's logits on `arch`'s golden checkpoint against transformers'; returns them per sequence.
+fn check(arch: &str) -> Vec<Vec<f32>> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime").join(arch);
     let golden = ShardFile::open(&dir.join("golden.safetensors"))
         .unwrap_or_else(|e| panic!("{e}: golden data missing; run scripts/oracle/make-runtime-golden.py"));
@@ -66,6 +67,7 @@ fn check(arch: &str) {
             stats.near_ties
         );
     }
+    got
 }
 
 #[test]
@@ -81,4 +83,24 @@ fn glm5_matches_transformers() {
 #[test]
 fn glm45_matches_transformers() {
     check("glm45");
+}
+
+/// Kimi K2.6 as Moonshot ships it: natively INT4 experts, `language_model.`-prefixed names, a vision tower beside
+/// the text model (transformers' reference is the text path on exactly dequantized weights).
+#[test]
+fn kimi_k26_matches_transformers() {
+    check("kimi-k2.6");
+}
+
+/// GLM-5.2's shared DSA layers: the runtime matches transformers, and the golden is far from the same weights run
+/// with every layer's indexer (so a runtime that ignored `indexer_types` would fail here).
+#[test]
+fn glm52_matches_transformers_and_not_an_all_full_indexer_run() {
+    let got = check("glm5.2");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime/glm5.2");
+    let golden = ShardFile::open(&dir.join("golden.safetensors")).expect("golden");
+    let all_full = read_f32(golden.get("logits_all_full").expect("logits_all_full").bytes);
+    let (relative_l2, _) = errors(&got[0], &all_full[..got[0].len()]);
+    println!("glm5.2 sequence 0 against the all-full indexer run: relative L2 {relative_l2:.3e}");
+    assert!(relative_l2 > 100.0 * MAX_RELATIVE_L2, "shared and all-full indexers agree ({relative_l2:.3e})");
 }
