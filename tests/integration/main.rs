@@ -19,6 +19,7 @@ mod lint;
 mod parity;
 mod parts;
 mod quantize;
+mod releases;
 mod reliability;
 mod report;
 mod serve;
