@@ -84,12 +84,8 @@ fn write_staged(report: &CalibReport, model: &Path, target: &Path) -> Result<Val
     };
     // Inside a vision-language wrapper the scales take the text model's stored prefix, which the engines' wrapper
     // loaders strip (`language_model.model.layers.N.…` for Kimi K2.6).
-    let style = match composite::wrapper(&config) {
-        Some(_) => NameStyle::of(
-            index.get("weight_map").and_then(Value::as_object).into_iter().flat_map(|m| m.keys()).map(String::as_str),
-        ),
-        None => NameStyle::Plain,
-    };
+    let names = index.get("weight_map").and_then(Value::as_object).into_iter().flat_map(|map| map.keys());
+    let style = NameStyle::of_folder(Some(&config), names.map(String::as_str));
 
     // 1. the shard
     let mut planned = Vec::new();

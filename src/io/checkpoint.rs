@@ -1,6 +1,7 @@
 //! A Hugging Face model folder: `config.json`, one `model.safetensors` or shards routed by
 //! `model.safetensors.index.json`, and the other files (tokenizer, templates, custom code) that travel with it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -131,10 +132,7 @@ impl Checkpoint {
                 }
             }
         }
-        let style = match config.as_ref().and_then(composite::wrapper) {
-            Some(_) => NameStyle::of(locations.keys().map(String::as_str)),
-            None => NameStyle::Plain,
-        };
+        let style = NameStyle::of_folder(config.as_ref(), locations.keys().map(String::as_str));
         Ok(Self { dir: dir.to_path_buf(), config, shards, locations, style })
     }
 
@@ -151,16 +149,16 @@ impl Checkpoint {
         }
     }
 
-    /// The shard index of `name`, a stored name or the text model's name of a wrapped tensor.
-    fn location(&self, name: &str) -> Option<(usize, String)> {
+    /// The shard index and stored name of `name`, a stored name or the text model's name of a wrapped tensor.
+    fn location<'a>(&self, name: &'a str) -> Option<(usize, Cow<'a, str>)> {
         if let Some(&shard) = self.locations.get(name) {
-            return Some((shard, name.to_string()));
+            return Some((shard, Cow::Borrowed(name)));
         }
         if self.style == NameStyle::Plain {
             return None;
         }
         let stored = composite::stored_name(name, self.style);
-        self.locations.get(&stored).map(|&shard| (shard, stored))
+        self.locations.get(&stored).map(|&shard| (shard, Cow::Owned(stored)))
     }
 
     pub fn dir(&self) -> &Path {

@@ -137,6 +137,15 @@ pub enum NameStyle {
 }
 
 impl NameStyle {
+    /// The style of a folder whose `config.json` is `config` and whose tensors are `names`: plain unless the config
+    /// is a wrapper's.
+    pub fn of_folder<'a>(config: Option<&Value>, names: impl IntoIterator<Item = &'a str>) -> Self {
+        match config.and_then(wrapper) {
+            Some(_) => Self::of(names),
+            None => NameStyle::Plain,
+        }
+    }
+
     /// The style of a folder holding `names`.
     pub fn of<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
         for name in names {

@@ -94,10 +94,8 @@ impl<'a> Context<'a> {
                     .collect()
             })
             .unwrap_or_default();
-        let name_style = match crate::io::composite::wrapper(&output.config) {
-            Some(_) => crate::io::composite::NameStyle::of(output.tensors.iter().map(|t| t.name.as_str())),
-            None => crate::io::composite::NameStyle::Plain,
-        };
+        let names = output.tensors.iter().map(|t| t.name.as_str());
+        let name_style = crate::io::composite::NameStyle::of_folder(Some(&output.config), names);
         Self { config, quantization, tensors, modules, ignore, groups, tp, name_style }
     }
 

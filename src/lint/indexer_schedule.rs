@@ -18,8 +18,8 @@ pub fn vllm(config: &Value, layers: usize) -> Vec<bool> {
         return (0..layers).map(|layer| letter(layer).as_deref() != Some("S")).collect();
     }
     let number = |key: &str, default: u64| config.get(key).and_then(Value::as_u64).unwrap_or(default) as usize;
-    let (frequency, offset) = (number("index_topk_freq", 1).max(1), number("index_skip_topk_offset", 2));
-    (0..layers).map(|layer| (layer + 1).saturating_sub(offset) % frequency == 0).collect()
+    let (frequency, offset) = (number("index_topk_freq", 1), number("index_skip_topk_offset", 2));
+    crate::model::config::Indexer::frequency_schedule(layers, frequency, offset)
 }
 
 /// The `index_topk_pattern` string (`F`/`S` per layer) that makes vLLM build exactly the indexers of `full`.

@@ -68,6 +68,15 @@ pub struct Indexer {
     pub full_layers: Vec<bool>,
 }
 
+impl Indexer {
+    /// The `index_topk_freq`/`index_skip_topk_offset` schedule of `layers` decoder layers as transformers, vLLM and
+    /// SGLang derive it: full where `max(layer − offset + 1, 0) % frequency == 0` (GLM-5.2: frequency 4, offset 3
+    /// gives full at 0, 1, 2, then every 4th from 6).
+    pub fn frequency_schedule(layers: usize, frequency: usize, offset: usize) -> Vec<bool> {
+        (0..layers).map(|layer| (layer + 1).saturating_sub(offset) % frequency.max(1) == 0).collect()
+    }
+}
+
 /// Rotary position embedding: `rope_theta` + `rope_scaling` (legacy) or `rope_parameters` (transformers v5).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Rope {
@@ -432,8 +441,7 @@ impl Keys<'_> {
                 _ => {
                     let frequency = self.optional_usize("index_topk_freq")?.unwrap_or(1).max(1);
                     let offset = self.optional_usize("index_skip_topk_offset")?.unwrap_or(2);
-                    let full = (0..layers).map(|layer| (layer + 1).saturating_sub(offset) % frequency == 0).collect();
-                    return Ok(full);
+                    return Ok(Indexer::frequency_schedule(layers, frequency, offset));
                 }
             }
         };

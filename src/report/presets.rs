@@ -28,9 +28,12 @@ mod tests {
 
     #[test]
     fn every_preset_parses_with_a_block_fp8_quantization_config() {
-        for name in names().into_iter().filter(|name| *name != "kimi-k2.6") {
+        for name in names() {
             let text = config_text(name).expect("listed presets exist");
             let json: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if crate::format::compressed_tensors::int4_group_size(Some(&json)).is_some() {
+                continue; // natively INT4 (Kimi K2.6): no FP8 block config to check
+            }
             let config = ModelConfig::from_json(&json).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(config.weight_block_size, Some([128, 128]), "{name}");
             assert_eq!(json["quantization_config"]["quant_method"], "fp8", "{name}");

@@ -277,8 +277,9 @@ impl Vision {
 /// offset 1 (full, shared, full, …).
 fn glm52_keys(layers: usize) -> Value {
     let (frequency, offset) = if layers >= 8 { (4, 3) } else { (2, 1) };
-    let kinds: Vec<&str> = (0..layers)
-        .map(|layer| if (layer + 1).saturating_sub(offset) % frequency == 0 { "full" } else { "shared" })
+    let kinds: Vec<&str> = crate::model::config::Indexer::frequency_schedule(layers, frequency, offset)
+        .into_iter()
+        .map(|full| if full { "full" } else { "shared" })
         .collect();
     json!({
         "indexer_types": kinds,

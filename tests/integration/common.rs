@@ -22,6 +22,14 @@ impl Run {
     }
 }
 
+/// Asserts exit 2 (an error) with every one of `must_mention` in stderr.
+pub fn expect_exit_2(run: &Run, must_mention: &[&str]) {
+    assert_eq!(run.code, 2, "expected exit 2\nstdout:{}\nstderr:{}", run.stdout, run.stderr);
+    for needle in must_mention {
+        assert!(run.stderr.contains(needle), "stderr should mention `{needle}`:\n{}", run.stderr);
+    }
+}
+
 /// Runs `squeeze` with `args`.
 pub fn squeeze(args: &[&str]) -> Run {
     run_command(Command::new(env!("CARGO_BIN_EXE_squeeze")).args(args))

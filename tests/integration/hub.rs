@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::common::{path_str, squeeze_in, synth, Run};
+use crate::common::{expect_exit_2, path_str, squeeze_in, synth, Run};
 
 const COMMIT: &str = "3f1c0a9e5b7d2468ace013579bdf2468ace01357";
 
@@ -24,13 +24,6 @@ fn fake_cache(dir: &Path) -> (PathBuf, PathBuf) {
 
 fn inspect(dir: &Path, cache: &Path, model: &str) -> Run {
     squeeze_in(dir, &[("HF_HUB_CACHE", cache)], &["inspect", model, "--json"])
-}
-
-fn expect_exit_2(run: &Run, must_mention: &[&str]) {
-    assert_eq!(run.code, 2, "expected exit 2\nstdout:{}\nstderr:{}", run.stdout, run.stderr);
-    for needle in must_mention {
-        assert!(run.stderr.contains(needle), "stderr should mention `{needle}`:\n{}", run.stderr);
-    }
 }
 
 #[test]

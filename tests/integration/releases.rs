@@ -7,22 +7,33 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common::{path_str, squeeze, synth, Run};
+use crate::common::{expect_exit_2, path_str, squeeze, synth, Run};
 
 const SONNETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt");
-
-fn expect_exit_2(run: &Run, must_mention: &[&str]) {
-    assert_eq!(run.code, 2, "expected exit 2\nstdout:{}\nstderr:{}", run.stdout, run.stderr);
-    for needle in must_mention {
-        assert!(run.stderr.contains(needle), "stderr should mention `{needle}`:\n{}", run.stderr);
-    }
-}
 
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
     let path = dir.join("config.json");
     let mut config: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     edit(&mut config);
     fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+}
+
+/// `eval --reference REFERENCE --candidate CANDIDATE` on two short chunks of the sonnets, as JSON.
+fn parity(reference: &Path, candidate: &Path) -> Run {
+    squeeze(&[
+        "eval",
+        "--reference",
+        path_str(reference),
+        "--candidate",
+        path_str(candidate),
+        "--data",
+        SONNETS,
+        "--ctx",
+        "32",
+        "--chunks",
+        "2",
+        "--json",
+    ])
 }
 
 fn tensor_names(dir: &Path) -> Vec<String> {
@@ -53,20 +64,7 @@ fn glm52_with_shared_indexers_runs_every_subcommand() {
     assert!(eval.json()["mean_nll"].as_f64().is_some_and(f64::is_finite), "{}", eval.stdout);
     squeeze(&["calibrate-kv", path_str(&out), "--data", SONNETS, "--seq-len", "32", "--samples", "2"]).ok();
     squeeze(&["serve-test", path_str(&out), "--prompt", "Shall I compare thee", "--max-new-tokens", "4"]).ok();
-    let parity = squeeze(&[
-        "eval",
-        "--reference",
-        path_str(&source),
-        "--candidate",
-        path_str(&out),
-        "--data",
-        SONNETS,
-        "--ctx",
-        "32",
-        "--chunks",
-        "2",
-        "--json",
-    ]);
+    let parity = parity(&source, &out);
     assert!(parity.code == 0 || parity.code == 1, "parity ran (gates may fail on random weights): {}", parity.stderr);
 
     let report = squeeze(&["report", path_str(&source), "--json"]).ok().json();
@@ -117,20 +115,7 @@ fn kimi_k26_as_shipped_runs_every_subcommand_but_quantize() {
     let eval = squeeze(&["eval", path_str(&model), "--data", SONNETS, "--ctx", "32", "--chunks", "2", "--json"]).ok();
     assert!(eval.json()["mean_nll"].as_f64().is_some_and(f64::is_finite));
     // Parity of the same INT4 weights with a BF16 and an FP8 KV cache: the weights mode is exact.
-    let parity = squeeze(&[
-        "eval",
-        "--reference",
-        path_str(&model),
-        "--candidate",
-        path_str(&model),
-        "--data",
-        SONNETS,
-        "--ctx",
-        "32",
-        "--chunks",
-        "2",
-        "--json",
-    ]);
+    let parity = parity(&model, &model);
     let json = parity.json();
     assert_eq!(json["modes"]["weights"]["mean_kld"].as_f64(), Some(0.0), "{}", json["modes"]["weights"]);
     assert!(json["modes"]["kv"]["mean_kld"].as_f64().is_some_and(|kld| kld > 0.0), "FP8 KV changes something");

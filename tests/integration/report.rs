@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common::{path_str, squeeze, synth, Run};
+use crate::common::{expect_exit_2, path_str, squeeze, synth, Run};
 
 const GIB: f64 = (1u64 << 30) as f64;
 /// How close the GLM-5 preset must land to the published 705 GiB / 421 GiB (the tolerance).
@@ -28,13 +28,6 @@ fn shard_file_bytes(dir: &Path) -> u64 {
         .filter(|path| path.extension().is_some_and(|e| e == "safetensors"))
         .map(|path| fs::metadata(path).unwrap().len())
         .sum()
-}
-
-fn expect_exit_2(run: &Run, must_mention: &[&str]) {
-    assert_eq!(run.code, 2, "expected exit 2\nstdout:{}\nstderr:{}", run.stdout, run.stderr);
-    for needle in must_mention {
-        assert!(run.stderr.contains(needle), "stderr should mention `{needle}`:\n{}", run.stderr);
-    }
 }
 
 #[test]

@@ -141,14 +141,12 @@ fn cache_layout(context: &Context) -> CacheLayout {
     }
 }
 
-/// `model.layers.N.` removed: the suffix the engines' loaders match.
-/// The decoder layer and the rest of `name` (`model.layers.N.…`, or a wrapper's `language_model.model.layers.N.…`).
-fn layer_suffix(name: &str) -> Option<(&str, &str)> {
-    let rest = ["model.layers.", "language_model.model.layers.", "model.language_model.layers."]
-        .iter()
-        .find_map(|prefix| name.strip_prefix(prefix))?;
-    let (layer, suffix) = rest.split_once('.')?;
-    layer.parse::<usize>().ok().map(|_| (layer, suffix))
+/// The decoder layer of `name` and the rest after `model.layers.N.` (the suffix the engines' loaders match), by the
+/// text model's name inside a vision-language wrapper.
+fn layer_suffix(name: &str) -> Option<(usize, String)> {
+    let text = crate::io::composite::text_name(name).unwrap_or_else(|| name.to_string());
+    let (layer, suffix) = text.strip_prefix("model.layers.")?.split_once('.')?;
+    Some((layer.parse().ok()?, suffix.to_string()))
 }
 
 /// KV-scale tensors: known names, F32 per-tensor, finite > 0; and for an engine that divides by the checkpoint's
@@ -167,7 +165,7 @@ pub fn kv_scales(context: &Context, engine: Engine) -> Outcome {
     for name in &scales {
         let Some(tensor) = context.tensors.get(name) else { continue };
         match layer_suffix(name) {
-            Some((layer, suffix)) if known.contains(&suffix) => {
+            Some((layer, suffix)) if known.contains(&suffix.as_str()) => {
                 layers.insert(layer);
             }
             _ => findings.push(Finding::failed(
