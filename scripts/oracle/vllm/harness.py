@@ -69,6 +69,10 @@ def make_llm(
     cpu_patches.apply(f32_dequant=f32_dequant, sparse_as_dense=sparse_as_dense)
     from vllm import LLM
 
+    # A vision-language wrapper (Kimi K2.6) is served text-only, as squeeze runs it: with every modality limited
+    # to 0 vLLM builds no vision tower or projector and skips their weights (`_mark_tower_model`).
+    text_only = "vision_config" in json.loads((model / "config.json").read_text())
+    extra = {"limit_mm_per_prompt": {"image": 0, "video": 0}} if text_only else {}
     return LLM(
         model=str(model),
         dtype="float32",
@@ -81,6 +85,7 @@ def make_llm(
         moe_backend=moe_backend,
         kv_cache_dtype=kv_cache_dtype,
         seed=0,
+        **extra,
     )
 
 

