@@ -4,7 +4,7 @@
 
 use super::gqa::GqaWeights;
 use super::indexer::{DsaMasks, IndexQueries};
-use super::mla::{MlaStep, MlaWeights};
+use super::mla::MlaWeights;
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::tap::{KvSource, LayerTap};
 use crate::model::config::Attention;
@@ -243,47 +243,21 @@ impl Layer {
     }
 }
 
-/// A decode step's attention weights.
-enum StepAttention {
-    Mla(Box<MlaStep>),
-    Gqa(Box<GqaWeights>),
-}
-
 /// A decode step's queries of its new tokens: `[tokens, heads, qk]` post-RoPE, and the DSA indexer's.
 pub struct Queries {
     q: Tensor,
     index: Option<IndexQueries>,
 }
 
-/// A decoder layer's resident weights for incremental decoding (MLA in the absorbed form).
-pub struct DecodeLayer {
-    input_norm: Matrix,
-    attention: StepAttention,
-    post_norm: Matrix,
-    mlp: Mlp,
-}
-
-impl DecodeLayer {
-    pub fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
-        let mlp = Mlp::load(reader, config, layer)?;
-        let attention = match config.attention {
-            Attention::Mla { .. } => StepAttention::Mla(Box::new(MlaStep::load(reader, config, layer)?)),
-            Attention::Gqa { .. } => StepAttention::Gqa(Box::new(GqaWeights::load(reader, config, layer)?)),
-        };
-        let [input_norm, post_norm] = norm_weights(reader, config, layer)?;
-        Ok(Self { input_norm, attention, post_norm, mlp })
-    }
-
+/// The decode step: the layer around the paged attention, which the caller runs between [`Layer::project`] and
+/// [`Layer::finish`].
+impl Layer {
     /// How the paged attention reads a layer's cached rows: GQA heads over `[K | V]`, MLA in the absorbed form.
     pub fn layout(config: &ModelConfig, mla_scale: f32) -> PagedLayout {
         match &config.attention {
-            Attention::Mla { .. } => MlaStep::layout(config, mla_scale),
+            Attention::Mla { .. } => MlaWeights::layout(config, mla_scale),
             Attention::Gqa { .. } => GqaWeights::layout(config),
         }
-    }
-
-    pub fn has_indexer(&self) -> bool {
-        matches!(&self.attention, StepAttention::Mla(mla) if mla.has_indexer())
     }
 
     /// Cache rows `[tokens, row_width]` and indexer keys `[tokens, aux_width]` of the residual stream `hidden` at
@@ -299,11 +273,11 @@ impl DecodeLayer {
     ) -> Result<(Tensor, Tensor, Queries), RuntimeError> {
         let x = normed(backend, config, hidden, &self.input_norm)?;
         Ok(match &self.attention {
-            StepAttention::Mla(mla) => {
+            AttentionWeights::Mla(mla) => {
                 let (rows, aux, q, index) = mla.project(backend, config, table, &x, positions, aux_width)?;
                 (rows, aux, Queries { q, index })
             }
-            StepAttention::Gqa(gqa) => {
+            AttentionWeights::Gqa(gqa) => {
                 let (rows, q) = gqa.project(backend, config, table, &x, positions)?;
                 (rows, backend.zeros(positions.len(), aux_width)?, Queries { q, index: None })
             }
@@ -343,8 +317,8 @@ impl DecodeLayer {
         queries: &Queries,
     ) -> Result<Tensor, RuntimeError> {
         match &self.attention {
-            StepAttention::Mla(mla) => mla.attention_queries(backend, config, &queries.q),
-            StepAttention::Gqa(_) => backend.row_range(&queries.q, 0..queries.q.rows()),
+            AttentionWeights::Mla(mla) => mla.attention_queries(backend, config, &queries.q),
+            AttentionWeights::Gqa(_) => backend.row_range(&queries.q, 0..queries.q.rows()),
         }
     }
 
@@ -357,8 +331,8 @@ impl DecodeLayer {
         attended: Tensor,
     ) -> Result<Tensor, RuntimeError> {
         match &self.attention {
-            StepAttention::Mla(mla) => mla.attention_values(backend, config, &attended),
-            StepAttention::Gqa(_) => Ok(attended),
+            AttentionWeights::Mla(mla) => mla.attention_values(backend, config, &attended),
+            AttentionWeights::Gqa(_) => Ok(attended),
         }
     }
 
@@ -372,8 +346,8 @@ impl DecodeLayer {
         attended: &Tensor,
     ) -> Result<(), RuntimeError> {
         let projected = match &self.attention {
-            StepAttention::Mla(mla) => mla.output(backend, attended)?,
-            StepAttention::Gqa(gqa) => gqa.output(backend, attended)?,
+            AttentionWeights::Mla(mla) => mla.output(backend, attended)?,
+            AttentionWeights::Gqa(gqa) => gqa.output(backend, attended)?,
         };
         backend.add(hidden, &projected)?;
         let x = normed(backend, config, hidden, &self.post_norm)?;

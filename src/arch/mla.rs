@@ -2,6 +2,8 @@
 //! shared interleaved-RoPE key part, expanded per head by `kv_b_proj` over whole sequences, or absorbed into the
 //! queries and outputs for the decode step over cached latent rows; GLM-5 adds the DSA index selection.
 
+use std::sync::OnceLock;
+
 use super::indexer::{DsaMasks, IndexQueries, IndexerWeights};
 use super::tap::{KvSource, KvTap};
 use crate::model::config::Attention;
@@ -23,6 +25,16 @@ pub struct MlaWeights {
     kv_b: Matrix,
     o: Matrix,
     indexer: Option<IndexerWeights>,
+    /// `kv_b` split per head for the decode step's absorbed form, made on the first step.
+    absorbed: OnceLock<Absorbed>,
+}
+
+/// `kv_b` split per head for the absorbed form: the query's no-RoPE part goes through `k[h]` (`W_UK_hᵀ`
+/// `[kv_lora, nope]`) to a latent query, and the attended latent through `v[h]` (`W_UV_h` `[v, kv_lora]`) to the
+/// head's value.
+struct Absorbed {
+    k: Vec<Matrix>,
+    v: Vec<Matrix>,
 }
 
 #[derive(Clone, Copy)]
@@ -84,6 +96,7 @@ impl MlaWeights {
             kv_b: reader.matrix(&name("kv_b_proj.weight"), [d.heads * (d.nope + d.v), d.kv_lora])?,
             o: reader.matrix(&name("o_proj.weight"), [hidden, d.heads * d.v])?,
             indexer,
+            absorbed: OnceLock::new(),
         })
     }
 
@@ -156,16 +169,28 @@ impl MlaWeights {
         table: &RopeTable,
     ) -> Result<Tensor, RuntimeError> {
         let (d, _) = dims(config);
-        let compressed = backend.linear(x, &self.kv_a, None)?;
-        let mut latent = backend.columns(&compressed, 0, d.kv_lora)?;
-        let mut k_rot = backend.columns(&compressed, d.kv_lora, d.rope)?;
-        backend.rms_norm(&mut latent, d.kv_lora, &self.kv_a_norm, LATENT_NORM_EPS)?;
+        let (latent, mut k_rot) = self.latent(backend, config, x)?;
         let style = if config.rope.interleave { RopeStyle::Interleaved } else { RopeStyle::Half };
         for (start, length) in spans.iter() {
             check_positions(table, length)?;
             backend.rope(&mut k_rot, start..start + length, 0, d.rope, 0, d.rope, table, style)?;
         }
         backend.concat_columns(&[&latent, &k_rot])
+    }
+
+    /// The normed latent `kv_c_normed` `[tokens, kv_lora]` and the shared key `k_pe` `[tokens, rope]` before RoPE.
+    fn latent(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        x: &Tensor,
+    ) -> Result<(Tensor, Tensor), RuntimeError> {
+        let (d, _) = dims(config);
+        let compressed = backend.linear(x, &self.kv_a, None)?;
+        let mut latent = backend.columns(&compressed, 0, d.kv_lora)?;
+        let k_rot = backend.columns(&compressed, d.kv_lora, d.rope)?;
+        backend.rms_norm(&mut latent, d.kv_lora, &self.kv_a_norm, LATENT_NORM_EPS)?;
+        Ok((latent, k_rot))
     }
 
     /// Attention over cached rows: the latent expanded per head by `kv_b_proj`, the DSA selection, output projection.
@@ -226,40 +251,25 @@ impl MlaWeights {
     }
 }
 
-/// MLA weights for the decode step, with kv_b split per head for the absorbed form: the query's no-RoPE part goes
-/// through `absorb_k[h]` (`W_UK_hᵀ` `[kv_lora, nope]`) to a latent query, and the attended latent through
-/// `absorb_v[h]` (`W_UV_h` `[v, kv_lora]`) to the head's value.
-pub struct MlaStep {
-    q_a: Option<(Matrix, Matrix)>,
-    q_b: Matrix,
-    kv_a: Matrix,
-    kv_a_norm: Matrix,
-    absorb_k: Vec<Matrix>,
-    absorb_v: Vec<Matrix>,
-    o: Matrix,
-    indexer: Option<IndexerWeights>,
-}
-
-impl MlaStep {
-    pub fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
-        let MlaWeights { q_a, q_b, kv_a, kv_a_norm, kv_b, o, indexer } = MlaWeights::load(reader, config, layer)?;
-        let (d, _) = dims(config);
-        let (heads, kv_lora, nope, v) = (d.heads, d.kv_lora, d.nope, d.v);
-        // kv_b rows per head: nope rows of W_UK_h, then v rows of W_UV_h, each kv_lora wide.
-        let head_rows = |h: usize| &kv_b.values()[h * (nope + v) * kv_lora..][..(nope + v) * kv_lora];
-        let absorb_k = (0..heads)
-            .map(|h| {
-                let w_uk = &head_rows(h)[..nope * kv_lora];
-                let transposed = (0..kv_lora * nope).map(|i| w_uk[(i % nope) * kv_lora + i / nope]).collect();
-                Matrix::new(kv_lora, nope, transposed)
-            })
-            .collect();
-        let absorb_v = (0..heads).map(|h| Matrix::new(v, kv_lora, head_rows(h)[nope * kv_lora..].to_vec())).collect();
-        Ok(Self { q_a, q_b, kv_a, kv_a_norm, absorb_k, absorb_v, o, indexer })
-    }
-
-    pub fn has_indexer(&self) -> bool {
-        self.indexer.is_some()
+/// The decode step over cached latent rows, in the absorbed form.
+impl MlaWeights {
+    /// The per-head split of `kv_b` (made on first use: the sequence forward never needs it).
+    fn absorbed(&self, config: &ModelConfig) -> &Absorbed {
+        self.absorbed.get_or_init(|| {
+            let (d, _) = dims(config);
+            let (kv_lora, nope, v) = (d.kv_lora, d.nope, d.v);
+            // kv_b rows per head: nope rows of W_UK_h, then v rows of W_UV_h, each kv_lora wide.
+            let head_rows = |h: usize| &self.kv_b.values()[h * (nope + v) * kv_lora..][..(nope + v) * kv_lora];
+            let k = (0..d.heads)
+                .map(|h| {
+                    let w_uk = &head_rows(h)[..nope * kv_lora];
+                    let transposed = (0..kv_lora * nope).map(|i| w_uk[(i % nope) * kv_lora + i / nope]).collect();
+                    Matrix::new(kv_lora, nope, transposed)
+                })
+                .collect();
+            let v = (0..d.heads).map(|h| Matrix::new(v, kv_lora, head_rows(h)[nope * kv_lora..].to_vec())).collect();
+            Absorbed { k, v }
+        })
     }
 
     /// Cache rows `[tokens, kv_lora + rope]` (normed latent, post-RoPE `k_pe`) and indexer keys
@@ -274,36 +284,23 @@ impl MlaStep {
         positions: &[usize],
         aux_width: usize,
     ) -> Result<(Tensor, Tensor, Tensor, Option<IndexQueries>), RuntimeError> {
-        let tokens = positions.len();
-        let MlaStep { q_a, q_b, kv_a, kv_a_norm, indexer, .. } = self;
         let (d, _) = dims(config);
-        let (kv_lora, nope, rope) = (d.kv_lora, d.nope, d.rope);
+        let (nope, rope) = (d.nope, d.rope);
         let qk = nope + rope;
         let style = if config.rope.interleave { RopeStyle::Interleaved } else { RopeStyle::Half };
-        let q_resid = match q_a {
-            Some((q_a, norm)) => {
-                let mut latent = backend.linear(x, q_a, None)?;
-                backend.rms_norm(&mut latent, q_a.rows, norm, LATENT_NORM_EPS)?;
-                latent
-            }
-            None => backend.row_range(x, 0..x.rows())?,
-        };
-        let mut q = backend.linear(&q_resid, q_b, None)?;
-        let compressed = backend.linear(x, kv_a, None)?;
-        let mut latent = backend.columns(&compressed, 0, kv_lora)?;
-        backend.rms_norm(&mut latent, kv_lora, kv_a_norm, LATENT_NORM_EPS)?;
-        let mut k_pe = backend.columns(&compressed, kv_lora, rope)?;
+        let (mut q, q_resid) = self.queries(backend, x)?;
+        let (latent, mut k_pe) = self.latent(backend, config, x)?;
         for (t, &position) in positions.iter().enumerate() {
             backend.rope(&mut q, t..t + 1, position, qk, nope, rope, table, style)?;
             backend.rope(&mut k_pe, t..t + 1, position, rope, 0, rope, table, style)?;
         }
         let rows = backend.concat_columns(&[&latent, &k_pe])?;
-        let (aux, index) = match (indexer, &config.indexer) {
+        let (aux, index) = match (&self.indexer, &config.indexer) {
             (Some(weights), Some(settings)) => {
                 let (keys, queries) = weights.project(backend, settings, table, x, &q_resid, positions)?;
                 (keys, Some(queries))
             }
-            _ => (backend.zeros(tokens, aux_width)?, None),
+            _ => (backend.zeros(positions.len(), aux_width)?, None),
         };
         Ok((rows, aux, q, index))
     }
@@ -327,7 +324,7 @@ impl MlaStep {
         let (qk, width) = (nope + rope, kv_lora + rope);
         let tokens = queries.rows();
         let mut absorbed = backend.empty(tokens, heads * width)?;
-        for (h, absorb_k) in self.absorb_k.iter().enumerate() {
+        for (h, absorb_k) in self.absorbed(config).k.iter().enumerate() {
             let q_nope = backend.columns(queries, h * qk, nope)?;
             let latent = backend.linear(&q_nope, absorb_k, None)?;
             backend.copy(
@@ -356,7 +353,7 @@ impl MlaStep {
         let (kv_lora, v, heads) = (d.kv_lora, d.v, d.heads);
         let tokens = attended.len() / (heads * kv_lora);
         let mut values = backend.empty(tokens, heads * v)?;
-        for (h, absorb_v) in self.absorb_v.iter().enumerate() {
+        for (h, absorb_v) in self.absorbed(config).v.iter().enumerate() {
             let latent = backend.columns(attended, h * kv_lora, kv_lora)?;
             let head = backend.linear(&latent, absorb_v, None)?;
             backend.copy(&mut values, Block::columns(h * v, heads * v), &head, Block::columns(0, v), [tokens, 1, v])?;

@@ -1,6 +1,8 @@
 //! The architectures the reference runtime runs — `DeepseekV3ForCausalLM` (Kimi K2), `GlmMoeDsaForCausalLM`
 //! (GLM-5) and `Glm4MoeForCausalLM` (GLM-4.5), matching HF transformers' float32 logits — one file per piece, each
-//! with its full-sequence forward and its decode step, on the op surface of [`crate::runtime`].
+//! with its full-sequence forward and its decode step, on the op surface of [`crate::runtime`]. One [`Layer`] type
+//! serves both: [`Model`] streams the layers through whole sequences; [`paged::PagedModel`] keeps them resident for
+//! prompt prefill and the paged decode step of `serve-test`.
 //!
 //! # Layer-streamed execution and memory
 //! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
@@ -30,9 +32,10 @@ pub mod indexer;
 pub mod layer;
 pub mod mla;
 pub mod moe;
+pub mod paged;
 pub mod tap;
 
 pub use causal_lm::{embed, head_name, run_layers, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
-pub use layer::{DecodeLayer, Layer, LayerContext, LayerState};
+pub use layer::{Layer, LayerContext, LayerState};
 pub use moe::ExpertTimes;
 pub use tap::{CachedKv, ExpertActivations, ExpertObserver, ExpertTap, KvFp8, KvObserver, KvSource, KvTap, LayerTap};

@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
-use super::decoder::{DecodeItem, DecodeModel};
+use crate::arch::paged::{DecodeItem, PagedModel};
 use crate::progress::Reporter;
 use crate::runtime::device::DeviceCounters;
 use crate::runtime::kv_cache::{inject, FaultKind, InjectedFault, KvPool, RequestId};
@@ -75,9 +75,9 @@ struct Active {
 /// The requests of one run and where each stands.
 pub struct Batch<'a> {
     pub backend: &'a dyn Backend,
-    pub decoder: &'a DecodeModel,
+    pub decoder: &'a PagedModel,
     /// The model that prefills (the decoder itself without `--prefill-model`).
-    pub prefiller: &'a DecodeModel,
+    pub prefiller: &'a PagedModel,
     pub options: &'a ServeOptions,
     pub reporter: &'a dyn Reporter,
     pub encoded: &'a [Vec<u32>],
@@ -149,7 +149,7 @@ impl Batch<'_> {
             let started = Instant::now();
             let prefilled = self.prefiller.prefill(self.backend, &self.encoded[index])?;
             pool.open(id);
-            DecodeModel::hand_over(self.backend, pool, id, &prefilled)
+            PagedModel::hand_over(self.backend, pool, id, &prefilled)
                 .map_err(|e| ServeError::Input(format!("kv cache handoff of request {id}: {e}")))?;
             state.timings.prefill_seconds += started.elapsed().as_secs_f64();
             state.timings.prefill_tokens += self.encoded[index].len();

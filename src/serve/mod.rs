@@ -6,7 +6,6 @@
 //! [`report`] reports them.
 
 mod batch;
-pub mod decoder;
 mod pool_size;
 pub mod prompts;
 mod report;
@@ -14,13 +13,13 @@ pub mod sampling;
 
 use std::path::PathBuf;
 
+use crate::arch::paged::PagedModel;
 use crate::format::kv_scales::{KvDtype, KvLayout, KvScales};
 use crate::model::tokenizer::Tokenizer;
 use crate::progress::Reporter;
 use crate::runtime::kv_cache::{FaultKind, KvPool, PoolShape};
 use crate::runtime::{Backend, RuntimeError};
 use batch::{check_fault, eos_ids, Batch};
-use decoder::DecodeModel;
 use report::{assemble, RunFacts};
 pub use report::{RequestReport, ServeReport};
 use sampling::Sampling;
@@ -75,7 +74,7 @@ pub fn serve_test(
         encoded.push(ids);
     }
     let longest = encoded.iter().map(Vec::len).max().unwrap_or(0);
-    let decoder = DecodeModel::open(&options.model, longest + options.max_new_tokens)?;
+    let decoder = PagedModel::open(&options.model, longest + options.max_new_tokens)?;
     if let Some(raw) = decoder.checkpoint().config() {
         for (index, (prompt, ids)) in options.prompts.iter().zip(&encoded).enumerate() {
             if let Some(problem) = crate::io::composite::media_in_prompt(raw, prompt, ids) {
@@ -137,11 +136,11 @@ pub fn serve_test(
 /// The `--prefill-model`, refused unless its KV layout is the decoder's.
 fn open_prefiller(
     options: &ServeOptions,
-    decoder: &DecodeModel,
+    decoder: &PagedModel,
     max_positions: usize,
-) -> Result<Option<DecodeModel>, ServeError> {
+) -> Result<Option<PagedModel>, ServeError> {
     let Some(dir) = &options.prefill_model else { return Ok(None) };
-    let model = DecodeModel::open(dir, max_positions)?;
+    let model = PagedModel::open(dir, max_positions)?;
     if model.row_width() != decoder.row_width()
         || model.aux_width() != decoder.aux_width()
         || model.config().num_hidden_layers != decoder.config().num_hidden_layers

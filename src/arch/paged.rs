@@ -1,6 +1,7 @@
-//! Token-by-token decoding with a paged KV cache: a model with every layer's resident weights (routed experts still
-//! streamed from the mapped checkpoint), a prefill phase that runs a whole prompt and returns its cache rows, and a
-//! decode phase that advances a batch of requests by one token each, writing and reading the [`KvPool`].
+//! The causal LM for token-by-token decoding with a paged KV cache: every decoder [`Layer`] loaded once and kept
+//! (routed experts still streamed from the mapped checkpoint), a prefill that runs a whole prompt and returns its
+//! cache rows, and a decode step that advances a batch of requests by one token each, writing and reading the
+//! [`KvPool`]. The layers are the ones the layer-streamed [`super::Model`] runs; this file only sequences them.
 //!
 //! # Memory
 //! ```text
@@ -12,13 +13,14 @@
 
 use std::path::Path;
 
-use crate::arch::{head_name, DecodeLayer};
+use super::{head_name, Layer};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{AttentionShape, Backend, KvAt, KvRows, Matrix, PagedLayout, PagedStep};
 use crate::runtime::checkpoint::open_checkpoint;
 use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
+use crate::runtime::layer_stream::StreamedLayer;
 use crate::runtime::rope_table::{rope_setup, RopeTable};
 use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Tensor};
@@ -50,23 +52,23 @@ pub struct DecodeStep {
 }
 
 /// A model opened for incremental decoding.
-pub struct DecodeModel {
+pub struct PagedModel {
     checkpoint: Checkpoint,
     config: ModelConfig,
-    layers: Vec<DecodeLayer>,
+    layers: Vec<Layer>,
     norm: Matrix,
     head: Matrix,
     table: RopeTable,
     mla_scale: f32,
 }
 
-impl DecodeModel {
+impl PagedModel {
     /// Loads every layer's resident weights; positions up to `max_positions` are supported.
     pub fn open(dir: &Path, max_positions: usize) -> Result<Self, RuntimeError> {
         let (checkpoint, config) = open_checkpoint(dir)?;
         let reader = WeightReader::new(&checkpoint);
         let layers = (0..config.num_hidden_layers)
-            .map(|layer| DecodeLayer::load(&reader, &config, layer))
+            .map(|layer| Layer::load(&reader, &config, layer))
             .collect::<Result<Vec<_>, _>>()?;
         let norm = reader.parameter("model.norm.weight", config.hidden_size)?;
         let head = reader.matrix(head_name(&config, &reader), [config.vocab_size, config.hidden_size])?;
@@ -148,7 +150,7 @@ impl DecodeModel {
         let (mut all_rows, mut all_aux) = (Vec::new(), Vec::new());
         // The last DSA selection `[count, count]` (shared layers reuse the last indexer layer's).
         let mut selection: Option<Vec<bool>> = None;
-        let layout = DecodeLayer::layout(&self.config, self.mla_scale);
+        let layout = Layer::layout(&self.config, self.mla_scale);
         let shape = AttentionShape {
             tokens: count,
             heads: layout.heads,
@@ -161,7 +163,7 @@ impl DecodeModel {
             let (rows, aux, queries) =
                 layer.project(backend, &self.config, &self.table, &hidden, &positions, self.aux_width())?;
             let q = layer.attention_queries(backend, &self.config, &queries)?;
-            if let Some(chosen) = DecodeLayer::select_prompt(backend, &self.config, &queries, &aux)? {
+            if let Some(chosen) = Layer::select_prompt(backend, &self.config, &queries, &aux)? {
                 selection = Some(chosen.mask);
             }
             // The prompt attends its own f32 rows, as the cache layout reads them, before the handoff rounds them.
@@ -217,7 +219,7 @@ impl DecodeModel {
         let width = self.config.hidden_size;
         let mut hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
         let aux_width = self.aux_width();
-        let layout = DecodeLayer::layout(&self.config, self.mla_scale);
+        let layout = Layer::layout(&self.config, self.mla_scale);
         // Items still in the step (indices into `items`), the last DSA selection (rows in `live` order), and each
         // item's result.
         let mut live: Vec<usize> = (0..items.len()).collect();
@@ -239,7 +241,7 @@ impl DecodeModel {
                 rows: &new_rows,
                 aux: &new_aux,
                 requests: &requests,
-                keys: DecodeLayer::key_choice(&self.config, &queries, keys.as_ref()),
+                keys: Layer::key_choice(&self.config, &queries, keys.as_ref()),
             };
             let decoded = backend.paged_decode(pool, &step)?;
             verify_seconds += decoded.verify_seconds;
@@ -326,7 +328,7 @@ mod tests {
                 Ok(())
             })
             .unwrap();
-        let decoder = DecodeModel::open(&out, 32).unwrap();
+        let decoder = PagedModel::open(&out, 32).unwrap();
         let prompt = 5;
         for (dtype, tolerance) in [(KvDtype::F32, DECODE_VS_FULL_MAX_ABS), (KvDtype::Bf16, BF16_CACHE_MAX_ABS)] {
             let shape = PoolShape {
@@ -340,7 +342,7 @@ mod tests {
             let mut pool = KvPool::new(shape, dtype, decoder.element_scales(&scales));
             pool.open(1);
             let prefilled = decoder.prefill(&Cpu, &tokens[..prompt]).unwrap();
-            DecodeModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
+            PagedModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
             let mut worst = max_abs(&prefilled.logits, &full[(prompt - 1) * vocab..][..vocab]);
             for position in prompt..tokens.len() {
                 let item = DecodeItem { request: 1, token: tokens[position], position };
