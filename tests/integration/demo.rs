@@ -108,3 +108,20 @@ fn demo_on_random_glm5_weights_runs_every_stage_and_labels_them_random() {
     }
     assert!(run.stdout.contains("synth wrote a random GlmMoeDsaForCausalLM"), "{}", run.stdout);
 }
+
+/// Kimi K2.6 ships INT4: the demo copies it instead of quantizing, verifies the release without a source, and
+/// compares the same weights with a BF16 and an FP8 KV cache (parity's `weights` mode is exactly zero).
+#[test]
+fn demo_on_kimi_k26_skips_quantize_and_compares_kv_caches_of_the_same_weights() {
+    let report = squeeze(&["demo", "--arch", "kimi-k2.6", "--json"]).ok().json();
+    let shipped = &report["quantize"]["already_int4"];
+    assert_eq!(shipped["group_size"], 32, "{report:#}");
+    assert!(shipped["modules"].as_u64().unwrap() > 0, "{report:#}");
+    assert_eq!(report["verify"]["passed"], true, "{:#}", report["verify"]);
+    assert_eq!(report["eval"]["ppl_ratio"], 1.0, "the copy has the source's weights");
+    let modes = &report["parity"]["modes"];
+    assert_eq!(modes["weights"]["mean_kld"], 0.0, "same weights, same KV: {:#}", modes["weights"]);
+    assert!(modes["kv"]["mean_kld"].as_f64().unwrap() > 0.0, "FP8 KV must move the logits: {:#}", modes["kv"]);
+    assert!(report["calibrate_kv"]["written"].as_array().is_some_and(|w| !w.is_empty()), "{report:#}");
+    assert_eq!(report["passed"], true);
+}

@@ -19,8 +19,9 @@ use stages::{Folders, Weights};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run on random weights of this architecture instead of the trained model: kimi-k2, glm5, glm5.2 or glm45
-    /// (the machinery only: gates fail and the decoded text is garbage, as expected of random weights).
+    /// Run on random weights of this architecture instead of the trained model: kimi-k2, kimi-k2.6, glm5, glm5.2 or
+    /// glm45 (the machinery only: gates fail and the decoded text is garbage, as expected of random weights).
+    /// kimi-k2.6 ships INT4 already: quantize is skipped and the candidate is the same weights with an FP8 KV cache.
     #[arg(long)]
     pub arch: Option<SynthArch>,
     /// Keep the demo folders here instead of a temporary folder that is removed at the end.
@@ -52,19 +53,22 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
 
     let source = clock.time("model", || stages::source(weights, &folders.source))?;
     if human {
-        render::source(&source, &folders.source, clock.last());
+        render::source(&source, weights, &folders.source, clock.last());
     }
     let quantized = clock.time("quantize", || stages::quantize_source(&folders.source, &folders.output))?;
     if human {
         render::quantize(&quantized, clock.last());
     }
-    let verified = clock.time("verify", || stages::verify_output(&folders.output, &folders.source))?;
+    let sides = render::Sides::of(&quantized);
+    // A copied INT4 source has no FP8 source to compare with: verify lints it as the engines load it.
+    let compared = (!quantized.shipped()).then_some(folders.source.as_path());
+    let verified = clock.time("verify", || stages::verify_output(&folders.output, compared))?;
     if human {
-        render::verify(&verified, clock.last());
+        render::verify(&verified, compared.is_some(), clock.last());
     }
     let inspected = clock.time("inspect", || stages::inspect_folder(&folders.output))?;
     if human {
-        render::inspect(&inspected, clock.last());
+        render::inspect(&inspected, sides, clock.last());
     }
 
     let text = heldout_dialogue(stages::EVAL_CHUNKS * stages::CTX);
@@ -78,15 +82,15 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
         Ok(EvalPair { text: render::HELDOUT_TEXT.into(), fp8, int4, ppl_ratio })
     })?;
     if human {
-        render::eval(&eval, weights, clock.last());
+        render::eval(&eval, weights, sides, clock.last());
     }
     let calibration = clock.time("calibrate-kv", || stages::calibrate_kv(&folders.output, &folders.calibration))?;
     if human {
-        render::calibrate_kv(&calibration, clock.last());
+        render::calibrate_kv(&calibration, sides, clock.last());
     }
     let parity = clock.time("parity", || stages::parity(&folders.source, &folders.output, &folders.heldout))?;
     if human {
-        render::parity(&parity, weights, clock.last());
+        render::parity(&parity, weights, sides, clock.last());
     }
     let served = clock.time("serve-test", || {
         let fp8 = stages::serve(&folders.source, None, KvDtype::Bf16)?;
@@ -94,7 +98,7 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
         Ok(ServePair { fp8, int4 })
     })?;
     if human {
-        render::serve(&served, weights, clock.last());
+        render::serve(&served, weights, sides, clock.last());
     }
     let budget = clock.time("report", stages::report_preset)?;
     if human {
@@ -105,7 +109,7 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
     let passed =
         verified.passed && served.fp8.passed() && served.int4.passed() && (random || parity.failures.is_empty());
     if human {
-        render::closing(clock.total(), passed, weights, args.keep.as_ref().map(|_| &folders));
+        render::closing(clock.total(), passed, weights, sides, args.keep.as_ref().map(|_| &folders));
     } else {
         let seconds = clock.total();
         print_json(&DemoReport {

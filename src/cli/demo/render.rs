@@ -4,22 +4,41 @@ use crate::engines::ScaleUse;
 use std::path::Path;
 
 use crate::calib::CalibReport;
-use crate::convert::QuantizeReport;
 use crate::eval::parity::{Mode, ParityReport};
 use crate::inspect::InspectReport;
 use crate::report::Report;
+use crate::synth::SynthArch;
 use crate::units::human;
 use crate::verify::{VerifyReport, DEFAULT_MAX_INT4_ERROR};
 
 use super::super::report::count;
 use super::super::table::Table;
 use super::report::{EvalPair, ServePair};
-use super::stages::{Folders, SourceReport, Weights, MAX_NEW_TOKENS, REPORT_PRESET, TEMPERATURE};
+use super::stages::{Folders, Quantized, SourceReport, Weights, MAX_NEW_TOKENS, REPORT_PRESET, TEMPERATURE};
 
 /// What the eval and parity stages read.
 pub const HELDOUT_TEXT: &str = "The Tempest, held out of training (eval/shakespeare-heldout.txt from Act 1)";
 
 const STAGES: usize = 9;
+
+/// The two deployments the demo compares: the FP8 source and its INT4 output, or, where the source ships INT4
+/// (Kimi K2.6), the same weights with a BF16 and with an FP8 KV cache.
+#[derive(Clone, Copy)]
+pub struct Sides {
+    pub reference: &'static str,
+    pub candidate: &'static str,
+    shipped: bool,
+}
+
+impl Sides {
+    pub fn of(quantized: &Quantized) -> Self {
+        if quantized.shipped() {
+            Sides { reference: "BF16 KV", candidate: "FP8 KV", shipped: true }
+        } else {
+            Sides { reference: "FP8", candidate: "INT4", shipped: false }
+        }
+    }
+}
 /// Indent of a stage's detail lines.
 const INDENT: &str = "      ";
 
@@ -40,7 +59,7 @@ pub fn title(weights: Weights) {
     }
 }
 
-pub fn source(source: &SourceReport, dir: &Path, seconds: f64) {
+pub fn source(source: &SourceReport, weights: Weights, dir: &Path, seconds: f64) {
     let line = match source {
         SourceReport::Trained(unpacked) => format!(
             "wrote the FP8 checkpoint {} ({} files, {}) to {}",
@@ -50,8 +69,13 @@ pub fn source(source: &SourceReport, dir: &Path, seconds: f64) {
             dir.display()
         ),
         SourceReport::Random(made) => format!(
-            "synth wrote a random {} checkpoint in the vendor FP8 block format ({} tensors, {} parameters, {}) to {}",
+            "synth wrote a random {} checkpoint in {} ({} tensors, {} parameters, {}) to {}",
             made.architecture,
+            match weights {
+                Weights::Random(SynthArch::KimiK26) =>
+                    "Moonshot's layout (kimi_k25 wrapper, routed experts natively INT4 g32)",
+                _ => "the vendor FP8 block format",
+            },
             made.tensors,
             made.parameters,
             human(made.bytes),
@@ -61,7 +85,22 @@ pub fn source(source: &SourceReport, dir: &Path, seconds: f64) {
     stage(1, "model", line, seconds);
 }
 
-pub fn quantize(report: &QuantizeReport, seconds: f64) {
+pub fn quantize(quantized: &Quantized, seconds: f64) {
+    let report = match quantized {
+        Quantized::Converted(report) => report,
+        Quantized::Shipped { already_int4: shipped } => {
+            let group = shipped.group_size.map_or("unknown".to_string(), |g| g.to_string());
+            let line = format!(
+                "nothing to do: the source ships INT4 ({} pack-quantized modules, group {group}) as Kimi K2.6 does; \
+                 copied it ({} files, {}) as the deployment whose KV cache becomes FP8",
+                shipped.modules,
+                shipped.files,
+                human(shipped.bytes)
+            );
+            stage(2, "quantize", line, seconds);
+            return;
+        }
+    };
     let line = format!(
         "recipe {}: {} tensors to INT4, {} to BF16, {} copied; {} → {}",
         report.recipe,
@@ -77,24 +116,33 @@ pub fn quantize(report: &QuantizeReport, seconds: f64) {
     }
 }
 
-pub fn verify(report: &VerifyReport, seconds: f64) {
+pub fn verify(report: &VerifyReport, against_source: bool, seconds: f64) {
     let worst = report
         .worst
         .first()
         .map(|w| format!(" (worst relative L2 {:.4} ≤ {DEFAULT_MAX_INT4_ERROR}: {})", w.relative_l2, w.name))
         .unwrap_or_default();
     let verdict = if report.passed { "OK" } else { "FAILED" };
-    let line = format!(
-        "{} shard(s) match the manifest, {} INT4 tensors the conventions, {} tensors the FP8 source: {verdict}{worst}",
-        report.shards_checked, report.quantized_tensors, report.compared_tensors
-    );
-    stage(3, "verify --source", line, seconds);
+    if !against_source {
+        let line = format!(
+            "{} INT4 tensors follow the compressed-tensors conventions and every engine's loading rules: {verdict}",
+            report.quantized_tensors
+        );
+        stage(3, "verify", line, seconds);
+    } else {
+        let line = format!(
+            "{} shard(s) match the manifest, {} INT4 tensors the conventions, {} tensors the FP8 source: \
+             {verdict}{worst}",
+            report.shards_checked, report.quantized_tensors, report.compared_tensors
+        );
+        stage(3, "verify --source", line, seconds);
+    }
     for problem in &report.problems {
         println!("{INDENT}mismatch: {problem}");
     }
 }
 
-pub fn inspect(report: &InspectReport, seconds: f64) {
+pub fn inspect(report: &InspectReport, sides: Sides, seconds: f64) {
     let dtypes = report
         .dtypes
         .iter()
@@ -102,17 +150,20 @@ pub fn inspect(report: &InspectReport, seconds: f64) {
         .collect::<Vec<_>>()
         .join(", ");
     let kind = report.architecture.as_deref().unwrap_or("unknown architecture");
-    stage(4, "inspect", format!("INT4 output, {kind}, {} tensors: {dtypes}", report.tensors), seconds);
+    let what = if sides.shipped { "deployment copy" } else { "INT4 output" };
+    stage(4, "inspect", format!("{what}, {kind}, {} tensors: {dtypes}", report.tensors), seconds);
 }
 
-pub fn eval(pair: &EvalPair, weights: Weights, seconds: f64) {
+pub fn eval(pair: &EvalPair, weights: Weights, sides: Sides, seconds: f64) {
     // Every demo tokenizer is byte-level; the synthetic ones add special tokens, so a token is not always a byte.
     let unit = match weights {
         Weights::Trained => "nats/byte",
         Weights::Random(_) => "nats/token",
     };
+    let (reference, candidate) =
+        if sides.shipped { ("INT4 as shipped", "its copy") } else { (sides.reference, sides.candidate) };
     let line = format!(
-        "{} bytes of {}: FP8 {:.4} {unit} (PPL {:.3}), INT4 {:.4} (PPL {:.3}), PPL ratio {:.4}",
+        "{} bytes of {}: {reference} {:.4} {unit} (PPL {:.3}), {candidate} {:.4} (PPL {:.3}), PPL ratio {:.4}",
         pair.fp8.chunks * pair.fp8.ctx,
         pair.text,
         pair.fp8.mean_nll,
@@ -124,7 +175,7 @@ pub fn eval(pair: &EvalPair, weights: Weights, seconds: f64) {
     stage(5, "eval", line, seconds);
 }
 
-pub fn calibrate_kv(report: &CalibReport, seconds: f64) {
+pub fn calibrate_kv(report: &CalibReport, sides: Sides, seconds: f64) {
     let scales = report
         .layers
         .iter()
@@ -132,11 +183,12 @@ pub fn calibrate_kv(report: &CalibReport, seconds: f64) {
         .collect::<Vec<_>>()
         .join(", ");
     let line = format!(
-        "{} {} layers from the sonnets ({} × {} bytes), scales written into the INT4 folder: {scales}",
+        "{} {} layers from the sonnets ({} × {} bytes), scales written into the {} folder: {scales}",
         report.layers.len(),
         report.cache.to_uppercase(),
         report.samples,
-        report.seq_len
+        report.seq_len,
+        if sides.shipped { "copied" } else { "INT4" }
     );
     stage(6, "calibrate-kv", line, seconds);
     let engines: Vec<String> = report
@@ -154,10 +206,12 @@ pub fn calibrate_kv(report: &CalibReport, seconds: f64) {
     println!("{INDENT}engines: {}; parity below caches FP8 KV as vLLM does", engines.join(", "));
 }
 
-pub fn parity(report: &ParityReport, weights: Weights, seconds: f64) {
+pub fn parity(report: &ParityReport, weights: Weights, sides: Sides, seconds: f64) {
     let gates = &report.gates;
     let line = format!(
-        "FP8 reference vs INT4 candidate, {} chunks × {} bytes of the held-out play ({} prompt, {} scored each)",
+        "{} reference vs {} candidate, {} chunks × {} bytes of the held-out play ({} prompt, {} scored each)",
+        sides.reference,
+        sides.candidate,
         report.chunks,
         report.ctx,
         report.prompt,
@@ -209,17 +263,24 @@ pub fn parity(report: &ParityReport, weights: Weights, seconds: f64) {
     }
 }
 
-pub fn serve(pair: &ServePair, weights: Weights, seconds: f64) {
+pub fn serve(pair: &ServePair, weights: Weights, sides: Sides, seconds: f64) {
+    let deployments = if sides.shipped {
+        "INT4 weights + BF16 KV beside the same + FP8 KV (prompts prefilled on the first)"
+    } else {
+        "FP8 weights + BF16 KV beside INT4 weights + FP8 KV (prompts prefilled on FP8)"
+    };
     let line = format!(
-        "FP8 weights + BF16 KV beside INT4 weights + FP8 KV (prompts prefilled on FP8), {MAX_NEW_TOKENS} bytes sampled at \
-         temperature {TEMPERATURE} with one seed (the texts agree until a near-tie flips a byte)",
+        "{deployments}, {MAX_NEW_TOKENS} bytes sampled at temperature {TEMPERATURE} with one seed (the texts agree \
+         until a near-tie flips a byte)",
     );
     stage(8, "serve-test", line, seconds);
     let (fp8, int4) = (&pair.fp8, &pair.int4);
     println!(
-        "{INDENT}paged KV cache: FP8 {} / INT4 {} page mappings verified before their decode steps, {} faults, {} aborted, \
+        "{INDENT}paged KV cache: {} {} / {} {} page mappings verified before their decode steps, {} faults, {} aborted, \
          verification {:.2} % / {:.2} % of decode time",
+        sides.reference,
         fp8.mappings_verified,
+        sides.candidate,
         int4.mappings_verified,
         fp8.faults_detected + int4.faults_detected,
         fp8.aborted + int4.aborted,
@@ -229,8 +290,9 @@ pub fn serve(pair: &ServePair, weights: Weights, seconds: f64) {
     for (fp8, int4) in fp8.requests.iter().zip(&int4.requests) {
         let same = fp8.token_ids.iter().zip(&int4.token_ids).take_while(|(a, b)| a == b).count();
         println!("{INDENT}{:?} (the first {same} of {} bytes agree)", fp8.prompt, fp8.tokens);
-        println!("{INDENT}  FP8  → {:?}", fp8.text);
-        println!("{INDENT}  INT4 → {:?}", int4.text);
+        let width = sides.reference.len().max(sides.candidate.len());
+        println!("{INDENT}  {:width$} → {:?}", sides.reference, fp8.text);
+        println!("{INDENT}  {:width$} → {:?}", sides.candidate, int4.text);
     }
     if let Weights::Random(_) = weights {
         println!("{INDENT}(random weights: the text is expected to be garbage)");
@@ -261,7 +323,7 @@ pub fn report(report: &Report, seconds: f64) {
     );
 }
 
-pub fn closing(seconds: f64, passed: bool, weights: Weights, kept: Option<&Folders>) {
+pub fn closing(seconds: f64, passed: bool, weights: Weights, sides: Sides, kept: Option<&Folders>) {
     let verdict = match (passed, weights) {
         (false, _) => "a check FAILED (see above)",
         (true, Weights::Trained) => "every check passed",
@@ -271,7 +333,19 @@ pub fn closing(seconds: f64, passed: bool, weights: Weights, kept: Option<&Folde
     };
     println!("\ndemo finished in {seconds:.1} s: {verdict}");
     if let Some(folders) = kept {
-        println!("folders kept: {} (FP8), {} (INT4)", folders.source.display(), folders.output.display());
+        let (source, output) = if sides.shipped { ("as shipped", "with FP8 KV scales") } else { ("FP8", "INT4") };
+        println!("folders kept: {} ({source}), {} ({output})", folders.source.display(), folders.output.display());
+    }
+    if sides.shipped {
+        println!(
+            "\nOn your own Kimi K2.5/K2.6/K2.7 folder (K26 = the release as shipped, K26KV = a copy of it):\n\
+             \x20 squeeze verify $K26 --engine vllm                  # the release against vLLM's loading rules\n\
+             \x20 squeeze calibrate-kv $K26KV --data calibration.txt # FP8 KV scales written into the copy\n\
+             \x20 squeeze eval --reference $K26 --candidate $K26KV --data heldout.txt   # BF16 vs FP8 KV parity gates\n\
+             \x20 squeeze serve-test $K26KV --prefill-model $K26 --kv-dtype fp8 --prompt \"Shall I compare thee\"\n\
+             \x20 squeeze report kimi-k2.6                           # KV capacity with BF16 and FP8 KV"
+        );
+        return;
     }
     println!(
         "\nOn your own checkpoint (FP8 = the vendor's FP8 release folder, INT4 = a new folder):\n\

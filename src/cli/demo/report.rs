@@ -5,7 +5,6 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::calib::CalibReport;
-use crate::convert::QuantizeReport;
 use crate::eval::parity::ParityReport;
 use crate::eval::EvalReport;
 use crate::inspect::InspectReport;
@@ -13,7 +12,7 @@ use crate::report::Report;
 use crate::serve::ServeReport;
 use crate::verify::VerifyReport;
 
-use super::stages::SourceReport;
+use super::stages::{Quantized, SourceReport};
 
 /// The same text evaluated on both checkpoints.
 #[derive(Debug, Clone, Serialize)]
@@ -51,7 +50,8 @@ pub struct DemoReport {
     pub folder: String,
     pub kept: bool,
     pub source: SourceReport,
-    pub quantize: QuantizeReport,
+    /// `squeeze quantize`'s report, or `{"already_int4": …}` where the source ships INT4 and was copied.
+    pub quantize: Quantized,
     pub verify: VerifyReport,
     pub inspect: InspectReport,
     pub eval: EvalPair,

@@ -7,6 +7,7 @@ use clap::Parser;
 
 use crate::calib::{calibrate, write_scales, CalibOptions, CalibReport, Strategy};
 use crate::chunks::EvalInput;
+use crate::convert::execute::ConvertError;
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
 use crate::demo_model::{write_checkpoint, Unpacked};
 use crate::engines::Engine;
@@ -79,8 +80,37 @@ pub fn source(weights: Weights, dir: &Path) -> anyhow::Result<SourceReport> {
     })
 }
 
-/// `squeeze quantize SOURCE OUTPUT` with the architecture's default recipe, on the CPU.
-pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<QuantizeReport> {
+/// What the quantize stage did.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(untagged)]
+pub enum Quantized {
+    /// The source was FP8: `squeeze quantize`'s report.
+    Converted(Box<QuantizeReport>),
+    /// The source ships INT4 (Kimi K2.6): quantize refused it, and the deployment folder is a copy of the source,
+    /// into which calibrate-kv writes the FP8 KV scales (the source stays the BF16-KV reference).
+    Shipped { already_int4: ShippedInt4 },
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ShippedInt4 {
+    /// compressed-tensors `pack-quantized` modules of the source.
+    pub modules: usize,
+    pub group_size: Option<usize>,
+    /// Files and bytes copied into the deployment folder.
+    pub files: usize,
+    pub bytes: u64,
+}
+
+impl Quantized {
+    /// Whether the source already shipped INT4 (and the candidate differs from it only in its KV cache).
+    pub fn shipped(&self) -> bool {
+        matches!(self, Quantized::Shipped { .. })
+    }
+}
+
+/// `squeeze quantize SOURCE OUTPUT` with the architecture's default recipe, on the CPU; a source that already ships
+/// INT4 is copied to OUTPUT instead.
+pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<Quantized> {
     let options = QuantizeOptions {
         input: source.to_path_buf(),
         output: output.to_path_buf(),
@@ -98,14 +128,38 @@ pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<QuantizeR
         calibration: None,
         part: None,
     };
-    Ok(quantize(&options, &Silent)?)
+    match quantize(&options, &Silent) {
+        Ok(report) => Ok(Quantized::Converted(Box::new(report))),
+        Err(ConvertError::AlreadyInt4 { modules, group_size, .. }) => {
+            let (files, bytes) = copy_files(source, output)?;
+            Ok(Quantized::Shipped { already_int4: ShippedInt4 { modules, group_size, files, bytes } })
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
-/// `squeeze verify OUTPUT --source SOURCE`.
-pub fn verify_output(output: &Path, source: &Path) -> anyhow::Result<VerifyReport> {
+/// Copies the files of folder `from` (a synthetic checkpoint: no subfolders) into a new folder `to`.
+fn copy_files(from: &Path, to: &Path) -> anyhow::Result<(usize, u64)> {
+    if to.exists() {
+        std::fs::remove_dir_all(to).with_context(|| format!("removing {}", to.display()))?;
+    }
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    let (mut files, mut bytes) = (0, 0);
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let path = entry?.path();
+        let target = to.join(path.file_name().expect("a folder entry has a name"));
+        bytes += std::fs::copy(&path, &target)
+            .with_context(|| format!("copying {} to {}", path.display(), target.display()))?;
+        files += 1;
+    }
+    Ok((files, bytes))
+}
+
+/// `squeeze verify OUTPUT [--source SOURCE]` (without a source: the conventions and every engine's rules).
+pub fn verify_output(output: &Path, source: Option<&Path>) -> anyhow::Result<VerifyReport> {
     Ok(verify(&VerifyOptions {
         output: output.to_path_buf(),
-        source: Some(source.to_path_buf()),
+        source: source.map(Path::to_path_buf),
         max_int4_error: DEFAULT_MAX_INT4_ERROR,
         worst: 1,
         engine: crate::engines::EngineChoice::All,
