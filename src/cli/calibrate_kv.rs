@@ -90,6 +90,14 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         anyhow::bail!("a --part writes only its --save-stats file; give --out/--sglang-json to `squeeze merge-calib`");
     }
     let writes = !args.dry_run && args.part.is_none();
+    if writes && args.out.is_none() && crate::io::hub::in_snapshot(&args.model) {
+        anyhow::bail!(
+            "{} is a snapshot in the Hugging Face cache: its files are links into blobs other snapshots share, so \
+             calibrate-kv does not write into it; pass --out DIR to write config.json, the index and the scales \
+             into a folder of your own (or --dry-run to see the scales only)",
+            args.model.display()
+        );
+    }
     let target = args.out.clone().unwrap_or_else(|| args.model.clone());
     let _lock = if !writes {
         None

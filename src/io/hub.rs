@@ -345,6 +345,13 @@ pub fn resolve_in(text: &str, env: &CacheEnv) -> Result<PathBuf, HubError> {
     Cache::locate(env)?.snapshot(&id)
 }
 
+/// Whether `path` is (inside) a snapshot of a Hugging Face cache: `…/models--ORG--NAME/snapshots/REV[/…]`, whose
+/// files are links into blobs that other snapshots share, so a writer must not edit it in place.
+pub fn in_snapshot(path: &Path) -> bool {
+    let parts: Vec<_> = path.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    parts.windows(3).any(|w| w[0].starts_with("models--") && w[1] == "snapshots" && !w[2].is_empty())
+}
+
 /// `ORG/NAME[@REV]` resolved to its snapshot folder in the cache this process's environment chooses.
 pub fn resolve(text: &str) -> Result<PathBuf, HubError> {
     resolve_in(text, &CacheEnv::from_process())
@@ -355,6 +362,14 @@ mod tests {
     use super::*;
 
     const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    #[test]
+    fn a_snapshot_folder_is_recognized_and_a_plain_folder_is_not() {
+        assert!(in_snapshot(Path::new("/c/hub/models--zai-org--GLM-5.2-FP8/snapshots/abc")));
+        assert!(in_snapshot(Path::new("hub/models--a--b/snapshots/abc/config.json")));
+        assert!(!in_snapshot(Path::new("/data/models--a--b/GLM-5.2-FP8")));
+        assert!(!in_snapshot(Path::new("/data/snapshots/abc")));
+    }
     const OTHER: &str = "fedcba9876543210fedcba9876543210fedcba98";
 
     /// A cache at `root` holding `models--org--tiny` with snapshots COMMIT (refs/main) and OTHER (refs/v2 and

@@ -79,3 +79,26 @@ fn an_existing_folder_wins_over_a_repo_id() {
     assert_eq!(json["model_type"], "glm4_moe", "the local glm45 folder, not the cached kimi-k2: {json}");
     assert!(local.is_dir());
 }
+
+/// calibrate-kv on a repo id would edit the cache's shared snapshot: refused unless --out names a folder of one's
+/// own, and the snapshot is left as it was.
+#[test]
+fn calibrate_kv_does_not_write_into_a_cache_snapshot_without_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, snapshot) = fake_cache(dir.path());
+    let text = dir.path().join("calibration.txt");
+    fs::write(&text, "Shall I compare thee to a summer's day? Thou art more lovely and more temperate.").unwrap();
+    let config_before = fs::read(snapshot.join("config.json")).unwrap();
+    let env = [("HF_HUB_CACHE", cache.as_path())];
+    let args = ["calibrate-kv", "org/tiny", "--data", path_str(&text), "--seq-len", "16", "--samples", "2"];
+    let run = squeeze_in(dir.path(), &env, &args);
+    expect_exit_2(&run, &[path_str(&snapshot), "Hugging Face cache", "--out DIR"]);
+    assert_eq!(fs::read(snapshot.join("config.json")).unwrap(), config_before);
+    assert!(!snapshot.join("kv-scales.safetensors").exists());
+
+    let out = dir.path().join("scales");
+    let mut with_out = args.to_vec();
+    with_out.extend(["--out", path_str(&out)]);
+    squeeze_in(dir.path(), &env, &with_out).ok();
+    assert!(out.join("kv-scales.safetensors").is_file());
+}

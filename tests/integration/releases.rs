@@ -108,6 +108,11 @@ fn kimi_k26_as_shipped_runs_every_subcommand_but_quantize() {
     assert_eq!(inspect["wrapper"]["architecture"], "KimiK25ForConditionalGeneration");
     assert_eq!(inspect["quantization_config"]["format"], "pack-quantized", "read from text_config");
     assert!(inspect["classes"]["vision"]["tensors"].as_u64().unwrap() > 0);
+    // report counts a packed INT4 weight's codes (8 per I32 word), not its words, scales or weight_shape: the same
+    // parameters synth made.
+    let made = squeeze(&["synth", "--arch", "kimi-k2.6", path_str(&temp.path().join("again")), "--json"]).ok().json();
+    let report = squeeze(&["report", path_str(&model), "--json"]).ok().json();
+    assert_eq!(report["parameters"], made["parameters"], "{report}");
 
     let verify = squeeze(&["verify", path_str(&model), "--engine", "all"]).ok();
     assert!(verify.stdout.contains("no squeeze-manifest.json"), "{}", verify.stdout);
