@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::layer::{Layer, LayerContext, LayerState};
 use super::moe::ExpertTimes;
+use super::mtp::MtpLayer;
 use super::tap::KvSource;
 use crate::io::Checkpoint;
 use crate::model::ModelConfig;
@@ -121,6 +122,38 @@ impl Model {
         reporter: &dyn Reporter,
         sink: &mut LogitsSink,
     ) -> Result<ForwardStats, RuntimeError> {
+        self.run(backend, sequences, reporter, sink, None)
+    }
+
+    /// [`Model::forward`], and the MTP layer's drafts: right after each sequence's logits, `drafts(index, logits)`
+    /// receives its `[len − 1, vocab]` draft logits (row `t` drafts token `t + 2`; see [`super::mtp`]). An error
+    /// when the model has no MTP layer.
+    pub fn forward_with_drafts(
+        &self,
+        backend: &dyn Backend,
+        sequences: &[Vec<u32>],
+        reporter: &dyn Reporter,
+        sink: &mut LogitsSink,
+        drafts: &mut LogitsSink,
+    ) -> Result<ForwardStats, RuntimeError> {
+        if self.config.num_nextn_predict_layers == 0 {
+            return Err(RuntimeError::Input(format!(
+                "{}: the model has no MTP layer (num_nextn_predict_layers is 0 in config.json), so there is no draft \
+                 to measure; --mtp needs a GLM-4.5/4.6/4.7 or GLM-5/5.1/5.2 checkpoint that keeps its MTP layer",
+                self.checkpoint.dir().display()
+            )));
+        }
+        self.run(backend, sequences, reporter, sink, Some(drafts))
+    }
+
+    fn run(
+        &self,
+        backend: &dyn Backend,
+        sequences: &[Vec<u32>],
+        reporter: &dyn Reporter,
+        sink: &mut LogitsSink,
+        mut drafts: Option<&mut LogitsSink>,
+    ) -> Result<ForwardStats, RuntimeError> {
         let config = &self.config;
         let reader = WeightReader::new(&self.checkpoint);
         let width = config.hidden_size;
@@ -162,9 +195,23 @@ impl Model {
         stats.load_seconds += started.elapsed().as_secs_f64();
         let started = Instant::now();
         backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
+        let mtp = match drafts {
+            Some(_) => {
+                let started = Instant::now();
+                let layer = MtpLayer::load(&reader, config)?.expect("forward_with_drafts checked the MTP layer");
+                stats.load_seconds += started.elapsed().as_secs_f64();
+                let (states, spans) = layer.hidden(&context, &hidden, sequences, &spans)?;
+                Some((layer, states, spans))
+            }
+            None => None,
+        };
         for (index, (start, length)) in spans.iter().enumerate() {
             let logits = backend.linear(&backend.row_range(&hidden, start..start + length)?, &head, None)?;
             sink(index, &backend.download(&logits)?)?;
+            if let (Some((layer, states, mtp_spans)), Some(drafts)) = (&mtp, drafts.as_mut()) {
+                let (start, length) = mtp_spans.iter().nth(index).expect("one MTP span per sequence");
+                drafts(index, &layer.logits(backend, states, start..start + length)?)?;
+            }
         }
         stats.compute_seconds += started.elapsed().as_secs_f64();
         reporter.advance(1);

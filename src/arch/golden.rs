@@ -104,3 +104,52 @@ fn glm52_matches_transformers_and_not_an_all_full_indexer_run() {
     println!("glm5.2 sequence 0 against the all-full indexer run: relative L2 {relative_l2:.3e}");
     assert!(relative_l2 > 100.0 * MAX_RELATIVE_L2, "shared and all-full indexers agree ({relative_l2:.3e})");
 }
+
+/// The MTP layer's draft logits against `scripts/oracle/make-mtp-golden.py` (transformers' decoder layer around
+/// vLLM's MTP glue) on `arch`'s golden checkpoint and input ids, with uneven sequence lengths in one batch.
+fn check_mtp(arch: &str) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime").join(arch);
+    let mtp = ShardFile::open(&dir.join("mtp.safetensors"))
+        .unwrap_or_else(|e| panic!("{e}: MTP golden missing; run scripts/oracle/make-mtp-golden.py"));
+    let ids = mtp.get("input_ids").expect("input_ids");
+    let (sequences, length) = (ids.shape[0], ids.shape[1]);
+    let ids: Vec<u32> = ids.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
+    let want = read_f32(mtp.get("mtp_logits").expect("mtp_logits").bytes);
+    let vocab = want.len() / (sequences * (length - 1));
+
+    let model = Model::open(&dir).expect("golden checkpoint opens");
+    let mut batch: Vec<Vec<u32>> = ids.chunks(length).map(<[u32]>::to_vec).collect();
+    batch[1].truncate(TRUNCATED);
+    let mut got: Vec<Vec<f32>> = vec![Vec::new(); sequences];
+    model
+        .forward_with_drafts(&Cpu, &batch, &Silent, &mut |_, _| Ok(()), &mut |index, logits| {
+            got[index] = logits.to_vec();
+            Ok(())
+        })
+        .expect("forward with drafts runs");
+    for (index, logits) in got.iter().enumerate() {
+        let rows = batch[index].len() - 1;
+        assert_eq!(logits.len(), rows * vocab, "{arch} sequence {index}: one draft row per position but the last");
+        let reference = &want[index * (length - 1) * vocab..][..rows * vocab];
+        let (relative_l2, max_abs) = errors(logits, reference);
+        println!(
+            "{arch} MTP sequence {index} ({rows} drafts): relative L2 {relative_l2:.3e}, max |Δlogit| {max_abs:.3e}"
+        );
+        assert!(relative_l2 <= MAX_RELATIVE_L2, "{arch} MTP sequence {index}: relative L2 {relative_l2:.3e}");
+    }
+}
+
+#[test]
+fn glm45_mtp_drafts_match_the_oracle() {
+    check_mtp("glm45");
+}
+
+#[test]
+fn glm5_mtp_drafts_match_the_oracle() {
+    check_mtp("glm5");
+}
+
+#[test]
+fn glm52_mtp_drafts_match_the_oracle() {
+    check_mtp("glm5.2");
+}

@@ -32,6 +32,7 @@ pub mod indexer;
 pub mod layer;
 pub mod mla;
 pub mod moe;
+pub mod mtp;
 pub mod paged;
 pub mod tap;
 

@@ -80,6 +80,10 @@ pub struct Args {
     /// per-chunk error sums), a small safetensors file, for `squeeze merge-eval FILE…`.
     #[arg(long, value_name = "FILE")]
     pub save_stats: Option<PathBuf>,
+    /// Also measure the MTP layer's speculative-decoding drafts (GLM-4.5+ and GLM-5+ checkpoints): the share of
+    /// greedy drafts the main model accepts, the mean accepted length per step, the draft's KLD from the main model.
+    #[arg(long, conflicts_with = "reference")]
+    pub mtp: bool,
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
     #[arg(long, default_value = "auto")]
@@ -114,6 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         save_logits: args.save_logits.clone(),
         part: args.part,
         save_stats: args.save_stats.clone(),
+        mtp: args.mtp,
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate(&options, backend.as_ref(), &Bar::new(false))
@@ -143,6 +148,23 @@ pub(super) fn print_eval(report: &crate::eval::EvalReport) {
         ),
     ]);
     table.row(vec!["tokens/s".into(), format!("{:.1}", report.tokens_per_second)]);
+    if let Some(mtp) = &report.mtp {
+        table.row(vec![
+            format!("MTP layer {} drafts", mtp.layer),
+            format!(
+                "{:.2} ± {:.2} % accepted over {} positions (mean accepted length {:.3}), KLD from the main model \
+                 {:.5} ± {:.5}, draft PPL {:.3} vs main {:.3} on token t+2",
+                mtp.acceptance,
+                mtp.acceptance_stderr,
+                mtp.positions,
+                mtp.mean_accepted_length,
+                mtp.mean_kld,
+                mtp.mean_kld_stderr,
+                mtp.draft_ppl,
+                mtp.main_ppl
+            ),
+        ]);
+    }
     if let Some(uploads) = report.uploads {
         table.row(vec![
             "weight uploads".into(),

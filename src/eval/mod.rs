@@ -2,6 +2,7 @@
 //! or a safetensors `input_ids` tensor), computed by the layer-streamed reference runtime.
 
 mod logits_file;
+pub mod mtp;
 mod nll;
 pub mod parity;
 pub mod part_stats;
@@ -34,6 +35,8 @@ pub struct EvalOptions {
     pub part: Option<Part>,
     /// `--save-stats FILE`: write the per-position NLLs for `squeeze merge-eval`.
     pub save_stats: Option<PathBuf>,
+    /// `--mtp`: also measure the MTP layer's draft acceptance.
+    pub mtp: bool,
 }
 
 /// The result of an evaluation.
@@ -70,6 +73,9 @@ pub struct EvalReport {
     /// Host↔device copies by kind and kernel launches of a device backend (absent on the CPU).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceCounters>,
+    /// `--mtp`: the MTP layer's draft acceptance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<mtp::DraftReport>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,8 +106,16 @@ pub fn evaluate(
         Some(path) => Some(LogitsWriter::create(path, [sequences.len(), ctx, vocab])?),
         None => None,
     };
+    if options.mtp && (options.part.is_some() || options.save_stats.is_some()) {
+        return Err(EvalError::Input(
+            "--mtp does not combine with --part/--save-stats yet (the part files hold no draft statistics): \
+             measure MTP acceptance in one run"
+                .into(),
+        ));
+    }
     let mut stats = NllStats::default();
-    let forward = model.forward(backend, &sequences, reporter, &mut |index, logits| {
+    let drafts = std::cell::RefCell::new(mtp::DraftSamples::default());
+    let mut sink = |index: usize, logits: &[f32]| {
         if let Some(position) = logits.iter().position(|v| !v.is_finite()) {
             return Err(RuntimeError::Input(format!(
                 "{}: chunk {index} produced a non-finite logit (token position {}): a weight or scale of the model \
@@ -112,11 +126,23 @@ pub fn evaluate(
             )));
         }
         stats.add_sequence(&sequences[index], logits, vocab);
+        if options.mtp {
+            drafts.borrow_mut().main(logits);
+        }
         if let Some(writer) = writer.as_mut() {
             writer.append(logits).map_err(|e| RuntimeError::Output(e.to_string()))?;
         }
         Ok(())
-    });
+    };
+    let forward = if options.mtp {
+        let mut draft_sink = |index: usize, logits: &[f32]| {
+            drafts.borrow_mut().drafts(&sequences[index], logits, vocab);
+            Ok(())
+        };
+        model.forward_with_drafts(backend, &sequences, reporter, &mut sink, &mut draft_sink)
+    } else {
+        model.forward(backend, &sequences, reporter, &mut sink)
+    };
     let forward = match forward {
         Ok(forward) => forward,
         Err(error) => {
@@ -153,6 +179,9 @@ pub fn evaluate(
         report(&run, sequences.len(), &stats, options.save_logits.as_ref().map(|p| p.display().to_string()));
     report.uploads = backend.uploads();
     report.device = backend.device_counters();
+    if options.mtp {
+        report.mtp = Some(drafts.borrow().report(model.config().num_hidden_layers));
+    }
     Ok(report)
 }
 
@@ -180,5 +209,6 @@ fn report(run: &part_stats::EvalRun, chunks: usize, stats: &NllStats, logits_fil
         layers: run.layers,
         uploads: None,
         device: None,
+        mtp: None,
     }
 }

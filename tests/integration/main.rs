@@ -16,6 +16,7 @@ mod gptq;
 mod hub;
 mod imatrix;
 mod lint;
+mod mtp;
 mod parity;
 mod parts;
 mod quantize;

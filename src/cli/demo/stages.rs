@@ -185,6 +185,7 @@ pub fn eval_model(model: &Path, text: &Path) -> anyhow::Result<EvalReport> {
         save_logits: None,
         part: None,
         save_stats: None,
+        mtp: false,
     };
     evaluate(&options, &Cpu, &Silent).with_context(|| format!("evaluating {}", model.display()))
 }

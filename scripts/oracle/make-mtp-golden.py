@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Write tests/golden/runtime/<arch>/mtp.safetensors: the draft logits of the MTP layer of the committed runtime
+goldens (glm45, glm5, glm5.2: each model.safetensors keeps the MTP layer `model.layers.{num_hidden_layers}` that
+`squeeze synth` writes) on `input_ids` of their own (redrawn until no top-k decision is a near-tie), so CI checks
+squeeze's MTP forward without Python.
+
+Usage (from the repository root, after scripts/oracle/setup-venv.sh):
+
+    .venv-oracle/bin/python scripts/oracle/make-mtp-golden.py [--arch glm45 --arch glm5 --arch glm5.2]
+
+transformers drops MTP layers, so the MTP glue is written here from vLLM 0.32's own module
+(`vllm/model_executor/models/deepseek_mtp.py` and `glm4_moe_mtp.py`, `*MultiTokenPredictorLayer.forward`), and
+everything else is transformers 5.24:
+
+    h_t      = the main model's hidden state after its final norm   (transformers: model.model(...).last_hidden_state)
+    e        = embed(x_{t+1}), zeroed at position t = 0             (vLLM: "masking inputs at position 0")
+    x        = eh_proj([enorm(e) | hnorm(h_t)])                     (vLLM RMSNorm, eps = rms_norm_eps)
+    logits   = shared_head.head(shared_head.norm(block(x)))         block: transformers' own decoder layer
+
+The block runs as a one-layer transformers model of the same architecture whose layer 0 is the MTP layer's decoder
+layer, whose final norm is `shared_head.norm` and whose head is `shared_head.head`, fed `inputs_embeds = x` at
+positions 0..len-2 (vLLM runs the MTP layer at the target positions t). The MTP layer's own `embed_tokens` and
+`shared_head.head` are used where stored (synth stores both, as GLM-4.5 does). Router margins of the MTP layer are
+recorded with the main model's, and input ids with a near-tie anywhere are drawn again.
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+import transformers
+
+HERE = pathlib.Path(__file__).resolve().parent
+spec = importlib.util.spec_from_file_location("runtime_golden", HERE / "make-runtime-golden.py")
+runtime_golden = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runtime_golden)
+
+
+def rms_norm(x, weight, eps):
+    """vLLM's RMSNorm in float32: x · rsqrt(mean(x²) + eps) · weight."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def block_model(config, weights, mtp, scratch):
+    """A one-layer model of the same architecture: layer 0 = the MTP layer's decoder layer, norm = shared_head.norm,
+    lm_head = the MTP head."""
+    prefix = f"model.layers.{mtp}."
+    glue = ("embed_tokens.", "enorm.", "hnorm.", "eh_proj.", "shared_head.")
+    block = {}
+    for name, tensor in weights.items():
+        if name.startswith(prefix) and not name[len(prefix):].startswith(glue):
+            block["model.layers.0." + name[len(prefix):]] = tensor.contiguous()
+    block["model.norm.weight"] = weights[prefix + "shared_head.norm.weight"]
+    block["lm_head.weight"] = weights.get(prefix + "shared_head.head.weight", weights["lm_head.weight"])
+    block["model.embed_tokens.weight"] = weights.get(prefix + "embed_tokens.weight", weights["model.embed_tokens.weight"])
+    one = dict(config, num_hidden_layers=1, num_nextn_predict_layers=0, first_k_dense_replace=0, tie_word_embeddings=False)
+    one.pop("quantization_config", None)
+    one["torch_dtype"] = "float32"
+    if "indexer_types" in one:
+        one["indexer_types"] = ["full"]  # vLLM's MTP layer computes its own top-k (index_share_for_mtp_iteration)
+    if "mlp_layer_types" in one:
+        one["mlp_layer_types"] = ["sparse"]
+    folder = scratch / "block"
+    folder.mkdir()
+    save_file(block, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(one, indent=2))
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    if info.get("missing_keys"):
+        sys.exit(f"MTP block: transformers left weights random: {sorted(info['missing_keys'])[:8]}")
+    return model.eval()
+
+
+def run_arch(arch, root):
+    folder = root / arch
+    config = json.loads((folder / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    if config.get("num_nextn_predict_layers", 0) < 1:
+        sys.exit(f"{arch}: the golden model has no MTP layer")
+    shape = load_file(str(folder / "golden.safetensors"))["input_ids"].shape
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = pathlib.Path(scratch)
+        checkpoint = scratch / "checkpoint"  # the model file alone (the folder also holds the goldens)
+        checkpoint.mkdir()
+        (checkpoint / "model.safetensors").symlink_to((folder / "model.safetensors").resolve())
+        weights = runtime_golden.dequantize(checkpoint)
+        runtime_golden.float_folder(arch, checkpoint, scratch / "main", config)
+        main = transformers.AutoModelForCausalLM.from_pretrained(str(scratch / "main"), dtype=torch.float32, attn_implementation="eager")
+        main.eval()
+        block = block_model(config, weights, layers, scratch)
+        eps = config["rms_norm_eps"]
+        prefix = f"model.layers.{layers}."
+        embedding = weights.get(prefix + "embed_tokens.weight", weights["model.embed_tokens.weight"])
+        # Input ids of their own, redrawn until no router or DSA top-k decision of the main model or the MTP layer is
+        # a near-tie (a tiny DSA layer often ranks keys with all-zero ReLU scores at its top-k boundary).
+        for draw in range(50):
+            generator = torch.Generator().manual_seed(2000 + draw)
+            input_ids = torch.randint(0, config["vocab_size"], tuple(shape), generator=generator)
+            record = []
+            handles = runtime_golden.margins_hooks(main, config, record) + runtime_golden.margins_hooks(block, config, record)
+            with torch.no_grad():
+                hidden = main.model(input_ids=input_ids).last_hidden_state[:, :-1]
+                embedded = F.embedding(input_ids[:, 1:], embedding)
+                embedded[:, 0] = 0.0
+                x = torch.cat(
+                    [rms_norm(embedded, weights[prefix + "enorm.weight"], eps), rms_norm(hidden, weights[prefix + "hnorm.weight"], eps)], -1
+                )
+                x = F.linear(x, weights[prefix + "eh_proj.weight"])
+                mtp_logits = block(inputs_embeds=x).logits.float()
+            for handle in handles:
+                handle.remove()
+            smallest = min((margin for _, margin in record), default=math.inf)
+            if smallest >= runtime_golden.MIN_MARGIN:
+                break
+            print(f"{arch} draw {draw}: near-tie {smallest:.2e} in {[n for n, m in record if m < runtime_golden.MIN_MARGIN][:2]}")
+        else:
+            sys.exit(f"{arch}: no input ids without near-ties in 50 draws")
+    print(f"{arch}: MTP logits {list(mtp_logits.shape)} on draw {draw}, smallest top-k margin {smallest:.3e}")
+    save_file({"input_ids": input_ids.to(torch.int64), "mtp_logits": mtp_logits.contiguous()}, str(folder / "mtp.safetensors"))
+    meta = {
+        "arch": arch, "mtp_layer": layers, "draw": draw, "smallest_topk_margin": smallest,
+        "min_margin": runtime_golden.MIN_MARGIN, "torch": torch.__version__, "transformers": transformers.__version__,
+        "glue": "vLLM 0.32 deepseek_mtp.py / glm4_moe_mtp.py", "mtp_logits_shape": list(mtp_logits.shape),
+    }
+    (folder / "mtp.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="tests/golden/runtime")
+    parser.add_argument("--arch", action="append", help="glm45, glm5, glm5.2 (default: all three)")
+    args = parser.parse_args()
+    for arch in args.arch or ["glm45", "glm5", "glm5.2"]:
+        run_arch(arch, pathlib.Path(args.root))
+
+
+if __name__ == "__main__":
+    main()

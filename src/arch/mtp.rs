@@ -1,0 +1,112 @@
+//! The multi-token-prediction (MTP) layer of GLM-4.5/4.6/4.7 and GLM-5/5.1/5.2 (DeepSeek-V3's MTP as the
+//! engines serve it), at index `num_hidden_layers`: for position `t` it takes the main model's final hidden state
+//! `h_t` and the embedding of the next token `x_{t+1}` and drafts token `x_{t+2}`:
+//!
+//! ```text
+//! e = embed(x_{t+1}), zeroed at position 0           (vLLM deepseek_mtp.py / glm4_moe_mtp.py: "masking inputs at
+//!                                                     position 0, as not needed by MTP")
+//! h = eh_proj([enorm(e) | hnorm(h_t)])                h_t: the main model's hidden state after its final norm
+//! h = decoder layer `num_hidden_layers` (h)           the same [`Layer`] as every other: MLA or GQA, MoE, GLM-5's
+//!                                                     own DSA indexer, causal over the MTP inputs at positions t
+//! logits = shared_head.head(shared_head.norm(h))
+//! ```
+//!
+//! The embedding is the layer's own `embed_tokens` where the checkpoint stores one (GLM-4.5), else the model's
+//! (GLM-4.6 and later drop the copy); the head likewise `shared_head.head`, else `lm_head` (vLLM's GLM-4 MTP loader
+//! maps `lm_head.weight` onto `shared_head.head`).
+
+use std::ops::Range;
+
+use super::layer::{Layer, LayerContext, LayerState};
+use super::moe::ExpertTimes;
+use super::tap::KvSource;
+use crate::model::ModelConfig;
+use crate::runtime::backend::{Backend, Matrix};
+use crate::runtime::layer_stream::StreamedLayer;
+use crate::runtime::tensor::Tensor;
+use crate::runtime::weights::WeightReader;
+use crate::runtime::{RuntimeError, Spans};
+
+/// The first MTP layer, loaded.
+pub struct MtpLayer {
+    /// The embedding table its next-token input is read from.
+    embedding: String,
+    enorm: Matrix,
+    hnorm: Matrix,
+    eh_proj: Matrix,
+    layer: Layer,
+    head_norm: Matrix,
+    head: Matrix,
+}
+
+impl MtpLayer {
+    /// The model's first MTP layer (`model.layers.{num_hidden_layers}`), or `None` when the config has none.
+    pub fn load(reader: &WeightReader, config: &ModelConfig) -> Result<Option<Self>, RuntimeError> {
+        if config.num_nextn_predict_layers == 0 {
+            return Ok(None);
+        }
+        let index = config.num_hidden_layers;
+        let hidden = config.hidden_size;
+        let name = |suffix: &str| format!("model.layers.{index}.{suffix}");
+        let own_or = |own: String, shared: &str| if reader.contains(&own) { own } else { shared.to_string() };
+        let embedding = own_or(name("embed_tokens.weight"), "model.embed_tokens.weight");
+        let head = own_or(name("shared_head.head.weight"), "lm_head.weight");
+        Ok(Some(Self {
+            embedding,
+            enorm: reader.parameter(&name("enorm.weight"), hidden)?,
+            hnorm: reader.parameter(&name("hnorm.weight"), hidden)?,
+            eh_proj: reader.matrix(&name("eh_proj.weight"), [hidden, 2 * hidden])?,
+            layer: Layer::load(reader, config, index)?,
+            head_norm: reader.parameter(&name("shared_head.norm.weight"), hidden)?,
+            head: reader.matrix(&head, [config.vocab_size, hidden])?,
+        }))
+    }
+
+    /// The MTP layer's hidden states after `shared_head.norm`, `[Σ (len − 1), hidden]` in the returned spans: row `t`
+    /// of a sequence of `len` tokens drafts token `t + 2` from `normed` (the main model's hidden states after its
+    /// final norm, `[Σ len, hidden]` in `spans`) at row `t` and the sequence's token `t + 1`.
+    pub fn hidden(
+        &self,
+        context: &LayerContext,
+        normed: &Tensor,
+        sequences: &[Vec<u32>],
+        spans: &Spans,
+    ) -> Result<(Tensor, Spans), RuntimeError> {
+        let LayerContext { backend, reader, config, .. } = *context;
+        let width = config.hidden_size;
+        let eps = config.rms_norm_eps as f32;
+        let lengths: Vec<usize> = sequences.iter().map(|s| s.len().saturating_sub(1)).collect();
+        let mtp_spans = Spans::new(&lengths);
+        // The next token of every position but each sequence's last, its embedding zeroed at position 0.
+        let next: Vec<u32> = sequences.iter().flat_map(|s| s.iter().skip(1).copied()).collect();
+        let mut embedded = reader.rows(&self.embedding, width, &next)?;
+        for (start, length) in mtp_spans.iter() {
+            if length > 0 {
+                embedded[start * width..(start + 1) * width].fill(0.0);
+            }
+        }
+        let embedded = backend.rms_normed(&backend.upload(&embedded, width)?, &self.enorm, eps)?;
+        let rows: Vec<usize> =
+            spans.iter().zip(&lengths).flat_map(|((start, _), &length)| start..start + length).collect();
+        let previous = backend.rms_normed(&backend.gather_rows(normed, &rows)?, &self.hnorm, eps)?;
+        let mut hidden = backend.linear(&backend.concat_columns(&[&embedded, &previous])?, &self.eh_proj, None)?;
+        let mut state = LayerState::default();
+        let times = ExpertTimes::default();
+        self.layer.forward(context, &mut hidden, &mtp_spans, KvSource::Own, &mut state, &times, None)?;
+        backend.rms_norm(&mut hidden, width, &self.head_norm, eps)?;
+        Ok((hidden, mtp_spans))
+    }
+
+    /// The draft logits `[rows, vocab]` of rows `range` of [`MtpLayer::hidden`]'s states.
+    pub fn logits(
+        &self,
+        backend: &dyn Backend,
+        hidden: &Tensor,
+        range: Range<usize>,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
+        backend.download(&backend.linear(&backend.row_range(hidden, range)?, &self.head, None)?)
+    }
+}
