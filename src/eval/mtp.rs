@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use super::parity::{Summary, TokenSamples};
+use super::parity::{GateFailure, Summary, TokenSamples};
 
 /// The MTP layer's drafts against the main model.
 #[derive(Debug, Clone, Serialize)]
@@ -28,6 +28,34 @@ pub struct DraftReport {
     /// Perplexity of the draft and of the main model on the true token `t + 2`.
     pub draft_ppl: f64,
     pub main_ppl: f64,
+}
+
+/// `eval --reference --candidate --mtp`: both models' drafts and the candidate's drop in acceptance.
+#[derive(Debug, Clone, Serialize)]
+pub struct DraftParity {
+    pub reference: DraftReport,
+    pub candidate: DraftReport,
+    /// Reference acceptance minus the candidate's, percentage points (negative: the candidate accepts more).
+    pub drop: f64,
+    /// The gate: fail when `drop` exceeds this.
+    pub max_drop: f64,
+}
+
+impl DraftParity {
+    pub fn new(reference: DraftReport, candidate: DraftReport, max_drop: f64) -> Self {
+        let drop = reference.acceptance - candidate.acceptance;
+        Self { reference, candidate, drop, max_drop }
+    }
+
+    /// The `max-mtp-drop` gate's failure, if the candidate lost more acceptance than allowed.
+    pub fn failure(&self) -> Option<GateFailure> {
+        (self.drop > self.max_drop).then(|| GateFailure {
+            gate: "max-mtp-drop".into(),
+            mode: "mtp".into(),
+            value: self.drop,
+            limit: self.max_drop,
+        })
+    }
 }
 
 /// Collects a forward pass's main and draft logits, one sequence at a time.
@@ -73,6 +101,25 @@ impl DraftSamples {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_drop_gate_fails_only_past_its_limit() {
+        let report = |acceptance: f64| DraftReport {
+            layer: 3,
+            positions: 10,
+            acceptance,
+            acceptance_stderr: 0.0,
+            mean_accepted_length: 1.0 + acceptance / 100.0,
+            mean_kld: 0.0,
+            mean_kld_stderr: 0.0,
+            draft_ppl: 1.0,
+            main_ppl: 1.0,
+        };
+        let failed = DraftParity::new(report(80.0), report(70.0), 5.0).failure().expect("a 10-point drop fails");
+        assert_eq!((failed.gate.as_str(), failed.value, failed.limit), ("max-mtp-drop", 10.0, 5.0));
+        assert!(DraftParity::new(report(80.0), report(76.0), 5.0).failure().is_none());
+        assert!(DraftParity::new(report(70.0), report(80.0), 0.0).failure().is_none(), "a gain is no drop");
+    }
 
     #[test]
     fn a_draft_equal_to_the_next_main_row_is_always_accepted_and_a_shifted_one_is_not() {

@@ -203,6 +203,7 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
         modes: json_modes,
         gates: run.gates,
         failures,
+        mtp: None,
         seconds: runs.iter().map(|run| run.seconds).sum(),
         mode_reports,
     };

@@ -60,3 +60,32 @@ fn eval_mtp_bad_input_exits_2_naming_the_flag_or_tensor() {
     let run = squeeze(&["eval", path_str(&glm), "--data", SONNETS, "--ctx", "32", "--chunks", "1", "--mtp"]);
     expect_exit_2(&run, &["model.layers.3.eh_proj.weight"]);
 }
+
+#[test]
+fn parity_mtp_puts_both_models_drafts_side_by_side_and_gates_the_drop() {
+    let temp = tempfile::tempdir().unwrap();
+    let fp8 = synth(temp.path(), "glm45", "glm45", &[]);
+    let int4 = temp.path().join("int4");
+    squeeze(&["quantize", path_str(&fp8), path_str(&int4)]).ok();
+    let parity = |candidate: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["eval", "--reference", path_str(&fp8), "--candidate", path_str(candidate)];
+        args.extend(["--data", SONNETS, "--ctx", "48", "--chunks", "2", "--mtp", "--json", "--modes", "weights"]);
+        args.extend_from_slice(extra);
+        squeeze(&args)
+    };
+    // Against itself: the same drafts, no drop.
+    let same = parity(&fp8, &[]).json();
+    assert_eq!(same["mtp"]["drop"], 0.0, "{}", same["mtp"]);
+    assert_eq!(same["mtp"]["reference"]["mean_kld"], same["mtp"]["candidate"]["mean_kld"]);
+
+    let run = parity(&int4, &["--max-mtp-drop", "100"]);
+    let json = run.json();
+    let (reference, candidate) = (&json["mtp"]["reference"], &json["mtp"]["candidate"]);
+    assert_eq!(reference["positions"], 2 * 46);
+    let drop = reference["acceptance"].as_f64().unwrap() - candidate["acceptance"].as_f64().unwrap();
+    assert_eq!(json["mtp"]["drop"].as_f64().unwrap(), drop);
+    assert!(json["failures"].as_array().unwrap().iter().all(|f| f["gate"] != "max-mtp-drop"), "{}", json["failures"]);
+
+    let without = squeeze(&["eval", path_str(&fp8), "--data", SONNETS, "--max-mtp-drop", "3"]);
+    expect_exit_2(&without, &["--mtp"]);
+}

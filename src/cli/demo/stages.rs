@@ -223,6 +223,7 @@ pub fn parity(reference: &Path, candidate: &Path, text: &Path) -> anyhow::Result
         engine: Engine::Vllm,
         part: None,
         save_stats: None,
+        max_mtp_drop: None,
     };
     evaluate_parity(&options, &Cpu, &Silent)
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))

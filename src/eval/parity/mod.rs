@@ -104,6 +104,8 @@ pub struct ParityOptions {
     pub part: Option<Part>,
     /// `--save-stats FILE`: write the raw per-position and per-layer statistics for `squeeze merge-eval`.
     pub save_stats: Option<PathBuf>,
+    /// `--mtp`: also measure both models' MTP draft acceptance, gated on the candidate's drop (percentage points).
+    pub max_mtp_drop: Option<f64>,
 }
 
 /// The KV scales the FP8-KV modes used, and why.
@@ -161,6 +163,9 @@ pub struct ParityReport {
     pub modes: Map<String, serde_json::Value>,
     pub gates: Gates,
     pub failures: Vec<GateFailure>,
+    /// `--mtp`: both models' MTP drafts on every position of the chunks (one extra forward of each model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<super::mtp::DraftParity>,
     pub seconds: f64,
     #[serde(skip)]
     pub mode_reports: Vec<(Mode, ModeReport)>,
@@ -243,6 +248,13 @@ pub fn evaluate_parity(
     reporter: &dyn Reporter,
 ) -> Result<ParityReport, EvalError> {
     let started = Instant::now();
+    if options.max_mtp_drop.is_some() && (options.part.is_some() || options.save_stats.is_some()) {
+        return Err(EvalError::Input(
+            "--mtp does not combine with --part/--save-stats yet (the part files hold no draft statistics): \
+             measure MTP acceptance in one run"
+                .into(),
+        ));
+    }
     let (reference, candidate) = open_models(options)?;
     let config = reference.config();
     // Half of each chunk is the prompt; at least two scored positions must remain.
@@ -280,7 +292,29 @@ pub fn evaluate_parity(
         rows_per_chunk: (ctx - prompt) as u64,
         moe_layers: (0..config.num_hidden_layers).map(|layer| config.runs_moe(layer)).collect(),
     };
-    let Summaries { mode_reports, json_modes, failures } = summarize(&stats, &modes, &options.gates)?;
+    let Summaries { mode_reports, json_modes, mut failures } = summarize(&stats, &modes, &options.gates)?;
+    let mtp = match options.max_mtp_drop {
+        Some(max_drop) => {
+            let drafts = |model: &PathBuf| -> Result<super::mtp::DraftReport, EvalError> {
+                let eval = super::EvalOptions {
+                    model: model.clone(),
+                    input: options.input.clone(),
+                    chunks: options.chunks,
+                    save_logits: None,
+                    part: None,
+                    save_stats: None,
+                    mtp: true,
+                };
+                let report = super::evaluate(&eval, backend, &crate::progress::Silent)?;
+                Ok(report.mtp.expect("an --mtp eval reports its drafts"))
+            };
+            let parity =
+                super::mtp::DraftParity::new(drafts(&options.reference)?, drafts(&options.candidate)?, max_drop);
+            failures.extend(parity.failure());
+            Some(parity)
+        }
+        None => None,
+    };
 
     let report = ParityReport {
         reference: options.reference.display().to_string(),
@@ -297,6 +331,7 @@ pub fn evaluate_parity(
         modes: json_modes,
         gates: options.gates,
         failures,
+        mtp,
         seconds: started.elapsed().as_secs_f64(),
         mode_reports,
     };
