@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# MTP draft acceptance before deployment (issue 30): the trained tiny GLM-4.5-shaped model's FP8 source against
+# its INT4 outputs (the built-in recipe, which quantizes the MTP layer's routed experts like the others), with
+# round-to-nearest (ct-minmax) and GPTQ (whose MTP experts fall back to mse: the calibration pass does not run the
+# MTP layer yet). Outputs that keep the MTP experts BF16 are refused by the engine rules today (issue 30 item 4). One `squeeze eval --reference FP8 --candidate INT4 --mtp` per output on The Tempest (held out of training):
+# acceptance of greedy depth-1 drafts, mean accepted length, the drafts' KLD from each model's own main model, the
+# drop against FP8. GPTQ calibrates on the sonnets. Prints a table; asserts nothing.
+#
+#   scripts/bench-mtp.sh [--model DIR] [--ctx 256] [--chunks 8] [--keep DIR]
+#   SQUEEZE=path/to/squeeze runs that binary instead of building target/release/squeeze.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=eval/tiny-shakespeare-glm45-fp8 ctx=256 chunks=8 keep=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) model="$2"; shift 2 ;;
+    --ctx) ctx="$2"; shift 2 ;;
+    --chunks) chunks="$2"; shift 2 ;;
+    --keep) keep="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+if [ -z "${SQUEEZE:-}" ]; then
+  cargo build --release --quiet
+  SQUEEZE=target/release/squeeze
+fi
+work=${keep:-$(mktemp -d)}
+mkdir -p "$work"
+printf '| MTP experts | method | acceptance %% ± stderr | mean accepted length | draft KLD ± stderr | drop vs FP8 (points) |\n'
+printf '| --- | --- | ---: | ---: | ---: | ---: |\n'
+row() {
+  local label=$1 method=$2 out=$3 json
+  json=$("$SQUEEZE" eval --reference "$model" --candidate "$out" --data eval/shakespeare-heldout.txt --ctx "$ctx" \
+    --chunks "$chunks" --modes weights --mtp --max-mtp-drop 100 --json)
+  python3 - "$label" "$method" "$json" <<'PY'
+import json, sys
+label, method, report = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+m = report["mtp"]
+if label == "FP8 source":
+    r = m["reference"]
+    print(f"| FP8 source | - | {r['acceptance']:.2f} ± {r['acceptance_stderr']:.2f} | {r['mean_accepted_length']:.3f} | {r['mean_kld']:.4f} ± {r['mean_kld_stderr']:.4f} | 0 |")
+else:
+    c = m["candidate"]
+    print(f"| {label} | {method} | {c['acceptance']:.2f} ± {c['acceptance_stderr']:.2f} | {c['mean_accepted_length']:.3f} | {c['mean_kld']:.4f} ± {c['mean_kld_stderr']:.4f} | {m['drop']:+.2f} |")
+PY
+}
+row "FP8 source" - "$model"
+for method in ct-minmax gptq; do
+  out="$work/$method"
+  args=(quantize "$model" "$out" --force)
+  [ "$method" = gptq ] && args+=(--method gptq --calibration eval/sonnets.txt)
+  "$SQUEEZE" "${args[@]}" >/dev/null 2>&1
+  row "INT4 (like the others)" "$method" "$out"
+done
+[ -n "$keep" ] || rm -rf "$work"
