@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # MTP draft acceptance before deployment (issue 30): the trained tiny GLM-4.5-shaped model's FP8 source against
-# its INT4 outputs (the built-in recipe, which quantizes the MTP layer's routed experts like the others), with
-# round-to-nearest (ct-minmax) and GPTQ (whose MTP experts fall back to mse: the calibration pass does not run the
-# MTP layer yet). Outputs that keep the MTP experts BF16 are refused by the engine rules today (issue 30 item 4). One `squeeze eval --reference FP8 --candidate INT4 --mtp` per output on The Tempest (held out of training):
+# its INT4 outputs with the MTP layer's routed experts quantized like the others (the built-in recipe) or kept BF16
+# (the same recipe with `mtp = "bf16"`), each with round-to-nearest (ct-minmax) and GPTQ (whose MTP experts fall
+# back to mse: the calibration pass does not run the MTP layer yet). One `squeeze eval --reference FP8 --candidate INT4 --mtp` per output on The Tempest (held out of training):
 # acceptance of greedy depth-1 drafts, mean accepted length, the drafts' KLD from each model's own main model, the
 # drop against FP8. GPTQ calibrates on the sonnets. Prints a table; asserts nothing.
 #
@@ -44,12 +44,17 @@ else:
     print(f"| {label} | {method} | {c['acceptance']:.2f} ± {c['acceptance_stderr']:.2f} | {c['mean_accepted_length']:.3f} | {c['mean_kld']:.4f} ± {c['mean_kld_stderr']:.4f} | {m['drop']:+.2f} |")
 PY
 }
+sed 's/^name = "glm45-int4"/name = "glm45-int4-mtp-bf16"\nmtp = "bf16"/' recipes/glm45-int4.toml > "$work/mtp-bf16.toml"
 row "FP8 source" - "$model"
 for method in ct-minmax gptq; do
-  out="$work/$method"
-  args=(quantize "$model" "$out" --force)
-  [ "$method" = gptq ] && args+=(--method gptq --calibration eval/sonnets.txt)
-  "$SQUEEZE" "${args[@]}" >/dev/null 2>&1
-  row "INT4 (like the others)" "$method" "$out"
+  for mtp in int4 bf16; do
+    out="$work/$method-$mtp"
+    args=(quantize "$model" "$out" --force)
+    [ "$mtp" = bf16 ] && args+=(--recipe "$work/mtp-bf16.toml")
+    [ "$method" = gptq ] && args+=(--method gptq --calibration eval/sonnets.txt)
+    "$SQUEEZE" "${args[@]}" >/dev/null 2>&1
+    if [ "$mtp" = bf16 ]; then label="BF16 (mtp = \"bf16\")"; else label="INT4 (like the others)"; fi
+    row "$label" "$method" "$out"
+  done
 done
 [ -n "$keep" ] || rm -rf "$work"

@@ -8,6 +8,10 @@ use crate::format::kv_scales::CANONICAL_NAMES;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 
+/// The `ignore` entry for the routed experts of the MTP layer SGLang 0.5.23 loads as its NextN draft model: it
+/// builds that layer as `model.decoder` (`glm4_moe_nextn.py`, `deepseek_nextn.py`), not under its checkpoint name.
+pub const SGLANG_NEXTN_EXPERTS: &str = "re:^model\\.decoder\\.mlp\\.experts\\..*";
+
 /// A serving engine squeeze writes for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

@@ -9,9 +9,10 @@ use crate::format::compressed_tensors::{fp8_block_tensors, int4_tensors};
 use crate::format::fp8_block::{SourceItem, SourceKind};
 use crate::io::dtype::Dtype;
 use crate::io::writer::{file_bytes, PlannedTensor};
+use crate::model::tensor_class::is_routed_expert;
 use crate::model::TensorClass;
 use crate::quant::ScaleRule;
-use crate::recipe::{Recipe, Unselected};
+use crate::recipe::{MtpExperts, Recipe, Unselected};
 
 /// What is done to one source item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -94,9 +95,12 @@ pub fn outputs_for(item: &SourceItem, action: Action) -> Vec<PlannedTensor> {
 }
 
 /// Chooses the action for one item.
-pub fn action_for(item: &SourceItem, recipe: &Recipe) -> Result<Action, PlanError> {
+pub fn action_for(item: &SourceItem, recipe: &Recipe, class: TensorClass) -> Result<Action, PlanError> {
     let error = |problem: String| PlanError::Tensor { tensor: item.name.clone(), shape: item.shape.clone(), problem };
-    if let Some(rule) = recipe.rule_for(&item.name) {
+    let mtp_kept = recipe.file.mtp == MtpExperts::Bf16
+        && class == TensorClass::Mtp
+        && item.name.strip_suffix(".weight").is_some_and(is_routed_expert);
+    if let Some(rule) = recipe.rule_for(&item.name).filter(|_| !mtp_kept) {
         let float = matches!(item.dtype, Dtype::F8_E4M3 | Dtype::BF16 | Dtype::F16 | Dtype::F32);
         if item.shape.len() != 2 || !float {
             return Err(error(format!(
@@ -130,7 +134,8 @@ pub fn build(
     let mut shard_contents: Vec<Vec<PlannedTensor>> = vec![Vec::new()];
     let mut shard_bytes = 0u64;
     for source in items {
-        let action = action_for(&source, recipe)?;
+        let class = TensorClass::of(&source.name, num_hidden_layers);
+        let action = action_for(&source, recipe, class)?;
         let outputs = outputs_for(&source, action);
         let bytes: u64 = outputs.iter().map(PlannedTensor::bytes).sum();
         if shard_bytes > 0 && shard_bytes + bytes > max_shard_bytes {
@@ -140,7 +145,6 @@ pub fn build(
         shard_bytes += bytes;
         let shard = shard_contents.len() - 1;
         shard_contents[shard].extend(outputs.iter().cloned());
-        let class = TensorClass::of(&source.name, num_hidden_layers);
         planned.push(PlannedItem { source, class, action, outputs, shard });
     }
     let count = shard_contents.len();

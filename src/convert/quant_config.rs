@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use crate::engines::SGLANG_NEXTN_EXPERTS;
 use crate::format::compressed_tensors::{self, Int4Group, QuantizationScheme};
+use crate::model::tensor_class::{is_routed_expert, layer_index};
 use crate::model::TensorClass;
 use crate::recipe::Recipe;
 
@@ -15,7 +17,9 @@ use super::plan::{Action, Plan};
 /// Builds `quantization_config` for a plan. INT4 goes in `group_0` (targets `Linear`, Kimi's layout); with
 /// `unselected = "fp8-block"` the kept FP8 modules form `group_1` (`float-quantized`, block 128×128) and the INT4
 /// group targets its modules by `re:` pattern so that the more specific target wins in the engines.
-/// `ignore` holds the recipe's `config_ignore` plus, by exact name, every unquantized linear it does not cover.
+/// `ignore` holds the recipe's `config_ignore` plus, by exact name, every unquantized linear it does not cover; an
+/// MTP layer whose routed experts stay BF16 (`mtp = "bf16"`) is ignored by pattern under both engines' names for it
+/// instead ([`mtp_expert_ignores`]).
 pub fn quantization_config(plan: &Plan, recipe: &Recipe) -> Value {
     compressed_tensors::quantization_config(&scheme(plan, recipe))
 }
@@ -25,8 +29,16 @@ fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
     let mut has_fp8 = false;
     let mut ignore: Vec<String> = recipe.file.config_ignore.clone();
     let mut extra: BTreeSet<String> = BTreeSet::new();
+    let mut mtp_layers: BTreeSet<usize> = BTreeSet::new();
     for item in &plan.items {
         let module = item.module().to_string();
+        if item.class == TensorClass::Mtp
+            && is_routed_expert(&module)
+            && matches!(item.action, Action::Bf16 | Action::Copy)
+        {
+            mtp_layers.extend(layer_index(&module));
+            continue;
+        }
         let is_linear_weight = item.source.name.ends_with(".weight")
             && item.source.shape.len() == 2
             && item.class != TensorClass::Embeddings;
@@ -44,6 +56,7 @@ fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
         }
     }
     ignore.extend(extra);
+    ignore.extend(mtp_expert_ignores(&mtp_layers));
     let int4 = int4.map(|(group_size, scale_rule)| {
         let targets: Vec<String> = if has_fp8 {
             recipe
@@ -58,4 +71,20 @@ fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
         Int4Group { group_size, observer: scale_rule.observer_name(), targets }
     });
     QuantizationScheme { int4, fp8_block: has_fp8, ignore }
+}
+
+/// The `ignore` entries that keep the routed experts of MTP layers `layers` unquantized in both engines. vLLM 0.32 builds
+/// the MTP decoder layer under the checkpoint's prefix `model.layers.{layer}` (`glm4_moe_mtp.py`,
+/// `deepseek_mtp.py`: `*MultiTokenPredictorLayer` passes its own prefix to the decoder layer) and asks the
+/// compressed-tensors config about `{prefix}.mlp.experts.0.{gate,up,down}_proj` (`compressed_tensors_moe.py`,
+/// `get_moe_method`); SGLang 0.5.23 builds it as `model.decoder` (`glm4_moe_nextn.py`, `deepseek_nextn.py`) and asks
+/// about `model.decoder.mlp.experts.0.*` (`compressed_tensors.py`, `get_moe_scheme`). An ignored layer gets the
+/// unquantized MoE method in both.
+pub fn mtp_expert_ignores(layers: &BTreeSet<usize>) -> Vec<String> {
+    let mut entries: Vec<String> =
+        layers.iter().map(|layer| format!("re:^model\\.layers\\.{layer}\\.mlp\\.experts\\..*")).collect();
+    if !entries.is_empty() {
+        entries.push(SGLANG_NEXTN_EXPERTS.to_string());
+    }
+    entries
 }

@@ -156,17 +156,8 @@ impl<'a> Context<'a> {
 
     /// Names of the routed-expert projections (`…mlp.experts.E.{gate,up,down}_proj`), MTP layer included.
     pub fn routed_experts(&self) -> Vec<&'a str> {
-        self.modules.keys().copied().filter(|m| is_routed_expert(m)).collect()
+        self.modules.keys().copied().filter(|m| crate::model::tensor_class::is_routed_expert(m)).collect()
     }
-}
-
-/// `…mlp.experts.E.{gate,up,down}_proj`.
-pub fn is_routed_expert(module: &str) -> bool {
-    let Some((prefix, projection)) = module.rsplit_once('.') else { return false };
-    let Some((experts, expert)) = prefix.rsplit_once('.') else { return false };
-    experts.ends_with(".mlp.experts")
-        && expert.parse::<usize>().is_ok()
-        && matches!(projection, "gate_proj" | "up_proj" | "down_proj")
 }
 
 /// The router gate (`…mlp.gate`): vLLM and SGLang build it unquantized whatever the config says.

@@ -96,6 +96,15 @@ pub fn layer_index(name: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
+/// `…mlp.experts.E.{gate,up,down}_proj`.
+pub fn is_routed_expert(module: &str) -> bool {
+    let Some((prefix, projection)) = module.rsplit_once('.') else { return false };
+    let Some((experts, expert)) = prefix.rsplit_once('.') else { return false };
+    experts.ends_with(".mlp.experts")
+        && expert.parse::<usize>().is_ok()
+        && matches!(projection, "gate_proj" | "up_proj" | "down_proj")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,4 +4,4 @@ mod builtin;
 mod parse;
 
 pub use builtin::{builtin, BUILTIN_NAMES};
-pub use parse::{Recipe, RecipeError, Rule, Scheme, Unselected};
+pub use parse::{MtpExperts, Recipe, RecipeError, Rule, Scheme, Unselected};

@@ -29,6 +29,23 @@ pub enum Unselected {
     Fp8Block,
 }
 
+/// What the rules do to the routed experts of an MTP layer (`model.layers.{num_hidden_layers}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum MtpExperts {
+    /// Quantized by the same rules as every other routed expert.
+    #[default]
+    LikeExperts,
+    /// Left out of the rules (BF16), and ignored for the engines under the names their MTP loaders give them.
+    Bf16,
+}
+
+impl MtpExperts {
+    fn is_default(&self) -> bool {
+        *self == MtpExperts::default()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
@@ -65,6 +82,10 @@ pub struct RecipeFile {
     /// compressed-tensors `ignore` entries written to `config.json` (module names or `re:` patterns).
     #[serde(default)]
     pub config_ignore: Vec<String>,
+    /// The MTP layer's routed experts: `like-experts` (default) or `bf16`. Left out of the serialized recipe when
+    /// default, so the plan hash of every recipe written before the key existed is unchanged.
+    #[serde(default, skip_serializing_if = "MtpExperts::is_default")]
+    pub mtp: MtpExperts,
     #[serde(default)]
     pub rules: Vec<Rule>,
 }

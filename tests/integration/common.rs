@@ -103,3 +103,10 @@ pub fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     all.sort();
     all
 }
+
+/// The tensor names of a checkpoint folder's index.
+pub fn tensor_names(dir: &Path) -> Vec<String> {
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
+    index["weight_map"].as_object().unwrap().keys().cloned().collect()
+}

@@ -3,7 +3,7 @@
 
 use std::fs;
 
-use crate::common::{expect_exit_2, path_str, squeeze, synth};
+use crate::common::{expect_exit_2, path_str, squeeze, synth, tensor_names};
 
 const SONNETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt");
 
@@ -104,4 +104,43 @@ fn the_trained_glm45_mtp_layer_drafts_what_its_main_model_accepts() {
     let report = squeeze(&args).ok().json();
     let acceptance = report["mtp"]["acceptance"].as_f64().unwrap();
     assert!(acceptance > 30.0, "trained MTP drafts accepted only {acceptance} %: {}", report["mtp"]);
+}
+
+/// `mtp = "bf16"` keeps the MTP layer's routed experts BF16 and ignores them under both engines' names for that
+/// layer (vLLM: `model.layers.N.mlp.experts…`, SGLang's NextN: `model.decoder.mlp.experts…`); the linter passes it
+/// for both, fails SGLang alone when SGLang's entry is missing, and the runtime drafts from the BF16 experts.
+#[test]
+fn a_recipe_keeps_the_mtp_experts_bf16_for_both_engines() {
+    let temp = tempfile::tempdir().unwrap();
+    let fp8 = synth(temp.path(), "glm45", "glm45", &[]);
+    let recipe = temp.path().join("mtp-bf16.toml");
+    let builtin = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/glm45-int4.toml")).unwrap();
+    fs::write(&recipe, builtin.replace("name = \"glm45-int4\"", "name = \"glm45-mtp-bf16\"\nmtp = \"bf16\"")).unwrap();
+    let out = temp.path().join("int4");
+    squeeze(&["quantize", path_str(&fp8), path_str(&out), "--recipe", path_str(&recipe)]).ok();
+
+    let names = tensor_names(&out);
+    assert!(names.iter().any(|n| n == "model.layers.3.mlp.experts.0.up_proj.weight"), "MTP experts stay plain");
+    assert!(!names.iter().any(|n| n.starts_with("model.layers.3.mlp.experts.") && n.ends_with("weight_packed")));
+    assert!(names.iter().any(|n| n == "model.layers.1.mlp.experts.0.up_proj.weight_packed"), "main experts INT4");
+    let config: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    let ignore = config["quantization_config"]["ignore"].as_array().unwrap().clone();
+    for entry in ["re:^model\\.layers\\.3\\.mlp\\.experts\\..*", "re:^model\\.decoder\\.mlp\\.experts\\..*"] {
+        assert!(ignore.iter().any(|e| e == entry), "{entry} missing from {ignore:?}");
+    }
+    let verify = squeeze(&["verify", path_str(&out), "--engine", "all"]).ok();
+    assert!(verify.stdout.contains("the MTP layer's 24 kept BF16"), "{}", verify.stdout);
+    let report = eval_mtp(&out);
+    assert!(report["mtp"]["acceptance"].as_f64().is_some(), "{report}");
+
+    // Without SGLang's name for the layer, SGLang would look for INT4 experts: its rule fails, vLLM's passes.
+    let mut edited = config.clone();
+    edited["quantization_config"]["ignore"] =
+        serde_json::Value::Array(ignore.into_iter().filter(|e| !e.as_str().unwrap().contains("decoder")).collect());
+    fs::write(out.join("config.json"), serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+    let sglang = squeeze(&["verify", path_str(&out), "--engine", "sglang"]);
+    assert_eq!(sglang.code, 1, "{}", sglang.stdout);
+    assert!(sglang.stdout.contains("model.decoder.mlp.experts.0.gate_proj"), "{}", sglang.stdout);
+    squeeze(&["verify", path_str(&out), "--engine", "vllm"]).ok();
 }

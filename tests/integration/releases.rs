@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common::{expect_exit_2, path_str, squeeze, synth, Run};
+use crate::common::{expect_exit_2, path_str, squeeze, synth, tensor_names, Run};
 
 const SONNETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt");
 
@@ -34,12 +34,6 @@ fn parity(reference: &Path, candidate: &Path) -> Run {
         "2",
         "--json",
     ])
-}
-
-fn tensor_names(dir: &Path) -> Vec<String> {
-    let index: Value =
-        serde_json::from_str(&fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
-    index["weight_map"].as_object().unwrap().keys().cloned().collect()
 }
 
 #[test]

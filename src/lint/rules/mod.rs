@@ -78,9 +78,9 @@ pub const RULES: [Rule; 13] = [
     },
     Rule {
         id: "routed-experts",
-        title: "every routed expert gate/up/down INT4 under one scheme (MTP layer included)",
-        vllm: "vLLM compressed_tensors_moe_wna16.py",
-        sglang: "SGLang compressed_tensors_wNa16_moe.py",
+        title: "every routed expert gate/up/down INT4 under one scheme (the MTP layer's too, unless kept BF16 whole and ignored under each engine's name for it)",
+        vllm: "vLLM compressed_tensors_moe_wna16.py; compressed_tensors_moe.py get_moe_method; glm4_moe_mtp.py/deepseek_mtp.py (prefix model.layers.N)",
+        sglang: "SGLang compressed_tensors_wNa16_moe.py; compressed_tensors.py get_moe_scheme; glm4_moe_nextn.py/deepseek_nextn.py (prefix model.decoder)",
         check: modules::routed_experts,
     },
     Rule {

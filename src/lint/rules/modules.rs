@@ -3,11 +3,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::engines::SGLANG_NEXTN_EXPERTS;
 use crate::lint::context::{is_router, name_list, ConfigView, Context, Stored};
 use crate::lint::engine::Engine;
 use crate::lint::report::{Finding, Outcome};
+use crate::model::tensor_class::layer_index;
 
 const NOTHING_QUANTIZED: &str = "the output holds no INT4 modules and no config groups";
+/// The module SGLang's compressed-tensors config is asked about for its NextN (MTP) layer's experts.
+const SGLANG_NEXTN_PROBE: &str = "model.decoder.mlp.experts.0.gate_proj";
 
 /// The standard `ignore` entry that covers an unquantized module of the built-in layouts.
 fn covering_entry(module: &str) -> String {
@@ -121,7 +125,7 @@ pub fn fused_pairs(context: &Context, _: Engine) -> Outcome {
     Outcome::from_findings(format!("{pairs} fused pairs"), findings)
 }
 
-pub fn routed_experts(context: &Context, _: Engine) -> Outcome {
+pub fn routed_experts(context: &Context, engine: Engine) -> Outcome {
     let experts = context.routed_experts();
     if experts.is_empty() {
         return Outcome::skipped("no routed experts");
@@ -129,10 +133,34 @@ pub fn routed_experts(context: &Context, _: Engine) -> Outcome {
     if !context.has_int4() {
         return Outcome::skipped(NOTHING_QUANTIZED);
     }
+    let layers = context.num_hidden_layers();
+    let (mtp, main): (Vec<&str>, Vec<&str>) =
+        experts.iter().partition(|m| layers.is_some_and(|n| layer_index(m).is_some_and(|l| l >= n)));
+    // The MTP layer kept BF16 as a whole (recipe `mtp = "bf16"`): every expert unquantized and ignored. Both
+    // engines then load it with their unquantized MoE method, provided the ignore list matches the name each
+    // gives that layer (see `convert::quant_config::mtp_expert_ignores`).
+    let mtp_kept = !mtp.is_empty()
+        && mtp.iter().all(|m| {
+            context.modules.get(m) != Some(&Stored::Int4) && matches!(context.view(m), ConfigView::Ignored(_))
+        });
+    let mut findings = Vec::new();
+    if mtp_kept && engine == Engine::Sglang && !matches!(context.view(SGLANG_NEXTN_PROBE), ConfigView::Ignored(_)) {
+        findings.push(Finding::failed(
+            name_list(&mtp),
+            format!(
+                "the MTP layer's {} routed-expert projections are BF16 and ignored under their checkpoint names, but \
+                 SGLang loads the MTP layer as `model.decoder` and asks about `{SGLANG_NEXTN_PROBE}`, which no ignore \
+                 entry matches: it would expect INT4 weights",
+                mtp.len()
+            ),
+            format!("add \"{}\" to quantization_config.ignore", SGLANG_NEXTN_EXPERTS.replace('\\', "\\\\")),
+        ));
+    }
+    let checked = if mtp_kept { &main } else { &experts };
     let mut ignored: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     let (mut untargeted, mut not_int4) = (Vec::new(), Vec::new());
     let mut schemes: BTreeSet<usize> = BTreeSet::new();
-    for &module in &experts {
+    for &module in checked {
         match context.view(module) {
             ConfigView::Ignored(entry) => ignored.entry(entry).or_default().push(module),
             ConfigView::Untargeted => untargeted.push(module),
@@ -144,7 +172,6 @@ pub fn routed_experts(context: &Context, _: Engine) -> Outcome {
             not_int4.push(module);
         }
     }
-    let mut findings = Vec::new();
     for (entry, modules) in ignored {
         findings.push(Finding::failed(
             name_list(&modules),
@@ -178,10 +205,12 @@ pub fn routed_experts(context: &Context, _: Engine) -> Outcome {
             "put every routed expert under one group",
         ));
     }
-    let mtp = context.num_hidden_layers().map_or(0, |layers| {
-        experts.iter().filter(|m| crate::model::tensor_class::layer_index(m).is_some_and(|l| l >= layers)).count()
-    });
-    Outcome::from_findings(format!("{} routed-expert projections ({mtp} in MTP layers)", experts.len()), findings)
+    let summary = if mtp_kept {
+        format!("{} routed-expert projections INT4; the MTP layer's {} kept BF16 and ignored", main.len(), mtp.len())
+    } else {
+        format!("{} routed-expert projections ({} in MTP layers)", experts.len(), mtp.len())
+    };
+    Outcome::from_findings(summary, findings)
 }
 
 pub fn mtp_eh_proj(context: &Context, _: Engine) -> Outcome {
