@@ -195,11 +195,12 @@ impl Model {
         stats.load_seconds += started.elapsed().as_secs_f64();
         let started = Instant::now();
         backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
+        let mut mtp_load_seconds = 0.0;
         let mtp = match drafts {
             Some(_) => {
-                let started = Instant::now();
+                let loading = Instant::now();
                 let layer = MtpLayer::load(&reader, config)?.expect("forward_with_drafts checked the MTP layer");
-                stats.load_seconds += started.elapsed().as_secs_f64();
+                mtp_load_seconds = loading.elapsed().as_secs_f64();
                 let (states, spans) = layer.hidden(&context, &hidden, sequences, &spans)?;
                 Some((layer, states, spans))
             }
@@ -213,7 +214,8 @@ impl Model {
                 drafts(index, &layer.logits(backend, states, start..start + length)?)?;
             }
         }
-        stats.compute_seconds += started.elapsed().as_secs_f64();
+        stats.load_seconds += mtp_load_seconds;
+        stats.compute_seconds += started.elapsed().as_secs_f64() - mtp_load_seconds;
         reporter.advance(1);
         reporter.end();
         Ok(stats)

@@ -207,7 +207,15 @@ pub fn print_human(report: &Report) {
     println!("{}\n", classes.render());
     println!("source:          {}", both_units(report.source_bytes));
     println!("source as BF16:  {}", both_units(report.bf16_bytes));
-    println!("after {}: {} in {} shard file(s)\n", report.recipe, both_units(report.output_bytes), sizes.shards);
+    println!("after {}: {} in {} shard file(s)", report.recipe, both_units(report.output_bytes), sizes.shards);
+    if let Some(kept) = &sizes.output_tensors_mtp_bf16 {
+        println!(
+            "  with the MTP layer's routed experts kept BF16 (recipe mtp = \"bf16\"): {:.2} GiB of tensors ({:+.2} GiB)",
+            kept.gib,
+            kept.gib - sizes.output_tensors.gib
+        );
+    }
+    println!();
     print_conversion(&report.conversion);
 
     let layout = &report.layout;

@@ -3,9 +3,11 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::convert::plan::{Plan, PlannedItem};
+use crate::convert::plan::{Action, Plan, PlannedItem};
 use crate::format::fp8_block::SourceKind;
 use crate::io::Dtype;
+use crate::model::tensor_class::is_routed_expert;
+use crate::model::TensorClass;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -53,6 +55,10 @@ pub struct Sizes {
     pub output: Bytes,
     /// Output tensor bytes (what a GPU holds; `metadata.total_size` of the index).
     pub output_tensors: Bytes,
+    /// Output tensor bytes were the MTP layer's routed experts kept BF16 (recipe `mtp = "bf16"`), where the recipe
+    /// quantizes them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tensors_mtp_bf16: Option<Bytes>,
     pub shards: usize,
     pub classes: BTreeMap<String, ClassSize>,
 }
@@ -111,6 +117,20 @@ pub fn from_plan(plan: &Plan, source_file_bytes: Option<u64>) -> Sizes {
         *class.schemes.entry(item.action.name().to_string()).or_default() += 1;
     }
     let source_tensor_bytes = plan.input_tensor_bytes();
+    let mtp_int4_experts: Vec<&PlannedItem> = plan
+        .items
+        .iter()
+        .filter(|item| {
+            item.class == TensorClass::Mtp
+                && matches!(item.action, Action::Int4 { .. })
+                && is_routed_expert(item.module())
+        })
+        .collect();
+    let output_tensors_mtp_bf16 = (!mtp_int4_experts.is_empty()).then(|| {
+        let int4: u64 = mtp_int4_experts.iter().map(|item| item.bytes_out()).sum();
+        let bf16: u64 = mtp_int4_experts.iter().map(|item| bf16_bytes(item)).sum();
+        Bytes::new(plan.tensor_bytes() - int4 + bf16)
+    });
     Sizes {
         exact: source_file_bytes.is_some(),
         parameters: classes.values().map(|c| c.parameters).sum(),
@@ -119,6 +139,7 @@ pub fn from_plan(plan: &Plan, source_file_bytes: Option<u64>) -> Sizes {
         bf16: Bytes::new(classes.values().map(|c| c.bf16_bytes).sum()),
         output: Bytes::new(plan.output_bytes()),
         output_tensors: Bytes::new(plan.tensor_bytes()),
+        output_tensors_mtp_bf16,
         shards: plan.shards.len(),
         classes,
     }

@@ -129,6 +129,15 @@ fn a_recipe_keeps_the_mtp_experts_bf16_for_both_engines() {
     for entry in ["re:^model\\.layers\\.3\\.mlp\\.experts\\..*", "re:^model\\.decoder\\.mlp\\.experts\\..*"] {
         assert!(ignore.iter().any(|e| e == entry), "{entry} missing from {ignore:?}");
     }
+    // `report` on the source predicted those bytes: the MTP experts' BF16 instead of INT4.
+    let index: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(out.join("model.safetensors.index.json")).unwrap()).unwrap();
+    let report = squeeze(&["report", path_str(&fp8), "--json"]).ok().json();
+    assert_eq!(
+        report["sizes"]["output_tensors_mtp_bf16"]["bytes"], index["metadata"]["total_size"],
+        "{}",
+        report["sizes"]
+    );
     let verify = squeeze(&["verify", path_str(&out), "--engine", "all"]).ok();
     assert!(verify.stdout.contains("the MTP layer's 24 kept BF16"), "{}", verify.stdout);
     let report = eval_mtp(&out);

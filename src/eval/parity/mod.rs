@@ -305,7 +305,7 @@ pub fn evaluate_parity(
                     save_stats: None,
                     mtp: true,
                 };
-                let report = super::evaluate(&eval, backend, &crate::progress::Silent)?;
+                let report = super::evaluate(&eval, backend, reporter)?;
                 Ok(report.mtp.expect("an --mtp eval reports its drafts"))
             };
             let parity =
