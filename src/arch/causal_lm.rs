@@ -137,13 +137,17 @@ impl Model {
         drafts: &mut LogitsSink,
     ) -> Result<ForwardStats, RuntimeError> {
         if self.config.num_nextn_predict_layers == 0 {
-            return Err(RuntimeError::Input(format!(
-                "{}: the model has no MTP layer (num_nextn_predict_layers is 0 in config.json), so there is no draft \
-                 to measure; --mtp needs a GLM-4.5/4.6/4.7 or GLM-5/5.1/5.2 checkpoint that keeps its MTP layer",
-                self.checkpoint.dir().display()
-            )));
+            return Err(self.no_mtp_layer());
         }
         self.run(backend, sequences, reporter, sink, Some(drafts))
+    }
+
+    fn no_mtp_layer(&self) -> RuntimeError {
+        RuntimeError::Input(format!(
+            "{}: the model has no MTP layer (num_nextn_predict_layers is 0 in config.json), so there is no draft to \
+             measure; --mtp needs a GLM-4.5/4.6/4.7 or GLM-5/5.1/5.2 checkpoint that keeps its MTP layer",
+            self.checkpoint.dir().display()
+        ))
     }
 
     fn run(
@@ -199,18 +203,19 @@ impl Model {
         let mtp = match drafts {
             Some(_) => {
                 let loading = Instant::now();
-                let layer = MtpLayer::load(&reader, config)?.expect("forward_with_drafts checked the MTP layer");
+                let layer = MtpLayer::load(&reader, config)?.ok_or_else(|| self.no_mtp_layer())?;
                 mtp_load_seconds = loading.elapsed().as_secs_f64();
-                let (states, spans) = layer.hidden(&context, &hidden, sequences, &spans)?;
-                Some((layer, states, spans))
+                let (states, mtp_spans) = layer.hidden(&context, &hidden, sequences, &spans)?;
+                let ranges: Vec<(usize, usize)> = mtp_spans.iter().collect();
+                Some((layer, states, ranges))
             }
             None => None,
         };
         for (index, (start, length)) in spans.iter().enumerate() {
             let logits = backend.linear(&backend.row_range(&hidden, start..start + length)?, &head, None)?;
             sink(index, &backend.download(&logits)?)?;
-            if let (Some((layer, states, mtp_spans)), Some(drafts)) = (&mtp, drafts.as_mut()) {
-                let (start, length) = mtp_spans.iter().nth(index).expect("one MTP span per sequence");
+            if let (Some((layer, states, ranges)), Some(drafts)) = (&mtp, drafts.as_mut()) {
+                let (start, length) = ranges[index]; // one MTP span per sequence (MtpLayer::hidden)
                 drafts(index, &layer.logits(backend, states, start..start + length)?)?;
             }
         }

@@ -146,8 +146,8 @@ fn copy_files(from: &Path, to: &Path) -> anyhow::Result<(usize, u64)> {
     std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
     let (mut files, mut bytes) = (0, 0);
     for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
-        let path = entry?.path();
-        let target = to.join(path.file_name().expect("a folder entry has a name"));
+        let entry = entry?;
+        let (path, target) = (entry.path(), to.join(entry.file_name()));
         bytes += std::fs::copy(&path, &target)
             .with_context(|| format!("copying {} to {}", path.display(), target.display()))?;
         files += 1;

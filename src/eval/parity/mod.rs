@@ -306,7 +306,9 @@ pub fn evaluate_parity(
                     mtp: true,
                 };
                 let report = super::evaluate(&eval, backend, reporter)?;
-                Ok(report.mtp.expect("an --mtp eval reports its drafts"))
+                report
+                    .mtp
+                    .ok_or_else(|| EvalError::Input(format!("{}: the --mtp eval reported no drafts", model.display())))
             };
             let parity =
                 super::mtp::DraftParity::new(drafts(&options.reference)?, drafts(&options.candidate)?, max_drop);
