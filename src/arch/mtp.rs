@@ -73,28 +73,64 @@ impl MtpLayer {
         spans: &Spans,
     ) -> Result<(Tensor, Spans), RuntimeError> {
         let LayerContext { backend, reader, config, .. } = *context;
-        let width = config.hidden_size;
-        let eps = config.rms_norm_eps as f32;
         let lengths: Vec<usize> = sequences.iter().map(|s| s.len().saturating_sub(1)).collect();
         let mtp_spans = Spans::new(&lengths);
-        // The next token of every position but each sequence's last, its embedding zeroed at position 0.
+        // The next token of every position but each sequence's last; position 0 is each sequence's first row.
         let next: Vec<u32> = sequences.iter().flat_map(|s| s.iter().skip(1).copied()).collect();
-        let mut embedded = reader.rows(&self.embedding, width, &next)?;
+        let mut first = vec![false; next.len()];
         for (start, length) in mtp_spans.iter() {
             if length > 0 {
-                embedded[start * width..(start + 1) * width].fill(0.0);
+                first[start] = true;
             }
         }
-        let embedded = backend.rms_normed(&backend.upload(&embedded, width)?, &self.enorm, eps)?;
         let rows: Vec<usize> =
             spans.iter().zip(&lengths).flat_map(|((start, _), &length)| start..start + length).collect();
-        let previous = backend.rms_normed(&backend.gather_rows(normed, &rows)?, &self.hnorm, eps)?;
-        let mut hidden = backend.linear(&backend.concat_columns(&[&embedded, &previous])?, &self.eh_proj, None)?;
+        let mut hidden = self.input(backend, reader, config, &next, &first, &backend.gather_rows(normed, &rows)?)?;
         let mut state = LayerState::default();
         let times = ExpertTimes::default();
         self.layer.forward(context, &mut hidden, &mtp_spans, KvSource::Own, &mut state, &times, None)?;
-        backend.rms_norm(&mut hidden, width, &self.head_norm, eps)?;
+        backend.rms_norm(&mut hidden, config.hidden_size, &self.head_norm, config.rms_norm_eps as f32)?;
         Ok((hidden, mtp_spans))
+    }
+
+    /// The decoder layer's input `eh_proj([enorm(embed(next)) | hnorm(previous)])` `[rows, hidden]`: `next` the
+    /// token after each row's position, its embedding zeroed where `first` (position 0), `previous` the hidden
+    /// state the row drafts from (the main model's after its final norm, or this layer's own output when drafts
+    /// are chained).
+    pub fn input(
+        &self,
+        backend: &dyn Backend,
+        reader: &WeightReader,
+        config: &ModelConfig,
+        next: &[u32],
+        first: &[bool],
+        previous: &Tensor,
+    ) -> Result<Tensor, RuntimeError> {
+        let width = config.hidden_size;
+        let eps = config.rms_norm_eps as f32;
+        let mut embedded = reader.rows(&self.embedding, width, next)?;
+        for (row, _) in first.iter().enumerate().filter(|(_, &first)| first) {
+            embedded[row * width..(row + 1) * width].fill(0.0);
+        }
+        let embedded = backend.rms_normed(&backend.upload(&embedded, width)?, &self.enorm, eps)?;
+        let previous = backend.rms_normed(previous, &self.hnorm, eps)?;
+        backend.linear(&backend.concat_columns(&[&embedded, &previous])?, &self.eh_proj, None)
+    }
+
+    /// The decoder layer (index `num_hidden_layers`).
+    pub fn layer(&self) -> &Layer {
+        &self.layer
+    }
+
+    /// The draft logits `[rows, vocab]` of the layer's output `hidden` (before `shared_head.norm`).
+    pub fn head_logits(
+        &self,
+        backend: &dyn Backend,
+        config: &ModelConfig,
+        hidden: &Tensor,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let normed = backend.rms_normed(hidden, &self.head_norm, config.rms_norm_eps as f32)?;
+        backend.download(&backend.linear(&normed, &self.head, None)?)
     }
 
     /// The draft logits `[rows, vocab]` of rows `range` of [`MtpLayer::hidden`]'s states.

@@ -13,6 +13,7 @@
 
 use std::path::Path;
 
+use super::mtp::MtpLayer;
 use super::{head_name, Layer};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
@@ -37,6 +38,9 @@ pub struct DecodeItem {
 /// A prompt's prefill result: the last position's logits and the rows to hand to a pool.
 pub struct Prefilled {
     pub logits: Vec<f32>,
+    /// Every position's hidden state after the final norm `[tokens, hidden]`, on the host (what the MTP layer drafts
+    /// from), when the model was opened [`PagedModel::with_mtp`]; else empty.
+    pub normed: Vec<f32>,
     /// Per layer `[tokens, row_width]` and `[tokens, aux_width]`, f32, where the backend keeps them (the handoff
     /// converts them to the pool dtype).
     pub rows: Vec<Tensor>,
@@ -47,8 +51,28 @@ pub struct Prefilled {
 /// (it was dropped from the step at the first layer that found it).
 pub struct DecodeStep {
     pub logits: Vec<Result<Vec<f32>, PoolError>>,
+    /// With the MTP layer loaded, each decoded item's hidden state after the final norm `[hidden]` (empty for an
+    /// item that faulted, and without the MTP layer).
+    pub normed: Vec<Vec<f32>>,
     /// Host time spent verifying mappings (0 where the device verifies inside the attention kernel).
     pub verify_seconds: f64,
+}
+
+/// One MTP draft in a [`PagedModel::draft`] batch: the layer at `position` reads the token after it (`next`) and the
+/// hidden state `previous` `[hidden]` it drafts from.
+#[derive(Debug, Clone)]
+pub struct DraftItem {
+    pub request: RequestId,
+    pub next: u32,
+    pub position: usize,
+    pub previous: Vec<f32>,
+}
+
+/// An MTP draft's logits `[vocab]` and the layer's output `[hidden]` (before `shared_head.norm`), which a chained
+/// draft takes as its `previous`.
+pub struct Draft {
+    pub logits: Vec<f32>,
+    pub hidden: Vec<f32>,
 }
 
 /// A model opened for incremental decoding.
@@ -56,6 +80,8 @@ pub struct PagedModel {
     checkpoint: Checkpoint,
     config: ModelConfig,
     layers: Vec<Layer>,
+    /// The MTP layer ([`PagedModel::with_mtp`]), cached in the pool as layer `num_hidden_layers`.
+    mtp: Option<MtpLayer>,
     norm: Matrix,
     head: Matrix,
     table: RopeTable,
@@ -74,7 +100,21 @@ impl PagedModel {
         let head = reader.matrix(head_name(&config, &reader), [config.vocab_size, config.hidden_size])?;
         let (table, mla_scale) = rope_setup(&config, max_positions.max(1));
         drop(reader);
-        Ok(Self { checkpoint, config, layers, norm, head, table, mla_scale })
+        Ok(Self { checkpoint, config, layers, mtp: None, norm, head, table, mla_scale })
+    }
+
+    /// Loads the MTP layer too (for speculative decoding); `None` when the model has none.
+    pub fn with_mtp(mut self) -> Result<Option<Self>, RuntimeError> {
+        let reader = WeightReader::new(&self.checkpoint);
+        let Some(mtp) = MtpLayer::load(&reader, &self.config)? else { return Ok(None) };
+        drop(reader);
+        self.mtp = Some(mtp);
+        Ok(Some(self))
+    }
+
+    /// Layers the pool caches: the decoder layers, and the MTP layer when loaded.
+    pub fn cached_layers(&self) -> usize {
+        self.config.num_hidden_layers + usize::from(self.mtp.is_some())
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -102,10 +142,11 @@ impl PagedModel {
         self.config.indexer.as_ref().map_or(0, |i| i.index_head_dim)
     }
 
-    /// Per layer, the scale of every row element: MLA all `k_scale`; GQA `k_scale` of the head for K, `v_scale` for V.
+    /// Per cached layer, the scale of every row element: MLA all `k_scale`; GQA `k_scale` of the head for K,
+    /// `v_scale` for V; the MTP layer 1.0 (no checkpoint calibrates its cache).
     pub fn element_scales(&self, scales: &KvScales) -> Vec<Vec<f32>> {
         let width = self.row_width();
-        (0..self.config.num_hidden_layers)
+        let mut all: Vec<Vec<f32>> = (0..self.config.num_hidden_layers)
             .map(|layer| {
                 let layer_scales = &scales.layers[layer];
                 match KvLayout::of(&self.config) {
@@ -122,7 +163,11 @@ impl PagedModel {
                         .collect(),
                 }
             })
-            .collect()
+            .collect();
+        if self.mtp.is_some() {
+            all.push(vec![1.0; width]);
+        }
+        all
     }
 
     fn check_positions(&self, end: usize) -> Result<(), RuntimeError> {
@@ -174,8 +219,10 @@ impl PagedModel {
             all_rows.push(rows);
             all_aux.push(aux);
         }
-        let logits = self.logits(backend, &backend.row_range(&hidden, count - 1..count)?)?;
-        Ok(Prefilled { logits, rows: all_rows, aux: all_aux })
+        let normed = backend.rms_normed(&hidden, &self.norm, self.config.rms_norm_eps as f32)?;
+        let logits = self.head_logits(backend, &backend.row_range(&normed, count - 1..count)?)?;
+        let normed = if self.mtp.is_some() { backend.download(&normed)? } else { Vec::new() };
+        Ok(Prefilled { logits, normed, rows: all_rows, aux: all_aux })
     }
 
     /// Writes a prefilled prompt's rows into `pool` for `request` (converted to the pool's dtype and scales) through
@@ -208,77 +255,192 @@ impl PagedModel {
         verify: bool,
     ) -> Result<DecodeStep, RuntimeError> {
         if items.is_empty() {
-            return Ok(DecodeStep { logits: Vec::new(), verify_seconds: 0.0 });
+            return Ok(DecodeStep { logits: Vec::new(), normed: Vec::new(), verify_seconds: 0.0 });
         }
         let reader = WeightReader::new(&self.checkpoint);
+        let at: Vec<KvAt> = items.iter().map(|i| KvAt { request: i.request, position: i.position }).collect();
+        let tokens: Vec<u32> = items.iter().map(|i| i.token).collect();
+        let width = self.config.hidden_size;
+        let hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
+        let mut step = self.start_step(pool, &at, hidden)?;
+        for (index, layer) in self.layers.iter().enumerate() {
+            self.step_layer(backend, pool, &reader, (index, layer), &mut step, verify && index == 0)?;
+        }
+        let mut normed = vec![Vec::new(); items.len()];
+        let mut logits: Vec<Option<Vec<f32>>> = vec![None; items.len()];
+        if !step.live.is_empty() {
+            let states = backend.rms_normed(&step.hidden, &self.norm, self.config.rms_norm_eps as f32)?;
+            let all = self.head_logits(backend, &states)?;
+            let states = if self.mtp.is_some() { backend.download(&states)? } else { Vec::new() };
+            for (row, &i) in step.live.iter().enumerate() {
+                logits[i] = Some(all[row * self.config.vocab_size..][..self.config.vocab_size].to_vec());
+                if !states.is_empty() {
+                    normed[i] = states[row * width..][..width].to_vec();
+                }
+            }
+        }
+        let verify_seconds = step.verify_seconds;
+        Ok(DecodeStep { logits: step.results(logits), normed, verify_seconds })
+    }
+
+    /// One MTP draft per item through the MTP layer, cached in the pool as layer `num_hidden_layers` (its mappings
+    /// verified first with `verify`): the layer's input from each item's `next` token (zeroed at position 0) and
+    /// `previous` hidden state, its paged attention over the request's MTP rows `0..=position`, its head. Items of one
+    /// request may come several at a time at consecutive positions (a catch-up over newly verified tokens).
+    pub fn draft(
+        &self,
+        backend: &dyn Backend,
+        pool: &mut KvPool,
+        items: &[DraftItem],
+        verify: bool,
+    ) -> Result<Vec<Result<Draft, PoolError>>, RuntimeError> {
+        let Some(mtp) = &self.mtp else {
+            return Err(RuntimeError::Input("the decoder was opened without its MTP layer".into()));
+        };
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let reader = WeightReader::new(&self.checkpoint);
+        let width = self.config.hidden_size;
+        let at: Vec<KvAt> = items.iter().map(|i| KvAt { request: i.request, position: i.position }).collect();
+        let next: Vec<u32> = items.iter().map(|i| i.next).collect();
+        let first: Vec<bool> = items.iter().map(|i| i.position == 0).collect();
+        let mut previous = Vec::with_capacity(items.len() * width);
         for item in items {
+            if item.previous.len() != width {
+                return Err(RuntimeError::Input(format!(
+                    "an MTP draft of request {} at position {} was given a hidden state of {} values; the model's is {width}",
+                    item.request,
+                    item.position,
+                    item.previous.len()
+                )));
+            }
+            previous.extend_from_slice(&item.previous);
+        }
+        let previous = backend.upload(&previous, width)?;
+        let hidden = mtp.input(backend, &reader, &self.config, &next, &first, &previous)?;
+        let mut step = self.start_step(pool, &at, hidden)?;
+        self.step_layer(backend, pool, &reader, (self.config.num_hidden_layers, mtp.layer()), &mut step, verify)?;
+        let mut drafts: Vec<Option<Draft>> = (0..items.len()).map(|_| None).collect();
+        if !step.live.is_empty() {
+            let logits = mtp.head_logits(backend, &self.config, &step.hidden)?;
+            let states = backend.download(&step.hidden)?;
+            let vocab = self.config.vocab_size;
+            for (row, &i) in step.live.iter().enumerate() {
+                drafts[i] = Some(Draft {
+                    logits: logits[row * vocab..][..vocab].to_vec(),
+                    hidden: states[row * width..][..width].to_vec(),
+                });
+            }
+        }
+        Ok(step.results(drafts))
+    }
+
+    /// A step over `at`, its positions checked and reserved in the pool, starting from the residual stream `hidden`.
+    fn start_step(&self, pool: &mut KvPool, at: &[KvAt], hidden: Tensor) -> Result<Step, RuntimeError> {
+        for item in at {
             self.check_positions(item.position + 1)?;
             pool.reserve(item.request, item.position + 1)?;
         }
-        let tokens: Vec<u32> = items.iter().map(|i| i.token).collect();
-        let width = self.config.hidden_size;
-        let mut hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
-        let aux_width = self.aux_width();
-        let layout = Layer::layout(&self.config, self.mla_scale);
-        // Items still in the step (indices into `items`), the last DSA selection (rows in `live` order), and each
-        // item's result.
-        let mut live: Vec<usize> = (0..items.len()).collect();
-        let mut keys: Option<Tensor> = None;
-        let mut results: Vec<Option<Result<Vec<f32>, PoolError>>> = vec![None; items.len()];
-        let mut verify_seconds = 0.0;
-        for (index, layer) in self.layers.iter().enumerate() {
-            let positions: Vec<usize> = live.iter().map(|&i| items[i].position).collect();
-            let (new_rows, new_aux, queries) =
-                layer.project(backend, &self.config, &self.table, &hidden, &positions, aux_width)?;
-            let q = layer.attention_queries(backend, &self.config, &queries)?;
-            let requests: Vec<KvAt> =
-                live.iter().map(|&i| KvAt { request: items[i].request, position: items[i].position }).collect();
-            let step = PagedStep {
-                layer: index,
-                layout,
-                verify: verify && index == 0,
-                q: &q,
-                rows: &new_rows,
-                aux: &new_aux,
-                requests: &requests,
-                keys: Layer::key_choice(&self.config, &queries, keys.as_ref()),
-            };
-            let decoded = backend.paged_decode(pool, &step)?;
-            verify_seconds += decoded.verify_seconds;
-            let mut attended = decoded.out;
-            keys = decoded.keys.or(keys);
-            if decoded.faults.iter().any(Option::is_some) {
-                let kept: Vec<usize> = (0..live.len()).filter(|&t| decoded.faults[t].is_none()).collect();
-                for (t, fault) in decoded.faults.into_iter().enumerate() {
-                    if let Some(fault) = fault {
-                        results[live[t]] = Some(Err(fault));
-                    }
-                }
-                live = kept.iter().map(|&t| live[t]).collect();
-                if live.is_empty() {
-                    break;
-                }
-                hidden = backend.gather_rows(&hidden, &kept)?;
-                attended = backend.gather_rows(&attended, &kept)?;
-                keys = keys.map(|keys| backend.gather_rows(&keys, &kept)).transpose()?;
-            }
-            let attended = layer.attention_values(backend, &self.config, attended)?;
-            layer.finish(backend, &reader, &self.config, &mut hidden, &attended)?;
-        }
-        if !live.is_empty() {
-            let logits = self.logits(backend, &hidden)?;
-            for (&i, logits) in live.iter().zip(logits.chunks(self.config.vocab_size)) {
-                results[i] = Some(Ok(logits.to_vec()));
-            }
-        }
-        let logits = results.into_iter().map(|result| result.expect("every item decoded or faulted")).collect();
-        Ok(DecodeStep { logits, verify_seconds })
+        Ok(Step {
+            at: at.to_vec(),
+            live: (0..at.len()).collect(),
+            hidden,
+            keys: None,
+            faults: vec![None; at.len()],
+            verify_seconds: 0.0,
+        })
     }
 
-    /// The logits of every row of `hidden` (final norm and head).
-    fn logits(&self, backend: &dyn Backend, hidden: &Tensor) -> Result<Vec<f32>, RuntimeError> {
-        let x = backend.rms_normed(hidden, &self.norm, self.config.rms_norm_eps as f32)?;
-        backend.download(&backend.linear(&x, &self.head, None)?)
+    /// Layer `index` of a step: writes each live item's rows at its position and attends over positions
+    /// `0..=position` of the pool through [`Backend::paged_decode`], which verifies each item's mappings (with
+    /// `verify`; a device verifies at every layer inside its attention kernel). An item that fails is dropped from
+    /// the rest of the step with its fault. The residual stream, the cache rows and GLM-5's DSA selections stay
+    /// with the backend.
+    fn step_layer(
+        &self,
+        backend: &dyn Backend,
+        pool: &mut KvPool,
+        reader: &WeightReader,
+        (index, layer): (usize, &Layer),
+        step: &mut Step,
+        verify: bool,
+    ) -> Result<(), RuntimeError> {
+        if step.live.is_empty() {
+            return Ok(());
+        }
+        let layout = Layer::layout(&self.config, self.mla_scale);
+        let positions: Vec<usize> = step.live.iter().map(|&i| step.at[i].position).collect();
+        let (new_rows, new_aux, queries) =
+            layer.project(backend, &self.config, &self.table, &step.hidden, &positions, self.aux_width())?;
+        let q = layer.attention_queries(backend, &self.config, &queries)?;
+        let requests: Vec<KvAt> = step.live.iter().map(|&i| step.at[i]).collect();
+        let paged = PagedStep {
+            layer: index,
+            layout,
+            verify,
+            q: &q,
+            rows: &new_rows,
+            aux: &new_aux,
+            requests: &requests,
+            keys: Layer::key_choice(&self.config, &queries, step.keys.as_ref()),
+        };
+        let decoded = backend.paged_decode(pool, &paged)?;
+        step.verify_seconds += decoded.verify_seconds;
+        let mut attended = decoded.out;
+        if decoded.keys.is_some() {
+            step.keys = decoded.keys;
+        }
+        if decoded.faults.iter().any(Option::is_some) {
+            let kept: Vec<usize> = (0..step.live.len()).filter(|&t| decoded.faults[t].is_none()).collect();
+            for (t, fault) in decoded.faults.into_iter().enumerate() {
+                if let Some(fault) = fault {
+                    step.faults[step.live[t]] = Some(fault);
+                }
+            }
+            step.live = kept.iter().map(|&t| step.live[t]).collect();
+            if step.live.is_empty() {
+                return Ok(());
+            }
+            step.hidden = backend.gather_rows(&step.hidden, &kept)?;
+            attended = backend.gather_rows(&attended, &kept)?;
+            step.keys = step.keys.take().map(|keys| backend.gather_rows(&keys, &kept)).transpose()?;
+        }
+        let attended = layer.attention_values(backend, &self.config, attended)?;
+        layer.finish(backend, reader, &self.config, &mut step.hidden, &attended)
+    }
+
+    /// The logits of every row of `normed` (hidden states after the final norm).
+    fn head_logits(&self, backend: &dyn Backend, normed: &Tensor) -> Result<Vec<f32>, RuntimeError> {
+        backend.download(&backend.linear(normed, &self.head, None)?)
+    }
+}
+
+/// Where a decode or draft step stands: its items, those still in it (indices into `at`), their residual stream
+/// (rows in `live` order), the last DSA selection, and the faults of the items dropped.
+struct Step {
+    at: Vec<KvAt>,
+    live: Vec<usize>,
+    hidden: Tensor,
+    keys: Option<Tensor>,
+    faults: Vec<Option<PoolError>>,
+    verify_seconds: f64,
+}
+
+impl Step {
+    /// Per item, its output (`outputs[i]`, set for every live item) or its fault.
+    fn results<T>(self, outputs: Vec<Option<T>>) -> Vec<Result<T, PoolError>> {
+        outputs
+            .into_iter()
+            .zip(self.faults)
+            .zip(self.at)
+            .map(|((output, fault), at)| match (output, fault) {
+                (_, Some(fault)) => Err(fault),
+                (Some(output), None) => Ok(output),
+                // Unreachable: an item is either live to the end or dropped with its fault.
+                (None, None) => Err(PoolError::Unknown(at.request)),
+            })
+            .collect()
     }
 }
 
@@ -350,6 +512,64 @@ mod tests {
                 worst = worst.max(max_abs(&logits, &full[position * vocab..][..vocab]));
             }
             assert!(worst <= tolerance, "{arch:?} {dtype:?}: max |Δlogit| {worst} > {tolerance}");
+        }
+    }
+
+    /// The paged MTP draft (a catch-up over a whole prompt, then each position again as a one-row step) equals the
+    /// layer-streamed forward's drafts, which the MTP goldens check.
+    fn check_drafts(arch: SynthArch) {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("model");
+        synth(&SynthOptions { arch, size: SynthSize::default(), shards: 1, seed: 5, out: out.clone(), force: true })
+            .unwrap();
+        let tokens: Vec<u32> = (0..12u32).map(|i| (i * 53 + 7) % 250).collect();
+        let model = Model::open(&out).unwrap();
+        let mut expected = Vec::new();
+        model
+            .forward_with_drafts(&Cpu, std::slice::from_ref(&tokens), &Silent, &mut |_, _| Ok(()), &mut |_, drafts| {
+                expected = drafts.to_vec();
+                Ok(())
+            })
+            .unwrap();
+        let decoder = PagedModel::open(&out, 32).unwrap().with_mtp().unwrap().expect("an MTP layer");
+        let width = decoder.config().hidden_size;
+        let shape = PoolShape {
+            layers: decoder.cached_layers(),
+            row_width: decoder.row_width(),
+            aux_width: decoder.aux_width(),
+            page_size: 4,
+            pages: 16,
+        };
+        let scales = KvScales::unit(KvLayout::of(decoder.config()), decoder.config().num_hidden_layers);
+        let mut pool = KvPool::new(shape, KvDtype::F32, decoder.element_scales(&scales));
+        pool.open(1);
+        let prefilled = decoder.prefill(&Cpu, &tokens).unwrap();
+        PagedModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
+        let item = |position: usize| DraftItem {
+            request: 1,
+            next: tokens[position + 1],
+            position,
+            previous: prefilled.normed[position * width..][..width].to_vec(),
+        };
+        let all: Vec<DraftItem> = (0..tokens.len() - 1).map(item).collect();
+        let drafts = decoder.draft(&Cpu, &mut pool, &all, true).unwrap();
+        let vocab = decoder.config().vocab_size;
+        let mut worst = 0f32;
+        for (position, draft) in drafts.into_iter().enumerate() {
+            worst = worst.max(max_abs(&draft.unwrap().logits, &expected[position * vocab..][..vocab]));
+        }
+        // Again one position at a time, over the rows the catch-up cached: the same drafts.
+        for position in [0, 5, tokens.len() - 2] {
+            let draft = decoder.draft(&Cpu, &mut pool, &[item(position)], true).unwrap().remove(0).unwrap();
+            worst = worst.max(max_abs(&draft.logits, &expected[position * vocab..][..vocab]));
+        }
+        assert!(worst <= DECODE_VS_FULL_MAX_ABS, "{arch:?}: max |Δ draft logit| {worst}");
+    }
+
+    #[test]
+    fn paged_mtp_drafts_match_the_layer_streamed_drafts() {
+        for arch in [SynthArch::Glm45, SynthArch::Glm5, SynthArch::Glm52] {
+            check_drafts(arch);
         }
     }
 

@@ -52,13 +52,18 @@ pub struct Args {
     /// cache); its KV is handed to MODEL converted to --kv-dtype.
     #[arg(long, value_parser = super::values::model_dir)]
     pub prefill_model: Option<PathBuf>,
-    /// Inject a mapping fault: stale-page, swap, out-of-range, tag-corrupt or double-map, optionally @STEP
+    /// Inject a mapping fault: stale-page, swap, out-of-range, tag-corrupt, double-map or rollback-stale, optionally @STEP
     /// (the decode step before whose verification it happens; default 1).
     #[arg(long)]
     pub inject_fault: Option<String>,
     /// Skip mapping verification (to measure its cost; faults then go undetected).
     #[arg(long)]
     pub no_verify: bool,
+    /// Speculative decoding with the model's MTP layer: `mtp` (one draft per step) or `mtp=K` (K chained drafts,
+    /// as vLLM's num_speculative_tokens). Greedy only; the run also decodes plain greedy and fails (exit 1) unless
+    /// both yield the same tokens; the report gives the acceptance, accepted length and speed-up.
+    #[arg(long, value_name = "mtp[=K]", value_parser = parse_speculative)]
+    pub speculative: Option<usize>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -76,9 +81,28 @@ fn parse_fault(text: &str) -> anyhow::Result<(FaultKind, u64)> {
         None => (text, 1),
     };
     let Some(kind) = FaultKind::parse(kind) else {
-        bail!("--inject-fault {text}: unknown kind; known: stale-page, swap, out-of-range, tag-corrupt, double-map")
+        bail!("--inject-fault {text}: unknown kind; known: stale-page, swap, out-of-range, tag-corrupt, double-map, rollback-stale")
     };
     Ok((kind, step))
+}
+
+/// Most drafts chained per step (the drafts of one step are verified in one pass; beyond a few, rejection dominates).
+const MAX_SPECULATIVE_DEPTH: usize = 16;
+
+fn parse_speculative(text: &str) -> Result<usize, String> {
+    let depth = match text.split_once('=') {
+        None if text == "mtp" => return Ok(1),
+        Some(("mtp", k)) => k.parse::<usize>().map_err(|_| format!("K in mtp={k} must be a whole number"))?,
+        _ => {
+            return Err(format!(
+                "expected mtp or mtp=K (K drafts per step, 1 … {MAX_SPECULATIVE_DEPTH}); MTP is the only draft method"
+            ))
+        }
+    };
+    if !(1..=MAX_SPECULATIVE_DEPTH).contains(&depth) {
+        return Err(format!("K in mtp={depth} must be 1 … {MAX_SPECULATIVE_DEPTH}"));
+    }
+    Ok(depth)
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
@@ -103,6 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         seed: args.seed,
         fault,
         verify: !args.no_verify,
+        speculative: args.speculative,
     };
     let report = serve_test(super::open_backend(args.device)?.as_ref(), &options, &super::progress::Bar::new(false))?;
     if args.json {
@@ -141,6 +166,34 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             report.false_positives,
             report.undetected
         );
+        if let Some(speculative) = &report.speculative {
+            let stats = &speculative.stats;
+            println!(
+                "speculative (mtp, {} draft(s) per step): {}/{} drafts accepted ({:.1} %; by depth {}), {:.2} tokens \
+                 per pass of the main model, {} pages rolled back; decode {:.1} tok/s vs {:.1} plain greedy ({:.2}×); \
+                 tokens {}",
+                stats.depth,
+                stats.accepted,
+                stats.drafted,
+                speculative.acceptance_rate * 100.0,
+                speculative
+                    .acceptance_by_depth
+                    .iter()
+                    .map(|r| format!("{:.1} %", r * 100.0))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                speculative.mean_accepted_length,
+                speculative.pages_rolled_back,
+                report.decode_tokens_per_second,
+                speculative.greedy_decode_tokens_per_second,
+                speculative.speedup,
+                if speculative.identical_to_greedy {
+                    "identical to plain greedy decoding".to_string()
+                } else {
+                    format!("DIFFER from plain greedy decoding in requests {:?}", speculative.mismatched_requests)
+                }
+            );
+        }
         if let Some(device) = &report.decode_device {
             let steps = report.decode_steps.max(1) as f64;
             let transfers = &device.transfers;

@@ -1,6 +1,7 @@
 //! Continuous batching through the paged KV cache: admission while the pool can hold a request's whole budget,
 //! prefill (on the prefill model when given) and hand-over into the pool, decode steps that verify every mapping
-//! before using it, aborts of requests whose mappings disagree, and `--inject-fault` at its step.
+//! before using it (one token per request, or with `--speculative` the steps of [`super::speculate`]), aborts of
+//! requests whose mappings disagree, and `--inject-fault` at its step.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
@@ -12,6 +13,7 @@ use crate::runtime::kv_cache::{inject, FaultKind, InjectedFault, KvPool, Request
 use crate::runtime::Backend;
 
 use super::sampling::Rng;
+use super::speculate::{Pending, SpeculationStats};
 use super::{ServeError, ServeOptions};
 
 /// How a request ended.
@@ -38,6 +40,8 @@ pub struct Finished {
     pub injected: Vec<InjectedFault>,
     pub decode_steps: u64,
     pub timings: Timings,
+    /// With `--speculative`: drafts made and accepted.
+    pub speculation: Option<SpeculationStats>,
 }
 
 /// Refuses an `--inject-fault` that can never apply to these prompts.
@@ -65,11 +69,14 @@ pub fn check_fault(options: &ServeOptions, prompts: usize) -> Result<(), ServeEr
     Ok(())
 }
 
-struct Active {
-    id: RequestId,
-    generated: Vec<u32>,
-    position: usize,
-    rng: Rng,
+pub(super) struct Active {
+    pub id: RequestId,
+    pub generated: Vec<u32>,
+    /// Tokens cached (= the position of the last generated token, not yet fed to the model).
+    pub position: usize,
+    pub rng: Rng,
+    /// With `--speculative`: the MTP layer's positions not yet cached.
+    pub pending: Option<Pending>,
 }
 
 /// The requests of one run and where each stands.
@@ -86,16 +93,17 @@ pub struct Batch<'a> {
     pub eos: &'a BTreeSet<u32>,
 }
 
-struct State {
+pub(super) struct State {
     pending: VecDeque<usize>,
-    active: Vec<Active>,
+    pub active: Vec<Active>,
     finished: Vec<Option<(Vec<u32>, Finish)>>,
     injected: Vec<InjectedFault>,
     fault_rng: Rng,
-    timings: Timings,
-    step: u64,
+    pub timings: Timings,
+    pub step: u64,
     /// Pages promised to admitted requests.
     committed: usize,
+    pub speculation: SpeculationStats,
 }
 
 impl Batch<'_> {
@@ -111,13 +119,17 @@ impl Batch<'_> {
             timings: Timings::default(),
             step: 0,
             committed: 0,
+            speculation: SpeculationStats::new(self.options.speculative.unwrap_or(0)),
         };
         while !state.pending.is_empty() || !state.active.is_empty() {
             self.admit(&mut state, pool)?;
             if state.active.is_empty() {
                 continue;
             }
-            self.decode_step(&mut state, pool)?;
+            match self.options.speculative {
+                Some(depth) => self.speculative_step(&mut state, pool, depth)?,
+                None => self.decode_step(&mut state, pool)?,
+            }
         }
         if let (Some((kind, at)), true) = (self.options.fault, state.injected.is_empty()) {
             return Err(ServeError::Input(format!(
@@ -133,6 +145,7 @@ impl Batch<'_> {
             injected: state.injected,
             decode_steps: state.step,
             timings: state.timings,
+            speculation: self.options.speculative.map(|_| state.speculation),
         })
     }
 
@@ -156,7 +169,9 @@ impl Batch<'_> {
             state.committed += self.need[index];
             let mut rng = Rng::new(options.seed ^ (id.wrapping_add(1)).wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let first = options.sampling.choose(&prefilled.logits, &mut rng);
-            let request = Active { id, generated: vec![first], position: self.encoded[index].len(), rng };
+            let width = self.decoder.config().hidden_size;
+            let pending = options.speculative.map(|_| Pending::prompt(&prefilled.normed, width));
+            let request = Active { id, generated: vec![first], position: self.encoded[index].len(), rng, pending };
             if self.eos.contains(&first) || options.max_new_tokens == 1 {
                 pool.release(id, false);
                 state.committed -= self.need[index];
@@ -171,24 +186,8 @@ impl Batch<'_> {
     /// One decode step of every active request (after the fault of this step, if any, is injected).
     fn decode_step(&self, state: &mut State, pool: &mut KvPool) -> Result<(), ServeError> {
         let options = self.options;
-        let step = state.step;
         let step_started = Instant::now();
-        if let Some((kind, at)) = options.fault {
-            if at == step {
-                let ids: Vec<RequestId> = state.active.iter().map(|a| a.id).collect();
-                let victim = ids[state.fault_rng.below(ids.len())];
-                let Some(fault) = inject(pool, kind, victim, &ids) else {
-                    return Err(ServeError::Input(format!(
-                        "--inject-fault {}@{step}: the fault cannot apply at this step ({} request(s) decoding); \
-                         choose another STEP or more prompts",
-                        kind.name(),
-                        ids.len()
-                    )));
-                };
-                self.reporter.warn(&format!("injected {} at decode step {step}: {}", kind.name(), fault.description));
-                state.injected.push(fault);
-            }
-        }
+        self.inject_scheduled_fault(state, pool)?;
         let items: Vec<DecodeItem> = state
             .active
             .iter()
@@ -220,6 +219,22 @@ impl Batch<'_> {
                 done.push(request.id);
             }
         }
+        self.settle(state, pool, failed, done);
+        state.timings.decode_seconds += step_started.elapsed().as_secs_f64();
+        state.step += 1;
+        Ok(())
+    }
+
+    /// Ends this step's requests: `failed` (their mappings could not be trusted) aborted with every page that names
+    /// them freed, `done` completed.
+    pub(super) fn settle(
+        &self,
+        state: &mut State,
+        pool: &mut KvPool,
+        failed: Vec<(RequestId, String)>,
+        done: Vec<RequestId>,
+    ) {
+        let step = state.step;
         for (id, error) in failed {
             self.reporter.warn(&format!("aborted request {id} at decode step {step}: kv integrity: {error}"));
             pool.release(id, true);
@@ -229,13 +244,32 @@ impl Batch<'_> {
             pool.release(id, false);
             self.retire(state, id, Finish::Completed);
         }
-        state.timings.decode_seconds += step_started.elapsed().as_secs_f64();
-        state.step += 1;
+    }
+
+    /// Injects `--inject-fault` when this is its step.
+    pub(super) fn inject_scheduled_fault(&self, state: &mut State, pool: &mut KvPool) -> Result<(), ServeError> {
+        let step = state.step;
+        if let Some((kind, at)) = self.options.fault {
+            if at == step {
+                let ids: Vec<RequestId> = state.active.iter().map(|a| a.id).collect();
+                let victim = ids[state.fault_rng.below(ids.len())];
+                let Some(fault) = inject(pool, kind, victim, &ids) else {
+                    return Err(ServeError::Input(format!(
+                        "--inject-fault {}@{step}: the fault cannot apply at this step ({} request(s) decoding); \
+                         choose another STEP or more prompts",
+                        kind.name(),
+                        ids.len()
+                    )));
+                };
+                self.reporter.warn(&format!("injected {} at decode step {step}: {}", kind.name(), fault.description));
+                state.injected.push(fault);
+            }
+        }
         Ok(())
     }
 
     /// Moves an active request (its pages already released) to the finished ones.
-    fn retire(&self, state: &mut State, id: RequestId, finish: Finish) {
+    pub(super) fn retire(&self, state: &mut State, id: RequestId, finish: Finish) {
         let position = state.active.iter().position(|a| a.id == id).expect("retired request is active");
         let request = state.active.remove(position);
         state.committed -= self.need[id as usize];

@@ -2,14 +2,15 @@
 //! (optionally on another model, the KV handed over converted to the decode dtype), decode steps that verify every
 //! mapping before using it, aborts of requests whose mappings disagree, and the run's report.
 //!
-//! This file checks the options and opens the models; [`pool_size`] sizes the pool, [`batch`] runs the requests,
-//! [`report`] reports them.
+//! This file checks the options and opens the models; [`pool_size`] sizes the pool, [`batch`] runs the requests
+//! ([`speculate`] the steps of `--speculative`), [`report`] reports them.
 
 mod batch;
 mod pool_size;
 pub mod prompts;
 mod report;
 pub mod sampling;
+mod speculate;
 
 use std::path::PathBuf;
 
@@ -21,7 +22,7 @@ use crate::runtime::kv_cache::{FaultKind, KvPool, PoolShape};
 use crate::runtime::{Backend, RuntimeError};
 use batch::{check_fault, eos_ids, Batch};
 use report::{assemble, RunFacts};
-pub use report::{RequestReport, ServeReport};
+pub use report::{RequestReport, ServeReport, SpeculativeReport};
 use sampling::Sampling;
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +50,8 @@ pub struct ServeOptions {
     pub fault: Option<(FaultKind, u64)>,
     /// Verify mappings before each decode step (off only to measure its cost).
     pub verify: bool,
+    /// `--speculative mtp=K`: greedy decoding verifying K chained MTP drafts per step, checked against plain greedy.
+    pub speculative: Option<usize>,
 }
 
 /// Runs the smoke test; notices (missing KV scales, injected faults, aborted requests) go to `reporter`.
@@ -73,8 +76,9 @@ pub fn serve_test(
         }
         encoded.push(ids);
     }
+    check_speculative(options)?;
     let longest = encoded.iter().map(Vec::len).max().unwrap_or(0);
-    let decoder = PagedModel::open(&options.model, longest + options.max_new_tokens)?;
+    let decoder = open_decoder(options, longest + options.max_new_tokens)?;
     if let Some(raw) = decoder.checkpoint().config() {
         for (index, (prompt, ids)) in options.prompts.iter().zip(&encoded).enumerate() {
             if let Some(problem) = crate::io::composite::media_in_prompt(raw, prompt, ids) {
@@ -97,7 +101,7 @@ pub fn serve_test(
         KvScales::unit(KvLayout::of(config), config.num_hidden_layers)
     };
     let mut shape = PoolShape {
-        layers: config.num_hidden_layers,
+        layers: decoder.cached_layers(),
         row_width: decoder.row_width(),
         aux_width: decoder.aux_width(),
         page_size: options.page_size,
@@ -108,7 +112,8 @@ pub fn serve_test(
     check_fault(options, encoded.len())?;
 
     let eos = eos_ids(decoder.checkpoint().config());
-    let mut pool = KvPool::new(shape, options.kv_dtype, decoder.element_scales(&scales));
+    let element_scales = decoder.element_scales(&scales);
+    let mut pool = KvPool::new(shape, options.kv_dtype, element_scales.clone());
     let batch = Batch {
         backend,
         decoder: &decoder,
@@ -120,6 +125,16 @@ pub fn serve_test(
         eos: &eos,
     };
     let finished = batch.run(&mut pool)?;
+    // Speculative decoding must yield plain greedy decoding's tokens: decode them again without drafts (and
+    // without the fault) on a pool of the same shape.
+    let greedy = match options.speculative {
+        Some(_) => {
+            let plain = ServeOptions { speculative: None, fault: None, ..options.clone() };
+            let mut plain_pool = KvPool::new(shape, options.kv_dtype, element_scales);
+            Some(Batch { options: &plain, ..batch }.run(&mut plain_pool)?)
+        }
+        None => None,
+    };
     let facts = RunFacts {
         options,
         tokenizer: &tokenizer,
@@ -130,7 +145,44 @@ pub fn serve_test(
         kv_scales_missing: options.kv_dtype == KvDtype::Fp8 && scales.any_missing(),
         device: backend.device_counters(),
     };
-    Ok(assemble(&facts, &pool, finished))
+    Ok(assemble(&facts, &pool, finished, greedy))
+}
+
+/// `--speculative` drafts greedily and verifies greedily: refused with sampling and with a prefill model (whose
+/// hidden states the decoder's MTP layer would have to draft from).
+fn check_speculative(options: &ServeOptions) -> Result<(), ServeError> {
+    let Some(depth) = options.speculative else { return Ok(()) };
+    let input = |message: String| Err(ServeError::Input(message));
+    if depth == 0 {
+        return input("--speculative mtp=K: K must be at least 1".into());
+    }
+    if options.sampling.temperature > 0.0 {
+        return input(format!(
+            "--speculative verifies greedy drafts against greedy decoding; --temperature {} samples instead: drop              --temperature (or set it to 0)",
+            options.sampling.temperature
+        ));
+    }
+    if options.prefill_model.is_some() {
+        return input(
+            "--speculative with --prefill-model is not supported: the MTP layer drafts from the decoding model's own              hidden states; drop one of the two"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// The decoding model, with its MTP layer under `--speculative`.
+fn open_decoder(options: &ServeOptions, max_positions: usize) -> Result<PagedModel, ServeError> {
+    let decoder = PagedModel::open(&options.model, max_positions)?;
+    if options.speculative.is_none() {
+        return Ok(decoder);
+    }
+    decoder.with_mtp()?.ok_or_else(|| {
+        ServeError::Input(format!(
+            "--speculative mtp: {} has no MTP layer (num_nextn_predict_layers is 0 or missing in config.json);              speculative decoding with MTP needs a GLM-4.5/4.6/4.7 or GLM-5/5.1/5.2 checkpoint that keeps it",
+            options.model.display()
+        ))
+    })
 }
 
 /// The `--prefill-model`, refused unless its KV layout is the decoder's.

@@ -1,5 +1,6 @@
 //! serve-test's report: per request its tokens, text and status; per run the pool, faults (injected, detected,
-//! stopped, undetected, false positives), mapping counters and throughput.
+//! stopped, undetected, false positives), mapping counters and throughput; with `--speculative` the drafts' acceptance,
+//! the speed-up over plain greedy decoding and whether both decoded the same tokens.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -12,6 +13,7 @@ use crate::runtime::device::DeviceCounters;
 use crate::runtime::kv_cache::{InjectedFault, KvPool, PoolShape, RequestId};
 
 use super::batch::{Finish, Finished};
+use super::speculate::SpeculationStats;
 use super::ServeOptions;
 
 #[derive(Debug, Clone, Serialize)]
@@ -69,13 +71,45 @@ pub struct ServeReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decode_device: Option<DeviceCounters>,
     pub injected: Vec<InjectedFault>,
+    /// With `--speculative`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeReport>,
     pub requests: Vec<RequestReport>,
 }
 
+/// `--speculative mtp=K`: how the MTP drafts fared and what they bought.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeculativeReport {
+    pub method: &'static str,
+    #[serde(flatten)]
+    pub stats: SpeculationStats,
+    /// `accepted / drafted`.
+    pub acceptance_rate: f64,
+    /// Per depth 1 … K: `accepted_by_depth / drafted_by_depth`.
+    pub acceptance_by_depth: Vec<f64>,
+    /// Tokens per pass of the main model over a request (`emitted / verifications`; 1 without drafts).
+    pub mean_accepted_length: f64,
+    /// Pages the rollbacks of rejected drafts returned to the free list.
+    pub pages_rolled_back: u64,
+    /// Plain greedy decoding of the same prompts on the same model, for the check and the speed-up.
+    pub greedy_decode_steps: u64,
+    pub greedy_decode_seconds: f64,
+    pub greedy_decode_tokens_per_second: f64,
+    /// `decode_tokens_per_second / greedy_decode_tokens_per_second`.
+    pub speedup: f64,
+    /// Every request that completed decoded the tokens plain greedy decoding did.
+    pub identical_to_greedy: bool,
+    /// Requests whose tokens differ from plain greedy decoding's.
+    pub mismatched_requests: Vec<RequestId>,
+}
+
 impl ServeReport {
-    /// Exit gate: every abort caused by a detected injected fault, and every injected fault detected.
+    /// Exit gate: every abort caused by a detected injected fault, every injected fault detected, and speculative
+    /// decoding's tokens those of plain greedy decoding.
     pub fn passed(&self) -> bool {
-        self.false_positives == 0 && self.undetected == 0
+        self.false_positives == 0
+            && self.undetected == 0
+            && self.speculative.as_ref().is_none_or(|speculative| speculative.identical_to_greedy)
     }
 }
 
@@ -93,8 +127,8 @@ pub struct RunFacts<'a> {
 
 /// The report of a finished run: statuses, false positives (aborts no injected fault explains) and undetected
 /// faults (some request they affected completed).
-pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished) -> ServeReport {
-    let Finished { requests: outcomes, injected, decode_steps, timings } = finished;
+pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished, greedy: Option<Finished>) -> ServeReport {
+    let Finished { requests: outcomes, injected, decode_steps, timings, speculation } = finished;
     let options = facts.options;
     let affected: BTreeSet<RequestId> = injected.iter().flat_map(|f| f.affected.iter().copied()).collect();
     let mut requests = Vec::with_capacity(facts.encoded.len());
@@ -130,6 +164,38 @@ pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished) -> ServeRep
         .filter(|fault| fault.affected.iter().any(|&id| requests[id as usize].status != "aborted"))
         .count();
     let rate = |tokens: usize, seconds: f64| if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
+    let decode_rate = rate(timings.decode_tokens, timings.decode_seconds);
+    let speculative = speculation.zip(greedy).map(|(stats, greedy)| {
+        let mismatched_requests: Vec<RequestId> = requests
+            .iter()
+            .zip(&greedy.requests)
+            .filter(|(request, (tokens, finish))| {
+                request.status == "completed" && matches!(finish, Finish::Completed) && &request.token_ids != tokens
+            })
+            .map(|(request, _)| request.id)
+            .collect();
+        let share = |part: u64, whole: u64| if whole > 0 { part as f64 / whole as f64 } else { 0.0 };
+        let greedy_rate = rate(greedy.timings.decode_tokens, greedy.timings.decode_seconds);
+        SpeculativeReport {
+            method: "mtp",
+            acceptance_rate: share(stats.accepted, stats.drafted),
+            acceptance_by_depth: stats
+                .accepted_by_depth
+                .iter()
+                .zip(&stats.drafted_by_depth)
+                .map(|(&accepted, &drafted)| share(accepted, drafted))
+                .collect(),
+            mean_accepted_length: share(stats.emitted, stats.verifications),
+            pages_rolled_back: pool.counters.pages_rolled_back,
+            greedy_decode_steps: greedy.decode_steps,
+            greedy_decode_seconds: greedy.timings.decode_seconds,
+            greedy_decode_tokens_per_second: greedy_rate,
+            speedup: if greedy_rate > 0.0 { decode_rate / greedy_rate } else { 0.0 },
+            identical_to_greedy: mismatched_requests.is_empty(),
+            mismatched_requests,
+            stats,
+        }
+    });
     ServeReport {
         model: options.model.clone(),
         prefill_model: options.prefill_model.clone(),
@@ -155,12 +221,13 @@ pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished) -> ServeRep
         decode_seconds: timings.decode_seconds,
         verify_seconds: timings.verify_seconds,
         prefill_tokens_per_second: rate(timings.prefill_tokens, timings.prefill_seconds),
-        decode_tokens_per_second: rate(timings.decode_tokens, timings.decode_seconds),
+        decode_tokens_per_second: decode_rate,
         verify_share: if timings.decode_seconds > 0.0 { timings.verify_seconds / timings.decode_seconds } else { 0.0 },
         kv_scales_missing: facts.kv_scales_missing,
         device: facts.device,
         decode_device: timings.decode_device,
         injected,
+        speculative,
         requests,
     }
 }

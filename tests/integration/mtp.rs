@@ -153,3 +153,85 @@ fn a_recipe_keeps_the_mtp_experts_bf16_for_both_engines() {
     assert!(sglang.stdout.contains("model.decoder.mlp.experts.0.gate_proj"), "{}", sglang.stdout);
     squeeze(&["verify", path_str(&out), "--engine", "vllm"]).ok();
 }
+
+const TRAINED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/tiny-shakespeare-glm45-fp8");
+
+fn serve_speculative(model: &std::path::Path, extra: &[&str]) -> crate::common::Run {
+    let mut args = vec!["serve-test", path_str(model), "--json", "--kv-pages", "256", "--page-size", "4"];
+    for prompt in ["ROMEO:\nWhat", "First Citizen:\nBefore we proceed any further", "KING"] {
+        args.extend(["--prompt", prompt]);
+    }
+    args.extend_from_slice(extra);
+    squeeze(&args)
+}
+
+#[test]
+fn speculative_decoding_with_the_trained_mtp_head_yields_greedy_tokens_faster_per_pass() {
+    let model = std::path::Path::new(TRAINED);
+    for (depth, kv) in [("mtp", "bf16"), ("mtp=3", "f32"), ("mtp=2", "fp8")] {
+        let report =
+            serve_speculative(model, &["--speculative", depth, "--kv-dtype", kv, "--max-new-tokens", "20"]).ok().json();
+        let speculative = &report["speculative"];
+        assert_eq!(speculative["identical_to_greedy"], true, "{depth} {kv}: {speculative}");
+        assert_eq!(report["completed"], 3, "{depth} {kv}");
+        let length = speculative["mean_accepted_length"].as_f64().unwrap();
+        assert!(length > 1.0, "{depth} {kv}: a trained MTP head gets drafts accepted: {speculative}");
+        let k = speculative["depth"].as_u64().unwrap() as usize;
+        assert_eq!(speculative["drafted_by_depth"].as_array().unwrap().len(), k);
+        // Fewer passes of the main model than tokens: emitted = Σ tokens, one pass per request-step.
+        let tokens: u64 = report["requests"].as_array().unwrap().iter().map(|r| r["tokens"].as_u64().unwrap()).sum();
+        assert_eq!(speculative["emitted"].as_u64().unwrap() + 3, tokens, "the first token of each comes from prefill");
+        assert!(speculative["verifications"].as_u64().unwrap() < tokens - 3, "{speculative}");
+        assert!(report["decode_steps"].as_u64().unwrap() < speculative["greedy_decode_steps"].as_u64().unwrap());
+    }
+}
+
+#[test]
+fn speculative_decoding_rolls_back_rejected_drafts_on_every_glm_layout() {
+    let temp = tempfile::tempdir().unwrap();
+    // Untrained MTP layers: most drafts are rejected, so every step rolls back; tokens must still be greedy's.
+    for arch in ["glm45", "glm5", "glm5.2"] {
+        let model = synth(temp.path(), arch, arch, &[]);
+        let report = serve_speculative(&model, &["--speculative", "mtp=4", "--max-new-tokens", "12"]).ok().json();
+        let speculative = &report["speculative"];
+        assert_eq!(speculative["identical_to_greedy"], true, "{arch}: {speculative}");
+        assert!(speculative["drafted"].as_u64().unwrap() > speculative["accepted"].as_u64().unwrap(), "{arch}");
+        assert!(
+            speculative["pages_rolled_back"].as_u64().unwrap() > 0,
+            "{arch}: 4 drafts on pages of 4: {speculative}"
+        );
+    }
+}
+
+#[test]
+fn a_page_freed_by_a_rollback_and_still_mapped_is_caught() {
+    let temp = tempfile::tempdir().unwrap();
+    let model = synth(temp.path(), "glm45", "glm45", &[]);
+    for step in ["1", "3"] {
+        let fault = format!("rollback-stale@{step}");
+        let run =
+            serve_speculative(&model, &["--speculative", "mtp=2", "--max-new-tokens", "12", "--inject-fault", &fault]);
+        let report = run.ok().json();
+        assert_eq!(report["faults_injected"], 1, "{fault}");
+        assert_eq!(report["undetected"], 0, "{fault}: {}", report["injected"]);
+        assert_eq!(report["false_positives"], 0, "{fault}");
+        assert_eq!(report["aborted"], 1, "{fault}: only the victim aborts");
+        assert_eq!(report["speculative"]["identical_to_greedy"], true, "{fault}: the others decode greedy's tokens");
+    }
+}
+
+#[test]
+fn speculative_bad_input_exits_2_naming_the_flag() {
+    let temp = tempfile::tempdir().unwrap();
+    let kimi = synth(temp.path(), "kimi", "kimi-k2", &[]);
+    expect_exit_2(&serve_speculative(&kimi, &["--speculative", "mtp"]), &["--speculative", "no MTP layer"]);
+    let glm = synth(temp.path(), "glm45", "glm45", &[]);
+    expect_exit_2(
+        &serve_speculative(&glm, &["--speculative", "mtp", "--temperature", "0.7"]),
+        &["--speculative", "--temperature"],
+    );
+    expect_exit_2(&serve_speculative(&glm, &["--speculative", "eagle"]), &["--speculative", "mtp=K"]);
+    expect_exit_2(&serve_speculative(&glm, &["--speculative", "mtp=0"]), &["--speculative", "1 … 16"]);
+    let prefill = ["--speculative", "mtp", "--prefill-model", path_str(&glm)];
+    expect_exit_2(&serve_speculative(&glm, &prefill), &["--speculative", "--prefill-model"]);
+}

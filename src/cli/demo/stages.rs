@@ -244,6 +244,7 @@ pub fn serve(model: &Path, prefill: Option<&Path>, kv_dtype: KvDtype) -> anyhow:
         seed: 0,
         fault: None,
         verify: true,
+        speculative: None,
     };
     serve_test(&Cpu, &options, &Silent).with_context(|| format!("serve-test on {}", model.display()))
 }

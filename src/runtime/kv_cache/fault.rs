@@ -17,11 +17,20 @@ pub enum FaultKind {
     TagCorrupt,
     /// One page mapped twice within the victim's table.
     DoubleMap,
+    /// A page the victim took for a speculative draft is rolled back onto the free list but left in its table (a
+    /// rollback that forgets to unmap; the page goes to the next request that allocates).
+    RollbackStale,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 5] =
-        [FaultKind::StalePage, FaultKind::Swap, FaultKind::OutOfRange, FaultKind::TagCorrupt, FaultKind::DoubleMap];
+    pub const ALL: [FaultKind; 6] = [
+        FaultKind::StalePage,
+        FaultKind::Swap,
+        FaultKind::OutOfRange,
+        FaultKind::TagCorrupt,
+        FaultKind::DoubleMap,
+        FaultKind::RollbackStale,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -30,6 +39,7 @@ impl FaultKind {
             FaultKind::OutOfRange => "out-of-range",
             FaultKind::TagCorrupt => "tag-corrupt",
             FaultKind::DoubleMap => "double-map",
+            FaultKind::RollbackStale => "rollback-stale",
         }
     }
 
@@ -51,6 +61,9 @@ pub struct InjectedFault {
 /// Injects `kind` into `victim`'s mappings; `active` lists the requests that hold pages (for `swap`'s other party).
 /// Returns `None` when the victim has no page (or `swap` finds no other request with a page).
 pub fn inject(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[RequestId]) -> Option<InjectedFault> {
+    if kind == FaultKind::RollbackStale {
+        return rollback_stale(pool, victim);
+    }
     let pages = pool.shape.pages;
     let parts = pool.parts();
     let entries = parts.tables.get(&victim)?.entries.len();
@@ -96,6 +109,7 @@ pub fn inject(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[R
             tag.generation ^= 1 << 5;
             format!("flipped bit 5 of the generation in the tag of physical page {page}")
         }
+        FaultKind::RollbackStale => return None, // injected above, before the tables are borrowed
         FaultKind::DoubleMap => {
             let table = parts.tables.get_mut(&victim)?;
             let first: Mapping = table.entries[0];
@@ -108,4 +122,27 @@ pub fn inject(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[R
         }
     };
     Some(InjectedFault { kind, victim, affected, description })
+}
+
+/// The victim takes one more page, as a draft past its last page does, and the rollback of that draft frees the page
+/// through the pool's own rollback but leaves it mapped. `None` when the victim has no page or the pool no free page.
+fn rollback_stale(pool: &mut KvPool, victim: RequestId) -> Option<InjectedFault> {
+    let table = pool.table(victim)?;
+    let (tokens, index) = (table.tokens, table.entries.len());
+    if index == 0 {
+        return None;
+    }
+    pool.reserve(victim, (index + 1) * pool.shape.page_size).ok()?;
+    let page = pool.table(victim)?.entries[index].page;
+    pool.roll_back(victim, tokens, false).ok()?;
+    pool.tag_version += 1;
+    Some(InjectedFault {
+        kind: FaultKind::RollbackStale,
+        victim,
+        affected: vec![victim],
+        description: format!(
+            "rolled back request {victim}'s draft page (logical page {index}, physical {page}) onto the free list \
+             but left it mapped"
+        ),
+    })
 }

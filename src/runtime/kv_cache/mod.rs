@@ -79,6 +79,8 @@ pub struct Counters {
     pub mappings_verified: u64,
     pub faults_detected: u64,
     pub requests_aborted: u64,
+    /// Pages returned to the free list by [`KvPool::truncate`] (rejected speculative drafts).
+    pub pages_rolled_back: u64,
 }
 
 /// Why a request's mappings are not trustworthy. The message names the page and the disagreement.
@@ -412,6 +414,37 @@ impl KvPool {
         }
     }
 
+    /// Rolls `request` back to its first `tokens` positions (the rows of rejected speculative drafts): every page
+    /// the shorter length no longer needs leaves the block table and, where its tag still names this request at
+    /// that logical index, goes back to the free list with its tag cleared (a page whose tag disagrees stays out of
+    /// circulation, as an aborted request's does). Returns the pages freed.
+    pub fn truncate(&mut self, request: RequestId, tokens: usize) -> Result<usize, PoolError> {
+        self.roll_back(request, tokens, true)
+    }
+
+    /// [`KvPool::truncate`]; with `unmap` false the freed pages stay in the table (the rollback bug that
+    /// [`FaultKind::RollbackStale`] injects).
+    fn roll_back(&mut self, request: RequestId, tokens: usize, unmap: bool) -> Result<usize, PoolError> {
+        let keep = self.shape.pages_for(tokens);
+        let table = self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?;
+        table.tokens = table.tokens.min(tokens);
+        let dropped: Vec<(usize, Mapping)> = table.entries.iter().copied().enumerate().skip(keep).collect();
+        if unmap {
+            table.entries.truncate(keep);
+        }
+        let mut freed = 0;
+        for (index, mapping) in dropped {
+            let page = mapping.page as usize;
+            let expected = PageTag { owner: request, index: index as u32, generation: mapping.generation };
+            if page < self.shape.pages && !self.on_free[page] && self.tags[page] == Some(expected) {
+                self.free_page(mapping.page);
+                freed += 1;
+            }
+        }
+        self.counters.pages_rolled_back += freed as u64;
+        Ok(freed)
+    }
+
     fn free_page(&mut self, page: u32) {
         self.tag_version += 1;
         self.tags[page as usize] = None;
@@ -503,6 +536,29 @@ mod tests {
         pool.release(7, false);
         assert_eq!(pool.free_pages(), 6);
         assert_eq!(pool.reserve(7, 1), Err(PoolError::Unknown(7)));
+    }
+
+    #[test]
+    fn truncate_frees_the_pages_of_rejected_positions_and_keeps_the_rest() {
+        let mut pool = pool(8, 2, KvDtype::F32);
+        pool.open(3);
+        pool.reserve(3, 7).unwrap();
+        for position in 0..7 {
+            pool.write(3, 0, position, &[position as f32; 5], &[0.0; 2]).unwrap();
+        }
+        assert_eq!(pool.truncate(3, 3).unwrap(), 2);
+        assert_eq!(pool.table(3).unwrap().entries.len(), 2);
+        assert_eq!(pool.table(3).unwrap().tokens, 3);
+        assert_eq!((pool.used_pages(), pool.counters.pages_rolled_back), (2, 2));
+        pool.verify(3).unwrap();
+        let (mut rows, mut aux) = (Vec::new(), Vec::new());
+        pool.read(3, 0, 3, &mut rows, &mut aux).unwrap();
+        assert_eq!(rows[2 * 5], 2.0);
+        // Within the kept page nothing is freed; the table only forgets the position.
+        assert_eq!(pool.truncate(3, 2).unwrap(), 1);
+        assert_eq!(pool.truncate(3, 2).unwrap(), 0);
+        assert_eq!(pool.table(3).unwrap().tokens, 2);
+        assert_eq!(pool.truncate(9, 0), Err(PoolError::Unknown(9)));
     }
 
     #[test]
