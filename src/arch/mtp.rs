@@ -72,6 +72,24 @@ impl MtpLayer {
         sequences: &[Vec<u32>],
         spans: &Spans,
     ) -> Result<(Tensor, Spans), RuntimeError> {
+        let (mut hidden, mtp_spans) = self.inputs(context, normed, sequences, spans)?;
+        let mut state = LayerState::default();
+        let times = ExpertTimes::default();
+        self.layer.forward(context, &mut hidden, &mtp_spans, KvSource::Own, &mut state, &times, None)?;
+        let config = context.config;
+        context.backend.rms_norm(&mut hidden, config.hidden_size, &self.head_norm, config.rms_norm_eps as f32)?;
+        Ok((hidden, mtp_spans))
+    }
+
+    /// The decoder layer's inputs for whole sequences (what [`MtpLayer::hidden`] runs through it), `[Σ (len − 1),
+    /// hidden]` in the returned spans: row `t` from `normed` at row `t` and the sequence's token `t + 1`.
+    pub fn inputs(
+        &self,
+        context: &LayerContext,
+        normed: &Tensor,
+        sequences: &[Vec<u32>],
+        spans: &Spans,
+    ) -> Result<(Tensor, Spans), RuntimeError> {
         let LayerContext { backend, reader, config, .. } = *context;
         let lengths: Vec<usize> = sequences.iter().map(|s| s.len().saturating_sub(1)).collect();
         let mtp_spans = Spans::new(&lengths);
@@ -85,11 +103,7 @@ impl MtpLayer {
         }
         let rows: Vec<usize> =
             spans.iter().zip(&lengths).flat_map(|((start, _), &length)| start..start + length).collect();
-        let mut hidden = self.input(backend, reader, config, &next, &first, &backend.gather_rows(normed, &rows)?)?;
-        let mut state = LayerState::default();
-        let times = ExpertTimes::default();
-        self.layer.forward(context, &mut hidden, &mtp_spans, KvSource::Own, &mut state, &times, None)?;
-        backend.rms_norm(&mut hidden, config.hidden_size, &self.head_norm, config.rms_norm_eps as f32)?;
+        let hidden = self.input(backend, reader, config, &next, &first, &backend.gather_rows(normed, &rows)?)?;
         Ok((hidden, mtp_spans))
     }
 

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::arch::mtp::MtpLayer;
 use crate::arch::{embed, run_layers, ExpertTimes, KvSource, Layer, LayerContext, LayerState, LayerTap, Model};
 use crate::chunks::{load_sequences, EvalInput};
 use crate::model::ModelConfig;
@@ -89,7 +90,8 @@ pub struct ExpertCoverage {
     /// Of those, quantized with the `mse` rule.
     pub fell_back: usize,
     pub layers: Vec<LayerCoverage>,
-    /// Layers with INT4 routed experts the calibration pass does not run (an MTP layer): all fall back to `mse`.
+    /// Layers with INT4 routed experts the calibration pass does not run: all fall back to `mse` (empty since the
+    /// pass runs the MTP layer too).
     pub uncalibrated_layers: Vec<usize>,
 }
 
@@ -264,13 +266,28 @@ impl LayerRun<'_, '_> {
 /// input and return the layer's coverage (MoE layers).
 pub type LayerWork<'a> = dyn FnMut(&mut LayerRun, &mut Tensor) -> Result<Option<LayerCoverage>, RuntimeError> + 'a;
 
+/// Whether the plan quantizes routed experts of the model's MTP layer (`model.layers.{num_hidden_layers}`), which
+/// the pass then runs after the decoder layers.
+pub fn calibrates_mtp(plan: &Plan, config: &ModelConfig) -> bool {
+    config.num_nextn_predict_layers > 0
+        && planned_experts(plan).iter().any(|(layer, _)| *layer == config.num_hidden_layers)
+}
+
+/// The layers [`run_pass`] runs: the decoder layers, and the MTP layer where the plan quantizes its experts.
+pub fn pass_layers(plan: &Plan, config: &ModelConfig) -> usize {
+    config.num_hidden_layers + usize::from(calibrates_mtp(plan, config))
+}
+
 /// The one calibration pass: the source model in `dir` runs over the calibration chunks, layer by layer through
-/// the layer-streamed runtime on the chosen backend; `work` does the method's part of each layer. The reporter's
-/// phase (`total` units, begun by the caller) advances one unit per layer.
+/// the layer-streamed runtime on the chosen backend; `work` does the method's part of each layer. Where the plan
+/// quantizes the MTP layer's experts, the MTP layer runs last, as the engines run it: over the main model's final
+/// hidden states (after its norm, from the layers as `work` left them) and each next token ([`MtpLayer::inputs`]).
+/// The reporter's phase (begun by the caller with [`pass_layers`] units at least) advances one unit per layer.
 pub fn run_pass(
     dir: &Path,
     options: &CalibrationOptions,
     set: &CalibrationSet,
+    plan: &Plan,
     reporter: &dyn Reporter,
     work: &mut LayerWork,
 ) -> Result<Vec<LayerCoverage>, CalibrationError> {
@@ -306,6 +323,26 @@ pub fn run_pass(
         }
         Ok(())
     })?;
+    if calibrates_mtp(plan, config) {
+        let width = config.hidden_size;
+        let no_mtp = || RuntimeError::Input(format!("{}: the MTP layer's tensors are missing", dir.display()));
+        let mtp = MtpLayer::load(&reader, config)?.ok_or_else(no_mtp)?;
+        backend.rms_norm(&mut hidden, width, &reader.parameter("model.norm.weight", width)?, config.rms_norm_eps as f32)?;
+        let (mut inputs, mtp_spans) = mtp.inputs(&context, &hidden, &set.sequences, &spans)?;
+        let mut state = LayerState::default();
+        let mut run = LayerRun {
+            index: config.num_hidden_layers,
+            moe: true,
+            layer: mtp.layer(),
+            context: &context,
+            spans: &mtp_spans,
+            state: &mut state,
+        };
+        if let Some(coverage) = work(&mut run, &mut inputs)? {
+            layers.push(coverage);
+        }
+        reporter.advance(1);
+    }
     Ok(layers)
 }
 

@@ -50,7 +50,7 @@ use crate::runtime::weights::WeightReader;
 use crate::runtime::RuntimeError;
 
 use super::calibrated::{
-    routed_counts, routed_expert, run_pass, CalibrationError, CalibrationOptions, CalibrationOutput, CalibrationSet,
+    pass_layers, routed_counts, routed_expert, run_pass, CalibrationError, CalibrationOptions, CalibrationOutput, CalibrationSet,
     ExpertResult, LayerCoverage, PassResult,
 };
 use super::expert_spill::{self, LayerEntries, LayerSpill};
@@ -110,8 +110,8 @@ pub fn calibrate(
     let mut experts = BTreeMap::new();
     let mut layers_reused = 0;
     // Progress: one unit per layer and one per planned expert.
-    reporter.begin("gptq", (config.num_hidden_layers + targets.len()) as u64);
-    let layers = run_pass(dir, options, set, reporter, &mut |run, hidden| {
+    reporter.begin("gptq", (pass_layers(plan, &config) + targets.len()) as u64);
+    let layers = run_pass(dir, options, set, plan, reporter, &mut |run, hidden| {
         if !run.moe {
             run.forward(hidden, None)?;
             return Ok(None);

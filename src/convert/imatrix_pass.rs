@@ -19,7 +19,7 @@ use crate::progress::Reporter;
 use crate::quant::imatrix::Importance;
 
 use super::calibrated::{
-    planned_experts, routed_counts, run_pass, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult,
+    pass_layers, planned_experts, routed_counts, run_pass, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult,
     LayerCoverage, PassResult,
 };
 use super::plan::Plan;
@@ -35,8 +35,8 @@ pub fn calibrate(
     let config = Model::open(dir)?.config().clone();
     let (width, inner, count) = (config.hidden_size, config.moe_intermediate_size, config.n_routed_experts);
     let mut experts = BTreeMap::new();
-    reporter.begin("calibration", config.num_hidden_layers as u64);
-    let layers = run_pass(dir, options, set, reporter, &mut |run, hidden| {
+    reporter.begin("calibration", pass_layers(plan, &config) as u64);
+    let layers = run_pass(dir, options, set, plan, reporter, &mut |run, hidden| {
         let mut statistics: Vec<(Importance, Importance)> = if run.moe {
             (0..count).map(|_| (Importance::new(width), Importance::new(inner))).collect()
         } else {
