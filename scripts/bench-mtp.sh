@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # MTP draft acceptance before deployment (issue 30): the trained tiny GLM-4.5-shaped model's FP8 source against
 # its INT4 outputs with the MTP layer's routed experts quantized like the others (the built-in recipe) or kept BF16
-# (the same recipe with `mtp = "bf16"`), each with round-to-nearest (ct-minmax) and GPTQ (whose MTP experts fall
-# back to mse: the calibration pass does not run the MTP layer yet). One `squeeze eval --reference FP8 --candidate INT4 --mtp` per output on The Tempest (held out of training):
-# acceptance of greedy depth-1 drafts, mean accepted length, the drafts' KLD from each model's own main model, the
-# drop against FP8. GPTQ calibrates on the sonnets. Prints a table; asserts nothing.
+# (the same recipe with `mtp = "bf16"`), each with round-to-nearest (ct-minmax) and GPTQ (its MTP experts
+# calibrated from the MTP forward). One `squeeze eval --reference FP8 --candidate INT4 --mtp` per output on The
+# Tempest (held out of training): acceptance of greedy depth-1 drafts, mean accepted length, the drafts' KLD from
+# each model's own main model, the drop against FP8. GPTQ calibrates on the sonnets. Then speculative decoding
+# itself: `squeeze serve-test --speculative mtp=K` (K = 1, 2, 3) on 8 prompts from The Tempest, 48 new tokens each,
+# for the FP8 source and the INT4 outputs: acceptance per depth, tokens per pass of the main model, decode speed
+# against plain greedy in the same run. Prints two tables; asserts nothing (serve-test itself exits 1 unless the
+# speculative tokens equal plain greedy's).
 #
 #   scripts/bench-mtp.sh [--model DIR] [--ctx 256] [--chunks 8] [--keep DIR]
 #   SQUEEZE=path/to/squeeze runs that binary instead of building target/release/squeeze.
@@ -55,6 +59,26 @@ for method in ct-minmax gptq; do
     "$SQUEEZE" "${args[@]}" >/dev/null 2>&1
     if [ "$mtp" = bf16 ]; then label="BF16 (mtp = \"bf16\")"; else label="INT4 (like the others)"; fi
     row "$label" "$method" "$out"
+  done
+done
+
+# The prompts: the first 6 words of 8 spoken lines of The Tempest.
+grep -E '^[A-Z][a-z]' eval/shakespeare-heldout.txt | awk 'length > 40' | sed -n '20~40p' | head -8 \
+  | cut -d' ' -f1-6 > "$work/prompts.txt"
+printf '\n| model | K | acceptance %% by depth | tokens per pass | decode tok/s | plain greedy tok/s | speed-up | same tokens |\n'
+printf '| --- | ---: | --- | ---: | ---: | ---: | ---: | --- |\n'
+for out in "$model" "$work/ct-minmax-int4" "$work/ct-minmax-bf16" "$work/gptq-int4"; do
+  for k in 1 2 3; do
+    json=$("$SQUEEZE" serve-test "$out" --prompts "$work/prompts.txt" --max-new-tokens 48 --concurrency 8 \
+      --kv-pages 1024 --speculative "mtp=$k" --json)
+    python3 - "$out" "$k" "$json" <<'PY'
+import json, os, sys
+out, k, report = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+s = report["speculative"]
+depths = ", ".join(f"{100 * r:.1f}" for r in s["acceptance_by_depth"])
+print(f"| {os.path.basename(out)} | {k} | {depths} | {s['mean_accepted_length']:.3f} | {report['decode_tokens_per_second']:.1f} | "
+      f"{s['greedy_decode_tokens_per_second']:.1f} | {s['speedup']:.2f} | {s['identical_to_greedy']} |")
+PY
   done
 done
 [ -n "$keep" ] || rm -rf "$work"

@@ -327,7 +327,12 @@ pub fn run_pass(
         let width = config.hidden_size;
         let no_mtp = || RuntimeError::Input(format!("{}: the MTP layer's tensors are missing", dir.display()));
         let mtp = MtpLayer::load(&reader, config)?.ok_or_else(no_mtp)?;
-        backend.rms_norm(&mut hidden, width, &reader.parameter("model.norm.weight", width)?, config.rms_norm_eps as f32)?;
+        backend.rms_norm(
+            &mut hidden,
+            width,
+            &reader.parameter("model.norm.weight", width)?,
+            config.rms_norm_eps as f32,
+        )?;
         let (mut inputs, mtp_spans) = mtp.inputs(&context, &hidden, &set.sequences, &spans)?;
         let mut state = LayerState::default();
         let mut run = LayerRun {

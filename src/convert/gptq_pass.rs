@@ -50,8 +50,8 @@ use crate::runtime::weights::WeightReader;
 use crate::runtime::RuntimeError;
 
 use super::calibrated::{
-    pass_layers, routed_counts, routed_expert, run_pass, CalibrationError, CalibrationOptions, CalibrationOutput, CalibrationSet,
-    ExpertResult, LayerCoverage, PassResult,
+    pass_layers, routed_counts, routed_expert, run_pass, CalibrationError, CalibrationOptions, CalibrationOutput,
+    CalibrationSet, ExpertResult, LayerCoverage, PassResult,
 };
 use super::expert_spill::{self, LayerEntries, LayerSpill};
 use super::plan::{Action, Plan};

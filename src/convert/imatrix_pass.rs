@@ -19,8 +19,8 @@ use crate::progress::Reporter;
 use crate::quant::imatrix::Importance;
 
 use super::calibrated::{
-    pass_layers, planned_experts, routed_counts, run_pass, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult,
-    LayerCoverage, PassResult,
+    pass_layers, planned_experts, routed_counts, run_pass, CalibrationError, CalibrationOptions, CalibrationSet,
+    ExpertResult, LayerCoverage, PassResult,
 };
 use super::plan::Plan;
 

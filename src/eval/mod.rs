@@ -96,6 +96,15 @@ pub fn evaluate(
     backend: &dyn Backend,
     reporter: &dyn Reporter,
 ) -> Result<EvalReport, EvalError> {
+    evaluate_with_drafts(options, backend, reporter).map(|(report, _)| report)
+}
+
+/// [`evaluate`], and with `--mtp` the drafts' scored positions (what a parity part file keeps).
+pub fn evaluate_with_drafts(
+    options: &EvalOptions,
+    backend: &dyn Backend,
+    reporter: &dyn Reporter,
+) -> Result<(EvalReport, Option<parity::TokenSamples>), EvalError> {
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let vocab = model.config().vocab_size;
@@ -106,13 +115,6 @@ pub fn evaluate(
         Some(path) => Some(LogitsWriter::create(path, [sequences.len(), ctx, vocab])?),
         None => None,
     };
-    if options.mtp && (options.part.is_some() || options.save_stats.is_some()) {
-        return Err(EvalError::Input(
-            "--mtp does not combine with --part/--save-stats yet (the part files hold no draft statistics): \
-             measure MTP acceptance in one run"
-                .into(),
-        ));
-    }
     let mut stats = NllStats::default();
     let drafts = std::cell::RefCell::new(mtp::DraftSamples::default());
     let mut sink = |index: usize, logits: &[f32]| {
@@ -165,7 +167,9 @@ pub fn evaluate(
         load_seconds: forward.load_seconds,
         compute_seconds: forward.compute_seconds,
         near_ties: forward.near_ties,
+        mtp_layer: options.mtp.then_some(model.config().num_hidden_layers),
     };
+    let drafts = options.mtp.then(|| drafts.into_inner());
     if let Some(path) = &options.save_stats {
         let identity = crate::part::PartIdentity::of(
             &all,
@@ -173,16 +177,16 @@ pub fn evaluate(
             options.part.unwrap_or(Part::WHOLE),
             chunk_range,
         );
-        part_stats::write_eval(path, &identity, &run, &stats)?;
+        part_stats::write_eval(path, &identity, &run, &stats, drafts.as_ref().map(mtp::DraftSamples::samples))?;
     }
     let mut report =
         report(&run, sequences.len(), &stats, options.save_logits.as_ref().map(|p| p.display().to_string()));
     report.uploads = backend.uploads();
     report.device = backend.device_counters();
-    if options.mtp {
-        report.mtp = Some(drafts.borrow().report(model.config().num_hidden_layers));
+    if let (Some(drafts), Some(layer)) = (&drafts, run.mtp_layer) {
+        report.mtp = Some(drafts.report(layer));
     }
-    Ok(report)
+    Ok((report, drafts.map(|drafts| drafts.samples().clone())))
 }
 
 /// The report of `chunks` chunks whose NLLs are `stats` (a run's, or merged parts').

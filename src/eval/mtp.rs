@@ -83,18 +83,28 @@ impl DraftSamples {
     }
 
     pub fn report(&self, layer: usize) -> DraftReport {
-        let summary = Summary::of(&self.samples);
-        DraftReport {
-            layer,
-            positions: summary.tokens,
-            acceptance: summary.same_top,
-            acceptance_stderr: summary.same_top_stderr,
-            mean_accepted_length: 1.0 + summary.same_top / 100.0,
-            mean_kld: summary.mean_kld,
-            mean_kld_stderr: summary.mean_kld_stderr,
-            draft_ppl: summary.ppl,
-            main_ppl: summary.ppl_base,
-        }
+        report_of(&self.samples, layer)
+    }
+
+    /// The scored positions, in the order the sequences came.
+    pub fn samples(&self) -> &TokenSamples {
+        &self.samples
+    }
+}
+
+/// The report of the MTP layer `layer`'s scored positions `samples` (one run's, or merged parts').
+pub fn report_of(samples: &TokenSamples, layer: usize) -> DraftReport {
+    let summary = Summary::of(samples);
+    DraftReport {
+        layer,
+        positions: summary.tokens,
+        acceptance: summary.same_top,
+        acceptance_stderr: summary.same_top_stderr,
+        mean_accepted_length: 1.0 + summary.same_top / 100.0,
+        mean_kld: summary.mean_kld,
+        mean_kld_stderr: summary.mean_kld_stderr,
+        draft_ppl: summary.ppl,
+        main_ppl: summary.ppl_base,
     }
 }
 

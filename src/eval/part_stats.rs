@@ -1,13 +1,15 @@
 //! The raw statistics of one part of a split evaluation (`eval --part I/N --save-stats FILE`): which chunks it
 //! scored and of what input and models, its per-position NLLs (one model) or per-position KLD, Δp, NLLs and top-1
-//! flags plus per-layer, per-chunk error sums (parity); and `merge-eval`, which checks the parts against each
-//! other and recomputes the report one run gives, in the same order of summation, so to the bit.
+//! flags plus per-layer, per-chunk error sums (parity), and with `--mtp` the MTP drafts' per-position statistics
+//! (one model's, or both models'); and `merge-eval`, which checks the parts against each other and recomputes the
+//! report one run gives, in the same order of summation, so to the bit.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::mtp::{report_of, DraftParity};
 use super::parity::{
     summarize, Gates, KvScalesUsed, LayerSums, Mode, ModeStats, ParityReport, ParityStats, Summaries, TokenSamples,
 };
@@ -36,6 +38,16 @@ pub struct EvalRun {
     pub load_seconds: f64,
     pub compute_seconds: f64,
     pub near_ties: usize,
+    /// `--mtp`: the MTP layer whose drafts the part scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp_layer: Option<usize>,
+}
+
+/// `--mtp` in parity: the MTP layer and the drop gate.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct MtpRun {
+    pub layer: usize,
+    pub max_drop: f64,
 }
 
 /// The fields of a parity report that are not statistics.
@@ -56,22 +68,54 @@ struct ParityRun {
     streams: Vec<Mode>,
     rows_per_chunk: u64,
     moe_layers: Vec<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mtp: Option<MtpRun>,
 }
 
-/// Writes a one-model part's statistics.
-pub fn write_eval(path: &Path, identity: &Identity, run: &EvalRun, stats: &NllStats) -> Result<(), IoError> {
+/// Writes a one-model part's statistics (with `--mtp`, `drafts`: its drafts' scored positions).
+pub fn write_eval(
+    path: &Path,
+    identity: &Identity,
+    run: &EvalRun,
+    stats: &NllStats,
+    drafts: Option<&TokenSamples>,
+) -> Result<(), IoError> {
     let mut file = StatsFile::new(json!({ "kind": "eval", "identity": identity, "run": run }));
     file.put_f64("nll", stats.values.clone());
+    if let Some(drafts) = drafts {
+        put_samples(&mut file, "mtp", drafts);
+    }
     file.write(path)
 }
 
-/// Writes a parity part's statistics.
+/// Stores `samples` as `{prefix}.nll`, `.nll_base`, `.kld`, `.p_diff`, `.same_top`.
+fn put_samples(file: &mut StatsFile, prefix: &str, samples: &TokenSamples) {
+    file.put_f64(format!("{prefix}.nll"), samples.nll.clone());
+    file.put_f64(format!("{prefix}.nll_base"), samples.nll_base.clone());
+    file.put_f64(format!("{prefix}.kld"), samples.kld.clone());
+    file.put_f64(format!("{prefix}.p_diff"), samples.p_diff.clone());
+    file.put_u64(format!("{prefix}.same_top"), samples.same_top.iter().map(|&same| same as u64).collect());
+}
+
+/// Appends a part's `{prefix}.*` samples ([`put_samples`]) to `samples`.
+fn extend_samples(file: &StatsFile, path: &Path, prefix: &str, samples: &mut TokenSamples) -> Result<(), IoError> {
+    samples.nll.extend_from_slice(file.f64(path, &format!("{prefix}.nll"))?);
+    samples.nll_base.extend_from_slice(file.f64(path, &format!("{prefix}.nll_base"))?);
+    samples.kld.extend_from_slice(file.f64(path, &format!("{prefix}.kld"))?);
+    samples.p_diff.extend_from_slice(file.f64(path, &format!("{prefix}.p_diff"))?);
+    samples.same_top.extend(file.u64(path, &format!("{prefix}.same_top"))?.iter().map(|&same| same != 0));
+    Ok(())
+}
+
+/// Writes a parity part's statistics (with `--mtp`, `drafts`: the reference's and the candidate's drafts' scored
+/// positions).
 pub fn write_parity(
     path: &Path,
     identity: &Identity,
     modes: &[Mode],
     report: &ParityReport,
     stats: &ParityStats,
+    drafts: Option<(&TokenSamples, &TokenSamples)>,
 ) -> Result<(), IoError> {
     let run = ParityRun {
         reference: report.reference.clone(),
@@ -87,21 +131,21 @@ pub fn write_parity(
         streams: stats.streams.iter().map(|stream| stream.mode).collect(),
         rows_per_chunk: stats.rows_per_chunk,
         moe_layers: stats.moe_layers.clone(),
+        mtp: report.mtp.as_ref().map(|mtp| MtpRun { layer: mtp.reference.layer, max_drop: mtp.max_drop }),
     };
     let mut file = StatsFile::new(json!({ "kind": "parity", "identity": identity, "run": run }));
     for stream in &stats.streams {
         let name = stream.mode.name();
-        let samples = &stream.samples;
-        file.put_f64(format!("{name}.nll"), samples.nll.clone());
-        file.put_f64(format!("{name}.nll_base"), samples.nll_base.clone());
-        file.put_f64(format!("{name}.kld"), samples.kld.clone());
-        file.put_f64(format!("{name}.p_diff"), samples.p_diff.clone());
-        file.put_u64(format!("{name}.same_top"), samples.same_top.iter().map(|&same| same as u64).collect());
+        put_samples(&mut file, name, &stream.samples);
         for (layer, sums) in stream.layers.iter().enumerate() {
             file.put_f64(format!("{name}.layer.{layer}.difference"), sums.difference.clone());
             file.put_f64(format!("{name}.layer.{layer}.norm"), sums.norm.clone());
             file.put_u64(format!("{name}.layer.{layer}.same_routes"), sums.same_routes.clone());
         }
+    }
+    if let Some((reference, candidate)) = drafts {
+        put_samples(&mut file, "mtp.reference", reference);
+        put_samples(&mut file, "mtp.candidate", candidate);
     }
     file.write(path)
 }
@@ -141,10 +185,14 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
     let parts_count = first.identity.part.count;
     if first.kind == "eval" {
         let mut values = Vec::new();
+        let mut drafts = TokenSamples::default();
         let mut run: Option<EvalRun> = None;
         for part in &parts {
             values.extend_from_slice(part.file.f64(&part.path, "nll")?);
             let this: EvalRun = parse_run(part)?;
+            if this.mtp_layer.is_some() {
+                extend_samples(&part.file, &part.path, "mtp", &mut drafts)?;
+            }
             run = Some(match run {
                 None => this,
                 Some(mut total) => {
@@ -158,7 +206,8 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
         }
         let run = run.expect("at least one part");
         let stats = NllStats::from_values(values);
-        let report = super::report(&run, first.identity.total_chunks, &stats, None);
+        let mut report = super::report(&run, first.identity.total_chunks, &stats, None);
+        report.mtp = run.mtp_layer.map(|layer| report_of(&drafts, layer));
         return Ok(Merged::Eval { report, parts: parts_count });
     }
     let runs: Vec<ParityRun> = parts.iter().map(parse_run).collect::<Result<_, _>>()?;
@@ -172,25 +221,29 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
             layers: vec![LayerSums::default(); run.moe_layers.len()],
         })
         .collect();
+    let (mut reference_drafts, mut candidate_drafts) = (TokenSamples::default(), TokenSamples::default());
     for part in &parts {
         let (file, path) = (&part.file, &part.path);
         for stream in &mut streams {
             let name = stream.mode.name();
-            let samples = &mut stream.samples;
-            samples.nll.extend_from_slice(file.f64(path, &format!("{name}.nll"))?);
-            samples.nll_base.extend_from_slice(file.f64(path, &format!("{name}.nll_base"))?);
-            samples.kld.extend_from_slice(file.f64(path, &format!("{name}.kld"))?);
-            samples.p_diff.extend_from_slice(file.f64(path, &format!("{name}.p_diff"))?);
-            samples.same_top.extend(file.u64(path, &format!("{name}.same_top"))?.iter().map(|&same| same != 0));
+            extend_samples(file, path, name, &mut stream.samples)?;
             for (layer, sums) in stream.layers.iter_mut().enumerate() {
                 sums.difference.extend_from_slice(file.f64(path, &format!("{name}.layer.{layer}.difference"))?);
                 sums.norm.extend_from_slice(file.f64(path, &format!("{name}.layer.{layer}.norm"))?);
                 sums.same_routes.extend_from_slice(file.u64(path, &format!("{name}.layer.{layer}.same_routes"))?);
             }
         }
+        if run.mtp.is_some() {
+            extend_samples(file, path, "mtp.reference", &mut reference_drafts)?;
+            extend_samples(file, path, "mtp.candidate", &mut candidate_drafts)?;
+        }
     }
     let stats = ParityStats { streams, rows_per_chunk: run.rows_per_chunk, moe_layers: run.moe_layers.clone() };
-    let Summaries { mode_reports, json_modes, failures } = summarize(&stats, &run.modes, &run.gates)?;
+    let Summaries { mode_reports, json_modes, mut failures } = summarize(&stats, &run.modes, &run.gates)?;
+    let mtp = run.mtp.map(|MtpRun { layer, max_drop }| {
+        DraftParity::new(report_of(&reference_drafts, layer), report_of(&candidate_drafts, layer), max_drop)
+    });
+    failures.extend(mtp.as_ref().and_then(DraftParity::failure));
     let report = ParityReport {
         reference: run.reference.clone(),
         candidate: run.candidate.clone(),
@@ -203,7 +256,7 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
         modes: json_modes,
         gates: run.gates,
         failures,
-        mtp: None,
+        mtp,
         seconds: runs.iter().map(|run| run.seconds).sum(),
         mode_reports,
     };

@@ -110,3 +110,11 @@ pub fn tensor_names(dir: &Path) -> Vec<String> {
         serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
     index["weight_map"].as_object().unwrap().keys().cloned().collect()
 }
+
+/// The bytes of tensor `name` in a checkpoint folder (found through its index).
+pub fn tensor_bytes(dir: &Path, name: &str) -> Vec<u8> {
+    let index = read_json(&dir.join("model.safetensors.index.json"));
+    let file = index["weight_map"][name].as_str().unwrap_or_else(|| panic!("{name} is not in {}", dir.display()));
+    let shard = squeeze::io::ShardFile::open(&dir.join(file)).expect("shard opens");
+    shard.get(name).expect("tensor in its shard").bytes.to_vec()
+}

@@ -1,5 +1,5 @@
 //! `eval --mtp`: the MTP layer's draft acceptance on a GLM model, the same in an INT4 output as the layer is kept,
-//! and the bad input around it (a model without MTP, a missing MTP tensor, --mtp with --part).
+//! its parts merged to the bit, and the bad input around it (a model without MTP, a missing MTP tensor).
 
 use std::fs;
 
@@ -45,12 +45,6 @@ fn eval_mtp_bad_input_exits_2_naming_the_flag_or_tensor() {
     expect_exit_2(&run, &["no MTP layer", "num_nextn_predict_layers"]);
 
     let glm = synth(temp.path(), "glm45", "glm45", &[]);
-    let stats = temp.path().join("part.safetensors");
-    let args = ["eval", path_str(&glm), "--data", SONNETS, "--ctx", "32", "--part", "1/2", "--save-stats"];
-    let mut with_part = args.to_vec();
-    with_part.extend([path_str(&stats), "--mtp"]);
-    expect_exit_2(&squeeze(&with_part), &["--mtp", "--part"]);
-    assert!(!stats.exists(), "nothing written");
 
     // An MTP layer without its eh_proj: the tensor is named.
     let index = glm.join("model.safetensors.index.json");
@@ -234,4 +228,67 @@ fn speculative_bad_input_exits_2_naming_the_flag() {
     expect_exit_2(&serve_speculative(&glm, &["--speculative", "mtp=0"]), &["--speculative", "1 … 16"]);
     let prefill = ["--speculative", "mtp", "--prefill-model", path_str(&glm)];
     expect_exit_2(&serve_speculative(&glm, &prefill), &["--speculative", "--prefill-model"]);
+}
+
+#[test]
+fn calibrated_methods_gather_the_mtp_experts_statistics_from_the_mtp_forward() {
+    let temp = tempfile::tempdir().unwrap();
+    let source = synth(temp.path(), "glm45", "glm45", &[]);
+    let mut outputs = Vec::new();
+    for method in ["imatrix", "gptq", "rtn"] {
+        let out = temp.path().join(method);
+        let mut args = vec!["quantize", path_str(&source), path_str(&out), "--method", method, "--json"];
+        if method != "rtn" {
+            args.extend(["--calibration", SONNETS, "--samples", "4", "--seq-len", "64"]);
+        }
+        let report = squeeze(&args).ok().json();
+        if method != "rtn" {
+            let coverage = &report["expert_coverage"];
+            assert_eq!(coverage["uncalibrated_layers"], serde_json::json!([]), "{method}: {coverage}");
+            let mtp = coverage["layers"].as_array().unwrap().iter().find(|l| l["layer"] == 3).expect("the MTP layer");
+            // Every position but each chunk's last drafts through the MTP layer: 4 × 63 tokens × top-2 routes.
+            let routed: u64 = mtp["routed"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum();
+            assert_eq!(routed, 4 * 63 * 2, "{method}: {mtp}");
+        }
+        outputs.push(out);
+    }
+    // The MTP layer's experts took their method's statistics: their codes differ from the weights-only rule's.
+    let expert = "model.layers.3.mlp.experts.1.down_proj.weight_packed";
+    let packed = |dir: &std::path::Path| crate::common::tensor_bytes(dir, expert);
+    assert_ne!(packed(&outputs[0]), packed(&outputs[2]), "imatrix vs rtn");
+    assert_ne!(packed(&outputs[1]), packed(&outputs[2]), "gptq vs rtn");
+}
+
+#[test]
+fn eval_mtp_parts_merge_to_the_report_of_one_run() {
+    let temp = tempfile::tempdir().unwrap();
+    let fp8 = synth(temp.path(), "glm45", "glm45", &[]);
+    let int4 = temp.path().join("int4");
+    squeeze(&["quantize", path_str(&fp8), path_str(&int4)]).ok();
+    let one_model = vec![path_str(&fp8)];
+    let parity = vec!["--reference", path_str(&fp8), "--candidate", path_str(&int4)];
+    for (name, models) in [("eval", one_model), ("parity", parity)] {
+        let mut args = vec!["eval", "--data", SONNETS, "--ctx", "32", "--chunks", "5", "--mtp", "--json"];
+        args.extend_from_slice(&models);
+        // Parity gates fail on random weights (exit 1): the reports are what is compared.
+        let run = |args: &[&str]| {
+            let run = squeeze(args);
+            assert!(run.code == 0 || run.code == 1, "{name}: exit {}\n{}", run.code, run.stderr);
+            run.json()
+        };
+        let whole = run(&args);
+        let files: Vec<_> = (1..=3).map(|i| temp.path().join(format!("{name}-{i}.safetensors"))).collect();
+        for (index, file) in files.iter().enumerate() {
+            let part = format!("{}/3", index + 1);
+            let mut part_args = args.clone();
+            part_args.extend(["--part", &part, "--save-stats", path_str(file)]);
+            let report = run(&part_args);
+            assert!(report["mtp"].is_object(), "{name} part {part}: its own drafts are reported");
+        }
+        let mut merge = vec!["merge-eval", "--json"];
+        merge.extend(files.iter().map(|file| path_str(file)));
+        let merged = run(&merge);
+        assert!(whole["mtp"].is_object(), "{name}");
+        assert_eq!(merged["mtp"], whole["mtp"], "{name}: merged parts vs one run");
+    }
 }

@@ -248,13 +248,6 @@ pub fn evaluate_parity(
     reporter: &dyn Reporter,
 ) -> Result<ParityReport, EvalError> {
     let started = Instant::now();
-    if options.max_mtp_drop.is_some() && (options.part.is_some() || options.save_stats.is_some()) {
-        return Err(EvalError::Input(
-            "--mtp does not combine with --part/--save-stats yet (the part files hold no draft statistics): \
-             measure MTP acceptance in one run"
-                .into(),
-        ));
-    }
     let (reference, candidate) = open_models(options)?;
     let config = reference.config();
     // Half of each chunk is the prompt; at least two scored positions must remain.
@@ -293,26 +286,30 @@ pub fn evaluate_parity(
         moe_layers: (0..config.num_hidden_layers).map(|layer| config.runs_moe(layer)).collect(),
     };
     let Summaries { mode_reports, json_modes, mut failures } = summarize(&stats, &modes, &options.gates)?;
+    // Both models' drafts over this part's chunks: one `eval --mtp` of each; the scored positions go to the part
+    // file.
+    let mut draft_samples = None;
     let mtp = match options.max_mtp_drop {
         Some(max_drop) => {
-            let drafts = |model: &PathBuf| -> Result<super::mtp::DraftReport, EvalError> {
+            let drafts = |model: &PathBuf| -> Result<(super::mtp::DraftReport, TokenSamples), EvalError> {
                 let eval = super::EvalOptions {
                     model: model.clone(),
                     input: options.input.clone(),
                     chunks: options.chunks,
                     save_logits: None,
-                    part: None,
+                    part: options.part,
                     save_stats: None,
                     mtp: true,
                 };
-                let report = super::evaluate(&eval, backend, reporter)?;
-                report
-                    .mtp
-                    .ok_or_else(|| EvalError::Input(format!("{}: the --mtp eval reported no drafts", model.display())))
+                let no_drafts = || EvalError::Input(format!("{}: the --mtp eval reported no drafts", model.display()));
+                let (report, samples) = super::evaluate_with_drafts(&eval, backend, reporter)?;
+                Ok((report.mtp.ok_or_else(no_drafts)?, samples.ok_or_else(no_drafts)?))
             };
-            let parity =
-                super::mtp::DraftParity::new(drafts(&options.reference)?, drafts(&options.candidate)?, max_drop);
+            let (reference_report, reference_samples) = drafts(&options.reference)?;
+            let (candidate_report, candidate_samples) = drafts(&options.candidate)?;
+            let parity = super::mtp::DraftParity::new(reference_report, candidate_report, max_drop);
             failures.extend(parity.failure());
+            draft_samples = Some((reference_samples, candidate_samples));
             Some(parity)
         }
         None => None,
@@ -344,7 +341,8 @@ pub fn evaluate_parity(
             options.part.unwrap_or(Part::WHOLE),
             chunk_range,
         );
-        super::part_stats::write_parity(path, &identity, &modes, &report, &stats)?;
+        let drafts = draft_samples.as_ref().map(|(reference, candidate)| (reference, candidate));
+        super::part_stats::write_parity(path, &identity, &modes, &report, &stats, drafts)?;
     }
     Ok(report)
 }
