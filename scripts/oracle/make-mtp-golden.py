@@ -19,8 +19,11 @@ everything else is transformers 5.24:
 
 The block runs as a one-layer transformers model of the same architecture whose layer 0 is the MTP layer's decoder
 layer, whose final norm is `shared_head.norm` and whose head is `shared_head.head`, fed `inputs_embeds = x` at
-positions 0..len-2 (vLLM runs the MTP layer at the target positions t). The MTP layer's own `embed_tokens` and
-`shared_head.head` are used where stored (synth stores both, as GLM-4.5 does). Router margins of the MTP layer are
+positions 0..len-2 (vLLM runs the MTP layer at the target positions t). The embedding and the head are the main
+model's `embed_tokens` and `lm_head`, whatever the MTP layer stores: vLLM's speculative decoding replaces the MTP
+drafter's (`llm_base_proposer.py` `_maybe_share_embeddings`/`_maybe_share_lm_head`: "Detected MTP model. Sharing
+target model …"), as SGLang's EAGLE worker does (`set_embed_and_head`); synth stores copies that differ, so this
+golden tells the two apart. Router margins of the MTP layer are
 recorded with the main model's, and input ids with a near-tie anywhere are drawn again.
 """
 
@@ -59,8 +62,8 @@ def block_model(config, weights, mtp, scratch):
         if name.startswith(prefix) and not name[len(prefix):].startswith(glue):
             block["model.layers.0." + name[len(prefix):]] = tensor.contiguous()
     block["model.norm.weight"] = weights[prefix + "shared_head.norm.weight"]
-    block["lm_head.weight"] = weights.get(prefix + "shared_head.head.weight", weights["lm_head.weight"])
-    block["model.embed_tokens.weight"] = weights.get(prefix + "embed_tokens.weight", weights["model.embed_tokens.weight"])
+    block["lm_head.weight"] = weights["lm_head.weight"]  # the engines serve the main model's head
+    block["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"]
     one = dict(config, num_hidden_layers=1, num_nextn_predict_layers=0, first_k_dense_replace=0, tie_word_embeddings=False)
     one.pop("quantization_config", None)
     one["torch_dtype"] = "float32"
@@ -99,7 +102,7 @@ def run_arch(arch, root):
         block = block_model(config, weights, layers, scratch)
         eps = config["rms_norm_eps"]
         prefix = f"model.layers.{layers}."
-        embedding = weights.get(prefix + "embed_tokens.weight", weights["model.embed_tokens.weight"])
+        embedding = weights["model.embed_tokens.weight"]  # the engines serve the main model's embedding
         # Input ids of their own, redrawn until no router or DSA top-k decision of the main model or the MTP layer is
         # a near-tie (a tiny DSA layer often ranks keys with all-zero ReLU scores at its top-k boundary).
         for draw in range(50):

@@ -11,12 +11,15 @@
 //! logits = shared_head.head(shared_head.norm(h))
 //! ```
 //!
-//! The embedding is the layer's own `embed_tokens` where the checkpoint stores one (GLM-4.5), else the model's
-//! (GLM-4.6 and later drop the copy); the head likewise `shared_head.head`, else `lm_head` (vLLM's GLM-4 MTP loader
-//! maps `lm_head.weight` onto `shared_head.head`).
+//! The embedding and the head are the main model's `embed_tokens` and `lm_head`, whatever the MTP layer stores
+//! (GLM-4.5 stores copies, GLM-4.6 and later none): both engines serve MTP that way — vLLM's speculative decoding
+//! replaces the drafter's with the target model's (`v1/spec_decode/llm_base_proposer.py`
+//! `_maybe_share_embeddings`/`_maybe_share_lm_head`, "Detected MTP model. Sharing target model …"), SGLang's EAGLE
+//! worker likewise (`set_embed_and_head`). A copy that differs (a damaged or requantized one) is never served.
 
 use std::ops::Range;
 
+use super::head_name;
 use super::layer::{Layer, LayerContext, LayerState};
 use super::moe::ExpertTimes;
 use super::tap::KvSource;
@@ -29,8 +32,6 @@ use crate::runtime::{RuntimeError, Spans};
 
 /// The first MTP layer, loaded.
 pub struct MtpLayer {
-    /// The embedding table its next-token input is read from.
-    embedding: String,
     enorm: Matrix,
     hnorm: Matrix,
     eh_proj: Matrix,
@@ -48,17 +49,13 @@ impl MtpLayer {
         let index = config.num_hidden_layers;
         let hidden = config.hidden_size;
         let name = |suffix: &str| format!("model.layers.{index}.{suffix}");
-        let own_or = |own: String, shared: &str| if reader.contains(&own) { own } else { shared.to_string() };
-        let embedding = own_or(name("embed_tokens.weight"), "model.embed_tokens.weight");
-        let head = own_or(name("shared_head.head.weight"), "lm_head.weight");
         Ok(Some(Self {
-            embedding,
             enorm: reader.parameter(&name("enorm.weight"), hidden)?,
             hnorm: reader.parameter(&name("hnorm.weight"), hidden)?,
             eh_proj: reader.matrix(&name("eh_proj.weight"), [hidden, 2 * hidden])?,
             layer: Layer::load(reader, config, index)?,
             head_norm: reader.parameter(&name("shared_head.norm.weight"), hidden)?,
-            head: reader.matrix(&head, [config.vocab_size, hidden])?,
+            head: reader.matrix(head_name(config, reader), [config.vocab_size, hidden])?,
         }))
     }
 
@@ -122,7 +119,7 @@ impl MtpLayer {
     ) -> Result<Tensor, RuntimeError> {
         let width = config.hidden_size;
         let eps = config.rms_norm_eps as f32;
-        let mut embedded = reader.rows(&self.embedding, width, next)?;
+        let mut embedded = reader.rows("model.embed_tokens.weight", width, next)?;
         for (row, _) in first.iter().enumerate().filter(|(_, &first)| first) {
             embedded[row * width..(row + 1) * width].fill(0.0);
         }

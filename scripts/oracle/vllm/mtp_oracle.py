@@ -22,9 +22,10 @@ final norm checks that the drafter was fed exactly those hidden states.
 Two runs per arch:
   served: stock vLLM. Its proposer (`SpecDecodeBaseProposer._maybe_share_embeddings/_maybe_share_lm_head`)
           replaces an MTP drafter's embed_tokens and every shared_head.head by the TARGET model's embed_tokens and
-          lm_head, whatever the checkpoint's MTP layer stores.
+          lm_head, whatever the checkpoint's MTP layer stores — what squeeze and the golden use, and the logits
+          written to vllm-mtp.safetensors for CI.
   own:    the same, with those two sharing methods made no-ops, so the drafter keeps the MTP layer's own
-          `embed_tokens` / `shared_head.head` as vLLM's `load_weights` loaded them (what squeeze and the golden use).
+          `embed_tokens` / `shared_head.head` as vLLM's `load_weights` loaded them (no engine serves this).
 The synthetic checkpoints store MTP copies that differ from the main ones (real GLM checkpoints store equal copies),
 so the two runs differ; both are recorded.
 
@@ -312,13 +313,13 @@ def main() -> int:
                         runs["_served_logits"] = got
                     if key == "own" and "_served_logits" in runs:
                         run["vs_served"] = compare(got, runs["_served_logits"])
-                    if key == "own":  # the logits a CI test compares squeeze with (55 KB)
+                    if key == "served":  # stock vLLM: the logits a CI test compares squeeze with (55 KB)
                         from safetensors.numpy import save_file
 
                         save_file(
                             {"input_ids": load_file(str(GOLDEN / arch / "mtp.safetensors"))["input_ids"], "mtp_logits": got.astype(np.float32)},
                             str(GOLDEN / arch / "vllm-mtp.safetensors"),
-                            metadata={"source": "scripts/oracle/vllm/mtp_oracle.py, run 'own'"},
+                            metadata={"source": "scripts/oracle/vllm/mtp_oracle.py, run 'served' (stock vLLM)"},
                         )
                 else:
                     runs[key] = run
