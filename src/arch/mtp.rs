@@ -14,8 +14,9 @@
 //! The embedding and the head are the main model's `embed_tokens` and `lm_head`, whatever the MTP layer stores
 //! (GLM-4.5 stores copies, GLM-4.6 and later none): both engines serve MTP that way — vLLM's speculative decoding
 //! replaces the drafter's with the target model's (`v1/spec_decode/llm_base_proposer.py`
-//! `_maybe_share_embeddings`/`_maybe_share_lm_head`, "Detected MTP model. Sharing target model …"), SGLang's EAGLE
-//! worker likewise (`set_embed_and_head`). A copy that differs (a damaged or requantized one) is never served.
+//! `_maybe_share_embeddings`/`_maybe_share_lm_head`, "Detected MTP model. Sharing target model …"), SGLang 0.5.23's EAGLE
+//! worker likewise for NextN drafters (`srt/speculative/eagle_worker_v2.py`: "Share the embedding and lm_head",
+//! `set_embed_and_head`). A copy that differs (a damaged or requantized one) is never served.
 
 use std::ops::Range;
 
