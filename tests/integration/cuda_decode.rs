@@ -131,3 +131,25 @@ fn the_fused_check_catches_every_fault_kind_and_aborts_only_its_requests() {
         }
     }
 }
+
+#[test]
+fn speculative_decoding_on_the_device_matches_the_cpu_and_catches_a_rollback_left_mapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "glm45", "glm45", &SMALL);
+    // Several tokens of one request verified in one device step and rejected drafts rolled back (untrained MTP: most
+    // drafts are rejected, so every step rolls back), with one rolled-back page left mapped (one emulated run, with
+    // its plain greedy check, costs about three minutes on 2 cores).
+    let cpu = serve(&model, "cpu", &["--speculative", "mtp=2"]).ok().json();
+    assert!(cpu["speculative"]["pages_rolled_back"].as_u64().unwrap() > 0, "{}", cpu["speculative"]);
+    let faulty = ["--speculative", "mtp=2", "--inject-fault", "rollback-stale@1"];
+    let report = serve(&model, "emulated", &faulty).ok().json();
+    assert_eq!((report["faults_injected"].as_u64(), report["undetected"].as_u64()), (Some(1), Some(0)), "{report}");
+    assert_eq!((report["false_positives"].as_u64(), report["aborted"].as_u64()), (Some(0), Some(1)));
+    assert_eq!(report["speculative"]["identical_to_greedy"], true, "{}", report["speculative"]);
+    let victim = report["injected"][0]["victim"].as_u64().unwrap() as usize;
+    for (id, (cpu, gpu)) in outcomes(&cpu).into_iter().zip(outcomes(&report)).enumerate() {
+        if id != victim {
+            assert_eq!(cpu, gpu, "request {id}: the device's speculative tokens are the CPU's");
+        }
+    }
+}
