@@ -102,16 +102,15 @@ impl Batch<'_> {
 
         // Verification: every request's last token and its drafts, at consecutive positions, in one main-model pass.
         let mut items = Vec::new();
-        let mut spans = Vec::with_capacity(count);
+        let mut counts = vec![0; count];
         for (r, request) in state.active.iter().enumerate() {
-            let start = items.len();
             if failed[r].is_none() {
                 let last = *request.generated.last().expect("a request has generated a token");
                 for (i, &token) in std::iter::once(&last).chain(&drafts[r]).enumerate() {
                     items.push(DecodeItem { request: request.id, token, position: request.position + i });
                 }
+                counts[r] = drafts[r].len() + 1;
             }
-            spans.push(start..items.len());
         }
         let decoded = self.decoder.decode(self.backend, pool, &items, options.verify)?;
         state.timings.verify_seconds += decoded.verify_seconds;
@@ -119,9 +118,8 @@ impl Batch<'_> {
         let mut done = Vec::new();
         let stats = &mut state.speculation;
         for (r, request) in state.active.iter_mut().enumerate() {
-            let span = spans[r].clone();
-            let outputs: Vec<_> = logits.by_ref().take(span.len()).collect();
-            let states: Vec<_> = normed.by_ref().take(span.len()).collect();
+            let outputs: Vec<_> = logits.by_ref().take(counts[r]).collect();
+            let states: Vec<_> = normed.by_ref().take(counts[r]).collect();
             if failed[r].is_some() {
                 continue;
             }
