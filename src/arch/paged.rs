@@ -493,16 +493,7 @@ mod tests {
         let decoder = PagedModel::open(&out, 32).unwrap();
         let prompt = 5;
         for (dtype, tolerance) in [(KvDtype::F32, DECODE_VS_FULL_MAX_ABS), (KvDtype::Bf16, BF16_CACHE_MAX_ABS)] {
-            let shape = PoolShape {
-                layers: decoder.config().num_hidden_layers,
-                row_width: decoder.row_width(),
-                aux_width: decoder.aux_width(),
-                page_size: 3,
-                pages: 8,
-            };
-            let scales = KvScales::unit(KvLayout::of(decoder.config()), shape.layers);
-            let mut pool = KvPool::new(shape, dtype, decoder.element_scales(&scales));
-            pool.open(1);
+            let mut pool = pool_for(&decoder, dtype, 3, 8);
             let prefilled = decoder.prefill(&Cpu, &tokens[..prompt]).unwrap();
             PagedModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
             let mut worst = max_abs(&prefilled.logits, &full[(prompt - 1) * vocab..][..vocab]);
@@ -533,16 +524,7 @@ mod tests {
             .unwrap();
         let decoder = PagedModel::open(&out, 32).unwrap().with_mtp().unwrap().expect("an MTP layer");
         let width = decoder.config().hidden_size;
-        let shape = PoolShape {
-            layers: decoder.cached_layers(),
-            row_width: decoder.row_width(),
-            aux_width: decoder.aux_width(),
-            page_size: 4,
-            pages: 16,
-        };
-        let scales = KvScales::unit(KvLayout::of(decoder.config()), decoder.config().num_hidden_layers);
-        let mut pool = KvPool::new(shape, KvDtype::F32, decoder.element_scales(&scales));
-        pool.open(1);
+        let mut pool = pool_for(&decoder, KvDtype::F32, 4, 16);
         let prefilled = decoder.prefill(&Cpu, &tokens).unwrap();
         PagedModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
         let item = |position: usize| DraftItem {
@@ -571,6 +553,21 @@ mod tests {
         for arch in [SynthArch::Glm45, SynthArch::Glm5, SynthArch::Glm52] {
             check_drafts(arch);
         }
+    }
+
+    /// A pool for `decoder`'s cached layers with unit scales, request 1 opened.
+    fn pool_for(decoder: &PagedModel, dtype: KvDtype, page_size: usize, pages: usize) -> KvPool {
+        let shape = PoolShape {
+            layers: decoder.cached_layers(),
+            row_width: decoder.row_width(),
+            aux_width: decoder.aux_width(),
+            page_size,
+            pages,
+        };
+        let scales = KvScales::unit(KvLayout::of(decoder.config()), decoder.config().num_hidden_layers);
+        let mut pool = KvPool::new(shape, dtype, decoder.element_scales(&scales));
+        pool.open(1);
+        pool
     }
 
     fn max_abs(a: &[f32], b: &[f32]) -> f32 {

