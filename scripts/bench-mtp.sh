@@ -4,7 +4,8 @@
 # (the same recipe with `mtp = "bf16"`), each with round-to-nearest (ct-minmax) and GPTQ (its MTP experts
 # calibrated from the MTP forward). One `squeeze eval --reference FP8 --candidate INT4 --mtp` per output on The
 # Tempest (held out of training): acceptance of greedy depth-1 drafts, mean accepted length, the drafts' KLD from
-# each model's own main model, the drop against FP8. GPTQ calibrates on the sonnets. Then speculative decoding
+# each model's own main model, the drop against FP8, and with `--mtp-depth 3` the mean accepted length of three
+# chained drafts per step. GPTQ calibrates on the sonnets. Then speculative decoding
 # itself: `squeeze serve-test --speculative mtp=K` (K = 1, 2, 3) on 8 prompts from The Tempest, 48 new tokens each,
 # for the FP8 source and the INT4 outputs: acceptance per depth, tokens per pass of the main model, decode speed
 # against plain greedy in the same run. Prints two tables; asserts nothing (serve-test itself exits 1 unless the
@@ -30,22 +31,26 @@ if [ -z "${SQUEEZE:-}" ]; then
 fi
 work=${keep:-$(mktemp -d)}
 mkdir -p "$work"
-printf '| MTP experts | method | acceptance %% ± stderr | mean accepted length | draft KLD ± stderr | drop vs FP8 (points) |\n'
-printf '| --- | --- | ---: | ---: | ---: | ---: |\n'
+printf '| MTP experts | method | acceptance %% ± stderr | mean accepted length | draft KLD ± stderr | drop vs FP8 (points) | chains of 3: mean accepted length, accepted through depth 1/2/3 %% |\n'
+printf '| --- | --- | ---: | ---: | ---: | ---: | --- |\n'
 row() {
   local label=$1 method=$2 out=$3 json
   json=$("$SQUEEZE" eval --reference "$model" --candidate "$out" --data eval/shakespeare-heldout.txt --ctx "$ctx" \
-    --chunks "$chunks" --modes weights --mtp --max-mtp-drop 100 --json)
+    --chunks "$chunks" --modes weights --mtp --mtp-depth 3 --max-mtp-drop 100 --json)
   python3 - "$label" "$method" "$json" <<'PY'
 import json, sys
 label, method, report = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 m = report["mtp"]
+def chain(d):
+    c = d["chain"]
+    through = " / ".join(f"{x:.1f}" for x in c["accepted_through"])
+    return f"{c['mean_accepted_length']:.3f} ± {c['mean_accepted_length_stderr']:.3f}, {through}"
 if label == "FP8 source":
     r = m["reference"]
-    print(f"| FP8 source | - | {r['acceptance']:.2f} ± {r['acceptance_stderr']:.2f} | {r['mean_accepted_length']:.3f} | {r['mean_kld']:.4f} ± {r['mean_kld_stderr']:.4f} | 0 |")
+    print(f"| FP8 source | - | {r['acceptance']:.2f} ± {r['acceptance_stderr']:.2f} | {r['mean_accepted_length']:.3f} | {r['mean_kld']:.4f} ± {r['mean_kld_stderr']:.4f} | 0 | {chain(r)} |")
 else:
     c = m["candidate"]
-    print(f"| {label} | {method} | {c['acceptance']:.2f} ± {c['acceptance_stderr']:.2f} | {c['mean_accepted_length']:.3f} | {c['mean_kld']:.4f} ± {c['mean_kld_stderr']:.4f} | {m['drop']:+.2f} |")
+    print(f"| {label} | {method} | {c['acceptance']:.2f} ± {c['acceptance_stderr']:.2f} | {c['mean_accepted_length']:.3f} | {c['mean_kld']:.4f} ± {c['mean_kld_stderr']:.4f} | {m['drop']:+.2f} | {chain(c)} |")
 PY
 }
 sed 's/^name = "glm45-int4"/name = "glm45-int4-mtp-bf16"\nmtp = "bf16"/' recipes/glm45-int4.toml > "$work/mtp-bf16.toml"

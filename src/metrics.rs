@@ -56,3 +56,15 @@ mod tests {
         assert_eq!(bit_mismatches(&[f32::NAN, 1.0, 0.0], &[f32::NAN, 1.0, -0.0]), 1);
     }
 }
+
+/// The index of the largest value, the first on ties (as `std::max_element`): a greedy token, and what same-top
+/// compares.
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (index, &value) in row.iter().enumerate() {
+        if value > row[best] {
+            best = index;
+        }
+    }
+    best as u32
+}

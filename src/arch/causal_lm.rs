@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::layer::{Layer, LayerContext, LayerState};
 use super::moe::ExpertTimes;
 use super::mtp::MtpLayer;
+use super::mtp_chain::chained_drafts;
 use super::tap::KvSource;
 use crate::io::Checkpoint;
 use crate::model::ModelConfig;
@@ -23,6 +24,10 @@ use crate::runtime::{RuntimeError, Spans};
 
 /// Receives each sequence's logits: `(sequence index, [len, vocab] logits)`.
 pub type LogitsSink<'a> = dyn FnMut(usize, &[f32]) -> Result<(), RuntimeError> + 'a;
+
+/// Receives each sequence's MTP drafts: `(sequence index, [len − 1, vocab] depth-1 draft logits, chained greedy
+/// drafts)`, the chains `[starts, depth]` as [`super::mtp_chain::chained_drafts`] makes them (empty at depth 1).
+pub type DraftSink<'a> = dyn FnMut(usize, &[f32], &[u32]) -> Result<(), RuntimeError> + 'a;
 
 /// One decoder layer of a layer-streamed pass, as the hook sees it.
 pub struct LayerStep<'a> {
@@ -125,21 +130,23 @@ impl Model {
         self.run(backend, sequences, reporter, sink, None)
     }
 
-    /// [`Model::forward`], and the MTP layer's drafts: right after each sequence's logits, `drafts(index, logits)`
-    /// receives its `[len − 1, vocab]` draft logits (row `t` drafts token `t + 2`; see [`super::mtp`]). An error
-    /// when the model has no MTP layer.
+    /// [`Model::forward`], and the MTP layer's drafts: right after each sequence's logits, `drafts(index, logits,
+    /// chains)` receives its `[len − 1, vocab]` draft logits (row `t` drafts token `t + 2`; see [`super::mtp`]) and,
+    /// with `depth` above 1, its chained greedy drafts ([`super::mtp_chain`]). An error when the model has no MTP
+    /// layer.
     pub fn forward_with_drafts(
         &self,
         backend: &dyn Backend,
         sequences: &[Vec<u32>],
         reporter: &dyn Reporter,
         sink: &mut LogitsSink,
-        drafts: &mut LogitsSink,
+        drafts: &mut DraftSink,
+        depth: usize,
     ) -> Result<ForwardStats, RuntimeError> {
         if self.config.num_nextn_predict_layers == 0 {
             return Err(self.no_mtp_layer());
         }
-        self.run(backend, sequences, reporter, sink, Some(drafts))
+        self.run(backend, sequences, reporter, sink, Some((drafts, depth)))
     }
 
     fn no_mtp_layer(&self) -> RuntimeError {
@@ -156,7 +163,7 @@ impl Model {
         sequences: &[Vec<u32>],
         reporter: &dyn Reporter,
         sink: &mut LogitsSink,
-        mut drafts: Option<&mut LogitsSink>,
+        mut drafts: Option<(&mut DraftSink, usize)>,
     ) -> Result<ForwardStats, RuntimeError> {
         let config = &self.config;
         let reader = WeightReader::new(&self.checkpoint);
@@ -201,22 +208,27 @@ impl Model {
         backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
         let mut mtp_load_seconds = 0.0;
         let mtp = match drafts {
-            Some(_) => {
+            Some((_, depth)) => {
                 let loading = Instant::now();
                 let layer = MtpLayer::load(&reader, config)?.ok_or_else(|| self.no_mtp_layer())?;
                 mtp_load_seconds = loading.elapsed().as_secs_f64();
                 let (states, mtp_spans) = layer.hidden(&context, &hidden, sequences, &spans)?;
                 let ranges: Vec<(usize, usize)> = mtp_spans.iter().collect();
-                Some((layer, states, ranges))
+                let chains = if depth > 1 {
+                    chained_drafts(&context, &layer, &hidden, sequences, &spans, depth)?
+                } else {
+                    vec![Vec::new(); sequences.len()]
+                };
+                Some((layer, states, ranges, chains))
             }
             None => None,
         };
         for (index, (start, length)) in spans.iter().enumerate() {
             let logits = backend.linear(&backend.row_range(&hidden, start..start + length)?, &head, None)?;
             sink(index, &backend.download(&logits)?)?;
-            if let (Some((layer, states, ranges)), Some(drafts)) = (&mtp, drafts.as_mut()) {
+            if let (Some((layer, states, ranges, chains)), Some((drafts, _))) = (&mtp, drafts.as_mut()) {
                 let (start, length) = ranges[index]; // one MTP span per sequence (MtpLayer::hidden)
-                drafts(index, &layer.logits(backend, states, start..start + length)?)?;
+                drafts(index, &layer.logits(backend, states, start..start + length)?, &chains[index])?;
             }
         }
         stats.load_seconds += mtp_load_seconds;

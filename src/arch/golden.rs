@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use super::Model;
 use crate::io::dtype::Dtype;
 use crate::io::ShardFile;
+use crate::metrics::argmax;
 use crate::progress::Silent;
 use crate::runtime::Cpu;
 
@@ -123,17 +124,23 @@ fn check_mtp(arch: &str, file: &str) {
     batch[1].truncate(TRUNCATED);
     let mut got: Vec<Vec<f32>> = vec![Vec::new(); sequences];
     model
-        .forward_with_drafts(&Cpu, &batch, &Silent, &mut |_, _| Ok(()), &mut |index, logits| {
-            got[index] = logits.to_vec();
-            Ok(())
-        })
+        .forward_with_drafts(
+            &Cpu,
+            &batch,
+            &Silent,
+            &mut |_, _| Ok(()),
+            &mut |index, logits, _| {
+                got[index] = logits.to_vec();
+                Ok(())
+            },
+            1,
+        )
         .expect("forward with drafts runs");
     for (index, logits) in got.iter().enumerate() {
         let rows = batch[index].len() - 1;
         assert_eq!(logits.len(), rows * vocab, "{arch} sequence {index}: one draft row per position but the last");
         let reference = &want[index * (length - 1) * vocab..][..rows * vocab];
         let (relative_l2, max_abs) = errors(logits, reference);
-        let argmax = |row: &[f32]| row.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i);
         let agree = logits.chunks(vocab).zip(reference.chunks(vocab)).filter(|(a, b)| argmax(a) == argmax(b)).count();
         println!(
             "{arch} MTP sequence {index} ({rows} drafts) vs {file}: relative L2 {relative_l2:.3e}, max |Δlogit| \

@@ -33,10 +33,11 @@ pub mod layer;
 pub mod mla;
 pub mod moe;
 pub mod mtp;
+pub mod mtp_chain;
 pub mod paged;
 pub mod tap;
 
-pub use causal_lm::{embed, head_name, run_layers, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
+pub use causal_lm::{embed, head_name, run_layers, DraftSink, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
 pub use layer::{Layer, LayerContext, LayerState};
 pub use moe::ExpertTimes;
 pub use tap::{CachedKv, ExpertActivations, ExpertObserver, ExpertTap, KvFp8, KvObserver, KvSource, KvTap, LayerTap};

@@ -131,15 +131,12 @@ impl PagedModel {
 
     /// Width of one cached row per token and layer (MLA latent 576 for Kimi/GLM-5; GQA 2 · kv_heads · head_dim).
     pub fn row_width(&self) -> usize {
-        match KvLayout::of(&self.config) {
-            KvLayout::Mla { row_width } => row_width,
-            KvLayout::Gqa { kv_heads, head_dim } => 2 * kv_heads * head_dim,
-        }
+        self.stepping().row_width()
     }
 
     /// f32 values kept beside each row: the DSA indexer key (GLM-5), else 0.
     pub fn aux_width(&self) -> usize {
-        self.config.indexer.as_ref().map_or(0, |i| i.index_head_dim)
+        self.stepping().aux_width()
     }
 
     /// Per cached layer, the scale of every row element: MLA all `k_scale`; GQA `k_scale` of the head for K,
@@ -170,14 +167,9 @@ impl PagedModel {
         all
     }
 
-    fn check_positions(&self, end: usize) -> Result<(), RuntimeError> {
-        if end > self.table.positions {
-            return Err(RuntimeError::Input(format!(
-                "position {end} is beyond the {} positions the decoder was opened for",
-                self.table.positions
-            )));
-        }
-        Ok(())
+    /// What a decode or draft step needs besides the layers.
+    fn stepping(&self) -> Stepping<'_> {
+        Stepping { config: &self.config, table: &self.table, mla_scale: self.mla_scale }
     }
 
     /// Runs a whole prompt (causal attention over its own f32 rows) and returns the last position's logits and
@@ -186,7 +178,7 @@ impl PagedModel {
         if tokens.is_empty() {
             return Err(RuntimeError::Input("an empty prompt cannot be prefilled".into()));
         }
-        self.check_positions(tokens.len())?;
+        self.stepping().check_positions(tokens.len())?;
         let reader = WeightReader::new(&self.checkpoint);
         let count = tokens.len();
         let positions: Vec<usize> = (0..count).collect();
@@ -262,9 +254,10 @@ impl PagedModel {
         let tokens: Vec<u32> = items.iter().map(|i| i.token).collect();
         let width = self.config.hidden_size;
         let hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
-        let mut step = self.start_step(pool, &at, hidden)?;
+        let stepping = self.stepping();
+        let mut step = stepping.start_step(pool, &at, hidden)?;
         for (index, layer) in self.layers.iter().enumerate() {
-            self.step_layer(backend, pool, &reader, (index, layer), &mut step, verify && index == 0)?;
+            stepping.step_layer(backend, pool, &reader, (index, layer), &mut step, verify && index == 0)?;
         }
         let mut normed = vec![Vec::new(); items.len()];
         let mut logits: Vec<Option<Vec<f32>>> = vec![None; items.len()];
@@ -283,10 +276,8 @@ impl PagedModel {
         Ok(DecodeStep { logits: step.results(logits), normed, verify_seconds })
     }
 
-    /// One MTP draft per item through the MTP layer, cached in the pool as layer `num_hidden_layers` (its mappings
-    /// verified first with `verify`): the layer's input from each item's `next` token (zeroed at position 0) and
-    /// `previous` hidden state, its paged attention over the request's MTP rows `0..=position`, its head. Items of one
-    /// request may come several at a time at consecutive positions (a catch-up over newly verified tokens).
+    /// One MTP draft per item through the MTP layer, cached in the pool as layer `num_hidden_layers`
+    /// ([`Stepping::draft`]).
     pub fn draft(
         &self,
         backend: &dyn Backend,
@@ -297,10 +288,66 @@ impl PagedModel {
         let Some(mtp) = &self.mtp else {
             return Err(RuntimeError::Input("the decoder was opened without its MTP layer".into()));
         };
+        let reader = WeightReader::new(&self.checkpoint);
+        self.stepping().draft(backend, pool, &reader, (self.config.num_hidden_layers, mtp), items, verify)
+    }
+
+    /// The logits of every row of `normed` (hidden states after the final norm).
+    fn head_logits(&self, backend: &dyn Backend, normed: &Tensor) -> Result<Vec<f32>, RuntimeError> {
+        backend.download(&backend.linear(normed, &self.head, None)?)
+    }
+}
+
+/// What a paged decode or draft step needs besides its layers: the config, the RoPE table (its length bounds the
+/// positions) and MLA's softmax scale. [`PagedModel`] steps its resident layers with it; `eval --mtp-depth` steps
+/// the MTP layer alone over a pool of that one layer ([`super::mtp_chain`]).
+#[derive(Clone, Copy)]
+pub struct Stepping<'a> {
+    pub config: &'a ModelConfig,
+    pub table: &'a RopeTable,
+    pub mla_scale: f32,
+}
+
+impl Stepping<'_> {
+    /// Width of one cached row per token and layer (MLA latent 576 for Kimi/GLM-5; GQA 2 · kv_heads · head_dim).
+    pub fn row_width(&self) -> usize {
+        match KvLayout::of(self.config) {
+            KvLayout::Mla { row_width } => row_width,
+            KvLayout::Gqa { kv_heads, head_dim } => 2 * kv_heads * head_dim,
+        }
+    }
+
+    /// f32 values kept beside each row: the DSA indexer key (GLM-5), else 0.
+    pub fn aux_width(&self) -> usize {
+        self.config.indexer.as_ref().map_or(0, |i| i.index_head_dim)
+    }
+
+    fn check_positions(&self, end: usize) -> Result<(), RuntimeError> {
+        if end > self.table.positions {
+            return Err(RuntimeError::Input(format!(
+                "position {end} is beyond the {} positions the decoder was opened for",
+                self.table.positions
+            )));
+        }
+        Ok(())
+    }
+
+    /// One MTP draft per item through `mtp`, cached in the pool as layer `pool_layer` (its mappings verified first
+    /// with `verify`): the layer's input from each item's `next` token (zeroed at position 0) and `previous` hidden
+    /// state, its paged attention over the request's MTP rows `0..=position`, its head. Items of one request may
+    /// come several at a time at consecutive positions (a catch-up over newly verified tokens).
+    pub fn draft(
+        &self,
+        backend: &dyn Backend,
+        pool: &mut KvPool,
+        reader: &WeightReader,
+        (pool_layer, mtp): (usize, &MtpLayer),
+        items: &[DraftItem],
+        verify: bool,
+    ) -> Result<Vec<Result<Draft, PoolError>>, RuntimeError> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let reader = WeightReader::new(&self.checkpoint);
         let width = self.config.hidden_size;
         let at: Vec<KvAt> = items.iter().map(|i| KvAt { request: i.request, position: i.position }).collect();
         let next: Vec<u32> = items.iter().map(|i| i.next).collect();
@@ -318,12 +365,12 @@ impl PagedModel {
             previous.extend_from_slice(&item.previous);
         }
         let previous = backend.upload(&previous, width)?;
-        let hidden = mtp.input(backend, &reader, &self.config, &next, &first, &previous)?;
+        let hidden = mtp.input(backend, reader, self.config, &next, &first, &previous)?;
         let mut step = self.start_step(pool, &at, hidden)?;
-        self.step_layer(backend, pool, &reader, (self.config.num_hidden_layers, mtp.layer()), &mut step, verify)?;
+        self.step_layer(backend, pool, reader, (pool_layer, mtp.layer()), &mut step, verify)?;
         let mut drafts: Vec<Option<Draft>> = (0..items.len()).map(|_| None).collect();
         if !step.live.is_empty() {
-            let logits = mtp.head_logits(backend, &self.config, &step.hidden)?;
+            let logits = mtp.head_logits(backend, self.config, &step.hidden)?;
             let states = backend.download(&step.hidden)?;
             let vocab = self.config.vocab_size;
             for (row, &i) in step.live.iter().enumerate() {
@@ -369,11 +416,11 @@ impl PagedModel {
         if step.live.is_empty() {
             return Ok(());
         }
-        let layout = Layer::layout(&self.config, self.mla_scale);
+        let layout = Layer::layout(self.config, self.mla_scale);
         let positions: Vec<usize> = step.live.iter().map(|&i| step.at[i].position).collect();
         let (new_rows, new_aux, queries) =
-            layer.project(backend, &self.config, &self.table, &step.hidden, &positions, self.aux_width())?;
-        let q = layer.attention_queries(backend, &self.config, &queries)?;
+            layer.project(backend, self.config, self.table, &step.hidden, &positions, self.aux_width())?;
+        let q = layer.attention_queries(backend, self.config, &queries)?;
         let requests: Vec<KvAt> = step.live.iter().map(|&i| step.at[i]).collect();
         let paged = PagedStep {
             layer: index,
@@ -383,7 +430,7 @@ impl PagedModel {
             rows: &new_rows,
             aux: &new_aux,
             requests: &requests,
-            keys: Layer::key_choice(&self.config, &queries, step.keys.as_ref()),
+            keys: Layer::key_choice(self.config, &queries, step.keys.as_ref()),
         };
         let decoded = backend.paged_decode(pool, &paged)?;
         step.verify_seconds += decoded.verify_seconds;
@@ -406,13 +453,8 @@ impl PagedModel {
             attended = backend.gather_rows(&attended, &kept)?;
             step.keys = step.keys.take().map(|keys| backend.gather_rows(&keys, &kept)).transpose()?;
         }
-        let attended = layer.attention_values(backend, &self.config, attended)?;
-        layer.finish(backend, reader, &self.config, &mut step.hidden, &attended)
-    }
-
-    /// The logits of every row of `normed` (hidden states after the final norm).
-    fn head_logits(&self, backend: &dyn Backend, normed: &Tensor) -> Result<Vec<f32>, RuntimeError> {
-        backend.download(&backend.linear(normed, &self.head, None)?)
+        let attended = layer.attention_values(backend, self.config, attended)?;
+        layer.finish(backend, reader, self.config, &mut step.hidden, &attended)
     }
 }
 
@@ -517,10 +559,17 @@ mod tests {
         let model = Model::open(&out).unwrap();
         let mut expected = Vec::new();
         model
-            .forward_with_drafts(&Cpu, std::slice::from_ref(&tokens), &Silent, &mut |_, _| Ok(()), &mut |_, drafts| {
-                expected = drafts.to_vec();
-                Ok(())
-            })
+            .forward_with_drafts(
+                &Cpu,
+                std::slice::from_ref(&tokens),
+                &Silent,
+                &mut |_, _| Ok(()),
+                &mut |_, drafts, _| {
+                    expected = drafts.to_vec();
+                    Ok(())
+                },
+                1,
+            )
             .unwrap();
         let decoder = PagedModel::open(&out, 32).unwrap().with_mtp().unwrap().expect("an MTP layer");
         let width = decoder.config().hidden_size;

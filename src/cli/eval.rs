@@ -89,6 +89,12 @@ pub struct Args {
     /// reference.
     #[arg(long, default_value_t = DEFAULT_MAX_MTP_DROP, value_parser = super::values::non_negative, requires = "mtp")]
     pub max_mtp_drop: f64,
+    /// With --mtp: also chain K drafts from every position, as vLLM chains its MTP layer with
+    /// num_speculative_tokens K, and report the mean accepted length per step (an estimate on the text; serve-test
+    /// --speculative mtp=K measures it on the model's own continuation). K = 1 … 16; one MTP-layer step per
+    /// position and depth.
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = parse_mtp_depth, requires = "mtp", allow_negative_numbers = true)]
+    pub mtp_depth: usize,
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
     #[arg(long, default_value = "auto")]
@@ -102,6 +108,16 @@ pub const DEFAULT_MAX_PPL_RATIO: f64 = 1.05;
 /// Provisional: no trained MTP head has measured what INT4 costs in acceptance yet (issue 30, item 5); 5 points of
 /// acceptance are ~5 % of the decode speed-up of one-draft speculative decoding.
 pub const DEFAULT_MAX_MTP_DROP: f64 = 5.0;
+
+fn parse_mtp_depth(text: &str) -> Result<usize, String> {
+    use crate::arch::mtp_chain::MAX_DEPTH as MAX_SPECULATIVE_DEPTH;
+    let depth: usize =
+        text.parse().map_err(|_| format!("must be a whole number 1 … {MAX_SPECULATIVE_DEPTH}, got {text}"))?;
+    if !(1..=MAX_SPECULATIVE_DEPTH).contains(&depth) {
+        return Err(format!("must be 1 … {MAX_SPECULATIVE_DEPTH}, got {depth}"));
+    }
+    Ok(depth)
+}
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let input = match (&args.data, &args.tokens) {
@@ -127,6 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         part: args.part,
         save_stats: args.save_stats.clone(),
         mtp: args.mtp,
+        mtp_depth: args.mtp_depth,
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate(&options, backend.as_ref(), &Bar::new(false))
@@ -172,6 +189,9 @@ pub(super) fn print_eval(report: &crate::eval::EvalReport) {
                 mtp.main_ppl
             ),
         ]);
+        if let Some(chain) = &mtp.chain {
+            table.row(vec![format!("MTP chains of {}", chain.depth), chain_summary(chain)]);
+        }
     }
     if let Some(uploads) = report.uploads {
         table.row(vec![
@@ -218,6 +238,7 @@ fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalIn
         part: args.part,
         save_stats: args.save_stats.clone(),
         max_mtp_drop: args.mtp.then_some(args.max_mtp_drop),
+        mtp_depth: args.mtp_depth,
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate_parity(&options, backend.as_ref(), &Bar::new(false))
@@ -380,6 +401,9 @@ pub(super) fn print_parity(report: &ParityReport) {
             format!("{:.5} ± {:.5}", c.mean_kld, c.mean_kld_stderr),
         ]);
         table.row(vec!["draft PPL on t+2".into(), format!("{:.3}", r.draft_ppl), format!("{:.3}", c.draft_ppl)]);
+        if let (Some(r), Some(c)) = (&r.chain, &c.chain) {
+            table.row(vec![format!("chains of {}", r.depth), chain_summary(r), chain_summary(c)]);
+        }
         println!("{}", table.render().trim_end());
         println!("MTP acceptance drop {:.2} points (gate ≤ {})", mtp.drop, mtp.max_drop);
     }
@@ -411,5 +435,18 @@ fn device_copies(device: &DeviceCounters, layers: usize) -> String {
         mb(transfers.weights.h2d_bytes),
         device.launches,
         device.copy_seconds * 1e3
+    )
+}
+
+/// A chain report in one cell: the mean accepted length and the share accepted through each depth.
+fn chain_summary(chain: &crate::eval::mtp::ChainReport) -> String {
+    let through: Vec<String> = chain.accepted_through.iter().map(|share| format!("{share:.1}")).collect();
+    format!(
+        "mean accepted length {:.3} ± {:.3} over {} starts; accepted through depth 1…{}: {} %",
+        chain.mean_accepted_length,
+        chain.mean_accepted_length_stderr,
+        chain.starts,
+        chain.depth,
+        through.join(" / ")
     )
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 
+use crate::arch::mtp_chain::MAX_DEPTH as MAX_SPECULATIVE_DEPTH;
 use crate::runtime::device::DeviceChoice;
 use crate::runtime::kv_cache::{FaultKind, KvDtype};
 use crate::serve::prompts::read_prompts;
@@ -85,9 +86,6 @@ fn parse_fault(text: &str) -> anyhow::Result<(FaultKind, u64)> {
     };
     Ok((kind, step))
 }
-
-/// Most drafts chained per step (the drafts of one step are verified in one pass; beyond a few, rejection dominates).
-const MAX_SPECULATIVE_DEPTH: usize = 16;
 
 fn parse_speculative(text: &str) -> Result<usize, String> {
     let depth = match text.split_once('=') {

@@ -37,6 +37,8 @@ pub struct EvalOptions {
     pub save_stats: Option<PathBuf>,
     /// `--mtp`: also measure the MTP layer's draft acceptance.
     pub mtp: bool,
+    /// `--mtp-depth K`: with `mtp`, also chain `K` drafts from every position (1: depth 1 only).
+    pub mtp_depth: usize,
 }
 
 /// The result of an evaluation.
@@ -99,12 +101,12 @@ pub fn evaluate(
     evaluate_with_drafts(options, backend, reporter).map(|(report, _)| report)
 }
 
-/// [`evaluate`], and with `--mtp` the drafts' scored positions (what a parity part file keeps).
+/// [`evaluate`], and with `--mtp` the scored drafts (what a parity part file keeps).
 pub fn evaluate_with_drafts(
     options: &EvalOptions,
     backend: &dyn Backend,
     reporter: &dyn Reporter,
-) -> Result<(EvalReport, Option<parity::TokenSamples>), EvalError> {
+) -> Result<(EvalReport, Option<mtp::DraftStats>), EvalError> {
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let vocab = model.config().vocab_size;
@@ -116,7 +118,7 @@ pub fn evaluate_with_drafts(
         None => None,
     };
     let mut stats = NllStats::default();
-    let drafts = std::cell::RefCell::new(mtp::DraftSamples::default());
+    let drafts = std::cell::RefCell::new(mtp::DraftSamples::new(options.mtp_depth));
     let mut sink = |index: usize, logits: &[f32]| {
         if let Some(position) = logits.iter().position(|v| !v.is_finite()) {
             return Err(RuntimeError::Input(format!(
@@ -137,11 +139,11 @@ pub fn evaluate_with_drafts(
         Ok(())
     };
     let forward = if options.mtp {
-        let mut draft_sink = |index: usize, logits: &[f32]| {
-            drafts.borrow_mut().drafts(&sequences[index], logits, vocab);
+        let mut draft_sink = |index: usize, logits: &[f32], chains: &[u32]| {
+            drafts.borrow_mut().drafts(&sequences[index], logits, chains, vocab);
             Ok(())
         };
-        model.forward_with_drafts(backend, &sequences, reporter, &mut sink, &mut draft_sink)
+        model.forward_with_drafts(backend, &sequences, reporter, &mut sink, &mut draft_sink, options.mtp_depth)
     } else {
         model.forward(backend, &sequences, reporter, &mut sink)
     };
@@ -168,6 +170,7 @@ pub fn evaluate_with_drafts(
         compute_seconds: forward.compute_seconds,
         near_ties: forward.near_ties,
         mtp_layer: options.mtp.then_some(model.config().num_hidden_layers),
+        mtp_depth: options.mtp_depth,
     };
     let drafts = options.mtp.then(|| drafts.into_inner());
     if let Some(path) = &options.save_stats {
@@ -177,7 +180,7 @@ pub fn evaluate_with_drafts(
             options.part.unwrap_or(Part::WHOLE),
             chunk_range,
         );
-        part_stats::write_eval(path, &identity, &run, &stats, drafts.as_ref().map(mtp::DraftSamples::samples))?;
+        part_stats::write_eval(path, &identity, &run, &stats, drafts.as_ref().map(mtp::DraftSamples::stats))?;
     }
     let mut report =
         report(&run, sequences.len(), &stats, options.save_logits.as_ref().map(|p| p.display().to_string()));
@@ -186,7 +189,7 @@ pub fn evaluate_with_drafts(
     if let (Some(drafts), Some(layer)) = (&drafts, run.mtp_layer) {
         report.mtp = Some(drafts.report(layer));
     }
-    Ok((report, drafts.map(|drafts| drafts.samples().clone())))
+    Ok((report, drafts.map(|drafts| drafts.stats().clone())))
 }
 
 /// The report of `chunks` chunks whose NLLs are `stats` (a run's, or merged parts').

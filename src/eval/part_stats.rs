@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::mtp::{report_of, DraftParity};
+use super::mtp::{report_of, DraftParity, DraftStats};
 use super::parity::{
     summarize, Gates, KvScalesUsed, LayerSums, Mode, ModeStats, ParityReport, ParityStats, Summaries, TokenSamples,
 };
@@ -41,13 +41,23 @@ pub struct EvalRun {
     /// `--mtp`: the MTP layer whose drafts the part scored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtp_layer: Option<usize>,
+    /// `--mtp-depth`: the chained drafts' depth (1: none).
+    #[serde(default = "depth_one")]
+    pub mtp_depth: usize,
 }
 
-/// `--mtp` in parity: the MTP layer and the drop gate.
+/// `--mtp` in parity: the MTP layer, the chained drafts' depth and the drop gate.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct MtpRun {
     pub layer: usize,
+    #[serde(default = "depth_one")]
+    pub depth: usize,
     pub max_drop: f64,
+}
+
+/// The depth of part files written before `--mtp-depth`.
+fn depth_one() -> usize {
+    1
 }
 
 /// The fields of a parity report that are not statistics.
@@ -78,12 +88,12 @@ pub fn write_eval(
     identity: &Identity,
     run: &EvalRun,
     stats: &NllStats,
-    drafts: Option<&TokenSamples>,
+    drafts: Option<&DraftStats>,
 ) -> Result<(), IoError> {
     let mut file = StatsFile::new(json!({ "kind": "eval", "identity": identity, "run": run }));
     file.put_f64("nll", stats.values.clone());
     if let Some(drafts) = drafts {
-        put_samples(&mut file, "mtp", drafts);
+        put_drafts(&mut file, "mtp", drafts);
     }
     file.write(path)
 }
@@ -95,6 +105,29 @@ fn put_samples(file: &mut StatsFile, prefix: &str, samples: &TokenSamples) {
     file.put_f64(format!("{prefix}.kld"), samples.kld.clone());
     file.put_f64(format!("{prefix}.p_diff"), samples.p_diff.clone());
     file.put_u64(format!("{prefix}.same_top"), samples.same_top.iter().map(|&same| same as u64).collect());
+}
+
+/// Stores `drafts` as [`put_samples`] and, with chains, `{prefix}.accepted`.
+fn put_drafts(file: &mut StatsFile, prefix: &str, drafts: &DraftStats) {
+    put_samples(file, prefix, &drafts.samples);
+    if !drafts.accepted.is_empty() {
+        file.put_u64(format!("{prefix}.accepted"), drafts.accepted.clone());
+    }
+}
+
+/// Appends a part's `{prefix}.*` drafts ([`put_drafts`]) chained `depth` deep to `drafts`.
+fn extend_drafts(
+    file: &StatsFile,
+    path: &Path,
+    prefix: &str,
+    depth: usize,
+    drafts: &mut DraftStats,
+) -> Result<(), IoError> {
+    extend_samples(file, path, prefix, &mut drafts.samples)?;
+    if depth > 1 {
+        drafts.accepted.extend_from_slice(file.u64(path, &format!("{prefix}.accepted"))?);
+    }
+    Ok(())
 }
 
 /// Appends a part's `{prefix}.*` samples ([`put_samples`]) to `samples`.
@@ -115,7 +148,7 @@ pub fn write_parity(
     modes: &[Mode],
     report: &ParityReport,
     stats: &ParityStats,
-    drafts: Option<(&TokenSamples, &TokenSamples)>,
+    drafts: Option<(&DraftStats, &DraftStats)>,
 ) -> Result<(), IoError> {
     let run = ParityRun {
         reference: report.reference.clone(),
@@ -131,7 +164,11 @@ pub fn write_parity(
         streams: stats.streams.iter().map(|stream| stream.mode).collect(),
         rows_per_chunk: stats.rows_per_chunk,
         moe_layers: stats.moe_layers.clone(),
-        mtp: report.mtp.as_ref().map(|mtp| MtpRun { layer: mtp.reference.layer, max_drop: mtp.max_drop }),
+        mtp: report.mtp.as_ref().map(|mtp| MtpRun {
+            layer: mtp.reference.layer,
+            depth: mtp.reference.chain.as_ref().map_or(1, |chain| chain.depth),
+            max_drop: mtp.max_drop,
+        }),
     };
     let mut file = StatsFile::new(json!({ "kind": "parity", "identity": identity, "run": run }));
     for stream in &stats.streams {
@@ -144,8 +181,8 @@ pub fn write_parity(
         }
     }
     if let Some((reference, candidate)) = drafts {
-        put_samples(&mut file, "mtp.reference", reference);
-        put_samples(&mut file, "mtp.candidate", candidate);
+        put_drafts(&mut file, "mtp.reference", reference);
+        put_drafts(&mut file, "mtp.candidate", candidate);
     }
     file.write(path)
 }
@@ -185,13 +222,13 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
     let parts_count = first.identity.part.count;
     if first.kind == "eval" {
         let mut values = Vec::new();
-        let mut drafts = TokenSamples::default();
+        let mut drafts = DraftStats::default();
         let mut run: Option<EvalRun> = None;
         for part in &parts {
             values.extend_from_slice(part.file.f64(&part.path, "nll")?);
             let this: EvalRun = parse_run(part)?;
             if this.mtp_layer.is_some() {
-                extend_samples(&part.file, &part.path, "mtp", &mut drafts)?;
+                extend_drafts(&part.file, &part.path, "mtp", this.mtp_depth, &mut drafts)?;
             }
             run = Some(match run {
                 None => this,
@@ -207,7 +244,7 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
         let run = run.expect("at least one part");
         let stats = NllStats::from_values(values);
         let mut report = super::report(&run, first.identity.total_chunks, &stats, None);
-        report.mtp = run.mtp_layer.map(|layer| report_of(&drafts, layer));
+        report.mtp = run.mtp_layer.map(|layer| report_of(&drafts, layer, run.mtp_depth));
         return Ok(Merged::Eval { report, parts: parts_count });
     }
     let runs: Vec<ParityRun> = parts.iter().map(parse_run).collect::<Result<_, _>>()?;
@@ -221,7 +258,7 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
             layers: vec![LayerSums::default(); run.moe_layers.len()],
         })
         .collect();
-    let (mut reference_drafts, mut candidate_drafts) = (TokenSamples::default(), TokenSamples::default());
+    let (mut reference_drafts, mut candidate_drafts) = (DraftStats::default(), DraftStats::default());
     for part in &parts {
         let (file, path) = (&part.file, &part.path);
         for stream in &mut streams {
@@ -233,15 +270,17 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
                 sums.same_routes.extend_from_slice(file.u64(path, &format!("{name}.layer.{layer}.same_routes"))?);
             }
         }
-        if run.mtp.is_some() {
-            extend_samples(file, path, "mtp.reference", &mut reference_drafts)?;
-            extend_samples(file, path, "mtp.candidate", &mut candidate_drafts)?;
+        if let Some(mtp) = run.mtp {
+            extend_drafts(file, path, "mtp.reference", mtp.depth, &mut reference_drafts)?;
+            extend_drafts(file, path, "mtp.candidate", mtp.depth, &mut candidate_drafts)?;
         }
     }
     let stats = ParityStats { streams, rows_per_chunk: run.rows_per_chunk, moe_layers: run.moe_layers.clone() };
     let Summaries { mode_reports, json_modes, mut failures } = summarize(&stats, &run.modes, &run.gates)?;
-    let mtp = run.mtp.map(|MtpRun { layer, max_drop }| {
-        DraftParity::new(report_of(&reference_drafts, layer), report_of(&candidate_drafts, layer), max_drop)
+    let mtp = run.mtp.map(|MtpRun { layer, depth, max_drop }| {
+        let (reference, candidate) =
+            (report_of(&reference_drafts, layer, depth), report_of(&candidate_drafts, layer, depth));
+        DraftParity::new(reference, candidate, max_drop)
     });
     failures.extend(mtp.as_ref().and_then(DraftParity::failure));
     let report = ParityReport {

@@ -1,6 +1,7 @@
 //! Next-token choice: greedy (argmax, lowest id on ties) by default, or temperature + top-p (nucleus) sampling from
 //! a per-request seeded generator, so a request samples the same tokens whatever else is in the batch.
 
+pub use crate::metrics::argmax;
 pub use crate::rng::Rng;
 
 /// How tokens are chosen.
@@ -43,17 +44,6 @@ impl Sampling {
         }
         nucleus[nucleus.len() - 1].1
     }
-}
-
-/// Index of the largest logit; the lowest index wins ties.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (index, &value) in logits.iter().enumerate() {
-        if value > logits[best] {
-            best = index;
-        }
-    }
-    best as u32
 }
 
 #[cfg(test)]

@@ -53,6 +53,14 @@ fn eval_mtp_bad_input_exits_2_naming_the_flag_or_tensor() {
     fs::write(&index, serde_json::to_string(&map).unwrap()).unwrap();
     let run = squeeze(&["eval", path_str(&glm), "--data", SONNETS, "--ctx", "32", "--chunks", "1", "--mtp"]);
     expect_exit_2(&run, &["model.layers.3.eh_proj.weight"]);
+
+    // A chain depth outside 1 … 16, or without --mtp.
+    for depth in ["0", "17", "-1"] {
+        let run = squeeze(&["eval", path_str(&glm), "--data", SONNETS, "--mtp", "--mtp-depth", depth]);
+        expect_exit_2(&run, &["--mtp-depth", "1 … 16"]);
+    }
+    let run = squeeze(&["eval", path_str(&glm), "--data", SONNETS, "--mtp-depth", "2"]);
+    expect_exit_2(&run, &["--mtp"]);
 }
 
 #[test]
@@ -268,7 +276,8 @@ fn eval_mtp_parts_merge_to_the_report_of_one_run() {
     let one_model = vec![path_str(&fp8)];
     let parity = vec!["--reference", path_str(&fp8), "--candidate", path_str(&int4)];
     for (name, models) in [("eval", one_model), ("parity", parity)] {
-        let mut args = vec!["eval", "--data", SONNETS, "--ctx", "32", "--chunks", "5", "--mtp", "--json"];
+        let mut args =
+            vec!["eval", "--data", SONNETS, "--ctx", "32", "--chunks", "5", "--mtp", "--mtp-depth", "2", "--json"];
         args.extend_from_slice(&models);
         // Parity gates fail on random weights (exit 1): the reports are what is compared.
         let run = |args: &[&str]| {
@@ -289,6 +298,7 @@ fn eval_mtp_parts_merge_to_the_report_of_one_run() {
         merge.extend(files.iter().map(|file| path_str(file)));
         let merged = run(&merge);
         assert!(whole["mtp"].is_object(), "{name}");
+        assert_eq!(whole["mtp"]["chain"]["depth"], 2, "{name}: chained drafts are reported and merged");
         assert_eq!(merged["mtp"], whole["mtp"], "{name}: merged parts vs one run");
     }
 }

@@ -186,6 +186,7 @@ pub fn eval_model(model: &Path, text: &Path) -> anyhow::Result<EvalReport> {
         part: None,
         save_stats: None,
         mtp: false,
+        mtp_depth: 1,
     };
     evaluate(&options, &Cpu, &Silent).with_context(|| format!("evaluating {}", model.display()))
 }
@@ -224,6 +225,7 @@ pub fn parity(reference: &Path, candidate: &Path, text: &Path) -> anyhow::Result
         part: None,
         save_stats: None,
         max_mtp_drop: None,
+        mtp_depth: 1,
     };
     evaluate_parity(&options, &Cpu, &Silent)
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))

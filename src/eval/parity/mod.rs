@@ -106,6 +106,8 @@ pub struct ParityOptions {
     pub save_stats: Option<PathBuf>,
     /// `--mtp`: also measure both models' MTP draft acceptance, gated on the candidate's drop (percentage points).
     pub max_mtp_drop: Option<f64>,
+    /// `--mtp-depth K`: with `--mtp`, also chain `K` drafts from every position (1: depth 1 only).
+    pub mtp_depth: usize,
 }
 
 /// The KV scales the FP8-KV modes used, and why.
@@ -291,7 +293,7 @@ pub fn evaluate_parity(
     let mut draft_samples = None;
     let mtp = match options.max_mtp_drop {
         Some(max_drop) => {
-            let drafts = |model: &PathBuf| -> Result<(super::mtp::DraftReport, TokenSamples), EvalError> {
+            let drafts = |model: &PathBuf| -> Result<(super::mtp::DraftReport, super::mtp::DraftStats), EvalError> {
                 let eval = super::EvalOptions {
                     model: model.clone(),
                     input: options.input.clone(),
@@ -300,6 +302,7 @@ pub fn evaluate_parity(
                     part: options.part,
                     save_stats: None,
                     mtp: true,
+                    mtp_depth: options.mtp_depth,
                 };
                 let no_drafts = || EvalError::Input(format!("{}: the --mtp eval reported no drafts", model.display()));
                 let (report, samples) = super::evaluate_with_drafts(&eval, backend, reporter)?;

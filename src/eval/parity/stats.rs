@@ -6,6 +6,8 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::metrics::argmax;
+
 /// Per scored token, the values the summary is built from.
 #[derive(Debug, Clone, Default)]
 pub struct TokenSamples {
@@ -48,17 +50,6 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
     let total: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
     let log_total = max + total.ln();
     row.iter().map(|&v| v as f64 - log_total).collect()
-}
-
-/// Index of the largest value, the first on ties (as `std::max_element`).
-fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (index, &value) in row.iter().enumerate() {
-        if value > row[best] {
-            best = index;
-        }
-    }
-    best
 }
 
 /// llama.cpp `mean_and_uncertainty`: mean and `sqrt(var / (n − 1))`, the latter 0 for n ≤ 10.
