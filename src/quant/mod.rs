@@ -1,6 +1,7 @@
-//! Pure quantization math: FP8 e4m3fn codec, BF16 rounding, INT4 group schemes (round-to-nearest, importance-weighted,
+//! Pure quantization math: FP8 e4m3fn codec, BF16 rounding, FP4 (NVFP4, MXFP4) and INT4 group schemes (round-to-nearest, importance-weighted,
 //! GPTQ) and packing. No files, no printing.
 
+pub mod fp4;
 pub mod fp8;
 pub mod fp8_block;
 pub mod gptq;

@@ -6,7 +6,7 @@ use std::path::Path;
 use half::bf16;
 use squeeze::io::ShardFile;
 use squeeze::quant::fp8_block::{dequantize_row, BlockGrid};
-use squeeze::quant::{fp8, int4, pack, ScaleRule};
+use squeeze::quant::{fp4, fp8, int4, pack, ScaleRule};
 
 fn open(name: &str) -> ShardFile {
     ShardFile::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)).expect("golden file")
@@ -111,4 +111,77 @@ fn int4_ct_minmax_packs_exactly_as_compressed_tensors() {
     pack::pack_row(&example, &mut word);
     assert_eq!(word[0], u32s(&golden, "pack_example.packed")[0]);
     assert_eq!(word[0], 0xfba9_8710);
+}
+
+fn bytes(shard: &ShardFile, name: &str) -> Vec<u8> {
+    shard.get(name).unwrap_or_else(|| panic!("{name} missing")).bytes.to_vec()
+}
+
+/// NVFP4 of `weights` `[rows, columns]` under `global`: packed bytes and E4M3 scale bytes.
+fn nvfp4(weights: &[f32], columns: usize, global: f32) -> (Vec<u8>, Vec<u8>) {
+    let (mut packed, mut scales) = (Vec::new(), Vec::new());
+    let (mut codes, mut row_packed, mut row_scales) =
+        (vec![0u8; columns], vec![0u8; columns / 2], vec![0u8; columns / fp4::NVFP4_GROUP]);
+    for row in weights.chunks(columns) {
+        fp4::nvfp4_quantize_row(row, global, &mut codes, &mut row_scales);
+        fp4::pack(&codes, &mut row_packed);
+        packed.extend_from_slice(&row_packed);
+        scales.extend_from_slice(&row_scales);
+    }
+    (packed, scales)
+}
+
+/// compressed-tensors 0.20.1's NVFP4 and MXFP4 (`scripts/oracle/make-fp4-golden.py`): the same global scales,
+/// packed bytes and scale bytes, and its decompression equals squeeze's dequantization bit for bit.
+#[test]
+fn fp4_packs_exactly_as_compressed_tensors_and_reads_back_as_it_decompresses() {
+    let golden = open("ct_fp4.safetensors");
+    let cases: usize = golden.metadata()["cases"].parse().unwrap();
+    let mut names: Vec<String> = (0..cases).map(|case| format!("case{case}")).collect();
+    names.extend(["pair.gate".to_string(), "pair.up".to_string()]);
+    let pair_global = fp4::nvfp4_global_scale(
+        fp4::nvfp4_absmax(&f32s(&golden, "pair.gate.weight")).max(fp4::nvfp4_absmax(&f32s(&golden, "pair.up.weight"))),
+    );
+    for name in &names {
+        let weight = golden.get(&format!("{name}.weight")).unwrap();
+        let columns = weight.shape[1];
+        let weights = f32s(&golden, &format!("{name}.weight"));
+        let global =
+            if name.starts_with("pair.") { pair_global } else { fp4::nvfp4_global_scale(fp4::nvfp4_absmax(&weights)) };
+        assert_eq!(global, f32s(&golden, &format!("{name}.nvfp4.weight_global_scale"))[0], "{name}: global scale");
+        let (packed, scales) = nvfp4(&weights, columns, global);
+        assert_eq!(scales, bytes(&golden, &format!("{name}.nvfp4.weight_scale")), "{name}: NVFP4 scales");
+        assert_eq!(packed, bytes(&golden, &format!("{name}.nvfp4.weight_packed")), "{name}: NVFP4 packed");
+        let mut codes = vec![0u8; columns];
+        let mut values = vec![0f32; weights.len()];
+        for ((row, packed), scales) in
+            values.chunks_mut(columns).zip(packed.chunks(columns / 2)).zip(scales.chunks(columns / fp4::NVFP4_GROUP))
+        {
+            fp4::unpack(packed, &mut codes);
+            fp4::nvfp4_dequantize_row(&codes, scales, global, row);
+        }
+        let want = f32s(&golden, &format!("{name}.nvfp4.decompressed"));
+        assert!(values.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: NVFP4 values");
+        if name.starts_with("pair.") {
+            continue;
+        }
+        let (mut packed, mut exponents) = (Vec::new(), Vec::new());
+        let (mut row_packed, mut row_exponents) = (vec![0u8; columns / 2], vec![0u8; columns / fp4::MXFP4_GROUP]);
+        for row in weights.chunks(columns) {
+            fp4::mxfp4_quantize_row(row, &mut codes, &mut row_exponents);
+            fp4::pack(&codes, &mut row_packed);
+            packed.extend_from_slice(&row_packed);
+            exponents.extend_from_slice(&row_exponents);
+        }
+        assert_eq!(exponents, bytes(&golden, &format!("{name}.mxfp4.weight_scale")), "{name}: MXFP4 exponents");
+        assert_eq!(packed, bytes(&golden, &format!("{name}.mxfp4.weight_packed")), "{name}: MXFP4 packed");
+        for ((row, packed), exponents) in
+            values.chunks_mut(columns).zip(packed.chunks(columns / 2)).zip(exponents.chunks(columns / fp4::MXFP4_GROUP))
+        {
+            fp4::unpack(packed, &mut codes);
+            fp4::mxfp4_dequantize_row(&codes, exponents, row);
+        }
+        let want = f32s(&golden, &format!("{name}.mxfp4.decompressed"));
+        assert!(values.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: MXFP4 values");
+    }
 }
