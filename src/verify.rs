@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::format::compressed_tensors::{check_int4_conventions, int4_group_size, int4_modules, Int4Module};
+use crate::format::compressed_tensors::{
+    check_int4_conventions, fp4_modules, int4_group_size, int4_modules, Fp4Module, Int4Module,
+};
 use crate::format::fp8_block::{items_from_checkpoint, RowReader, SourceItem, SourceKind};
 use crate::io::dtype::{first_nonfinite, Dtype};
 use crate::io::manifest::Manifest;
@@ -106,12 +108,18 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     }
     let checkpoint = Checkpoint::open(out)?;
     let group_size = int4_group_size(checkpoint.config());
-    if group_size.is_none() {
+    let packed = int4_modules(&checkpoint);
+    let fp4 = fp4_modules(&checkpoint);
+    if group_size.is_none() && (!packed.is_empty() || fp4.is_empty()) {
         problems.push("config.json has no compressed-tensors INT4 group in quantization_config".into());
     }
-    let packed = int4_modules(&checkpoint);
     for module in &packed {
         if let Err(problem) = check_int4_conventions(&checkpoint, module, group_size) {
+            problems.push(problem);
+        }
+    }
+    for module in &fp4 {
+        if let Err(problem) = Fp4Module::read(&checkpoint, module) {
             problems.push(problem);
         }
     }
@@ -124,7 +132,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     }
     // Every float tensor finite (quantize refuses non-finite sources unless --allow-nonfinite); INT4 scales were
     // checked with their modules above.
-    let int4_modules: std::collections::HashSet<&str> = packed.iter().map(String::as_str).collect();
+    let int4_modules: std::collections::HashSet<&str> = packed.iter().chain(&fp4).map(String::as_str).collect();
     let names = checkpoint.names_in_file_order();
     let nonfinite: Vec<String> = names
         .par_iter()
@@ -154,9 +162,10 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
             match result {
                 Ok(Some(error)) => {
                     compared += 1;
+                    let four_bit = matches!(error.scheme.as_str(), "int4" | "nvfp4" | "mxfp4");
                     let limit = if error.scheme == "int4" && gptq && error.name.contains(".mlp.experts.") {
                         options.max_int4_error.max(GPTQ_MAX_INT4_ERROR)
-                    } else if error.scheme == "int4" {
+                    } else if four_bit {
                         options.max_int4_error
                     } else if error.scheme == "bf16" {
                         MAX_BF16_ERROR
@@ -188,7 +197,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     Ok(VerifyReport {
         output: out.display().to_string(),
         shards_checked,
-        quantized_tensors: packed.len(),
+        quantized_tensors: packed.len() + fp4.len(),
         compared_tensors: compared,
         passed: problems.is_empty() && rules_passed,
         problems,
@@ -206,7 +215,17 @@ fn compare(
     group_size: Option<usize>,
 ) -> Result<Option<TensorError>, String> {
     let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
-    let (scheme, got) = if let (true, Some(group)) = (output.contains(&format!("{module}.weight_packed")), group_size) {
+    let fp4 = output.get(&format!("{module}.weight_packed")).is_some_and(|packed| packed.dtype == Dtype::U8);
+    let (scheme, got) = if fp4 {
+        let fp4 = Fp4Module::read(output, module)?;
+        if [fp4.rows, fp4.columns].as_slice() != item.shape.as_slice() {
+            return Err(format!(
+                "{module}: weight_packed holds [{}, {}] but the source has {:?}",
+                fp4.rows, fp4.columns, item.shape
+            ));
+        }
+        (fp4.kind.name(), fp4.dequantize())
+    } else if let (true, Some(group)) = (output.contains(&format!("{module}.weight_packed")), group_size) {
         let int4 = Int4Module::read(output, module, group)?;
         let shape = [int4.rows, int4.columns];
         if shape.as_slice() != item.shape.as_slice() {

@@ -192,6 +192,20 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         let group_size = crate::format::compressed_tensors::int4_group_size(checkpoint.config());
         return Err(ConvertError::AlreadyInt4 { path: options.input.clone(), modules: int4.len(), group_size });
     }
+    if let (Some(calibration), Some(fp4)) =
+        (&options.calibration, plan.items.iter().find(|item| matches!(item.action, Action::Fp4 { .. })))
+    {
+        return Err(ConvertError::Recipe(RecipeError::Invalid {
+            source_name: "--method".into(),
+            message: format!(
+                "{} calibrates INT4 rules only; the recipe's {} rule selects {} (FP4 scales come from each group's \
+                 absmax): drop --method or use an int4 recipe",
+                format!("--method {:?}", calibration.method).to_lowercase(),
+                fp4.action.name(),
+                fp4.source.name
+            ),
+        }));
+    }
     let output_config = checkpoint.config().map(|json| {
         let mut quantization_config = quant_config::quantization_config(plan, recipe);
         if options.calibration.as_ref().is_some_and(|c| c.method == calibrated::Method::Imatrix) {
@@ -213,7 +227,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         recipe: recipe.name().to_string(),
         input_bytes: checkpoint.shard_bytes(),
         output_bytes: plan.output_bytes(),
-        tensors_quantized: plan.count(|a| matches!(a, Action::Int4 { .. })),
+        tensors_quantized: plan.count(|a| matches!(a, Action::Int4 { .. } | Action::Fp4 { .. })),
         tensors_converted: plan.count(|a| matches!(a, Action::Bf16 | Action::Fp8Block)),
         tensors_copied: plan.count(|a| matches!(a, Action::Copy)),
         shards: plan.shards.len(),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use crate::format::compressed_tensors::{fp8_block_tensors, int4_tensors};
+use crate::format::compressed_tensors::{fp4_tensors, fp8_block_tensors, int4_tensors, Fp4Kind};
 use crate::format::fp8_block::{SourceItem, SourceKind};
 use crate::io::dtype::Dtype;
 use crate::io::writer::{file_bytes, PlannedTensor};
@@ -20,6 +20,8 @@ use crate::recipe::{MtpExperts, Recipe, Unselected};
 pub enum Action {
     /// compressed-tensors `pack-quantized` INT4.
     Int4 { group_size: usize, scale_rule: ScaleRule },
+    /// compressed-tensors `nvfp4-pack-quantized` or `mxfp4-pack-quantized`.
+    Fp4 { kind: Fp4Kind },
     /// FP8 dequantized to BF16.
     Bf16,
     /// FP8 kept, scale renamed to `weight_scale` (compressed-tensors `float-quantized`).
@@ -32,6 +34,7 @@ impl Action {
     pub fn name(&self) -> &'static str {
         match self {
             Action::Int4 { .. } => "int4",
+            Action::Fp4 { kind } => kind.name(),
             Action::Bf16 => "bf16",
             Action::Fp8Block => "fp8-block",
             Action::Copy => "copy",
@@ -83,6 +86,7 @@ pub fn outputs_for(item: &SourceItem, action: Action) -> Vec<PlannedTensor> {
     let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
     match action {
         Action::Int4 { group_size, .. } => int4_tensors(module, item.shape[0], item.shape[1], group_size),
+        Action::Fp4 { kind } => fp4_tensors(module, item.shape[0], item.shape[1], kind),
         Action::Bf16 => vec![PlannedTensor::new(item.name.clone(), Dtype::BF16, item.shape.clone())],
         Action::Fp8Block => {
             let SourceKind::Fp8 { grid, .. } = &item.kind else {
@@ -104,9 +108,24 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe, class: TensorClass) -> Res
         let float = matches!(item.dtype, Dtype::F8_E4M3 | Dtype::BF16 | Dtype::F16 | Dtype::F32);
         if item.shape.len() != 2 || !float {
             return Err(error(format!(
-                "recipe rule `{}` selects it, but INT4 needs a 2-D float weight (got {})",
-                rule.name, item.dtype
+                "recipe rule `{}` selects it, but {} needs a 2-D float weight (got {})",
+                rule.name,
+                rule.scheme.name(),
+                item.dtype
             )));
+        }
+        if let Some(kind) = rule.scheme.fp4_kind() {
+            if !item.shape[1].is_multiple_of(kind.group()) {
+                return Err(error(format!(
+                    "rule `{}`: {}'s group of {} does not divide the row length {}; keep the tensor out of the rule \
+                     (a `keep` pattern) or choose int4",
+                    rule.name,
+                    kind.name(),
+                    kind.group(),
+                    item.shape[1]
+                )));
+            }
+            return Ok(Action::Fp4 { kind });
         }
         if !item.shape[1].is_multiple_of(rule.group_size) {
             return Err(error(format!(

@@ -7,10 +7,10 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 use crate::engines::SGLANG_NEXTN_EXPERTS;
-use crate::format::compressed_tensors::{self, Int4Group, QuantizationScheme};
+use crate::format::compressed_tensors::{self, Fp4Group, Fp4Kind, Int4Group, QuantizationScheme};
 use crate::model::tensor_class::{is_routed_expert, layer_index};
 use crate::model::TensorClass;
-use crate::recipe::Recipe;
+use crate::recipe::{Recipe, Scheme};
 
 use super::plan::{Action, Plan};
 
@@ -26,6 +26,7 @@ pub fn quantization_config(plan: &Plan, recipe: &Recipe) -> Value {
 
 fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
     let mut int4 = None;
+    let mut fp4: Vec<Fp4Kind> = Vec::new();
     let mut has_fp8 = false;
     let mut ignore: Vec<String> = recipe.file.config_ignore.clone();
     let mut extra: BTreeSet<String> = BTreeSet::new();
@@ -46,6 +47,11 @@ fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
             Action::Int4 { group_size, scale_rule } => {
                 int4.get_or_insert((group_size, scale_rule));
             }
+            Action::Fp4 { kind } => {
+                if !fp4.contains(&kind) {
+                    fp4.push(kind);
+                }
+            }
             Action::Fp8Block => has_fp8 = true,
             Action::Bf16 | Action::Copy => {
                 let covered = recipe.config_ignores(&module) || module.ends_with("embed_tokens");
@@ -57,20 +63,34 @@ fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
     }
     ignore.extend(extra);
     ignore.extend(mtp_expert_ignores(&mtp_layers));
-    let int4 = int4.map(|(group_size, scale_rule)| {
-        let targets: Vec<String> = if has_fp8 {
-            recipe
-                .file
-                .rules
-                .iter()
-                .map(|rule| format!("re:.*{}", rule.pattern.trim_end_matches('$').trim_end_matches("\\.weight")))
-                .collect()
-        } else {
-            vec!["Linear".to_string()]
-        };
-        Int4Group { group_size, observer: scale_rule.observer_name(), targets }
+    // One group: `Linear` (the `ignore` list leaves the rest out). Several: each targets its rules' modules by
+    // pattern, so that the more specific target wins in the engines.
+    let groups = usize::from(int4.is_some()) + fp4.len() + usize::from(has_fp8);
+    let targets = |scheme: Scheme| -> Vec<String> {
+        if groups == 1 {
+            return vec!["Linear".to_string()];
+        }
+        recipe
+            .file
+            .rules
+            .iter()
+            .filter(|rule| rule.scheme == scheme)
+            .map(|rule| format!("re:.*{}", rule.pattern.trim_end_matches('$').trim_end_matches("\\.weight")))
+            .collect()
+    };
+    let int4 = int4.map(|(group_size, scale_rule)| Int4Group {
+        group_size,
+        observer: scale_rule.observer_name(),
+        targets: targets(Scheme::Int4),
     });
-    QuantizationScheme { int4, fp8_block: has_fp8, ignore }
+    let fp4 = fp4
+        .into_iter()
+        .map(|kind| Fp4Group {
+            kind,
+            targets: targets(if kind == Fp4Kind::Nvfp4 { Scheme::Nvfp4 } else { Scheme::Mxfp4 }),
+        })
+        .collect();
+    QuantizationScheme { int4, fp4, fp8_block: has_fp8, ignore }
 }
 
 /// The `ignore` entries that keep the routed experts of MTP layers `layers` unquantized in both engines. vLLM 0.32 builds

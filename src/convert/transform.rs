@@ -1,14 +1,15 @@
-//! Computing one planned item's output bytes from its source: INT4 quantize + pack, FP8 → BF16, FP8 passthrough,
-//! copy. Rows are processed in parallel; results are bit-identical for any thread count.
+//! Computing one planned item's output bytes from its source: INT4 or FP4 quantize + pack, FP8 → BF16, FP8
+//! passthrough, copy. Rows are processed in parallel; results are bit-identical for any thread count.
 
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::format::fp8_block::{read_scales, RowReader, SourceKind};
+use crate::format::compressed_tensors::{fused_partner, Fp4Kind};
+use crate::format::fp8_block::{read_scales, stored_item, RowReader, SourceKind};
 use crate::io::dtype::{bf16_bits, first_nonfinite};
 use crate::io::{Checkpoint, IoError};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
-use crate::quant::{imatrix, int4, pack};
+use crate::quant::{fp4, imatrix, int4, pack};
 use crate::runtime::device::Device;
 
 use super::calibrated::{Calibration, ExpertRule};
@@ -139,6 +140,22 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
             let shape: Vec<u8> = [rows as i64, columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
             vec![packed, scales, shape]
         }
+        Action::Fp4 { kind } => {
+            let source = reader()?;
+            let global = match kind {
+                Fp4Kind::Nvfp4 => {
+                    let partner = partner_absmax(checkpoint, item, &shard)?;
+                    fp4::nvfp4_global_scale(absmax(&source).max(partner))
+                }
+                Fp4Kind::Mxfp4 => 1.0,
+            };
+            let (packed, scales) = fp4_rows(&source, kind, global);
+            let mut outputs = vec![packed, scales];
+            if kind == Fp4Kind::Nvfp4 {
+                outputs.push(global.to_le_bytes().to_vec());
+            }
+            outputs
+        }
         Action::Bf16 => {
             let source = reader()?;
             let (rows, columns) = (source.rows, source.columns);
@@ -172,6 +189,63 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
         }
     }
     Ok(outputs)
+}
+
+/// The largest magnitude of a source tensor's values (rows in parallel; `max` is order-independent).
+fn absmax(source: &RowReader) -> f32 {
+    (0..source.rows)
+        .into_par_iter()
+        .map_init(
+            || vec![0f32; source.columns],
+            |row, index| {
+                source.read(index, row);
+                fp4::nvfp4_absmax(row)
+            },
+        )
+        .reduce(|| 0.0, f32::max)
+}
+
+/// The absmax of an NVFP4 item's fused partner (gate ↔ up, [`fused_partner`]), 0 when it has none: both are
+/// quantized under the global scale of the larger absmax, which vLLM needs (it keeps one for the fused `w13`).
+fn partner_absmax(checkpoint: &Checkpoint, item: &PlannedItem, shard: &std::path::Path) -> Result<f32, IoError> {
+    let Some(partner) = fused_partner(&item.source.name).filter(|partner| checkpoint.contains(partner)) else {
+        return Ok(0.0);
+    };
+    let block = match &item.source.kind {
+        SourceKind::Fp8 { grid, .. } => [grid.block_rows, grid.block_columns],
+        SourceKind::Plain => [128, 128],
+    };
+    let source = stored_item(checkpoint, &partner, block)
+        .map_err(|e| IoError::tensor(shard, &partner, format!("its fused partner's global scale: {e}")))?;
+    Ok(absmax(&RowReader::new(checkpoint, &source)?))
+}
+
+/// FP4 outputs of a source: packed codes `[rows, columns/2]` and scales `[rows, columns/group]`, rows in parallel.
+fn fp4_rows(source: &RowReader, kind: Fp4Kind, global: f32) -> (Vec<u8>, Vec<u8>) {
+    let (rows, columns) = (source.rows, source.columns);
+    let groups = columns / kind.group();
+    let mut packed = vec![0u8; rows * columns / 2];
+    let mut scales = vec![0u8; rows * groups];
+    packed
+        .par_chunks_mut(columns / 2 * ROWS_PER_TASK)
+        .zip(scales.par_chunks_mut(groups * ROWS_PER_TASK))
+        .enumerate()
+        .for_each_init(
+            || (vec![0f32; columns], vec![0u8; columns]),
+            |(weights, codes), (task, (packed_rows, scale_rows))| {
+                for (local, (packed_row, scale_row)) in
+                    packed_rows.chunks_mut(columns / 2).zip(scale_rows.chunks_mut(groups)).enumerate()
+                {
+                    source.read(task * ROWS_PER_TASK + local, weights);
+                    match kind {
+                        Fp4Kind::Nvfp4 => fp4::nvfp4_quantize_row(weights, global, codes, scale_row),
+                        Fp4Kind::Mxfp4 => fp4::mxfp4_quantize_row(weights, codes, scale_row),
+                    }
+                    fp4::pack(codes, packed_row);
+                }
+            },
+        );
+    (packed, scales)
 }
 
 /// INT4 outputs of an FP8 item computed on the device; `None` when the item is not FP8 or has a shape the kernels

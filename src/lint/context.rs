@@ -13,12 +13,21 @@ use crate::io::dtype::Dtype;
 /// How a linear module's weight is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stored {
-    /// `weight_packed` (+ scale, shape): compressed-tensors INT4.
+    /// `weight_packed` I32 (+ scale, shape): compressed-tensors INT4.
     Int4,
+    /// `weight_packed` U8 (+ scale, NVFP4's global scale): compressed-tensors NVFP4 or MXFP4.
+    Fp4,
     /// `weight` in BF16/F16/F32.
     Float,
     /// `weight` in F8_E4M3.
     Fp8,
+}
+
+impl Stored {
+    /// A `weight_packed` module: INT4 or FP4.
+    pub fn is_packed(self) -> bool {
+        matches!(self, Stored::Int4 | Stored::Fp4)
+    }
 }
 
 /// How the config's `quantization_config` treats a module.
@@ -67,7 +76,7 @@ impl<'a> Context<'a> {
             }
             match suffix {
                 "weight_packed" => {
-                    modules.insert(module, Stored::Int4);
+                    modules.insert(module, if tensor.dtype == Dtype::U8 { Stored::Fp4 } else { Stored::Int4 });
                 }
                 "weight" if tensor.shape.len() == 2 => {
                     let stored = if tensor.dtype == Dtype::F8_E4M3 { Stored::Fp8 } else { Stored::Float };
@@ -99,9 +108,10 @@ impl<'a> Context<'a> {
         Self { config, quantization, tensors, modules, ignore, groups, tp, name_style }
     }
 
-    /// Whether anything in the output is INT4 (tensors or a config group): the INT4 rules apply.
+    /// Whether anything in the output is quantized to 4 bits (tensors or a config group): the rules on quantized
+    /// outputs apply.
     pub fn has_int4(&self) -> bool {
-        self.modules.values().any(|s| *s == Stored::Int4) || !self.groups.is_empty()
+        self.modules.values().any(|s| s.is_packed()) || !self.groups.is_empty()
     }
 
     /// The module view of the engines: ignore entries are checked first, then the groups' targets in order.

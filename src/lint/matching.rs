@@ -6,10 +6,11 @@
 use fancy_regex::Regex;
 
 /// Parameter suffixes a module's tensors carry (checkpoint and compressed-tensors names).
-pub const PARAMETER_SUFFIXES: [&str; 12] = [
+pub const PARAMETER_SUFFIXES: [&str; 13] = [
     "weight",
     "weight_packed",
     "weight_scale",
+    "weight_global_scale",
     "weight_shape",
     "weight_zero_point",
     "weight_g_idx",

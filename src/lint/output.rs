@@ -18,8 +18,9 @@ pub struct TensorFacts {
 /// A summary of a tensor's values.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Values {
-    /// Float values: how many, and the first that is not finite and positive (index, value).
-    Floats { count: usize, first_bad: Option<(usize, f32)> },
+    /// Float values: how many, the first (a scalar's value), and the first that is not finite and positive
+    /// (index, value).
+    Floats { count: usize, first: Option<f32>, first_bad: Option<(usize, f32)> },
     /// Small integer tensors (`weight_shape`), all values.
     Ints(Vec<i64>),
 }
@@ -28,14 +29,15 @@ impl Values {
     /// Summarises float values.
     pub fn floats(values: impl IntoIterator<Item = f32>) -> Values {
         let mut count = 0;
-        let mut first_bad = None;
+        let (mut first, mut first_bad) = (None, None);
         for (index, value) in values.into_iter().enumerate() {
             count += 1;
+            first = first.or(Some(value));
             if first_bad.is_none() && !(value.is_finite() && value > 0.0) {
                 first_bad = Some((index, value));
             }
         }
-        Values::Floats { count, first_bad }
+        Values::Floats { count, first, first_bad }
     }
 }
 

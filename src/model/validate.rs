@@ -25,7 +25,7 @@ pub fn mismatches(checkpoint: &Checkpoint, config: &ModelConfig) -> Vec<String> 
         let module = spec.name.strip_suffix(".weight").unwrap_or(&spec.name);
         let stored = match checkpoint.get(&spec.name) {
             Some(tensor) => Some(tensor.shape.to_vec()),
-            None => int4_shape(checkpoint, module),
+            None => packed_shape(checkpoint, module),
         };
         match stored {
             None => problems.push(format!("`{}` is missing", spec.name)),
@@ -81,9 +81,16 @@ fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("model.layers.")?.split('.').next()?.parse().ok()
 }
 
-/// `[out, in]` of an INT4 module, from its `weight_shape` (empty when unreadable: it then matches no shape).
-fn int4_shape(checkpoint: &Checkpoint, module: &str) -> Option<Vec<usize>> {
-    checkpoint.get(&packed_name(module))?;
+/// `[out, in]` of a packed module: an INT4 one's from its `weight_shape`, an FP4 one's (U8, two codes per byte)
+/// from its `weight_packed` (empty when unreadable: it then matches no shape).
+fn packed_shape(checkpoint: &Checkpoint, module: &str) -> Option<Vec<usize>> {
+    let packed = checkpoint.get(&packed_name(module))?;
+    if packed.dtype == crate::io::dtype::Dtype::U8 {
+        return Some(match packed.shape {
+            [rows, half] => vec![*rows, 2 * half],
+            _ => Vec::new(),
+        });
+    }
     let shape = checkpoint.get(&shape_name(module))?;
     Some(read_shape(&shape).map(Vec::from).unwrap_or_default())
 }

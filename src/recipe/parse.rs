@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::builtin::{builtin, BUILTIN_NAMES};
+use crate::format::compressed_tensors::Fp4Kind;
 use crate::lint::matching::PatternList;
 use crate::quant::ScaleRule;
 
@@ -16,6 +17,51 @@ use crate::quant::ScaleRule;
 pub enum Scheme {
     /// compressed-tensors `pack-quantized` INT4, symmetric, group-wise.
     Int4,
+    /// compressed-tensors `nvfp4-pack-quantized` (Blackwell): FP4 E2M1 in groups of 16, FP8 scales, a global
+    /// scale per tensor; weights only.
+    Nvfp4,
+    /// compressed-tensors `mxfp4-pack-quantized` (AMD, OCP MX): FP4 E2M1 in groups of 32, E8M0 scales; weights
+    /// only.
+    Mxfp4,
+}
+
+impl Scheme {
+    /// The FP4 format of an FP4 scheme.
+    pub fn fp4_kind(self) -> Option<Fp4Kind> {
+        match self {
+            Scheme::Int4 => None,
+            Scheme::Nvfp4 => Some(Fp4Kind::Nvfp4),
+            Scheme::Mxfp4 => Some(Fp4Kind::Mxfp4),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.fp4_kind().map_or("int4", Fp4Kind::name)
+    }
+}
+
+/// Why `rule` (named `key` in errors) cannot take group size `group_size` and scale rule `scale_rule`: the FP4
+/// formats fix their group and compute scales from the group's absmax only.
+fn fp4_rule_problem(rule: &Rule, group_size: usize, scale_rule: ScaleRule) -> Option<String> {
+    let kind = rule.scheme.fp4_kind()?;
+    if group_size != kind.group() {
+        return Some(format!(
+            "rule `{}` is {}, whose group is {} elements (the format fixes it; vLLM and SGLang load no other), got {group_size}",
+            rule.name,
+            kind.name(),
+            kind.group()
+        ));
+    }
+    if scale_rule != ScaleRule::CtMinmax {
+        return Some(format!(
+            "rule `{}` is {}: its scales come from each group's absmax (compressed-tensors' minmax), so the scale \
+             rule must be ct-minmax, got {}",
+            rule.name,
+            kind.name(),
+            scale_rule.name()
+        ));
+    }
+    None
 }
 
 /// What happens to FP8 tensors no rule selects.
@@ -138,6 +184,9 @@ impl Recipe {
             if rule.group_size == 0 {
                 return Err(format!("key `rules[{index}].group_size`: must be positive"));
             }
+            if let Some(problem) = fp4_rule_problem(rule, rule.group_size, rule.scale_rule) {
+                return Err(format!("key `rules[{index}]`: {problem}"));
+            }
             rule_patterns.push(compile(&format!("rules[{index}].match"), &rule.pattern)?);
         }
         let keep_patterns = file
@@ -175,6 +224,14 @@ impl Recipe {
             }
             if let Some(scale_rule) = scale_rule {
                 rule.scale_rule = scale_rule;
+            }
+            if let Some(problem) = fp4_rule_problem(rule, rule.group_size, rule.scale_rule) {
+                let flag = if group_size.is_some_and(|g| g != rule.scheme.fp4_kind().map_or(g, Fp4Kind::group)) {
+                    "--group-size"
+                } else {
+                    "--scale-rule"
+                };
+                return Err(RecipeError::Invalid { source_name: flag.into(), message: problem });
             }
         }
         Ok(self)

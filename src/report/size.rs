@@ -122,7 +122,7 @@ pub fn from_plan(plan: &Plan, source_file_bytes: Option<u64>) -> Sizes {
         .iter()
         .filter(|item| {
             item.class == TensorClass::Mtp
-                && matches!(item.action, Action::Int4 { .. })
+                && matches!(item.action, Action::Int4 { .. } | Action::Fp4 { .. })
                 && is_routed_expert(item.module())
         })
         .collect();

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use crate::format::compressed_tensors::{int4_group_size, int4_modules, Int4Module};
+use crate::format::compressed_tensors::{fp4_modules, int4_group_size, int4_modules, Fp4Module, Int4Module};
 use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceItem, SourceKind};
 use crate::io::{Checkpoint, Dtype};
 
@@ -25,13 +25,21 @@ pub struct WeightReader<'a> {
     int4_group: Option<usize>,
     fp8_block: [usize; 2],
     int4_modules: HashSet<String>,
+    fp4_modules: HashSet<String>,
 }
 
 impl<'a> WeightReader<'a> {
     pub fn new(checkpoint: &'a Checkpoint) -> Self {
         let config = checkpoint.config();
         let int4_modules = int4_modules(checkpoint).into_iter().collect();
-        Self { checkpoint, int4_group: int4_group_size(config), fp8_block: declared_block(config), int4_modules }
+        let fp4_modules = fp4_modules(checkpoint).into_iter().collect();
+        Self {
+            checkpoint,
+            int4_group: int4_group_size(config),
+            fp8_block: declared_block(config),
+            int4_modules,
+            fp4_modules,
+        }
     }
 
     pub fn checkpoint(&self) -> &'a Checkpoint {
@@ -48,7 +56,7 @@ impl<'a> WeightReader<'a> {
     /// Whether the checkpoint has weight `name` (`<module>.weight`) in any supported form.
     pub fn contains(&self, name: &str) -> bool {
         let module = name.strip_suffix(".weight").unwrap_or(name);
-        self.checkpoint.contains(name) || self.int4_modules.contains(module)
+        self.checkpoint.contains(name) || self.int4_modules.contains(module) || self.fp4_modules.contains(module)
     }
 
     /// The weight `name` as a matrix; 1-D tensors come back as one row.
@@ -87,6 +95,16 @@ impl<'a> WeightReader<'a> {
             };
             // Packed only: the CPU backend dequantizes on first use, a device backend never does.
             return self.checked(name, Matrix::packed(rows, columns, int4), expected);
+        }
+        if self.fp4_modules.contains(module) {
+            // NVFP4/MXFP4 modules are dequantized on read, as compressed-tensors decompresses them.
+            let fp4 = Fp4Module::read(self.checkpoint, module).map_err(|problem| {
+                RuntimeError::Input(format!(
+                    "{}: {problem}; the FP4 folder is damaged: check it with `squeeze verify` and rerun `squeeze quantize`",
+                    self.shard(name).display()
+                ))
+            })?;
+            return self.checked(name, Matrix::new(fp4.rows, fp4.columns, fp4.dequantize()), expected);
         }
         let item = stored_item(self.checkpoint, name, self.fp8_block)?;
         let [rows, columns] = match item.shape.as_slice() {

@@ -13,11 +13,21 @@ pub struct Int4Group {
     pub targets: Vec<String>,
 }
 
+/// An FP4 group of an output: NVFP4 or MXFP4, weights only (W4A16).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp4Group {
+    pub kind: super::Fp4Kind,
+    /// `re:` patterns of the modules it quantizes.
+    pub targets: Vec<String>,
+}
+
 /// What an output's `quantization_config` declares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantizationScheme {
     /// The INT4 `pack-quantized` group (`group_0`), if any module is INT4.
     pub int4: Option<Int4Group>,
+    /// The FP4 groups, one per kind used, after the INT4 one.
+    pub fp4: Vec<Fp4Group>,
     /// Whether FP8 modules are kept: a `float-quantized` block 128×128 group after the INT4 one.
     pub fp8_block: bool,
     /// Modules the engines must leave unquantized.
@@ -43,6 +53,28 @@ pub fn quantization_config(scheme: &QuantizationScheme) -> Value {
             }),
         );
     }
+    for group in &scheme.fp4 {
+        // compressed-tensors 0.20.1's presets NVFP4A16 / MXFP4A16 (`quantization/quant_scheme.py`), serialized as
+        // its QuantizationConfig writes them.
+        let (strategy, scale_dtype) = match group.kind {
+            super::Fp4Kind::Nvfp4 => ("tensor_group", "torch.float8_e4m3fn"),
+            super::Fp4Kind::Mxfp4 => ("group", "torch.uint8"),
+        };
+        groups.insert(
+            format!("group_{}", groups.len()),
+            json!({
+                "targets": group.targets,
+                "weights": {
+                    "num_bits": 4, "type": "float", "symmetric": true, "strategy": strategy,
+                    "group_size": group.kind.group(), "dynamic": false, "observer": "minmax",
+                    "scale_dtype": scale_dtype, "actorder": null, "block_structure": null
+                },
+                "input_activations": null,
+                "output_activations": null,
+                "format": group.kind.format()
+            }),
+        );
+    }
     if scheme.fp8_block {
         groups.insert(
             format!("group_{}", groups.len()),
@@ -60,10 +92,13 @@ pub fn quantization_config(scheme: &QuantizationScheme) -> Value {
             }),
         );
     }
-    let format = if scheme.int4.is_some() && scheme.fp8_block {
+    let formats = usize::from(scheme.int4.is_some()) + scheme.fp4.len() + usize::from(scheme.fp8_block);
+    let format = if formats > 1 {
         "mixed-precision"
     } else if scheme.fp8_block {
         "float-quantized"
+    } else if let Some(group) = scheme.fp4.first() {
+        group.kind.format()
     } else {
         "pack-quantized"
     };
@@ -77,11 +112,14 @@ pub fn quantization_config(scheme: &QuantizationScheme) -> Value {
     })
 }
 
-/// The INT4 group size from a compressed-tensors `quantization_config` (the first group with 4-bit weights).
+/// The INT4 group size from a compressed-tensors `quantization_config` (the first group with 4-bit integer
+/// weights).
 pub fn int4_group_size(config: Option<&Value>) -> Option<usize> {
     let groups = crate::io::composite::quantization_config(config?)?.get("config_groups")?.as_object()?;
     groups.values().find_map(|group| {
         let weights = group.get("weights")?;
-        (weights.get("num_bits")?.as_u64()? == 4).then(|| weights.get("group_size")?.as_u64().map(|g| g as usize))?
+        let int = weights.get("type").and_then(Value::as_str).is_none_or(|kind| kind == "int");
+        (weights.get("num_bits")?.as_u64()? == 4 && int)
+            .then(|| weights.get("group_size")?.as_u64().map(|g| g as usize))?
     })
 }

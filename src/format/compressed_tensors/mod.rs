@@ -1,12 +1,13 @@
 //! compressed-tensors, the format `squeeze quantize` writes: the tensor names and shapes of each quantized module
-//! (this file), the `quantization_config` that declares them ([`config`]) and the INT4 `pack-quantized` module
-//! reader ([`int4`]).
+//! (this file), the `quantization_config` that declares them ([`config`]), the INT4 `pack-quantized` module
+//! reader ([`int4`]) and the FP4 modules, NVFP4 and MXFP4, written and read ([`fp4`]).
 //!
 //! An INT4 module `<module>` is `weight_packed` I32 `[out, ceil(in/8)]` (eight offset-binary nibbles per word,
 //! [`crate::quant::pack`]), `weight_scale` BF16 `[out, ceil(in/group)]` and `weight_shape` I64 `[2]` = `[out, in]`;
 //! a kept FP8 block module (`float-quantized`) is its F8_E4M3 `weight` with an F32 `weight_scale` per block.
 
 pub mod config;
+pub mod fp4;
 pub mod int4;
 
 use crate::io::dtype::Dtype;
@@ -14,7 +15,8 @@ use crate::io::writer::PlannedTensor;
 use crate::io::Checkpoint;
 use crate::quant::pack::packed_columns;
 
-pub use config::{int4_group_size, quantization_config, Int4Group, QuantizationScheme};
+pub use config::{int4_group_size, quantization_config, Fp4Group, Int4Group, QuantizationScheme};
+pub use fp4::{fp4_modules, fp4_tensors, fused_partner, Fp4Kind, Fp4Module};
 pub use int4::{check_int4_conventions, read_shape, Int4Module};
 
 /// `<module>.weight_packed`.
@@ -32,11 +34,13 @@ pub fn shape_name(module: &str) -> String {
     format!("{module}.weight_shape")
 }
 
-/// The INT4 modules of a checkpoint (those with a `weight_packed`), in file order, by the text model's names.
+/// The INT4 modules of a checkpoint (those with an I32 `weight_packed`; FP4's are U8, [`fp4_modules`]), in file
+/// order, by the text model's names.
 pub fn int4_modules(checkpoint: &Checkpoint) -> Vec<String> {
     checkpoint
         .names_in_file_order()
         .into_iter()
+        .filter(|name| checkpoint.get(name).is_none_or(|tensor| tensor.dtype != Dtype::U8))
         .filter_map(|name| name.strip_suffix(".weight_packed").map(|module| checkpoint.text_name(module)))
         .collect()
 }

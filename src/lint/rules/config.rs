@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::lint::context::{name_list, Context};
+use crate::lint::context::{name_list, Context, Stored};
 use crate::lint::engine::Engine;
 use crate::lint::report::{Finding, Outcome, Status};
 
@@ -44,26 +44,36 @@ pub fn quant_method(context: &Context, _: Engine) -> Outcome {
         ));
     }
     let format = quantization.get("format");
-    if format != Some(&json!("pack-quantized")) {
+    let fp4_format = super::fp4::expected_format(context);
+    let expected = fp4_format.unwrap_or("pack-quantized");
+    if format != Some(&json!(expected)) {
         findings.push(Finding::failed(
             "quantization_config.format",
-            format!("is {}, expected \"pack-quantized\"", shown(format)),
-            "set it to \"pack-quantized\"; layouts that keep FP8 modules (recipe unselected = \"fp8-block\") are \
-             outside the INT4 MoE load path these rules were read for",
+            format!("is {}, expected \"{expected}\"", shown(format)),
+            match fp4_format {
+                Some(_) => format!("set it to \"{expected}\" (what the FP4 modules are)"),
+                None => "set it to \"pack-quantized\"; layouts that keep FP8 modules (recipe unselected = \
+                         \"fp8-block\") are outside the INT4 MoE load path these rules were read for"
+                    .to_string(),
+            },
         ));
     }
     for group in &context.groups {
+        let is_fp4 = group.json.pointer("/weights/type").and_then(Value::as_str) == Some("float")
+            && group.json.pointer("/weights/num_bits").and_then(Value::as_u64) == Some(4);
+        let allowed: &[&str] =
+            if is_fp4 { &["nvfp4-pack-quantized", "mxfp4-pack-quantized"] } else { &["pack-quantized"] };
         match group.json.get("format") {
             None | Some(Value::Null) => {}
-            Some(value) if value == "pack-quantized" => {}
+            Some(Value::String(value)) if allowed.contains(&value.as_str()) => {}
             Some(value) => findings.push(Finding::failed(
                 format!("quantization_config.config_groups.{}.format", group.name),
-                format!("is {value}, expected \"pack-quantized\""),
-                "set it to \"pack-quantized\" or remove it",
+                format!("is {value}, expected {}", allowed.join(" or ")),
+                format!("set it to {} or remove it", allowed[0]),
             )),
         }
     }
-    Outcome::from_findings("compressed-tensors pack-quantized", findings)
+    Outcome::from_findings(format!("compressed-tensors {expected}"), findings)
 }
 
 pub fn linear_target(context: &Context, _: Engine) -> Outcome {
@@ -137,6 +147,9 @@ pub fn weight_args(context: &Context, _: Engine) -> Outcome {
     }
     if !context.has_int4() {
         return Outcome::skipped(NOTHING_QUANTIZED);
+    }
+    if super::fp4::expected_format(context).is_some() && !context.modules.values().any(|s| *s == Stored::Int4) {
+        return Outcome::skipped("no INT4 modules (fp4-weight-args checks the FP4 group)");
     }
     let Some((group, weights)) = int4_group_weights(context) else {
         return Outcome::from_findings(

@@ -2,6 +2,7 @@
 //! read in, and its check.
 
 mod config;
+mod fp4;
 mod modules;
 mod shapes;
 mod tensors;
@@ -33,7 +34,7 @@ impl Rule {
 const NOT_READ_SGLANG: &str = "SGLang: file not read, same rule as vLLM assumed";
 
 /// Every rule, in the order the report lists them.
-pub const RULES: [Rule; 13] = [
+pub const RULES: [Rule; 16] = [
     Rule {
         id: "quant-method",
         title: "quant_method compressed-tensors, format pack-quantized",
@@ -96,6 +97,27 @@ pub const RULES: [Rule; 13] = [
         vllm: "vLLM compressed_tensors_wNa16.py, compressed_tensors_moe_wna16.py",
         sglang: "SGLang compressed_tensors_wNa16_moe.py",
         check: tensors::int4_tensors,
+    },
+    Rule {
+        id: "fp4-weight-args",
+        title: "FP4 weights float 4-bit symmetric static: tensor_group 16 (NVFP4) or group 32 (MXFP4)",
+        vllm: "vLLM compressed_tensors.py _is_nvfp4_format/_is_mxfp4",
+        sglang: NOT_READ_SGLANG,
+        check: fp4::fp4_weight_args,
+    },
+    Rule {
+        id: "fp4-tensors",
+        title: "FP4 tensors: weight_packed U8 [out, in/2], weight_scale F8_E4M3 [out, in/16] + weight_global_scale F32 > 0 (NVFP4) or U8 [out, in/32] (MXFP4), no weight_shape",
+        vllm: "vLLM compressed_tensors_moe NVFP4/MXFP4 methods; compressed-tensors 0.20.1 NVFP4PackedCompressor, MXFP4PackedCompressor",
+        sglang: NOT_READ_SGLANG,
+        check: fp4::fp4_tensors,
+    },
+    Rule {
+        id: "fp4-fused-global-scale",
+        title: "NVFP4 gate/up of one expert share one weight_global_scale",
+        vllm: "vLLM compressed_tensors_moe NVFP4 method (\"w1_weight_global_scale must match w3_weight_global_scale\")",
+        sglang: NOT_READ_SGLANG,
+        check: fp4::fp4_fused_global_scale,
     },
     Rule {
         id: "router-topk",

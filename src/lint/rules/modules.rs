@@ -51,17 +51,17 @@ pub fn ignore_coverage(context: &Context, _: Engine) -> Outcome {
             continue; // routers are built unquantized; eh_proj has its own rule
         }
         match (stored, context.view(module)) {
-            (Stored::Int4, ConfigView::Ignored(entry)) => findings.push(Finding::failed(
+            (Stored::Int4 | Stored::Fp4, ConfigView::Ignored(entry)) => findings.push(Finding::failed(
                 module,
-                format!("is INT4 but ignore entry `{entry}` matches it: the engine expects an unquantized `weight`"),
+                format!("is packed but ignore entry `{entry}` matches it: the engine expects an unquantized `weight`"),
                 format!("remove or narrow `{entry}` in quantization_config.ignore"),
             )),
-            (Stored::Int4, ConfigView::Untargeted) => findings.push(Finding::failed(
+            (Stored::Int4 | Stored::Fp4, ConfigView::Untargeted) => findings.push(Finding::failed(
                 module,
-                "is INT4 but no group target matches it: the engine expects an unquantized `weight`",
+                "is packed but no group target matches it: the engine expects an unquantized `weight`",
                 "add a target that matches it (\"Linear\")",
             )),
-            (Stored::Int4, ConfigView::Quantized(_)) => {}
+            (Stored::Int4 | Stored::Fp4, ConfigView::Quantized(_)) => {}
             (Stored::Float | Stored::Fp8, ConfigView::Quantized(_)) => {
                 unquantized += 1;
                 uncovered.entry(covering_entry(module)).or_default().push(module);
@@ -141,7 +141,7 @@ pub fn routed_experts(context: &Context, engine: Engine) -> Outcome {
     // gives that layer (see `convert::quant_config::mtp_expert_ignores`).
     let mtp_kept = !mtp.is_empty()
         && mtp.iter().all(|m| {
-            context.modules.get(m) != Some(&Stored::Int4) && matches!(context.view(m), ConfigView::Ignored(_))
+            !context.modules.get(m).is_some_and(|s| s.is_packed()) && matches!(context.view(m), ConfigView::Ignored(_))
         });
     let mut findings = Vec::new();
     if mtp_kept && engine == Engine::Sglang && !matches!(context.view(SGLANG_NEXTN_PROBE), ConfigView::Ignored(_)) {
@@ -168,7 +168,7 @@ pub fn routed_experts(context: &Context, engine: Engine) -> Outcome {
                 schemes.insert(index);
             }
         }
-        if context.modules.get(module) != Some(&Stored::Int4) {
+        if !context.modules.get(module).is_some_and(|s| s.is_packed()) {
             not_int4.push(module);
         }
     }
@@ -189,7 +189,7 @@ pub fn routed_experts(context: &Context, engine: Engine) -> Outcome {
     if !not_int4.is_empty() {
         findings.push(Finding::failed(
             name_list(&not_int4),
-            format!("{} routed-expert projection(s) are not stored as INT4 (no weight_packed)", not_int4.len()),
+            format!("{} routed-expert projection(s) are not stored quantized (no weight_packed)", not_int4.len()),
             "quantize every routed expert (the built-in recipes' routed-experts rule)",
         ));
     }
@@ -223,10 +223,10 @@ pub fn mtp_eh_proj(context: &Context, _: Engine) -> Outcome {
     }
     let mut findings = Vec::new();
     for module in &projections {
-        if context.modules.get(module) == Some(&Stored::Int4) {
+        if context.modules.get(module).is_some_and(|s| s.is_packed()) {
             findings.push(Finding::failed(
                 *module,
-                "is INT4: vLLM loads eh_proj unquantized and fails with a shape mismatch (3072 vs 6144, #41108)",
+                "is packed: vLLM loads eh_proj unquantized and fails with a shape mismatch (3072 vs 6144, #41108)",
                 "keep it BF16 (the built-in recipes do) and add it to quantization_config.ignore",
             ));
         } else if !matches!(context.view(module), ConfigView::Ignored(_)) {
