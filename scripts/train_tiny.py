@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Train a tiny byte-level MoE (Kimi-K2, GLM-4.5 or GLM-5 layout) on Shakespeare and write it as an FP8 block checkpoint.
+"""Train a tiny byte-level MoE (Kimi-K2, GLM-4.5 or GLM-5 layout) on Shakespeare and write it as an FP8 block
+checkpoint.
 
 Usage (from the repository root; normally through scripts/train-tiny.sh):
 
@@ -22,11 +23,11 @@ Usage (from the repository root; normally through scripts/train-tiny.sh):
   qk_rope 16 interleaved, v 64, RoPE theta 1e6 via `rope_parameters`), the DSA lightning indexer in every layer
   (4 heads of 32, index_topk 64: a quarter of the 256-byte context, so from position 64 on each query attends to the
   64 keys its layer's indexer picks), sigmoid router, no MTP layer. transformers runs the indexer under no_grad, so
-  the language-model loss never reaches it; it is trained as DeepSeek-V3.2's technical report trains its lightning indexer:
-  KL(p_t || softmax(I_t)) with p_t the layer's attention distribution summed over heads and renormalised, over the
-  keys the layer attended to, on detached inputs (so it trains the indexer alone, the main loss the rest), after a
-  dense warm-up (the first 10 % of the time budget with index_topk = seq, every causal key). Eager attention, for the
-  attention probabilities.
+  the language-model loss never reaches it; it is trained as DeepSeek-V3.2's technical report trains its lightning
+  indexer: KL(p_t || softmax(I_t)) with p_t the layer's attention distribution summed over heads and renormalised,
+  over the keys the layer attended to, on detached inputs (so it trains the indexer alone, the main loss the rest),
+  after a dense warm-up (the first 10 % of the time budget with index_topk = seq, every causal key). Eager attention,
+  for the attention probabilities.
 * Output: every 2-D linear weight except the router gate, embeddings and lm_head as F8_E4M3 with an F32
   `weight_scale_inv` per 128x128 block (scale = block amax / 448, codes via torch's float8_e4m3fn, which
   rounds to nearest even and saturates); everything else BF16 except the router bias (F32). Tensor names are
@@ -461,7 +462,8 @@ def main() -> int:
         summary["arch"] = args.arch
     if distill:
         summary["indexer_training"] = {
-            "loss": "KL(attention summed over heads || softmax(indexer scores)) over the attended keys, detached inputs",
+            "loss": "KL(attention summed over heads || softmax(indexer scores)) over the attended keys, "
+                    "detached inputs",
             "dense_warmup_fraction": INDEXER_WARMUP, "final_kl_ema": index_ema,
             "heldout_loss_dense_attention_f32": dense_hl,
         }

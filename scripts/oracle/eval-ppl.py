@@ -146,7 +146,8 @@ def main() -> int:
                 total += float(nll)
                 tokens += batch.shape[0] * (args.ctx - 1)
     mean = total / tokens
-    result = {"model": str(args.model), "data": str(args.data), "ctx": args.ctx, "chunks": count, "dsa_ties": args.dsa_ties,
+    result = {"model": str(args.model), "data": str(args.data), "ctx": args.ctx, "chunks": count,
+              "dsa_ties": args.dsa_ties,
               "tokens": tokens, "mean_nll": mean, "ppl": math.exp(mean),
               "torch": torch.__version__, "transformers": transformers.__version__}
     status = 0
