@@ -12,6 +12,8 @@
 # speculative tokens equal plain greedy's).
 #
 #   scripts/bench-mtp.sh [--model DIR] [--ctx 256] [--chunks 8] [--keep DIR]
+#   (--model: a GLM-4.5- or GLM-5-shaped FP8 folder with an MTP layer; default the trained tiny GLM-4.5 one,
+#   eval/tiny-shakespeare-glm5-fp8 for GLM-5)
 #   SQUEEZE=path/to/squeeze runs that binary instead of building target/release/squeeze.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +55,10 @@ else:
     print(f"| {label} | {method} | {c['acceptance']:.2f} ± {c['acceptance_stderr']:.2f} | {c['mean_accepted_length']:.3f} | {c['mean_kld']:.4f} ± {c['mean_kld_stderr']:.4f} | {m['drop']:+.2f} | {chain(c)} |")
 PY
 }
-sed 's/^name = "glm45-int4"/name = "glm45-int4-mtp-bf16"\nmtp = "bf16"/' recipes/glm45-int4.toml > "$work/mtp-bf16.toml"
+# The built-in recipe of the model's architecture, with mtp = "bf16".
+base=glm45-int4
+grep -q '"GlmMoeDsaForCausalLM"' "$model/config.json" && base=glm5-int4
+sed "s/^name = \"$base\"/name = \"$base-mtp-bf16\"\nmtp = \"bf16\"/" "recipes/$base.toml" > "$work/mtp-bf16.toml"
 row "FP8 source" - "$model"
 for method in ct-minmax gptq; do
   for mtp in int4 bf16; do

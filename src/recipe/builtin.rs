@@ -1,6 +1,16 @@
 //! The recipes shipped in `recipes/`, embedded in the binary by name.
 
-pub const BUILTIN_NAMES: [&str; 3] = ["kimi-k2-int4", "glm5-int4", "glm45-int4"];
+pub const BUILTIN_NAMES: [&str; 9] = [
+    "kimi-k2-int4",
+    "glm5-int4",
+    "glm45-int4",
+    "kimi-k2-nvfp4",
+    "glm5-nvfp4",
+    "glm45-nvfp4",
+    "kimi-k2-mxfp4",
+    "glm5-mxfp4",
+    "glm45-mxfp4",
+];
 
 /// The TOML text of a built-in recipe.
 pub fn builtin(name: &str) -> Option<&'static str> {
@@ -8,6 +18,12 @@ pub fn builtin(name: &str) -> Option<&'static str> {
         "kimi-k2-int4" => Some(include_str!("../../recipes/kimi-k2-int4.toml")),
         "glm5-int4" => Some(include_str!("../../recipes/glm5-int4.toml")),
         "glm45-int4" => Some(include_str!("../../recipes/glm45-int4.toml")),
+        "kimi-k2-nvfp4" => Some(include_str!("../../recipes/kimi-k2-nvfp4.toml")),
+        "glm5-nvfp4" => Some(include_str!("../../recipes/glm5-nvfp4.toml")),
+        "glm45-nvfp4" => Some(include_str!("../../recipes/glm45-nvfp4.toml")),
+        "kimi-k2-mxfp4" => Some(include_str!("../../recipes/kimi-k2-mxfp4.toml")),
+        "glm5-mxfp4" => Some(include_str!("../../recipes/glm5-mxfp4.toml")),
+        "glm45-mxfp4" => Some(include_str!("../../recipes/glm45-mxfp4.toml")),
         _ => None,
     }
 }
