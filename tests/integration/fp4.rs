@@ -1,0 +1,140 @@
+//! NVFP4 and MXFP4 outputs (the `-nvfp4`/`-mxfp4` built-in recipes): written in compressed-tensors' layout, read by
+//! the runtime, `verify` and the linter for both engines on every architecture; gate/up global scales shared and a
+//! folder whose scales disagree caught; the bad input around them refused with exit 2.
+
+use std::fs;
+use std::path::Path;
+
+use crate::common::{expect_exit_2, path_str, read_json, squeeze, synth, tensor_bytes, tensor_names};
+
+const SONNETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt");
+
+/// Overwrites the bytes of tensor `name` in its shard (same length), as a damaged or peer-written folder would hold.
+fn overwrite(dir: &Path, name: &str, bytes: &[u8]) {
+    let index = read_json(&dir.join("model.safetensors.index.json"));
+    let path = dir.join(index["weight_map"][name].as_str().unwrap());
+    let mut file = fs::read(&path).unwrap();
+    let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + header_len]).unwrap();
+    let [start, end] = [0, 1].map(|i| header[name]["data_offsets"][i].as_u64().unwrap() as usize + 8 + header_len);
+    assert_eq!(end - start, bytes.len(), "{name}: same length");
+    file[start..end].copy_from_slice(bytes);
+    fs::write(&path, file).unwrap();
+}
+
+#[test]
+fn fp4_outputs_verify_for_both_engines_and_evaluate_on_every_architecture() {
+    let temp = tempfile::tempdir().unwrap();
+    for (arch, recipe_arch) in [("kimi-k2", "kimi-k2"), ("glm5", "glm5"), ("glm45", "glm45")] {
+        let source = synth(temp.path(), arch, arch, &[]);
+        for kind in ["nvfp4", "mxfp4"] {
+            let out = temp.path().join(format!("{arch}-{kind}"));
+            let recipe = format!("{recipe_arch}-{kind}");
+            squeeze(&["quantize", path_str(&source), path_str(&out), "--recipe", &recipe]).ok();
+            let verify =
+                squeeze(&["verify", path_str(&out), "--source", path_str(&source), "--engine", "all", "--json"]);
+            let report = verify.ok().json();
+            assert_eq!(report["passed"], true, "{arch} {kind}: {}", report["problems"]);
+            assert!(report["compared_tensors"].as_u64().unwrap() > 0, "{arch} {kind}");
+
+            let config = read_json(&out.join("config.json"));
+            let quantization = &config["quantization_config"];
+            assert_eq!(quantization["format"], format!("{kind}-pack-quantized"), "{arch}");
+            let weights = &quantization["config_groups"]["group_0"]["weights"];
+            assert_eq!((&weights["type"], &weights["num_bits"]), (&"float".into(), &4.into()), "{arch} {kind}");
+
+            let names = tensor_names(&out);
+            let expert = "model.layers.1.mlp.experts.0";
+            assert!(names.contains(&format!("{expert}.gate_proj.weight_packed")), "{arch} {kind}");
+            assert!(!names.iter().any(|n| n.ends_with("weight_shape")), "{arch} {kind}: FP4 has no weight_shape");
+            let global = |projection: &str| {
+                let name = format!("{expert}.{projection}.weight_global_scale");
+                names.contains(&name).then(|| tensor_bytes(&out, &name))
+            };
+            match kind {
+                "nvfp4" => assert_eq!(global("gate_proj").unwrap(), global("up_proj").unwrap(), "{arch}: shared"),
+                _ => assert!(global("gate_proj").is_none(), "{arch}: MXFP4 has no global scale"),
+            }
+
+            let eval = squeeze(&["eval", path_str(&out), "--data", SONNETS, "--ctx", "32", "--chunks", "2", "--json"]);
+            let ppl = eval.ok().json()["ppl"].as_f64().unwrap();
+            assert!(ppl.is_finite() && ppl > 1.0, "{arch} {kind}: ppl {ppl}");
+        }
+    }
+}
+
+/// A folder whose gate and up global scales disagree (as some published NVFP4 checkpoints do) fails the linter's
+/// rule for both engines, naming both tensors; a zero global scale fails verify and the runtime, naming the tensor.
+#[test]
+fn disagreeing_or_zero_global_scales_are_caught() {
+    let temp = tempfile::tempdir().unwrap();
+    let source = synth(temp.path(), "kimi", "kimi-k2", &[]);
+    let out = temp.path().join("nvfp4");
+    squeeze(&["quantize", path_str(&source), path_str(&out), "--recipe", "kimi-k2-nvfp4"]).ok();
+    let up = "model.layers.1.mlp.experts.3.up_proj.weight_global_scale";
+    let value = f32::from_le_bytes(tensor_bytes(&out, up).try_into().unwrap());
+    overwrite(&out, up, &(value * 2.0).to_le_bytes());
+    let run = squeeze(&["verify", path_str(&out), "--engine", "all"]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("fp4-fused-global-scale") && run.stdout.contains(up), "{}", run.stdout);
+
+    overwrite(&out, up, &0f32.to_le_bytes());
+    let run = squeeze(&["verify", path_str(&out)]);
+    assert_eq!(run.code, 1);
+    assert!(run.stdout.contains(up) && run.stdout.contains("finite and positive"), "{}", run.stdout);
+    let run = squeeze(&["eval", path_str(&out), "--data", SONNETS, "--ctx", "32", "--chunks", "1"]);
+    expect_exit_2(&run, &[up]);
+}
+
+#[test]
+fn fp4_bad_input_exits_2_naming_the_flag_rule_or_tensor() {
+    let temp = tempfile::tempdir().unwrap();
+    let source = synth(temp.path(), "kimi", "kimi-k2", &[]);
+    let out = |name: &str| temp.path().join(name);
+    // NVFP4's group is 16: a recipe or --group-size that says otherwise is refused.
+    let builtin = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/kimi-k2-nvfp4.toml")).unwrap();
+    let recipe = temp.path().join("bad.toml");
+    fs::write(&recipe, builtin.replace("group_size = 16", "group_size = 32")).unwrap();
+    let run = squeeze(&["quantize", path_str(&source), path_str(&out("a")), "--recipe", path_str(&recipe)]);
+    expect_exit_2(&run, &["rules[0]", "nvfp4", "group is 16"]);
+    let run = squeeze(&[
+        "quantize",
+        path_str(&source),
+        path_str(&out("b")),
+        "--recipe",
+        "kimi-k2-mxfp4",
+        "--group-size",
+        "16",
+    ]);
+    expect_exit_2(&run, &["--group-size", "mxfp4", "32"]);
+    let run = squeeze(&[
+        "quantize",
+        path_str(&source),
+        path_str(&out("c")),
+        "--recipe",
+        "kimi-k2-nvfp4",
+        "--scale-rule",
+        "mse",
+    ]);
+    expect_exit_2(&run, &["--scale-rule", "ct-minmax"]);
+    // Calibrated methods are INT4-only.
+    let run = squeeze(&[
+        "quantize",
+        path_str(&source),
+        path_str(&out("d")),
+        "--recipe",
+        "kimi-k2-nvfp4",
+        "--method",
+        "gptq",
+        "--calibration",
+        SONNETS,
+    ]);
+    expect_exit_2(&run, &["--method gptq", "nvfp4"]);
+    // A row length the format's group does not divide names the tensor.
+    let narrow = synth(temp.path(), "narrow", "kimi-k2", &["--hidden", "336"]);
+    let run = squeeze(&["quantize", path_str(&narrow), path_str(&out("e")), "--recipe", "kimi-k2-mxfp4"]);
+    expect_exit_2(&run, &["model.layers.1.mlp.experts.0.", "group of 32 does not divide the row length 336"]);
+    for name in ["a", "b", "c", "d", "e"] {
+        assert!(!out(name).join("config.json").exists(), "{name}: nothing written");
+    }
+}
