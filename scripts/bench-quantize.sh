@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quantize throughput against the I/O floor on this machine, for GLM-5 expert shapes ([2048, 6144] and
-# [6144, 2048] FP8 blocks), at two checkpoint sizes, for the ct-minmax and mse scale rules.
+# [6144, 2048] FP8 blocks), at two checkpoint sizes, for the ct-minmax and mse scale rules of INT4 and for the
+# FP4 formats (`--rules "ct-minmax nvfp4 mxfp4"`: the glm5-nvfp4 / glm5-mxfp4 recipes).
 #
 #   scripts/bench-quantize.sh [--ref BIN] [--sizes "0.1gb 2gb 8gb"] [--rules "ct-minmax mse"] [--rounds N] [WORKDIR]
 #
@@ -59,14 +60,18 @@ for name in $sizes; do
         [ "$binary" = "$bin" ] || label=ref
         out="$work/out-$name-$rule"
         rm -rf "$out"
-        planned=$("$binary" quantize "$src" "$out" --scale-rule "$rule" --dry-run --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_bytes"])')
+        case $rule in
+          nvfp4|mxfp4) how=(--recipe "glm5-$rule") ;;
+          *) how=(--scale-rule "$rule") ;;
+        esac
+        planned=$("$binary" quantize "$src" "$out" "${how[@]}" --dry-run --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_bytes"])')
         # Floor: read the input, write + fsync the output size.
         t0=$(date +%s.%N)
         cat "$src"/*.safetensors >/dev/null
         dd if=/dev/zero of="$work/floor.bin" bs=8M count=$(( (planned + 8388607) / 8388608 )) conv=fsync status=none
         t1=$(date +%s.%N)
         rm -f "$work/floor.bin"
-        /usr/bin/time -f %U -o "$work/user.txt" "$binary" quantize "$src" "$out" --scale-rule "$rule" --device cpu --json >"$work/report.json"
+        /usr/bin/time -f %U -o "$work/user.txt" "$binary" quantize "$src" "$out" "${how[@]}" --device cpu --json >"$work/report.json"
         python3 - "$name" "$rule" "$label" "$round" "$input_bytes" "$t0" "$t1" "$(cat "$work/user.txt")" "$work/report.json" <<'PY' | tee -a "$results"
 import json, sys
 name, rule, label, round_, input_bytes, t0, t1, user = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]), float(sys.argv[8])
@@ -94,6 +99,11 @@ for size in dict.fromkeys(key[0] for key in runs):
             wall = mean([w for w, _ in runs[(size, "mse", label)]]) / mean([w for w, _ in runs[(size, "ct-minmax", label)]])
             user = mean([u for _, u in runs[(size, "mse", label)]]) / mean([u for _, u in runs[(size, "ct-minmax", label)]])
             print(f"{size} {label}: mse / ct-minmax time  wall {wall:.2f}x  user CPU {user:.2f}x")
+        for fp4 in ("nvfp4", "mxfp4"):
+            if (size, fp4, label) in runs and (size, "ct-minmax", label) in runs:
+                wall = mean([w for w, _ in runs[(size, fp4, label)]]) / mean([w for w, _ in runs[(size, "ct-minmax", label)]])
+                user = mean([u for _, u in runs[(size, fp4, label)]]) / mean([u for _, u in runs[(size, "ct-minmax", label)]])
+                print(f"{size} {label}: {fp4} / int4 ct-minmax time  wall {wall:.2f}x  user CPU {user:.2f}x")
     for rule in dict.fromkeys(key[1] for key in runs):
         if (size, rule, "ref") in runs and (size, rule, "new") in runs:
             wall = mean([w for w, _ in runs[(size, rule, "ref")]]) / mean([w for w, _ in runs[(size, rule, "new")]])

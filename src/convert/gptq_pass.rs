@@ -83,7 +83,7 @@ type Targets = BTreeMap<(usize, usize), BTreeMap<&'static str, Target>>;
 fn targets(plan: &Plan) -> Targets {
     let mut targets = Targets::new();
     for item in &plan.items {
-        let Action::Int4 { group_size, scale_rule } = item.action else { continue };
+        let Action::Int4 { group_size, scale_rule, .. } = item.action else { continue };
         let Some((layer, expert, projection)) = routed_expert(&item.source.name) else { continue };
         let projection = match projection {
             "gate" => "gate",

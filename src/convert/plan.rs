@@ -12,14 +12,20 @@ use crate::io::writer::{file_bytes, PlannedTensor};
 use crate::model::tensor_class::is_routed_expert;
 use crate::model::TensorClass;
 use crate::quant::ScaleRule;
-use crate::recipe::{MtpExperts, Recipe, Unselected};
+use crate::recipe::{MtpExperts, Recipe, Scheme, Unselected};
 
 /// What is done to one source item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "scheme", rename_all = "kebab-case")]
 pub enum Action {
-    /// compressed-tensors `pack-quantized` INT4.
-    Int4 { group_size: usize, scale_rule: ScaleRule },
+    /// compressed-tensors `pack-quantized` INT4; with `fp8_activations`, declared W4A8 (FP8 per-token dynamic
+    /// activations: the same tensors, another kernel).
+    Int4 {
+        group_size: usize,
+        scale_rule: ScaleRule,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        fp8_activations: bool,
+    },
     /// compressed-tensors `nvfp4-pack-quantized` or `mxfp4-pack-quantized`.
     Fp4 { kind: Fp4Kind },
     /// FP8 dequantized to BF16.
@@ -33,7 +39,8 @@ pub enum Action {
 impl Action {
     pub fn name(&self) -> &'static str {
         match self {
-            Action::Int4 { .. } => "int4",
+            Action::Int4 { fp8_activations: false, .. } => "int4",
+            Action::Int4 { fp8_activations: true, .. } => "w4a8-fp8",
             Action::Fp4 { kind } => kind.name(),
             Action::Bf16 => "bf16",
             Action::Fp8Block => "fp8-block",
@@ -114,26 +121,30 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe, class: TensorClass) -> Res
                 item.dtype
             )));
         }
-        if let Some(kind) = rule.scheme.fp4_kind() {
-            if !item.shape[1].is_multiple_of(kind.group()) {
-                return Err(error(format!(
-                    "rule `{}`: {}'s group of {} does not divide the row length {}; keep the tensor out of the rule \
-                     (a `keep` pattern) or choose int4",
+        if !item.shape[1].is_multiple_of(rule.group_size) {
+            return Err(error(match rule.scheme.fixed_group() {
+                Some(group) => format!(
+                    "rule `{}`: {}'s group of {group} does not divide the row length {}; the engines take no other \
+                     group for it, so these weights cannot be {}: keep them out of the rule or use an int4 recipe",
                     rule.name,
-                    kind.name(),
-                    kind.group(),
-                    item.shape[1]
-                )));
-            }
+                    rule.scheme.name(),
+                    item.shape[1],
+                    rule.scheme.name()
+                ),
+                None => format!(
+                    "rule `{}`: group size {} does not divide the row length {}; choose a divisor with --group-size",
+                    rule.name, rule.group_size, item.shape[1]
+                ),
+            }));
+        }
+        if let Some(kind) = rule.scheme.fp4_kind() {
             return Ok(Action::Fp4 { kind });
         }
-        if !item.shape[1].is_multiple_of(rule.group_size) {
-            return Err(error(format!(
-                "rule `{}`: group size {} does not divide the row length {}; choose a divisor with --group-size",
-                rule.name, rule.group_size, item.shape[1]
-            )));
-        }
-        return Ok(Action::Int4 { group_size: rule.group_size, scale_rule: rule.scale_rule });
+        return Ok(Action::Int4 {
+            group_size: rule.group_size,
+            scale_rule: rule.scale_rule,
+            fp8_activations: rule.scheme == Scheme::W4a8Fp8,
+        });
     }
     Ok(match (&item.kind, recipe.file.unselected) {
         (SourceKind::Fp8 { .. }, Unselected::Bf16) => Action::Bf16,

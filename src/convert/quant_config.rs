@@ -44,8 +44,8 @@ fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
             && item.source.shape.len() == 2
             && item.class != TensorClass::Embeddings;
         match item.action {
-            Action::Int4 { group_size, scale_rule } => {
-                int4.get_or_insert((group_size, scale_rule));
+            Action::Int4 { group_size, scale_rule, fp8_activations } => {
+                int4.get_or_insert((group_size, scale_rule, fp8_activations));
             }
             Action::Fp4 { kind } => {
                 if !fp4.contains(&kind) {
@@ -78,10 +78,11 @@ fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
             .map(|rule| format!("re:.*{}", rule.pattern.trim_end_matches('$').trim_end_matches("\\.weight")))
             .collect()
     };
-    let int4 = int4.map(|(group_size, scale_rule)| Int4Group {
+    let int4 = int4.map(|(group_size, scale_rule, fp8_activations)| Int4Group {
         group_size,
         observer: scale_rule.observer_name(),
-        targets: targets(Scheme::Int4),
+        targets: targets(if fp8_activations { Scheme::W4a8Fp8 } else { Scheme::Int4 }),
+        fp8_activations,
     });
     let fp4 = fp4
         .into_iter()

@@ -58,7 +58,7 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
     }
     let reader = || RowReader::new(checkpoint, &item.source);
     let device_outputs = match (device, item.action) {
-        (Some(device), Action::Int4 { group_size, scale_rule }) if expert_rule.is_none() => {
+        (Some(device), Action::Int4 { group_size, scale_rule, .. }) if expert_rule.is_none() => {
             int4_on_device(device, checkpoint, item, tensor.bytes, &shard, group_size, scale_rule)?
         }
         _ => None,
@@ -84,7 +84,7 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
                 [entry.rows as i64, entry.columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
             vec![packed, scales, shape]
         }
-        Action::Int4 { group_size, scale_rule } => {
+        Action::Int4 { group_size, scale_rule, .. } => {
             let source = reader()?;
             let (rows, columns) = (source.rows, source.columns);
             let words_per_row = pack::packed_columns(columns);

@@ -1,6 +1,6 @@
 //! The recipes shipped in `recipes/`, embedded in the binary by name.
 
-pub const BUILTIN_NAMES: [&str; 9] = [
+pub const BUILTIN_NAMES: [&str; 12] = [
     "kimi-k2-int4",
     "glm5-int4",
     "glm45-int4",
@@ -10,6 +10,9 @@ pub const BUILTIN_NAMES: [&str; 9] = [
     "kimi-k2-mxfp4",
     "glm5-mxfp4",
     "glm45-mxfp4",
+    "kimi-k2-w4a8",
+    "glm5-w4a8",
+    "glm45-w4a8",
 ];
 
 /// The TOML text of a built-in recipe.
@@ -24,6 +27,9 @@ pub fn builtin(name: &str) -> Option<&'static str> {
         "kimi-k2-mxfp4" => Some(include_str!("../../recipes/kimi-k2-mxfp4.toml")),
         "glm5-mxfp4" => Some(include_str!("../../recipes/glm5-mxfp4.toml")),
         "glm45-mxfp4" => Some(include_str!("../../recipes/glm45-mxfp4.toml")),
+        "kimi-k2-w4a8" => Some(include_str!("../../recipes/kimi-k2-w4a8.toml")),
+        "glm5-w4a8" => Some(include_str!("../../recipes/glm5-w4a8.toml")),
+        "glm45-w4a8" => Some(include_str!("../../recipes/glm45-w4a8.toml")),
         _ => None,
     }
 }

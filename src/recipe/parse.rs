@@ -23,35 +23,55 @@ pub enum Scheme {
     /// compressed-tensors `mxfp4-pack-quantized` (AMD, OCP MX): FP4 E2M1 in groups of 32, E8M0 scales; weights
     /// only.
     Mxfp4,
+    /// INT4 `pack-quantized` weights in groups of 128 declared with FP8 per-token dynamic activations (Hopper
+    /// prefill: vLLM `CompressedTensorsW4A8Fp8MoEMethod`, SGLang `CompressedTensorsW4AFP8MoE`).
+    W4a8Fp8,
 }
+
+/// W4A8's group: vLLM's W4A8 MoE method asserts it ("Only group size 128 supported for W4A8 MoE",
+/// `compressed_tensors_moe_w4a8_fp8.py`).
+pub const W4A8_GROUP: usize = 128;
 
 impl Scheme {
     /// The FP4 format of an FP4 scheme.
     pub fn fp4_kind(self) -> Option<Fp4Kind> {
         match self {
-            Scheme::Int4 => None,
+            Scheme::Int4 | Scheme::W4a8Fp8 => None,
             Scheme::Nvfp4 => Some(Fp4Kind::Nvfp4),
             Scheme::Mxfp4 => Some(Fp4Kind::Mxfp4),
         }
     }
 
     pub fn name(self) -> &'static str {
-        self.fp4_kind().map_or("int4", Fp4Kind::name)
+        match self {
+            Scheme::W4a8Fp8 => "w4a8-fp8",
+            _ => self.fp4_kind().map_or("int4", Fp4Kind::name),
+        }
+    }
+
+    /// The group size the format fixes, if it fixes one.
+    pub fn fixed_group(self) -> Option<usize> {
+        match self {
+            Scheme::Int4 => None,
+            Scheme::W4a8Fp8 => Some(W4A8_GROUP),
+            Scheme::Nvfp4 | Scheme::Mxfp4 => self.fp4_kind().map(Fp4Kind::group),
+        }
     }
 }
 
-/// Why `rule` (named `key` in errors) cannot take group size `group_size` and scale rule `scale_rule`: the FP4
-/// formats fix their group and compute scales from the group's absmax only.
-fn fp4_rule_problem(rule: &Rule, group_size: usize, scale_rule: ScaleRule) -> Option<String> {
-    let kind = rule.scheme.fp4_kind()?;
-    if group_size != kind.group() {
+/// Why `rule` cannot take group size `group_size` and scale rule `scale_rule`: W4A8 and the FP4 formats fix their
+/// group, and the FP4 formats compute scales from the group's absmax only.
+fn fixed_format_problem(rule: &Rule, group_size: usize, scale_rule: ScaleRule) -> Option<String> {
+    let group = rule.scheme.fixed_group()?;
+    if group_size != group {
         return Some(format!(
-            "rule `{}` is {}, whose group is {} elements (the format fixes it; vLLM and SGLang load no other), got {group_size}",
+            "rule `{}` is {}, whose group is {group} elements (the format fixes it; vLLM and SGLang load no other), \
+             got {group_size}",
             rule.name,
-            kind.name(),
-            kind.group()
+            rule.scheme.name(),
         ));
     }
+    let kind = rule.scheme.fp4_kind()?;
     if scale_rule != ScaleRule::CtMinmax {
         return Some(format!(
             "rule `{}` is {}: its scales come from each group's absmax (compressed-tensors' minmax), so the scale \
@@ -184,8 +204,17 @@ impl Recipe {
             if rule.group_size == 0 {
                 return Err(format!("key `rules[{index}].group_size`: must be positive"));
             }
-            if let Some(problem) = fp4_rule_problem(rule, rule.group_size, rule.scale_rule) {
+            if let Some(problem) = fixed_format_problem(rule, rule.group_size, rule.scale_rule) {
                 return Err(format!("key `rules[{index}]`: {problem}"));
+            }
+            let int4_kinds = [Scheme::Int4, Scheme::W4a8Fp8];
+            if int4_kinds.contains(&rule.scheme)
+                && file.rules.iter().any(|other| int4_kinds.contains(&other.scheme) && other.scheme != rule.scheme)
+            {
+                return Err(format!(
+                    "key `rules[{index}].scheme`: int4 and w4a8-fp8 rules in one recipe would need two INT4 groups \
+                     that differ only in their activations; use one of them"
+                ));
             }
             rule_patterns.push(compile(&format!("rules[{index}].match"), &rule.pattern)?);
         }
@@ -225,8 +254,8 @@ impl Recipe {
             if let Some(scale_rule) = scale_rule {
                 rule.scale_rule = scale_rule;
             }
-            if let Some(problem) = fp4_rule_problem(rule, rule.group_size, rule.scale_rule) {
-                let flag = if group_size.is_some_and(|g| g != rule.scheme.fp4_kind().map_or(g, Fp4Kind::group)) {
+            if let Some(problem) = fixed_format_problem(rule, rule.group_size, rule.scale_rule) {
+                let flag = if group_size.is_some_and(|g| Some(g) != rule.scheme.fixed_group()) {
                     "--group-size"
                 } else {
                     "--scale-rule"

@@ -11,7 +11,7 @@ mod demo;
 mod device_ops;
 mod eval;
 mod eval_parts;
-mod fp4;
+mod formats;
 mod golden;
 mod gptq;
 mod hub;

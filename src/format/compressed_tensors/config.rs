@@ -11,6 +11,9 @@ pub struct Int4Group {
     pub observer: &'static str,
     /// `Linear`, or `re:` patterns when an FP8 group is present too.
     pub targets: Vec<String>,
+    /// W4A8: FP8 activations quantized per token at run time (vLLM `CompressedTensorsW4A8Fp8MoEMethod`, SGLang
+    /// `CompressedTensorsW4AFP8MoE`); the weights are the same.
+    pub fp8_activations: bool,
 }
 
 /// An FP4 group of an output: NVFP4 or MXFP4, weights only (W4A16).
@@ -47,7 +50,14 @@ pub fn quantization_config(scheme: &QuantizationScheme) -> Value {
                     "num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": int4.group_size,
                     "dynamic": false, "observer": int4.observer, "actorder": null, "block_structure": null
                 },
-                "input_activations": null,
+                "input_activations": if int4.fp8_activations {
+                    json!({
+                        "num_bits": 8, "type": "float", "symmetric": true, "strategy": "token", "dynamic": true,
+                        "observer": null, "group_size": null
+                    })
+                } else {
+                    Value::Null
+                },
                 "output_activations": null,
                 "format": "pack-quantized"
             }),

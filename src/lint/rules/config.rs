@@ -141,6 +141,71 @@ pub fn group_size(context: &Context) -> Option<usize> {
 /// The group sizes the engines' INT4 MoE kernels take.
 pub const GROUP_SIZES: [usize; 3] = [32, 64, 128];
 
+/// FP8 activations quantized per token at run time, symmetric: what vLLM's `_is_fp8_w4a8` (`compressed_tensors.py`)
+/// takes beside INT4 group weights.
+pub fn is_w4a8_activations(activations: &Value) -> bool {
+    activations.get("type") == Some(&json!("float"))
+        && activations.get("num_bits") == Some(&json!(8))
+        && activations.get("strategy") == Some(&json!("token"))
+        && activations.get("dynamic") == Some(&json!(true))
+        && activations.get("symmetric") == Some(&json!(true))
+}
+
+/// The INT4 group's input activations, when they make it W4A8.
+pub fn w4a8_group<'a>(context: &'a Context) -> Option<&'a str> {
+    let (group, _) = int4_group_weights(context)?;
+    let json = context.groups.iter().find(|g| g.name == group)?.json;
+    json.get("input_activations").is_some_and(is_w4a8_activations).then_some(group)
+}
+
+/// W4A8 loads only where vLLM's `CompressedTensorsW4A8Fp8MoEMethod` (`compressed_tensors_moe_w4a8_fp8.py`) and
+/// SGLang's `CompressedTensorsW4AFP8MoE` accept the shapes: group 128, symmetric weights, `hidden_size % 256 == 0`
+/// and `moe_intermediate_size / tp % 256 == 0` (vLLM asserts each).
+pub fn w4a8_shapes(context: &Context, _: Engine) -> Outcome {
+    let Some(group) = w4a8_group(context) else {
+        return Outcome::skipped("not W4A8 (no FP8 per-token input activations)");
+    };
+    let mut findings = Vec::new();
+    let weights = int4_group_weights(context).map(|(_, w)| w);
+    let size = weights.and_then(|w| w.get("group_size")).and_then(Value::as_u64);
+    if size != Some(128) {
+        findings.push(Finding::failed(
+            format!("quantization_config.config_groups.{group}.weights.group_size"),
+            format!("is {size:?}: W4A8 MoE needs 128 (\"Only group size 128 supported for W4A8 MoE\")"),
+            "requantize with a w4a8-fp8 rule (group 128)",
+        ));
+    }
+    let tp = context.tp.max(1);
+    match (context.config_usize("hidden_size"), context.config_usize("moe_intermediate_size")) {
+        (Ok(hidden), Ok(intermediate)) => {
+            if !hidden.is_multiple_of(256) {
+                findings.push(Finding::failed(
+                    "config.json `hidden_size`",
+                    format!("{hidden} is not a multiple of 256: vLLM's W4A8 MoE asserts it"),
+                    "serve this model as INT4 W4A16 (the -int4 recipe) instead",
+                ));
+            }
+            if !intermediate.is_multiple_of(tp) || !(intermediate / tp).is_multiple_of(256) {
+                let fits: Vec<String> = [8, 4, 2, 1]
+                    .iter()
+                    .filter(|&&t| intermediate.is_multiple_of(t) && (intermediate / t).is_multiple_of(256))
+                    .map(|t| format!("--tp {t}"))
+                    .collect();
+                findings.push(Finding::failed(
+                    "config.json `moe_intermediate_size`",
+                    format!("{intermediate} / tp {tp} is not a multiple of 256: vLLM's W4A8 MoE asserts it per shard"),
+                    match fits.first() {
+                        Some(fit) => format!("serve with {fit}, or as INT4 W4A16"),
+                        None => "serve this model as INT4 W4A16 (the -int4 recipe): no tp fits".to_string(),
+                    },
+                ));
+            }
+        }
+        (h, i) => findings.extend([h.err(), i.err()].into_iter().flatten()),
+    }
+    Outcome::from_findings(format!("{group}: W4A8, tp {tp}"), findings)
+}
+
 pub fn weight_args(context: &Context, _: Engine) -> Outcome {
     if let Some(finding) = missing_quantization(context) {
         return Outcome::from_findings("", vec![finding]);
@@ -200,10 +265,10 @@ pub fn weight_args(context: &Context, _: Engine) -> Outcome {
         .find(|g| g.name == group)
         .and_then(|g| g.json.get("input_activations"))
         .filter(|v| !v.is_null());
-    if let Some(activations) = activations {
+    if let Some(activations) = activations.filter(|a| !is_w4a8_activations(a)) {
         findings.push(Finding::failed(
             format!("quantization_config.config_groups.{group}.input_activations"),
-            format!("is {activations}, expected null (W4A16)"),
+            format!("is {activations}, expected null (W4A16) or FP8 per-token dynamic symmetric (W4A8)"),
             "set it to null",
         ));
     }

@@ -34,7 +34,7 @@ impl Rule {
 const NOT_READ_SGLANG: &str = "SGLang: file not read, same rule as vLLM assumed";
 
 /// Every rule, in the order the report lists them.
-pub const RULES: [Rule; 16] = [
+pub const RULES: [Rule; 17] = [
     Rule {
         id: "quant-method",
         title: "quant_method compressed-tensors, format pack-quantized",
@@ -97,6 +97,13 @@ pub const RULES: [Rule; 16] = [
         vllm: "vLLM compressed_tensors_wNa16.py, compressed_tensors_moe_wna16.py",
         sglang: "SGLang compressed_tensors_wNa16_moe.py",
         check: tensors::int4_tensors,
+    },
+    Rule {
+        id: "w4a8-shapes",
+        title: "W4A8 (INT4 weights, FP8 per-token activations): group 128, hidden_size % 256, moe_intermediate_size / tp % 256",
+        vllm: "vLLM compressed_tensors.py _is_fp8_w4a8; compressed_tensors_moe_w4a8_fp8.py (asserts)",
+        sglang: "SGLang CompressedTensorsW4AFP8MoE (file not read; requirements as REFERENCES §10 gives them)",
+        check: config::w4a8_shapes,
     },
     Rule {
         id: "fp4-weight-args",

@@ -1,6 +1,7 @@
-//! NVFP4 and MXFP4 outputs (the `-nvfp4`/`-mxfp4` built-in recipes): written in compressed-tensors' layout, read by
-//! the runtime, `verify` and the linter for both engines on every architecture; gate/up global scales shared and a
-//! folder whose scales disagree caught; the bad input around them refused with exit 2.
+//! The formats beside INT4 W4A16. NVFP4 and MXFP4 outputs (the `-nvfp4`/`-mxfp4` built-in recipes): written in
+//! compressed-tensors' layout, read by the runtime, `verify` and the linter for both engines on every architecture;
+//! gate/up global scales shared and a folder whose scales disagree caught. W4A8 (`-w4a8`): INT4 g128 declared with
+//! FP8 per-token activations, refused on shapes the engines refuse. The bad input around them exits 2.
 
 use std::fs;
 use std::path::Path;
@@ -137,4 +138,57 @@ fn fp4_bad_input_exits_2_naming_the_flag_rule_or_tensor() {
     for name in ["a", "b", "c", "d", "e"] {
         assert!(!out(name).join("config.json").exists(), "{name}: nothing written");
     }
+}
+
+#[test]
+fn w4a8_outputs_declare_fp8_activations_and_shapes_the_engines_refuse_exit_2() {
+    let temp = tempfile::tempdir().unwrap();
+    let source = synth(temp.path(), "wide", "kimi-k2", &["--hidden", "512", "--moe-intermediate", "256"]);
+    let out = temp.path().join("w4a8");
+    squeeze(&["quantize", path_str(&source), path_str(&out), "--recipe", "kimi-k2-w4a8"]).ok();
+    let group = &read_json(&out.join("config.json"))["quantization_config"]["config_groups"]["group_0"];
+    assert_eq!(group["weights"]["group_size"], 128);
+    let activations = &group["input_activations"];
+    assert_eq!((&activations["type"], &activations["num_bits"]), (&"float".into(), &8.into()), "{group}");
+    assert_eq!((&activations["strategy"], &activations["dynamic"]), (&"token".into(), &true.into()), "{group}");
+    // Random weights at group 128 lose more than real ones: the limit is the caller's.
+    let args = [
+        "verify",
+        path_str(&out),
+        "--source",
+        path_str(&source),
+        "--engine",
+        "all",
+        "--max-int4-error",
+        "0.4",
+        "--json",
+    ];
+    let report = squeeze(&args).ok().json();
+    assert_eq!(report["passed"], true, "{}", report["problems"]);
+    let rules = report["engine_rules"].to_string();
+    assert!(rules.contains("w4a8-shapes"), "{rules}");
+    let eval = squeeze(&["eval", path_str(&out), "--data", SONNETS, "--ctx", "32", "--chunks", "1", "--json"]);
+    assert!(eval.ok().json()["ppl"].as_f64().unwrap().is_finite());
+
+    // Rows of 320 take no group of 128: the tensor is named before anything is written.
+    let narrow = synth(temp.path(), "narrow", "kimi-k2", &[]);
+    let run = squeeze(&["quantize", path_str(&narrow), path_str(&temp.path().join("a")), "--recipe", "kimi-k2-w4a8"]);
+    expect_exit_2(&run, &["gate_proj.weight", "w4a8-fp8's group of 128", "row length 320"]);
+    // hidden 384 takes groups of 128 but not the engines' W4A8 kernels (hidden % 256): the linter refuses the plan.
+    let odd = synth(temp.path(), "odd", "kimi-k2", &["--hidden", "384", "--moe-intermediate", "256"]);
+    let run = squeeze(&["quantize", path_str(&odd), path_str(&temp.path().join("b")), "--recipe", "kimi-k2-w4a8"]);
+    expect_exit_2(&run, &["w4a8-shapes", "hidden_size", "384"]);
+    for name in ["a", "b"] {
+        assert!(!temp.path().join(name).join("config.json").exists(), "{name}: nothing written");
+    }
+    // One recipe cannot mix W4A16 and W4A8 INT4 rules.
+    let builtin = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/kimi-k2-w4a8.toml")).unwrap();
+    let mixed = format!(
+        "{builtin}\n[[rules]]\nname = \"shared\"\nmatch = 'shared_experts'\nscheme = \"int4\"\ngroup_size = 32\n"
+    );
+    let recipe = temp.path().join("mixed.toml");
+    fs::write(&recipe, mixed).unwrap();
+    let run =
+        squeeze(&["quantize", path_str(&source), path_str(&temp.path().join("c")), "--recipe", path_str(&recipe)]);
+    expect_exit_2(&run, &["int4 and w4a8-fp8"]);
 }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Accuracy of the 4-bit formats side by side (issue 31): each trained tiny model's FP8 source quantized by its
+# built-in INT4 recipe (round to nearest, ct-minmax; and GPTQ calibrated on the sonnets), its NVFP4 recipe and its
+# MXFP4 recipe (routed experts only in every case), each output scored against the source by
+# `squeeze eval --reference FP8 --candidate OUT --modes weights` on The Tempest (held out of training): mean KLD
+# ± stderr, same top-1 %, PPL ratio, and the output's tensor bytes. Prints one markdown table; asserts nothing.
+#
+#   scripts/bench-formats.sh [--ctx 256] [--chunks 8] [--keep DIR]
+#   SQUEEZE=path/to/squeeze runs that binary instead of building target/release/squeeze.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ctx=256 chunks=8 keep=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ctx) ctx="$2"; shift 2 ;;
+    --chunks) chunks="$2"; shift 2 ;;
+    --keep) keep="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+if [ -z "${SQUEEZE:-}" ]; then
+  cargo build --release --quiet
+  SQUEEZE=target/release/squeeze
+fi
+work=${keep:-$(mktemp -d)}
+mkdir -p "$work"
+printf '| model | format | method | mean KLD ± stderr | same top %% | PPL ratio | routed-expert bytes |\n'
+printf '| --- | --- | --- | ---: | ---: | ---: | ---: |\n'
+for pair in kimi-k2:eval/tiny-shakespeare-fp8 glm45:eval/tiny-shakespeare-glm45-fp8 glm5:eval/tiny-shakespeare-glm5-fp8; do
+  arch=${pair%%:*} model=${pair#*:}
+  for variant in int4:rtn int4:gptq nvfp4:rtn mxfp4:rtn; do
+    format=${variant%%:*} method=${variant#*:}
+    out="$work/$arch-$format-$method"
+    args=(quantize "$model" "$out" --recipe "$arch-$format" --force --json)
+    [ "$method" = gptq ] && args+=(--method gptq --calibration eval/sonnets.txt)
+    quantized=$("$SQUEEZE" "${args[@]}" 2>/dev/null)
+    # Parity gates may fail on a tiny model (exit 1): the report is what is read.
+    report=$("$SQUEEZE" eval --reference "$model" --candidate "$out" --data eval/shakespeare-heldout.txt \
+      --ctx "$ctx" --chunks "$chunks" --modes weights --json || true)
+    python3 - "$model" "$format" "$method" "$quantized" "$report" <<'PY'
+import json, os, sys
+model, form, method, quantized, report = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5])
+w = report["modes"]["weights"]
+experts = quantized["classes"].get("routed_experts", {}).get("bytes_out", 0)
+print(f"| {os.path.basename(model)} | {form} | {method} | {w['mean_kld']:.3e} ± {w['mean_kld_stderr']:.1e} | "
+      f"{w['same_top']:.2f} | {w['ppl_ratio']:.5f} | {experts:,} |")
+PY
+  done
+done
