@@ -398,10 +398,12 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         .filter(|&i| own_shards.contains(&plan.items[i].shard) && !reused[plan.items[i].shard])
         .collect();
     reporter.begin("quantize", work.iter().map(|&i| plan.items[i].source.bytes()).sum());
+    let absmax = transform::AbsmaxCache::default();
     let compute = transform::Compute {
         device: device.as_deref(),
         allow_nonfinite: options.allow_nonfinite,
         calibration: calibration.as_ref(),
+        absmax: Some(&absmax),
     };
     let result = {
         let save = |manifest: &Manifest| save(manifest, &part_manifest);

@@ -30,12 +30,30 @@ pub struct Compute<'a> {
     /// `--method imatrix|gptq`: routed experts' INT4 scales from their importance (on the CPU) or their codes and
     /// scales from the GPTQ pass, or `mse` as fallback.
     pub calibration: Option<&'a Calibration>,
+    /// Source tensors' largest magnitudes, kept so that NVFP4 fused partners read each other's once.
+    pub absmax: Option<&'a AbsmaxCache>,
+}
+
+/// The largest magnitude of each source tensor NVFP4 has measured, by name.
+#[derive(Default)]
+pub struct AbsmaxCache(std::sync::Mutex<std::collections::HashMap<String, f32>>);
+
+impl AbsmaxCache {
+    /// `name`'s absmax, measured by `measure` the first time.
+    fn get(&self, name: &str, measure: impl FnOnce() -> Result<f32, IoError>) -> Result<f32, IoError> {
+        if let Some(&value) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(value);
+        }
+        let value = measure()?;
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), value);
+        Ok(value)
+    }
 }
 
 /// Produces the bytes of every output tensor of `item`, in planned order. A NaN or infinite source element is an
 /// error naming the tensor and its first bad element, unless `compute.allow_nonfinite`.
 pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) -> Result<Vec<Vec<u8>>, IoError> {
-    let Compute { device, allow_nonfinite, calibration } = compute;
+    let Compute { device, allow_nonfinite, calibration, absmax: cache } = compute;
     let name = &item.source.name;
     let expert_rule = calibration.and_then(|calibration| calibration.rule_for(name));
     let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
@@ -144,8 +162,11 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
             let source = reader()?;
             let global = match kind {
                 Fp4Kind::Nvfp4 => {
-                    let partner = partner_absmax(checkpoint, item, &shard)?;
-                    fp4::nvfp4_global_scale(absmax(&source).max(partner))
+                    let own = match cache {
+                        Some(cache) => cache.get(name, || Ok(absmax(&source)))?,
+                        None => absmax(&source),
+                    };
+                    fp4::nvfp4_global_scale(own.max(partner_absmax(checkpoint, item, &shard, cache)?))
                 }
                 Fp4Kind::Mxfp4 => 1.0,
             };
@@ -207,10 +228,18 @@ fn absmax(source: &RowReader) -> f32 {
 
 /// The absmax of an NVFP4 item's fused partner (gate ↔ up, [`fused_partner`]), 0 when it has none: both are
 /// quantized under the global scale of the larger absmax, which vLLM needs (it keeps one for the fused `w13`).
-fn partner_absmax(checkpoint: &Checkpoint, item: &PlannedItem, shard: &std::path::Path) -> Result<f32, IoError> {
+fn partner_absmax(
+    checkpoint: &Checkpoint,
+    item: &PlannedItem,
+    shard: &std::path::Path,
+    cache: Option<&AbsmaxCache>,
+) -> Result<f32, IoError> {
     let Some(partner) = fused_partner(&item.source.name).filter(|partner| checkpoint.contains(partner)) else {
         return Ok(0.0);
     };
+    if let Some(cache) = cache {
+        return cache.get(&partner.clone(), || partner_absmax(checkpoint, item, shard, None));
+    }
     let block = match &item.source.kind {
         SourceKind::Fp8 { grid, .. } => [grid.block_rows, grid.block_columns],
         SourceKind::Plain => [128, 128],
