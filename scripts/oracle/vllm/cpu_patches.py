@@ -38,6 +38,30 @@ engine core lives in the harness process). Every patch is listed in README.md ("
    is built with the dense CPU MLA backend and vLLM's weight loader runs over the whole checkpoint;
    the engine then stops at KV-cache setup (the indexer cache and CPU MLA share no block size).
    Nothing is computed with it; it only shows whether vLLM's loader accepts the tensors.
+6. Triton-override scan (`triton_utils/dispatcher.py` `_rebind_kernels`): see `_rebind_skipping_proxies`.
+7. Optional (`fp4=True`, `fp4_oracle.py`): NVFP4A16 routed experts. vLLM 0.32 picks
+   `CompressedTensorsW4A4Nvfp4MoEMethod` (use_a16) for squeeze's nvfp4-pack-quantized experts; on CPU no
+   NvFp4 MoE backend accepts them: the only one not tied to CUDA, EMULATION
+   (`Nvfp4QuantizationEmulationTritonExperts`), declares itself CUDA-only and takes W4A4 only
+   (`_supports_quant_scheme`: (kNvfp4Static, kNvfp4Dynamic)). We (a) let it run on this device, (b) accept
+   (kNvfp4Static, None) too — weights only, as the checkpoint declares (`input_activations: null`) and as
+   vLLM's A16 backends (MARLIN, B12X) run it on GPUs — and (c) replace its `apply` (a Triton kernel that
+   dequantizes on the fly, after an NVFP4 quantize-dequantize of the activations) with `nvfp4_a16_experts`:
+   vLLM's own `nvfp4_emulation_utils.dequantize_to_dtype(w, w_scale, g_alphas, float32, 16, swizzle=False)`
+   on the tensors vLLM holds after `process_weights_after_loading` (the kernel's own math: E2M1 × (E4M3
+   scale × 1/global)), no activation quantization, then `torch_experts`. Also recorded before processing:
+   every expert's `w13_weight_global_scale` pair (gate, up) and the packed/scale bytes as loaded.
+8. Optional (`fp4=True`): MXFP4A16 routed experts. vLLM 0.32's `CompressedTensorsW4A4Mxfp4MoEMethod`
+   picks `MarlinExperts` on any device without CUTLASS/XPU (a CUDA repack); it has no CPU or emulation
+   choice, and vLLM's only MXFP4 weight dequantization (`mxfp4_utils.dequant_mxfp4`, used by its
+   emulation kernels) calls amd-quark's `dq_mxfp4`, which is CUDA/HIP only. We (a) set the method's backend
+   to EMULATION with `OCP_MXQuantizationEmulationTritonExperts` (vLLM's MX emulation experts), (b) let
+   `process_weights_after_loading` keep the checkpoint layout (the branch vLLM takes for b12x/XPU, "consume
+   checkpoint packing") instead of the Marlin repack, (c) drop that class's CUDA and amd-quark checks and
+   (d) replace its `apply` with `mxfp4_a16_experts`: the E2M1 codes decoded by vLLM's
+   `nvfp4_emulation_utils.break_fp4_bytes` (its nibble order and E2M1 table) times the E8M0 scales read as
+   vLLM's Marlin preparation reads them (`scale.view(torch.float8_e8m0fnu)`), per group of 32 — the
+   product is ours, each factor vLLM's — then `torch_experts`. Bytes recorded as in 7.
 """
 
 from __future__ import annotations
@@ -127,6 +151,142 @@ def _rope_2d(original):
     return forward_cpu
 
 
+
+# --- 7 / 8: FP4 (NVFP4A16, MXFP4A16) routed experts -------------------------------------------------------------
+
+# Per RoutedExperts layer (its `layer_name`), before vLLM's process_weights_after_loading: every parameter as the
+# loader filled it (CPU clones), e.g. w13_weight_packed [E, 2N, K/2] U8, w13_weight_scale, w13_weight_global_scale
+# [E, 2] (NVFP4: column 0 from gate_proj, 1 from up_proj).
+RECORDED_FP4_LOADED: dict[str, dict[str, torch.Tensor]] = {}
+# Per layer, the dequantized w1 [E, 2N, K] / w2 [E, K, N] the experts computed with (float32), the first time.
+DEQUANTIZED_FP4: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _record_fp4_loaded(original):
+    def wrapper(self, layer: torch.nn.Module) -> None:
+        name = getattr(layer, "layer_name", None) or f"<unnamed {type(layer).__name__} {len(RECORDED_FP4_LOADED)}>"
+        RECORDED_FP4_LOADED[name] = {
+            attr: param.detach().cpu().clone()
+            for attr, param in layer.named_parameters(recurse=False)
+            if attr.startswith(("w13_", "w2_"))
+        }
+        return original(self, layer)
+
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def nvfp4_dequantize(experts, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's own NVFP4 dequantization of the tensors an `Nvfp4QuantizationEmulationTritonExperts` holds:
+    `dequantize_to_dtype` (nvfp4_emulation_utils) with its block scales and its g1/g2 alphas (1 / global scale,
+    set by `CompressedTensorsW4A4Nvfp4MoEMethod.process_weights_after_loading`), unswizzled, in float32."""
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
+
+    q = experts.quant_config
+    w1_dq = dequantize_to_dtype(w1, experts.w1_scale_val, q.g1_alphas, torch.float32, 16, swizzle=False)
+    w2_dq = dequantize_to_dtype(w2, experts.w2_scale_val, q.g2_alphas, torch.float32, 16, swizzle=False)
+    return w1_dq, w2_dq
+
+
+def mxfp4_dequantize(experts, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 [E, rows, K/2] codes and [E, rows, K/32] E8M0 bytes to float32: the codes through vLLM's
+    `break_fp4_bytes` (low nibble first, vLLM's E2M1 table), the scales as vLLM's Marlin preparation reads them
+    (`view(torch.float8_e8m0fnu)`), multiplied per group of 32."""
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import break_fp4_bytes
+
+    def one(w, scale):
+        experts_, rows, half = w.shape
+        values = break_fp4_bytes(w.reshape(-1, half), torch.float32).reshape(experts_, rows, -1, 32)
+        scales = scale.view(torch.float8_e8m0fnu).to(torch.float32)
+        return (values * scales.unsqueeze(-1)).reshape(experts_, rows, 2 * half)
+
+    return one(w1, experts.w1_scale_val), one(w2, experts.w2_scale_val)
+
+
+def _fp4_experts(dequantize):
+    def apply(
+        self,
+        output,
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        activation,
+        global_num_experts,
+        expert_map,
+        a1q_scale,
+        a2_scale,
+        workspace13,
+        workspace2,
+        expert_tokens_meta,
+        apply_router_weight_on_input,
+    ):
+        """Weight-only FP4 experts: dequantize (cached per weight tensor), no activation quantization (A16),
+        then the same torch loop as the INT4 patch."""
+        key = w1.data_ptr()
+        if key not in DEQUANTIZED_FP4:
+            assert w1.dtype == torch.uint8 and w2.dtype == torch.uint8
+            DEQUANTIZED_FP4[key] = dequantize(self, w1, w2)
+        w1_dq, w2_dq = DEQUANTIZED_FP4[key]
+        torch_experts(
+            self, output, hidden_states, w1_dq, w2_dq, topk_weights, topk_ids, activation, global_num_experts,
+            expert_map, None, None, workspace13, workspace2, expert_tokens_meta, apply_router_weight_on_input,
+        )
+
+    return apply
+
+
+nvfp4_a16_experts = _fp4_experts(nvfp4_dequantize)
+mxfp4_a16_experts = _fp4_experts(mxfp4_dequantize)
+
+
+def _apply_fp4() -> None:
+    from vllm.model_executor.layers.fused_moe.experts import nvfp4_emulation_moe, ocp_mx_emulation_moe
+    from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w4a4_mxfp4 as ct_mxfp4,
+    )
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w4a4_nvfp4 as ct_nvfp4,
+    )
+    from vllm.model_executor.layers.quantization.utils.quant_utils import kNvfp4Dynamic, kNvfp4Static
+
+    # 7. NVFP4A16 on the EMULATION experts.
+    nv = nvfp4_emulation_moe.Nvfp4QuantizationEmulationTritonExperts
+    nv._supports_current_device = staticmethod(lambda: True)
+    nv._supports_quant_scheme = staticmethod(
+        lambda weight_key, activation_key: (weight_key, activation_key)
+        in ((kNvfp4Static, kNvfp4Dynamic), (kNvfp4Static, None))
+    )
+    nv.apply = nvfp4_a16_experts
+
+    # 8. MXFP4A16: the compressed-tensors method on the MX EMULATION experts, checkpoint layout kept.
+    mx = ocp_mx_emulation_moe.OCP_MXQuantizationEmulationTritonExperts
+    mx._supports_current_device = staticmethod(lambda: True)
+    mx.is_supported_config = staticmethod(
+        lambda cls, moe_config, weight_key, activation_key, activation_format: TritonExperts.is_supported_config(
+            cls, moe_config, weight_key, activation_key, activation_format
+        )
+    )
+    mx.apply = mxfp4_a16_experts
+    method = ct_mxfp4.CompressedTensorsW4A4Mxfp4MoEMethod
+    stock_init = method.__init__
+
+    def init(self, moe):
+        stock_init(self, moe)
+        self.mxfp4_backend = Mxfp4MoeBackend.EMULATION
+        self.experts_cls = mx
+        self.use_cutlass_mxfp4 = False
+
+    init.__wrapped__ = stock_init
+    method.__init__ = init
+    ct_mxfp4.B12X_BACKENDS = (*ct_mxfp4.B12X_BACKENDS, Mxfp4MoeBackend.EMULATION)
+
+    for cls in (ct_nvfp4.CompressedTensorsW4A4Nvfp4MoEMethod, method):
+        cls.process_weights_after_loading = _record_fp4_loaded(cls.__dict__["process_weights_after_loading"])
+
 _APPLIED = False
 
 
@@ -169,7 +329,7 @@ def _rebind_skipping_proxies(original):
     return rebind
 
 
-def apply(f32_dequant: bool = False, sparse_as_dense: bool = False) -> None:
+def apply(f32_dequant: bool = False, sparse_as_dense: bool = False, fp4: bool = False) -> None:
     """Installs the patches (idempotent)."""
     global _APPLIED
     if _APPLIED:
@@ -203,4 +363,6 @@ def apply(f32_dequant: bool = False, sparse_as_dense: bool = False) -> None:
             return bf16_dequant(w_int32, scale, qzeros, transpose_output, output_dtype=torch.float32)
 
         int_wna16._unpack_and_dequant_int4_gptq = f32
+    if fp4:
+        _apply_fp4()
     _APPLIED = True
