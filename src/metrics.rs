@@ -42,6 +42,18 @@ pub fn bit_mismatches(got: &[f32], want: &[f32]) -> usize {
     differing.count() + got.len().abs_diff(want.len())
 }
 
+/// The index of the largest value, the first on ties (as `std::max_element`): a greedy token, and what same-top
+/// compares.
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (index, &value) in row.iter().enumerate() {
+        if value > row[best] {
+            best = index;
+        }
+    }
+    best as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,16 +67,4 @@ mod tests {
         assert_eq!(errors(&[1.0], &[1.0, 2.0]).rel_l2, f64::INFINITY);
         assert_eq!(bit_mismatches(&[f32::NAN, 1.0, 0.0], &[f32::NAN, 1.0, -0.0]), 1);
     }
-}
-
-/// The index of the largest value, the first on ties (as `std::max_element`): a greedy token, and what same-top
-/// compares.
-pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (index, &value) in row.iter().enumerate() {
-        if value > row[best] {
-            best = index;
-        }
-    }
-    best as u32
 }
