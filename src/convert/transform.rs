@@ -220,7 +220,7 @@ fn absmax(source: &RowReader) -> f32 {
             || vec![0f32; source.columns],
             |row, index| {
                 source.read(index, row);
-                fp4::nvfp4_absmax(row)
+                fp4::absmax(row)
             },
         )
         .reduce(|| 0.0, f32::max)
@@ -238,7 +238,7 @@ fn partner_absmax(
         return Ok(0.0);
     };
     if let Some(cache) = cache {
-        return cache.get(&partner.clone(), || partner_absmax(checkpoint, item, shard, None));
+        return cache.get(&partner, || partner_absmax(checkpoint, item, shard, None));
     }
     let block = match &item.source.kind {
         SourceKind::Fp8 { grid, .. } => [grid.block_rows, grid.block_columns],

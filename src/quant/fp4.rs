@@ -73,7 +73,8 @@ pub fn unpack(packed: &[u8], out: &mut [u8]) {
     }
 }
 
-fn absmax(values: &[f32]) -> f32 {
+/// The largest magnitude of `values` (what [`nvfp4_global_scale`] and each group's scale take).
+pub fn absmax(values: &[f32]) -> f32 {
     values.iter().fold(0f32, |max, v| max.max(v.abs()))
 }
 
@@ -85,11 +86,6 @@ pub fn nvfp4_global_scale(absmax: f32) -> f32 {
     } else {
         1.0
     }
-}
-
-/// The largest magnitude of `values` (what [`nvfp4_global_scale`] takes).
-pub fn nvfp4_absmax(values: &[f32]) -> f32 {
-    absmax(values)
 }
 
 /// Quantizes one row (length a multiple of 16) under global scale `global`: `codes` one E2M1 code per element,
@@ -205,7 +201,7 @@ mod tests {
     #[test]
     fn an_nvfp4_group_whose_absmax_is_the_tensors_uses_the_largest_scale() {
         let row: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) / 4.0).collect();
-        let global = nvfp4_global_scale(nvfp4_absmax(&row));
+        let global = nvfp4_global_scale(absmax(&row));
         let (mut codes, mut scales) = (vec![0u8; 16], vec![0u8; 1]);
         nvfp4_quantize_row(&row, global, &mut codes, &mut scales);
         assert_eq!(fp8::decode(scales[0]), 448.0);

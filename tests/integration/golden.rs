@@ -140,14 +140,14 @@ fn fp4_packs_exactly_as_compressed_tensors_and_reads_back_as_it_decompresses() {
     let mut names: Vec<String> = (0..cases).map(|case| format!("case{case}")).collect();
     names.extend(["pair.gate".to_string(), "pair.up".to_string()]);
     let pair_global = fp4::nvfp4_global_scale(
-        fp4::nvfp4_absmax(&f32s(&golden, "pair.gate.weight")).max(fp4::nvfp4_absmax(&f32s(&golden, "pair.up.weight"))),
+        fp4::absmax(&f32s(&golden, "pair.gate.weight")).max(fp4::absmax(&f32s(&golden, "pair.up.weight"))),
     );
     for name in &names {
         let weight = golden.get(&format!("{name}.weight")).unwrap();
         let columns = weight.shape[1];
         let weights = f32s(&golden, &format!("{name}.weight"));
         let global =
-            if name.starts_with("pair.") { pair_global } else { fp4::nvfp4_global_scale(fp4::nvfp4_absmax(&weights)) };
+            if name.starts_with("pair.") { pair_global } else { fp4::nvfp4_global_scale(fp4::absmax(&weights)) };
         assert_eq!(global, f32s(&golden, &format!("{name}.nvfp4.weight_global_scale"))[0], "{name}: global scale");
         let (packed, scales) = nvfp4(&weights, columns, global);
         assert_eq!(scales, bytes(&golden, &format!("{name}.nvfp4.weight_scale")), "{name}: NVFP4 scales");

@@ -223,7 +223,7 @@ mod tests {
         let (rows, columns) = (3usize, 64usize);
         let weights: Vec<f32> = (0..rows * columns).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
         for kind in [Fp4Kind::Nvfp4, Fp4Kind::Mxfp4] {
-            let global = fp4::nvfp4_global_scale(fp4::nvfp4_absmax(&weights));
+            let global = fp4::nvfp4_global_scale(fp4::absmax(&weights));
             let (mut packed, mut scales) = (Vec::new(), Vec::new());
             let (mut codes, mut row_packed) = (vec![0u8; columns], vec![0u8; columns / 2]);
             let mut row_scales = vec![0u8; columns / kind.group()];
