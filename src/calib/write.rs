@@ -138,21 +138,17 @@ fn write_staged(report: &CalibReport, model: &Path, target: &Path) -> Result<Val
     // 3. config.json: `kv_cache_scheme` in the `quantization_config` the engines read — the top level's, else the
     // wrapped text model's (where Moonshot keeps it; a new top-level one would hide it from vLLM) — else on its own.
     let scheme = kv_cache_scheme(report.strategy == Strategy::Head);
-    let in_text_config = config.get("quantization_config").is_none_or(Value::is_null)
-        && composite::wrapper(&config).is_some()
-        && config.pointer("/text_config/quantization_config").is_some_and(Value::is_object);
-    let object = config.as_object_mut().ok_or_else(|| IoError::folder(&config_path, "is not a JSON object"))?;
-    let quantization = if in_text_config {
-        object.get_mut("text_config").and_then(|t| t.get_mut("quantization_config"))
-    } else {
-        object.get_mut("quantization_config")
-    };
-    match quantization.and_then(Value::as_object_mut) {
+    if !config.is_object() {
+        return Err(IoError::folder(&config_path, "is not a JSON object"));
+    }
+    match composite::quantization_config_mut(&mut config).and_then(Value::as_object_mut) {
         Some(quantization) => {
             quantization.insert("kv_cache_scheme".into(), scheme);
         }
         None => {
-            object.insert("kv_cache_scheme".into(), scheme);
+            if let Some(object) = config.as_object_mut() {
+                object.insert("kv_cache_scheme".into(), scheme);
+            }
         }
     }
     atomic::write_json(&journal::staged(&target.join(CONFIG_FILE)), &config)?;

@@ -29,7 +29,8 @@ pub struct Args {
     /// Output folder (must be new or empty unless --resume/--force).
     pub output: PathBuf,
     /// Built-in recipe (kimi-k2-int4, glm5-int4, glm45-int4; the same with -nvfp4 for Blackwell FP4, -mxfp4 for
-    /// AMD/OCP MX, -w4a8 for Hopper prefill) or a TOML file; default: the -int4 one chosen from config.json.
+    /// AMD/OCP MX, -w4a8 for Hopper prefill; kimi-k26-nvfp4|mxfp4|w4a8 requantize Kimi K2.5/K2.6's shipped INT4;
+    /// glm52-* are glm5-*) or a TOML file; default: the -int4 one chosen from config.json.
     #[arg(long)]
     pub recipe: Option<String>,
     /// Override the INT4 group size of every rule (must divide the rows it applies to).

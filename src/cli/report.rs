@@ -215,6 +215,20 @@ pub fn print_human(report: &Report) {
             kept.gib - sizes.output_tensors.gib
         );
     }
+    if let Some(requantization) = &report.requantization {
+        println!(
+            "requantization of the shipped INT4 (group {}) to {}: relative L2 error {:.4} mean, {:.4} max (`{}`) over \
+             {} of {} requantized tensors, round to nearest; every tensor: `squeeze verify OUT --source SRC`, the \
+             logits: `squeeze eval --reference SRC --candidate OUT`",
+            requantization.source_group_size,
+            requantization.scheme,
+            requantization.mean_relative_l2,
+            requantization.max_relative_l2,
+            requantization.worst,
+            requantization.sampled,
+            requantization.requantized
+        );
+    }
     println!();
     print_conversion(&report.conversion);
 

@@ -134,14 +134,15 @@ pub struct Calibration {
     pub layers_reused: usize,
 }
 
-/// `(layer, expert, projection)` of `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`.
-pub fn routed_expert(name: &str) -> Option<(usize, usize, &str)> {
-    let rest = name.strip_prefix("model.layers.")?;
+/// `(layer, expert, projection)` of `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, also under a
+/// vision-language wrapper's names (`language_model.model.layers.…`).
+pub fn routed_expert(name: &str) -> Option<(usize, usize, &'static str)> {
+    let text = crate::io::composite::text_name(name);
+    let rest = text.as_deref().unwrap_or(name).strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     let rest = rest.strip_prefix("mlp.experts.")?;
     let (expert, rest) = rest.split_once('.')?;
-    let projection = rest.strip_suffix("_proj.weight")?;
-    matches!(projection, "gate" | "up" | "down").then_some(())?;
+    let projection = ["gate", "up", "down"].into_iter().find(|p| rest.strip_suffix("_proj.weight") == Some(*p))?;
     Some((layer.parse().ok()?, expert.parse().ok()?, projection))
 }
 

@@ -7,11 +7,17 @@ use crate::lint::{self, ConfigFix, LintReport, OutputDescription, TensorFacts, V
 
 use super::plan::Plan;
 
-/// The output `config.json`: the source config with `quantization_config` replaced and the safe fixes added.
+/// The output `config.json`: the source config with `quantization_config` replaced where the source keeps it
+/// (inside a wrapper's `text_config` for Kimi K2.6), and the safe fixes added.
 pub fn output_config(source_config: &Value, quantization_config: Value, plan: &Plan) -> (Value, Vec<ConfigFix>) {
     let mut config = source_config.clone();
-    if let Some(object) = config.as_object_mut() {
-        object.insert("quantization_config".into(), quantization_config);
+    match crate::io::composite::quantization_config_mut(&mut config) {
+        Some(slot) => *slot = quantization_config,
+        None => {
+            if let Some(object) = config.as_object_mut() {
+                object.insert("quantization_config".into(), quantization_config);
+            }
+        }
     }
     let names = plan.items.iter().flat_map(|item| item.outputs.iter().map(|t| t.name.as_str()));
     let mut fixes = lint::router_fixes(&mut config, names);

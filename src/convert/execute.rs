@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-use crate::format::fp8_block;
+use crate::format::fp8_block::{self, SourceKind};
 use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE, MANIFEST_FILE};
 use crate::io::lock::{FolderLock, LOCK_FILE};
 use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord};
@@ -74,9 +74,11 @@ pub enum ConvertError {
     Calibration(#[from] CalibrationError),
     #[error(
         "{}: is already INT4 ({modules} compressed-tensors pack-quantized modules, group size {group}), as Moonshot \
-         ships Kimi K2.5/K2.6/K2.7; quantize converts FP8 and BF16 sources, so there is nothing to do: evaluate or \
-         serve it as it is with `squeeze eval`, `squeeze eval --reference DIR --candidate DIR` (BF16 vs FP8 KV), \
-         `squeeze calibrate-kv`, `squeeze serve-test`, and check it with `squeeze verify DIR --engine vllm`",
+         ships Kimi K2.5/K2.6/K2.7, and the recipe would keep it INT4, so there is nothing to do: evaluate or serve \
+         it as it is with `squeeze eval`, `squeeze eval --reference DIR --candidate DIR` (BF16 vs FP8 KV), \
+         `squeeze calibrate-kv`, `squeeze serve-test`, and check it with `squeeze verify DIR --engine vllm`; to \
+         requantize it for Blackwell, AMD or Hopper prefill nodes pass --recipe kimi-k26-nvfp4, kimi-k26-mxfp4 or \
+         kimi-k26-w4a8",
         path.display(),
         group = group_size.map_or("unknown".to_string(), |g| g.to_string())
     )]
@@ -176,6 +178,32 @@ pub fn prepare(
     Ok(Prepared { checkpoint, config, recipe, plan })
 }
 
+/// An INT4 source (Kimi K2.6) is requantized only into another format: NVFP4, MXFP4 or W4A8 (dequantized
+/// exactly, then quantized as an FP8 source is). A plan that keeps every INT4 module INT4 has nothing to do; one
+/// that keeps some would need two INT4 declarations the config cannot tell apart, so it is refused.
+fn check_int4_source(plan: &Plan, recipe: &Recipe, input: &Path) -> Result<(), ConvertError> {
+    let int4: Vec<&plan::PlannedItem> =
+        plan.items.iter().filter(|item| matches!(item.source.kind, SourceKind::Int4 { .. })).collect();
+    let Some(kept) = int4.iter().find(|item| !item.requantizes_int4()) else { return Ok(()) };
+    if !int4.iter().any(|item| item.requantizes_int4()) {
+        let SourceKind::Int4 { group_size } = kept.source.kind else { unreachable!("filtered above") };
+        return Err(ConvertError::AlreadyInt4 {
+            path: input.to_path_buf(),
+            modules: int4.len(),
+            group_size: Some(group_size),
+        });
+    }
+    Err(ConvertError::Recipe(RecipeError::Invalid {
+        source_name: recipe.name().to_string(),
+        message: format!(
+            "requantizes some of the source's INT4 modules but keeps `{}` as {}; an output holds one 4-bit format \
+             for them, so select every INT4 module (the routed experts) with the same rule",
+            kept.module(),
+            kept.action.name()
+        ),
+    }))
+}
+
 /// Converts a checkpoint as the options say.
 pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<QuantizeReport, ConvertError> {
     let started = Instant::now();
@@ -187,11 +215,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         options.max_shard_bytes,
     )?;
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
-    let int4 = crate::format::compressed_tensors::int4_modules(checkpoint);
-    if !int4.is_empty() {
-        let group_size = crate::format::compressed_tensors::int4_group_size(checkpoint.config());
-        return Err(ConvertError::AlreadyInt4 { path: options.input.clone(), modules: int4.len(), group_size });
-    }
+    check_int4_source(plan, recipe, &options.input)?;
     if let (Some(calibration), Some(fp4)) =
         (&options.calibration, plan.items.iter().find(|item| matches!(item.action, Action::Fp4 { .. })))
     {

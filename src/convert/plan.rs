@@ -65,7 +65,14 @@ impl PlannedItem {
 
     /// The module name (`….down_proj`) for weights, the tensor name otherwise.
     pub fn module(&self) -> &str {
-        self.source.name.strip_suffix(".weight").unwrap_or(&self.source.name)
+        self.source.module()
+    }
+
+    /// Whether it converts a natively INT4 source module into another 4-bit format: NVFP4, MXFP4 or W4A8 (an INT4
+    /// source planned as INT4 W4A16 or copied stays what it is).
+    pub fn requantizes_int4(&self) -> bool {
+        matches!(self.source.kind, SourceKind::Int4 { .. })
+            && matches!(self.action, Action::Fp4 { .. } | Action::Int4 { fp8_activations: true, .. })
     }
 }
 
@@ -101,7 +108,10 @@ pub fn outputs_for(item: &SourceItem, action: Action) -> Vec<PlannedTensor> {
             };
             fp8_block_tensors(&item.name, module, &item.shape, grid.scale_shape())
         }
-        Action::Copy => vec![PlannedTensor::new(item.name.clone(), item.dtype, item.shape.clone())],
+        Action::Copy => match item.kind {
+            SourceKind::Int4 { group_size } => int4_tensors(module, item.shape[0], item.shape[1], group_size),
+            _ => vec![PlannedTensor::new(item.name.clone(), item.dtype, item.shape.clone())],
+        },
     }
 }
 
@@ -112,7 +122,8 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe, class: TensorClass) -> Res
         && class == TensorClass::Mtp
         && item.name.strip_suffix(".weight").is_some_and(is_routed_expert);
     if let Some(rule) = recipe.rule_for(&item.name).filter(|_| !mtp_kept) {
-        let float = matches!(item.dtype, Dtype::F8_E4M3 | Dtype::BF16 | Dtype::F16 | Dtype::F32);
+        let float = matches!(item.dtype, Dtype::F8_E4M3 | Dtype::BF16 | Dtype::F16 | Dtype::F32)
+            || matches!(item.kind, SourceKind::Int4 { .. });
         if item.shape.len() != 2 || !float {
             return Err(error(format!(
                 "recipe rule `{}` selects it, but {} needs a 2-D float weight (got {})",
@@ -149,7 +160,7 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe, class: TensorClass) -> Res
     Ok(match (&item.kind, recipe.file.unselected) {
         (SourceKind::Fp8 { .. }, Unselected::Bf16) => Action::Bf16,
         (SourceKind::Fp8 { .. }, Unselected::Fp8Block) => Action::Fp8Block,
-        (SourceKind::Plain, _) => Action::Copy,
+        (SourceKind::Int4 { .. } | SourceKind::Plain, _) => Action::Copy,
     })
 }
 

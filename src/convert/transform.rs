@@ -4,7 +4,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::format::compressed_tensors::{fused_partner, Fp4Kind};
+use crate::format::compressed_tensors::{fused_partner, packed_name, Fp4Kind};
 use crate::format::fp8_block::{read_scales, stored_item, RowReader, SourceKind};
 use crate::io::dtype::{bf16_bits, first_nonfinite};
 use crate::io::{Checkpoint, IoError};
@@ -56,9 +56,11 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
     let Compute { device, allow_nonfinite, calibration, absmax: cache } = compute;
     let name = &item.source.name;
     let expert_rule = calibration.and_then(|calibration| calibration.rule_for(name));
-    let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
-    let tensor =
-        checkpoint.get(name).ok_or_else(|| IoError::tensor(&shard, name, "disappeared from the checkpoint"))?;
+    let stored = item.source.stored_names();
+    let shard = checkpoint.shard_of(&stored[0]).map(|s| s.path().to_path_buf()).unwrap_or_default();
+    let tensor = checkpoint
+        .get(&stored[0])
+        .ok_or_else(|| IoError::tensor(&shard, &stored[0], "disappeared from the checkpoint"))?;
     if !allow_nonfinite {
         if let Some(index) = first_nonfinite(tensor.dtype, tensor.bytes) {
             let columns = tensor.shape.last().copied().unwrap_or(1).max(1);
@@ -163,8 +165,8 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
             let global = match kind {
                 Fp4Kind::Nvfp4 => {
                     let own = match cache {
-                        Some(cache) => cache.get(name, || Ok(absmax(&source)))?,
-                        None => absmax(&source),
+                        Some(cache) => cache.get(name, || Ok(source.absmax()))?,
+                        None => source.absmax(),
                     };
                     fp4::nvfp4_global_scale(own.max(partner_absmax(checkpoint, item, &shard, cache)?))
                 }
@@ -199,31 +201,20 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
             let scales = read_scales(checkpoint, scale_name).unwrap_or_default();
             vec![tensor.bytes.to_vec(), scales.iter().flat_map(|s| s.to_le_bytes()).collect()]
         }
+        // An INT4 module left as it is: its three tensors.
+        Action::Copy if matches!(item.source.kind, SourceKind::Int4 { .. }) => stored
+            .iter()
+            .map(|name| checkpoint.get(name).map(|tensor| tensor.bytes.to_vec()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| IoError::tensor(&shard, name, "an INT4 module's tensor disappeared from the checkpoint"))?,
         Action::Copy => vec![tensor.bytes.to_vec()],
     };
-    if let Some(shard) = checkpoint.shard_of(name) {
-        shard.release(name);
-    }
-    if let SourceKind::Fp8 { scale_name, .. } = &item.source.kind {
-        if let Some(shard) = checkpoint.shard_of(scale_name) {
-            shard.release(scale_name);
+    for name in &stored {
+        if let Some(shard) = checkpoint.shard_of(name) {
+            shard.release(name);
         }
     }
     Ok(outputs)
-}
-
-/// The largest magnitude of a source tensor's values (rows in parallel; `max` is order-independent).
-fn absmax(source: &RowReader) -> f32 {
-    (0..source.rows)
-        .into_par_iter()
-        .map_init(
-            || vec![0f32; source.columns],
-            |row, index| {
-                source.read(index, row);
-                fp4::absmax(row)
-            },
-        )
-        .reduce(|| 0.0, f32::max)
 }
 
 /// The absmax of an NVFP4 item's fused partner (gate ↔ up, [`fused_partner`]), 0 when it has none: both are
@@ -234,7 +225,10 @@ fn partner_absmax(
     shard: &std::path::Path,
     cache: Option<&AbsmaxCache>,
 ) -> Result<f32, IoError> {
-    let Some(partner) = fused_partner(&item.source.name).filter(|partner| checkpoint.contains(partner)) else {
+    let stored = |partner: &String| {
+        checkpoint.contains(partner) || checkpoint.contains(&packed_name(partner.trim_end_matches(".weight")))
+    };
+    let Some(partner) = fused_partner(&item.source.name).filter(stored) else {
         return Ok(0.0);
     };
     if let Some(cache) = cache {
@@ -242,11 +236,11 @@ fn partner_absmax(
     }
     let block = match &item.source.kind {
         SourceKind::Fp8 { grid, .. } => [grid.block_rows, grid.block_columns],
-        SourceKind::Plain => [128, 128],
+        SourceKind::Int4 { .. } | SourceKind::Plain => [128, 128],
     };
     let source = stored_item(checkpoint, &partner, block)
         .map_err(|e| IoError::tensor(shard, &partner, format!("its fused partner's global scale: {e}")))?;
-    Ok(absmax(&RowReader::new(checkpoint, &source)?))
+    Ok(RowReader::new(checkpoint, &source)?.absmax())
 }
 
 /// FP4 outputs of a source: packed codes `[rows, columns/2]` and scales `[rows, columns/group]`, rows in parallel.

@@ -1,7 +1,8 @@
-//! Block-scaled FP8 checkpoints (the vendors' releases): scale tensor naming (DeepSeek `weight_scale_inv`,
-//! compressed-tensors `weight_scale`), the scale layout `quantization_config` declares or the stored scale count
-//! implies, grouping a checkpoint's tensors into logical items (an FP8 weight with its scales, or a plain tensor),
-//! and the row reader that decodes an item to f32.
+//! The vendors' releases as sources: block-scaled FP8 (scale tensor naming — DeepSeek `weight_scale_inv`,
+//! compressed-tensors `weight_scale` — and the scale layout `quantization_config` declares or the stored scale
+//! count implies) and natively INT4 compressed-tensors `pack-quantized` modules (Kimi K2.5/K2.6/K2.7 as Moonshot
+//! ships them); grouping a checkpoint's tensors into logical items (an FP8 weight with its scales, an INT4 module,
+//! or a plain tensor), and the row reader that decodes an item to f32 (INT4 exactly: code × BF16 scale in f32).
 
 use half::{bf16, f16};
 use serde_json::Value;
@@ -9,15 +10,23 @@ use serde_json::Value;
 use crate::io::dtype::{element_bytes, tensor_bytes, Dtype};
 use crate::io::{Checkpoint, IoError};
 use crate::model::{tensor_specs, ModelConfig, TensorRole};
+use crate::quant::fp8;
 use crate::quant::fp8_block::{dequantize_row, BlockGrid};
+use crate::quant::pack::{self, packed_columns};
+use rayon::prelude::*;
 
-use super::compressed_tensors::packed_name;
+use super::compressed_tensors::{check_int4_conventions, int4_group_size, int4_tensors, packed_name, read_shape};
+use super::compressed_tensors::{scale_name as int4_scale_name, shape_name};
 
 /// How a source item is stored.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceKind {
     /// Block-scaled FP8 e4m3: `weight` plus an F32 scale tensor `scale_name` with one multiplier per block.
     Fp8 { scale_name: String, grid: BlockGrid },
+    /// A compressed-tensors `pack-quantized` INT4 module (`weight_packed` I32, `weight_scale` BF16 per group of
+    /// `group_size`, `weight_shape`), conventions checked. The item is named `<module>.weight`, which is not
+    /// stored, and has the weight's `[out, in]` shape.
+    Int4 { group_size: usize },
     /// Any other tensor, used as stored.
     Plain,
 }
@@ -34,19 +43,75 @@ pub struct SourceItem {
 impl SourceItem {
     /// Bytes the item occupies in the source (weight plus scales).
     pub fn bytes(&self) -> u64 {
-        let scale_bytes = match &self.kind {
+        match &self.kind {
             SourceKind::Fp8 { grid, .. } => {
                 let [rows, columns] = grid.scale_shape();
-                tensor_bytes(Dtype::F32, &[rows, columns])
+                tensor_bytes(self.dtype, &self.shape) + tensor_bytes(Dtype::F32, &[rows, columns])
             }
-            SourceKind::Plain => 0,
-        };
-        tensor_bytes(self.dtype, &self.shape) + scale_bytes
+            SourceKind::Int4 { group_size } => int4_tensors(self.module(), self.shape[0], self.shape[1], *group_size)
+                .iter()
+                .map(|tensor| tensor.bytes())
+                .sum(),
+            SourceKind::Plain => tensor_bytes(self.dtype, &self.shape),
+        }
     }
 
     pub fn is_fp8(&self) -> bool {
         matches!(self.kind, SourceKind::Fp8 { .. })
     }
+
+    /// The module name (`….down_proj`) of a weight, the tensor name otherwise.
+    pub fn module(&self) -> &str {
+        self.name.strip_suffix(".weight").unwrap_or(&self.name)
+    }
+
+    /// The stored tensors that make up the item, in the order they are written when copied.
+    pub fn stored_names(&self) -> Vec<String> {
+        match &self.kind {
+            SourceKind::Fp8 { scale_name, .. } => vec![self.name.clone(), scale_name.clone()],
+            SourceKind::Int4 { .. } => {
+                let module = self.module();
+                vec![packed_name(module), int4_scale_name(module), shape_name(module)]
+            }
+            SourceKind::Plain => vec![self.name.clone()],
+        }
+    }
+}
+
+/// The INT4 item of `pack-quantized` module `module`, its conventions checked: in groups of `declared` (the
+/// config's), else of the size its scale count implies.
+pub fn int4_item(checkpoint: &Checkpoint, module: &str, declared: Option<usize>) -> Result<SourceItem, IoError> {
+    let packed = packed_name(module);
+    let shard =
+        checkpoint.shard_of(&packed).map(|s| s.path().to_path_buf()).unwrap_or_else(|| checkpoint.dir().to_path_buf());
+    let invalid = |problem: String| {
+        let (name, problem) = problem.split_once(": ").unwrap_or((&packed, &problem));
+        IoError::tensor(&shard, name, problem.to_string())
+    };
+    let shape =
+        checkpoint.get(&shape_name(module)).ok_or_else(|| invalid(format!("{}: missing", shape_name(module))))?;
+    let [rows, columns] = read_shape(&shape).ok_or_else(|| {
+        invalid(format!("{}: must be I32 or I64 [2], got {} {:?}", shape_name(module), shape.dtype, shape.shape))
+    })?;
+    let scale_columns = checkpoint.get(&int4_scale_name(module)).and_then(|scale| scale.shape.get(1).copied());
+    let group_size = match (declared, scale_columns) {
+        (Some(group), _) => group,
+        (None, Some(groups)) if groups > 0 && columns.is_multiple_of(groups) => columns / groups,
+        _ => {
+            return Err(invalid(format!(
+                "{}: no INT4 group size in quantization_config and none implied by the scales of a [{rows}, \
+                 {columns}] weight; the config's compressed-tensors group is missing",
+                int4_scale_name(module)
+            )))
+        }
+    };
+    check_int4_conventions(checkpoint, module, Some(group_size)).map_err(invalid)?;
+    Ok(SourceItem {
+        name: format!("{module}.weight"),
+        dtype: Dtype::I32,
+        shape: vec![rows, columns],
+        kind: SourceKind::Int4 { group_size },
+    })
 }
 
 /// How FP8 scales are laid out, from `quantization_config`.
@@ -107,23 +172,33 @@ fn is_scale_name(name: &str) -> bool {
 /// Groups a checkpoint's tensors into items in file order, validating FP8 scales' presence, dtype and shape.
 pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>, IoError> {
     let layout = scale_layout(checkpoint.config());
+    let int4_group = int4_group_size(checkpoint.config());
     let mut items = Vec::new();
     for name in checkpoint.names_in_file_order() {
         let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
         let Some(tensor) = checkpoint.get(name) else { continue };
+        // An INT4 `pack-quantized` module is one item at its `weight_packed`; its scale and shape belong to it.
+        if let Some(module) = name.strip_suffix(".weight_packed") {
+            if tensor.dtype != Dtype::I32 {
+                return Err(IoError::tensor(
+                    shard,
+                    name,
+                    format!(
+                        "is {} (an FP4 module, or none compressed-tensors writes): quantize converts FP8, BF16 and \
+                         INT4 pack-quantized sources",
+                        tensor.dtype
+                    ),
+                ));
+            }
+            items.push(int4_item(checkpoint, module, int4_group)?);
+            continue;
+        }
+        let module_of_metadata = name.strip_suffix(".weight_shape").or_else(|| name.strip_suffix(".weight_scale"));
+        if module_of_metadata.is_some_and(|module| checkpoint.contains(&packed_name(module))) {
+            continue;
+        }
         if is_scale_name(name) {
             let weight = name.trim_end_matches("_scale_inv").trim_end_matches("_scale");
-            let module = weight.trim_end_matches(".weight");
-            if checkpoint.contains(&packed_name(module)) {
-                // An INT4 pack-quantized module's scale: part of an already quantized output, read as stored.
-                items.push(SourceItem {
-                    name: name.to_string(),
-                    dtype: tensor.dtype,
-                    shape: tensor.shape.to_vec(),
-                    kind: SourceKind::Plain,
-                });
-                continue;
-            }
             if !checkpoint.contains(weight) {
                 return Err(IoError::tensor(shard, name, format!("is a scale without its weight `{weight}`")));
             }
@@ -261,13 +336,16 @@ pub fn declared_block(config: Option<&Value>) -> [usize; 2] {
 }
 
 /// The item of weight `name` as stored, whatever `quantization_config` says (the runtime reads sources and outputs
-/// alike): an F8_E4M3 tensor takes `<name>_scale_inv` or `<module>.weight_scale`, its grid inferred from the scale
+/// alike): an INT4 `pack-quantized` module stands for its `.weight`; an F8_E4M3 tensor takes `<name>_scale_inv` or `<module>.weight_scale`, its grid inferred from the scale
 /// count — blocks of `block`, one scale per row, or one for the tensor; any other tensor is plain.
 pub fn stored_item(checkpoint: &Checkpoint, name: &str, block: [usize; 2]) -> Result<SourceItem, IoError> {
     let shard = |name: &str| {
         checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_else(|| checkpoint.dir().to_path_buf())
     };
     let module = name.strip_suffix(".weight").unwrap_or(name);
+    if !checkpoint.contains(name) && checkpoint.contains(&packed_name(module)) {
+        return int4_item(checkpoint, module, int4_group_size(checkpoint.config()));
+    }
     let tensor = checkpoint
         .get(name)
         .ok_or_else(|| IoError::tensor(checkpoint.dir(), name, "is missing from the checkpoint"))?;
@@ -306,45 +384,118 @@ pub fn stored_item(checkpoint: &Checkpoint, name: &str, block: [usize; 2]) -> Re
 
 /// Decodes row `row` of a source weight into f32.
 pub struct RowReader<'a> {
+    /// The stored values: the tensor's, or an INT4 module's `weight_packed`.
     bytes: &'a [u8],
-    dtype: Dtype,
     pub rows: usize,
     pub columns: usize,
-    fp8: Option<(BlockGrid, Vec<f32>)>,
+    decode: Decode,
+}
+
+/// How a [`RowReader`]'s bytes become values.
+enum Decode {
+    /// BF16, F16 or F32, as stored.
+    Float(Dtype),
+    /// FP8 e4m3 codes times their block's multiplier.
+    Fp8 { grid: BlockGrid, scales: Vec<f32> },
+    /// INT4 codes (eight per little-endian word) times their group's BF16 scale, in f32.
+    Int4 { group_size: usize, scales: Vec<bf16> },
 }
 
 impl<'a> RowReader<'a> {
     /// A reader over a 2-D item (1-D items read as a single row).
     pub fn new(checkpoint: &'a Checkpoint, item: &SourceItem) -> Result<Self, IoError> {
-        let shard = checkpoint.shard_of(&item.name).map(|s| s.path().to_path_buf()).unwrap_or_default();
-        let tensor = checkpoint
-            .get(&item.name)
-            .ok_or_else(|| IoError::tensor(&shard, &item.name, "is missing from the checkpoint"))?;
-        let fp8 = match &item.kind {
+        let stored = &item.stored_names()[0];
+        let shard = checkpoint.shard_of(stored).map(|s| s.path().to_path_buf()).unwrap_or_default();
+        let tensor =
+            checkpoint.get(stored).ok_or_else(|| IoError::tensor(&shard, stored, "is missing from the checkpoint"))?;
+        let decode = match &item.kind {
             SourceKind::Fp8 { scale_name, grid } => {
                 let scales = read_scales(checkpoint, scale_name)
                     .ok_or_else(|| IoError::tensor(&shard, scale_name, "scale tensor missing"))?;
-                Some((*grid, scales))
+                Decode::Fp8 { grid: *grid, scales }
             }
-            SourceKind::Plain => None,
+            SourceKind::Int4 { group_size } => {
+                let scale_name = int4_scale_name(item.module());
+                let scale = checkpoint
+                    .get(&scale_name)
+                    .ok_or_else(|| IoError::tensor(&shard, &scale_name, "scale tensor missing"))?;
+                let scales = scale.bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect();
+                Decode::Int4 { group_size: *group_size, scales }
+            }
+            SourceKind::Plain => {
+                if !matches!(tensor.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
+                    return Err(IoError::tensor(
+                        shard,
+                        &item.name,
+                        format!("has dtype {}, which has no float value", tensor.dtype),
+                    ));
+                }
+                Decode::Float(tensor.dtype)
+            }
         };
         let (rows, columns) = match item.shape.as_slice() {
             [rows, columns] => (*rows, *columns),
             other => (1, other.iter().product()),
         };
-        if fp8.is_none() && !matches!(tensor.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
-            return Err(IoError::tensor(
-                shard,
-                &item.name,
-                format!("has dtype {}, which has no float value", tensor.dtype),
-            ));
-        }
-        Ok(Self { bytes: tensor.bytes, dtype: tensor.dtype, rows, columns, fp8 })
+        Ok(Self { bytes: tensor.bytes, rows, columns, decode })
     }
 
     /// A block-FP8 tensor's codes `[rows, columns]`, block grid and block multipliers, as stored.
     pub fn fp8_parts(&self) -> Option<(&'a [u8], BlockGrid, &[f32])> {
-        self.fp8.as_ref().map(|(grid, scales)| (&self.bytes[..self.rows * self.columns], *grid, scales.as_slice()))
+        match &self.decode {
+            Decode::Fp8 { grid, scales } => Some((&self.bytes[..self.rows * self.columns], *grid, scales.as_slice())),
+            _ => None,
+        }
+    }
+
+    /// The largest magnitude of the decoded values (NaN ignored), equal to the largest `|v|` of [`Self::read`]'s
+    /// rows. FP8 and INT4 take it from the codes — the largest magnitude code of each block or group times its
+    /// positive scale, which is the largest product since decoding and rounding are monotonic — without decoding
+    /// every element; rows in parallel.
+    pub fn absmax(&self) -> f32 {
+        let width = self.columns;
+        let rows = (0..self.rows).into_par_iter();
+        match &self.decode {
+            Decode::Fp8 { grid, scales } => rows
+                .map(|row| {
+                    let scale_columns = grid.scale_shape()[1];
+                    let scale_row = &scales[(row / grid.block_rows) * scale_columns..][..scale_columns];
+                    let codes = self.bytes[row * width..][..width].chunks(grid.block_columns);
+                    codes.zip(scale_row).fold(0f32, |max, (block, scale)| {
+                        // |code| is its low seven bits; 0x7F is NaN (e4m3fn has no infinity).
+                        let top = block.iter().map(|&c| if c & 0x7F == 0x7F { 0 } else { c & 0x7F }).max();
+                        max.max(fp8::decode(top.unwrap_or(0)) * scale)
+                    })
+                })
+                .reduce(|| 0.0, f32::max),
+            Decode::Int4 { group_size, scales } => rows
+                .map(|row| {
+                    let mut codes = vec![0i8; width];
+                    let words = packed_columns(width);
+                    let row_bytes = &self.bytes[row * words * 4..][..words * 4];
+                    for (word, out) in row_bytes.chunks_exact(4).zip(codes.chunks_mut(8)) {
+                        let word = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                        for (position, code) in out.iter_mut().enumerate() {
+                            *code = pack::code(word, position);
+                        }
+                    }
+                    let scales = &scales[row * width.div_ceil(*group_size)..];
+                    codes.chunks(*group_size).zip(scales).fold(0f32, |max, (group, scale)| {
+                        let top = group.iter().map(|q| q.unsigned_abs()).max().unwrap_or(0);
+                        max.max(top as f32 * scale.to_f32())
+                    })
+                })
+                .reduce(|| 0.0, f32::max),
+            Decode::Float(_) => rows
+                .map_init(
+                    || vec![0f32; width],
+                    |values, row| {
+                        self.read(row, values);
+                        values.iter().fold(0f32, |max, v| max.max(v.abs()))
+                    },
+                )
+                .reduce(|| 0.0, f32::max),
+        }
     }
 
     /// The whole tensor as f32, row-major.
@@ -359,23 +510,106 @@ impl<'a> RowReader<'a> {
     /// Decodes row `row` into `out` (length `columns`).
     pub fn read(&self, row: usize, out: &mut [f32]) {
         let width = self.columns;
-        match (&self.fp8, self.dtype) {
-            (Some((grid, scales)), _) => dequantize_row(grid, row, &self.bytes[row * width..][..width], scales, out),
-            (None, Dtype::BF16) => {
+        match &self.decode {
+            Decode::Fp8 { grid, scales } => dequantize_row(grid, row, &self.bytes[row * width..][..width], scales, out),
+            Decode::Int4 { group_size, scales } => {
+                let words = packed_columns(width);
+                let scales = &scales[row * width.div_ceil(*group_size)..];
+                let row_bytes = &self.bytes[row * words * 4..][..words * 4];
+                for (word_index, (word, values)) in row_bytes.chunks_exact(4).zip(out.chunks_mut(8)).enumerate() {
+                    let word = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                    for (position, value) in values.iter_mut().enumerate() {
+                        let column = word_index * 8 + position;
+                        *value = pack::code(word, position) as f32 * scales[column / group_size].to_f32();
+                    }
+                }
+            }
+            Decode::Float(Dtype::BF16) => {
                 for (value, b) in out.iter_mut().zip(self.bytes[row * width * 2..][..width * 2].chunks_exact(2)) {
                     *value = bf16::from_le_bytes([b[0], b[1]]).to_f32();
                 }
             }
-            (None, Dtype::F16) => {
+            Decode::Float(Dtype::F16) => {
                 for (value, b) in out.iter_mut().zip(self.bytes[row * width * 2..][..width * 2].chunks_exact(2)) {
                     *value = f16::from_le_bytes([b[0], b[1]]).to_f32();
                 }
             }
-            (None, _) => {
+            Decode::Float(_) => {
                 for (value, b) in out.iter_mut().zip(self.bytes[row * width * 4..][..width * 4].chunks_exact(4)) {
                     *value = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::writer::{PlannedTensor, ShardWriter};
+
+    /// A folder with an FP8 weight `f.weight` [5, 7] in 2×4 blocks (NaN codes included), an INT4 module `q`
+    /// [3, 20] in groups of 10 (every code, −8 included; a partial last word) and a BF16 `b.weight` [2, 3].
+    fn folder() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fp8_codes: Vec<u8> = (0..35u8).map(|i| i.wrapping_mul(73)).collect();
+        (fp8_codes[3], fp8_codes[20]) = (0x7F, 0xFF);
+        let fp8_scales: Vec<f32> = vec![0.5, 1.0e-3, 3.0, 7.25e-2, 1.0e5, 2.0e-7];
+        let q: Vec<i8> = (0..60).map(|i| ((i * 7 + 3) % 16) as i8 - 8).collect();
+        let mut words = vec![0u32; 3 * packed_columns(20)];
+        for (row, out) in words.chunks_mut(packed_columns(20)).enumerate() {
+            pack::pack_row(&q[row * 20..][..20], out);
+        }
+        let int4_scales: Vec<bf16> = (0..6).map(|i| bf16::from_f32(0.03 + i as f32 * 0.11)).collect();
+        let mut tensors = vec![
+            PlannedTensor::new("f.weight", Dtype::F8_E4M3, vec![5, 7]),
+            PlannedTensor::new("f.weight_scale_inv", Dtype::F32, vec![3, 2]),
+            PlannedTensor::new("b.weight", Dtype::BF16, vec![2, 3]),
+        ];
+        tensors.extend(int4_tensors("q", 3, 20, 10));
+        let bytes: Vec<(&str, Vec<u8>)> = vec![
+            ("f.weight", fp8_codes),
+            ("f.weight_scale_inv", fp8_scales.iter().flat_map(|s| s.to_le_bytes()).collect()),
+            (
+                "b.weight",
+                [-2.5f32, 0.1, 3.0, -7.75, 0.0, 1.0].iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
+            ),
+            ("q.weight_packed", words.iter().flat_map(|w| w.to_le_bytes()).collect()),
+            ("q.weight_scale", int4_scales.iter().flat_map(|s| s.to_le_bytes()).collect()),
+            ("q.weight_shape", [3i64, 20].iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ];
+        let mut writer = ShardWriter::create(&dir.path().join("model.safetensors"), tensors).unwrap();
+        for (name, bytes) in &bytes {
+            writer.write_tensor(name, bytes).unwrap();
+        }
+        writer.finish().unwrap();
+        let config = serde_json::json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [2, 4]}});
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        dir
+    }
+
+    /// The INT4 module is one item named by its weight, read as code × scale in f32; every reader's `absmax` from
+    /// codes equals the largest magnitude of its decoded values.
+    #[test]
+    fn int4_modules_read_exactly_and_absmax_from_codes_equals_the_decoded_one() {
+        let dir = folder();
+        let checkpoint = Checkpoint::open(dir.path()).unwrap();
+        let items = items_from_checkpoint(&checkpoint).unwrap();
+        let names: Vec<&str> = items.iter().map(|item| item.name.as_str()).collect();
+        assert_eq!(names, ["f.weight", "b.weight", "q.weight"]);
+        let int4 = &items[2];
+        assert_eq!((&int4.shape, &int4.kind), (&vec![3, 20], &SourceKind::Int4 { group_size: 10 }));
+        assert_eq!(int4.stored_names(), ["q.weight_packed", "q.weight_scale", "q.weight_shape"]);
+        let module = crate::format::compressed_tensors::Int4Module::read(&checkpoint, "q", 10).unwrap();
+        let values = RowReader::new(&checkpoint, int4).unwrap().read_all();
+        let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&values), bits(&module.dequantize()));
+        assert_eq!(stored_item(&checkpoint, "q.weight", [128, 128]).unwrap(), *int4);
+        for item in &items {
+            let reader = RowReader::new(&checkpoint, item).unwrap();
+            let decoded = reader.read_all().iter().fold(0f32, |max, v| max.max(v.abs()));
+            assert!(decoded > 0.0, "{}", item.name);
+            assert_eq!(reader.absmax().to_bits(), decoded.to_bits(), "{}", item.name);
         }
     }
 }

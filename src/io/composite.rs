@@ -67,6 +67,15 @@ pub fn quantization_config(config: &Value) -> Option<&Value> {
         .or_else(|| config.get("text_config")?.get("quantization_config").filter(|q| !q.is_null()))
 }
 
+/// The `quantization_config` [`quantization_config`] reads, to change in place (where the checkpoint keeps it: a
+/// new top-level one would hide Moonshot's inside `text_config` from vLLM).
+pub fn quantization_config_mut(config: &mut Value) -> Option<&mut Value> {
+    if config.get("quantization_config").is_some_and(|q| !q.is_null()) {
+        return config.get_mut("quantization_config");
+    }
+    config.get_mut("text_config")?.get_mut("quantization_config").filter(|q| !q.is_null())
+}
+
 /// The text model's name for stored tensor `stored` (`language_model.model.layers.0.…` → `model.layers.0.…`), or
 /// `None` when the name carries no wrapper prefix.
 pub fn text_name(stored: &str) -> Option<String> {

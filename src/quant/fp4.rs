@@ -78,9 +78,11 @@ pub fn absmax(values: &[f32]) -> f32 {
     values.iter().fold(0f32, |max, v| max.max(v.abs()))
 }
 
-/// NVFP4's global scale for a tensor (or fused partners) whose largest magnitude is `absmax`.
+/// NVFP4's global scale for a tensor (or fused partners) whose largest magnitude is `absmax`: 448 · 6 / absmax as
+/// compressed-tensors' `generate_gparam` evaluates it — a Python number over a tensor, which torch computes as
+/// `reciprocal(absmax) · 2688`, two f32 roundings (a plain division differs in the last bit for some absmax).
 pub fn nvfp4_global_scale(absmax: f32) -> f32 {
-    let global = fp8::E4M3_MAX * E2M1_MAX / absmax.max(f32::MIN_POSITIVE);
+    let global = (1.0 / absmax.max(f32::MIN_POSITIVE)) * (fp8::E4M3_MAX * E2M1_MAX);
     if global.is_finite() {
         global
     } else {

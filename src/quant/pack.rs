@@ -34,11 +34,17 @@ fn pack_eight(values: &[i8; 8]) -> u32 {
     (pairs | (pairs >> 16)) as u32
 }
 
+/// The signed 4-bit value in nibble `position` (0…7) of `word`.
+#[inline(always)]
+pub fn code(word: u32, position: usize) -> i8 {
+    ((word >> (4 * position)) & 0xF) as i8 - 8
+}
+
 /// Unpacks `columns` signed 4-bit values of one row.
 pub fn unpack_row(words: &[u32], columns: usize, out: &mut [i8]) {
     debug_assert_eq!(out.len(), columns);
     for (j, value) in out.iter_mut().enumerate() {
-        *value = ((words[j / 8] >> (4 * (j % 8))) & 0xF) as i8 - 8;
+        *value = code(words[j / 8], j % 8);
     }
 }
 

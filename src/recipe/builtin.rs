@@ -1,6 +1,6 @@
 //! The recipes shipped in `recipes/`, embedded in the binary by name.
 
-pub const BUILTIN_NAMES: [&str; 12] = [
+pub const BUILTIN_NAMES: [&str; 15] = [
     "kimi-k2-int4",
     "glm5-int4",
     "glm45-int4",
@@ -13,10 +13,23 @@ pub const BUILTIN_NAMES: [&str; 12] = [
     "kimi-k2-w4a8",
     "glm5-w4a8",
     "glm45-w4a8",
+    "kimi-k26-nvfp4",
+    "kimi-k26-mxfp4",
+    "kimi-k26-w4a8",
 ];
 
-/// The TOML text of a built-in recipe.
+/// Other names of built-ins: GLM-5.2 (and 5.1) convert with GLM-5's recipes (the same tensors; a shared indexer
+/// layer simply has no indexer weights to keep).
+pub const ALIASES: [(&str, &str); 4] = [
+    ("glm52-int4", "glm5-int4"),
+    ("glm52-nvfp4", "glm5-nvfp4"),
+    ("glm52-mxfp4", "glm5-mxfp4"),
+    ("glm52-w4a8", "glm5-w4a8"),
+];
+
+/// The TOML text of a built-in recipe, by name or alias.
 pub fn builtin(name: &str) -> Option<&'static str> {
+    let name = ALIASES.iter().find(|(alias, _)| *alias == name).map_or(name, |(_, target)| target);
     match name {
         "kimi-k2-int4" => Some(include_str!("../../recipes/kimi-k2-int4.toml")),
         "glm5-int4" => Some(include_str!("../../recipes/glm5-int4.toml")),
@@ -30,6 +43,9 @@ pub fn builtin(name: &str) -> Option<&'static str> {
         "kimi-k2-w4a8" => Some(include_str!("../../recipes/kimi-k2-w4a8.toml")),
         "glm5-w4a8" => Some(include_str!("../../recipes/glm5-w4a8.toml")),
         "glm45-w4a8" => Some(include_str!("../../recipes/glm45-w4a8.toml")),
+        "kimi-k26-nvfp4" => Some(include_str!("../../recipes/kimi-k26-nvfp4.toml")),
+        "kimi-k26-mxfp4" => Some(include_str!("../../recipes/kimi-k26-mxfp4.toml")),
+        "kimi-k26-w4a8" => Some(include_str!("../../recipes/kimi-k26-w4a8.toml")),
         _ => None,
     }
 }

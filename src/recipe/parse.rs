@@ -6,7 +6,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::builtin::{builtin, BUILTIN_NAMES};
+use super::builtin::{builtin, ALIASES, BUILTIN_NAMES};
 use crate::format::compressed_tensors::Fp4Kind;
 use crate::lint::matching::PatternList;
 use crate::quant::ScaleRule;
@@ -167,7 +167,11 @@ pub struct Recipe {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
-    #[error("unknown recipe `{name}`: not a built-in ({}) and no such file", BUILTIN_NAMES.join(", "))]
+    #[error(
+        "unknown recipe `{name}`: not a built-in ({}; aliases {}) and no such file",
+        BUILTIN_NAMES.join(", "),
+        ALIASES.iter().map(|(alias, target)| format!("{alias} = {target}")).collect::<Vec<_>>().join(", ")
+    )]
     Unknown { name: String },
     #[error("recipe {source_name}: {message}")]
     Invalid { source_name: String, message: String },
@@ -297,7 +301,7 @@ mod tests {
 
     #[test]
     fn builtins_parse_and_select_routed_experts_only() {
-        for name in BUILTIN_NAMES {
+        for name in BUILTIN_NAMES.into_iter().chain(ALIASES.map(|(alias, _)| alias)) {
             let recipe = Recipe::load(name).unwrap();
             assert!(recipe.rule_for("model.layers.5.mlp.experts.12.down_proj.weight").is_some(), "{name}");
             assert!(recipe.rule_for("model.layers.5.mlp.shared_experts.down_proj.weight").is_none(), "{name}");

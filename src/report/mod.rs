@@ -9,6 +9,7 @@ pub mod gpu;
 pub mod input;
 pub mod kv;
 pub mod presets;
+pub mod requantization;
 pub mod size;
 
 pub use budget::{Layout, NodeBudget};
@@ -16,6 +17,7 @@ pub use conversion::{ConversionEstimate, Machine, QuantizeOn};
 pub use error::ReportError;
 pub use gpu::{parse_gpu_memory, GpuMemory};
 pub use kv::KvPerToken;
+pub use requantization::Requantization;
 pub use size::Sizes;
 
 use crate::convert::execute::prepare;
@@ -80,6 +82,9 @@ pub struct Report {
     pub decode: NodeBudget,
     /// How long `quantize` takes on the given machine, and in how many parts it can run.
     pub conversion: ConversionEstimate,
+    /// A natively INT4 source requantized by the recipe (Kimi K2.6 → NVFP4/MXFP4/W4A8): its weight error, sampled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requantization: Option<Requantization>,
 }
 
 /// A model resolved into a config and a plan.
@@ -90,6 +95,7 @@ struct Planned {
     input: &'static str,
     /// Source tensor bytes the `mse` search quantizes.
     mse_bytes: u64,
+    requantization: Option<Requantization>,
 }
 
 /// Source bytes of the items quantized with the `mse` rule.
@@ -111,10 +117,15 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
                 options.scale_rule,
                 options.max_shard_bytes,
             )?;
-            let config = prepared.config.ok_or_else(|| ReportError::NoConfig { path: dir.clone() })?;
+            if prepared.config.is_none() {
+                return Err(ReportError::NoConfig { path: dir.clone() });
+            }
             let sizes = size::from_plan(&prepared.plan, Some(prepared.checkpoint.shard_bytes()));
             let mse_bytes = mse_bytes(&prepared.plan);
-            Ok(Planned { config, recipe: prepared.recipe.name().to_string(), sizes, input: "checkpoint", mse_bytes })
+            let requantization = requantization::estimate(&prepared)?;
+            let config = prepared.config.ok_or_else(|| ReportError::NoConfig { path: dir.clone() })?;
+            let recipe = prepared.recipe.name().to_string();
+            Ok(Planned { config, recipe, sizes, input: "checkpoint", mse_bytes, requantization })
         }
         Input::Config { origin, json } => {
             let config = ModelConfig::from_json(&json)
@@ -142,6 +153,7 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
                 sizes: if native_int4 { sizes.shipped_as_output() } else { sizes },
                 input,
                 mse_bytes,
+                requantization: None,
             })
         }
     }
@@ -150,7 +162,7 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
 /// Builds the report: sizes from the plan, then both nodes' budgets.
 pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
     options.layout.check()?;
-    let Planned { config, recipe, sizes, input, mse_bytes } = plan_model(options)?;
+    let Planned { config, recipe, sizes, input, mse_bytes, requantization } = plan_model(options)?;
     let layout = &options.layout;
     // FP8 weights are the only tensors whose BF16 form differs from the source (a natively INT4 release is
     // its own recipe's output).
@@ -206,6 +218,7 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
         prefill,
         decode,
         conversion,
+        requantization,
     })
 }
 

@@ -1,11 +1,10 @@
 //! Checkpoint sizes from a conversion plan: the source (FP8 block with F32 scales, or whatever the folder holds),
 //! the same tensors in BF16, and the output of a recipe, in total and by tensor class.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use crate::convert::plan::{Action, Plan, PlannedItem};
 use crate::format::fp8_block::SourceKind;
-use crate::io::Dtype;
 use crate::model::tensor_class::is_routed_expert;
 use crate::model::TensorClass;
 
@@ -76,41 +75,22 @@ impl Sizes {
     }
 }
 
-/// Bytes of an item's tensor in BF16 (FP8 weights lose their scales; other tensors are unchanged).
+/// Bytes of an item's tensor in BF16 (FP8 and INT4 weights lose their scales; other tensors are unchanged).
 pub fn bf16_bytes(item: &PlannedItem) -> u64 {
     match item.source.kind {
-        SourceKind::Fp8 { .. } => 2 * item.source.shape.iter().product::<usize>() as u64,
+        SourceKind::Fp8 { .. } | SourceKind::Int4 { .. } => 2 * item.source.shape.iter().product::<usize>() as u64,
         SourceKind::Plain => item.source.bytes(),
-    }
-}
-
-/// The model parameters of an item. A compressed-tensors `pack-quantized` module (a release shipped INT4) counts
-/// the codes of its `weight_packed` (eight per I32 word); its `weight_scale`, `weight_zero_point` and `weight_shape`
-/// are quantization metadata, not parameters. `packed` holds the modules with a `weight_packed`.
-fn parameters(item: &PlannedItem, packed: &HashSet<&str>) -> u64 {
-    let elements = item.source.shape.iter().product::<usize>() as u64;
-    let name = item.source.name.as_str();
-    if let Some(module) = name.strip_suffix(".weight_packed") {
-        if packed.contains(module) && item.source.dtype == Dtype::I32 {
-            return elements * 8;
-        }
-    }
-    let metadata = [".weight_scale", ".weight_zero_point", ".weight_shape"];
-    match metadata.iter().find_map(|suffix| name.strip_suffix(suffix)) {
-        Some(module) if packed.contains(module) => 0,
-        _ => elements,
     }
 }
 
 /// Sizes from a plan; `source_file_bytes` is the folder's shard bytes when weights were read.
 pub fn from_plan(plan: &Plan, source_file_bytes: Option<u64>) -> Sizes {
     let mut classes: BTreeMap<String, ClassSize> = BTreeMap::new();
-    let packed: HashSet<&str> =
-        plan.items.iter().filter_map(|item| item.source.name.strip_suffix(".weight_packed")).collect();
     for item in &plan.items {
         let class = classes.entry(item.class.name().to_string()).or_default();
         class.tensors += 1;
-        class.parameters += parameters(item, &packed);
+        // An INT4 module is one item of its weight's `[out, in]` shape (its scales are metadata).
+        class.parameters += item.source.shape.iter().product::<usize>() as u64;
         class.source_bytes += item.source.bytes();
         class.bf16_bytes += bf16_bytes(item);
         class.output_bytes += item.bytes_out();

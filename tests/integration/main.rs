@@ -24,6 +24,7 @@ mod quantize;
 mod releases;
 mod reliability;
 mod report;
+mod requantize;
 mod serve;
 mod tokenizer;
 mod vllm_golden;
