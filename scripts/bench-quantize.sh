@@ -61,7 +61,7 @@ for name in $sizes; do
         out="$work/out-$name-$rule"
         rm -rf "$out"
         case $rule in
-          nvfp4|mxfp4) how=(--recipe "glm5-$rule") ;;
+          nvfp4|mxfp4) how=(--recipe "glm5-$rule" --engine vllm) ;;
           *) how=(--scale-rule "$rule") ;;
         esac
         planned=$("$binary" quantize "$src" "$out" "${how[@]}" --dry-run --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_bytes"])')

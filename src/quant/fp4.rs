@@ -209,7 +209,10 @@ mod tests {
         assert_eq!(fp8::decode(scales[0]), 448.0);
         let mut back = vec![0f32; 16];
         nvfp4_dequantize_row(&codes, &scales, global, &mut back);
-        assert_eq!(back[0], row[0], "the absmax is exact");
+        // The absmax comes back within two ulps (448 · 6 / global, divided back): the global scale is rounded twice,
+        // reciprocal then times 2688, as compressed-tensors computes it.
+        let ulps = (back[0] - row[0]).abs() / (f32::EPSILON * row[0].abs());
+        assert!(ulps <= 2.0, "the absmax: {} vs {} ({ulps} ulps)", back[0], row[0]);
         // The widest gap of the grid (4 → 6) is two steps of absmax / 6: no value is further than one.
         for (got, want) in back.iter().zip(&row) {
             assert!((got - want).abs() <= row[0].abs() / 6.0, "{got} vs {want}");

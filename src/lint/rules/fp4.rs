@@ -211,3 +211,54 @@ pub fn fp4_fused_global_scale(context: &Context, _: Engine) -> Outcome {
     };
     Outcome::from_findings(detail, findings)
 }
+
+/// What SGLang 0.5.23 needs of FP4 routed experts (vLLM: no rule beyond the tensors'). NVFP4 weights-only MoE
+/// (`CompressedTensorsW4A16Nvfp4MoE`, FP4 Marlin) raises ValueError unless `hidden_size % 128 == 0` and
+/// `moe_intermediate_size / tp % 64 == 0`. MXFP4 MoE goes to the GPT-OSS `Mxfp4MoEMethod` (`_is_mxfp4_moe`), whose
+/// parameters are `w13_weight`/`w2_weight`: the DeepSeek-V2/V3 (Kimi K2.x, GLM-5) and GLM-4.5 loaders rename
+/// `weight_packed` to them on NPU only, so on CUDA/ROCm the experts' `weight_packed` are skipped ("not found in
+/// params_dict") and serve as zeros — a failure, read in the loader's code, not run.
+pub fn fp4_moe_engine(context: &Context, engine: Engine) -> Outcome {
+    let experts: Vec<(&str, Fp4Kind)> = fp4_modules(context)
+        .into_iter()
+        .filter(|(module, _)| crate::model::tensor_class::is_routed_expert(module))
+        .collect();
+    if experts.is_empty() {
+        return Outcome::skipped("no FP4 routed experts");
+    }
+    if engine == Engine::Vllm {
+        return Outcome::passed("vLLM 0.32 loads any shape fp4-tensors accepts");
+    }
+    let mut findings = Vec::new();
+    if let Some((module, _)) = experts.iter().find(|(_, kind)| *kind == Fp4Kind::Mxfp4) {
+        findings.push(Finding::failed(
+            format!("{module}.weight_packed"),
+            "SGLang serves compressed-tensors MXFP4 MoE with its GPT-OSS method, which has no per-expert \
+             weight_packed parameter for this architecture: the experts would load as zeros",
+            "serve MXFP4 with vLLM (write it with --engine vllm), or use an nvfp4 or int4 recipe for SGLang",
+        ));
+    }
+    if experts.iter().any(|(_, kind)| *kind == Fp4Kind::Nvfp4) {
+        let tp = context.tp.max(1);
+        match (context.config_usize("hidden_size"), context.config_usize("moe_intermediate_size")) {
+            (Ok(hidden), Ok(intermediate)) => {
+                if !hidden.is_multiple_of(128) {
+                    findings.push(Finding::failed(
+                        "config.json `hidden_size`",
+                        format!("{hidden} is not a multiple of 128: SGLang's NVFP4 MoE (FP4 Marlin) refuses it"),
+                        "serve it with vLLM (--engine vllm), or as INT4 W4A16 (the -int4 recipe)",
+                    ));
+                }
+                if !intermediate.is_multiple_of(tp) || !(intermediate / tp).is_multiple_of(64) {
+                    findings.push(Finding::failed(
+                        "config.json `moe_intermediate_size`",
+                        format!("{intermediate} / tp {tp} is not a multiple of 64: SGLang's NVFP4 MoE refuses it"),
+                        "serve with a tp that divides it into multiples of 64, or with vLLM (--engine vllm)",
+                    ));
+                }
+            }
+            (h, i) => findings.extend([h.err(), i.err()].into_iter().flatten()),
+        }
+    }
+    Outcome::from_findings(format!("{} FP4 routed experts", experts.len()), findings)
+}

@@ -34,7 +34,7 @@ impl Rule {
 const NOT_READ_SGLANG: &str = "SGLang: file not read, same rule as vLLM assumed";
 
 /// Every rule, in the order the report lists them.
-pub const RULES: [Rule; 17] = [
+pub const RULES: [Rule; 18] = [
     Rule {
         id: "quant-method",
         title: "quant_method compressed-tensors, format pack-quantized",
@@ -102,29 +102,36 @@ pub const RULES: [Rule; 17] = [
         id: "w4a8-shapes",
         title: "W4A8 (INT4 weights, FP8 per-token activations): group 128, hidden_size % 256, moe_intermediate_size / tp % 256",
         vllm: "vLLM compressed_tensors.py _is_fp8_w4a8; compressed_tensors_moe_w4a8_fp8.py (asserts)",
-        sglang: "SGLang CompressedTensorsW4AFP8MoE (file not read; requirements as REFERENCES §10 gives them)",
+        sglang: "SGLang 0.5.23 compressed_tensors.py _is_wint4afp8, compressed_tensors_w4a8_fp8_moe.py (symmetric, pack-quantized; group 128 hard-coded in cutlass_w4a8_moe; K a multiple of 128, which % 256 implies)",
         check: config::w4a8_shapes,
     },
     Rule {
         id: "fp4-weight-args",
         title: "FP4 weights float 4-bit symmetric static: tensor_group 16 (NVFP4) or group 32 (MXFP4)",
         vllm: "vLLM compressed_tensors.py _is_nvfp4_format/_is_mxfp4",
-        sglang: NOT_READ_SGLANG,
+        sglang: "SGLang 0.5.23 compressed_tensors.py _is_fp4a16_nvfp4, _is_mxfp4_moe",
         check: fp4::fp4_weight_args,
     },
     Rule {
         id: "fp4-tensors",
         title: "FP4 tensors: weight_packed U8 [out, in/2], weight_scale F8_E4M3 [out, in/16] + weight_global_scale F32 > 0 (NVFP4) or U8 [out, in/32] (MXFP4), no weight_shape",
         vllm: "vLLM compressed_tensors_moe NVFP4/MXFP4 methods; compressed-tensors 0.20.1 NVFP4PackedCompressor, MXFP4PackedCompressor",
-        sglang: NOT_READ_SGLANG,
+        sglang: "SGLang 0.5.23 compressed_tensors_w4a16_nvfp4_moe.py, compressed_tensors_w4a16_nvfp4.py (no weight_shape parameter; a stray one is skipped)",
         check: fp4::fp4_tensors,
     },
     Rule {
         id: "fp4-fused-global-scale",
         title: "NVFP4 gate/up of one expert share one weight_global_scale",
         vllm: "vLLM compressed_tensors_moe NVFP4 method (\"w1_weight_global_scale must match w3_weight_global_scale\")",
-        sglang: NOT_READ_SGLANG,
+        sglang: "SGLang 0.5.23 compressed_tensors_w4a16_nvfp4_moe.py (ValueError unless gate and up share one weight_global_scale, exact compare)",
         check: fp4::fp4_fused_global_scale,
+    },
+    Rule {
+        id: "fp4-moe-engine",
+        title: "FP4 routed experts the engine's MoE method loads: SGLang NVFP4 needs hidden % 128 and moe_intermediate / tp % 64, and has no MXFP4 method for split experts",
+        vllm: "vLLM compressed_tensors_moe NVFP4/MXFP4 methods (no shape rule beyond fp4-tensors)",
+        sglang: "SGLang 0.5.23 compressed_tensors_w4a16_nvfp4_moe.py (ValueErrors), compressed_tensors.py _is_mxfp4_moe → mxfp4.py Mxfp4MoEMethod (w13_weight), deepseek_weight_loader.py (weight_packed renamed on NPU only)",
+        check: fp4::fp4_moe_engine,
     },
     Rule {
         id: "router-topk",
