@@ -147,7 +147,10 @@ fn quantization(out: &mut String, inputs: &Inputs) {
     }
     for label in facts::scheme_labels(manifest) {
         let note = match label {
-            "INT4 W4A16" => "INT4 weights with 16-bit activations: the layout Moonshot ships Kimi-K2-Thinking in.",
+            "INT4 W4A16" => {
+                "INT4 W4A16: 4-bit integer weights in groups with BF16 scales, 16-bit activations (compressed-tensors \
+                 `pack-quantized`, the layout Moonshot ships Kimi-K2-Thinking in)."
+            }
             "NVFP4" => {
                 "NVFP4 is for Blackwell FP4 tensor cores (B200/B300): E2M1 values in groups of 16 with FP8 scales under \
                  one F32 global scale per tensor, an expert's gate and up sharing it."
@@ -339,6 +342,13 @@ fn serving(out: &mut String, inputs: &Inputs) {
                 put!(out, "- {}: {}.", engine.label(), kv_scale_handling(engine, layout).summary);
             }
         }
+        put!(out);
+    } else {
+        put!(
+            out,
+            "This folder holds no calibrated KV-cache scales. For an FP8 KV cache run `squeeze calibrate-kv DIR`, then \
+             `squeeze card DIR`: the card then adds the flags and what each engine does with the scales."
+        );
         put!(out);
     }
 }

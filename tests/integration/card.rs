@@ -298,14 +298,17 @@ fn eval_reports_fill_the_accuracy_section_and_survive_rewrites_and_resume() {
     assert!(fs::read(out.join("README.md")).unwrap() == with_results, "--resume lost the results");
 
     // After calibrate-kv the rewritten card serves with an FP8 KV cache, results still there.
+    read_card(&out).assert_mentions(&["holds no calibrated KV-cache scales", "then `squeeze card DIR`"]);
     squeeze(&["calibrate-kv", path_str(&out), "--data", TEXT, "--samples", "2", "--seq-len", "32"]).ok();
     squeeze(&["card", path_str(&out)]).ok();
     read_card(&out).assert_mentions(&[
         "--tensor-parallel-size 1 --kv-cache-dtype fp8\n",
         "--tp 1 --kv-cache-dtype fp8_e4m3\n",
         "calibrated FP8 KV-cache scales",
+        "- vLLM 0.32: ignores the checkpoint's scales",
         "## Accuracy",
     ]);
+    assert!(!read_card(&out).body.contains("holds no calibrated KV-cache scales"));
     squeeze(&["verify", path_str(&out)]).ok();
 
     // --no-eval drops them; a new conversion (--force) starts without.
