@@ -134,7 +134,7 @@ pub fn refresh(dir: &Path, options: &CardOptions) -> Result<CardReport, IoError>
              squeeze does not write into it; copy the folder and run `squeeze card` on the copy",
         ));
     }
-    let mut manifest = Manifest::read(dir)?.ok_or_else(|| {
+    let not_squeeze = || {
         IoError::folder(
             dir,
             format!(
@@ -142,7 +142,13 @@ pub fn refresh(dir: &Path, options: &CardOptions) -> Result<CardReport, IoError>
                  `squeeze quantize` (or `merge`)"
             ),
         )
-    })?;
+    };
+    if !dir.join(MANIFEST_FILE).is_file() {
+        return Err(not_squeeze());
+    }
+    // Held from the first read to the last write: no conversion changes the folder in between.
+    let _lock = FolderLock::acquire(dir, "card")?;
+    let mut manifest = Manifest::read(dir)?.ok_or_else(not_squeeze)?;
     if !manifest.complete {
         return Err(IoError::folder(
             dir.join(MANIFEST_FILE),
@@ -167,7 +173,6 @@ pub fn refresh(dir: &Path, options: &CardOptions) -> Result<CardReport, IoError>
     let card = card.into_option();
     let manifest_updated = card != manifest.card;
 
-    let _lock = FolderLock::acquire(dir, "card")?;
     let readme = dir.join(README);
     let source_readme = dir.join(SOURCE_README);
     let mut moved_source_readme = false;
