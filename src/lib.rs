@@ -4,10 +4,11 @@
 //! Data flow: `io` (read/write checkpoints) → `quant` (math) → `model` (configs) → `format` (on-disk conventions:
 //! FP8 blocks, compressed-tensors, KV scales) → `recipe` (what gets which scheme) → `lint` (engine load rules) →
 //! `runtime` (op surface, backends, devices, KV pool, weight streaming) → `arch` (the three architectures on it) →
-//! jobs (`convert`, `eval`, `calib`, `serve`, `inspect`, `verify`, `synth`, `report`) → `cli`.
+//! jobs (`convert`, `eval`, `calib`, `serve`, `inspect`, `verify`, `synth`, `report`, `card`) → `cli`.
 
 pub mod arch;
 pub mod calib;
+pub mod card;
 pub mod chunks;
 pub mod cli;
 pub mod convert;

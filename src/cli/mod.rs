@@ -13,6 +13,7 @@ macro_rules! println {
 }
 
 mod calibrate_kv;
+mod card;
 mod demo;
 mod engine_rules;
 mod eval;
@@ -59,6 +60,9 @@ enum Command {
     /// Join the parts of a `quantize --part I/N` conversion into the folder one run writes (exit 2 naming the part
     /// that is missing, duplicated or made differently).
     Merge(merge::Args),
+    /// (Re)write the model card (README.md) of a squeeze output folder: Hugging Face front matter, recipe, method,
+    /// calibration digest, serve commands, and the accuracy of `squeeze eval --json` reports given with --eval.
+    Card(card::Args),
     /// Show what a checkpoint holds: architecture, dtypes, quantization config, bytes by tensor class.
     Inspect(inspect::Args),
     /// Re-check an output against its manifest, the compressed-tensors conventions and (optionally) its source.
@@ -99,6 +103,7 @@ pub fn run() -> i32 {
     let result = match command {
         Command::Quantize(args) => quantize::run(args),
         Command::Merge(args) => merge::run(args),
+        Command::Card(args) => card::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Synth(args) => synth::run(args),

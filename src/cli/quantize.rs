@@ -125,6 +125,12 @@ pub struct Args {
     /// flags; --resume and --force act on this part's files only. Round to nearest only (--method rtn).
     #[arg(long, value_name = "I/N")]
     pub part: Option<Part>,
+    /// The Hugging Face repo id of the source (ORG/NAME), for the model card's `base_model` (README.md; the
+    /// source's own README is kept as README.source.md). Default: config.json's `_name_or_path` when it is a repo
+    /// id, else ORG/NAME of a source in the Hugging Face cache, else the source folder's name (said in the card).
+    /// `squeeze card OUT --base-model ORG/NAME` changes it later.
+    #[arg(long, value_name = "ORG/NAME", value_parser = super::card::repo_id)]
+    pub base_model: Option<String>,
 }
 
 fn method_name(method: Method) -> &'static str {
@@ -177,6 +183,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         );
     }
     let options = QuantizeOptions {
+        base_model: args.base_model.clone(),
         part: args.part,
         calibration,
         allow_nonfinite: args.allow_nonfinite,

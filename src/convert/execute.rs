@@ -1,5 +1,6 @@
 //! Running a plan: output folder checks, resume from the manifest, tensors transformed in order on the rayon pool
-//! while a writer thread streams finished bytes into shards, then config, index, companions and the final manifest.
+//! while a writer thread streams finished bytes into shards, then config, index, companions, the model card and the
+//! final manifest.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -51,6 +52,8 @@ pub struct QuantizeOptions {
     pub calibration: Option<CalibrationOptions>,
     /// `--part I/N`: write only part I's shards and its part manifest, for `squeeze merge`.
     pub part: Option<Part>,
+    /// `--base-model ORG/NAME`: the model card's `base_model` (`None`: guessed, [`crate::card::facts::base_model`]).
+    pub base_model: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -313,6 +316,9 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         selection => selection.into_device(),
     };
     check_output(&options.output, options)?;
+    if options.part.is_none() {
+        crate::card::check_readme_slot(&options.output, Some(&options.input.join(crate::card::README)))?;
+    }
     let calibration_set = match &options.calibration {
         Some(calibration) => Some(CalibrationSet::load(&options.input, calibration)?),
         None => None,
@@ -371,6 +377,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
             })
             .collect(),
         expert_coverage: calibration.as_ref().and_then(|c| serde_json::to_value(&c.coverage).ok()),
+        card: crate::card::CardRecord::of_run(options, calibration_set.as_ref(), previous.as_ref())?,
     };
     report.expert_coverage = calibration.as_ref().map(|c| c.coverage.clone());
     report.calibration_layers_reused = calibration.as_ref().map(|c| c.layers_reused);
@@ -454,6 +461,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         output_files::write_config(out, config)?;
     }
     manifest.complete = true;
+    crate::card::write(out, &manifest, output_config.as_ref().map(|(config, _)| config))?;
     manifest.write(out)?;
     remove_leftover_temporaries(out)?;
     report.seconds = started.elapsed().as_secs_f64();
@@ -587,7 +595,7 @@ fn prepare_output(
         if name.ends_with(".squeeze-tmp") {
             continue; // an interrupted run's temporary: rewritten when its shard is, removed at the end
         }
-        let ours = name.ends_with(".safetensors") || name == MANIFEST_FILE;
+        let ours = name.ends_with(".safetensors") || name == MANIFEST_FILE || crate::card::removable_by_force(&path);
         if options.force && !options.resume && ours {
             fs::remove_file(&path).map_err(|e| IoError::file(&path, e))?;
             continue;

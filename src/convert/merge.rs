@@ -1,5 +1,5 @@
 //! `squeeze merge`: the parts of a split conversion (`quantize --part I/N`) checked against each other and joined
-//! into one output folder, byte for byte what a single `quantize` run writes.
+//! into one output folder, byte for byte what a single `quantize` run writes (model card included).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -73,6 +73,7 @@ pub fn merge(out: &Path, part_dirs: &[PathBuf]) -> Result<MergeReport, MergeErro
     let _lock = FolderLock::acquire(out, "merge")?;
     let shard_files: Vec<String> = reference.manifest.manifest.shards.iter().map(|s| s.file.clone()).collect();
     check_output(out, &shard_files)?;
+    crate::card::check_readme_slot(out, Some(&reference.dir.join(crate::card::SOURCE_README)))?;
     for name in [CONFIG_FILE, INDEX_FILE, MANIFEST_FILE] {
         let path = out.join(name);
         if path.exists() {
@@ -121,6 +122,7 @@ pub fn merge(out: &Path, part_dirs: &[PathBuf]) -> Result<MergeReport, MergeErro
         output_files::write_config(out, config)?;
     }
     manifest.complete = true;
+    crate::card::write(out, &manifest, reference.manifest.config.as_ref())?;
     manifest.write(out)?;
     // Part manifests in the output folder go: the folder is now what one run writes.
     for found in parts.values() {
@@ -213,6 +215,12 @@ fn check_parts<'a>(parts: &'a BTreeMap<Part, Found>, dirs: &[PathBuf]) -> Result
                 short(&ours.manifest.recipe.sha256)
             );
             return Err(mismatch("recipe", detail));
+        }
+        if theirs.manifest.card != ours.manifest.card {
+            let flags =
+                |manifest: &crate::io::manifest::Manifest| crate::card::CardRecord::flags(manifest.card.as_ref());
+            let detail = format!("{} vs {}", flags(&theirs.manifest), flags(&ours.manifest));
+            return Err(mismatch("--base-model or --tp", detail));
         }
         if theirs.manifest.plan_sha256 != ours.manifest.plan_sha256 || theirs.config != ours.config {
             let detail =

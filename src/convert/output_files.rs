@@ -1,5 +1,6 @@
 //! The small files of an output folder: `config.json` with the new `quantization_config`, the index, and the
-//! companion files (tokenizer, templates, custom code) copied from the source. All written atomically.
+//! companion files (tokenizer, templates, custom code, the README as `README.source.md`) copied from the source. All
+//! written atomically.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -35,18 +36,20 @@ pub fn write_config(out: &Path, config: &Value) -> Result<(), IoError> {
     write_json(&out.join(CONFIG_FILE), config)
 }
 
-/// Copies every companion file of the source; returns their names.
+/// Copies every companion file of the source, its README as `README.source.md` ([`crate::card::companion_target`]);
+/// returns their names in the output.
 pub fn copy_companions(checkpoint: &Checkpoint, out: &Path) -> Result<Vec<String>, IoError> {
     let mut copied = Vec::new();
-    for source in checkpoint.companion_files()? {
-        let Some(name) = source.file_name() else { continue };
-        let target = out.join(name);
+    let companions = checkpoint.companion_files()?;
+    for source in &companions {
+        let Some(name) = crate::card::companion_target(source, &companions) else { continue };
+        let target = out.join(&name);
         let temporary = temporary_sibling(&target);
-        fs::copy(&source, &temporary).and_then(|_| fs::rename(&temporary, &target)).map_err(|e| {
+        fs::copy(source, &temporary).and_then(|_| fs::rename(&temporary, &target)).map_err(|e| {
             let _ = fs::remove_file(&temporary);
             IoError::file(&target, e)
         })?;
-        copied.push(name.to_string_lossy().to_string());
+        copied.push(name);
     }
     Ok(copied)
 }

@@ -24,6 +24,10 @@ pub struct Manifest {
     /// `--method imatrix`: calibration tokens per layer and routed expert, and the experts that fell back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_coverage: Option<serde_json::Value>,
+    /// What the model card (`README.md`) is rendered from besides the rest of this manifest: `--base-model`,
+    /// `--tp`, the calibration data, accuracy results ([`crate::card::record`]); absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card: Option<crate::card::CardRecord>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -11,7 +11,7 @@ const COMMIT: &str = "3f1c0a9e5b7d2468ace013579bdf2468ace01357";
 
 /// A cache under `dir/hub` holding a synthetic Kimi K2 as `org/tiny` (snapshot COMMIT, `refs/main` naming it);
 /// returns the cache folder and the snapshot folder.
-fn fake_cache(dir: &Path) -> (PathBuf, PathBuf) {
+pub fn fake_cache(dir: &Path) -> (PathBuf, PathBuf) {
     let cache = dir.join("hub");
     let repo = cache.join("models--org--tiny");
     fs::create_dir_all(repo.join("snapshots")).unwrap();

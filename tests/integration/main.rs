@@ -3,6 +3,7 @@
 
 mod calib_parts;
 mod calibrate;
+mod card;
 mod cluster;
 mod common;
 mod cuda_backend;

@@ -127,6 +127,7 @@ pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<Quantized
         tp: None,
         calibration: None,
         part: None,
+        base_model: None,
     };
     match quantize(&options, &Silent) {
         Ok(report) => Ok(Quantized::Converted(Box::new(report))),
