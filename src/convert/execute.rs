@@ -176,6 +176,17 @@ pub fn prepare(
     Ok(Prepared { checkpoint, config, recipe, plan })
 }
 
+/// Refuses a source that is already INT4: there is nothing to convert (`report` refuses a `--group-size` for it
+/// the same way).
+pub fn refuse_int4_source(checkpoint: &Checkpoint, input: &Path) -> Result<(), ConvertError> {
+    let int4 = crate::format::compressed_tensors::int4_modules(checkpoint);
+    if int4.is_empty() {
+        return Ok(());
+    }
+    let group_size = crate::format::compressed_tensors::int4_group_size(checkpoint.config());
+    Err(ConvertError::AlreadyInt4 { path: input.to_path_buf(), modules: int4.len(), group_size })
+}
+
 /// Converts a checkpoint as the options say.
 pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<QuantizeReport, ConvertError> {
     let started = Instant::now();
@@ -187,11 +198,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         options.max_shard_bytes,
     )?;
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
-    let int4 = crate::format::compressed_tensors::int4_modules(checkpoint);
-    if !int4.is_empty() {
-        let group_size = crate::format::compressed_tensors::int4_group_size(checkpoint.config());
-        return Err(ConvertError::AlreadyInt4 { path: options.input.clone(), modules: int4.len(), group_size });
-    }
+    refuse_int4_source(checkpoint, &options.input)?;
     if let (Some(calibration), Some(fp4)) =
         (&options.calibration, plan.items.iter().find(|item| matches!(item.action, Action::Fp4 { .. })))
     {
