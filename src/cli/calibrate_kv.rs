@@ -29,8 +29,8 @@ pub struct Args {
     /// Calibration sequences (chunks) to run.
     #[arg(long, default_value_t = 128, value_parser = super::values::count)]
     pub samples: usize,
-    /// Tokens per sequence for --data.
-    #[arg(long, default_value_t = 512, value_parser = super::values::count)]
+    /// Tokens per sequence for --data (at least 2, as eval's --ctx).
+    #[arg(long, default_value_t = 512, value_parser = super::values::at_least(2))]
     pub seq_len: usize,
     /// Map this percentile of |x| (not the amax) to 448, clipping the rarer outliers; the clip rate is reported.
     #[arg(long, value_parser = super::values::positive)]
@@ -62,7 +62,7 @@ pub struct Args {
     /// Observe only part I of N of the calibration sequences (a contiguous run, the parts as even as whole
     /// sequences allow), e.g. $SLURM_ARRAY_TASK_ID/8, and write nothing into the model: the part's statistics go to
     /// --save-stats, and `squeeze merge-calib MODEL FILE…` writes the scales one run writes.
-    #[arg(long, value_name = "I/N", requires = "save_stats")]
+    #[arg(long, value_name = "I/N", requires = "save_stats", allow_hyphen_values = true)]
     pub part: Option<crate::part::Part>,
     /// Write the raw observations (per layer and head: amax, count and |x| histogram of K and V), a small
     /// safetensors file, for `squeeze merge-calib`.

@@ -59,8 +59,8 @@ pub struct Args {
     /// safetensors file with an integer tensor `input_ids` [n, ctx] (I32 or I64), used as given (no BOS added).
     #[arg(long)]
     pub tokens: Option<PathBuf>,
-    /// Tokens per chunk for --data.
-    #[arg(long, default_value_t = 512, value_parser = super::values::count)]
+    /// Tokens per chunk for --data (at least 2: the first token of a chunk is never scored; parity needs 4).
+    #[arg(long, default_value_t = 512, value_parser = super::values::at_least(2))]
     pub ctx: usize,
     /// Evaluate at most this many chunks.
     #[arg(long, value_parser = super::values::count)]
@@ -74,7 +74,7 @@ pub struct Args {
     /// Score only part I of N of the chunks (a contiguous run, the parts as even as whole chunks allow), e.g.
     /// $SLURM_ARRAY_TASK_ID/8; the report covers those chunks. With --save-stats, `squeeze merge-eval` joins the
     /// parts into the report one run gives. Gates are not applied to a part (merge-eval applies them).
-    #[arg(long, value_name = "I/N", requires = "save_stats")]
+    #[arg(long, value_name = "I/N", requires = "save_stats", allow_hyphen_values = true)]
     pub part: Option<crate::part::Part>,
     /// Write the raw statistics (per-position NLLs; parity: per-position KLD, Δp, NLLs, top-1 flags and per-layer,
     /// per-chunk error sums), a small safetensors file, for `squeeze merge-eval FILE…`.
@@ -93,7 +93,7 @@ pub struct Args {
     /// num_speculative_tokens K, and report the mean accepted length per step (an estimate on the text; serve-test
     /// --speculative mtp=K measures it on the model's own continuation). K = 1 … 16; one MTP-layer step per
     /// position and depth.
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = parse_mtp_depth, requires = "mtp", allow_negative_numbers = true)]
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = parse_mtp_depth, requires = "mtp")]
     pub mtp_depth: usize,
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).

@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long)]
     pub recipe: Option<String>,
     /// Override the INT4 group size of every rule (must divide the rows it applies to).
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::count)]
     pub group_size: Option<usize>,
     /// Override the scale rule of every rule: ct-minmax, absmax7 or mse.
     #[arg(long)]
@@ -95,10 +95,10 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_SAMPLES, value_parser = super::values::count)]
     pub samples: usize,
     /// imatrix, gptq: tokens per chunk of a text --calibration.
-    #[arg(long, default_value_t = DEFAULT_SEQ_LEN, value_parser = super::values::count)]
+    #[arg(long, default_value_t = DEFAULT_SEQ_LEN, value_parser = super::values::at_least(2))]
     pub seq_len: usize,
     /// imatrix, gptq: an expert shown fewer calibration tokens than this is quantized with the mse rule and listed.
-    #[arg(long, default_value_t = DEFAULT_MIN_EXPERT_TOKENS)]
+    #[arg(long, default_value_t = DEFAULT_MIN_EXPERT_TOKENS, value_parser = super::values::whole::<u64>)]
     pub min_expert_tokens: u64,
     /// imatrix, gptq, statistics only: show every calibration token to every expert of its layer (the forward
     /// still routes as the router says; coverage still counts routed tokens), so no expert falls back.
@@ -122,7 +122,7 @@ pub struct Args {
     /// (shared by all parts, or one folder each); `squeeze merge` then checks the parts and writes the index,
     /// config and manifest. Parts run anywhere (on other machines, in any order) with the same source, recipe and
     /// flags; --resume and --force act on this part's files only. Round to nearest only (--method rtn).
-    #[arg(long, value_name = "I/N")]
+    #[arg(long, value_name = "I/N", allow_hyphen_values = true)]
     pub part: Option<Part>,
 }
 
