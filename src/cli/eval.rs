@@ -62,6 +62,11 @@ pub struct Args {
     /// Tokens per chunk for --data (at least 2: the first token of a chunk is never scored; parity needs 4).
     #[arg(long, default_value_t = 512, value_parser = super::values::at_least(2))]
     pub ctx: usize,
+    /// Run chunks longer than the model's context window (max_position_embeddings, or YaRN's
+    /// original_max_position_embeddings × factor where that is smaller; parity: either model's), with a warning in
+    /// the report, instead of refusing.
+    #[arg(long)]
+    pub allow_long_context: bool,
     /// Evaluate at most this many chunks.
     #[arg(long, value_parser = super::values::count)]
     pub chunks: Option<usize>,
@@ -121,8 +126,8 @@ fn parse_mtp_depth(text: &str) -> Result<usize, String> {
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let input = match (&args.data, &args.tokens) {
-        (Some(path), _) => EvalInput::Text { path: path.clone(), ctx: args.ctx },
-        (None, Some(path)) => EvalInput::Tokens { path: path.clone() },
+        (Some(path), _) => EvalInput::Text { path: path.clone(), ctx: args.ctx, flag: "--data", ctx_flag: "--ctx" },
+        (None, Some(path)) => EvalInput::Tokens { path: path.clone(), flag: "--tokens" },
         (None, None) => anyhow::bail!("give --data TEXT_FILE or --tokens SAFETENSORS_FILE"),
     };
     if let (Some(reference), Some(candidate)) = (&args.reference, &args.candidate) {
@@ -144,6 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         save_stats: args.save_stats.clone(),
         mtp: args.mtp,
         mtp_depth: args.mtp_depth,
+        allow_long_context: args.allow_long_context,
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate(&options, backend.as_ref(), &Bar::new(false))
@@ -216,6 +222,9 @@ pub(super) fn print_eval(report: &crate::eval::EvalReport) {
         table.row(vec!["logits".into(), file.clone()]);
     }
     println!("{}", table.render().trim_end());
+    for warning in &report.warnings {
+        println!("warning: {warning}");
+    }
 }
 
 fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalInput) -> anyhow::Result<Outcome> {
@@ -239,6 +248,7 @@ fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalIn
         save_stats: args.save_stats.clone(),
         max_mtp_drop: args.mtp.then_some(args.max_mtp_drop),
         mtp_depth: args.mtp_depth,
+        allow_long_context: args.allow_long_context,
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate_parity(&options, backend.as_ref(), &Bar::new(false))
@@ -406,6 +416,9 @@ pub(super) fn print_parity(report: &ParityReport) {
         }
         println!("{}", table.render().trim_end());
         println!("MTP acceptance drop {:.2} points (gate ≤ {})", mtp.drop, mtp.max_drop);
+    }
+    for warning in &report.warnings {
+        println!("warning: {warning}");
     }
     let gates = &report.gates;
     println!(

@@ -104,6 +104,10 @@ pub struct Args {
     /// still routes as the router says; coverage still counts routed tokens), so no expert falls back.
     #[arg(long)]
     pub force_route_all: bool,
+    /// imatrix, gptq: run calibration chunks longer than the model's context window (max_position_embeddings, or
+    /// YaRN's original_max_position_embeddings × factor where that is smaller), with a warning, instead of refusing.
+    #[arg(long)]
+    pub allow_long_context: bool,
     /// gptq (the default): layer L + 1 is calibrated on the output of layer L run with its already-quantized
     /// experts (as llm-compressor and GPTQModel do), at the cost of a second forward of every MoE layer and one
     /// more copy of the hidden states. Chosen by measurement on the trained tiny model (BENCHMARKS.md, paired over
@@ -137,9 +141,9 @@ fn method_name(method: Method) -> &'static str {
 /// The calibration input: a safetensors token file by extension, else text.
 fn calibration_input(path: &std::path::Path, seq_len: usize) -> EvalInput {
     if path.extension().is_some_and(|extension| extension == "safetensors") {
-        EvalInput::Tokens { path: path.to_path_buf() }
+        EvalInput::Tokens { path: path.to_path_buf(), flag: "--calibration" }
     } else {
-        EvalInput::Text { path: path.to_path_buf(), ctx: seq_len }
+        EvalInput::Text { path: path.to_path_buf(), ctx: seq_len, flag: "--calibration", ctx_flag: "--seq-len" }
     }
 }
 
@@ -158,6 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             device: args.device,
             method: args.method,
             sequential: !args.no_sequential,
+            allow_long_context: args.allow_long_context,
         }),
         (true, None) => anyhow::bail!("--method {} needs --calibration FILE", method_name(args.method)),
         (false, Some(_)) => {
