@@ -31,6 +31,10 @@ pub struct InspectReport {
     pub quantization_config: Option<Value>,
     /// Why the config could not be read as a known architecture, if it could not.
     pub config_problem: Option<String>,
+    /// Malformed quantized modules (a `weight_packed` whose shape disagrees with its `weight_shape`, …), one per
+    /// module, naming the tensor: the checkpoint cannot be loaded as it is.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -85,5 +89,6 @@ pub fn inspect(dir: &Path) -> Result<InspectReport, IoError> {
             None => Some("no config.json".into()),
             Some(Ok(_)) => None,
         },
+        problems: crate::format::compressed_tensors::layout_problems(&checkpoint),
     })
 }

@@ -3,6 +3,9 @@
 /// Parses a byte size: a number with an optional unit (B, KB, MB, GB, TB decimal; KiB, MiB, GiB, TiB binary).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
+    if trimmed.starts_with('-') {
+        return Err(format!("must be a size of at least one byte, got {trimmed}"));
+    }
     let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
     let (number, unit) = trimmed.split_at(split);
     let value: f64 =

@@ -155,6 +155,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     let mut compared = 0;
     if let Some(source_dir) = &options.source {
         let source = Checkpoint::open(source_dir)?;
+        check_source(&source, source_dir)?;
         let items = items_from_checkpoint(&source)?;
         let measured: Vec<Result<Option<TensorError>, String>> =
             items.par_iter().map(|item| compare(&source, item, &checkpoint, group_size)).collect();
@@ -205,6 +206,16 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
         worst: errors,
         engine_rules,
     })
+}
+
+/// The `--source` checked against its own config.json as quantize checks its source
+/// ([`crate::convert::source::check_against_config`]): comparing an output with a source whose config does not
+/// belong to its weights proves nothing, so it is an error (exit 2) naming the tensor, not a failed check.
+fn check_source(source: &Checkpoint, dir: &std::path::Path) -> Result<(), IoError> {
+    let Some(json) = source.config() else { return Ok(()) };
+    let named = |problem: String| IoError::folder(format!("--source {}", dir.display()), problem);
+    let config = crate::model::ModelConfig::from_json(json).map_err(|error| named(error.to_string()))?;
+    crate::convert::source::check_against_config(source, &config).map_err(|error| named(error.to_string()))
 }
 
 /// Compares one source item with what the output holds for it.

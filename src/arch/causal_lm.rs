@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::layer::{Layer, LayerContext, LayerState};
+use super::layer::{Layer, LayerContext, LayerState, Stage};
 use super::moe::ExpertTimes;
 use super::mtp::MtpLayer;
 use super::mtp_chain::chained_drafts;
@@ -20,7 +20,7 @@ use crate::runtime::checkpoint::open_checkpoint;
 use crate::runtime::layer_stream::LayerStream;
 use crate::runtime::rope_table::rope_setup;
 use crate::runtime::weights::WeightReader;
-use crate::runtime::{RuntimeError, Spans};
+use crate::runtime::{RuntimeError, Spans, Tensor};
 
 /// Receives each sequence's logits: `(sequence index, [len, vocab] logits)`.
 pub type LogitsSink<'a> = dyn FnMut(usize, &[f32]) -> Result<(), RuntimeError> + 'a;
@@ -147,6 +147,75 @@ impl Model {
             return Err(self.no_mtp_layer());
         }
         self.run(backend, sequences, reporter, sink, Some((drafts, depth)))
+    }
+
+    /// Replays `sequence` alone, checking every value on the way, and says where the first non-finite one comes
+    /// from: an embedding row, a layer's attention or MLP output (their weights were checked finite when loaded, so
+    /// their activations overflowed), the residual sum after one, the final norm or the head. `None` when the
+    /// replay stays finite. For the message of a non-finite logit, so that it names the tensor instead of guessing.
+    pub fn locate_nonfinite(&self, backend: &dyn Backend, sequence: &[u32]) -> Result<Option<String>, RuntimeError> {
+        let config = &self.config;
+        let reader = WeightReader::new(&self.checkpoint);
+        let width = config.hidden_size;
+        let first_bad = |values: &[f32], columns: usize| {
+            values.iter().position(|v| !v.is_finite()).map(|index| (index / columns.max(1), values[index]))
+        };
+        let embedded = embed(&reader, config, sequence)?;
+        if let Some((position, value)) = first_bad(&embedded, width) {
+            return Ok(Some(format!(
+                "row {} of `model.embed_tokens.weight` (the token at position {position}) holds {value}: the \
+                 checkpoint is corrupt",
+                sequence[position]
+            )));
+        }
+        let spans = Spans::new(&[sequence.len()]);
+        let (table, mla_scale) = rope_setup(config, sequence.len());
+        let mut hidden = backend.upload(&embedded, width)?;
+        let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
+        let mut state = LayerState::default();
+        let mut found: Option<String> = None;
+        let replayed = run_layers(&[self], backend, &crate::progress::Silent, &mut |step| {
+            let prefix = format!("model.layers.{}", step.index);
+            let mut probe = |stage: Stage, tensor: &Tensor| {
+                let Some((position, value)) = first_bad(&backend.download(tensor)?, tensor.columns()) else {
+                    return Ok(());
+                };
+                found = Some(match stage {
+                    Stage::Attention => format!(
+                        "the output of `{prefix}.self_attn` at position {position} ({value}); its weights are finite, \
+                         so its activations overflow: look at `{prefix}.input_layernorm.weight` and \
+                         `{prefix}.self_attn.*`"
+                    ),
+                    Stage::AttentionResidual => format!(
+                        "the residual stream at position {position} ({value}) after adding the finite output of \
+                         `{prefix}.self_attn`: the sum overflows"
+                    ),
+                    Stage::MlpResidual => format!(
+                        "the output of `{prefix}.mlp` added to the residual stream at position {position} ({value}); \
+                         its weights are finite, so its activations overflow: look at \
+                         `{prefix}.post_attention_layernorm.weight` and `{prefix}.mlp.*`"
+                    ),
+                });
+                // Stops the replay: the first one is found.
+                Err(RuntimeError::Input(String::new()))
+            };
+            step.layers[0].forward_probed(&context, &mut hidden, &spans, &mut state, &mut probe)
+        });
+        if found.is_some() {
+            return Ok(found);
+        }
+        replayed?;
+        let norm = reader.parameter("model.norm.weight", width)?;
+        backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
+        if let Some((position, value)) = first_bad(&backend.download(&hidden)?, width) {
+            return Ok(Some(format!("the final norm `model.norm.weight`'s output at position {position} ({value})")));
+        }
+        let head_name = head_name(config, &reader);
+        let head: Matrix = reader.matrix(head_name, [config.vocab_size, width])?;
+        let logits = backend.linear(&hidden, &head, None)?;
+        Ok(first_bad(&backend.download(&logits)?, config.vocab_size).map(|(position, value)| {
+            format!("the output of `{head_name}` at position {position} ({value}); its weights are finite, so the logits overflow")
+        }))
     }
 
     fn no_mtp_layer(&self) -> RuntimeError {

@@ -83,6 +83,20 @@ pub struct LayerContext<'a> {
     pub mla_scale: f32,
 }
 
+/// What a probed forward ([`Layer::forward_probed`]) shows its probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The attention's output (after `o_proj`), before it is added to the residual stream.
+    Attention,
+    /// The residual stream after the attention's output was added.
+    AttentionResidual,
+    /// The residual stream after the MLP's output was added: the layer's output.
+    MlpResidual,
+}
+
+/// Looks at a tensor of a probed forward; an error stops the forward.
+pub type Probe<'a> = dyn FnMut(Stage, &Tensor) -> Result<(), RuntimeError> + 'a;
+
 /// What a batch of sequences carries from one layer to the next besides its residual stream.
 #[derive(Default)]
 pub struct LayerState {
@@ -132,6 +146,35 @@ impl Layer {
         state: &mut LayerState,
         times: &ExpertTimes,
         tap: Option<&mut LayerTap>,
+    ) -> Result<(), RuntimeError> {
+        self.forward_observed(context, hidden, spans, kv, state, times, tap, None)
+    }
+
+    /// [`Layer::forward`] of the layer's own input, showing `probe` each [`Stage`] (to find where a value first
+    /// stops being finite).
+    pub fn forward_probed(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        spans: &Spans,
+        state: &mut LayerState,
+        probe: &mut Probe,
+    ) -> Result<(), RuntimeError> {
+        let times = ExpertTimes::default();
+        self.forward_observed(context, hidden, spans, KvSource::Own, state, &times, None, Some(probe))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_observed(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        spans: &Spans,
+        kv: KvSource<Layer>,
+        state: &mut LayerState,
+        times: &ExpertTimes,
+        tap: Option<&mut LayerTap>,
+        mut probe: Option<&mut Probe>,
     ) -> Result<(), RuntimeError> {
         let LayerContext { backend, config, table, mla_scale, .. } = *context;
         let mut untapped = LayerTap::default();
@@ -183,7 +226,13 @@ impl Layer {
                 ))
             }
         };
+        if let Some(probe) = probe.as_mut() {
+            probe(Stage::Attention, &attended)?;
+        }
         backend.add(hidden, &attended)?;
+        if let Some(probe) = probe.as_mut() {
+            probe(Stage::AttentionResidual, hidden)?;
+        }
         // Split: only the decoded rows go through the decode node's MLP.
         let decoded = split.map(|(_, _, prompt)| {
             let mut decoded = Vec::new();
@@ -192,7 +241,11 @@ impl Layer {
             }
             decoded
         });
-        self.mlp_residual(context, hidden, decoded.as_deref(), times, near_ties, tap)
+        self.mlp_residual(context, hidden, decoded.as_deref(), times, near_ties, tap)?;
+        match probe {
+            Some(probe) => probe(Stage::MlpResidual, hidden),
+            None => Ok(()),
+        }
     }
 
     /// `hidden += mlp(norm(hidden))` on all rows or on the rows listed in `only`; records the routed experts of

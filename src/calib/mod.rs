@@ -18,7 +18,7 @@ pub use write::{open_for_edit, write_scales, WrittenFiles, SCALES_FILE};
 use crate::arch::{
     embed, run_layers, CachedKv, ExpertTimes, KvSource, KvTap, LayerContext, LayerState, LayerTap, Model,
 };
-use crate::chunks::{load_sequences, ChunkError, EvalInput};
+use crate::chunks::{load_sequences, ChunkError, EvalInput, Fit};
 use crate::engines::{kv_scale_handling, kv_scale_names, CacheLayout, Engine, KvScaleHandling};
 use crate::model::ModelConfig;
 use crate::part::Part;
@@ -69,6 +69,8 @@ pub struct CalibOptions {
     pub part: Option<Part>,
     /// `--save-stats FILE`: write the per-layer amax, counts and histograms for `squeeze merge-calib`.
     pub save_stats: Option<std::path::PathBuf>,
+    /// `--allow-long-context`: sequences longer than the model's context window are run, with a warning.
+    pub allow_long_context: bool,
 }
 
 /// Calibrated scales and statistics of one layer.
@@ -116,6 +118,9 @@ pub struct CalibReport {
     pub seconds: f64,
     /// Files written, filled in by the caller.
     pub written: Vec<String>,
+    /// What the scales should be read with (sequences beyond the context window under `--allow-long-context`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Per layer: K and V statistics per KV head (MLA: one "head", K only).
@@ -143,7 +148,15 @@ pub fn calibrate(
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let config = model.config();
-    let all = load_sequences(&options.input, &options.model, Some(options.samples), 1, config.vocab_size)?;
+    // At least two tokens per sequence, as eval asks: a one-token sequence attends only to itself.
+    let fit = Fit {
+        vocab: config.vocab_size,
+        windows: &[&config.window],
+        min_ctx: 2,
+        allow_long_context: options.allow_long_context,
+    };
+    let loaded = load_sequences(&options.input, &options.model, Some(options.samples), &fit)?;
+    let all = loaded.sequences;
     let (sequences, chunk_range) = crate::part::select(&all, options.part).map_err(CalibError::Input)?;
     if let Some(p) = options.percentile {
         if !(p > 0.0 && p <= 100.0) {
@@ -202,7 +215,8 @@ pub fn calibrate(
         );
         part_stats::write(path, &identity, options, &observed, started.elapsed().as_secs_f64())?;
     }
-    let report = summarize(config, options, &observed, started.elapsed().as_secs_f64());
+    let mut report = summarize(config, options, &observed, started.elapsed().as_secs_f64());
+    report.warnings = loaded.warnings;
     for layer in &report.layers {
         if let Some(warning) = &layer.warning {
             reporter.warn(&format!("layer {}: {warning}", layer.layer));
@@ -294,6 +308,7 @@ pub fn summarize(config: &ModelConfig, options: &CalibOptions, observed: &Observ
             .collect(),
         seconds,
         written: Vec::new(),
+        warnings: Vec::new(),
     }
 }
 

@@ -151,13 +151,14 @@ pub fn merge(model: &Path, paths: &[PathBuf]) -> Result<CalibReport, MergeCalibE
     let (observed, run) = (observed.expect("one part at least"), first_run.expect("one part at least"));
     let options = CalibOptions {
         model: model.to_path_buf(),
-        input: EvalInput::Tokens { path: PathBuf::new() },
+        input: EvalInput::Tokens { path: PathBuf::new(), flag: "--tokens" },
         samples: observed.samples,
         percentile: run.percentile,
         strategy: run.strategy,
         engines: run.engines,
         part: None,
         save_stats: None,
+        allow_long_context: false,
     };
     Ok(summarize(opened.config(), &options, &observed, seconds))
 }

@@ -97,8 +97,8 @@ impl CalibrationData {
     /// The record of a calibration `options` read as `set`.
     pub fn of(options: &CalibrationOptions, set: &CalibrationSet) -> Result<Self, IoError> {
         let (path, seq_len): (&Path, Option<usize>) = match &options.input {
-            EvalInput::Text { path, ctx } => (path, Some(*ctx)),
-            EvalInput::Tokens { path } => (path, None),
+            EvalInput::Text { path, ctx, .. } => (path, Some(*ctx)),
+            EvalInput::Tokens { path, .. } => (path, None),
         };
         let (_, sha256) = sha256_file(path)?;
         let mut hasher = Sha256::new();

@@ -29,8 +29,8 @@ pub struct Args {
     /// Calibration sequences (chunks) to run.
     #[arg(long, default_value_t = 128, value_parser = super::values::count)]
     pub samples: usize,
-    /// Tokens per sequence for --data.
-    #[arg(long, default_value_t = 512, value_parser = super::values::count)]
+    /// Tokens per sequence for --data (at least 2, as eval's --ctx).
+    #[arg(long, default_value_t = 512, value_parser = super::values::at_least(2))]
     pub seq_len: usize,
     /// Map this percentile of |x| (not the amax) to 448, clipping the rarer outliers; the clip rate is reported.
     #[arg(long, value_parser = super::values::positive)]
@@ -55,6 +55,11 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Run sequences longer than the model's context window (max_position_embeddings, or YaRN's
+    /// original_max_position_embeddings × factor where that is smaller), with a warning in the report, instead of
+    /// refusing.
+    #[arg(long)]
+    pub allow_long_context: bool,
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
     #[arg(long, default_value = "auto")]
@@ -62,7 +67,7 @@ pub struct Args {
     /// Observe only part I of N of the calibration sequences (a contiguous run, the parts as even as whole
     /// sequences allow), e.g. $SLURM_ARRAY_TASK_ID/8, and write nothing into the model: the part's statistics go to
     /// --save-stats, and `squeeze merge-calib MODEL FILE…` writes the scales one run writes.
-    #[arg(long, value_name = "I/N", requires = "save_stats")]
+    #[arg(long, value_name = "I/N", requires = "save_stats", allow_hyphen_values = true)]
     pub part: Option<crate::part::Part>,
     /// Write the raw observations (per layer and head: amax, count and |x| histogram of K and V), a small
     /// safetensors file, for `squeeze merge-calib`.
@@ -72,8 +77,10 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let input = match (&args.data, &args.tokens) {
-        (Some(path), _) => EvalInput::Text { path: path.clone(), ctx: args.seq_len },
-        (None, Some(path)) => EvalInput::Tokens { path: path.clone() },
+        (Some(path), _) => {
+            EvalInput::Text { path: path.clone(), ctx: args.seq_len, flag: "--data", ctx_flag: "--seq-len" }
+        }
+        (None, Some(path)) => EvalInput::Tokens { path: path.clone(), flag: "--tokens" },
         (None, None) => anyhow::bail!("give --data TEXT_FILE or --tokens SAFETENSORS_FILE"),
     };
     let options = CalibOptions {
@@ -85,6 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         engines: args.engine.engines(),
         part: args.part,
         save_stats: args.save_stats.clone(),
+        allow_long_context: args.allow_long_context,
     };
     if args.part.is_some() && (args.out.is_some() || args.sglang_json.is_some()) {
         anyhow::bail!("a --part writes only its --save-stats file; give --out/--sglang-json to `squeeze merge-calib`");
@@ -195,5 +203,8 @@ pub(super) fn print_report(report: &CalibReport) {
     );
     for file in &report.written {
         println!("wrote {file}");
+    }
+    for warning in &report.warnings {
+        println!("warning: {warning}");
     }
 }

@@ -59,9 +59,14 @@ pub struct Args {
     /// safetensors file with an integer tensor `input_ids` [n, ctx] (I32 or I64), used as given (no BOS added).
     #[arg(long)]
     pub tokens: Option<PathBuf>,
-    /// Tokens per chunk for --data.
-    #[arg(long, default_value_t = 512, value_parser = super::values::count)]
+    /// Tokens per chunk for --data (at least 2: the first token of a chunk is never scored; parity needs 4).
+    #[arg(long, default_value_t = 512, value_parser = super::values::at_least(2))]
     pub ctx: usize,
+    /// Run chunks longer than the model's context window (max_position_embeddings, or YaRN's
+    /// original_max_position_embeddings × factor where that is smaller; parity: either model's), with a warning in
+    /// the report, instead of refusing.
+    #[arg(long)]
+    pub allow_long_context: bool,
     /// Evaluate at most this many chunks.
     #[arg(long, value_parser = super::values::count)]
     pub chunks: Option<usize>,
@@ -74,7 +79,7 @@ pub struct Args {
     /// Score only part I of N of the chunks (a contiguous run, the parts as even as whole chunks allow), e.g.
     /// $SLURM_ARRAY_TASK_ID/8; the report covers those chunks. With --save-stats, `squeeze merge-eval` joins the
     /// parts into the report one run gives. Gates are not applied to a part (merge-eval applies them).
-    #[arg(long, value_name = "I/N", requires = "save_stats")]
+    #[arg(long, value_name = "I/N", requires = "save_stats", allow_hyphen_values = true)]
     pub part: Option<crate::part::Part>,
     /// Write the raw statistics (per-position NLLs; parity: per-position KLD, Δp, NLLs, top-1 flags and per-layer,
     /// per-chunk error sums), a small safetensors file, for `squeeze merge-eval FILE…`.
@@ -93,7 +98,7 @@ pub struct Args {
     /// num_speculative_tokens K, and report the mean accepted length per step (an estimate on the text; serve-test
     /// --speculative mtp=K measures it on the model's own continuation). K = 1 … 16; one MTP-layer step per
     /// position and depth.
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = parse_mtp_depth, requires = "mtp", allow_negative_numbers = true)]
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = parse_mtp_depth, requires = "mtp")]
     pub mtp_depth: usize,
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
@@ -121,8 +126,8 @@ fn parse_mtp_depth(text: &str) -> Result<usize, String> {
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let input = match (&args.data, &args.tokens) {
-        (Some(path), _) => EvalInput::Text { path: path.clone(), ctx: args.ctx },
-        (None, Some(path)) => EvalInput::Tokens { path: path.clone() },
+        (Some(path), _) => EvalInput::Text { path: path.clone(), ctx: args.ctx, flag: "--data", ctx_flag: "--ctx" },
+        (None, Some(path)) => EvalInput::Tokens { path: path.clone(), flag: "--tokens" },
         (None, None) => anyhow::bail!("give --data TEXT_FILE or --tokens SAFETENSORS_FILE"),
     };
     if let (Some(reference), Some(candidate)) = (&args.reference, &args.candidate) {
@@ -144,6 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         save_stats: args.save_stats.clone(),
         mtp: args.mtp,
         mtp_depth: args.mtp_depth,
+        allow_long_context: args.allow_long_context,
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate(&options, backend.as_ref(), &Bar::new(false))
@@ -216,6 +222,9 @@ pub(super) fn print_eval(report: &crate::eval::EvalReport) {
         table.row(vec!["logits".into(), file.clone()]);
     }
     println!("{}", table.render().trim_end());
+    for warning in &report.warnings {
+        println!("warning: {warning}");
+    }
 }
 
 fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalInput) -> anyhow::Result<Outcome> {
@@ -239,6 +248,7 @@ fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalIn
         save_stats: args.save_stats.clone(),
         max_mtp_drop: args.mtp.then_some(args.max_mtp_drop),
         mtp_depth: args.mtp_depth,
+        allow_long_context: args.allow_long_context,
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate_parity(&options, backend.as_ref(), &Bar::new(false))
@@ -406,6 +416,9 @@ pub(super) fn print_parity(report: &ParityReport) {
         }
         println!("{}", table.render().trim_end());
         println!("MTP acceptance drop {:.2} points (gate ≤ {})", mtp.drop, mtp.max_drop);
+    }
+    for warning in &report.warnings {
+        println!("warning: {warning}");
     }
     let gates = &report.gates;
     println!(

@@ -18,6 +18,12 @@ pub struct Args {
     pub json: bool,
 }
 
+/// Malformed modules listed one per line before "and N more".
+const PROBLEMS_SHOWN: usize = 5;
+
+/// Prints what the folder holds; a malformed checkpoint (a quantized module whose tensors disagree) still gets its
+/// tables — they help to see what is there — then a warning line per problem on stderr and exit 1, as a failed
+/// check: the folder cannot be loaded as it is, and `squeeze verify` says more.
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let report = inspect(&args.dir)?;
     if args.json {
@@ -25,7 +31,20 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     } else {
         print_human(&report);
     }
-    Ok(Outcome::Success)
+    if report.problems.is_empty() {
+        return Ok(Outcome::Success);
+    }
+    for problem in report.problems.iter().take(PROBLEMS_SHOWN) {
+        eprintln!("warning: {}: malformed checkpoint: {problem}", report.path);
+    }
+    if report.problems.len() > PROBLEMS_SHOWN {
+        eprintln!("warning: … and {} more malformed module(s)", report.problems.len() - PROBLEMS_SHOWN);
+    }
+    eprintln!(
+        "inspect: {} cannot be loaded as it is; `squeeze verify {}` checks every tensor",
+        report.path, report.path
+    );
+    Ok(Outcome::GateFailed)
 }
 
 pub fn print_human(report: &InspectReport) {

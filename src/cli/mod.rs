@@ -90,7 +90,7 @@ enum Command {
 /// Parses the arguments, runs the subcommand and returns the process exit code.
 pub fn run() -> i32 {
     crate::io::interrupt::install();
-    let cli = Cli::parse();
+    let cli = parse();
     if cli.version {
         print_version(cli.verbose);
         return 0;
@@ -124,6 +124,17 @@ pub fn run() -> i32 {
             2
         }
     }
+}
+
+/// The command line, with negative numbers taken as the values of the flags they follow: `--ctx -1` reaches the
+/// flag's parser, which names the flag and its rule ("invalid value '-1' for '--ctx <CTX>': must be at least 2,
+/// got -1"), instead of clap reading `-1` as an unknown flag. Only numbers: `--out -x` still fails as before.
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let command = Cli::command().mut_subcommands(|subcommand| {
+        subcommand.mut_args(|arg| if arg.get_action().takes_values() { arg.allow_negative_numbers(true) } else { arg })
+    });
+    Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit())
 }
 
 /// The runtime backend for `--device`, printing the CPU-fallback notice of `auto` to stderr.

@@ -34,7 +34,7 @@ pub struct Args {
     #[arg(long)]
     pub recipe: Option<String>,
     /// Override the INT4 group size of every rule (must divide the rows it applies to).
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::count)]
     pub group_size: Option<usize>,
     /// Override the scale rule of every rule: ct-minmax, absmax7 or mse.
     #[arg(long)]
@@ -96,15 +96,19 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_SAMPLES, value_parser = super::values::count)]
     pub samples: usize,
     /// imatrix, gptq: tokens per chunk of a text --calibration.
-    #[arg(long, default_value_t = DEFAULT_SEQ_LEN, value_parser = super::values::count)]
+    #[arg(long, default_value_t = DEFAULT_SEQ_LEN, value_parser = super::values::at_least(2))]
     pub seq_len: usize,
     /// imatrix, gptq: an expert shown fewer calibration tokens than this is quantized with the mse rule and listed.
-    #[arg(long, default_value_t = DEFAULT_MIN_EXPERT_TOKENS)]
+    #[arg(long, default_value_t = DEFAULT_MIN_EXPERT_TOKENS, value_parser = super::values::whole::<u64>)]
     pub min_expert_tokens: u64,
     /// imatrix, gptq, statistics only: show every calibration token to every expert of its layer (the forward
     /// still routes as the router says; coverage still counts routed tokens), so no expert falls back.
     #[arg(long)]
     pub force_route_all: bool,
+    /// imatrix, gptq: run calibration chunks longer than the model's context window (max_position_embeddings, or
+    /// YaRN's original_max_position_embeddings × factor where that is smaller), with a warning, instead of refusing.
+    #[arg(long)]
+    pub allow_long_context: bool,
     /// gptq (the default): layer L + 1 is calibrated on the output of layer L run with its already-quantized
     /// experts (as llm-compressor and GPTQModel do), at the cost of a second forward of every MoE layer and one
     /// more copy of the hidden states. Chosen by measurement on the trained tiny model (BENCHMARKS.md, paired over
@@ -123,7 +127,7 @@ pub struct Args {
     /// (shared by all parts, or one folder each); `squeeze merge` then checks the parts and writes the index,
     /// config and manifest. Parts run anywhere (on other machines, in any order) with the same source, recipe and
     /// flags; --resume and --force act on this part's files only. Round to nearest only (--method rtn).
-    #[arg(long, value_name = "I/N")]
+    #[arg(long, value_name = "I/N", allow_hyphen_values = true)]
     pub part: Option<Part>,
     /// The Hugging Face repo id of the source (ORG/NAME), for the model card's `base_model` (README.md; the
     /// source's own README is kept as README.source.md). Default: config.json's `_name_or_path` when it is a repo
@@ -144,9 +148,9 @@ fn method_name(method: Method) -> &'static str {
 /// The calibration input: a safetensors token file by extension, else text.
 fn calibration_input(path: &std::path::Path, seq_len: usize) -> EvalInput {
     if path.extension().is_some_and(|extension| extension == "safetensors") {
-        EvalInput::Tokens { path: path.to_path_buf() }
+        EvalInput::Tokens { path: path.to_path_buf(), flag: "--calibration" }
     } else {
-        EvalInput::Text { path: path.to_path_buf(), ctx: seq_len }
+        EvalInput::Text { path: path.to_path_buf(), ctx: seq_len, flag: "--calibration", ctx_flag: "--seq-len" }
     }
 }
 
@@ -165,6 +169,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             device: args.device,
             method: args.method,
             sequential: !args.no_sequential,
+            allow_long_context: args.allow_long_context,
         }),
         (true, None) => anyhow::bail!("--method {} needs --calibration FILE", method_name(args.method)),
         (false, Some(_)) => {

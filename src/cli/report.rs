@@ -22,31 +22,31 @@ pub struct Args {
     #[arg(long)]
     pub recipe: Option<String>,
     /// Override the INT4 group size of every rule, as quantize does.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::count)]
     pub group_size: Option<usize>,
     /// Largest output shard, as quantize's (shard headers count in the output bytes).
     #[arg(long, default_value = "5GB", value_parser = parse_bytes)]
     pub max_shard_size: u64,
     /// GPUs per node (one serving deployment; may span machines).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::values::count)]
     pub gpus: usize,
     /// Memory of one GPU: h100-80g, h200-141g, b200-180g (nvidia-smi totals) or a size such as 141GiB.
     #[arg(long, default_value = "h200-141g", value_parser = parse_gpu_memory)]
     pub gpu_memory: GpuMemory,
     /// Tensor-parallel size; default: --gpus. gpus/tp replicas serve side by side.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::count)]
     pub tp: Option<usize>,
     /// Data-parallel attention (dp = tp): each rank keeps the KV of its own requests only.
     #[arg(long)]
     pub dp_attention: bool,
     /// Share of GPU memory for weights, reserve and KV pool (SGLang --mem-fraction-static).
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = 0.9, value_parser = super::values::finite)]
     pub mem_fraction: f64,
     /// Per-GPU bytes held back inside that share: CUDA context, NCCL and all-to-all buffers.
     #[arg(long, default_value = "4GiB", value_parser = parse_reserve)]
     pub reserve: u64,
     /// Tokens per request (prompt + output) for the concurrency figure.
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, value_parser = super::values::whole::<u64>)]
     pub context: u64,
     /// Use this KV pool per GPU (e.g. what the engine logged) instead of computing it; skips the fit check.
     #[arg(long, value_parser = parse_bytes)]

@@ -20,13 +20,13 @@ pub struct Args {
     #[arg(long, default_value = "cuda")]
     pub device: DeviceChoice,
     /// Seed of the random inputs; default: fresh from the clock.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::whole::<u64>)]
     pub seed: Option<u64>,
     /// Skip the benchmarks (correctness only).
     #[arg(long)]
     pub no_bench: bool,
     /// Rows of the benchmark tensor (6144 columns of FP8).
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, default_value_t = 16384, value_parser = super::values::count)]
     pub bench_rows: usize,
     /// Run only the ops whose name contains one of these comma-separated names (e.g. `silu_mul,int4_quantize`);
     /// default: every op.

@@ -47,7 +47,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0, value_parser = super::values::mass)]
     pub top_p: f32,
     /// Seed for sampling and for the choice of the fault's victim.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::values::whole::<u64>)]
     pub seed: u64,
     /// Run prefill on this model (e.g. the FP8 source; folder or Hugging Face repo id (ORG/NAME[@REV]) in the local
     /// cache); its KV is handed to MODEL converted to --kv-dtype.
@@ -68,6 +68,11 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Run requests whose prompt plus --max-new-tokens pass the model's context window (max_position_embeddings,
+    /// or YaRN's original_max_position_embeddings × factor where that is smaller), with a warning in the report,
+    /// instead of refusing.
+    #[arg(long)]
+    pub allow_long_context: bool,
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
     #[arg(long, default_value = "auto")]
@@ -126,11 +131,15 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         fault,
         verify: !args.no_verify,
         speculative: args.speculative,
+        allow_long_context: args.allow_long_context,
     };
     let report = serve_test(super::open_backend(args.device)?.as_ref(), &options, &super::progress::Bar::new(false))?;
     if args.json {
         print_json(&report)?;
     } else {
+        for warning in &report.warnings {
+            println!("warning: {warning}");
+        }
         for request in &report.requests {
             match &request.error {
                 None => println!("[{}] {} → {}", request.id, request.prompt, request.text),

@@ -15,25 +15,25 @@ pub struct Args {
     /// Output folder.
     pub out: PathBuf,
     /// Decoder layers (the first is dense; glm5, glm5.2 and glm45 add one MTP layer).
-    #[arg(long, default_value_t = SynthSize::default().layers)]
+    #[arg(long, default_value_t = SynthSize::default().layers, value_parser = super::values::count)]
     pub layers: usize,
     /// Hidden size (any multiple of the INT4 group size; need not be a multiple of 128).
-    #[arg(long, default_value_t = SynthSize::default().hidden)]
+    #[arg(long, default_value_t = SynthSize::default().hidden, value_parser = super::values::count)]
     pub hidden: usize,
     /// Routed experts per MoE layer.
-    #[arg(long, default_value_t = SynthSize::default().experts)]
+    #[arg(long, default_value_t = SynthSize::default().experts, value_parser = super::values::count)]
     pub experts: usize,
     /// Expert intermediate size.
-    #[arg(long, default_value_t = SynthSize::default().moe_intermediate)]
+    #[arg(long, default_value_t = SynthSize::default().moe_intermediate, value_parser = super::values::count)]
     pub moe_intermediate: usize,
     /// Vocabulary size (at least 258).
-    #[arg(long, default_value_t = SynthSize::default().vocab)]
+    #[arg(long, default_value_t = SynthSize::default().vocab, value_parser = super::values::count)]
     pub vocab: usize,
     /// Number of safetensors shards.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = super::values::count)]
     pub shards: usize,
     /// Random seed.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::values::whole::<u64>)]
     pub seed: u64,
     /// Overwrite a non-empty folder.
     #[arg(long)]

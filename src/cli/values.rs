@@ -8,11 +8,27 @@ use crate::io::hub::{self, HubError};
 
 /// A count of at least 1 (chunks, samples, tokens per chunk, requests).
 pub fn count(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(value) => Ok(value),
-        Err(error) => Err(format!("not a whole number ({error})")),
+    integer(text, 1)
+}
+
+/// A whole number of at least `min` (`--ctx`: 2, the fewest tokens a chunk can be scored on).
+pub fn at_least(min: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |text| integer(text, min)
+}
+
+/// A whole number, 0 included (seeds, list lengths).
+pub fn whole<T: TryFrom<i128>>(text: &str) -> Result<T, String> {
+    integer(text, 0)
+}
+
+/// A whole number ≥ `min` that fits `T`; a negative or too small one is named with the bound ("must be at least
+/// 1, got -1"), as is one too large for `T`.
+fn integer<T: TryFrom<i128>>(text: &str, min: usize) -> Result<T, String> {
+    let value: i128 = text.trim().parse().map_err(|_| format!("must be a whole number, got `{text}`"))?;
+    if value < min as i128 {
+        return Err(format!("must be at least {min}, got {value}"));
     }
+    T::try_from(value).map_err(|_| format!("{value} is too large"))
 }
 
 /// Tokens per KV page: 1 to 2^20 (a larger page than any context is a typo, and its pool would not fit in memory).
@@ -20,15 +36,16 @@ pub fn page_size(text: &str) -> Result<usize, String> {
     const MAX: usize = 1 << 20;
     let value = count(text)?;
     if value > MAX {
-        return Err(format!("must be at most {MAX} tokens"));
+        return Err(format!("must be at most {MAX} tokens, got {value}"));
     }
     Ok(value)
 }
 
-fn finite(text: &str) -> Result<f64, String> {
-    let value: f64 = text.parse().map_err(|error| format!("not a number ({error})"))?;
+/// A finite number (a range checked where it is used, e.g. `--mem-fraction` by the report's layout).
+pub fn finite(text: &str) -> Result<f64, String> {
+    let value: f64 = text.trim().parse().map_err(|_| format!("must be a number, got `{text}`"))?;
     if !value.is_finite() {
-        return Err("must be a finite number".into());
+        return Err(format!("must be a finite number, got {text}"));
     }
     Ok(value)
 }
@@ -37,7 +54,7 @@ fn finite(text: &str) -> Result<f64, String> {
 pub fn non_negative(text: &str) -> Result<f64, String> {
     let value = finite(text)?;
     if value < 0.0 {
-        return Err("must be at least 0".into());
+        return Err(format!("must be at least 0, got {value}"));
     }
     Ok(value)
 }
@@ -46,7 +63,7 @@ pub fn non_negative(text: &str) -> Result<f64, String> {
 pub fn positive(text: &str) -> Result<f64, String> {
     let value = finite(text)?;
     if value <= 0.0 {
-        return Err("must be greater than 0".into());
+        return Err(format!("must be greater than 0, got {value}"));
     }
     Ok(value)
 }
@@ -55,7 +72,7 @@ pub fn positive(text: &str) -> Result<f64, String> {
 pub fn percent(text: &str) -> Result<f64, String> {
     let value = finite(text)?;
     if !(0.0..=100.0).contains(&value) {
-        return Err("must be between 0 and 100".into());
+        return Err(format!("must be between 0 and 100, got {value}"));
     }
     Ok(value)
 }
@@ -64,7 +81,7 @@ pub fn percent(text: &str) -> Result<f64, String> {
 pub fn mass(text: &str) -> Result<f32, String> {
     let value = finite(text)?;
     if !(value > 0.0 && value <= 1.0) {
-        return Err("must be in (0, 1]".into());
+        return Err(format!("must be in (0, 1], got {value}"));
     }
     Ok(value as f32)
 }
@@ -124,7 +141,14 @@ mod tests {
 
     #[test]
     fn rejects_zero_nan_and_out_of_range() {
-        assert!(count("0").is_err() && count("-1").is_err() && count("3") == Ok(3));
+        assert!(count("0").is_err() && count("3") == Ok(3));
+        assert_eq!(count("-1"), Err("must be at least 1, got -1".into()));
+        assert_eq!(at_least(2)("1"), Err("must be at least 2, got 1".into()));
+        assert_eq!(whole::<u64>("-3"), Err("must be at least 0, got -3".into()));
+        assert_eq!(whole::<u64>("0"), Ok(0));
+        assert!(whole::<u8>("300").unwrap_err().contains("too large"));
+        assert!(count("x").unwrap_err().contains("whole number"));
+        assert_eq!(percent("-5"), Err("must be between 0 and 100, got -5".into()));
         assert!(page_size("100000000").is_err() && page_size("16") == Ok(16));
         for bad in ["nan", "inf", "-0.5"] {
             assert!(non_negative(bad).is_err(), "{bad}");

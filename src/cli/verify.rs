@@ -23,7 +23,7 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_MAX_INT4_ERROR, value_parser = super::values::positive)]
     pub max_int4_error: f64,
     /// How many of the worst tensors to list.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = super::values::whole::<usize>)]
     pub worst: usize,
     /// Also check the engine load rules (read from vLLM 0.32 and SGLang sources) for vllm, sglang or all (both); a failed rule exits 1.
     #[arg(long, default_value = "none", hide_default_value = true)]

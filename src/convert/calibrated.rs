@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::arch::mtp::MtpLayer;
 use crate::arch::{embed, run_layers, ExpertTimes, KvSource, Layer, LayerContext, LayerState, LayerTap, Model};
-use crate::chunks::{load_sequences, EvalInput};
+use crate::chunks::{load_sequences, EvalInput, Fit};
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
 use crate::runtime::device::DeviceChoice;
@@ -62,6 +62,8 @@ pub struct CalibrationOptions {
     /// GPTQ: the inputs of layer L + 1 come from layer L run with its already-quantized experts (else every
     /// layer's inputs come from the FP8 model).
     pub sequential: bool,
+    /// `--allow-long-context`: chunks longer than the model's context window are run, with a warning.
+    pub allow_long_context: bool,
 }
 
 /// Calibration tokens per expert of one MoE layer, and the experts that fell back to `mse`.
@@ -198,8 +200,8 @@ pub fn mark_observer(quantization_config: &mut serde_json::Value) {
 pub enum CalibrationError {
     #[error(transparent)]
     Runtime(#[from] crate::runtime::RuntimeError),
-    /// The calibration chunks could not be read (the message names the file).
-    #[error("--calibration: {0}")]
+    /// The calibration chunks could not be read (the message names the flag and the file).
+    #[error("{0}")]
     Chunks(String),
     /// No backend for the pass.
     #[error("--device: {0}")]
@@ -211,13 +213,23 @@ pub enum CalibrationError {
 pub struct CalibrationSet {
     pub sequences: Vec<Vec<u32>>,
     pub digest: String,
+    /// Chunks beyond the context window under `--allow-long-context`, said when the pass runs.
+    pub warnings: Vec<String>,
 }
 
 impl CalibrationSet {
     pub fn load(dir: &Path, options: &CalibrationOptions) -> Result<Self, CalibrationError> {
         let model = Model::open(dir)?;
-        let sequences = load_sequences(&options.input, dir, Some(options.samples), 2, model.config().vocab_size)
+        let config = model.config();
+        let fit = Fit {
+            vocab: config.vocab_size,
+            windows: &[&config.window],
+            min_ctx: 2,
+            allow_long_context: options.allow_long_context,
+        };
+        let loaded = load_sequences(&options.input, dir, Some(options.samples), &fit)
             .map_err(|e| CalibrationError::Chunks(e.to_string()))?;
+        let (sequences, warnings) = (loaded.sequences, loaded.warnings);
         let mut hasher = Sha256::new();
         hasher.update(match options.method {
             Method::Gptq => {
@@ -240,7 +252,7 @@ impl CalibrationSet {
                 hasher.update(id.to_le_bytes());
             }
         }
-        Ok(Self { sequences, digest: crate::io::writer::hex(&hasher.finalize()) })
+        Ok(Self { sequences, digest: crate::io::writer::hex(&hasher.finalize()), warnings })
     }
 }
 
@@ -298,6 +310,9 @@ pub fn run_pass(
         crate::runtime::device::open_backend(options.device).map_err(|e| CalibrationError::Device(e.to_string()))?;
     if let Some(notice) = notice {
         reporter.warn(&format!("calibration: {notice}"));
+    }
+    for warning in &set.warnings {
+        reporter.warn(&format!("calibration: {warning}"));
     }
     let backend = backend.as_ref();
     let reader = WeightReader::new(model.checkpoint());

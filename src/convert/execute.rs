@@ -183,8 +183,9 @@ pub fn prepare(
 
 /// An INT4 source (Kimi K2.6) is requantized only into another format: NVFP4, MXFP4 or W4A8 (dequantized
 /// exactly, then quantized as an FP8 source is). A plan that keeps every INT4 module INT4 has nothing to do; one
-/// that keeps some would need two INT4 declarations the config cannot tell apart, so it is refused.
-fn check_int4_source(plan: &Plan, recipe: &Recipe, input: &Path) -> Result<(), ConvertError> {
+/// that keeps some would need two INT4 declarations the config cannot tell apart, so it is refused (`report`
+/// refuses a `--group-size` for a source kept INT4 the same way).
+pub fn check_int4_source(plan: &Plan, recipe: &Recipe, input: &Path) -> Result<(), ConvertError> {
     let int4: Vec<&plan::PlannedItem> =
         plan.items.iter().filter(|item| matches!(item.source.kind, SourceKind::Int4 { .. })).collect();
     let Some(kept) = int4.iter().find(|item| !item.requantizes_int4()) else { return Ok(()) };

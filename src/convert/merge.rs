@@ -103,7 +103,8 @@ pub fn merge(out: &Path, part_dirs: &[PathBuf]) -> Result<MergeReport, MergeErro
             manifest.shards[index].sha256 = record.sha256.clone();
         }
     }
-    for name in &reference.manifest.companions {
+    // A lock file is never a companion (a part manifest written before that rule may list one).
+    for name in reference.manifest.companions.iter().filter(|name| !crate::io::lock::is_lock_file(name)) {
         place(&reference.dir.join(name), &out.join(name))?;
     }
 
@@ -124,12 +125,14 @@ pub fn merge(out: &Path, part_dirs: &[PathBuf]) -> Result<MergeReport, MergeErro
     manifest.complete = true;
     crate::card::write(out, &manifest, reference.manifest.config.as_ref())?;
     manifest.write(out)?;
-    // Part manifests in the output folder go: the folder is now what one run writes.
+    // Part manifests in the output folder go: the folder is now what one run writes. So do the locks parts killed
+    // after finishing left there (their holders gone): a complete folder does not look locked.
     for found in parts.values() {
         if same_folder(&found.dir, out) {
             fs::remove_file(&found.file).map_err(|e| IoError::file(&found.file, e))?;
         }
     }
+    crate::io::lock::clear_stale(out);
     Ok(report)
 }
 

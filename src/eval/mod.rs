@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::arch::Model;
-use crate::chunks::{load_sequences, ChunkError, EvalInput};
+use crate::chunks::{load_sequences, ChunkError, EvalInput, Fit};
 use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::backend::Uploads;
@@ -39,6 +39,8 @@ pub struct EvalOptions {
     pub mtp: bool,
     /// `--mtp-depth K`: with `mtp`, also chain `K` drafts from every position (1: depth 1 only).
     pub mtp_depth: usize,
+    /// `--allow-long-context`: chunks longer than the model's context window are run, with a warning.
+    pub allow_long_context: bool,
 }
 
 /// The result of an evaluation.
@@ -78,6 +80,9 @@ pub struct EvalReport {
     /// `--mtp`: the MTP layer's draft acceptance.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mtp: Option<mtp::DraftReport>,
+    /// What the numbers should be read with (chunks beyond the context window under `--allow-long-context`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,7 +115,10 @@ pub fn evaluate_with_drafts(
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let vocab = model.config().vocab_size;
-    let all = load_sequences(&options.input, &options.model, options.chunks, 2, vocab)?;
+    let fit =
+        Fit { vocab, windows: &[&model.config().window], min_ctx: 2, allow_long_context: options.allow_long_context };
+    let loaded = load_sequences(&options.input, &options.model, options.chunks, &fit)?;
+    let all = loaded.sequences;
     let (sequences, chunk_range) = part_stats::select(&all, options.part)?;
     let ctx = sequences[0].len();
     let mut writer = match &options.save_logits {
@@ -119,15 +127,13 @@ pub fn evaluate_with_drafts(
     };
     let mut stats = NllStats::default();
     let drafts = std::cell::RefCell::new(mtp::DraftSamples::new(options.mtp_depth));
+    // The chunk and position of the first non-finite logit: the forward stops there, and a replay of that chunk
+    // names where the value came from.
+    let nonfinite = std::cell::Cell::new(None);
     let mut sink = |index: usize, logits: &[f32]| {
         if let Some(position) = logits.iter().position(|v| !v.is_finite()) {
-            return Err(RuntimeError::Input(format!(
-                "{}: chunk {index} produced a non-finite logit (token position {}): a weight or scale of the model \
-                 is NaN or infinite; find it with `squeeze verify` (INT4 outputs) or rerun `squeeze quantize`, which \
-                 rejects non-finite weights",
-                options.model.display(),
-                position / vocab.max(1)
-            )));
+            nonfinite.set(Some((index, position / vocab.max(1))));
+            return Err(RuntimeError::Input(format!("chunk {index} produced a non-finite logit")));
         }
         stats.add_sequence(&sequences[index], logits, vocab);
         if options.mtp {
@@ -153,6 +159,9 @@ pub fn evaluate_with_drafts(
             if let Some(writer) = writer {
                 writer.abandon();
             }
+            if let Some((index, position)) = nonfinite.get() {
+                return Err(nonfinite_logit(&model, options, backend, &sequences[index], index, position));
+            }
             return Err(error.into());
         }
     };
@@ -171,6 +180,7 @@ pub fn evaluate_with_drafts(
         near_ties: forward.near_ties,
         mtp_layer: options.mtp.then_some(model.config().num_hidden_layers),
         mtp_depth: options.mtp_depth,
+        warnings: loaded.warnings,
     };
     let drafts = options.mtp.then(|| drafts.into_inner());
     if let Some(path) = &options.save_stats {
@@ -190,6 +200,29 @@ pub fn evaluate_with_drafts(
         report.mtp = Some(drafts.report(layer));
     }
     Ok((report, drafts.map(|drafts| drafts.stats().clone())))
+}
+
+/// The error of a non-finite logit at `position` of chunk `index` (`sequence`), naming where the first non-finite
+/// value of that chunk's forward comes from ([`Model::locate_nonfinite`]).
+fn nonfinite_logit(
+    model: &Model,
+    options: &EvalOptions,
+    backend: &dyn Backend,
+    sequence: &[u32],
+    index: usize,
+    position: usize,
+) -> EvalError {
+    let source = match model.locate_nonfinite(backend, sequence) {
+        Ok(Some(source)) => format!("the first non-finite value is {source}"),
+        Ok(None) => {
+            "a replay of the chunk alone stayed finite, so no tensor is to blame; rerun with --device cpu".into()
+        }
+        Err(error) => format!("replaying the chunk to find its source failed: {error}"),
+    };
+    EvalError::Input(format!(
+        "{}: chunk {index} produced a non-finite logit (token position {position}): {source}",
+        options.model.display()
+    ))
 }
 
 /// The report of `chunks` chunks whose NLLs are `stats` (a run's, or merged parts').
@@ -217,5 +250,6 @@ fn report(run: &part_stats::EvalRun, chunks: usize, stats: &NllStats, logits_fil
         uploads: None,
         device: None,
         mtp: None,
+        warnings: run.warnings.clone(),
     }
 }

@@ -44,6 +44,9 @@ pub struct EvalRun {
     /// `--mtp-depth`: the chained drafts' depth (1: none).
     #[serde(default = "depth_one")]
     pub mtp_depth: usize,
+    /// The report's warnings (chunks beyond the context window under `--allow-long-context`), kept by merge-eval.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// `--mtp` in parity: the MTP layer, the chained drafts' depth and the drop gate.
@@ -80,6 +83,8 @@ struct ParityRun {
     moe_layers: Vec<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mtp: Option<MtpRun>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
 }
 
 /// Writes a one-model part's statistics (with `--mtp`, `drafts`: its drafts' scored positions).
@@ -169,6 +174,7 @@ pub fn write_parity(
             depth: mtp.reference.chain.as_ref().map_or(1, |chain| chain.depth),
             max_drop: mtp.max_drop,
         }),
+        warnings: report.warnings.clone(),
     };
     let mut file = StatsFile::new(json!({ "kind": "parity", "identity": identity, "run": run }));
     for stream in &stats.streams {
@@ -296,6 +302,7 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
         gates: run.gates,
         failures,
         mtp,
+        warnings: run.warnings.clone(),
         seconds: runs.iter().map(|run| run.seconds).sum(),
         mode_reports,
     };

@@ -40,6 +40,8 @@ impl Checkpoint {
                 "is not a model folder (expected a directory with config.json and *.safetensors)",
             ));
         }
+        // A run killed after finishing this folder left its lock: the folder is complete, so it must not look locked.
+        super::lock::clear_stale(dir);
         let config = read_config(dir)?;
         let index_path = dir.join(INDEX_FILE);
         let (shard_names, weight_map) = if index_path.exists() {
@@ -237,7 +239,7 @@ impl Checkpoint {
             let is_ours = name == INDEX_FILE
                 || name == CONFIG_FILE
                 || name == MANIFEST_FILE
-                || name == super::lock::LOCK_FILE
+                || super::lock::is_lock_file(&name)
                 || name == super::journal::JOURNAL_FILE
                 || name.ends_with(super::journal::STAGED_SUFFIX)
                 || name.ends_with(".squeeze-tmp");

@@ -1,6 +1,8 @@
 //! One writer per folder: an advisory lock file `.squeeze.lock` (pid, host, command) created exclusively in a
 //! folder for the whole run and removed when the run ends. A second run fails naming the holder; a lock left by a
-//! process that is gone (same host, no `/proc/PID`) is reclaimed.
+//! process that is gone (same host, no `/proc/PID`) is reclaimed. A run killed after its folder was complete (the
+//! final rename done, the lock not yet removed) leaves such a lock behind: every squeeze command that opens the
+//! folder removes it ([`clear_stale`]), so that a finished folder does not look locked, and none copies it.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -36,28 +38,22 @@ impl FolderLock {
                     return Ok(lock);
                 }
                 Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let text = fs::read_to_string(&path).unwrap_or_default();
-                    let mut lines = text.lines();
-                    let (pid, lock_host, command) = (lines.next(), lines.next(), lines.next().unwrap_or("squeeze"));
-                    let pid: Option<u32> = pid.and_then(|p| p.trim().parse().ok());
-                    let stale = match pid {
-                        Some(pid) => lock_host == Some(host().as_str()) && !process_alive(pid),
-                        None => false,
-                    };
-                    if !stale {
+                    let holder = Holder::read(&path);
+                    if !holder.gone() {
                         return Err(IoError::folder(
                             folder,
                             format!(
-                                "is in use by another squeeze run ({command}, pid {}, host {}); wait for it to finish, \
+                                "is in use by another squeeze run ({}, pid {}, host {}); wait for it to finish, \
                                  or remove {} if that process is gone",
-                                pid.map_or("?".into(), |p| p.to_string()),
-                                lock_host.unwrap_or("?"),
+                                holder.command,
+                                holder.pid.map_or("?".into(), |p| p.to_string()),
+                                holder.host.as_deref().unwrap_or("?"),
                                 path.display()
                             ),
                         ));
                     }
                     // The holder died without cleaning up: reclaim.
-                    let _ = fs::remove_file(&path);
+                    holder.remove(&path);
                 }
                 Err(error) => return Err(IoError::file(&path, error)),
             }
@@ -71,6 +67,66 @@ impl Drop for FolderLock {
         crate::io::interrupt::unregister_lock(&self.path);
         let _ = fs::remove_file(&self.path);
     }
+}
+
+/// What a lock file says of its holder, and its text (to remove only the lock that was read).
+struct Holder {
+    text: String,
+    pid: Option<u32>,
+    host: Option<String>,
+    command: String,
+}
+
+impl Holder {
+    fn read(path: &Path) -> Self {
+        let text = fs::read_to_string(path).unwrap_or_default();
+        let mut lines = text.lines();
+        let pid = lines.next().and_then(|p| p.trim().parse().ok());
+        let host = lines.next().map(str::to_string);
+        let command = lines.next().unwrap_or("squeeze").to_string();
+        Self { pid, host, command, text }
+    }
+
+    /// Whether the holder is known to be gone: a process of this host that no longer exists. Another host's
+    /// process cannot be checked from here, and an unreadable lock is never taken for a stale one.
+    fn gone(&self) -> bool {
+        match self.pid {
+            Some(pid) => self.host.as_deref() == Some(host().as_str()) && !process_alive(pid),
+            None => false,
+        }
+    }
+
+    /// Removes the lock at `path` if it still says what was read (a new holder's lock is left alone).
+    fn remove(&self, path: &Path) -> bool {
+        fs::read_to_string(path).is_ok_and(|now| now == self.text) && fs::remove_file(path).is_ok()
+    }
+}
+
+/// Whether `name` is one of squeeze's lock files: the folder's `.squeeze.lock` or a part's
+/// `.squeeze-part-…-of-….lock`. Never a companion file of a model: no command copies one.
+pub fn is_lock_file(name: &str) -> bool {
+    name.starts_with(".squeeze") && name.ends_with(".lock")
+}
+
+/// Removes the lock files of `folder` whose holder is gone (see [`Holder::gone`]) and returns their names: a run
+/// killed after it finished the folder left them, and a complete folder must not look locked. Best effort: a
+/// folder this process may not write (a read-only copy) keeps its locks, which then say what happened.
+pub fn clear_stale(folder: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(folder) else { return Vec::new() };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !is_lock_file(&name) {
+            continue;
+        }
+        let path = entry.path();
+        let holder = Holder::read(&path);
+        if holder.gone() && holder.remove(&path) {
+            removed.push(name);
+        }
+    }
+    removed.sort();
+    removed
 }
 
 fn host() -> String {
@@ -107,5 +163,27 @@ mod tests {
         // Another host's lock is never reclaimed: its process cannot be checked from here.
         fs::write(dir.path().join(LOCK_FILE), format!("{}\nother-host\nquantize\n", (1u32 << 22) + 1)).unwrap();
         assert!(FolderLock::acquire(dir.path(), "quantize").is_err());
+    }
+
+    #[test]
+    fn only_the_locks_of_gone_holders_are_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let dead = format!("{}\n{}\nquantize\n", (1u32 << 22) + 1, host());
+        fs::write(dir.path().join(LOCK_FILE), &dead).unwrap();
+        fs::write(dir.path().join(".squeeze-part-00002-of-00002.lock"), &dead).unwrap();
+        // A live holder (this process), another host's and an unreadable lock stay; other files are not locks.
+        let live = dir.path().join(".squeeze-part-00001-of-00002.lock");
+        fs::write(&live, format!("{}\n{}\nquantize\n", std::process::id(), host())).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        fs::write(elsewhere.path().join(LOCK_FILE), format!("{}\nother-host\nmerge\n", (1u32 << 22) + 1)).unwrap();
+        fs::write(dir.path().join("notes.lock"), &dead).unwrap();
+        assert_eq!(clear_stale(dir.path()), [".squeeze-part-00002-of-00002.lock", LOCK_FILE]);
+        assert!(live.exists() && dir.path().join("notes.lock").exists());
+        assert!(clear_stale(elsewhere.path()).is_empty());
+        fs::write(elsewhere.path().join(LOCK_FILE), "garbage").unwrap();
+        assert!(clear_stale(elsewhere.path()).is_empty());
+        assert!(
+            is_lock_file(LOCK_FILE) && is_lock_file(".squeeze-part-00001-of-00004.lock") && !is_lock_file("a.lock")
+        );
     }
 }

@@ -139,9 +139,82 @@ pub struct ModelConfig {
     pub rope: Rope,
     pub rms_norm_eps: f64,
     pub max_position_embeddings: usize,
+    /// The positions the model attends over, and the key that sets them ([`ContextWindow`]).
+    pub window: ContextWindow,
     pub routing: Routing,
     /// Per decoder layer: `true` for a MoE layer (`mlp_layer_types` when given, else `first_k_dense_replace`).
     pub moe_layers: Vec<bool>,
+}
+
+/// The context window: how many positions the model was made to attend over, and the `config.json` key(s) that
+/// say so. `max_position_embeddings`, except where YaRN scaling covers fewer positions: its frequencies are
+/// stretched for `original_max_position_embeddings × factor` positions (what vLLM takes as the model's length for
+/// YaRN), so the smaller of the two binds. A config without `max_position_embeddings` gets transformers' 4,096.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ContextWindow {
+    pub positions: usize,
+    /// Where `positions` comes from, e.g. `config.json max_position_embeddings`.
+    pub source: String,
+}
+
+/// Transformers' `max_position_embeddings` when a config does not give it.
+const DEFAULT_MAX_POSITIONS: usize = 4096;
+
+impl ContextWindow {
+    fn of(declared: Option<usize>, scaling: &RopeScaling, prefix: &str) -> Self {
+        let yarn = match scaling {
+            RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => {
+                Some(((*original_max_position_embeddings as f64) * factor).floor() as usize)
+            }
+            RopeScaling::Default => None,
+        };
+        let yarn_source = |positions: usize| match scaling {
+            RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => format!(
+                "config.json YaRN scaling: {prefix}rope_scaling original_max_position_embeddings \
+                 {original_max_position_embeddings} × factor {factor} = {positions}{}",
+                declared.map_or(String::new(), |d| format!(", below {prefix}max_position_embeddings {d}"))
+            ),
+            RopeScaling::Default => unreachable!("only YaRN scaling has a window of its own"),
+        };
+        match (declared, yarn) {
+            (Some(declared), Some(yarn)) if yarn < declared => Self { positions: yarn, source: yarn_source(yarn) },
+            (Some(declared), _) => {
+                Self { positions: declared, source: format!("config.json {prefix}max_position_embeddings") }
+            }
+            (None, Some(yarn)) => Self { positions: yarn, source: yarn_source(yarn) },
+            (None, None) => Self {
+                positions: DEFAULT_MAX_POSITIONS,
+                source: format!(
+                    "config.json has no {prefix}max_position_embeddings; transformers' default {DEFAULT_MAX_POSITIONS}"
+                ),
+            },
+        }
+    }
+
+    /// Checks that `positions` positions fit in the window. `what` names the flag or input and its value (`--ctx
+    /// 5000`). Beyond the window: an error saying so and how to stay inside, or with `allow` (the user passed
+    /// `--allow-long-context`) `Ok(Some(warning))` for the report.
+    pub fn check(&self, what: &str, positions: usize, allow: bool) -> Result<Option<String>, String> {
+        if positions <= self.positions {
+            return Ok(None);
+        }
+        let beyond = format!(
+            "{what}: {positions} positions, beyond the model's context window of {} ({})",
+            self.positions, self.source
+        );
+        if allow {
+            Ok(Some(format!(
+                "{beyond}; run anyway (--allow-long-context): positions past {} are outside what the model was made \
+                 for, so its numbers there say little about the checkpoint",
+                self.positions
+            )))
+        } else {
+            Err(format!(
+                "{beyond}; stay within {} positions, or pass --allow-long-context to run past the window anyway",
+                self.positions
+            ))
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,10 +230,10 @@ impl ModelConfig {
     /// (`text_config`, [`crate::io::composite`]), whose missing keys are then named `text_config.KEY`.
     pub fn from_json(config: &Value) -> Result<Self, ConfigError> {
         if crate::io::composite::wrapper(config).is_none() {
-            return Self::from_text_json(config, config);
+            return Self::from_text_json(config, config, "");
         }
         let text = crate::io::composite::text_config(config);
-        Self::from_text_json(text, config).map_err(|error| match error {
+        Self::from_text_json(text, config, "text_config.").map_err(|error| match error {
             ConfigError::Missing(key) => ConfigError::Missing(format!("text_config.{key}")),
             ConfigError::Unsupported { key, value, hint } => {
                 ConfigError::Unsupported { key: format!("text_config.{key}"), value, hint }
@@ -168,8 +241,9 @@ impl ModelConfig {
         })
     }
 
-    /// Parses the text model's keys from `config`; `quantization_config` may sit in `whole` (the wrapper).
-    fn from_text_json(config: &Value, whole: &Value) -> Result<Self, ConfigError> {
+    /// Parses the text model's keys from `config`; `quantization_config` may sit in `whole` (the wrapper), and
+    /// `prefix` is how messages reach `config` from the top (`text_config.` inside a wrapper).
+    fn from_text_json(config: &Value, whole: &Value, prefix: &str) -> Result<Self, ConfigError> {
         let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or_default().to_string();
         let architecture_names: Vec<&str> = config
             .get("architectures")
@@ -221,6 +295,8 @@ impl ModelConfig {
             _ => None,
         };
         let rope = reader.rope(architecture)?;
+        let declared_positions = reader.optional_usize("max_position_embeddings")?;
+        let window = ContextWindow::of(declared_positions, &rope.scaling, prefix);
         let routing = Routing {
             n_group: reader.optional_usize("n_group")?.unwrap_or(1).max(1),
             topk_group: reader.optional_usize("topk_group")?.unwrap_or(1).max(1),
@@ -262,7 +338,8 @@ impl ModelConfig {
             weight_block_size,
             rope,
             rms_norm_eps: reader.f64_or("rms_norm_eps", default_eps)?,
-            max_position_embeddings: reader.optional_usize("max_position_embeddings")?.unwrap_or(4096),
+            max_position_embeddings: declared_positions.unwrap_or(DEFAULT_MAX_POSITIONS),
+            window,
             routing,
             moe_layers,
         })
@@ -460,5 +537,51 @@ impl Keys<'_> {
             ));
         }
         Ok(full)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yarn(factor: f64, original: usize) -> RopeScaling {
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: None,
+            mscale_all_dim: None,
+            attention_factor: None,
+            truncate: true,
+        }
+    }
+
+    #[test]
+    fn the_smaller_of_max_positions_and_the_yarn_span_binds() {
+        // Kimi K2 as released: 4096 × 32 = 131,072 = max_position_embeddings.
+        let window = ContextWindow::of(Some(131_072), &yarn(32.0, 4096), "");
+        assert_eq!((window.positions, window.source.as_str()), (131_072, "config.json max_position_embeddings"));
+        // YaRN stretched for fewer positions than the config declares: YaRN binds, both keys named.
+        let window = ContextWindow::of(Some(262_144), &yarn(64.0, 128), "text_config.");
+        assert_eq!(window.positions, 8192);
+        assert!(window.source.contains("text_config.rope_scaling original_max_position_embeddings 128 × factor 64"));
+        assert!(window.source.contains("below text_config.max_position_embeddings 262144"), "{}", window.source);
+        let window = ContextWindow::of(None, &RopeScaling::Default, "");
+        assert_eq!(window.positions, 4096);
+        assert!(window.source.contains("no max_position_embeddings"), "{}", window.source);
+    }
+
+    #[test]
+    fn beyond_the_window_is_refused_or_warned() {
+        let window = ContextWindow::of(Some(64), &RopeScaling::Default, "");
+        assert_eq!(window.check("--ctx 64", 64, false), Ok(None));
+        let error = window.check("--ctx 100", 100, false).unwrap_err();
+        for needle in ["--ctx 100", "100 positions", "window of 64", "max_position_embeddings", "--allow-long-context"]
+        {
+            assert!(error.contains(needle), "{needle}: {error}");
+        }
+        let warning = window.check("--ctx 100", 100, true).unwrap().unwrap();
+        assert!(warning.contains("window of 64") && warning.contains("--allow-long-context"), "{warning}");
     }
 }

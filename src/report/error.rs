@@ -33,4 +33,16 @@ pub enum ReportError {
     Layout(#[from] LayoutError),
     #[error("{0}")]
     DoesNotFit(String),
+    /// `--group-size` on a folder that is already INT4: no conversion, so no other group (quantize's refusal).
+    #[error("--group-size {group}: {source}")]
+    GroupSizeOnInt4 { group: usize, source: ConvertError },
+    /// A quantized module whose tensors disagree: the folder cannot be loaded, so its sizes and budget say nothing.
+    #[error(
+        "{}: malformed checkpoint: {}{}; it cannot be loaded as it is: check it with `squeeze verify {}` and rewrite it",
+        path.display(),
+        problems.first().map_or("", String::as_str),
+        if problems.len() > 1 { format!("; and {} more malformed module(s)", problems.len() - 1) } else { String::new() },
+        path.display()
+    )]
+    Malformed { path: PathBuf, problems: Vec<String> },
 }

@@ -117,6 +117,15 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
                 options.scale_rule,
                 options.max_shard_bytes,
             )?;
+            let problems = crate::format::compressed_tensors::layout_problems(&prepared.checkpoint);
+            if !problems.is_empty() {
+                return Err(ReportError::Malformed { path: dir, problems });
+            }
+            if let Some(group) = options.group_size {
+                // A folder already INT4 is reported as stored: quantize refuses it, so no other group size exists.
+                crate::convert::execute::check_int4_source(&prepared.plan, &prepared.recipe, &dir)
+                    .map_err(|source| ReportError::GroupSizeOnInt4 { group, source })?;
+            }
             if prepared.config.is_none() {
                 return Err(ReportError::NoConfig { path: dir.clone() });
             }

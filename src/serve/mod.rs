@@ -52,6 +52,9 @@ pub struct ServeOptions {
     pub verify: bool,
     /// `--speculative mtp=K`: greedy decoding verifying K chained MTP drafts per step, checked against plain greedy.
     pub speculative: Option<usize>,
+    /// `--allow-long-context`: requests whose prompt and generation pass the model's context window are run, with a
+    /// warning in the report.
+    pub allow_long_context: bool,
 }
 
 /// Runs the smoke test; notices (missing KV scales, injected faults, aborted requests) go to `reporter`.
@@ -90,6 +93,7 @@ pub fn serve_test(
         }
     }
     let prefiller = open_prefiller(options, &decoder, longest + options.max_new_tokens)?;
+    let warnings = check_windows(options, &encoded, &decoder, prefiller.as_ref())?;
     let config = decoder.config();
     let scales = if options.kv_dtype == KvDtype::Fp8 {
         let scales = KvScales::read(decoder.checkpoint(), config).map_err(RuntimeError::from)?;
@@ -145,7 +149,39 @@ pub fn serve_test(
         kv_scales_missing: options.kv_dtype == KvDtype::Fp8 && scales.any_missing(),
         device: backend.device_counters(),
     };
-    Ok(assemble(&facts, &pool, finished, greedy))
+    let mut report = assemble(&facts, &pool, finished, greedy);
+    report.warnings = warnings;
+    Ok(report)
+}
+
+/// Every request within the context windows: the decoder's over its prompt and `--max-new-tokens` (as vLLM counts a
+/// request against `max_model_len`), a `--prefill-model`'s over the prompt it prefills. Beyond one: an error naming
+/// the prompt, its length, the limit and its key, or with `--allow-long-context` the report's warnings.
+fn check_windows(
+    options: &ServeOptions,
+    encoded: &[Vec<u32>],
+    decoder: &PagedModel,
+    prefiller: Option<&PagedModel>,
+) -> Result<Vec<String>, ServeError> {
+    let mut warnings = Vec::new();
+    for (index, ids) in encoded.iter().enumerate() {
+        let what = format!("prompt {index} ({} tokens) + --max-new-tokens {}", ids.len(), options.max_new_tokens);
+        let mut checks = vec![(decoder.config(), what, ids.len() + options.max_new_tokens)];
+        if let Some(prefiller) = prefiller {
+            checks.push((
+                prefiller.config(),
+                format!("prompt {index} ({} tokens) on --prefill-model", ids.len()),
+                ids.len(),
+            ));
+        }
+        for (config, what, positions) in checks {
+            let checked = config.window.check(&what, positions, options.allow_long_context);
+            if let Some(warning) = checked.map_err(ServeError::Input)? {
+                warnings.push(warning);
+            }
+        }
+    }
+    Ok(warnings)
 }
 
 /// `--speculative` drafts greedily and verifies greedily: refused with sampling and with a prefill model (whose

@@ -75,6 +75,9 @@ pub struct ServeReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeReport>,
     pub requests: Vec<RequestReport>,
+    /// What the run should be read with (requests beyond the context window under `--allow-long-context`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// `--speculative mtp=K`: how the MTP drafts fared and what they bought.
@@ -229,6 +232,7 @@ pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished, greedy: Opt
         injected,
         speculative,
         requests,
+        warnings: Vec::new(),
     }
 }
 

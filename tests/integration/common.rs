@@ -118,3 +118,19 @@ pub fn tensor_bytes(dir: &Path, name: &str) -> Vec<u8> {
     let shard = squeeze::io::ShardFile::open(&dir.join(file)).expect("shard opens");
     shard.get(name).expect("tensor in its shard").bytes.to_vec()
 }
+
+/// Rewrites the safetensors header of `file` (data untouched).
+pub fn rewrite_header(file: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let bytes = std::fs::read(file).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    edit(&mut header);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while !text.len().is_multiple_of(8) {
+        text.push(b' ');
+    }
+    let mut rebuilt = (text.len() as u64).to_le_bytes().to_vec();
+    rebuilt.extend_from_slice(&text);
+    rebuilt.extend_from_slice(&bytes[8 + header_len..]);
+    std::fs::write(file, rebuilt).unwrap();
+}

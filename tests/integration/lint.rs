@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::common::{path_str, read_json, squeeze, synth, Run};
+use crate::common::{path_str, read_json, rewrite_header, squeeze, synth, Run};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("temporary folder")
@@ -64,22 +64,6 @@ fn expect_rule_failure(out: &Path, id: &str, needle: &str) {
     let human = squeeze(&["verify", path_str(out), "--engine", "all"]);
     assert_eq!(human.code, 1);
     assert!(human.stdout.contains(id) && human.stdout.contains("failed"), "{}", human.stdout);
-}
-
-/// Rewrites the safetensors header of `file` (data untouched).
-fn rewrite_header(file: &Path, edit: impl FnOnce(&mut Value)) {
-    let bytes = fs::read(file).unwrap();
-    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
-    edit(&mut header);
-    let mut text = serde_json::to_vec(&header).unwrap();
-    while !text.len().is_multiple_of(8) {
-        text.push(b' ');
-    }
-    let mut rebuilt = (text.len() as u64).to_le_bytes().to_vec();
-    rebuilt.extend_from_slice(&text);
-    rebuilt.extend_from_slice(&bytes[8 + header_len..]);
-    fs::write(file, rebuilt).unwrap();
 }
 
 /// Writes a safetensors file of F32 `[1]` tensors.

@@ -1,6 +1,7 @@
 //! Integration tests: drive the built `squeeze` binary on tiny synthetic checkpoints and check exit codes,
 //! stdout and stderr. One test binary; one module per subcommand.
 
+mod bad_input;
 mod calib_parts;
 mod calibrate;
 mod card;

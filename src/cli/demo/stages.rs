@@ -174,7 +174,7 @@ pub fn inspect_folder(dir: &Path) -> anyhow::Result<InspectReport> {
 }
 
 fn text_input(path: &Path) -> EvalInput {
-    EvalInput::Text { path: path.to_path_buf(), ctx: CTX }
+    EvalInput::Text { path: path.to_path_buf(), ctx: CTX, flag: "--data", ctx_flag: "--ctx" }
 }
 
 /// `squeeze eval MODEL --data TEXT --ctx 256 --chunks 8`.
@@ -188,6 +188,7 @@ pub fn eval_model(model: &Path, text: &Path) -> anyhow::Result<EvalReport> {
         save_stats: None,
         mtp: false,
         mtp_depth: 1,
+        allow_long_context: false,
     };
     evaluate(&options, &Cpu, &Silent).with_context(|| format!("evaluating {}", model.display()))
 }
@@ -203,6 +204,7 @@ pub fn calibrate_kv(model: &Path, text: &Path) -> anyhow::Result<CalibReport> {
         engines: Engine::ALL.to_vec(),
         part: None,
         save_stats: None,
+        allow_long_context: false,
     };
     let mut report =
         calibrate(&options, &Cpu, &Silent).with_context(|| format!("calibrating KV scales of {}", model.display()))?;
@@ -227,6 +229,7 @@ pub fn parity(reference: &Path, candidate: &Path, text: &Path) -> anyhow::Result
         save_stats: None,
         max_mtp_drop: None,
         mtp_depth: 1,
+        allow_long_context: false,
     };
     evaluate_parity(&options, &Cpu, &Silent)
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))
@@ -248,6 +251,7 @@ pub fn serve(model: &Path, prefill: Option<&Path>, kv_dtype: KvDtype) -> anyhow:
         fault: None,
         verify: true,
         speculative: None,
+        allow_long_context: false,
     };
     serve_test(&Cpu, &options, &Silent).with_context(|| format!("serve-test on {}", model.display()))
 }

@@ -29,7 +29,7 @@ use crate::arch::{
     embed, head_name, run_layers, ExpertTimes, KvFp8, KvSource, KvTap, LayerContext, LayerState, LayerStep, LayerTap,
     Model,
 };
-use crate::chunks::{load_sequences, EvalInput};
+use crate::chunks::{load_sequences, EvalInput, Fit};
 use crate::engines::{kv_scale_handling, CacheLayout, Engine, ScaleUse, DYNAMIC_TILE};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::model::config::Attention;
@@ -108,6 +108,8 @@ pub struct ParityOptions {
     pub max_mtp_drop: Option<f64>,
     /// `--mtp-depth K`: with `--mtp`, also chain `K` drafts from every position (1: depth 1 only).
     pub mtp_depth: usize,
+    /// `--allow-long-context`: chunks longer than either model's context window are run, with a warning.
+    pub allow_long_context: bool,
 }
 
 /// The KV scales the FP8-KV modes used, and why.
@@ -168,6 +170,9 @@ pub struct ParityReport {
     /// `--mtp`: both models' MTP drafts on every position of the chunks (one extra forward of each model).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mtp: Option<super::mtp::DraftParity>,
+    /// What the numbers should be read with (chunks beyond the context window under `--allow-long-context`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     pub seconds: f64,
     #[serde(skip)]
     pub mode_reports: Vec<(Mode, ModeReport)>,
@@ -253,7 +258,14 @@ pub fn evaluate_parity(
     let (reference, candidate) = open_models(options)?;
     let config = reference.config();
     // Half of each chunk is the prompt; at least two scored positions must remain.
-    let all = load_sequences(&options.input, &options.reference, options.chunks, 4, config.vocab_size)?;
+    let fit = Fit {
+        vocab: config.vocab_size,
+        windows: &[&config.window, &candidate.config().window],
+        min_ctx: 4,
+        allow_long_context: options.allow_long_context,
+    };
+    let loaded = load_sequences(&options.input, &options.reference, options.chunks, &fit)?;
+    let all = loaded.sequences;
     let (sequences, chunk_range) = super::part_stats::select(&all, options.part)?;
     let ctx = sequences[0].len();
     let modes = requested_modes(&options.modes);
@@ -303,6 +315,7 @@ pub fn evaluate_parity(
                     save_stats: None,
                     mtp: true,
                     mtp_depth: options.mtp_depth,
+                    allow_long_context: options.allow_long_context,
                 };
                 let no_drafts = || EvalError::Input(format!("{}: the --mtp eval reported no drafts", model.display()));
                 let (report, samples) = super::evaluate_with_drafts(&eval, backend, reporter)?;
@@ -334,6 +347,7 @@ pub fn evaluate_parity(
         gates: options.gates,
         failures,
         mtp,
+        warnings: loaded.warnings,
         seconds: started.elapsed().as_secs_f64(),
         mode_reports,
     };

@@ -113,9 +113,19 @@ pub struct Fp4Module {
     pub global_scale: f32,
 }
 
-impl Fp4Module {
-    /// Reads module `module` of `checkpoint` (its kind from its tensors: a global scale means NVFP4, a U8 scale
-    /// MXFP4), every shape, dtype and scale checked. Errors name the tensor.
+/// An FP4 module's layout: its kind and weight shape, read from its tensors' headers (and the global scale's four
+/// bytes), every shape and dtype checked against the others.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fp4Layout {
+    pub kind: Fp4Kind,
+    pub rows: usize,
+    pub columns: usize,
+    pub global_scale: f32,
+}
+
+impl Fp4Layout {
+    /// The layout of module `module` of `checkpoint` (its kind from its tensors: a global scale means NVFP4, a U8
+    /// scale MXFP4), without reading its codes or scales (what `inspect` and `report` check). Errors name the tensor.
     pub fn read(checkpoint: &Checkpoint, module: &str) -> Result<Self, String> {
         let get = |name: String| checkpoint.get(&name).ok_or_else(|| format!("{name}: missing"));
         let packed = get(packed_name(module))?;
@@ -171,6 +181,17 @@ impl Fp4Module {
                 value
             }
         };
+        Ok(Self { kind, rows, columns, global_scale })
+    }
+}
+
+impl Fp4Module {
+    /// Reads module `module` of `checkpoint` ([`Fp4Layout::read`]), every scale checked. Errors name the tensor.
+    pub fn read(checkpoint: &Checkpoint, module: &str) -> Result<Self, String> {
+        let Fp4Layout { kind, rows, columns, global_scale } = Fp4Layout::read(checkpoint, module)?;
+        let missing = |name: String| format!("{name}: missing");
+        let packed = checkpoint.get(&packed_name(module)).ok_or_else(|| missing(packed_name(module)))?;
+        let scale = checkpoint.get(&scale_name(module)).ok_or_else(|| missing(scale_name(module)))?;
         if kind == Fp4Kind::Nvfp4 {
             if let Some(group) = scale.bytes.iter().position(|&b| !fp4_scale_ok(b)) {
                 return Err(format!("{}: group {group} has a NaN or negative scale", scale_name(module)));

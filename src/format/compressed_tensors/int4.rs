@@ -53,6 +53,20 @@ impl Int4Module {
 /// Checks module `module`'s `weight_packed`, `weight_scale` (shape only with a group size) and `weight_shape`
 /// against each other, and every scale finite and positive.
 pub fn check_int4_conventions(checkpoint: &Checkpoint, module: &str, group_size: Option<usize>) -> Result<(), String> {
+    check_int4_layout(checkpoint, module, group_size)?;
+    let scale = checkpoint.get(&scale_name(module)).ok_or_else(|| format!("{}: missing", scale_name(module)))?;
+    if let Some(position) = scale.bytes.chunks_exact(2).position(|b| {
+        let value = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+        !(value.is_finite() && value > 0.0)
+    }) {
+        return Err(format!("{module}.weight_scale: group {position} has a non-positive or non-finite scale"));
+    }
+    Ok(())
+}
+
+/// The part of [`check_int4_conventions`] that reads no weight or scale: the three tensors present, their dtypes
+/// and shapes agreeing with `weight_shape` (what `inspect` and `report` check on folders of any size).
+pub fn check_int4_layout(checkpoint: &Checkpoint, module: &str, group_size: Option<usize>) -> Result<(), String> {
     let get = |suffix: &str| {
         checkpoint.get(&format!("{module}.{suffix}")).ok_or_else(|| format!("{module}.{suffix}: missing"))
     };
@@ -77,12 +91,6 @@ pub fn check_int4_conventions(checkpoint: &Checkpoint, module: &str, group_size:
                 columns.div_ceil(group)
             ));
         }
-    }
-    if let Some(position) = scale.bytes.chunks_exact(2).position(|b| {
-        let value = bf16::from_le_bytes([b[0], b[1]]).to_f32();
-        !(value.is_finite() && value > 0.0)
-    }) {
-        return Err(format!("{module}.weight_scale: group {position} has a non-positive or non-finite scale"));
     }
     Ok(())
 }

@@ -16,8 +16,8 @@ use crate::io::Checkpoint;
 use crate::quant::pack::packed_columns;
 
 pub use config::{int4_group_size, quantization_config, Fp4Group, Int4Group, QuantizationScheme};
-pub use fp4::{fp4_modules, fp4_tensors, fused_partner, Fp4Kind, Fp4Module};
-pub use int4::{check_int4_conventions, read_shape, Int4Module};
+pub use fp4::{fp4_modules, fp4_tensors, fused_partner, Fp4Kind, Fp4Layout, Fp4Module};
+pub use int4::{check_int4_conventions, check_int4_layout, read_shape, Int4Module};
 
 /// `<module>.weight_packed`.
 pub fn packed_name(module: &str) -> String {
@@ -43,6 +43,18 @@ pub fn int4_modules(checkpoint: &Checkpoint) -> Vec<String> {
         .filter(|name| checkpoint.get(name).is_none_or(|tensor| tensor.dtype != Dtype::U8))
         .filter_map(|name| name.strip_suffix(".weight_packed").map(|module| checkpoint.text_name(module)))
         .collect()
+}
+
+/// Every INT4 and FP4 module of a checkpoint checked for its layout ([`check_int4_layout`], [`Fp4Layout::read`]):
+/// tensors present, dtypes and shapes agreeing, from the headers alone. One problem per malformed module, naming
+/// the tensor; `squeeze verify` also reads every scale and weight.
+pub fn layout_problems(checkpoint: &Checkpoint) -> Vec<String> {
+    let group_size = int4_group_size(checkpoint.config());
+    let int4 = int4_modules(checkpoint)
+        .into_iter()
+        .filter_map(|module| check_int4_layout(checkpoint, &module, group_size).err());
+    let fp4 = fp4_modules(checkpoint).into_iter().filter_map(|module| Fp4Layout::read(checkpoint, &module).err());
+    int4.chain(fp4).collect()
 }
 
 /// The three tensors of INT4 module `module` of a `[rows, columns]` weight quantized in groups of `group_size`.
