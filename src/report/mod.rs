@@ -110,6 +110,11 @@ fn mse_bytes(plan: &Plan) -> u64 {
 fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
     match input::resolve(&options.model)? {
         Input::Weights(dir) => {
+            // Every malformed packed module, named as the engines name it, before planning stops at the first.
+            let problems = crate::format::compressed_tensors::layout_problems(&crate::io::Checkpoint::open(&dir)?);
+            if !problems.is_empty() {
+                return Err(ReportError::Malformed { path: dir, problems });
+            }
             let prepared = prepare(
                 &dir,
                 options.recipe.as_deref(),
@@ -117,10 +122,6 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
                 options.scale_rule,
                 options.max_shard_bytes,
             )?;
-            let problems = crate::format::compressed_tensors::layout_problems(&prepared.checkpoint);
-            if !problems.is_empty() {
-                return Err(ReportError::Malformed { path: dir, problems });
-            }
             if let Some(group) = options.group_size {
                 // A folder already INT4 is reported as stored: quantize refuses it, so no other group size exists.
                 crate::convert::execute::check_int4_source(&prepared.plan, &prepared.recipe, &dir)

@@ -148,11 +148,16 @@ fn calibrate_kv_refuses_one_token_rows_as_eval_does() {
 fn report_refuses_a_group_size_for_a_folder_already_int4_as_quantize_does() {
     let dir = tempfile::tempdir().unwrap();
     let int4 = synth(dir.path(), "k26", "kimi-k2.6", &[]);
-    let run = squeeze(&["report", path_str(&int4), "--group-size", "7"]);
-    expect_exit_2(&run, &["--group-size 7", "already INT4", "group size 32"]);
+    // A group size its rows take: the folder stays INT4, which quantize refuses as nothing to do.
+    let run = squeeze(&["report", path_str(&int4), "--group-size", "16"]);
+    expect_exit_2(&run, &["--group-size 16", "already INT4", "group size 32"]);
     assert!(run.stdout.is_empty(), "a budget was printed: {}", run.stdout);
-    let quantize = squeeze(&["quantize", path_str(&int4), path_str(&dir.path().join("out")), "--group-size", "7"]);
+    let quantize = squeeze(&["quantize", path_str(&int4), path_str(&dir.path().join("out")), "--group-size", "16"]);
     expect_exit_2(&quantize, &["already INT4", "group size 32"]);
+    // One its rows do not take: the plan's check, naming the flag.
+    let run = squeeze(&["report", path_str(&int4), "--group-size", "7"]);
+    expect_exit_2(&run, &["group size 7 does not divide", "--group-size"]);
+    assert!(run.stdout.is_empty(), "a budget was printed: {}", run.stdout);
     squeeze(&["report", path_str(&int4)]).ok();
     // An FP8 folder whose rows 7 does not divide: the plan's check, as quantize's.
     let fp8 = synth(dir.path(), "kimi", "kimi-k2", &[]);
