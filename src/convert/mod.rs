@@ -10,6 +10,7 @@ pub mod gptq_pass;
 pub mod imatrix_pass;
 pub mod merge;
 pub mod output_files;
+pub mod output_folder;
 pub mod parts;
 pub mod plan;
 pub mod quant_config;
