@@ -42,20 +42,42 @@ pub fn decode(code: u8) -> f32 {
     }
 }
 
-/// The E2M1 code nearest to `x` (ties to the even index, saturating at ±6; a negative rounding to 0 gives −0).
-/// The index counts the grid's midpoints below `|x|` (`>` where the tie goes down, `>=` where it goes up), without
-/// branches, so that a row's loop vectorizes.
-#[inline]
+/// The E2M1 code nearest to `x` (ties to the even index, saturating at ±6; a negative rounding to 0 gives −0; NaN
+/// gives 0). The index counts the grid's midpoints below `|x|` (`>` where the tie goes down, `>=` where it goes
+/// up), in 32-bit lanes without branches, so that a row's loop vectorizes; beyond 5 every midpoint is below, which
+/// is the saturation (no clamp needed).
+#[inline(always)]
 pub fn encode(x: f32) -> u8 {
+    encode_wide(x) as u8
+}
+
+/// [`encode`] in a 32-bit lane (the width of the f32 it reads, so that a vector of codes needs no narrowing until
+/// it is stored).
+#[inline(always)]
+fn encode_wide(x: f32) -> u32 {
     let m = x.abs();
-    let index = u8::from(m > 0.25)
-        + u8::from(m >= 0.75)
-        + u8::from(m > 1.25)
-        + u8::from(m >= 1.75)
-        + u8::from(m > 2.5)
-        + u8::from(m >= 3.5)
-        + u8::from(m > 5.0);
-    index | (u8::from(x < 0.0) << 3)
+    u32::from(m > 0.25)
+        + u32::from(m >= 0.75)
+        + u32::from(m > 1.25)
+        + u32::from(m >= 1.75)
+        + u32::from(m > 2.5)
+        + u32::from(m >= 3.5)
+        + u32::from(m > 5.0)
+        + (u32::from(x < 0.0) << 3)
+}
+
+/// Encodes a group of `N`: `codes[i] = encode(group[i] / step)`, a true division (as torch divides), element by
+/// element; the fixed length lets the loop unroll into whole vectors.
+#[inline(always)]
+fn encode_group<const N: usize>(group: &[f32], step: f32, codes: &mut [u8]) {
+    let (group, codes): (&[f32; N], &mut [u8; N]) = (group.try_into().unwrap(), codes.try_into().unwrap());
+    let mut wide = [0u32; N];
+    for (code, &w) in wide.iter_mut().zip(group) {
+        *code = encode_wide(w / step);
+    }
+    for (code, wide) in codes.iter_mut().zip(wide) {
+        *code = wide as u8;
+    }
 }
 
 /// Packs codes two per byte, the even element in the low nibble.
@@ -73,9 +95,10 @@ pub fn unpack(packed: &[u8], out: &mut [u8]) {
     }
 }
 
-/// The largest magnitude of `values` (what [`nvfp4_global_scale`] and each group's scale take).
+/// The largest magnitude of `values`, NaN ignored (what [`nvfp4_global_scale`] and each group's scale take).
+#[inline(always)]
 pub fn absmax(values: &[f32]) -> f32 {
-    values.iter().fold(0f32, |max, v| max.max(v.abs()))
+    super::int4::absmax(values)
 }
 
 /// NVFP4's global scale for a tensor (or fused partners) whose largest magnitude is `absmax`: 448 · 6 / absmax as
@@ -91,18 +114,31 @@ pub fn nvfp4_global_scale(absmax: f32) -> f32 {
 }
 
 /// Quantizes one row (length a multiple of 16) under global scale `global`: `codes` one E2M1 code per element,
-/// `scales` one E4M3 byte per group.
+/// `scales` one E4M3 byte per group. AVX2 when the CPU has it: the same IEEE operations, vectorized (bit-identical).
 pub fn nvfp4_quantize_row(weights: &[f32], global: f32, codes: &mut [u8], scales: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { nvfp4_quantize_row_avx2(weights, global, codes, scales) };
+    }
+    nvfp4_quantize_row_portable(weights, global, codes, scales)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn nvfp4_quantize_row_avx2(weights: &[f32], global: f32, codes: &mut [u8], scales: &mut [u8]) {
+    nvfp4_quantize_row_portable(weights, global, codes, scales)
+}
+
+#[inline(always)]
+fn nvfp4_quantize_row_portable(weights: &[f32], global: f32, codes: &mut [u8], scales: &mut [u8]) {
     for ((group, codes), scale) in weights.chunks(NVFP4_GROUP).zip(codes.chunks_mut(NVFP4_GROUP)).zip(scales) {
         let mut stored = fp8::encode(global * (absmax(group) / E2M1_MAX));
         if fp8::decode(stored) == 0.0 {
             stored = fp8::encode(NVFP4_ZERO_SCALE);
         }
         *scale = stored;
-        let step = fp8::decode(stored) / global;
-        for (code, &w) in codes.iter_mut().zip(group) {
-            *code = encode((w / step).clamp(-E2M1_MAX, E2M1_MAX));
-        }
+        encode_group::<NVFP4_GROUP>(group, fp8::decode(stored) / global, codes);
     }
 }
 
@@ -119,28 +155,48 @@ pub fn nvfp4_dequantize_row(codes: &[u8], scales: &[u8], global: f32, out: &mut 
 /// The E8M0 exponent of an MXFP4 group whose largest magnitude is `absmax`.
 pub fn mxfp4_exponent(absmax: f32) -> u8 {
     // Round the mantissa to one bit, upward from 1.75 (compressed-tensors' round_to_power_2 for E2M1), keep the
-    // exponent: a power of two (or 0, or infinity).
+    // exponent: a power of two (or 0, or infinity), whose log2 is read off its bits (subnormals computed).
     let power = f32::from_bits(absmax.to_bits().wrapping_add(1 << 21) & 0xFF80_0000);
-    if power == 0.0 {
-        return 0;
-    }
-    (127.0 + power.log2().floor() - 2.0).clamp(0.0, 255.0) as u8
+    let biased = (power.to_bits() >> 23) & 0xFF;
+    let log2 = match biased {
+        0 if power == 0.0 => return 0,
+        0 => power.log2().floor(),
+        255 => f32::INFINITY,
+        _ => biased as f32 - 127.0,
+    };
+    (127.0 + log2 - 2.0).clamp(0.0, 255.0) as u8
 }
 
-/// `2^(exponent − 127)`.
+/// `2^(exponent − 127)` (exponent 0 is the subnormal 2^−127, 255 is infinity), from the bits.
 pub fn mxfp4_scale(exponent: u8) -> f32 {
-    2f32.powi(exponent as i32 - 127)
+    match exponent {
+        0 => f32::from_bits(1 << 22),
+        e => f32::from_bits(u32::from(e) << 23),
+    }
 }
 
 /// Quantizes one row (length a multiple of 32): `codes` one E2M1 code per element, `exponents` one E8M0 byte per
-/// group.
+/// group. AVX2 when the CPU has it (bit-identical).
 pub fn mxfp4_quantize_row(weights: &[f32], codes: &mut [u8], exponents: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { mxfp4_quantize_row_avx2(weights, codes, exponents) };
+    }
+    mxfp4_quantize_row_portable(weights, codes, exponents)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn mxfp4_quantize_row_avx2(weights: &[f32], codes: &mut [u8], exponents: &mut [u8]) {
+    mxfp4_quantize_row_portable(weights, codes, exponents)
+}
+
+#[inline(always)]
+fn mxfp4_quantize_row_portable(weights: &[f32], codes: &mut [u8], exponents: &mut [u8]) {
     for ((group, codes), exponent) in weights.chunks(MXFP4_GROUP).zip(codes.chunks_mut(MXFP4_GROUP)).zip(exponents) {
         *exponent = mxfp4_exponent(absmax(group));
-        let scale = mxfp4_scale(*exponent);
-        for (code, &w) in codes.iter_mut().zip(group) {
-            *code = encode((w / scale).clamp(-E2M1_MAX, E2M1_MAX));
-        }
+        encode_group::<MXFP4_GROUP>(group, mxfp4_scale(*exponent), codes);
     }
 }
 
@@ -226,5 +282,75 @@ mod tests {
         assert_eq!(mxfp4_exponent(1.74), 125);
         assert_eq!(mxfp4_exponent(0.0), 0);
         assert_eq!(mxfp4_scale(127), 1.0);
+    }
+
+    #[test]
+    fn mx_scales_and_exponents_read_off_the_bits_equal_the_arithmetic() {
+        for exponent in 0..=255u8 {
+            let want = 2f32.powi(exponent as i32 - 127);
+            assert_eq!(mxfp4_scale(exponent).to_bits(), want.to_bits(), "exponent {exponent}");
+        }
+        let arithmetic = |absmax: f32| {
+            let power = f32::from_bits(absmax.to_bits().wrapping_add(1 << 21) & 0xFF80_0000);
+            if power == 0.0 {
+                0
+            } else {
+                (127.0 + power.log2().floor() - 2.0).clamp(0.0, 255.0) as u8
+            }
+        };
+        let mut x = f32::from_bits(1);
+        while x.is_finite() {
+            for v in [x, x * 1.74, x * 1.75, x * 1.9] {
+                assert_eq!(mxfp4_exponent(v), arithmetic(v), "absmax {v:e}");
+            }
+            // Subnormals step by bits (× 1.3 would round back to the same value).
+            x = (x * 1.3).max(f32::from_bits(x.to_bits() + 1));
+        }
+        assert_eq!(mxfp4_exponent(f32::INFINITY), 255);
+        assert_eq!(mxfp4_exponent(f32::MAX), arithmetic(f32::MAX));
+    }
+
+    #[test]
+    fn rows_quantize_as_the_element_by_element_definition() {
+        // The definition, one element at a time: clamp to ±6, then the nearest grid value (ties to even).
+        let nearest = |x: f32| -> u8 {
+            if x.is_nan() {
+                return 0;
+            }
+            let m = x.clamp(-E2M1_MAX, E2M1_MAX).abs();
+            let mut best = 0;
+            for (i, &g) in E2M1.iter().enumerate() {
+                let (d, b) = ((m - g).abs(), (m - E2M1[best]).abs());
+                if d < b || (d == b && i % 2 == 0) {
+                    best = i;
+                }
+            }
+            best as u8 | (u8::from(x < 0.0) << 3)
+        };
+        let mut rng = crate::rng::Rng::new(7);
+        let mut row: Vec<f32> = (0..512).map(|_| rng.normal() * 0.02).collect();
+        row[3] = 0.0;
+        row[40] = -0.0;
+        row[100] = 1e-30;
+        row[200] = -f32::MIN_POSITIVE;
+        row[480..512].fill(0.0);
+        let global = nvfp4_global_scale(absmax(&row));
+        let (mut codes, mut scales) = (vec![0u8; 512], vec![0u8; 32]);
+        nvfp4_quantize_row(&row, global, &mut codes, &mut scales);
+        for (g, group) in row.chunks(NVFP4_GROUP).enumerate() {
+            let step = fp8::decode(scales[g]) / global;
+            for (i, &w) in group.iter().enumerate() {
+                assert_eq!(codes[g * NVFP4_GROUP + i], nearest(w / step), "nvfp4 element {}", g * 16 + i);
+            }
+        }
+        let mut exponents = vec![0u8; 16];
+        mxfp4_quantize_row(&row, &mut codes, &mut exponents);
+        for (g, group) in row.chunks(MXFP4_GROUP).enumerate() {
+            assert_eq!(exponents[g], mxfp4_exponent(group.iter().fold(0f32, |m, v| m.max(v.abs()))));
+            for (i, &w) in group.iter().enumerate() {
+                let want = nearest(w / mxfp4_scale(exponents[g]));
+                assert_eq!(codes[g * MXFP4_GROUP + i], want, "mxfp4 element {}", g * 32 + i);
+            }
+        }
     }
 }
