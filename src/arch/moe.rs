@@ -10,7 +10,8 @@ use rayon::prelude::*;
 
 use super::tap::{ExpertActivations, ExpertTap};
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, Matrix, RoutedExpert, RoutingShape};
+use crate::quant::fp4::engine_activation_global;
+use crate::runtime::backend::{Backend, ExpertInputs, Matrix, RoutedExpert, RoutingShape};
 use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;
 use crate::runtime::RuntimeError;
@@ -76,6 +77,33 @@ fn observe_experts(
     Ok(())
 }
 
+/// How the engines quantize the inputs of a layer's routed experts: W4A4 NVFP4 when they have `input_global_scale`s
+/// (all of them, or the folder is refused), each operand's global scale the one the engines make of all experts'
+/// ([`engine_activation_global`]: one for the fused gate/up, one for down).
+fn expert_inputs(reader: &WeightReader, prefix: &str, experts: usize) -> Result<ExpertInputs, RuntimeError> {
+    let module = |expert: usize, projection: &str| format!("{prefix}.mlp.experts.{expert}.{projection}_proj");
+    if reader.input_global_scale(&module(0, "gate"))?.is_none() {
+        return Ok(ExpertInputs::Exact);
+    }
+    let mut scales = [Vec::new(), Vec::new()];
+    for expert in 0..experts {
+        for (projection, into) in [("gate", 0), ("up", 0), ("down", 1)] {
+            let name = module(expert, projection);
+            let scale = reader.input_global_scale(&name)?.ok_or_else(|| {
+                RuntimeError::Input(format!(
+                    "{name}.input_global_scale: missing, while {first}.input_global_scale exists (W4A4 NVFP4 needs \
+                     every routed expert's); the folder is damaged: check it with `squeeze verify` and rerun `squeeze \
+                     quantize`",
+                    first = module(0, "gate")
+                ))
+            })?;
+            scales[into].push(scale);
+        }
+    }
+    let [gate_up, down] = scales.map(|scales| engine_activation_global(scales).unwrap_or(1.0));
+    Ok(ExpertInputs::Nvfp4 { gate_up, down })
+}
+
 /// Per token, its `(expert, weight)` choices in rank order.
 pub type TokenRoutes = Vec<Vec<(usize, f32)>>;
 
@@ -84,6 +112,8 @@ pub struct MoeWeights {
     correction_bias: Matrix,
     shared: Option<DenseMlp>,
     prefix: String,
+    /// How the engines quantize the routed experts' inputs (W4A4 NVFP4: from their `input_global_scale`s).
+    inputs: ExpertInputs,
 }
 
 /// Host bytes of routed experts read in one batch. Two batches are in memory at once (one computing, one read
@@ -143,6 +173,7 @@ impl MoeWeights {
             },
             shared,
             prefix: prefix.to_string(),
+            inputs: expert_inputs(reader, prefix, experts)?,
         })
     }
 
@@ -261,6 +292,7 @@ impl MoeWeights {
                         up: &mlp.up,
                         down: &mlp.down,
                         tokens: &assigned[*expert],
+                        inputs: self.inputs,
                     })
                     .collect();
                 backend.routed_experts(x, &experts, &mut output)?;

@@ -88,8 +88,9 @@ pub struct Args {
     /// more until the run completes. Other INT4 tensors keep the recipe's rule in every method.
     #[arg(long, value_enum, default_value = "rtn")]
     pub method: Method,
-    /// imatrix, gptq: calibration input, a UTF-8 text file (cut into --seq-len token chunks) or a safetensors file
-    /// with `input_ids` [n, ctx] (I32/I64, used as given); keep it disjoint from your evaluation text.
+    /// imatrix, gptq, and recipes with nvfp4-w4a4 rules (their activation scales): calibration input, a UTF-8 text
+    /// file (cut into --seq-len token chunks) or a safetensors file with `input_ids` [n, ctx] (I32/I64, used as
+    /// given); keep it disjoint from your evaluation text.
     #[arg(long, value_name = "FILE")]
     pub calibration: Option<PathBuf>,
     /// imatrix, gptq: calibration chunks used at most.
@@ -156,12 +157,10 @@ fn calibration_input(path: &std::path::Path, seq_len: usize) -> EvalInput {
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let calibrated = matches!(args.method, Method::Imatrix | Method::Gptq);
-    if (args.sequential || args.no_sequential) && args.method != Method::Gptq {
-        let flag = if args.sequential { "--sequential" } else { "--no-sequential" };
-        anyhow::bail!("{flag} needs --method gptq (only GPTQ's calibration depends on the layers below)");
-    }
-    let calibration = match (calibrated, &args.calibration) {
-        (true, Some(path)) => Some(CalibrationOptions {
+    // With rtn, a calibration file calibrates W4A4 activation scales (the recipe must have such rules: checked
+    // once the plan is known).
+    let calibration = match (&args.calibration, calibrated) {
+        (Some(path), _) => Some(CalibrationOptions {
             input: calibration_input(path, args.seq_len),
             samples: args.samples,
             min_expert_tokens: args.min_expert_tokens,
@@ -171,20 +170,18 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             sequential: !args.no_sequential,
             allow_long_context: args.allow_long_context,
         }),
-        (true, None) => anyhow::bail!("--method {} needs --calibration FILE", method_name(args.method)),
-        (false, Some(_)) => {
-            anyhow::bail!("--calibration needs --method imatrix or --method gptq (rtn reads no calibration)")
-        }
-        (false, None) if args.force_route_all => {
-            anyhow::bail!("--force-route-all needs --method imatrix or --method gptq")
-        }
-        (false, None) => None,
+        (None, true) => anyhow::bail!("--method {} needs --calibration FILE", method_name(args.method)),
+        (None, false) if args.force_route_all => anyhow::bail!(
+            "--force-route-all needs --calibration FILE (with --method imatrix or gptq, or a recipe with nvfp4-w4a4 \
+             rules)"
+        ),
+        (None, false) => None,
     };
-    if let (Some(part), true) = (args.part, calibrated) {
+    if let (Some(part), Some(calibration)) = (args.part, &calibration) {
         anyhow::bail!(
-            "--part {part} splits --method rtn conversions only: --method {} needs one calibration pass over the \
-             whole model; run it in one process",
-            method_name(args.method)
+            "--part {part} splits conversions without calibration only: --calibration{} needs one calibration \
+             pass over the whole model; run it in one process",
+            if calibrated { format!(" with --method {}", method_name(calibration.method)) } else { String::new() }
         );
     }
     let options = QuantizeOptions {

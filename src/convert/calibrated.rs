@@ -104,6 +104,9 @@ pub enum ExpertResult {
     Importance { gate_up: Vec<f32>, down: Vec<f32> },
     /// GPTQ: its planned projections (`gate`, `up`, `down`) already quantized, kept on disk until written.
     Quantized(BTreeMap<String, SpillEntry>),
+    /// W4A4 NVFP4 (`--method rtn` with `--calibration`): the largest magnitude of its gate/up input and of its
+    /// down input ([`super::activation_pass`]).
+    InputAbsmax { gate_up: f32, down: f32 },
 }
 
 /// What a method's pass hands back.
@@ -124,6 +127,8 @@ pub enum ExpertRule<'a> {
     Quantized(&'a SpillEntry),
     /// Too few calibration tokens (or a layer the pass does not run): the `mse` rule.
     Fallback,
+    /// The largest magnitude of the tensor's inputs (W4A4 NVFP4: its `input_global_scale`).
+    InputAbsmax(f32),
 }
 
 /// Everything the quantize pass needs from calibration.
@@ -155,6 +160,8 @@ impl Calibration {
         Some(match (self.experts.get(&(layer, expert)), projection) {
             (Some(ExpertResult::Importance { down, .. }), "down") => ExpertRule::Importance(down),
             (Some(ExpertResult::Importance { gate_up, .. }), _) => ExpertRule::Importance(gate_up),
+            (Some(ExpertResult::InputAbsmax { down, .. }), "down") => ExpertRule::InputAbsmax(*down),
+            (Some(ExpertResult::InputAbsmax { gate_up, .. }), _) => ExpertRule::InputAbsmax(*gate_up),
             (Some(ExpertResult::Quantized(projections)), projection) => match projections.get(projection) {
                 Some(entry) => ExpertRule::Quantized(entry),
                 None => ExpertRule::Fallback,
@@ -239,7 +246,8 @@ impl CalibrationSet {
                     options.min_expert_tokens, options.route_all, options.sequential, settings.damping, settings.block
                 )
             }
-            _ => format!(
+            Method::Rtn => format!("activations|{}|", options.route_all),
+            Method::Imatrix => format!(
                 "imatrix|{}|{}|{}|",
                 options.min_expert_tokens,
                 options.route_all,
@@ -376,11 +384,12 @@ pub fn routed_counts(routes: &[Vec<usize>], count: usize) -> Vec<u64> {
     routed
 }
 
-/// The `(layer, expert)`s whose routed-expert tensors the plan quantizes to INT4.
+/// The `(layer, expert)`s whose routed-expert tensors the plan calibrates: INT4 (imatrix, GPTQ) or W4A4 NVFP4
+/// (activation scales).
 pub fn planned_experts(plan: &Plan) -> BTreeSet<(usize, usize)> {
     plan.items
         .iter()
-        .filter(|item| matches!(item.action, Action::Int4 { .. }))
+        .filter(|item| matches!(item.action, Action::Int4 { .. } | Action::Fp4 { fp4_activations: true, .. }))
         .filter_map(|item| routed_expert(&item.source.name).map(|(layer, expert, _)| (layer, expert)))
         .collect()
 }
@@ -437,7 +446,8 @@ pub fn calibrate(
     let config = model.config().clone();
     let PassResult { experts, layers, layers_reused } = match options.method {
         Method::Gptq => super::gptq_pass::calibrate(dir, options, set, plan, output, reporter)?,
-        _ => super::imatrix_pass::calibrate(dir, options, set, plan, reporter)?,
+        Method::Imatrix => super::imatrix_pass::calibrate(dir, options, set, plan, reporter)?,
+        Method::Rtn => super::activation_pass::calibrate(dir, options, set, plan, reporter)?,
     };
     let calibrated = experts.len();
     Ok(Calibration {

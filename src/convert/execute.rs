@@ -26,7 +26,7 @@ use super::output_folder::{
     check_output, prepare_output, prepare_part_output, remove_leftover_temporaries, remove_own_temporaries,
 };
 use super::parts::{Part, PartManifest, PartOptions};
-use super::plan::{self, Action, ClassSummary, Plan, PlanError};
+use super::plan::{self, Action, ClassSummary, Plan, PlanError, PlannedItem};
 use super::{engine_check, output_files, quant_config, source, transform};
 
 #[derive(Debug, Clone)]
@@ -209,6 +209,43 @@ pub fn check_int4_source(plan: &Plan, recipe: &Recipe, input: &Path) -> Result<(
     }))
 }
 
+/// W4A4 NVFP4 rules need calibration (their `input_global_scale`), of routed experts only (what the pass
+/// measures); `--calibration` with `--method rtn` needs such a rule (it calibrates nothing else).
+fn check_activation_calibration(
+    plan: &Plan,
+    recipe: &Recipe,
+    calibration: Option<&CalibrationOptions>,
+) -> Result<(), ConvertError> {
+    let invalid = |message: String| {
+        Err(ConvertError::Recipe(RecipeError::Invalid { source_name: recipe.name().to_string(), message }))
+    };
+    let w4a4: Vec<&PlannedItem> =
+        plan.items.iter().filter(|item| matches!(item.action, Action::Fp4 { fp4_activations: true, .. })).collect();
+    if let Some(item) = w4a4.iter().find(|item| calibrated::routed_expert(&item.source.name).is_none()) {
+        return invalid(format!(
+            "an nvfp4-w4a4 rule selects {}, which is not a routed expert's projection; W4A4 calibrates the routed \
+             experts' inputs only: narrow the rule's match to `.mlp.experts.N.(gate|up|down)_proj.weight`",
+            item.source.name
+        ));
+    }
+    match (w4a4.first(), calibration.map(|c| c.method)) {
+        (Some(item), None) => invalid(format!(
+            "its nvfp4-w4a4 rule quantizes activations too (W4A4): {} needs an input_global_scale measured on \
+             calibration text; pass --calibration FILE (text or input_ids), or use a weights-only nvfp4 recipe",
+            item.module()
+        )),
+        (None, Some(calibrated::Method::Rtn)) => Err(ConvertError::Recipe(RecipeError::Invalid {
+            source_name: "--calibration".into(),
+            message: format!(
+                "with --method rtn, --calibration measures W4A4 activation scales only, and recipe {} has no \
+                 nvfp4-w4a4 rule: drop --calibration, or pass --method imatrix or gptq for an int4 recipe",
+                recipe.name()
+            ),
+        })),
+        _ => Ok(()),
+    }
+}
+
 /// Converts a checkpoint as the options say.
 pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<QuantizeReport, ConvertError> {
     let started = Instant::now();
@@ -221,9 +258,11 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     )?;
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
     check_int4_source(plan, recipe, &options.input)?;
-    if let (Some(calibration), Some(fp4)) =
-        (&options.calibration, plan.items.iter().find(|item| matches!(item.action, Action::Fp4 { .. })))
-    {
+    check_activation_calibration(plan, recipe, options.calibration.as_ref())?;
+    if let (Some(calibration), Some(fp4)) = (
+        options.calibration.as_ref().filter(|calibration| calibration.method != calibrated::Method::Rtn),
+        plan.items.iter().find(|item| matches!(item.action, Action::Fp4 { .. })),
+    ) {
         return Err(ConvertError::Recipe(RecipeError::Invalid {
             source_name: "--method".into(),
             message: format!(

@@ -1,6 +1,7 @@
 //! `squeeze quantize`: source tensors → plan (recipe applied, shards laid out) → streamed execution → output
 //! folder with config, index, companions and manifest.
 
+pub mod activation_pass;
 pub mod calibrated;
 pub mod device_quantize;
 pub mod engine_check;

@@ -26,8 +26,13 @@ pub enum Action {
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         fp8_activations: bool,
     },
-    /// compressed-tensors `nvfp4-pack-quantized` or `mxfp4-pack-quantized`.
-    Fp4 { kind: Fp4Kind },
+    /// compressed-tensors `nvfp4-pack-quantized` or `mxfp4-pack-quantized`; with `fp4_activations` (NVFP4 only),
+    /// declared W4A4 with a calibrated `input_global_scale`.
+    Fp4 {
+        kind: Fp4Kind,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        fp4_activations: bool,
+    },
     /// FP8 dequantized to BF16.
     Bf16,
     /// FP8 kept, scale renamed to `weight_scale` (compressed-tensors `float-quantized`).
@@ -41,7 +46,8 @@ impl Action {
         match self {
             Action::Int4 { fp8_activations: false, .. } => "int4",
             Action::Int4 { fp8_activations: true, .. } => "w4a8-fp8",
-            Action::Fp4 { kind } => kind.name(),
+            Action::Fp4 { fp4_activations: true, .. } => "nvfp4-w4a4",
+            Action::Fp4 { kind, .. } => kind.name(),
             Action::Bf16 => "bf16",
             Action::Fp8Block => "fp8-block",
             Action::Copy => "copy",
@@ -100,7 +106,9 @@ pub fn outputs_for(item: &SourceItem, action: Action) -> Vec<PlannedTensor> {
     let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
     match action {
         Action::Int4 { group_size, .. } => int4_tensors(module, item.shape[0], item.shape[1], group_size),
-        Action::Fp4 { kind } => fp4_tensors(module, item.shape[0], item.shape[1], kind),
+        Action::Fp4 { kind, fp4_activations } => {
+            fp4_tensors(module, item.shape[0], item.shape[1], kind, fp4_activations)
+        }
         Action::Bf16 => vec![PlannedTensor::new(item.name.clone(), Dtype::BF16, item.shape.clone())],
         Action::Fp8Block => {
             let SourceKind::Fp8 { grid, .. } = &item.kind else {
@@ -149,7 +157,7 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe, class: TensorClass) -> Res
             }));
         }
         if let Some(kind) = rule.scheme.fp4_kind() {
-            return Ok(Action::Fp4 { kind });
+            return Ok(Action::Fp4 { kind, fp4_activations: rule.scheme == Scheme::Nvfp4W4a4 });
         }
         return Ok(Action::Int4 {
             group_size: rule.group_size,

@@ -26,7 +26,7 @@ pub fn quantization_config(plan: &Plan, recipe: &Recipe) -> Value {
 
 fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
     let mut int4 = None;
-    let mut fp4: Vec<Fp4Kind> = Vec::new();
+    let mut fp4: Vec<(Fp4Kind, bool)> = Vec::new();
     let mut has_fp8 = false;
     let mut ignore: Vec<String> = recipe.file.config_ignore.clone();
     let mut extra: BTreeSet<String> = BTreeSet::new();
@@ -47,9 +47,9 @@ fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
             Action::Int4 { group_size, scale_rule, fp8_activations } => {
                 int4.get_or_insert((group_size, scale_rule, fp8_activations));
             }
-            Action::Fp4 { kind } => {
-                if !fp4.contains(&kind) {
-                    fp4.push(kind);
+            Action::Fp4 { kind, fp4_activations } => {
+                if !fp4.contains(&(kind, fp4_activations)) {
+                    fp4.push((kind, fp4_activations));
                 }
             }
             Action::Fp8Block => has_fp8 = true,
@@ -86,9 +86,14 @@ fn scheme(plan: &Plan, recipe: &Recipe) -> QuantizationScheme {
     });
     let fp4 = fp4
         .into_iter()
-        .map(|kind| Fp4Group {
+        .map(|(kind, fp4_activations)| Fp4Group {
             kind,
-            targets: targets(if kind == Fp4Kind::Nvfp4 { Scheme::Nvfp4 } else { Scheme::Mxfp4 }),
+            fp4_activations,
+            targets: targets(match (kind, fp4_activations) {
+                (Fp4Kind::Nvfp4, true) => Scheme::Nvfp4W4a4,
+                (Fp4Kind::Nvfp4, false) => Scheme::Nvfp4,
+                (Fp4Kind::Mxfp4, _) => Scheme::Mxfp4,
+            }),
         })
         .collect();
     QuantizationScheme { int4, fp4, fp8_block: has_fp8, ignore }

@@ -78,7 +78,9 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
     }
     let reader = || RowReader::new(checkpoint, &item.source);
     let device_outputs = match (device, item.action) {
-        (Some(device), Action::Int4 { group_size, scale_rule, .. }) if expert_rule.is_none() => {
+        (Some(device), Action::Int4 { group_size, scale_rule, .. })
+            if matches!(expert_rule, None | Some(ExpertRule::InputAbsmax(_))) =>
+        {
             int4_on_device(device, checkpoint, item, tensor.bytes, &shard, group_size, scale_rule)?
         }
         _ => None,
@@ -134,7 +136,9 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
                         {
                             source.read(task * ROWS_PER_TASK + local, weights);
                             match &expert_rule {
-                                None => int4::quantize_row(weights, group_size, scale_rule, q, scale_row),
+                                None | Some(ExpertRule::InputAbsmax(_)) => {
+                                    int4::quantize_row(weights, group_size, scale_rule, q, scale_row)
+                                }
                                 Some(ExpertRule::Fallback) | Some(ExpertRule::Quantized(_)) => {
                                     int4::quantize_row(weights, group_size, ScaleRule::Mse, q, scale_row)
                                 }
@@ -160,7 +164,7 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
             let shape: Vec<u8> = [rows as i64, columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
             vec![packed, scales, shape]
         }
-        Action::Fp4 { kind } => {
+        Action::Fp4 { kind, fp4_activations } => {
             let source = reader()?;
             let global = match kind {
                 Fp4Kind::Nvfp4 => {
@@ -176,6 +180,18 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
             let mut outputs = vec![packed, scales];
             if kind == Fp4Kind::Nvfp4 {
                 outputs.push(global.to_le_bytes().to_vec());
+            }
+            if fp4_activations {
+                let Some(ExpertRule::InputAbsmax(absmax)) = expert_rule else {
+                    return Err(IoError::tensor(
+                        &shard,
+                        name,
+                        "a W4A4 NVFP4 rule selects it, but the calibration pass measured no input for it (W4A4 \
+                         calibrates routed experts only): pass --calibration FILE, and keep other tensors out of \
+                         nvfp4-w4a4 rules",
+                    ));
+                };
+                outputs.push(fp4::nvfp4_global_scale(absmax).to_le_bytes().to_vec());
             }
             outputs
         }

@@ -6,7 +6,7 @@
 use fancy_regex::Regex;
 
 /// Parameter suffixes a module's tensors carry (checkpoint and compressed-tensors names).
-pub const PARAMETER_SUFFIXES: [&str; 13] = [
+pub const PARAMETER_SUFFIXES: [&str; 14] = [
     "weight",
     "weight_packed",
     "weight_scale",
@@ -17,6 +17,7 @@ pub const PARAMETER_SUFFIXES: [&str; 13] = [
     "weight_scale_inv",
     "bias",
     "input_scale",
+    "input_global_scale",
     "k_scale",
     "v_scale",
     "e_score_correction_bias",

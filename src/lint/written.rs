@@ -34,7 +34,9 @@ pub fn describe(checkpoint: &Checkpoint) -> OutputDescription {
         .filter_map(|name| {
             let tensor = checkpoint.get(name)?;
             let values = match module_name(name).map(|(_, suffix)| suffix) {
-                Some("weight_scale" | "weight_global_scale" | "k_scale" | "v_scale") => floats(&tensor),
+                Some("weight_scale" | "weight_global_scale" | "input_global_scale" | "k_scale" | "v_scale") => {
+                    floats(&tensor)
+                }
                 Some("weight_shape") if tensor.shape.iter().product::<usize>() <= 8 => ints(&tensor),
                 _ if name.ends_with(".q_scale") || name.ends_with(".kv_scale") => floats(&tensor),
                 _ => None,

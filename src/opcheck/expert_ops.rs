@@ -64,7 +64,10 @@ pub fn batch<'a>(
     matrices: impl Iterator<Item = &'a [Matrix; 3]>,
     assigned: &'a [Vec<(usize, f32)>],
 ) -> Vec<RoutedExpert<'a>> {
-    matrices.zip(assigned).map(|([gate, up, down], tokens)| RoutedExpert { gate, up, down, tokens }).collect()
+    matrices
+        .zip(assigned)
+        .map(|([gate, up, down], tokens)| RoutedExpert { gate, up, down, tokens, inputs: Default::default() })
+        .collect()
 }
 
 /// One batch through the CPU and the device, `output` starting from the same nonzero values; a CPU batch that

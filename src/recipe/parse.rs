@@ -20,6 +20,10 @@ pub enum Scheme {
     /// compressed-tensors `nvfp4-pack-quantized` (Blackwell): FP4 E2M1 in groups of 16, FP8 scales, a global
     /// scale per tensor; weights only.
     Nvfp4,
+    /// NVFP4 weights and NVFP4 activations (W4A4: compressed-tensors' preset `NVFP4`, FP4 tensor cores on both
+    /// operands): the weights as `nvfp4`, plus each module's `input_global_scale` from calibration (`--calibration`);
+    /// the activations' group scales are computed at run time by the engine.
+    Nvfp4W4a4,
     /// compressed-tensors `mxfp4-pack-quantized` (AMD, OCP MX): FP4 E2M1 in groups of 32, E8M0 scales; weights
     /// only.
     Mxfp4,
@@ -37,7 +41,7 @@ impl Scheme {
     pub fn fp4_kind(self) -> Option<Fp4Kind> {
         match self {
             Scheme::Int4 | Scheme::W4a8Fp8 => None,
-            Scheme::Nvfp4 => Some(Fp4Kind::Nvfp4),
+            Scheme::Nvfp4 | Scheme::Nvfp4W4a4 => Some(Fp4Kind::Nvfp4),
             Scheme::Mxfp4 => Some(Fp4Kind::Mxfp4),
         }
     }
@@ -45,6 +49,7 @@ impl Scheme {
     pub fn name(self) -> &'static str {
         match self {
             Scheme::W4a8Fp8 => "w4a8-fp8",
+            Scheme::Nvfp4W4a4 => "nvfp4-w4a4",
             _ => self.fp4_kind().map_or("int4", Fp4Kind::name),
         }
     }
@@ -54,7 +59,7 @@ impl Scheme {
         match self {
             Scheme::Int4 => None,
             Scheme::W4a8Fp8 => Some(W4A8_GROUP),
-            Scheme::Nvfp4 | Scheme::Mxfp4 => self.fp4_kind().map(Fp4Kind::group),
+            Scheme::Nvfp4 | Scheme::Nvfp4W4a4 | Scheme::Mxfp4 => self.fp4_kind().map(Fp4Kind::group),
         }
     }
 }

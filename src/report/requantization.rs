@@ -74,7 +74,7 @@ fn dequantize(item: &PlannedItem, outputs: &[Vec<u8>]) -> Vec<f32> {
             scales: outputs[1].chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect(),
         }
         .dequantize(),
-        Action::Fp4 { kind } => Fp4Module {
+        Action::Fp4 { kind, .. } => Fp4Module {
             kind,
             rows,
             columns,

@@ -512,14 +512,26 @@ impl dyn Backend + '_ {
     }
 }
 
-/// One routed expert of a batch: its SwiGLU weights (`gate`, `up` `[inner, hidden]`, `down` `[hidden, inner]`) and
-/// the `(token, routing weight)` pairs routed to it.
+/// One routed expert of a batch: its SwiGLU weights (`gate`, `up` `[inner, hidden]`, `down` `[hidden, inner]`),
+/// the `(token, routing weight)` pairs routed to it, and how the engines quantize its inputs.
 #[derive(Debug, Clone, Copy)]
 pub struct RoutedExpert<'a> {
     pub gate: &'a Matrix,
     pub up: &'a Matrix,
     pub down: &'a Matrix,
     pub tokens: &'a [(usize, f32)],
+    pub inputs: ExpertInputs,
+}
+
+/// What the engines do to a routed expert's inputs before its products, which the runtime emulates.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum ExpertInputs {
+    /// Used as they are (weights-only schemes: W4A16, BF16, FP8 source).
+    #[default]
+    Exact,
+    /// W4A4 NVFP4: quantized to NVFP4 and back under the layer's activation global scales, of the gate/up input
+    /// and of the down input ([`crate::quant::fp4::nvfp4_fake_quantize_activations`]).
+    Nvfp4 { gate_up: f32, down: f32 },
 }
 
 use super::kv_cache::{KvPool, PoolError, RequestId};

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use crate::format::compressed_tensors::{fp4_modules, int4_group_size, int4_modules, Fp4Module, Int4Module};
+use crate::format::compressed_tensors::{fp4_modules, int4_group_size, int4_modules, Fp4Layout, Fp4Module, Int4Module};
 use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceItem, SourceKind};
 use crate::io::{Checkpoint, Dtype};
 
@@ -51,6 +51,20 @@ impl<'a> WeightReader<'a> {
             .shard_of(name)
             .map(|s| s.path().to_path_buf())
             .unwrap_or_else(|| self.checkpoint.dir().to_path_buf())
+    }
+
+    /// The activation global scale of W4A4 NVFP4 module `module` (`None` for any other module).
+    pub fn input_global_scale(&self, module: &str) -> Result<Option<f32>, RuntimeError> {
+        if !self.fp4_modules.contains(module) {
+            return Ok(None);
+        }
+        let layout = Fp4Layout::read(self.checkpoint, module).map_err(|problem| {
+            RuntimeError::Input(format!(
+                "{}: {problem}; the FP4 folder is damaged: check it with `squeeze verify` and rerun `squeeze quantize`",
+                self.shard(&format!("{module}.weight_packed")).display()
+            ))
+        })?;
+        Ok(layout.input_global_scale)
     }
 
     /// Whether the checkpoint has weight `name` (`<module>.weight`) in any supported form.

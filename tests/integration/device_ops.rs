@@ -242,7 +242,11 @@ fn routed_experts_refuse_a_token_outside_the_batch() {
     let [gate, up, down] = &one.device;
     let x = backend.upload(&rng.values(2 * 32, 1.0), 32).unwrap();
     let mut output = backend.zeros(2, 32).unwrap();
-    let refused = backend.routed_experts(&x, &[RoutedExpert { gate, up, down, tokens: &tokens }], &mut output);
+    let refused = backend.routed_experts(
+        &x,
+        &[RoutedExpert { gate, up, down, tokens: &tokens, inputs: Default::default() }],
+        &mut output,
+    );
     let failure = refused.expect_err("a token index past x is refused").to_string();
     assert!(failure.contains("token 2 of 2"), "{failure}");
     assert!(

@@ -217,3 +217,103 @@ fn sglang_fp4_moe_rules_refuse_mxfp4_experts_and_nvfp4_shapes_it_cannot_load() {
     let rule = rules.iter().find(|rule| rule["rule"] == "fp4-moe-engine").unwrap();
     assert_eq!(rule["status"], "passed", "{rule}");
 }
+
+/// W4A4 NVFP4 (`-nvfp4-w4a4` recipes): the weights are the weights-only recipe's byte for byte, plus each routed
+/// expert's `input_global_scale` from the calibration pass (gate and up read the same input, so they agree; with
+/// `--force-route-all` every expert sees every token, so every expert's gate/up scale is the same); the config
+/// declares compressed-tensors' NVFP4 activations; the runtime quantizes the experts' inputs as vLLM does, which
+/// moves the output away from the weights-only one. Missing calibration, calibration with nothing to calibrate and
+/// a zero scale are refused, naming the flag or tensor.
+#[test]
+fn w4a4_nvfp4_calibrates_activation_scales_and_the_runtime_quantizes_activations() {
+    let temp = tempfile::tempdir().unwrap();
+    let source = synth(temp.path(), "glm5", "glm5", &[]);
+    let out = |name: &str| temp.path().join(name);
+    let quantize = |name: &str, extra: &[&str]| {
+        let target = temp.path().join(name);
+        let mut args = vec!["quantize", path_str(&source), path_str(&target), "--engine", "vllm"];
+        args.extend_from_slice(extra);
+        squeeze(&args)
+    };
+    quantize("a16", &["--recipe", "glm5-nvfp4"]).ok();
+    quantize("a4", &["--recipe", "glm5-nvfp4-w4a4", "--calibration", SONNETS, "--seq-len", "64"]).ok();
+    quantize("all", &["--recipe", "glm5-nvfp4-w4a4", "--calibration", SONNETS, "--seq-len", "64", "--force-route-all"])
+        .ok();
+
+    let config = read_json(&out("a4").join("config.json"));
+    let activations = &config["quantization_config"]["config_groups"]["group_0"]["input_activations"];
+    assert_eq!((&activations["strategy"], &activations["group_size"]), (&"tensor_group".into(), &16.into()));
+    assert_eq!((&activations["type"], &activations["num_bits"]), (&"float".into(), &4.into()));
+    let scalar = |dir: &Path, name: &str| f32::from_le_bytes(tensor_bytes(dir, name).try_into().unwrap());
+    let names = tensor_names(&out("a4"));
+    let experts: Vec<String> =
+        names.iter().filter_map(|n| n.strip_suffix(".gate_proj.input_global_scale")).map(str::to_string).collect();
+    assert!(experts.len() >= 4, "every routed expert has scales: {experts:?}");
+    for expert in &experts {
+        for suffix in ["weight_packed", "weight_scale", "weight_global_scale"] {
+            for projection in ["gate", "up", "down"] {
+                let name = format!("{expert}.{projection}_proj.{suffix}");
+                assert_eq!(tensor_bytes(&out("a4"), &name), tensor_bytes(&out("a16"), &name), "{name}");
+            }
+        }
+        let [gate, up, down] =
+            ["gate", "up", "down"].map(|p| scalar(&out("a4"), &format!("{expert}.{p}_proj.input_global_scale")));
+        assert!(gate.is_finite() && gate > 0.0 && down.is_finite() && down > 0.0, "{expert}: {gate} {down}");
+        assert_eq!(gate, up, "{expert}: gate and up read the same input");
+        assert_ne!(gate, down, "{expert}: down reads act(gate)·up");
+    }
+    let layer_scales = |dir: &Path| -> Vec<f32> {
+        experts
+            .iter()
+            .filter(|e| e.starts_with("model.layers.1."))
+            .map(|e| scalar(dir, &format!("{e}.gate_proj.input_global_scale")))
+            .collect()
+    };
+    let everyone = layer_scales(&out("all"));
+    assert!(everyone.windows(2).all(|w| w[0] == w[1]), "route-all: one input for all: {everyone:?}");
+    let routed = layer_scales(&out("a4"));
+    assert!(routed.iter().all(|s| *s >= everyone[0]), "routed tokens are a subset: {routed:?} vs {everyone:?}");
+
+    let verify =
+        squeeze(&["verify", path_str(&out("a4")), "--source", path_str(&source), "--engine", "vllm", "--json"]);
+    assert_eq!(verify.ok().json()["passed"], true);
+    let kld = |name: &str| {
+        let run = squeeze(&[
+            "eval",
+            "--reference",
+            path_str(&source),
+            "--candidate",
+            path_str(&out(name)),
+            "--data",
+            SONNETS,
+            "--ctx",
+            "32",
+            "--chunks",
+            "2",
+            "--modes",
+            "weights",
+            "--json",
+        ]);
+        run.json()["modes"]["weights"]["mean_kld"].as_f64().unwrap()
+    };
+    let (a16, a4) = (kld("a16"), kld("a4"));
+    assert!(a4 > a16 && a4.is_finite(), "W4A4 quantizes the experts' inputs too: KLD {a4} vs weights-only {a16}");
+
+    expect_exit_2(&quantize("x", &["--recipe", "glm5-nvfp4-w4a4"]), &["--calibration", "input_global_scale"]);
+    expect_exit_2(
+        &quantize("x", &["--recipe", "glm5-int4", "--calibration", SONNETS]),
+        &["--calibration", "nvfp4-w4a4"],
+    );
+    expect_exit_2(
+        &quantize("x", &["--recipe", "glm5-nvfp4-w4a4", "--calibration", SONNETS, "--part", "1/2"]),
+        &["--part", "--calibration"],
+    );
+    let name = format!("{}.down_proj.input_global_scale", experts[0]);
+    overwrite(&out("a4"), &name, &0f32.to_le_bytes());
+    let run = squeeze(&["verify", path_str(&out("a4")), "--engine", "vllm"]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains(&name), "{}", run.stdout);
+    let run = squeeze(&["eval", path_str(&out("a4")), "--data", SONNETS, "--ctx", "32", "--chunks", "1"]);
+    assert_ne!(run.code, 0);
+    assert!(run.stderr.contains(&name), "{}", run.stderr);
+}

@@ -185,3 +185,21 @@ fn fp4_packs_exactly_as_compressed_tensors_and_reads_back_as_it_decompresses() {
         assert!(values.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: MXFP4 values");
     }
 }
+
+/// vLLM's W4A4 NVFP4 activation emulation (`scripts/oracle/make-nvfp4-activation-golden.py`,
+/// `ref_nvfp4_quant_dequant` on the CPU): squeeze's activation quantize-dequantize gives the same values.
+#[test]
+fn nvfp4_activations_quantize_as_vllms_emulation() {
+    let golden = open("vllm_nvfp4_activations.safetensors");
+    let mut cases = 0;
+    while golden.get(&format!("case{cases}.x")).is_some() {
+        let mut x = f32s(&golden, &format!("case{cases}.x"));
+        let global = f32s(&golden, &format!("case{cases}.global"))[0];
+        fp4::nvfp4_fake_quantize_activations(&mut x, global);
+        for (index, (got, want)) in x.iter().zip(f32s(&golden, &format!("case{cases}.dequant"))).enumerate() {
+            assert!(*got == want, "case {cases} element {index}: {got:e}, vLLM {want:e}");
+        }
+        cases += 1;
+    }
+    assert_eq!(cases, 4, "the golden's cases");
+}

@@ -20,6 +20,8 @@ pub struct Int4Group {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fp4Group {
     pub kind: super::Fp4Kind,
+    /// W4A4: NVFP4 activations too (compressed-tensors' preset `NVFP4`), else weights only (`NVFP4A16`/`MXFP4A16`).
+    pub fp4_activations: bool,
     /// `re:` patterns of the modules it quantizes.
     pub targets: Vec<String>,
 }
@@ -64,8 +66,9 @@ pub fn quantization_config(scheme: &QuantizationScheme) -> Value {
         );
     }
     for group in &scheme.fp4 {
-        // compressed-tensors 0.20.1's presets NVFP4A16 / MXFP4A16 (`quantization/quant_scheme.py`), serialized as
-        // its QuantizationConfig writes them.
+        // compressed-tensors 0.20.1's presets NVFP4A16 / MXFP4A16 / NVFP4 (`quantization/quant_scheme.py`),
+        // serialized as its QuantizationConfig writes them; vLLM takes NVFP4 activations for tensor_group, 4-bit,
+        // float, symmetric, group 16 (`compressed_tensors.py` `_is_nvfp4_format`) and reads no other field.
         let (strategy, scale_dtype) = match group.kind {
             super::Fp4Kind::Nvfp4 => ("tensor_group", "torch.float8_e4m3fn"),
             super::Fp4Kind::Mxfp4 => ("group", "torch.uint8"),
@@ -79,7 +82,15 @@ pub fn quantization_config(scheme: &QuantizationScheme) -> Value {
                     "group_size": group.kind.group(), "dynamic": false, "observer": "minmax",
                     "scale_dtype": scale_dtype, "actorder": null, "block_structure": null
                 },
-                "input_activations": null,
+                "input_activations": if group.fp4_activations {
+                    json!({
+                        "num_bits": 4, "type": "float", "symmetric": true, "strategy": "tensor_group",
+                        "group_size": group.kind.group(), "dynamic": "local", "observer": "static_minmax",
+                        "scale_dtype": scale_dtype, "actorder": null, "block_structure": null
+                    })
+                } else {
+                    Value::Null
+                },
                 "output_activations": null,
                 "format": group.kind.format()
             }),

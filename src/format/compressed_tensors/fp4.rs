@@ -67,14 +67,30 @@ pub fn global_scale_name(module: &str) -> String {
     format!("{module}.weight_global_scale")
 }
 
-/// The tensors of FP4 module `module` of a `[rows, columns]` weight (`columns` a multiple of the kind's group).
-pub fn fp4_tensors(module: &str, rows: usize, columns: usize, kind: Fp4Kind) -> Vec<PlannedTensor> {
+/// `<module>.input_global_scale`: a W4A4 NVFP4 module's activation global scale (F32 `[1]`, 448 · 6 / the
+/// calibrated absmax of its inputs; compressed-tensors' `generate_gparam` over the `static_minmax` observer).
+pub fn input_global_scale_name(module: &str) -> String {
+    format!("{module}.input_global_scale")
+}
+
+/// The tensors of FP4 module `module` of a `[rows, columns]` weight (`columns` a multiple of the kind's group);
+/// with `fp4_activations` (W4A4 NVFP4) also its `input_global_scale`.
+pub fn fp4_tensors(
+    module: &str,
+    rows: usize,
+    columns: usize,
+    kind: Fp4Kind,
+    fp4_activations: bool,
+) -> Vec<PlannedTensor> {
     let mut tensors = vec![
         PlannedTensor::new(packed_name(module), Dtype::U8, vec![rows, columns / 2]),
         PlannedTensor::new(scale_name(module), kind.scale_dtype(), vec![rows, columns / kind.group()]),
     ];
     if kind == Fp4Kind::Nvfp4 {
         tensors.push(PlannedTensor::new(global_scale_name(module), Dtype::F32, vec![1]));
+    }
+    if fp4_activations {
+        tensors.push(PlannedTensor::new(input_global_scale_name(module), Dtype::F32, vec![1]));
     }
     tensors
 }
@@ -121,6 +137,21 @@ pub struct Fp4Layout {
     pub rows: usize,
     pub columns: usize,
     pub global_scale: f32,
+    /// W4A4: the activation global scale ([`input_global_scale_name`]), finite and positive.
+    pub input_global_scale: Option<f32>,
+}
+
+/// The value of a one-element F32 scale tensor `name`, which must be finite and positive (`what` says why).
+fn positive_scalar(checkpoint: &Checkpoint, name: &str, what: &str) -> Result<Option<f32>, String> {
+    let Some(tensor) = checkpoint.get(name) else { return Ok(None) };
+    let value = match (tensor.dtype, tensor.shape.iter().product::<usize>(), tensor.bytes) {
+        (Dtype::F32, 1, [a, b, c, d]) => f32::from_le_bytes([*a, *b, *c, *d]),
+        (dtype, _, _) => return Err(format!("{name}: {dtype} {:?}, expected F32 [1]", tensor.shape)),
+    };
+    if !(value.is_finite() && value > 0.0) {
+        return Err(format!("{name}: {value}; {what} must be finite and positive"));
+    }
+    Ok(Some(value))
 }
 
 impl Fp4Layout {
@@ -159,36 +190,25 @@ impl Fp4Layout {
                 kind.name()
             ));
         }
-        let global_scale = match global {
-            None => 1.0,
-            Some(tensor) => {
-                let value = match (tensor.dtype, tensor.shape.iter().product::<usize>(), tensor.bytes) {
-                    (Dtype::F32, 1, [a, b, c, d]) => f32::from_le_bytes([*a, *b, *c, *d]),
-                    (dtype, _, _) => {
-                        return Err(format!(
-                            "{}: {dtype} {:?}, expected F32 [1]",
-                            global_scale_name(module),
-                            tensor.shape
-                        ))
-                    }
-                };
-                if !(value.is_finite() && value > 0.0) {
-                    return Err(format!(
-                        "{}: {value}; a global scale must be finite and positive (it divides every scale)",
-                        global_scale_name(module)
-                    ));
-                }
-                value
-            }
-        };
-        Ok(Self { kind, rows, columns, global_scale })
+        let global_scale =
+            positive_scalar(checkpoint, &global_scale_name(module), "a global scale (it divides every scale)")?
+                .unwrap_or(1.0);
+        let input_global_scale = positive_scalar(
+            checkpoint,
+            &input_global_scale_name(module),
+            "an activation global scale (it divides every activation scale)",
+        )?;
+        if input_global_scale.is_some() && kind != Fp4Kind::Nvfp4 {
+            return Err(format!("{}: only NVFP4 (W4A4) has activation global scales", input_global_scale_name(module)));
+        }
+        Ok(Self { kind, rows, columns, global_scale, input_global_scale })
     }
 }
 
 impl Fp4Module {
     /// Reads module `module` of `checkpoint` ([`Fp4Layout::read`]), every scale checked. Errors name the tensor.
     pub fn read(checkpoint: &Checkpoint, module: &str) -> Result<Self, String> {
-        let Fp4Layout { kind, rows, columns, global_scale } = Fp4Layout::read(checkpoint, module)?;
+        let Fp4Layout { kind, rows, columns, global_scale, .. } = Fp4Layout::read(checkpoint, module)?;
         let missing = |name: String| format!("{name}: missing");
         let packed = checkpoint.get(&packed_name(module)).ok_or_else(|| missing(packed_name(module)))?;
         let scale = checkpoint.get(&scale_name(module)).ok_or_else(|| missing(scale_name(module)))?;
@@ -264,7 +284,7 @@ mod tests {
                 packed.extend_from_slice(&row_packed);
                 scales.extend_from_slice(&row_scales);
             }
-            let planned = fp4_tensors("m", rows, columns, kind);
+            let planned = fp4_tensors("m", rows, columns, kind, false);
             let mut bytes = vec![packed, scales];
             if kind == Fp4Kind::Nvfp4 {
                 bytes.push(global.to_le_bytes().to_vec());

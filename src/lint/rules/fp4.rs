@@ -91,15 +91,71 @@ pub fn fp4_weight_args(context: &Context, _: Engine) -> Outcome {
                 ));
             }
         }
-        if let Some(activations) = group.json.get("input_activations").filter(|v| !v.is_null()) {
-            findings.push(Finding::warning(
-                format!("quantization_config.config_groups.{}.input_activations", group.name),
-                format!("is {activations}: W4A4 needs each module's input_global_scale from calibration"),
-                "check every FP4 module has an input_global_scale, or write null (W4A16)",
-            ));
+        let activations = group.json.get("input_activations").filter(|v| !v.is_null());
+        if let Some(activations) = activations {
+            findings.extend(w4a4_findings(context, group.name, kind, activations));
+            if let Some(last) = detail.last_mut() {
+                last.push_str(" W4A4");
+            }
         }
     }
+    let w4a4 = context.groups.iter().any(|g| g.json.get("input_activations").is_some_and(|v| !v.is_null()));
+    if let (false, Some(module)) = (w4a4, input_scaled(context).first()) {
+        findings.push(Finding::warning(
+            format!("{module}.input_global_scale"),
+            "is present, but no FP4 group declares input_activations: the engines ignore it and serve W4A16",
+            "declare the W4A4 input_activations (compressed-tensors' NVFP4 preset), or drop the input_global_scale \
+             tensors",
+        ));
+    }
     Outcome::from_findings(detail.join(", "), findings)
+}
+
+/// The FP4 modules that carry an `input_global_scale`.
+fn input_scaled<'a>(context: &Context<'a>) -> Vec<&'a str> {
+    fp4_modules(context)
+        .into_iter()
+        .map(|(module, _)| module)
+        .filter(|module| context.tensors.contains_key(format!("{module}.input_global_scale").as_str()))
+        .collect()
+}
+
+/// A group that declares FP4 activations (W4A4): vLLM takes NVFP4 ones only (tensor_group 16, float, 4-bit,
+/// symmetric: `compressed_tensors.py` `_is_nvfp4_format`; anything else raises "For NVFP4 weights, input
+/// quantization must also be NVFP4 format or None"), and it loads each module's `input_global_scale` into a
+/// parameter made with `torch.empty`, so a module without one computes with whatever memory held.
+fn w4a4_findings(context: &Context, group: &str, kind: Fp4Kind, activations: &Value) -> Vec<Finding> {
+    let key = format!("quantization_config.config_groups.{group}.input_activations");
+    let nvfp4 = activations.get("type").and_then(Value::as_str) == Some("float")
+        && activations.get("num_bits").and_then(Value::as_u64) == Some(4)
+        && activations.get("strategy").and_then(Value::as_str) == Some("tensor_group")
+        && activations.get("group_size").and_then(Value::as_u64) == Some(16)
+        && activations.get("symmetric").and_then(Value::as_bool) == Some(true);
+    if kind != Fp4Kind::Nvfp4 || !nvfp4 {
+        return vec![Finding::failed(
+            key,
+            format!("is {activations}: vLLM takes FP4 activations only as NVFP4 (float 4-bit, tensor_group 16, symmetric) over NVFP4 weights"),
+            "write null (weights only), or NVFP4 activations over NVFP4 weights (recipe scheme nvfp4-w4a4)",
+        )];
+    }
+    let scaled = input_scaled(context);
+    let missing: Vec<&str> = fp4_modules(context)
+        .into_iter()
+        .filter(|(module, kind)| *kind == Fp4Kind::Nvfp4 && !scaled.contains(module))
+        .map(|(module, _)| module)
+        .collect();
+    match missing.first() {
+        None => Vec::new(),
+        Some(first) => vec![Finding::failed(
+            format!("{first}.input_global_scale"),
+            format!(
+                "missing ({} NVFP4 modules have none) while {key} declares W4A4: the engines would quantize their \
+                 inputs with an uninitialized scale",
+                missing.len()
+            ),
+            "requantize with squeeze quantize --calibration FILE and an nvfp4-w4a4 recipe",
+        )],
+    }
 }
 
 /// Each FP4 module's tensors: `weight_packed` U8 `[out, in/2]`, `weight_scale` F8_E4M3 `[out, in/16]` with a
@@ -142,17 +198,18 @@ pub fn fp4_tensors(context: &Context, _: Engine) -> Outcome {
             )),
             None => findings.push(Finding::failed(name("weight_scale"), "missing", REQUANTIZE)),
         }
-        if let Some(global) = tensor("weight_global_scale") {
+        for suffix in ["weight_global_scale", "input_global_scale"] {
+            let Some(global) = tensor(suffix) else { continue };
             if global.dtype != Dtype::F32 || global.shape.iter().product::<usize>() != 1 {
                 findings.push(Finding::failed(
-                    name("weight_global_scale"),
+                    name(suffix),
                     format!("is {} {:?}, expected F32 [1]", global.dtype, global.shape),
                     REQUANTIZE,
                 ));
             } else if let Some(Values::Floats { first_bad: Some((_, value)), .. }) = &global.values {
                 findings.push(Finding::failed(
-                    name("weight_global_scale"),
-                    format!("is {value}; it divides every scale of the module, so it must be finite and > 0"),
+                    name(suffix),
+                    format!("is {value}; it divides every scale it governs, so it must be finite and > 0"),
                     REQUANTIZE,
                 ));
             }

@@ -3,7 +3,8 @@
 use rayon::prelude::*;
 
 use super::{activation, matmul};
-use crate::runtime::backend::RoutedExpert;
+use crate::quant::fp4::nvfp4_fake_quantize_activations;
+use crate::runtime::backend::{ExpertInputs, RoutedExpert};
 
 /// [`crate::runtime::Backend::routed_experts`]: the experts run in parallel, their outputs are added in slice order.
 pub fn apply(x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]) {
@@ -18,9 +19,16 @@ pub fn apply(x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mu
             for &(token, _) in expert.tokens {
                 gathered.extend_from_slice(&x[token * hidden..][..hidden]);
             }
+            if let ExpertInputs::Nvfp4 { gate_up, .. } = expert.inputs {
+                nvfp4_fake_quantize_activations(&mut gathered, gate_up);
+            }
             let gate = matmul::linear(&gathered, rows, expert.gate, None);
             let up = matmul::linear(&gathered, rows, expert.up, None);
-            matmul::linear(&activation::silu_mul(&gate, &up), rows, expert.down, None)
+            let mut intermediate = activation::silu_mul(&gate, &up);
+            if let ExpertInputs::Nvfp4 { down, .. } = expert.inputs {
+                nvfp4_fake_quantize_activations(&mut intermediate, down);
+            }
+            matmul::linear(&intermediate, rows, expert.down, None)
         })
         .collect();
     for (expert, out) in experts.iter().zip(&outs) {

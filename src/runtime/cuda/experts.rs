@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
+use crate::runtime::backend::{ExpertInputs, Int4Weight, Matrix, RoutedExpert};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 use crate::runtime::tensor::Tensor;
 
@@ -34,6 +34,11 @@ pub fn routed_experts(
 ) -> Result<(), CudaError> {
     let active: Vec<&RoutedExpert> = experts.iter().filter(|expert| !expert.tokens.is_empty()).collect();
     let Some(first) = active.first() else { return Ok(()) };
+    if active.iter().any(|expert| expert.inputs != ExpertInputs::Exact) {
+        return Err(unsupported(
+            "W4A4 NVFP4 experts: the device backend has no activation quantization yet; run with --device cpu".into(),
+        ));
+    }
     let (hidden, inner) = (x.columns(), first.gate.rows);
     check(x, inner, &active, output)?;
     match common_group_size(&active, hidden, inner) {
