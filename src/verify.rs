@@ -109,11 +109,11 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     let checkpoint = Checkpoint::open(out)?;
     let packed = int4_modules(&checkpoint);
     let fp4 = fp4_modules(&checkpoint);
-    let args = int4_args(checkpoint.config()).unwrap_or_else(|problem| {
+    let read = int4_args(checkpoint.config());
+    let args = read.clone().unwrap_or_default();
+    if let Err(problem) = read {
         problems.push(problem);
-        None
-    });
-    if args.is_none() && (!packed.is_empty() || fp4.is_empty()) {
+    } else if args.is_none() && (!packed.is_empty() || fp4.is_empty()) {
         problems.push("config.json has no compressed-tensors INT4 group in quantization_config".into());
     }
     for module in &packed {

@@ -1,6 +1,8 @@
 //! Other tools' INT4 compressed-tensors folders (`tests/golden/peers/`, written by llm-compressor 0.14.0.1 and
 //! compressed-tensors 0.19.0 themselves: `scripts/oracle/peers/make-corpus.py`): `eval`, `verify` and `inspect`
-//! read each, and the weights squeeze's runtime reads equal the peer's own decompression exactly.
+//! read each, and the weights squeeze's runtime reads equal the peer's own decompression exactly; edited copies
+//! (a quantization field compressed-tensors does not define, a scale dtype none writes, asymmetric without zero
+//! points) exit 2 naming the field or tensor.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +10,7 @@ use half::{bf16, f16};
 use squeeze::io::{Checkpoint, Dtype, ShardFile};
 use squeeze::runtime::weights::WeightReader;
 
-use crate::common::{path_str, squeeze};
+use crate::common::{expect_exit_2, path_str, read_json, rewrite_header, squeeze};
 
 /// The corpus: folder name and what it exercises.
 const PEERS: [(&str, &str); 5] = [
@@ -62,7 +64,11 @@ fn squeeze_reads_each_peer_folder_as_the_peer_decompresses_it() {
             assert_eq!(differ, 0, "{name} ({what}) {module}: {differ} of {} values differ from (q - z) * s", got.len());
             // Rounded once to the scale's dtype, squeeze's values are the peer's own decompressed weights.
             let differ = got.iter().zip(&peer).filter(|(a, b)| rounded(**a, native.dtype) != **b).count();
-            assert_eq!(differ, 0, "{name} ({what}) {module}: {differ} values differ from compressed-tensors' {}", native.dtype);
+            assert_eq!(
+                differ, 0,
+                "{name} ({what}) {module}: {differ} values differ from compressed-tensors' {}",
+                native.dtype
+            );
             assert!(got.iter().any(|v| *v != 0.0), "{name} {module}: all zero");
         }
     }
@@ -87,4 +93,54 @@ fn eval_verify_and_inspect_read_each_peer_folder() {
         assert!(inspect.json().get("problems").is_none(), "{name}: {}", inspect.stdout);
         assert_eq!(inspect.json()["model_type"], "deepseek_v3", "{name}");
     }
+}
+
+/// A copy of peer folder `name` in `dir`.
+fn copy_peer(dir: &Path, name: &str) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::create_dir_all(&to).unwrap();
+    for entry in std::fs::read_dir(peers_dir().join(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    to
+}
+
+fn edit_weights_args(folder: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut config = read_json(&folder.join("config.json"));
+    edit(&mut config["quantization_config"]["config_groups"]["group_0"]["weights"]);
+    std::fs::write(folder.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+}
+
+#[test]
+fn peer_folders_edited_into_what_no_writer_writes_exit_2_naming_the_field_or_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "The quick brown fox jumps over the lazy dog. ".repeat(4)).unwrap();
+    let eval = |folder: &Path| squeeze(&["eval", path_str(folder), "--data", path_str(&text), "--ctx", "32"]);
+
+    let unknown = copy_peer(dir.path(), "llmc-gptq-w4a16");
+    edit_weights_args(&unknown, |weights| weights["zero_point_bits"] = 4.into());
+    expect_exit_2(&eval(&unknown), &["quantization_config.config_groups.group_0.weights.zero_point_bits", "is not"]);
+    let verify = squeeze(&["verify", path_str(&unknown)]);
+    assert_eq!(verify.code, 1, "verify reports it as a problem:\n{}", verify.stdout);
+    assert!(verify.stdout.contains("weights.zero_point_bits"), "{}", verify.stdout);
+
+    let asymmetric = copy_peer(dir.path(), "llmc-channel");
+    edit_weights_args(&asymmetric, |weights| weights["symmetric"] = false.into());
+    expect_exit_2(&eval(&asymmetric), &[".weight_zero_point: missing", "symmetric: false"]);
+
+    // F32 scales relabelled I32 (same bytes): no writer stores INT4 scales as integers.
+    let integer_scales = copy_peer(dir.path(), "ct-int4-f32-scales");
+    rewrite_header(&integer_scales.join("model.safetensors"), |header| {
+        for (name, entry) in header.as_object_mut().unwrap() {
+            if name.ends_with(".weight_scale") {
+                entry["dtype"] = "I32".into();
+            }
+        }
+    });
+    expect_exit_2(&eval(&integer_scales), &[".weight_scale: dtype I32 is not an INT4 scale dtype"]);
+    let inspect = squeeze(&["inspect", path_str(&integer_scales), "--json"]);
+    assert_eq!(inspect.code, 1, "inspect warns:\n{}", inspect.stdout);
+    assert!(inspect.stdout.contains("weight_scale: dtype I32"), "{}", inspect.stdout);
 }

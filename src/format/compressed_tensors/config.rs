@@ -278,3 +278,47 @@ pub fn int4_args(config: Option<&Value>) -> Result<Option<Int4Args>, String> {
     }
     Ok(Some(Int4Args { group_size, symmetric, g_idx }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(weights: Value) -> Value {
+        json!({"quantization_config": {"quant_method": "compressed-tensors",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}})
+    }
+
+    #[test]
+    fn int4_args_read_what_compressed_tensors_writes_and_name_what_they_do_not() {
+        let read = |weights: Value| int4_args(Some(&config(weights)));
+        let squeeze = json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32,
+            "dynamic": false, "observer": "minmax", "actorder": null, "block_structure": null});
+        assert_eq!(read(squeeze), Ok(Some(Int4Args::group(32))));
+        // llm-compressor's asymmetric, act-ordered, channel-wise; the strategy inferred as compressed-tensors does.
+        let asym = json!({"num_bits": 4, "strategy": "group", "group_size": 128, "symmetric": false,
+            "zp_dtype": "torch.int8", "actorder": "weight", "scale_dtype": "torch.float32", "observer_kwargs": {}});
+        assert_eq!(read(asym), Ok(Some(Int4Args { group_size: Some(128), symmetric: false, g_idx: false })));
+        let channel = Int4Args { group_size: None, symmetric: true, g_idx: false };
+        assert_eq!(read(json!({"num_bits": 4, "strategy": "channel"})), Ok(Some(channel)));
+        assert_eq!(read(json!({"num_bits": 4, "group_size": -1})), Ok(Some(channel)));
+        let g_idx = read(json!({"num_bits": 4, "group_size": 64, "actorder": "group"}));
+        assert_eq!(g_idx, Ok(Some(Int4Args { group_size: Some(64), symmetric: true, g_idx: true })));
+        assert_eq!(read(json!({"num_bits": 8, "group_size": 64})), Ok(None));
+        let key = "config.json quantization_config.config_groups.group_0.weights";
+        for (weights, expected) in [
+            (json!({"num_bits": 4, "group_size": 32, "zero_point_bits": 4}), format!("{key}.zero_point_bits: is not")),
+            (json!({"num_bits": 4, "strategy": "tensor"}), format!("{key}.strategy: is \"tensor\"")),
+            (json!({"num_bits": 4, "strategy": "group"}), format!("{key}.group_size: missing")),
+            (json!({"num_bits": 4, "group_size": 32, "actorder": "random"}), format!("{key}.actorder: is \"random\"")),
+            (json!({"num_bits": 4, "group_size": 32, "dynamic": true}), format!("{key}.dynamic: is true")),
+            (
+                json!({"num_bits": 4, "group_size": 32, "scale_dtype": "torch.float8_e4m3fn"}),
+                format!("{key}.scale_dtype: is"),
+            ),
+            (json!({"num_bits": 4, "group_size": 32, "zp_dtype": "torch.float16"}), format!("{key}.zp_dtype: is")),
+        ] {
+            let error = read(weights).unwrap_err();
+            assert!(error.starts_with(&expected), "expected `{expected}`, got `{error}`");
+        }
+    }
+}

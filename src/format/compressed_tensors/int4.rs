@@ -326,4 +326,149 @@ mod tests {
         let error = Int4Module::read(&checkpoint, "m", &Int4Args::group(4)).unwrap_err();
         assert!(error.starts_with("m.weight_scale:"), "{error}");
     }
+
+    /// A folder with one module `m` of the given tensors (name suffix, dtype, shape, bytes).
+    fn module_folder(tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> tempfile::TempDir {
+        use crate::io::writer::PlannedTensor;
+        let dir = tempfile::tempdir().unwrap();
+        let planned: Vec<PlannedTensor> = tensors
+            .iter()
+            .map(|(suffix, dtype, shape, _)| PlannedTensor::new(format!("m.{suffix}"), *dtype, shape.clone()))
+            .collect();
+        let mut writer = ShardWriter::create(&dir.path().join("model.safetensors"), planned.clone()).unwrap();
+        for (tensor, (_, _, _, bytes)) in planned.iter().zip(tensors) {
+            writer.write_tensor(&tensor.name, bytes).unwrap();
+        }
+        writer.finish().unwrap();
+        dir
+    }
+
+    /// Codes `q[r][j] = ((r·columns + j)·5 + 1) mod 16 − 8` packed as compressed-tensors packs them.
+    fn packed_codes(rows: usize, columns: usize) -> (Vec<i8>, Vec<u8>) {
+        let q: Vec<i8> = (0..rows * columns).map(|i| ((i * 5 + 1) % 16) as i8 - 8).collect();
+        let words_per_row = pack::packed_columns(columns);
+        let mut words = vec![0u32; rows * words_per_row];
+        for (row, out) in words.chunks_mut(words_per_row).enumerate() {
+            pack::pack_row(&q[row * columns..][..columns], out);
+        }
+        (q, words.iter().flat_map(|w| w.to_le_bytes()).collect())
+    }
+
+    fn shape_bytes(rows: usize, columns: usize) -> Vec<u8> {
+        [rows as i64, columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// F16 scales, an asymmetric zero point packed eight rows to a word down the columns (compressed-tensors'
+    /// `pack_to_int32(z, 4, packed_dim=0)`, written here by hand: nibble `r % 8` of word `[r / 8, g]` holds
+    /// `z + 8`) over 10 rows (a partial last word), and a `g_idx`: each value is `(q − z[g]) · s[g]` with `g`
+    /// the column's `g_idx`.
+    #[test]
+    fn zero_points_f16_scales_and_g_idx_read_as_written() {
+        let (rows, columns, group) = (10usize, 12usize, 4usize);
+        let groups = columns / group;
+        let (q, packed) = packed_codes(rows, columns);
+        let scales: Vec<f16> = (0..rows * groups).map(|i| f16::from_f32(0.125 + i as f32 / 64.0)).collect();
+        let zeros: Vec<i8> = (0..rows * groups).map(|i| ((i * 3) % 16) as i8 - 8).collect();
+        let mut zero_words = vec![0u32; rows.div_ceil(8) * groups];
+        for (i, &z) in zeros.iter().enumerate() {
+            let (row, g) = (i / groups, i % groups);
+            zero_words[row / 8 * groups + g] |= ((z + 8) as u32) << (4 * (row % 8));
+        }
+        // A permutation of the groups [0,0,0,0,1,1,1,1,2,2,2,2].
+        let g_idx: Vec<i32> = vec![2, 0, 1, 0, 2, 1, 0, 1, 2, 0, 1, 2];
+        let dir = module_folder(&[
+            ("weight_packed", Dtype::I32, vec![rows, columns / 8 + 1], packed),
+            ("weight_scale", Dtype::F16, vec![rows, groups], scales.iter().flat_map(|s| s.to_le_bytes()).collect()),
+            (
+                "weight_zero_point",
+                Dtype::I32,
+                vec![rows.div_ceil(8), groups],
+                zero_words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+            ),
+            ("weight_g_idx", Dtype::I32, vec![columns], g_idx.iter().flat_map(|g| g.to_le_bytes()).collect()),
+            ("weight_shape", Dtype::I64, vec![2], shape_bytes(rows, columns)),
+        ]);
+        let checkpoint = Checkpoint::open(dir.path()).unwrap();
+        let args = Int4Args { group_size: Some(group), symmetric: false, g_idx: true };
+        let module = Int4Module::read(&checkpoint, "m", &args).unwrap();
+        assert!(!module.is_squeeze_layout());
+        let values = module.dequantize();
+        for (index, value) in values.iter().enumerate() {
+            let (row, column) = (index / columns, index % columns);
+            let g = row * groups + g_idx[column] as usize;
+            let want = (q[index] as f32 - zeros[g] as f32) * scales[g].to_f32();
+            assert_eq!(value.to_bits(), want.to_bits(), "row {row} column {column}");
+        }
+        // Declared symmetric, the zero point is refused by name; a group size the scales disagree with too.
+        let symmetric = Int4Args { symmetric: true, ..args };
+        let error = Int4Module::read(&checkpoint, "m", &symmetric).unwrap_err();
+        assert!(error.starts_with("m.weight_zero_point: present"), "{error}");
+        let error = Int4Module::read(&checkpoint, "m", &Int4Args { group_size: Some(6), ..args }).unwrap_err();
+        assert!(error.starts_with("m.weight_scale: F16 [10, 3], expected F16 [10, 2]"), "{error}");
+    }
+
+    /// A `g_idx` that is not a permutation of the groups, an unpacked zero point outside −8…7 and a scale dtype
+    /// squeeze does not read are refused, naming the tensor.
+    #[test]
+    fn bad_g_idx_zero_points_and_scale_dtypes_are_refused_by_name() {
+        let (rows, columns, group) = (2usize, 8usize, 4usize);
+        let (_, packed) = packed_codes(rows, columns);
+        let scale = |dtype: Dtype| {
+            let bytes = match dtype {
+                Dtype::F32 => 0.5f32.to_le_bytes().repeat(rows * 2),
+                _ => vec![0x38; rows * 2 * crate::io::dtype::element_bytes(dtype)],
+            };
+            ("weight_scale", dtype, vec![rows, 2], bytes)
+        };
+        let base = |extra: Vec<(&'static str, Dtype, Vec<usize>, Vec<u8>)>, scale_dtype: Dtype| {
+            let mut tensors = vec![
+                ("weight_packed", Dtype::I32, vec![rows, 1], packed.clone()),
+                scale(scale_dtype),
+                ("weight_shape", Dtype::I64, vec![2], shape_bytes(rows, columns)),
+            ];
+            tensors.extend(extra);
+            module_folder(&tensors)
+        };
+        let g_idx = |values: [i32; 8]| {
+            ("weight_g_idx", Dtype::I32, vec![columns], values.iter().flat_map(|g| g.to_le_bytes()).collect())
+        };
+        let ordered = Int4Args { group_size: Some(group), symmetric: true, g_idx: true };
+        let cases: Vec<(tempfile::TempDir, Int4Args, &str)> = vec![
+            (
+                base(vec![g_idx([0, 1, 0, 1, 0, 1, 0, 2])], Dtype::F32),
+                ordered,
+                "m.weight_g_idx: column 7 is in group 2",
+            ),
+            (
+                base(vec![g_idx([0, 1, 0, 1, 0, 1, 0, 0])], Dtype::F32),
+                ordered,
+                "m.weight_g_idx: group 0 holds 5 columns, expected 4",
+            ),
+            (base(vec![], Dtype::F32), ordered, "m.weight_g_idx: missing"),
+            (
+                base(vec![("weight_zero_point", Dtype::I8, vec![rows, 2], vec![0, 3, 9, 0xF8])], Dtype::F32),
+                Int4Args { group_size: Some(group), symmetric: false, g_idx: false },
+                "m.weight_zero_point: element 2 (row 1, group 0) is 9, outside the INT4 code range",
+            ),
+            (
+                base(vec![], Dtype::F32),
+                Int4Args { group_size: Some(group), symmetric: false, g_idx: false },
+                "m.weight_zero_point: missing",
+            ),
+            (
+                base(vec![], Dtype::F8_E4M3),
+                Int4Args::group(group),
+                "m.weight_scale: dtype F8_E4M3 is not an INT4 scale dtype",
+            ),
+        ];
+        for (dir, args, expected) in cases {
+            let checkpoint = Checkpoint::open(dir.path()).unwrap();
+            let error = Int4Module::read(&checkpoint, "m", &args).unwrap_err();
+            assert!(error.starts_with(expected), "expected `{expected}`, got `{error}`");
+        }
+        // The F32 folder itself reads, each scale exactly.
+        let dir = base(vec![], Dtype::F32);
+        let module = Int4Module::read(&Checkpoint::open(dir.path()).unwrap(), "m", &Int4Args::group(group)).unwrap();
+        assert_eq!((module.scale_dtype, module.scales.as_slice()), (Dtype::F32, [0.5f32; 4].as_slice()));
+    }
 }
