@@ -144,3 +144,29 @@ fn peer_folders_edited_into_what_no_writer_writes_exit_2_naming_the_field_or_ten
     assert_eq!(inspect.code, 1, "inspect warns:\n{}", inspect.stdout);
     assert!(inspect.stdout.contains("weight_scale: dtype I32"), "{}", inspect.stdout);
 }
+
+/// Where vLLM 0.32 refuses what squeeze reads, `verify --engine vllm` still says so: `actorder: group`
+/// (a `weight_g_idx` layout) fails weight-args, while the peers' own folders pass it and int4-tensors.
+#[test]
+fn verify_engine_vllm_passes_peer_layouts_it_loads_and_fails_group_activation_order() {
+    for (name, _) in PEERS {
+        let run = squeeze(&["verify", path_str(&peers_dir().join(name)), "--engine", "vllm", "--json"]);
+        let rules = run.json()["engine_rules"]["rules"].as_array().cloned().unwrap_or_default();
+        for id in ["weight-args", "int4-tensors"] {
+            let rule =
+                rules.iter().find(|r| r["rule"] == id).unwrap_or_else(|| panic!("{name}: no {id} in {}", run.stdout));
+            assert_ne!(rule["status"], "failed", "{name}: {id} {rule}");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let grouped = copy_peer(dir.path(), "llmc-gptq-actorder");
+    edit_weights_args(&grouped, |weights| weights["actorder"] = "group".into());
+    let run = squeeze(&["verify", path_str(&grouped), "--engine", "vllm"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stdout.contains("weights.actorder: is \"group\": vLLM 0.32 no longer loads"), "{}", run.stdout);
+    // And squeeze itself asks for the g_idx that layout needs.
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "The quick brown fox. ".repeat(8)).unwrap();
+    let eval = squeeze(&["eval", path_str(&grouped), "--data", path_str(&text), "--ctx", "32"]);
+    expect_exit_2(&eval, &[".weight_g_idx: missing", "actorder group"]);
+}
