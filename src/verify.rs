@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::format::compressed_tensors::{
-    check_int4_conventions, fp4_modules, int4_group_size, int4_modules, Fp4Module, Int4Module,
+    check_int4_conventions, fp4_modules, int4_args, int4_modules, Fp4Module, Int4Args, Int4Module,
 };
 use crate::format::fp8_block::{items_from_checkpoint, RowReader, SourceItem, SourceKind};
 use crate::io::dtype::{first_nonfinite, Dtype};
@@ -107,14 +107,17 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
         }
     }
     let checkpoint = Checkpoint::open(out)?;
-    let group_size = int4_group_size(checkpoint.config());
     let packed = int4_modules(&checkpoint);
     let fp4 = fp4_modules(&checkpoint);
-    if group_size.is_none() && (!packed.is_empty() || fp4.is_empty()) {
+    let read = int4_args(checkpoint.config());
+    let args = read.clone().unwrap_or_default();
+    if let Err(problem) = read {
+        problems.push(problem);
+    } else if args.is_none() && (!packed.is_empty() || fp4.is_empty()) {
         problems.push("config.json has no compressed-tensors INT4 group in quantization_config".into());
     }
     for module in &packed {
-        if let Err(problem) = check_int4_conventions(&checkpoint, module, group_size) {
+        if let Err(problem) = check_int4_conventions(&checkpoint, module, args.as_ref()) {
             problems.push(problem);
         }
     }
@@ -158,7 +161,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
         check_source(&source, source_dir)?;
         let items = items_from_checkpoint(&source)?;
         let measured: Vec<Result<Option<TensorError>, String>> =
-            items.par_iter().map(|item| compare(&source, item, &checkpoint, group_size)).collect();
+            items.par_iter().map(|item| compare(&source, item, &checkpoint, args.as_ref())).collect();
         for result in measured {
             match result {
                 Ok(Some(error)) => {
@@ -223,7 +226,7 @@ fn compare(
     source: &Checkpoint,
     item: &SourceItem,
     output: &Checkpoint,
-    group_size: Option<usize>,
+    args: Option<&Int4Args>,
 ) -> Result<Option<TensorError>, String> {
     let module = item.name.strip_suffix(".weight").unwrap_or(&item.name);
     let fp4 = output.get(&format!("{module}.weight_packed")).is_some_and(|packed| packed.dtype == Dtype::U8);
@@ -236,8 +239,8 @@ fn compare(
             ));
         }
         (fp4.kind.name(), fp4.dequantize())
-    } else if let (true, Some(group)) = (output.contains(&format!("{module}.weight_packed")), group_size) {
-        let int4 = Int4Module::read(output, module, group)?;
+    } else if let (true, Some(args)) = (output.contains(&format!("{module}.weight_packed")), args) {
+        let int4 = Int4Module::read(output, module, args)?;
         let shape = [int4.rows, int4.columns];
         if shape.as_slice() != item.shape.as_slice() {
             return Err(format!("{module}: weight_shape {shape:?} but the source has {:?}", item.shape));

@@ -15,7 +15,9 @@ use crate::quant::fp8_block::{dequantize_row, BlockGrid};
 use crate::quant::pack::{self, packed_columns};
 use rayon::prelude::*;
 
-use super::compressed_tensors::{check_int4_conventions, int4_group_size, int4_tensors, packed_name, read_shape};
+use super::compressed_tensors::{
+    check_int4_conventions, int4_group_size, int4_tensors, packed_name, read_shape, Int4Args,
+};
 use super::compressed_tensors::{scale_name as int4_scale_name, shape_name};
 
 /// How a source item is stored.
@@ -105,7 +107,20 @@ pub fn int4_item(checkpoint: &Checkpoint, module: &str, declared: Option<usize>)
             )))
         }
     };
-    check_int4_conventions(checkpoint, module, Some(group_size)).map_err(invalid)?;
+    let layout = check_int4_conventions(checkpoint, module, Some(&Int4Args::group(group_size))).map_err(invalid)?;
+    // The requantizing reader decodes squeeze's own layout (BF16 scales, symmetric, columns in order); `eval` and
+    // `verify` read the others.
+    let scale_dtype = checkpoint.get(&int4_scale_name(module)).map(|scale| scale.dtype);
+    if scale_dtype != Some(Dtype::BF16) || layout.zero_points.is_some() || layout.g_idx.is_some() {
+        return Err(invalid(format!(
+            "{}: quantize reads INT4 sources with BF16 scales, symmetric and without g_idx (got {}{}{}); squeeze \
+             eval and verify read this folder",
+            int4_scale_name(module),
+            scale_dtype.map_or("no scale".to_string(), |dtype| dtype.to_string()),
+            if layout.zero_points.is_some() { ", zero points" } else { "" },
+            if layout.g_idx.is_some() { ", g_idx" } else { "" },
+        )));
+    }
     Ok(SourceItem {
         name: format!("{module}.weight"),
         dtype: Dtype::I32,
@@ -600,7 +615,8 @@ mod tests {
         let int4 = &items[2];
         assert_eq!((&int4.shape, &int4.kind), (&vec![3, 20], &SourceKind::Int4 { group_size: 10 }));
         assert_eq!(int4.stored_names(), ["q.weight_packed", "q.weight_scale", "q.weight_shape"]);
-        let module = crate::format::compressed_tensors::Int4Module::read(&checkpoint, "q", 10).unwrap();
+        let module =
+            crate::format::compressed_tensors::Int4Module::read(&checkpoint, "q", &Int4Args::group(10)).unwrap();
         let values = RowReader::new(&checkpoint, int4).unwrap().read_all();
         let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&values), bits(&module.dequantize()));

@@ -152,6 +152,18 @@ pub fn dequantize_row(q: &[i8], scales: &[bf16], group_size: usize, out: &mut [f
     }
 }
 
+/// Dequantizes one row whose column `j` belongs to group `groups[j]` (contiguous groups, or a GPTQ `g_idx`), with
+/// f32 scales per group and, for an asymmetric scheme, a zero point per group: `w = (q − z) · s`, in f32. This is
+/// compressed-tensors' `dequantize` (`quantization/lifecycle/forward.py`: the code minus the zero point, times the
+/// scale, in the scale's dtype) when the scale is F32, and its value for any other scale dtype rounded once to that
+/// dtype (the product of a 5-bit integer and a BF16/F16 scale is exact in f32).
+pub fn dequantize_row_grouped(q: &[i8], scales: &[f32], zeros: Option<&[i8]>, groups: &[u32], out: &mut [f32]) {
+    for ((value, out), &group) in q.iter().zip(out.iter_mut()).zip(groups) {
+        let zero = zeros.map_or(0, |zeros| zeros[group as usize]);
+        *out = (*value as i32 - zero as i32) as f32 * scales[group as usize];
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

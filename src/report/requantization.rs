@@ -71,7 +71,10 @@ fn dequantize(item: &PlannedItem, outputs: &[Vec<u8>]) -> Vec<f32> {
             columns,
             group_size,
             words: outputs[0].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            scales: outputs[1].chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect(),
+            scales: outputs[1].chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            scale_dtype: crate::io::Dtype::BF16,
+            zero_points: None,
+            g_idx: None,
         }
         .dequantize(),
         Action::Fp4 { kind, .. } => Fp4Module {

@@ -4,7 +4,9 @@
 
 use std::collections::HashSet;
 
-use crate::format::compressed_tensors::{fp4_modules, int4_group_size, int4_modules, Fp4Layout, Fp4Module, Int4Module};
+use crate::format::compressed_tensors::{
+    fp4_modules, int4_args, int4_modules, Fp4Layout, Fp4Module, Int4Args, Int4Module,
+};
 use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceItem, SourceKind};
 use crate::io::{Checkpoint, Dtype};
 
@@ -22,7 +24,8 @@ fn all_finite(fp8: &Fp8Weight) -> bool {
 /// Dequantizing reader over an opened checkpoint.
 pub struct WeightReader<'a> {
     checkpoint: &'a Checkpoint,
-    int4_group: Option<usize>,
+    /// The config's INT4 arguments, or why they cannot be read.
+    int4_args: Result<Option<Int4Args>, String>,
     fp8_block: [usize; 2],
     int4_modules: HashSet<String>,
     fp4_modules: HashSet<String>,
@@ -33,13 +36,7 @@ impl<'a> WeightReader<'a> {
         let config = checkpoint.config();
         let int4_modules = int4_modules(checkpoint).into_iter().collect();
         let fp4_modules = fp4_modules(checkpoint).into_iter().collect();
-        Self {
-            checkpoint,
-            int4_group: int4_group_size(config),
-            fp8_block: declared_block(config),
-            int4_modules,
-            fp4_modules,
-        }
+        Self { checkpoint, int4_args: int4_args(config), fp8_block: declared_block(config), int4_modules, fp4_modules }
     }
 
     pub fn checkpoint(&self) -> &'a Checkpoint {
@@ -77,21 +74,25 @@ impl<'a> WeightReader<'a> {
     pub fn matrix(&self, name: &str, expected: [usize; 2]) -> Result<Matrix, RuntimeError> {
         let module = name.strip_suffix(".weight").unwrap_or(name);
         if self.int4_modules.contains(module) {
-            let group = self.int4_group.ok_or_else(|| {
-                RuntimeError::tensor(
-                    self.shard(name),
-                    name,
-                    "is INT4 packed but config.json has no compressed-tensors INT4 group size",
-                )
-            })?;
-            let int4 = Int4Module::read(self.checkpoint, module, group).map_err(|problem| {
+            let args = match &self.int4_args {
+                Ok(Some(args)) => *args,
+                Ok(None) => {
+                    return Err(RuntimeError::tensor(
+                        self.shard(name),
+                        name,
+                        "is INT4 packed but config.json has no compressed-tensors INT4 group",
+                    ))
+                }
+                Err(problem) => return Err(RuntimeError::Input(format!("{problem} (read for {name})"))),
+            };
+            let int4 = Int4Module::read(self.checkpoint, module, &args).map_err(|problem| {
                 RuntimeError::Input(format!(
                     "{}: {problem}; the INT4 folder is damaged: check it with `squeeze verify` and rerun `squeeze quantize`",
                     self.shard(name).display()
                 ))
             })?;
-            // |q| ≤ 8: every value is finite when 8 × each scale is.
-            if let Some(position) = int4.scales.iter().position(|scale| !(scale.to_f32() * 8.0).is_finite()) {
+            // |q − z| ≤ 15: every value is finite when 16 × each scale is.
+            if let Some(position) = int4.scales.iter().position(|scale| !(scale * 16.0).is_finite()) {
                 return Err(RuntimeError::tensor(
                     self.shard(name),
                     format!("{module}.weight_scale"),
@@ -102,10 +103,16 @@ impl<'a> WeightReader<'a> {
                 ));
             }
             let (rows, columns) = (int4.rows, int4.columns);
+            // Another writer's layout (F16/F32 scales, zero points, g_idx, one scale per row): dequantized on read,
+            // exactly (`Int4Module::dequantize`), as compressed-tensors decompresses it.
+            let packed_form = int4.bf16_scales().filter(|_| int4.is_squeeze_layout() && args.group_size.is_some());
+            let Some(scales) = packed_form else {
+                return self.checked(name, Matrix::new(rows, columns, int4.dequantize()), expected);
+            };
             let int4 = Int4Weight {
                 packed: int4.words,
-                scales: int4.scales.iter().map(|scale| scale.to_bits()).collect(),
-                group_size: group,
+                scales: scales.iter().map(|scale| scale.to_bits()).collect(),
+                group_size: int4.group_size,
             };
             // Packed only: the CPU backend dequantizes on first use, a device backend never does.
             return self.checked(name, Matrix::packed(rows, columns, int4), expected);

@@ -22,6 +22,7 @@ mod lint;
 mod mtp;
 mod parity;
 mod parts;
+mod peers;
 mod quantize;
 mod releases;
 mod reliability;

@@ -144,3 +144,192 @@ pub fn int4_group_size(config: Option<&Value>) -> Option<usize> {
             .then(|| weights.get("group_size")?.as_u64().map(|g| g as usize))?
     })
 }
+
+/// The keys of a compressed-tensors `QuantizationArgs` (0.20.1 `quantization/quant_args.py`, which forbids any
+/// other: `ConfigDict(extra="forbid")`).
+const WEIGHT_ARGS_KEYS: [&str; 12] = [
+    "num_bits",
+    "type",
+    "symmetric",
+    "group_size",
+    "strategy",
+    "block_structure",
+    "dynamic",
+    "actorder",
+    "scale_dtype",
+    "zp_dtype",
+    "observer",
+    "observer_kwargs",
+];
+
+/// What an INT4 `pack-quantized` group declares about its stored weights, as squeeze reads them: squeeze's own
+/// outputs (symmetric, group, no activation order) and the other writers' (llm-compressor, GPTQModel, AutoRound,
+/// published releases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Int4Args {
+    /// Columns per scale; `None`: `strategy: channel`, one scale per output row.
+    pub group_size: Option<usize>,
+    /// `symmetric: false`: a packed `weight_zero_point` per scale, `w = (q − z) · s`.
+    pub symmetric: bool,
+    /// `actorder: group` or `dynamic`: columns map to groups through a `weight_g_idx` (older llm-compressor GPTQ
+    /// with activation order; compressed-tensors 0.20 and vLLM 0.32 no longer load it). `weight`/`static` change
+    /// only how GPTQ ran, not the layout.
+    pub g_idx: bool,
+}
+
+impl Int4Args {
+    /// squeeze's own layout: symmetric groups of `group_size`, no `g_idx`.
+    pub fn group(group_size: usize) -> Self {
+        Self { group_size: Some(group_size), symmetric: true, g_idx: false }
+    }
+
+    /// The columns one scale covers in a weight of `columns` columns.
+    pub fn group_of(&self, columns: usize) -> usize {
+        self.group_size.unwrap_or(columns).max(1)
+    }
+}
+
+/// The INT4 weight arguments of a compressed-tensors `quantization_config` (the first group with 4-bit integer
+/// weights), checked: `Ok(None)` when no group is INT4; an error naming the `config_groups.<group>.weights.<field>`
+/// squeeze does not read (a key compressed-tensors does not define, a strategy other than `group`/`channel`,
+/// dynamic weights, an unknown `actorder` or `scale_dtype`).
+pub fn int4_args(config: Option<&Value>) -> Result<Option<Int4Args>, String> {
+    let Some(groups) = config
+        .and_then(crate::io::composite::quantization_config)
+        .and_then(|q| q.get("config_groups"))
+        .and_then(Value::as_object)
+    else {
+        return Ok(None);
+    };
+    let found = groups.iter().find_map(|(name, group)| {
+        let weights = group.get("weights")?;
+        let int = weights.get("type").and_then(Value::as_str).is_none_or(|kind| kind == "int");
+        (weights.get("num_bits")?.as_u64()? == 4 && int).then_some((name, weights))
+    });
+    let Some((name, weights)) = found else { return Ok(None) };
+    let field = |key: &str| format!("config.json quantization_config.config_groups.{name}.weights.{key}");
+    let fix = "squeeze reads compressed-tensors INT4 pack-quantized weights: static, strategy group or channel";
+    if let Some(key) =
+        weights.as_object().into_iter().flatten().map(|(k, _)| k).find(|k| !WEIGHT_ARGS_KEYS.contains(&k.as_str()))
+    {
+        return Err(format!("{}: is not a compressed-tensors quantization field; {fix}", field(key)));
+    }
+    let shown = |key: &str| weights.get(key).map_or("missing".to_string(), Value::to_string);
+    // compressed-tensors' `validate_model_after` (quant_args.py): no strategy means group for a positive
+    // group_size, channel for −1 (and tensor without one, which pack-quantized INT4 does not store).
+    let size = weights.get("group_size").filter(|g| !g.is_null());
+    let strategy = match weights.get("strategy").filter(|s| !s.is_null()) {
+        None => match size.and_then(Value::as_i64) {
+            Some(-1) => Some("channel"),
+            Some(_) => Some("group"),
+            None => None,
+        },
+        Some(strategy) => strategy.as_str(),
+    };
+    let group_size = match (strategy, size) {
+        (Some("group"), Some(size)) => match size.as_u64() {
+            Some(size) if size >= 1 => Some(size as usize),
+            _ => return Err(format!("{}: is {size}, expected a positive integer", field("group_size"))),
+        },
+        (Some("group"), None) => return Err(format!("{}: missing for strategy group", field("group_size"))),
+        (Some("channel"), _) => None,
+        _ => {
+            return Err(format!(
+                "{}: is {}, expected \"group\" or \"channel\"; {fix}",
+                field("strategy"),
+                shown("strategy")
+            ))
+        }
+    };
+    let symmetric = match weights.get("symmetric") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(symmetric)) => *symmetric,
+        Some(other) => return Err(format!("{}: is {other}, expected true or false", field("symmetric"))),
+    };
+    match weights.get("dynamic") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(other) => {
+            return Err(format!("{}: is {other}, expected false (stored weights are static); {fix}", field("dynamic")))
+        }
+    }
+    // compressed-tensors `ActivationOrdering` (quant_args.py): weight/static, and the removed group/dynamic.
+    let g_idx = match weights.get("actorder") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::String(order)) if matches!(order.as_str(), "weight" | "static") => false,
+        Some(Value::String(order)) if matches!(order.as_str(), "group" | "dynamic") => true,
+        Some(other) => {
+            return Err(format!(
+                "{}: is {other}, expected null, \"weight\", \"static\", \"group\" or \"dynamic\"",
+                field("actorder")
+            ))
+        }
+    };
+    // The scale dtype is the stored tensor's; a declared one must be one of the three squeeze reads.
+    match weights.get("scale_dtype") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(dtype))
+            if matches!(dtype.as_str(), "torch.bfloat16" | "torch.float16" | "torch.float32") => {}
+        Some(other) => {
+            return Err(format!(
+                "{}: is {other}, expected torch.bfloat16, torch.float16 or torch.float32 (the INT4 scale dtypes \
+                 compressed-tensors and vLLM load)",
+                field("scale_dtype")
+            ))
+        }
+    }
+    match weights.get("zp_dtype") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(dtype)) if matches!(dtype.as_str(), "torch.int8" | "torch.int32") => {}
+        Some(other) => {
+            return Err(format!(
+                "{}: is {other}, expected torch.int8 (INT4 zero points are integers)",
+                field("zp_dtype")
+            ))
+        }
+    }
+    Ok(Some(Int4Args { group_size, symmetric, g_idx }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(weights: Value) -> Value {
+        json!({"quantization_config": {"quant_method": "compressed-tensors",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}})
+    }
+
+    #[test]
+    fn int4_args_read_what_compressed_tensors_writes_and_name_what_they_do_not() {
+        let read = |weights: Value| int4_args(Some(&config(weights)));
+        let squeeze = json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32,
+            "dynamic": false, "observer": "minmax", "actorder": null, "block_structure": null});
+        assert_eq!(read(squeeze), Ok(Some(Int4Args::group(32))));
+        // llm-compressor's asymmetric, act-ordered, channel-wise; the strategy inferred as compressed-tensors does.
+        let asym = json!({"num_bits": 4, "strategy": "group", "group_size": 128, "symmetric": false,
+            "zp_dtype": "torch.int8", "actorder": "weight", "scale_dtype": "torch.float32", "observer_kwargs": {}});
+        assert_eq!(read(asym), Ok(Some(Int4Args { group_size: Some(128), symmetric: false, g_idx: false })));
+        let channel = Int4Args { group_size: None, symmetric: true, g_idx: false };
+        assert_eq!(read(json!({"num_bits": 4, "strategy": "channel"})), Ok(Some(channel)));
+        assert_eq!(read(json!({"num_bits": 4, "group_size": -1})), Ok(Some(channel)));
+        let g_idx = read(json!({"num_bits": 4, "group_size": 64, "actorder": "group"}));
+        assert_eq!(g_idx, Ok(Some(Int4Args { group_size: Some(64), symmetric: true, g_idx: true })));
+        assert_eq!(read(json!({"num_bits": 8, "group_size": 64})), Ok(None));
+        let key = "config.json quantization_config.config_groups.group_0.weights";
+        for (weights, expected) in [
+            (json!({"num_bits": 4, "group_size": 32, "zero_point_bits": 4}), format!("{key}.zero_point_bits: is not")),
+            (json!({"num_bits": 4, "strategy": "tensor"}), format!("{key}.strategy: is \"tensor\"")),
+            (json!({"num_bits": 4, "strategy": "group"}), format!("{key}.group_size: missing")),
+            (json!({"num_bits": 4, "group_size": 32, "actorder": "random"}), format!("{key}.actorder: is \"random\"")),
+            (json!({"num_bits": 4, "group_size": 32, "dynamic": true}), format!("{key}.dynamic: is true")),
+            (
+                json!({"num_bits": 4, "group_size": 32, "scale_dtype": "torch.float8_e4m3fn"}),
+                format!("{key}.scale_dtype: is"),
+            ),
+            (json!({"num_bits": 4, "group_size": 32, "zp_dtype": "torch.float16"}), format!("{key}.zp_dtype: is")),
+        ] {
+            let error = read(weights).unwrap_err();
+            assert!(error.starts_with(&expected), "expected `{expected}`, got `{error}`");
+        }
+    }
+}

@@ -3,7 +3,8 @@
 //! reader ([`int4`]) and the FP4 modules, NVFP4 and MXFP4, written and read ([`fp4`]).
 //!
 //! An INT4 module `<module>` is `weight_packed` I32 `[out, ceil(in/8)]` (eight offset-binary nibbles per word,
-//! [`crate::quant::pack`]), `weight_scale` BF16 `[out, ceil(in/group)]` and `weight_shape` I64 `[2]` = `[out, in]`;
+//! [`crate::quant::pack`]), `weight_scale` BF16 `[out, ceil(in/group)]` and `weight_shape` I64 `[2]` = `[out, in]`
+//! (as squeeze writes it; [`int4`] also reads other writers' F16/F32 scales, zero points and `g_idx`);
 //! a kept FP8 block module (`float-quantized`) is its F8_E4M3 `weight` with an F32 `weight_scale` per block.
 
 pub mod config;
@@ -15,9 +16,11 @@ use crate::io::writer::PlannedTensor;
 use crate::io::Checkpoint;
 use crate::quant::pack::packed_columns;
 
-pub use config::{int4_group_size, quantization_config, Fp4Group, Int4Group, QuantizationScheme};
+pub use config::{int4_args, int4_group_size, quantization_config, Fp4Group, Int4Args, Int4Group, QuantizationScheme};
 pub use fp4::{fp4_modules, fp4_tensors, fused_partner, Fp4Kind, Fp4Layout, Fp4Module};
-pub use int4::{check_int4_conventions, check_int4_layout, read_shape, Int4Module};
+pub use int4::{
+    check_int4_conventions, check_int4_layout, g_idx_name, read_shape, zero_point_name, Int4Layout, Int4Module,
+};
 
 /// `<module>.weight_packed`.
 pub fn packed_name(module: &str) -> String {
@@ -49,10 +52,13 @@ pub fn int4_modules(checkpoint: &Checkpoint) -> Vec<String> {
 /// tensors present, dtypes and shapes agreeing, from the headers alone. One problem per malformed module, naming
 /// the tensor; `squeeze verify` also reads every scale and weight.
 pub fn layout_problems(checkpoint: &Checkpoint) -> Vec<String> {
-    let group_size = int4_group_size(checkpoint.config());
-    let int4 = int4_modules(checkpoint)
-        .into_iter()
-        .filter_map(|module| check_int4_layout(checkpoint, &module, group_size).err());
+    let modules = int4_modules(checkpoint);
+    let args = match int4_args(checkpoint.config()) {
+        Ok(args) => args,
+        Err(problem) if !modules.is_empty() => return vec![problem],
+        Err(_) => None,
+    };
+    let int4 = modules.into_iter().filter_map(|module| check_int4_layout(checkpoint, &module, args.as_ref()).err());
     let fp4 = fp4_modules(checkpoint).into_iter().filter_map(|module| Fp4Layout::read(checkpoint, &module).err());
     int4.chain(fp4).collect()
 }

@@ -206,7 +206,7 @@ pub fn w4a8_shapes(context: &Context, _: Engine) -> Outcome {
     Outcome::from_findings(format!("{group}: W4A8, tp {tp}"), findings)
 }
 
-pub fn weight_args(context: &Context, _: Engine) -> Outcome {
+pub fn weight_args(context: &Context, engine: Engine) -> Outcome {
     if let Some(finding) = missing_quantization(context) {
         return Outcome::from_findings("", vec![finding]);
     }
@@ -228,6 +228,9 @@ pub fn weight_args(context: &Context, _: Engine) -> Outcome {
     };
     let key = |name: &str| format!("quantization_config.config_groups.{group}.weights.{name}");
     let mut findings = Vec::new();
+    if engine == Engine::Vllm {
+        findings.extend(vllm_weight_args(weights, &key));
+    }
     for (name, expected) in [
         ("type", json!("int")),
         ("num_bits", json!(4)),
@@ -236,7 +239,9 @@ pub fn weight_args(context: &Context, _: Engine) -> Outcome {
         ("strategy", json!("group")),
     ] {
         let got = weights.get(name);
-        if got != Some(&expected) {
+        // vLLM 0.32's WNA16 MoE path also takes zero points and one scale per row (`vllm_weight_args`).
+        let vllm_reads = engine == Engine::Vllm && matches!(name, "symmetric" | "strategy");
+        if got != Some(&expected) && !vllm_reads {
             findings.push(Finding::failed(
                 key(name),
                 format!("is {}, expected {expected}", shown(got)),
@@ -244,7 +249,9 @@ pub fn weight_args(context: &Context, _: Engine) -> Outcome {
             ));
         }
     }
+    let channel = engine == Engine::Vllm && weights.get("strategy") == Some(&json!("channel"));
     match weights.get("group_size").and_then(Value::as_u64) {
+        _ if channel => {}
         Some(g) if GROUP_SIZES.contains(&(g as usize)) => {}
         _ => findings.push(Finding::failed(
             key("group_size"),
@@ -252,7 +259,7 @@ pub fn weight_args(context: &Context, _: Engine) -> Outcome {
             "requantize with --group-size 32 (Kimi's layout), 64 or 128",
         )),
     }
-    if !weights.get("actorder").is_none_or(Value::is_null) {
+    if engine != Engine::Vllm && !weights.get("actorder").is_none_or(Value::is_null) {
         findings.push(Finding::failed(
             key("actorder"),
             format!("is {}, expected null", shown(weights.get("actorder"))),
@@ -274,6 +281,45 @@ pub fn weight_args(context: &Context, _: Engine) -> Outcome {
     }
     let detail = format!("{group}: group_size {}", shown(weights.get("group_size")));
     Outcome::from_findings(detail, findings)
+}
+
+/// What vLLM 0.32 refuses among the weight arguments other writers use: `symmetric` false and `strategy` channel
+/// load (`CompressedTensorsWNA16MoEMethod`, compressed_tensors_moe_wna16.py: zero points `w13/w2_weight_zero_point`,
+/// `strategy == "channel"` one group), `actorder` weight/static only changes calibration; `actorder` group or
+/// dynamic (a `weight_g_idx`) raises "no longer supported" (compressed_tensors.py
+/// `_quantization_scheme_map_from_config`), and another strategy has no WNA16 MoE method.
+fn vllm_weight_args(weights: &Value, key: &dyn Fn(&str) -> String) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    match weights.get("symmetric") {
+        Some(Value::Bool(_)) => {}
+        other => findings.push(Finding::failed(
+            key("symmetric"),
+            format!("is {}, expected true or false", shown(other)),
+            "set it to true (or false with weight_zero_point tensors)",
+        )),
+    }
+    let strategy = weights.get("strategy");
+    if !matches!(strategy.and_then(Value::as_str), Some("group" | "channel")) {
+        findings.push(Finding::failed(
+            key("strategy"),
+            format!("is {}, expected \"group\" or \"channel\"", shown(strategy)),
+            "requantize with group scales (squeeze quantize writes strategy group)",
+        ));
+    }
+    let actorder = weights.get("actorder");
+    let refused = match actorder {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::String(order)) => !matches!(order.as_str(), "weight" | "static"),
+        Some(_) => true,
+    };
+    if refused {
+        findings.push(Finding::failed(
+            key("actorder"),
+            format!("is {}: vLLM 0.32 no longer loads group/dynamic activation order (weight_g_idx)", shown(actorder)),
+            "requantize without activation order, or with actorder \"weight\" (same layout, no g_idx)",
+        ));
+    }
+    findings
 }
 
 /// KV-scale tensors of the output (`….k_scale`, `.v_scale`, `.q_scale`, `.kv_scale`).

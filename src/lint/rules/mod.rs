@@ -51,7 +51,7 @@ pub const RULES: [Rule; 18] = [
     },
     Rule {
         id: "weight-args",
-        title: "weights int4 symmetric static group 32/64/128, no actorder, no input activations",
+        title: "weights int4 static group 32/64/128, symmetric, no actorder (vLLM also: asymmetric, channel, actorder weight), no input activations",
         vllm: "vLLM compressed_tensors_moe_wna16.py, fused_moe/oracle/int_wna16.py",
         sglang: "SGLang compressed_tensors_wNa16_moe.py",
         check: config::weight_args,

@@ -9,7 +9,7 @@ use crate::lint::output::Values;
 use crate::lint::report::{Finding, Outcome};
 use crate::quant::pack::packed_columns;
 
-pub fn int4_tensors(context: &Context, _: Engine) -> Outcome {
+pub fn int4_tensors(context: &Context, engine: Engine) -> Outcome {
     let modules: Vec<&str> = context.modules.iter().filter(|(_, s)| **s == Stored::Int4).map(|(m, _)| *m).collect();
     let mut findings = Vec::new();
     for name in context.tensors.keys().filter(|n| n.ends_with(".weight_scale_inv")) {
@@ -26,6 +26,12 @@ pub fn int4_tensors(context: &Context, _: Engine) -> Outcome {
         };
     }
     let group = group_size(context);
+    // vLLM 0.32 allocates the scales in the model dtype and its weight loader copies (casts) what the file holds,
+    // so F16 and F32 scales load too (compressed_tensors_moe_wna16.py `create_weights`); zero points load for an
+    // asymmetric group. SGLang's loader was not re-read: its rule stays BF16, symmetric.
+    let vllm = engine == Engine::Vllm;
+    let asymmetric = super::config::int4_group_weights(context)
+        .is_some_and(|(_, weights)| weights.get("symmetric") == Some(&serde_json::Value::Bool(false)));
     let mut values_checked = false;
     for module in &modules {
         let tensor = |suffix: &str| context.tensors.get(format!("{module}.{suffix}").as_str()).copied();
@@ -94,13 +100,16 @@ pub fn int4_tensors(context: &Context, _: Engine) -> Outcome {
             None => findings.push(Finding::failed(name("weight_scale"), "missing", requantize)),
             Some(scale) => {
                 let expected_shape = group.map(|g| vec![rows, columns.div_ceil(g)]);
-                if scale.dtype != Dtype::BF16 || expected_shape.as_ref().is_some_and(|s| *s != scale.shape) {
+                let dtype_loads =
+                    scale.dtype == Dtype::BF16 || (vllm && matches!(scale.dtype, Dtype::F16 | Dtype::F32));
+                if !dtype_loads || expected_shape.as_ref().is_some_and(|s| *s != scale.shape) {
                     findings.push(Finding::failed(
                         name("weight_scale"),
                         format!(
-                            "is {} {:?}, expected BF16 {}",
+                            "is {} {:?}, expected {} {}",
                             scale.dtype,
                             scale.shape,
+                            if vllm { "BF16/F16/F32" } else { "BF16" },
                             expected_shape.map_or("[out, in/group_size]".to_string(), |s| format!("{s:?}"))
                         ),
                         requantize,
@@ -123,7 +132,7 @@ pub fn int4_tensors(context: &Context, _: Engine) -> Outcome {
             ("weight_zero_point", "a zero point in a symmetric scheme"),
             ("weight", "a leftover unquantized/FP8 `weight` next to weight_packed"),
         ] {
-            if tensor(suffix).is_some() {
+            if tensor(suffix).is_some() && !(suffix == "weight_zero_point" && vllm && asymmetric) {
                 findings.push(Finding::failed(name(suffix), problem, "remove it"));
             }
         }
