@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Accuracy of the 4-bit formats side by side (issue 31): each trained tiny model's FP8 source quantized by its
-# built-in INT4 recipe (round to nearest, ct-minmax; and GPTQ calibrated on the sonnets), its NVFP4 recipe and its
-# MXFP4 recipe (routed experts only in every case), each output scored against the source by
+# built-in INT4 recipe (round to nearest, ct-minmax; and GPTQ calibrated on the sonnets), its NVFP4 recipe (weights
+# only, and W4A4 with activation scales calibrated on the sonnets) and its MXFP4 recipe (routed experts only in every
+# case), each output scored against the source by
 # `squeeze eval --reference FP8 --candidate OUT --modes weights` on The Tempest (held out of training): mean KLD
 # ± stderr, same top-1 %, PPL ratio, and the output's tensor bytes. Prints one markdown table; asserts nothing.
 #
@@ -28,12 +29,14 @@ printf '| model | format | method | mean KLD ± stderr | same top %% | PPL ratio
 printf '| --- | --- | --- | ---: | ---: | ---: | ---: |\n'
 for pair in kimi-k2:eval/tiny-shakespeare-fp8 glm45:eval/tiny-shakespeare-glm45-fp8 glm5:eval/tiny-shakespeare-glm5-fp8; do
   arch=${pair%%:*} model=${pair#*:}
-  for variant in int4:rtn int4:gptq nvfp4:rtn mxfp4:rtn; do
+  for variant in int4:rtn int4:gptq nvfp4:rtn nvfp4-w4a4:rtn mxfp4:rtn; do
     format=${variant%%:*} method=${variant#*:}
     out="$work/$arch-$format-$method"
     # --engine vllm: SGLang's FP4 MoE rules (fp4-moe-engine) refuse these tiny shapes and MXFP4 experts.
     args=(quantize "$model" "$out" --recipe "$arch-$format" --force --json --engine vllm)
     [ "$method" = gptq ] && args+=(--method gptq --calibration eval/sonnets.txt)
+    # W4A4: the activation global scales are calibrated on the same text.
+    [ "$format" = nvfp4-w4a4 ] && args+=(--calibration eval/sonnets.txt)
     quantized=$("$SQUEEZE" "${args[@]}" 2>/dev/null)
     # Parity gates may fail on a tiny model (exit 1): the report is what is read.
     report=$("$SQUEEZE" eval --reference "$model" --candidate "$out" --data eval/shakespeare-heldout.txt \

@@ -102,10 +102,11 @@ pub fn schemes(manifest: &Manifest) -> BTreeMap<&str, usize> {
 }
 
 /// The 4-bit (and FP8) schemes in the order a card names them, with their label.
-const SCHEME_LABELS: [(&str, &str); 5] = [
+const SCHEME_LABELS: [(&str, &str); 6] = [
     ("int4", "INT4 W4A16"),
     ("w4a8-fp8", "W4A8-FP8"),
     ("nvfp4", "NVFP4"),
+    ("nvfp4-w4a4", "NVFP4 W4A4"),
     ("mxfp4", "MXFP4"),
     ("fp8-block", "FP8 block"),
 ];
@@ -124,6 +125,7 @@ pub fn tags(manifest: &Manifest) -> Vec<String> {
         ("int4", &["int4", "w4a16"][..]),
         ("w4a8-fp8", &["int4", "w4a8"][..]),
         ("nvfp4", &["nvfp4", "fp4"][..]),
+        ("nvfp4-w4a4", &["nvfp4", "fp4", "w4a4"][..]),
         ("mxfp4", &["mxfp4", "fp4"][..]),
         ("fp8-block", &["fp8"][..]),
     ] {

@@ -259,6 +259,16 @@ fn method(manifest: &Manifest) -> String {
     };
     let get = |key: &str| coverage.get(key).and_then(Value::as_u64).unwrap_or(0);
     let name = coverage.get("method").and_then(Value::as_str).unwrap_or("?");
+    if name == "rtn" {
+        return format!(
+            "`rtn`: round to nearest, each group's scale from the weights alone by its rule's `scale_rule`; W4A4 \
+             activation global scales from the largest input each routed expert saw on the calibration data ({} of \
+             {} experts saw tokens, {} took their layer's largest, which the engines use for all)",
+            get("calibrated"),
+            get("experts"),
+            get("fell_back")
+        );
+    }
     let what = match name {
         "imatrix" => {
             "routed experts' scales minimise the error weighted by their calibration inputs' mean x² per channel"

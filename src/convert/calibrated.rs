@@ -182,8 +182,12 @@ impl Calibration {
             })
             .collect();
         listed.extend(coverage.uncalibrated_layers.iter().map(|layer| format!("L{layer} all (not run)")));
+        let fallback = match coverage.method {
+            Method::Rtn => "saw no token (their activation scale is their layer's largest)",
+            _ => "fell back to mse",
+        };
         format!(
-            "{} of {} experts calibrated ({} calibration tokens{}), {} fell back to mse{}",
+            "{} of {} experts calibrated ({} calibration tokens{}), {} {fallback}{}",
             coverage.calibrated,
             coverage.experts,
             coverage.tokens,
@@ -449,7 +453,16 @@ pub fn calibrate(
         Method::Imatrix => super::imatrix_pass::calibrate(dir, options, set, plan, reporter)?,
         Method::Rtn => super::activation_pass::calibrate(dir, options, set, plan, reporter)?,
     };
-    let calibrated = experts.len();
+    // W4A4's pass gives every planned expert a scale; those no token reached took their layer's (`fallback`).
+    let planned = planned_experts(plan);
+    let unreached = match options.method {
+        Method::Rtn => layers
+            .iter()
+            .map(|layer| layer.fallback.iter().filter(|e| planned.contains(&(layer.layer, **e))).count())
+            .sum(),
+        _ => 0,
+    };
+    let calibrated = experts.len() - unreached;
     Ok(Calibration {
         experts,
         coverage: coverage(options, set, &config, plan, layers, calibrated),
