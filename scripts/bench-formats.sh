@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Accuracy of the 4-bit formats side by side (issue 31): each trained tiny model's FP8 source quantized by its
 # built-in INT4 recipe (round to nearest, ct-minmax; and GPTQ calibrated on the sonnets), its NVFP4 recipe (weights
-# only, and W4A4 with activation scales calibrated on the sonnets) and its MXFP4 recipe (routed experts only in every
-# case), each output scored against the source by
+# only, W4A4 with activation scales calibrated on the sonnets, and `-nvfp4-mlp`: shared experts and dense MLP NVFP4 as
+# well) and its MXFP4 recipe (routed experts only unless said), each output scored against the source by
 # `squeeze eval --reference FP8 --candidate OUT --modes weights` on The Tempest (held out of training): mean KLD
 # ± stderr, same top-1 %, PPL ratio, and the output's tensor bytes. Prints one markdown table; asserts nothing.
 #
@@ -25,11 +25,11 @@ if [ -z "${SQUEEZE:-}" ]; then
 fi
 work=${keep:-$(mktemp -d)}
 mkdir -p "$work"
-printf '| model | format | method | mean KLD ± stderr | same top %% | PPL ratio | routed-expert bytes |\n'
+printf '| model | format | method | mean KLD ± stderr | same top %% | PPL ratio | MLP bytes (routed + shared + dense) |\n'
 printf '| --- | --- | --- | ---: | ---: | ---: | ---: |\n'
 for pair in kimi-k2:eval/tiny-shakespeare-fp8 glm45:eval/tiny-shakespeare-glm45-fp8 glm5:eval/tiny-shakespeare-glm5-fp8; do
   arch=${pair%%:*} model=${pair#*:}
-  for variant in int4:rtn int4:gptq nvfp4:rtn nvfp4-w4a4:rtn mxfp4:rtn; do
+  for variant in int4:rtn int4:gptq nvfp4:rtn nvfp4-w4a4:rtn nvfp4-mlp:rtn mxfp4:rtn; do
     format=${variant%%:*} method=${variant#*:}
     out="$work/$arch-$format-$method"
     # --engine vllm: SGLang's FP4 MoE rules (fp4-moe-engine) refuse these tiny shapes and MXFP4 experts.
@@ -45,7 +45,7 @@ for pair in kimi-k2:eval/tiny-shakespeare-fp8 glm45:eval/tiny-shakespeare-glm45-
 import json, os, sys
 model, form, method, quantized, report = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5])
 w = report["modes"]["weights"]
-experts = quantized["classes"].get("routed_experts", {}).get("bytes_out", 0)
+experts = sum(quantized["classes"].get(c, {}).get("bytes_out", 0) for c in ("routed_experts", "shared_experts", "dense_mlp"))
 print(f"| {os.path.basename(model)} | {form} | {method} | {w['mean_kld']:.3e} ± {w['mean_kld_stderr']:.1e} | "
       f"{w['same_top']:.2f} | {w['ppl_ratio']:.5f} | {experts:,} |")
 PY

@@ -179,8 +179,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     };
     if let (Some(part), Some(calibration)) = (args.part, &calibration) {
         anyhow::bail!(
-            "--part {part} splits conversions without calibration only: --calibration{} needs one calibration \
-             pass over the whole model; run it in one process",
+            "--part {part} splits round-to-nearest conversions without calibration only (--method rtn, no \
+             --calibration): --calibration{} needs one calibration pass over the whole model; run it in one process",
             if calibrated { format!(" with --method {}", method_name(calibration.method)) } else { String::new() }
         );
     }

@@ -11,7 +11,10 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::arch::mtp::MtpLayer;
-use crate::arch::{embed, run_layers, ExpertTimes, KvSource, Layer, LayerContext, LayerState, LayerTap, Model};
+use crate::arch::{
+    embed, run_layers, ExpertActivations, ExpertTap, ExpertTimes, KvSource, Layer, LayerContext, LayerState, LayerTap,
+    Model,
+};
 use crate::chunks::{load_sequences, EvalInput, Fit};
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
@@ -377,6 +380,55 @@ pub fn run_pass(
         reporter.advance(1);
     }
     Ok(layers)
+}
+
+/// A statistics pass (imatrix, W4A4 activation scales): [`run_pass`] with every MoE layer's routed experts shown to
+/// `observe` through an expert tap, one `S` per expert of the layer (`fresh`); then `finish(layer, statistics)`
+/// gives the experts' results and the experts that fell back. Results are kept for the planned experts only.
+pub fn expert_statistics_pass<S>(
+    dir: &Path,
+    options: &CalibrationOptions,
+    set: &CalibrationSet,
+    plan: &Plan,
+    reporter: &dyn Reporter,
+    fresh: impl Fn() -> S,
+    observe: impl Fn(&mut S, &ExpertActivations),
+    mut finish: impl FnMut(&[S]) -> (Vec<(usize, ExpertResult)>, Vec<usize>),
+) -> Result<PassResult, CalibrationError> {
+    let config = Model::open(dir)?.config().clone();
+    let count = config.n_routed_experts;
+    let mut experts = BTreeMap::new();
+    reporter.begin("calibration", pass_layers(plan, &config) as u64);
+    let layers = run_pass(dir, options, set, plan, reporter, &mut |run, hidden| {
+        let mut statistics: Vec<S> = if run.moe { (0..count).map(|_| fresh()).collect() } else { Vec::new() };
+        let mut routes = Vec::new();
+        let mut observer = |seen: &ExpertActivations| {
+            if let Some(statistic) = statistics.get_mut(seen.expert) {
+                observe(statistic, seen);
+            }
+        };
+        let mut tap = LayerTap {
+            routes: Some(&mut routes),
+            experts: run.moe.then_some(ExpertTap {
+                observer: Some(&mut observer),
+                route_all: options.route_all,
+                ..Default::default()
+            }),
+            ..LayerTap::default()
+        };
+        run.forward(hidden, Some(&mut tap))?;
+        if !run.moe {
+            return Ok(None);
+        }
+        let (results, fallback) = finish(&statistics);
+        experts.extend(results.into_iter().map(|(expert, result)| ((run.index, expert), result)));
+        Ok(Some(LayerCoverage { layer: run.index, routed: routed_counts(&routes, count), fallback }))
+    });
+    reporter.end();
+    let layers = layers?;
+    let planned = planned_experts(plan);
+    experts.retain(|key, _| planned.contains(key));
+    Ok(PassResult { experts, layers, layers_reused: 0 })
 }
 
 /// Calibration tokens the router sent to each of `count` experts.

@@ -1,6 +1,6 @@
 //! The recipes shipped in `recipes/`, embedded in the binary by name.
 
-pub const BUILTIN_NAMES: [&str; 19] = [
+pub const BUILTIN_NAMES: [&str; 22] = [
     "kimi-k2-int4",
     "glm5-int4",
     "glm45-int4",
@@ -20,16 +20,20 @@ pub const BUILTIN_NAMES: [&str; 19] = [
     "glm5-nvfp4-w4a4",
     "glm45-nvfp4-w4a4",
     "kimi-k26-nvfp4-w4a4",
+    "kimi-k2-nvfp4-mlp",
+    "glm5-nvfp4-mlp",
+    "glm45-nvfp4-mlp",
 ];
 
 /// Other names of built-ins: GLM-5.2 (and 5.1) convert with GLM-5's recipes (the same tensors; a shared indexer
 /// layer simply has no indexer weights to keep).
-pub const ALIASES: [(&str, &str); 5] = [
+pub const ALIASES: [(&str, &str); 6] = [
     ("glm52-int4", "glm5-int4"),
     ("glm52-nvfp4", "glm5-nvfp4"),
     ("glm52-mxfp4", "glm5-mxfp4"),
     ("glm52-w4a8", "glm5-w4a8"),
     ("glm52-nvfp4-w4a4", "glm5-nvfp4-w4a4"),
+    ("glm52-nvfp4-mlp", "glm5-nvfp4-mlp"),
 ];
 
 /// The TOML text of a built-in recipe, by name or alias.
@@ -55,6 +59,9 @@ pub fn builtin(name: &str) -> Option<&'static str> {
         "glm5-nvfp4-w4a4" => Some(include_str!("../../recipes/glm5-nvfp4-w4a4.toml")),
         "glm45-nvfp4-w4a4" => Some(include_str!("../../recipes/glm45-nvfp4-w4a4.toml")),
         "kimi-k26-nvfp4-w4a4" => Some(include_str!("../../recipes/kimi-k26-nvfp4-w4a4.toml")),
+        "kimi-k2-nvfp4-mlp" => Some(include_str!("../../recipes/kimi-k2-nvfp4-mlp.toml")),
+        "glm5-nvfp4-mlp" => Some(include_str!("../../recipes/glm5-nvfp4-mlp.toml")),
+        "glm45-nvfp4-mlp" => Some(include_str!("../../recipes/glm45-nvfp4-mlp.toml")),
         _ => None,
     }
 }
