@@ -269,7 +269,7 @@ mod tests {
             let upper = inverse_upper_factor(&mut sum, n, all_threads()).unwrap();
             let factor = started.elapsed().as_secs_f64();
             println!(
-                "n={n}: hessian of {tokens} tokens {hessian:.3} s, factor {factor:.3} s on {threads} threads \
+                "factor n={n}: hessian of {tokens} tokens {hessian:.3} s, factor {factor:.3} s on {threads} threads \
                  (U[0][0] = {:e})",
                 upper[0]
             );
