@@ -6,8 +6,8 @@
 # expert shapes ([2048, 6144] gate/up, [6144, 2048] down). The calibrated methods calibrate on
 # eval/shakespeare-heldout.txt (--samples x --seq-len tokens); they run the MoE layer's 26 experts (the MTP layer
 # is not run by the calibration pass: its experts fall back to mse). With --factor it also runs the GPTQ factor
-# benchmark (`cargo test --release --lib factor_timing -- --ignored`: the inverse-Hessian factor of a 6144- and a
-# 2048-wide Hessian, sequential reference vs the parallel code, at each thread count). Prints a table; asserts
+# benchmark (`cargo test --release --lib factor_timing -- --ignored`: the Hessian of 2048 inputs and the inverse-Hessian
+# factor (faer) at widths 6144 and 2048, at each thread count). Prints a table; asserts
 # nothing.
 #
 #   scripts/bench-methods-large.sh [--experts 26] [--samples 8] [--seq-len 64] [--threads "2 1"]
@@ -79,7 +79,7 @@ PY
 done
 if [ "$factor" = 1 ]; then
   for count in $threads; do
-    RAYON_NUM_THREADS=$count cargo test --release --quiet --lib quant::gptq_factor::tests::factor_timing -- --ignored \
+    RAYON_NUM_THREADS=$count cargo test --release --quiet --lib quant::gptq_linalg::tests::factor_timing -- --ignored \
       --nocapture 2>/dev/null | grep '^factor'
   done
 fi

@@ -28,8 +28,10 @@
 //!        + 6 × max(hidden, moe_intermediate)² × 8 B             (damped inverse and its Cholesky factors; one
 //!                                                                for gate_proj and up_proj together)
 //!        + 3 × hidden × moe_intermediate × 13 B                 (f32 weights, f64 working rows, i8 codes)
-//!        + rows_e × (hidden + moe_intermediate) × 4 B           (its gathered inputs; rows_e = tokens with
-//!                                                                --force-route-all)
+//!        + rows_e × (hidden + moe_intermediate) × 4 B           (its gathered inputs; with --force-route-all
+//!                                                                the layer's own, not gathered)
+//!      + with --force-route-all: hidden² × 8 B                  (the hidden states' factor, the same for every
+//!                                                                expert: computed once per layer)
 //! ```
 //! GLM-5 (hidden 6144, moe_intermediate 2048): per_expert ≈ 0.34 + 1.81 + 0.49 = 2.6 GB, one expert per 4 GiB
 //! batch; Kimi K2 (7168, 2048): ≈ 3.5 GB. The quantized experts go to disk as they are done (the output folder
@@ -153,9 +155,15 @@ pub fn calibrate(
             None => {
                 let mut spill = LayerSpill::create(output.dir, run.index)?;
                 let per_batch = experts_per_batch(config.hidden_size, config.moe_intermediate_size);
+                // With --force-route-all every expert reads every token: one Hessian of the hidden states, one factor.
+                let shared = match options.route_all && !chosen.is_empty() {
+                    true => Some(shared_hidden_factor(&x, config.hidden_size, settings, run.index)?),
+                    false => None,
+                };
                 for batch in chosen.chunks(per_batch) {
                     let layer = run.index;
-                    let work = Work { layer, x: &x, rows: &rows, targets: &targets, settings };
+                    let shared = shared.as_ref();
+                    let work = Work { layer, x: &x, rows: &rows, targets: &targets, settings, shared };
                     let done = work.batch(batch, run.context.reader, run.context.backend, &config)?;
                     for (expert, projections) in done {
                         for (projection, target, columns, quantized) in projections {
@@ -215,6 +223,20 @@ fn covers(entries: &LayerEntries, chosen: &[usize], targets: &Targets, layer: us
         })
 }
 
+/// The damped inverse Hessian's factor of a layer's hidden states over all its tokens: what gate_proj and up_proj of
+/// every expert read under `--force-route-all` (computed once per layer, not once per expert).
+fn shared_hidden_factor(
+    x: &[f32],
+    hidden: usize,
+    settings: GptqSettings,
+    layer: usize,
+) -> Result<InverseFactor, RuntimeError> {
+    let mut hessian = Hessian::new(hidden);
+    hessian.add(x);
+    InverseFactor::new(&hessian, settings.damping)
+        .map_err(|e| RuntimeError::Output(format!("gptq model.layers.{layer}.mlp.experts (all tokens): {e}")))
+}
+
 /// One projection GPTQ quantized: its name, target, columns and codes/scales.
 type Done = (&'static str, Target, usize, Quantized);
 
@@ -227,6 +249,8 @@ struct Work<'a> {
     rows: &'a [Vec<usize>],
     targets: &'a Targets,
     settings: GptqSettings,
+    /// The factor every expert's gate_proj and up_proj share when every expert reads every token.
+    shared: Option<&'a InverseFactor>,
 }
 
 impl Work<'_> {
@@ -251,41 +275,56 @@ impl Work<'_> {
         let (hidden, inner) = (config.hidden_size, config.moe_intermediate_size);
         let module = format!("model.layers.{}.mlp.experts.{expert}", self.layer);
         let rows = &self.rows[expert];
-        let inputs: Vec<f32> =
-            rows.iter().flat_map(|&row| self.x[row * hidden..(row + 1) * hidden].iter().copied()).collect();
-        let gate = reader.matrix(&format!("{module}.gate_proj.weight"), [inner, hidden])?;
-        let up = reader.matrix(&format!("{module}.up_proj.weight"), [inner, hidden])?;
-        let down = reader.matrix(&format!("{module}.down_proj.weight"), [hidden, inner])?;
-        let mut hidden_states = Hessian::new(hidden);
-        hidden_states.add(&inputs);
-        let x = backend.upload(&inputs, hidden)?;
-        drop(inputs);
-        let intermediate =
-            backend.download(&backend.silu_mul(&backend.linear(&x, &gate, None)?, &backend.linear(&x, &up, None)?)?)?;
-        drop(x);
-        let mut activations = Hessian::new(inner);
-        activations.add(&intermediate);
-        drop(intermediate);
         let planned = self.targets.get(&(self.layer, expert)).cloned().unwrap_or_default();
         let failed = |projection: &str, e: gptq::GptqError| {
             RuntimeError::Output(format!("gptq {module}.{projection}_proj.weight: {e}"))
         };
-        // gate_proj and up_proj share one factor of the damped inverse Hessian.
         let factor = |hessian: &Hessian, projection: &str| {
             InverseFactor::new(hessian, self.settings.damping).map_err(|e| failed(projection, e))
         };
-        let hidden_factor = match (planned.contains_key("gate"), planned.contains_key("up")) {
-            (false, false) => None,
-            _ => Some(factor(&hidden_states, "gate")?),
+        // With a shared factor every token is the expert's: its inputs are the layer's, not gathered.
+        let gathered: Vec<f32>;
+        let inputs = match self.shared {
+            Some(_) => self.x,
+            None => {
+                gathered =
+                    rows.iter().flat_map(|&row| self.x[row * hidden..(row + 1) * hidden].iter().copied()).collect();
+                &gathered
+            }
         };
-        drop(hidden_states);
-        let inner_factor = if planned.contains_key("down") { Some(factor(&activations, "down")?) } else { None };
-        drop(activations);
+        let gate = reader.matrix(&format!("{module}.gate_proj.weight"), [inner, hidden])?;
+        let up = reader.matrix(&format!("{module}.up_proj.weight"), [inner, hidden])?;
+        let down = reader.matrix(&format!("{module}.down_proj.weight"), [hidden, inner])?;
+        // gate_proj and up_proj share one factor of the damped inverse Hessian.
+        let own_hidden_factor;
+        let hidden_factor = match (planned.contains_key("gate") || planned.contains_key("up"), self.shared) {
+            (false, _) => None,
+            (true, Some(shared)) => Some(shared),
+            (true, None) => {
+                let mut hidden_states = Hessian::new(hidden);
+                hidden_states.add(inputs);
+                own_hidden_factor = factor(&hidden_states, "gate")?;
+                Some(&own_hidden_factor)
+            }
+        };
+        let x = backend.upload(inputs, hidden)?;
+        let intermediate =
+            backend.download(&backend.silu_mul(&backend.linear(&x, &gate, None)?, &backend.linear(&x, &up, None)?)?)?;
+        drop(x);
+        let inner_factor = match planned.contains_key("down") {
+            true => {
+                let mut activations = Hessian::new(inner);
+                activations.add(&intermediate);
+                Some(factor(&activations, "down")?)
+            }
+            false => None,
+        };
+        drop(intermediate);
         let mut done = Vec::new();
         for (projection, weights, factor) in
-            [("gate", &gate, &hidden_factor), ("up", &up, &hidden_factor), ("down", &down, &inner_factor)]
+            [("gate", &gate, hidden_factor), ("up", &up, hidden_factor), ("down", &down, inner_factor.as_ref())]
         {
-            let (Some(target), Some(factor)) = (planned.get(projection).copied(), factor.as_ref()) else { continue };
+            let (Some(target), Some(factor)) = (planned.get(projection).copied(), factor) else { continue };
             let quantized = gptq::quantize_factored(
                 weights.values(),
                 weights.rows,

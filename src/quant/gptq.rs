@@ -19,7 +19,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::gptq_factor::{cholesky, inverse_from_cholesky};
+use super::gptq_linalg::{add_outer_products, all_threads, inverse_upper_factor, update_after_block};
 use super::int4::{code, q_min, quantize_group};
 use super::ScaleRule;
 
@@ -50,20 +50,8 @@ impl Hessian {
     pub fn add(&mut self, inputs: &[f32]) {
         let columns = self.columns;
         assert_eq!(inputs.len() % columns.max(1), 0, "inputs are whole rows of {columns}");
-        let n = inputs.len() / columns.max(1);
-        self.sum.par_chunks_mut(columns).enumerate().for_each(|(i, row)| {
-            for t in 0..n {
-                let x = &inputs[t * columns..(t + 1) * columns];
-                let xi = x[i] as f64;
-                if xi == 0.0 {
-                    continue;
-                }
-                for (h, &xj) in row[i..].iter_mut().zip(&x[i..]) {
-                    *h += xi * xj as f64;
-                }
-            }
-        });
-        self.samples += n as u64;
+        add_outer_products(&mut self.sum, columns, inputs, all_threads());
+        self.samples += (inputs.len() / columns.max(1)) as u64;
     }
 
     /// Adds another accumulator of the same width (e.g. from another part of the calibration set).
@@ -302,30 +290,14 @@ fn quantize_rows(
                 }
             }
         }
-        if end < columns {
-            for r in 0..rows {
-                let row = &mut w[r * columns + end..(r + 1) * columns];
-                for k in start..end {
-                    let error = errors[r * block + (k - start)];
-                    if error == 0.0 {
-                        continue;
-                    }
-                    for (wj, &uj) in row.iter_mut().zip(&factor[k * columns + end..(k + 1) * columns]) {
-                        *wj -= error * uj;
-                    }
-                }
-            }
-        }
+        // The columns after the block get its feedback at once.
+        update_after_block(&mut w, columns, &errors, block, factor, start, end);
     }
 }
 
-/// `U`, upper triangular with `Uᵀ U = (H + λI)⁻¹`, row-major `[columns, columns]`.
-///
-/// The three O(n³) steps (Cholesky of `H`, `(L Lᵀ)⁻¹`, Cholesky of that) run in parallel and in cache-sized
-/// pieces, yet every element is the same sequence of f64 operations as the plain sequential algorithm (each dot
-/// product summed in ascending order from the value `sum()` starts from, no fused multiply-add), so the factor —
-/// and every GPTQ output — is bit-identical to it and independent of the thread count (the tests keep the
-/// sequential algorithm as the reference).
+/// `U`, upper triangular with `Uᵀ U = (H + λI)⁻¹`, row-major `[columns, columns]` (`gptq_linalg`: one Cholesky
+/// factorization of `H + λI` in reverse order and one triangular inverse, on all threads; the same for every thread
+/// count).
 fn inverse_factor(hessian: &Hessian, damping: f64) -> Result<Vec<f64>, GptqError> {
     let n = hessian.columns;
     let mut h = hessian.mean();
@@ -338,22 +310,7 @@ fn inverse_factor(hessian: &Hessian, damping: f64) -> Result<Vec<f64>, GptqError
     for i in 0..n {
         h[i * n + i] += damping * mean_diagonal;
     }
-    let lower = cholesky(&h, n)?;
-    drop(h);
-    let inverse = inverse_from_cholesky(&lower, n);
-    drop(lower);
-    let lower_of_inverse = cholesky(&inverse, n)?;
-    drop(inverse);
-    // H⁻¹ = L₂ L₂ᵀ, so U = L₂ᵀ.
-    let mut upper = vec![0.0; n * n];
-    if n > 0 {
-        upper.par_chunks_mut(n).enumerate().for_each(|(j, row)| {
-            for i in j..n {
-                row[i] = lower_of_inverse[i * n + j];
-            }
-        });
-    }
-    Ok(upper)
+    inverse_upper_factor(&mut h, n, all_threads()).map_err(|column| GptqError::NotPositiveDefinite { column })
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@ pub mod fp4;
 pub mod fp8;
 pub mod fp8_block;
 pub mod gptq;
-mod gptq_factor;
 #[cfg(test)]
 mod gptq_golden;
+mod gptq_linalg;
 pub mod imatrix;
 pub mod int4;
 pub mod mse;

@@ -1,0 +1,107 @@
+"""llm-compressor 0.14's GPTQModifier on a squeeze synth (FP8) checkpoint, for scripts/bench-gptq-vs-llmcompressor.sh.
+
+Dequantizes the FP8 checkpoint (128 × 128 block `weight_scale_inv`) to a BF16 transformers folder (not timed), then
+times, in this process: loading it, `oneshot` with W4A16 group-32 symmetric GPTQ on the routed experts only (damping
+1 %, blocks of 128, no act-order, minmax observer: squeeze's `--method gptq` settings), on the given `input_ids`,
+and saving the compressed model. llm-compressor's MoE default shows every calibration token to every expert
+(`moe_calibrate_all_experts=True`). Prints one line `llmcompressor_seconds <wall>`; the caller measures user CPU and
+peak RSS of the whole process.
+
+    python scripts/llmcompressor_gptq.py FP8_FOLDER IDS.safetensors SCRATCH_FOLDER [--prepare]
+
+--prepare writes the BF16 folder and exits (so that the timed runs only read it).
+"""
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def bf16_folder(source: Path, target: Path) -> None:
+    tensors = {}
+    for path in sorted(source.glob("*.safetensors")):
+        tensors.update(load_file(str(path)))
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if tensor.dtype == torch.float8_e4m3fn:
+            scale = tensors[name + "_scale_inv"].float()
+            rows, columns = tensor.shape
+            expanded = scale.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :columns]
+            tensor = tensor.float() * expanded
+        out[name] = tensor.to(torch.bfloat16).contiguous()
+    config = json.loads((source / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    # The MTP layer (if any) is not part of the transformers model.
+    out = {n: t for n, t in out.items() if not (n.startswith("model.layers.") and int(n.split(".")[2]) >= layers)}
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(target / "model.safetensors"), metadata={"format": "pt"})
+    config.pop("quantization_config", None)
+    config["torch_dtype"] = "bfloat16"
+    if config.get("model_type") == "kimi_k2":
+        config["model_type"] = "deepseek_v3"
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def main() -> None:
+    source, ids_path, scratch = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    bf16 = scratch / "bf16"
+    if not (bf16 / "config.json").exists():
+        bf16_folder(source, bf16)
+    if "--prepare" in sys.argv[4:]:
+        return
+    ids = load_file(str(ids_path))["input_ids"].long()
+
+    started = time.time()
+    import transformers
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(bf16), dtype=torch.bfloat16)
+    dataset = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
+    recipe = GPTQModifier(
+        config_groups={
+            "routed_experts": {
+                "targets": [r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"],
+                "weights": {
+                    "num_bits": 4,
+                    "type": "int",
+                    "symmetric": True,
+                    "strategy": "group",
+                    "group_size": 32,
+                    "observer": "minmax",
+                },
+            }
+        },
+        ignore=["lm_head"],
+        dampening_frac=0.01,
+        block_size=128,
+        actorder=None,
+    )
+    # The ids are given; oneshot still wants a processor: the synth's tokenizer.json.
+    processor = transformers.PreTrainedTokenizerFast(tokenizer_file=str(source / "tokenizer.json"))
+    oneshot(
+        model=model,
+        processor=processor,
+        dataset=dataset,
+        recipe=recipe,
+        num_calibration_samples=ids.shape[0],
+        max_seq_length=ids.shape[1],
+        shuffle_calibration_samples=False,
+    )
+    out = scratch / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    model.save_pretrained(str(out), save_compressed=True)
+    quantized = sum(1 for n, _ in model.named_modules() if n.endswith(("gate_proj", "up_proj", "down_proj")) and ".experts." in n)
+    print(f"llmcompressor_seconds {time.time() - started:.1f} expert_linears {quantized}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
