@@ -42,7 +42,8 @@ pub fn calibrate(
             *down = down.max(fp4::absmax(seen.intermediate));
         },
         |statistics| {
-            let widest = statistics.iter().fold((0f32, 0f32), |(a, b), &(_, gate_up, down)| (a.max(gate_up), b.max(down)));
+            let widest =
+                statistics.iter().fold((0f32, 0f32), |(a, b), &(_, gate_up, down)| (a.max(gate_up), b.max(down)));
             let (mut results, mut fallback) = (Vec::new(), Vec::new());
             for (expert, &(tokens, gate_up, down)) in statistics.iter().enumerate() {
                 let (gate_up, down) = if tokens == 0 {

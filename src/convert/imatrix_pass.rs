@@ -47,7 +47,8 @@ pub fn calibrate(
             let (mut results, mut fallback) = (Vec::new(), Vec::new());
             for (expert, (gate_up, down)) in statistics.iter().enumerate() {
                 if gate_up.samples() >= options.min_expert_tokens.max(1) {
-                    results.push((expert, ExpertResult::Importance { gate_up: gate_up.weights(), down: down.weights() }));
+                    results
+                        .push((expert, ExpertResult::Importance { gate_up: gate_up.weights(), down: down.weights() }));
                 } else {
                     fallback.push(expert);
                 }
