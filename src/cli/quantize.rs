@@ -157,6 +157,10 @@ fn calibration_input(path: &std::path::Path, seq_len: usize) -> EvalInput {
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let calibrated = matches!(args.method, Method::Imatrix | Method::Gptq);
+    if (args.sequential || args.no_sequential) && args.method != Method::Gptq {
+        let flag = if args.sequential { "--sequential" } else { "--no-sequential" };
+        anyhow::bail!("{flag} needs --method gptq (only GPTQ's calibration depends on the layers below)");
+    }
     // With rtn, a calibration file calibrates W4A4 activation scales (the recipe must have such rules: checked
     // once the plan is known).
     let calibration = match (&args.calibration, calibrated) {
