@@ -11,11 +11,13 @@
 
 use std::path::Path;
 
+use crate::arch::ExpertActivations;
 use crate::progress::Reporter;
 use crate::quant::fp4;
 
 use super::calibrated::{
-    expert_statistics_pass, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, PassResult,
+    expert_statistics_pass, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, ExpertStatistics,
+    PassResult,
 };
 use super::plan::Plan;
 
@@ -35,26 +37,28 @@ pub fn calibrate(
         set,
         plan,
         reporter,
-        || (0u64, 0f32, 0f32),
-        |(tokens, gate_up, down), seen| {
-            *tokens += seen.tokens as u64;
-            *gate_up = gate_up.max(fp4::absmax(seen.input));
-            *down = down.max(fp4::absmax(seen.intermediate));
-        },
-        |statistics| {
-            let widest =
-                statistics.iter().fold((0f32, 0f32), |(a, b), &(_, gate_up, down)| (a.max(gate_up), b.max(down)));
-            let (mut results, mut fallback) = (Vec::new(), Vec::new());
-            for (expert, &(tokens, gate_up, down)) in statistics.iter().enumerate() {
-                let (gate_up, down) = if tokens == 0 {
-                    fallback.push(expert);
-                    widest
-                } else {
-                    (gate_up, down)
-                };
-                results.push((expert, ExpertResult::InputAbsmax { gate_up, down }));
-            }
-            (results, fallback)
+        ExpertStatistics {
+            fresh: (0u64, 0f32, 0f32),
+            observe: |(tokens, gate_up, down): &mut (u64, f32, f32), seen: &ExpertActivations| {
+                *tokens += seen.tokens as u64;
+                *gate_up = gate_up.max(fp4::absmax(seen.input));
+                *down = down.max(fp4::absmax(seen.intermediate));
+            },
+            finish: |statistics: &[(u64, f32, f32)]| {
+                let widest =
+                    statistics.iter().fold((0f32, 0f32), |(a, b), &(_, gate_up, down)| (a.max(gate_up), b.max(down)));
+                let (mut results, mut fallback) = (Vec::new(), Vec::new());
+                for (expert, &(tokens, gate_up, down)) in statistics.iter().enumerate() {
+                    let (gate_up, down) = if tokens == 0 {
+                        fallback.push(expert);
+                        widest
+                    } else {
+                        (gate_up, down)
+                    };
+                    results.push((expert, ExpertResult::InputAbsmax { gate_up, down }));
+                }
+                (results, fallback)
+            },
         },
     )
 }

@@ -382,25 +382,37 @@ pub fn run_pass(
     Ok(layers)
 }
 
+/// What a statistics pass gathers per routed expert: a copy of `fresh` for each expert of a MoE layer, `observe`d
+/// on what the expert sees, then `finish(statistics)` gives the layer's expert results and the experts that fell
+/// back.
+pub struct ExpertStatistics<S, O, F> {
+    pub fresh: S,
+    pub observe: O,
+    pub finish: F,
+}
+
 /// A statistics pass (imatrix, W4A4 activation scales): [`run_pass`] with every MoE layer's routed experts shown to
-/// `observe` through an expert tap, one `S` per expert of the layer (`fresh`); then `finish(layer, statistics)`
-/// gives the experts' results and the experts that fell back. Results are kept for the planned experts only.
-pub fn expert_statistics_pass<S>(
+/// the statistics through an expert tap. Results are kept for the planned experts only.
+pub fn expert_statistics_pass<S, O, F>(
     dir: &Path,
     options: &CalibrationOptions,
     set: &CalibrationSet,
     plan: &Plan,
     reporter: &dyn Reporter,
-    fresh: impl Fn() -> S,
-    observe: impl Fn(&mut S, &ExpertActivations),
-    mut finish: impl FnMut(&[S]) -> (Vec<(usize, ExpertResult)>, Vec<usize>),
-) -> Result<PassResult, CalibrationError> {
+    statistics: ExpertStatistics<S, O, F>,
+) -> Result<PassResult, CalibrationError>
+where
+    S: Clone,
+    O: Fn(&mut S, &ExpertActivations),
+    F: FnMut(&[S]) -> (Vec<(usize, ExpertResult)>, Vec<usize>),
+{
+    let ExpertStatistics { fresh, observe, mut finish } = statistics;
     let config = Model::open(dir)?.config().clone();
     let count = config.n_routed_experts;
     let mut experts = BTreeMap::new();
     reporter.begin("calibration", pass_layers(plan, &config) as u64);
     let layers = run_pass(dir, options, set, plan, reporter, &mut |run, hidden| {
-        let mut statistics: Vec<S> = if run.moe { (0..count).map(|_| fresh()).collect() } else { Vec::new() };
+        let mut statistics: Vec<S> = if run.moe { vec![fresh.clone(); count] } else { Vec::new() };
         let mut routes = Vec::new();
         let mut observer = |seen: &ExpertActivations| {
             if let Some(statistic) = statistics.get_mut(seen.expert) {

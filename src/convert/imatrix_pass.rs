@@ -13,12 +13,14 @@
 
 use std::path::Path;
 
+use crate::arch::ExpertActivations;
 use crate::arch::Model;
 use crate::progress::Reporter;
 use crate::quant::imatrix::Importance;
 
 use super::calibrated::{
-    expert_statistics_pass, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, PassResult,
+    expert_statistics_pass, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, ExpertStatistics,
+    PassResult,
 };
 use super::plan::Plan;
 
@@ -38,22 +40,26 @@ pub fn calibrate(
         set,
         plan,
         reporter,
-        || (Importance::new(width), Importance::new(inner)),
-        |(gate_up, down), seen| {
-            gate_up.add(seen.input);
-            down.add(seen.intermediate);
-        },
-        |statistics| {
-            let (mut results, mut fallback) = (Vec::new(), Vec::new());
-            for (expert, (gate_up, down)) in statistics.iter().enumerate() {
-                if gate_up.samples() >= options.min_expert_tokens.max(1) {
-                    results
-                        .push((expert, ExpertResult::Importance { gate_up: gate_up.weights(), down: down.weights() }));
-                } else {
-                    fallback.push(expert);
+        ExpertStatistics {
+            fresh: (Importance::new(width), Importance::new(inner)),
+            observe: |(gate_up, down): &mut (Importance, Importance), seen: &ExpertActivations| {
+                gate_up.add(seen.input);
+                down.add(seen.intermediate);
+            },
+            finish: |statistics: &[(Importance, Importance)]| {
+                let (mut results, mut fallback) = (Vec::new(), Vec::new());
+                for (expert, (gate_up, down)) in statistics.iter().enumerate() {
+                    if gate_up.samples() >= options.min_expert_tokens.max(1) {
+                        results.push((
+                            expert,
+                            ExpertResult::Importance { gate_up: gate_up.weights(), down: down.weights() },
+                        ));
+                    } else {
+                        fallback.push(expert);
+                    }
                 }
-            }
-            (results, fallback)
+                (results, fallback)
+            },
         },
     )
 }
