@@ -305,13 +305,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn builtins_parse_and_select_routed_experts_only() {
+    fn builtins_parse_and_select_their_mlps() {
         for name in BUILTIN_NAMES.into_iter().chain(ALIASES.map(|(alias, _)| alias)) {
             let recipe = Recipe::load(name).unwrap();
+            // The `-mlp` recipes select the shared experts and the dense MLP too; every other one routed experts only.
+            let all_mlps = name.ends_with("-mlp");
             assert!(recipe.rule_for("model.layers.5.mlp.experts.12.down_proj.weight").is_some(), "{name}");
-            assert!(recipe.rule_for("model.layers.5.mlp.shared_experts.down_proj.weight").is_none(), "{name}");
+            assert_eq!(
+                recipe.rule_for("model.layers.5.mlp.shared_experts.down_proj.weight").is_some(),
+                all_mlps,
+                "{name}"
+            );
             assert!(recipe.rule_for("model.layers.5.mlp.gate.weight").is_none(), "{name}");
-            assert!(recipe.rule_for("model.layers.0.mlp.down_proj.weight").is_none(), "{name}");
+            assert_eq!(recipe.rule_for("model.layers.0.mlp.down_proj.weight").is_some(), all_mlps, "{name}");
             assert!(recipe.rule_for("model.layers.5.self_attn.o_proj.weight").is_none(), "{name}");
             assert!(recipe.config_ignores("model.layers.5.self_attn.o_proj"));
             assert!(!recipe.config_ignores("model.layers.5.mlp.experts.12.down_proj"));
