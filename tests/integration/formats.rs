@@ -317,3 +317,27 @@ fn w4a4_nvfp4_calibrates_activation_scales_and_the_runtime_quantizes_activations
     assert_ne!(run.code, 0);
     assert!(run.stderr.contains(&name), "{}", run.stderr);
 }
+
+/// The `-nvfp4-mlp` recipes quantize the shared experts and the dense MLP too, each gate/up pair under one global
+/// scale (the engines fuse them), and the output verifies for vLLM and evaluates.
+#[test]
+fn nvfp4_mlp_recipes_quantize_shared_experts_and_dense_mlps() {
+    let temp = tempfile::tempdir().unwrap();
+    for arch in ["kimi-k2", "glm5", "glm45"] {
+        let source = synth(temp.path(), arch, arch, &[]);
+        let out = temp.path().join(format!("{arch}-mlp"));
+        let recipe = format!("{arch}-nvfp4-mlp");
+        squeeze(&["quantize", path_str(&source), path_str(&out), "--recipe", &recipe, "--engine", "vllm"]).ok();
+        let verify = squeeze(&["verify", path_str(&out), "--source", path_str(&source), "--engine", "vllm", "--json"]);
+        assert_eq!(verify.ok().json()["passed"], true, "{arch}");
+        let names = tensor_names(&out);
+        for module in ["model.layers.1.mlp.shared_experts", "model.layers.0.mlp"] {
+            let global =
+                |projection: &str| tensor_bytes(&out, &format!("{module}.{projection}_proj.weight_global_scale"));
+            assert!(names.contains(&format!("{module}.down_proj.weight_packed")), "{arch} {module}");
+            assert_eq!(global("gate"), global("up"), "{arch} {module}: one global scale for the fused gate/up");
+        }
+        let eval = squeeze(&["eval", path_str(&out), "--data", SONNETS, "--ctx", "32", "--chunks", "1", "--json"]);
+        assert!(eval.ok().json()["ppl"].as_f64().unwrap().is_finite(), "{arch}");
+    }
+}
