@@ -67,10 +67,16 @@ fn encode_wide(x: f32) -> u32 {
 }
 
 /// Encodes a group of `N`: `codes[i] = encode(group[i] / step)`, a true division (as torch divides), element by
-/// element; the fixed length lets the loop unroll into whole vectors.
+/// element; the fixed length lets the loop unroll into whole vectors (a shorter last group, which the planned
+/// shapes never give, is encoded element by element).
 #[inline(always)]
 fn encode_group<const N: usize>(group: &[f32], step: f32, codes: &mut [u8]) {
-    let (group, codes): (&[f32; N], &mut [u8; N]) = (group.try_into().unwrap(), codes.try_into().unwrap());
+    let (Ok(group), Ok(codes)) = (<&[f32; N]>::try_from(group), <&mut [u8; N]>::try_from(&mut *codes)) else {
+        for (code, &w) in codes.iter_mut().zip(group) {
+            *code = encode(w / step);
+        }
+        return;
+    };
     let mut wide = [0u32; N];
     for (code, &w) in wide.iter_mut().zip(group) {
         *code = encode_wide(w / step);
@@ -318,6 +324,15 @@ mod tests {
         assert_eq!(mxfp4_exponent(1.74), 125);
         assert_eq!(mxfp4_exponent(0.0), 0);
         assert_eq!(mxfp4_scale(127), 1.0);
+    }
+
+    #[test]
+    fn a_short_last_group_is_encoded_too() {
+        let row: Vec<f32> = (0..24).map(|i| i as f32 / 4.0 - 3.0).collect();
+        let (mut codes, mut scales) = (vec![0xFFu8; 24], vec![0u8; 2]);
+        nvfp4_quantize_row(&row, nvfp4_global_scale(absmax(&row)), &mut codes, &mut scales);
+        assert!(codes.iter().all(|&c| c < 16), "every code written: {codes:?}");
+        assert_eq!(codes[23], encode(row[23] / (fp8::decode(scales[1]) / nvfp4_global_scale(absmax(&row)))));
     }
 
     #[test]
