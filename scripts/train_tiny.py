@@ -374,7 +374,12 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=4e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arch", choices=sorted(ARCHES), default="kimi-k2")
+    ap.add_argument("--width", type=int, help="hidden_size and moe_intermediate_size (intermediate_size twice it) "
+                    "instead of the arch's 192/96: 256 gives shapes W4A8's kernels take (multiples of 256)")
     args = ap.parse_args()
+    if args.width:
+        ARCHES[args.arch][0].update(hidden_size=args.width, moe_intermediate_size=args.width,
+                                    intermediate_size=2 * args.width)
 
     torch.set_num_threads(args.threads)
     data, heldout, names = load_corpus(args.texts)

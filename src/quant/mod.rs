@@ -14,5 +14,6 @@ pub mod mse;
 pub mod pack;
 pub mod pow;
 pub mod scale_rule;
+pub mod w4a8;
 
 pub use scale_rule::ScaleRule;

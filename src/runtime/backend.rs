@@ -29,6 +29,9 @@ pub struct Matrix {
     fp8: CodedFp8,
     /// Every value is a BF16 number (read from a BF16 linear weight): a device may hold it as BF16 without loss.
     pub bf16_values: bool,
+    /// W4A8: the engines quantize this weight's inputs to FP8 per token before multiplying
+    /// ([`crate::quant::w4a8::fake_quantize_tokens`]), which the CPU's linear emulates.
+    pub fp8_token_inputs: bool,
     /// Unique per loaded matrix.
     pub id: u64,
     /// Its copy on a device, kept by the device backend that uploaded it and freed with the matrix: a dropped
@@ -185,6 +188,7 @@ impl Matrix {
             int4: None,
             fp8: CodedFp8::default(),
             bf16_values: false,
+            fp8_token_inputs: false,
             id,
             device_copy: DeviceCopy::default(),
         }
@@ -234,6 +238,12 @@ impl Matrix {
     /// The same matrix, marked as holding BF16 numbers only (or not).
     pub fn with_bf16_values(mut self, bf16_values: bool) -> Self {
         self.bf16_values = bf16_values;
+        self
+    }
+
+    /// The same matrix, its inputs quantized to FP8 per token as the engines do for W4A8.
+    pub fn with_fp8_token_inputs(mut self) -> Self {
+        self.fp8_token_inputs = true;
         self
     }
 

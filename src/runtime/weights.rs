@@ -9,6 +9,7 @@ use crate::format::compressed_tensors::{
 };
 use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceItem, SourceKind};
 use crate::io::{Checkpoint, Dtype};
+use crate::quant::{pack, w4a8};
 
 use super::backend::{Fp8Codes, Fp8Weight, Int4Weight, Matrix};
 use super::RuntimeError;
@@ -19,6 +20,26 @@ use super::RuntimeError;
 fn all_finite(fp8: &Fp8Weight) -> bool {
     crate::io::dtype::first_nonfinite(Dtype::F8_E4M3, &fp8.codes[..]).is_none()
         && fp8.scales.iter().all(|&scale| (scale * 448.0).is_finite())
+}
+
+/// A W4A8 module's weight as the engines compute with it ([`crate::quant::w4a8::dequantize_row`]): FP8 group scales
+/// and a channel scale made from the stored ones, each weight an FP8 product. vLLM's W4A8 MoE asserts symmetric
+/// groups (`compressed_tensors_moe_w4a8_fp8.py`), so zero points and `g_idx` are refused.
+fn w4a8_values(int4: &Int4Module) -> Result<Vec<f32>, String> {
+    if int4.zero_points.is_some() || int4.g_idx.is_some() {
+        return Err("is W4A8 with zero points or a g_idx: the engines' W4A8 kernels take symmetric contiguous groups \
+                    only; requantize with a w4a8-fp8 recipe"
+            .into());
+    }
+    let (rows, columns, group_size) = (int4.rows, int4.columns, int4.group_size);
+    let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(group_size));
+    let mut values = vec![0f32; rows * columns];
+    let mut q = vec![0i8; columns];
+    for (row, out) in values.chunks_mut(columns.max(1)).enumerate().take(rows) {
+        pack::unpack_row(&int4.words[row * words_per_row..][..words_per_row], columns, &mut q);
+        w4a8::dequantize_row(&q, &int4.scales[row * groups_per_row..][..groups_per_row], group_size, out);
+    }
+    Ok(values)
 }
 
 /// Dequantizing reader over an opened checkpoint.
@@ -103,6 +124,11 @@ impl<'a> WeightReader<'a> {
                 ));
             }
             let (rows, columns) = (int4.rows, int4.columns);
+            if args.fp8_activations {
+                let values =
+                    w4a8_values(&int4).map_err(|problem| RuntimeError::tensor(self.shard(name), name, problem))?;
+                return self.checked(name, Matrix::new(rows, columns, values).with_fp8_token_inputs(), expected);
+            }
             // Another writer's layout (F16/F32 scales, zero points, g_idx, one scale per row): dequantized on read,
             // exactly (`Int4Module::dequantize`), as compressed-tensors decompresses it.
             let packed_form = int4.bf16_scales().filter(|_| int4.is_squeeze_layout() && args.group_size.is_some());

@@ -1,7 +1,7 @@
 //! The formats beside INT4 W4A16. NVFP4 and MXFP4 outputs (the `-nvfp4`/`-mxfp4` built-in recipes): written in
 //! compressed-tensors' layout, read by the runtime, `verify` and the linter for both engines on every architecture;
 //! gate/up global scales shared and a folder whose scales disagree caught. W4A8 (`-w4a8`): INT4 g128 declared with
-//! FP8 per-token activations, refused on shapes the engines refuse. The bad input around them exits 2.
+//! FP8 per-token activations, evaluated as vLLM computes it, refused on shapes the engines refuse. The bad input around them exits 2.
 
 use std::fs;
 use std::path::Path;
@@ -170,6 +170,47 @@ fn w4a8_outputs_declare_fp8_activations_and_shapes_the_engines_refuse_exit_2() {
     assert!(rules.contains("w4a8-shapes"), "{rules}");
     let eval = squeeze(&["eval", path_str(&out), "--data", SONNETS, "--ctx", "32", "--chunks", "1", "--json"]);
     assert!(eval.ok().json()["ppl"].as_f64().unwrap().is_finite());
+    // The runtime computes as vLLM's W4A8 kernels do (FP8 group scales, FP8 products, FP8 per-token inputs): the same
+    // folder declared weights-only (W4A16) scores closer to its source.
+    let a16 = temp.path().join("w4a8-as-w4a16");
+    fs::create_dir(&a16).unwrap();
+    for entry in fs::read_dir(&out).unwrap() {
+        let path = entry.unwrap().path();
+        fs::copy(&path, a16.join(path.file_name().unwrap())).unwrap();
+    }
+    let mut config = read_json(&a16.join("config.json"));
+    config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = serde_json::Value::Null;
+    fs::write(a16.join("config.json"), config.to_string()).unwrap();
+    let kld = |candidate: &Path| {
+        let run = squeeze(&[
+            "eval",
+            "--reference",
+            path_str(&source),
+            "--candidate",
+            path_str(candidate),
+            "--data",
+            SONNETS,
+            "--ctx",
+            "32",
+            "--chunks",
+            "2",
+            "--modes",
+            "weights",
+            "--json",
+        ]);
+        run.json()["modes"]["weights"]["mean_kld"].as_f64().unwrap()
+    };
+    let (w4a8, w4a16) = (kld(&out), kld(&a16));
+    assert!(
+        w4a8 > w4a16 && w4a8.is_finite(),
+        "W4A8 quantizes the experts' inputs and scales too: KLD {w4a8} vs {w4a16}"
+    );
+    // Input quantization the runtime cannot emulate (INT8 per token) is named, not scored as W4A16.
+    config["quantization_config"]["config_groups"]["group_0"]["input_activations"] =
+        serde_json::json!({"num_bits": 8, "type": "int", "symmetric": true, "strategy": "token", "dynamic": true});
+    fs::write(a16.join("config.json"), config.to_string()).unwrap();
+    let run = squeeze(&["eval", path_str(&a16), "--data", SONNETS, "--ctx", "32", "--chunks", "1"]);
+    expect_exit_2(&run, &["config_groups.group_0.input_activations", "W4A8"]);
 
     // Rows of 320 take no group of 128: the tensor is named before anything is written.
     let narrow = synth(temp.path(), "narrow", "kimi-k2", &[]);

@@ -6,7 +6,7 @@ use std::path::Path;
 use half::bf16;
 use squeeze::io::ShardFile;
 use squeeze::quant::fp8_block::{dequantize_row, BlockGrid};
-use squeeze::quant::{fp4, fp8, int4, pack, ScaleRule};
+use squeeze::quant::{fp4, fp8, int4, pack, w4a8, ScaleRule};
 
 fn open(name: &str) -> ShardFile {
     ShardFile::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)).expect("golden file")
@@ -202,4 +202,51 @@ fn nvfp4_activations_quantize_as_vllms_emulation() {
         cases += 1;
     }
     assert_eq!(cases, 4, "the golden's cases");
+}
+
+/// vLLM's W4A8-FP8 (CUTLASS, Hopper) numerics (`scripts/oracle/make-w4a8-golden.py`, running vLLM's
+/// `QuantFP8.forward_native` per token, `convert_bf16_scales_to_fp8` and its kernel test's weight reference): squeeze's
+/// per-token activation quantization and its W4A8 weights give the same values, bit for bit.
+#[test]
+fn w4a8_activations_and_weights_match_vllms_numerics() {
+    let golden = open("vllm_w4a8.safetensors");
+    let mut tokens = 0;
+    while golden.get(&format!("tokens{tokens}.x")).is_some() {
+        let x = golden.get(&format!("tokens{tokens}.x")).unwrap();
+        let width = x.shape[1];
+        let mut values = f32s(&golden, &format!("tokens{tokens}.x"));
+        w4a8::fake_quantize_tokens(&mut values, width);
+        for (index, (got, want)) in values.iter().zip(f32s(&golden, &format!("tokens{tokens}.dequant"))).enumerate() {
+            assert!(*got == want, "tokens {tokens} element {index}: {got:e}, vLLM {want:e}");
+        }
+        tokens += 1;
+    }
+    let mut weights = 0;
+    while let Some(codes) = golden.get(&format!("weight{weights}.codes")) {
+        let (rows, columns) = (codes.shape[0], codes.shape[1]);
+        let codes: Vec<i8> = codes.bytes.iter().map(|&byte| byte as i8).collect();
+        let scales: Vec<f32> = golden
+            .get(&format!("weight{weights}.scales"))
+            .unwrap()
+            .bytes
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
+        let groups = scales.len() / rows;
+        let want = f32s(&golden, &format!("weight{weights}.dequant"));
+        let mut row = vec![0f32; columns];
+        for r in 0..rows {
+            w4a8::dequantize_row(
+                &codes[r * columns..][..columns],
+                &scales[r * groups..][..groups],
+                columns / groups,
+                &mut row,
+            );
+            for (column, (got, want)) in row.iter().zip(&want[r * columns..][..columns]).enumerate() {
+                assert!(got == want, "weight {weights} [{r}, {column}]: {got:e}, vLLM {want:e}");
+            }
+        }
+        weights += 1;
+    }
+    assert_eq!((tokens, weights), (3, 3), "the golden's cases");
 }

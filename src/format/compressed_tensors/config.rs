@@ -175,12 +175,15 @@ pub struct Int4Args {
     /// with activation order; compressed-tensors 0.20 and vLLM 0.32 no longer load it). `weight`/`static` change
     /// only how GPTQ ran, not the layout.
     pub g_idx: bool,
+    /// W4A8: the group's `input_activations` are FP8 quantized per token at run time ([`is_w4a8_activations`]);
+    /// the weights are the same, the engines compute with them differently ([`crate::quant::w4a8`]).
+    pub fp8_activations: bool,
 }
 
 impl Int4Args {
-    /// squeeze's own layout: symmetric groups of `group_size`, no `g_idx`.
+    /// squeeze's own layout: symmetric groups of `group_size`, no `g_idx`, weights only (W4A16).
     pub fn group(group_size: usize) -> Self {
-        Self { group_size: Some(group_size), symmetric: true, g_idx: false }
+        Self { group_size: Some(group_size), symmetric: true, g_idx: false, fp8_activations: false }
     }
 
     /// The columns one scale covers in a weight of `columns` columns.
@@ -189,10 +192,21 @@ impl Int4Args {
     }
 }
 
+/// FP8 activations quantized per token at run time, symmetric: what vLLM's `_is_fp8_w4a8` (`compressed_tensors.py`)
+/// takes beside INT4 group weights (W4A8).
+pub fn is_w4a8_activations(activations: &Value) -> bool {
+    activations.get("type") == Some(&json!("float"))
+        && activations.get("num_bits") == Some(&json!(8))
+        && activations.get("strategy") == Some(&json!("token"))
+        && activations.get("dynamic") == Some(&json!(true))
+        && activations.get("symmetric") == Some(&json!(true))
+}
+
 /// The INT4 weight arguments of a compressed-tensors `quantization_config` (the first group with 4-bit integer
 /// weights), checked: `Ok(None)` when no group is INT4; an error naming the `config_groups.<group>.weights.<field>`
 /// squeeze does not read (a key compressed-tensors does not define, a strategy other than `group`/`channel`,
-/// dynamic weights, an unknown `actorder` or `scale_dtype`).
+/// dynamic weights, an unknown `actorder` or `scale_dtype`), or `input_activations` other than none (W4A16) and
+/// FP8 per token (W4A8), which the runtime could not emulate.
 pub fn int4_args(config: Option<&Value>) -> Result<Option<Int4Args>, String> {
     let Some(groups) = config
         .and_then(crate::io::composite::quantization_config)
@@ -204,9 +218,21 @@ pub fn int4_args(config: Option<&Value>) -> Result<Option<Int4Args>, String> {
     let found = groups.iter().find_map(|(name, group)| {
         let weights = group.get("weights")?;
         let int = weights.get("type").and_then(Value::as_str).is_none_or(|kind| kind == "int");
-        (weights.get("num_bits")?.as_u64()? == 4 && int).then_some((name, weights))
+        (weights.get("num_bits")?.as_u64()? == 4 && int).then_some((name, group, weights))
     });
-    let Some((name, weights)) = found else { return Ok(None) };
+    let Some((name, group, weights)) = found else { return Ok(None) };
+    let fp8_activations = match group.get("input_activations") {
+        None | Some(Value::Null) => false,
+        Some(activations) if is_w4a8_activations(activations) => true,
+        Some(other) => {
+            return Err(format!(
+                "config.json quantization_config.config_groups.{name}.input_activations: is {other}; squeeze reads \
+                 INT4 weights with unquantized inputs (null: W4A16) or FP8 inputs quantized per token (W4A8: type \
+                 float, num_bits 8, strategy token, dynamic true, symmetric true), and would score any other as \
+                 the engines do not run it"
+            ))
+        }
+    };
     let field = |key: &str| format!("config.json quantization_config.config_groups.{name}.weights.{key}");
     let fix = "squeeze reads compressed-tensors INT4 pack-quantized weights: static, strategy group or channel";
     if let Some(key) =
@@ -287,7 +313,7 @@ pub fn int4_args(config: Option<&Value>) -> Result<Option<Int4Args>, String> {
             ))
         }
     }
-    Ok(Some(Int4Args { group_size, symmetric, g_idx }))
+    Ok(Some(Int4Args { group_size, symmetric, g_idx, fp8_activations }))
 }
 
 #[cfg(test)]
@@ -308,12 +334,18 @@ mod tests {
         // llm-compressor's asymmetric, act-ordered, channel-wise; the strategy inferred as compressed-tensors does.
         let asym = json!({"num_bits": 4, "strategy": "group", "group_size": 128, "symmetric": false,
             "zp_dtype": "torch.int8", "actorder": "weight", "scale_dtype": "torch.float32", "observer_kwargs": {}});
-        assert_eq!(read(asym), Ok(Some(Int4Args { group_size: Some(128), symmetric: false, g_idx: false })));
-        let channel = Int4Args { group_size: None, symmetric: true, g_idx: false };
+        assert_eq!(
+            read(asym),
+            Ok(Some(Int4Args { group_size: Some(128), symmetric: false, g_idx: false, fp8_activations: false }))
+        );
+        let channel = Int4Args { group_size: None, symmetric: true, g_idx: false, fp8_activations: false };
         assert_eq!(read(json!({"num_bits": 4, "strategy": "channel"})), Ok(Some(channel)));
         assert_eq!(read(json!({"num_bits": 4, "group_size": -1})), Ok(Some(channel)));
         let g_idx = read(json!({"num_bits": 4, "group_size": 64, "actorder": "group"}));
-        assert_eq!(g_idx, Ok(Some(Int4Args { group_size: Some(64), symmetric: true, g_idx: true })));
+        assert_eq!(
+            g_idx,
+            Ok(Some(Int4Args { group_size: Some(64), symmetric: true, g_idx: true, fp8_activations: false }))
+        );
         assert_eq!(read(json!({"num_bits": 8, "group_size": 64})), Ok(None));
         let key = "config.json quantization_config.config_groups.group_0.weights";
         for (weights, expected) in [
@@ -331,5 +363,24 @@ mod tests {
             let error = read(weights).unwrap_err();
             assert!(error.starts_with(&expected), "expected `{expected}`, got `{error}`");
         }
+    }
+
+    #[test]
+    fn int4_args_read_w4a8_activations_and_refuse_other_input_quantization() {
+        let with_inputs = |activations: Value| {
+            let weights =
+                json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 128});
+            int4_args(Some(&json!({"quantization_config": {"config_groups": {"group_0": {
+                "targets": ["Linear"], "weights": weights, "input_activations": activations}}}})))
+        };
+        let w4a8 = json!({"num_bits": 8, "type": "float", "symmetric": true, "strategy": "token", "dynamic": true});
+        assert_eq!(with_inputs(w4a8), Ok(Some(Int4Args { fp8_activations: true, ..Int4Args::group(128) })));
+        assert_eq!(with_inputs(Value::Null), Ok(Some(Int4Args::group(128))));
+        let int8 = json!({"num_bits": 8, "type": "int", "symmetric": true, "strategy": "token", "dynamic": true});
+        let error = with_inputs(int8).unwrap_err();
+        assert!(
+            error.starts_with("config.json quantization_config.config_groups.group_0.input_activations: is"),
+            "{error}"
+        );
     }
 }

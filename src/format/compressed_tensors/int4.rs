@@ -389,7 +389,7 @@ mod tests {
             ("weight_shape", Dtype::I64, vec![2], shape_bytes(rows, columns)),
         ]);
         let checkpoint = Checkpoint::open(dir.path()).unwrap();
-        let args = Int4Args { group_size: Some(group), symmetric: false, g_idx: true };
+        let args = Int4Args { group_size: Some(group), symmetric: false, g_idx: true, fp8_activations: false };
         let module = Int4Module::read(&checkpoint, "m", &args).unwrap();
         assert!(!module.is_squeeze_layout());
         let values = module.dequantize();
@@ -432,7 +432,7 @@ mod tests {
         let g_idx = |values: [i32; 8]| {
             ("weight_g_idx", Dtype::I32, vec![columns], values.iter().flat_map(|g| g.to_le_bytes()).collect())
         };
-        let ordered = Int4Args { group_size: Some(group), symmetric: true, g_idx: true };
+        let ordered = Int4Args { group_size: Some(group), symmetric: true, g_idx: true, fp8_activations: false };
         let cases: Vec<(tempfile::TempDir, Int4Args, &str)> = vec![
             (
                 base(vec![g_idx([0, 1, 0, 1, 0, 1, 0, 2])], Dtype::F32),
@@ -447,12 +447,12 @@ mod tests {
             (base(vec![], Dtype::F32), ordered, "m.weight_g_idx: missing"),
             (
                 base(vec![("weight_zero_point", Dtype::I8, vec![rows, 2], vec![0, 3, 9, 0xF8])], Dtype::F32),
-                Int4Args { group_size: Some(group), symmetric: false, g_idx: false },
+                Int4Args { group_size: Some(group), symmetric: false, g_idx: false, fp8_activations: false },
                 "m.weight_zero_point: element 2 (row 1, group 0) is 9, outside the INT4 code range",
             ),
             (
                 base(vec![], Dtype::F32),
-                Int4Args { group_size: Some(group), symmetric: false, g_idx: false },
+                Int4Args { group_size: Some(group), symmetric: false, g_idx: false, fp8_activations: false },
                 "m.weight_zero_point: missing",
             ),
             (

@@ -16,7 +16,10 @@ use crate::io::writer::PlannedTensor;
 use crate::io::Checkpoint;
 use crate::quant::pack::packed_columns;
 
-pub use config::{int4_args, int4_group_size, quantization_config, Fp4Group, Int4Args, Int4Group, QuantizationScheme};
+pub use config::{
+    int4_args, int4_group_size, is_w4a8_activations, quantization_config, Fp4Group, Int4Args, Int4Group,
+    QuantizationScheme,
+};
 pub use fp4::{fp4_modules, fp4_tensors, fused_partner, Fp4Kind, Fp4Layout, Fp4Module};
 pub use int4::{
     check_int4_conventions, check_int4_layout, g_idx_name, read_shape, zero_point_name, Int4Layout, Int4Module,

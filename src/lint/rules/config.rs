@@ -3,6 +3,7 @@
 
 use serde_json::{json, Value};
 
+use crate::format::compressed_tensors::is_w4a8_activations;
 use crate::lint::context::{name_list, Context, Stored};
 use crate::lint::engine::Engine;
 use crate::lint::report::{Finding, Outcome, Status};
@@ -141,16 +142,6 @@ pub fn group_size(context: &Context) -> Option<usize> {
 /// The group sizes the engines' INT4 MoE kernels take.
 pub const GROUP_SIZES: [usize; 3] = [32, 64, 128];
 
-/// FP8 activations quantized per token at run time, symmetric: what vLLM's `_is_fp8_w4a8` (`compressed_tensors.py`)
-/// takes beside INT4 group weights.
-pub fn is_w4a8_activations(activations: &Value) -> bool {
-    activations.get("type") == Some(&json!("float"))
-        && activations.get("num_bits") == Some(&json!(8))
-        && activations.get("strategy") == Some(&json!("token"))
-        && activations.get("dynamic") == Some(&json!(true))
-        && activations.get("symmetric") == Some(&json!(true))
-}
-
 /// The INT4 group's input activations, when they make it W4A8.
 pub fn w4a8_group<'a>(context: &'a Context) -> Option<&'a str> {
     let (group, _) = int4_group_weights(context)?;
@@ -173,6 +164,14 @@ pub fn w4a8_shapes(context: &Context, _: Engine) -> Outcome {
             format!("quantization_config.config_groups.{group}.weights.group_size"),
             format!("is {size:?}: W4A8 MoE needs 128 (\"Only group size 128 supported for W4A8 MoE\")"),
             "requantize with a w4a8-fp8 rule (group 128)",
+        ));
+    }
+    if weights.and_then(|w| w.get("symmetric")) == Some(&Value::Bool(false)) {
+        findings.push(Finding::failed(
+            format!("quantization_config.config_groups.{group}.weights.symmetric"),
+            "is false: W4A8 MoE takes symmetric weights only (\"Only symmetric quantization is supported for W4A8 \
+             MoE\")",
+            "requantize with a w4a8-fp8 rule (symmetric)",
         ));
     }
     let tp = context.tp.max(1);

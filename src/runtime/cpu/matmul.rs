@@ -42,6 +42,17 @@ impl Columns {
 pub fn linear(input: &[f32], rows: usize, weight: &Matrix, bias: Option<&[f32]>) -> Vec<f32> {
     let (features, width) = (weight.rows, weight.columns);
     debug_assert_eq!(input.len(), rows * width);
+    let quantized;
+    let input = if weight.fp8_token_inputs {
+        quantized = {
+            let mut copy = input.to_vec();
+            crate::quant::w4a8::fake_quantize_tokens(&mut copy, width);
+            copy
+        };
+        &quantized[..]
+    } else {
+        input
+    };
     let mut out = vec![0f32; rows * features];
     if rows == 0 || features == 0 {
         return out;

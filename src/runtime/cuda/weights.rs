@@ -50,6 +50,14 @@ impl WeightStore {
         if let Some(weight) = matrix.device_copy(self.key()).and_then(|copy| copy.downcast::<DeviceWeight>().ok()) {
             return Ok(weight);
         }
+        if matrix.fp8_token_inputs {
+            return Err(CudaError::Unsupported {
+                tensor: "linear".into(),
+                problem: "W4A8 weights: the device backend has no FP8 activation quantization yet; run with \
+                          --device cpu"
+                    .into(),
+            });
+        }
         let device = self.device.as_ref();
         let started = Instant::now();
         let fp8 = if matrix.int4.is_none() { matrix.fp8() } else { None };
