@@ -11,12 +11,12 @@
 #
 #   scripts/bench-formats.sh [--ctx 256] [--chunks 8] [--keep DIR] [--model ARCH:DIR]...
 #   SQUEEZE=path/to/squeeze runs that binary instead of building target/release/squeeze.
-# --model adds a model to the three shipped ones, e.g. `--model kimi-k2:DIR` for one trained by
-# `scripts/train-tiny.sh --width 256 DIR` (W4A8's shapes).
+# --model (repeatable) measures the models given instead of the three shipped ones, e.g. `--model kimi-k2:DIR` for one
+# trained by `scripts/train-tiny.sh --width 256 DIR` (W4A8's shapes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ctx=256 chunks=8 keep=""
-models=(kimi-k2:eval/tiny-shakespeare-fp8 glm45:eval/tiny-shakespeare-glm45-fp8 glm5:eval/tiny-shakespeare-glm5-fp8)
+models=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --ctx) ctx="$2"; shift 2 ;;
@@ -30,6 +30,8 @@ if [ -z "${SQUEEZE:-}" ]; then
   cargo build --release --quiet
   SQUEEZE=target/release/squeeze
 fi
+[ ${#models[@]} -gt 0 ] ||
+  models=(kimi-k2:eval/tiny-shakespeare-fp8 glm45:eval/tiny-shakespeare-glm45-fp8 glm5:eval/tiny-shakespeare-glm5-fp8)
 work=${keep:-$(mktemp -d)}
 mkdir -p "$work"
 printf '| model | format | method | mean KLD ± stderr | same top %% | PPL ratio | MLP bytes (routed + shared + dense) |\n'
