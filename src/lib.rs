@@ -16,6 +16,7 @@ pub mod demo_model;
 pub mod engines;
 pub mod eval;
 pub mod format;
+pub mod hex;
 pub mod inspect;
 pub mod io;
 pub mod lint;

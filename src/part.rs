@@ -104,7 +104,7 @@ impl PartIdentity {
             part,
             chunks: [chunks.start, chunks.end],
             total_chunks: all.len(),
-            input_sha256: crate::io::writer::hex(&hasher.finalize()),
+            input_sha256: crate::hex::hex(&hasher.finalize()),
             models: models.iter().map(|checkpoint| checkpoint.fingerprint()).collect(),
         }
     }

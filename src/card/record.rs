@@ -12,8 +12,9 @@ use crate::chunks::EvalInput;
 use crate::convert::calibrated::{CalibrationOptions, CalibrationSet, Method};
 use crate::convert::QuantizeOptions;
 pub use crate::eval::parity::Gates;
+use crate::hex::hex;
 use crate::io::manifest::Manifest;
-use crate::io::writer::{hex, sha256_file};
+use crate::io::writer::sha256_file;
 use crate::io::IoError;
 
 /// The manifest's `card` object.

@@ -114,7 +114,7 @@ pub fn model_dir(text: &str) -> Result<PathBuf, String> {
 
 /// `squeeze report`'s MODEL: an existing path, then a preset name (presets have no `/`), then a repo id.
 pub fn report_model(text: &str) -> Result<String, String> {
-    if Path::new(text).exists() || crate::report::presets::config_text(text).is_some() {
+    if Path::new(text).exists() || crate::model::presets::config_text(text).is_some() {
         return Ok(text.into());
     }
     model_dir(text)?.into_os_string().into_string().map_err(|path| {

@@ -267,7 +267,7 @@ impl CalibrationSet {
                 hasher.update(id.to_le_bytes());
             }
         }
-        Ok(Self { sequences, digest: crate::io::writer::hex(&hasher.finalize()), warnings })
+        Ok(Self { sequences, digest: crate::hex::hex(&hasher.finalize()), warnings })
     }
 }
 

@@ -3,7 +3,6 @@
 
 pub mod activation_pass;
 pub mod calibrated;
-pub mod device_quantize;
 pub mod engine_check;
 pub mod execute;
 pub mod expert_spill;

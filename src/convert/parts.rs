@@ -63,7 +63,7 @@ pub fn source_identity(checkpoint: &Checkpoint, fingerprint: &str) -> Result<Str
             hasher.update(&buffer[..length]);
         }
     }
-    Ok(crate::io::writer::hex(&hasher.finalize()))
+    Ok(crate::hex::hex(&hasher.finalize()))
 }
 
 /// The flags of a part that decide its output bytes; every part of one conversion must have run with the same.

@@ -260,7 +260,7 @@ impl Plan {
                 hasher.update(format!("{}|{}|{:?};", tensor.name, tensor.dtype, tensor.shape));
             }
         }
-        crate::io::writer::hex(&hasher.finalize())
+        crate::hex::hex(&hasher.finalize())
     }
 
     pub fn count(&self, predicate: impl Fn(&Action) -> bool) -> usize {

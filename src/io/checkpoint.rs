@@ -219,7 +219,7 @@ impl Checkpoint {
                 hasher.update(format!("{name}|{}|{:?}|{}|{};", entry.dtype, entry.shape, entry.start, entry.end));
             }
         }
-        super::writer::hex(&hasher.finalize())
+        crate::hex::hex(&hasher.finalize())
     }
 
     /// Bytes of all shard files.

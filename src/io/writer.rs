@@ -140,7 +140,7 @@ impl ShardWriter {
             return Err(IoError::file(&temporary, source));
         }
         let file = self.path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-        Ok(FinishedShard { file, bytes: self.written, sha256: hex(&self.hasher.finalize()) })
+        Ok(FinishedShard { file, bytes: self.written, sha256: crate::hex::hex(&self.hasher.finalize()) })
     }
 
     /// Removes the temporary file after a failure.
@@ -150,11 +150,6 @@ impl ShardWriter {
         super::interrupt::unregister_temporary(&temporary);
         let _ = fs::remove_file(temporary);
     }
-}
-
-/// Lower-case hex of a digest.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// SHA-256 of a file, read in large blocks.
@@ -172,7 +167,7 @@ pub fn sha256_file(path: &Path) -> Result<(u64, String), IoError> {
         total += read as u64;
         hasher.update(&buffer[..read]);
     }
-    Ok((total, hex(&hasher.finalize())))
+    Ok((total, crate::hex::hex(&hasher.finalize())))
 }
 
 mod dtype_serde {

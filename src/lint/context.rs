@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::matching::{module_name, PatternList};
 use super::output::{OutputDescription, TensorFacts};
 use super::report::Finding;
+use crate::format::compressed_tensors::matching::{module_name, PatternList};
 use crate::io::dtype::Dtype;
 
 /// How a linear module's weight is stored.

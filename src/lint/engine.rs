@@ -15,8 +15,8 @@ pub fn default_tp(config: &Value) -> usize {
         Some((json.get("hidden_size")?.as_u64()?, json.get("moe_intermediate_size")?.as_u64()?))
     };
     let Some(model) = shape(config) else { return 1 };
-    let real = crate::report::presets::names().into_iter().any(|name| {
-        crate::report::presets::config_text(name)
+    let real = crate::model::presets::names().into_iter().any(|name| {
+        crate::model::presets::config_text(name)
             .and_then(|text| serde_json::from_str::<Value>(text).ok())
             .and_then(|preset| shape(&preset))
             == Some(model)

@@ -5,7 +5,6 @@ pub mod context;
 pub mod engine;
 pub mod fixes;
 pub mod indexer_schedule;
-pub mod matching;
 pub mod output;
 pub mod report;
 pub mod rules;

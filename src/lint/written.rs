@@ -5,8 +5,8 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use serde_json::Value;
 
-use super::matching::module_name;
 use super::output::{OutputDescription, TensorFacts, Values};
+use crate::format::compressed_tensors::matching::module_name;
 use crate::io::dtype::{integers, Dtype};
 use crate::io::{Checkpoint, TensorRef};
 

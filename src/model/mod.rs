@@ -1,8 +1,9 @@
 //! Model knowledge: `config.json` parsing, the tensors each architecture has, checkpoints checked against them,
-//! and tensor classes.
+//! tensor classes, and the built-in presets (public `config.json`s for `report`).
 
 pub mod arch;
 pub mod config;
+pub mod presets;
 pub mod tensor_class;
 pub mod tokenizer;
 pub mod validate;

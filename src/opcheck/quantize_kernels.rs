@@ -7,12 +7,12 @@ use std::time::Instant;
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::convert::device_quantize::{
-    dequantize_fp8, launch_int4, quantize_int4, Fp8Tensor, Int4Buffers, Int4Output, Int4Settings, Source,
-};
 use crate::quant::fp8_block::{dequantize_row, BlockGrid};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{int4, pack};
+use crate::runtime::cuda::int4_quantize::{
+    dequantize_fp8, launch_int4, quantize_int4, Fp8Tensor, Int4Buffers, Int4Output, Int4Settings, Source,
+};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 
 use super::SelftestRow;

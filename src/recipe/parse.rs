@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::builtin::{builtin, ALIASES, BUILTIN_NAMES};
+use crate::format::compressed_tensors::matching::PatternList;
 use crate::format::compressed_tensors::Fp4Kind;
-use crate::lint::matching::PatternList;
 use crate::quant::ScaleRule;
 
 /// What a rule does to the tensors it selects.
@@ -290,7 +290,7 @@ impl Recipe {
 
     /// SHA-256 of the canonical text.
     pub fn sha256(&self) -> String {
-        crate::io::writer::hex(&Sha256::digest(self.canonical_text().as_bytes()))
+        crate::hex::hex(&Sha256::digest(self.canonical_text().as_bytes()))
     }
 
     /// Whether a module name is covered by a `config_ignore` entry, matched as the engines match `ignore`

@@ -159,7 +159,7 @@ mod tests {
 
     fn kimi() -> ModelConfig {
         let json: serde_json::Value =
-            serde_json::from_str(crate::report::presets::config_text("kimi-k2").unwrap()).unwrap();
+            serde_json::from_str(crate::model::presets::config_text("kimi-k2").unwrap()).unwrap();
         ModelConfig::from_json(&json).unwrap()
     }
 

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::error::ReportError;
-use super::presets;
 use crate::io::checkpoint::{read_json, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
+use crate::model::presets;
 
 /// Where the report's numbers come from.
 #[derive(Debug, Clone)]

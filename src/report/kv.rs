@@ -68,7 +68,7 @@ mod tests {
     use super::*;
 
     fn config_from(text: &str) -> ModelConfig {
-        let json: serde_json::Value = serde_json::from_str(crate::report::presets::config_text(text).unwrap()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(crate::model::presets::config_text(text).unwrap()).unwrap();
         ModelConfig::from_json(&json).unwrap()
     }
 

@@ -8,7 +8,6 @@ mod error;
 pub mod gpu;
 pub mod input;
 pub mod kv;
-pub mod presets;
 pub mod requantization;
 pub mod size;
 

@@ -135,7 +135,7 @@ mod tests {
 
     fn sizes(preset: &str, recipe: &str) -> Sizes {
         let json: serde_json::Value =
-            serde_json::from_str(crate::report::presets::config_text(preset).unwrap()).unwrap();
+            serde_json::from_str(crate::model::presets::config_text(preset).unwrap()).unwrap();
         let config = ModelConfig::from_json(&json).unwrap();
         let recipe = Recipe::load(recipe).unwrap();
         let plan =

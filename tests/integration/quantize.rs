@@ -501,7 +501,7 @@ fn disk_full_is_reported_and_leaves_nothing_complete() {
     assert!(!out.join("model-00001-of-00001.safetensors").exists(), "{stderr}");
 }
 
-/// `--device emulated` runs the quantize command's device path (src/convert/device_quantize.rs, the kernels of
+/// `--device emulated` runs the quantize command's device path (src/runtime/cuda/int4_quantize.rs, the kernels of
 /// kernels/int4_quantize.cu on the emulated device); every file it writes is byte-identical to `--device cpu`'s, for
 /// every scale rule. Group 32 (registers) and group 48 (`gany`, re-read) both go through the kernels.
 #[test]

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod fp4;
 pub mod int4;
+pub mod matching;
 
 use crate::io::dtype::Dtype;
 use crate::io::writer::PlannedTensor;

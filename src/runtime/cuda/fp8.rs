@@ -1,6 +1,6 @@
 //! Block-FP8 dequantization on the device (kernels/fp8_dequant.cu): the one launch of `fp8_block_dequant_f32` /
 //! `_bf16`, shared by the runtime's FP8 weight uploads ([`super::weights`]) and the quantize command's device path
-//! (`src/convert/device_quantize.rs`).
+//! (`src/runtime/cuda/int4_quantize.rs`).
 
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 

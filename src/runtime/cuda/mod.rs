@@ -14,6 +14,7 @@ mod checks;
 pub mod experts;
 pub mod fp8;
 pub mod indexer;
+pub mod int4_quantize;
 pub mod linear;
 pub mod norm;
 pub mod paged;

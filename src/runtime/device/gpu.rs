@@ -232,7 +232,7 @@ impl Device for Gpu {
             block_dim: (shape.block[0], shape.block[1], shape.block[2]),
             shared_mem_bytes: 0,
         };
-        // SAFETY: every launch wrapper (src/runtime/cuda, src/convert/device_quantize.rs) passes the argument kinds of
+        // SAFETY: every launch wrapper (src/runtime/cuda, src/runtime/cuda/int4_quantize.rs) passes the argument kinds of
         // the kernel's C signature (checked against the emulated device, which rejects a mismatch) and buffers sized
         // for the shape.
         unsafe { builder.launch(config) }.map_err(driver("cuLaunchKernel")).map(|_| ())

@@ -3,8 +3,8 @@
 //! order; byte-identical to the CPU path. Launch parameters are those of kernels/int4_quantize.cu and
 //! kernels/fp8_dequant.cu (256 threads per block, one group or element per thread).
 
+use super::fp8::{self, Fp8OnDevice};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
-use crate::runtime::cuda::fp8::{self, Fp8OnDevice};
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 /// Threads per block of every kernel (the kernels declare `__launch_bounds__(256)`).

@@ -4,11 +4,11 @@
 
 /// Preset name and its `config.json` text.
 const PRESETS: [(&str, &str); 5] = [
-    ("kimi-k2", include_str!("../model/presets/kimi-k2.json")),
-    ("kimi-k2.6", include_str!("../model/presets/kimi-k2.6.json")),
-    ("glm-5", include_str!("../model/presets/glm-5.json")),
-    ("glm-5.2", include_str!("../model/presets/glm-5.2.json")),
-    ("glm-4.5", include_str!("../model/presets/glm-4.5.json")),
+    ("kimi-k2", include_str!("presets/kimi-k2.json")),
+    ("kimi-k2.6", include_str!("presets/kimi-k2.6.json")),
+    ("glm-5", include_str!("presets/glm-5.json")),
+    ("glm-5.2", include_str!("presets/glm-5.2.json")),
+    ("glm-4.5", include_str!("presets/glm-4.5.json")),
 ];
 
 /// The preset names, in the order the help and the errors list them.
