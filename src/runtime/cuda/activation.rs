@@ -4,6 +4,7 @@ use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use crate::runtime::tensor::Tensor;
 
+use super::checks::unsupported;
 use super::tensor::{alloc, buffer};
 use super::CudaBackend;
 
@@ -13,10 +14,7 @@ const THREADS: u32 = 256;
 /// `silu(gate) · up`, elementwise.
 pub fn silu_mul(backend: &CudaBackend, gate: &Tensor, up: &Tensor) -> Result<Tensor, CudaError> {
     if gate.len() != up.len() {
-        return Err(CudaError::Unsupported {
-            tensor: "silu_mul".into(),
-            problem: format!("gate has {} values, up {}", gate.len(), up.len()),
-        });
+        return Err(unsupported("silu_mul", format!("gate has {} values, up {}", gate.len(), up.len())));
     }
     let device = backend.device();
     let out = alloc(device, gate.rows(), gate.columns())?;
@@ -35,10 +33,10 @@ pub fn silu_mul_f32(
     let need = count * 4;
     for (what, buffer) in [("gate", gate), ("up", up), ("out", out)] {
         if buffer.bytes() < need {
-            return Err(CudaError::Unsupported {
-                tensor: "silu_mul_f32".into(),
-                problem: format!("{what} buffer has {} bytes, needs {need}", buffer.bytes()),
-            });
+            return Err(unsupported(
+                "silu_mul_f32",
+                format!("{what} buffer has {} bytes, needs {need}", buffer.bytes()),
+            ));
         }
     }
     if count == 0 {

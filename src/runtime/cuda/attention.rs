@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use crate::runtime::tensor::Tensor;
 
+use super::checks::unsupported;
 use super::tensor::{alloc, buffer, sequence_inputs};
 use super::CudaBackend;
 
@@ -18,23 +19,26 @@ const PAIRS_PER_BLOCK: usize = 4;
 pub const MAX_QK_DIM: usize = 1024;
 pub const MAX_V_DIM: usize = 512;
 
-fn unsupported(problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: "attention".into(), problem }
-}
-
 /// Checks what the kernel supports: grouping, head widths, the int range of its indices.
 pub fn check_shape(shape: &AttentionShape) -> Result<(), CudaError> {
     let AttentionShape { tokens, heads, kv_heads, qk_dim, v_dim, .. } = *shape;
     if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-        return Err(unsupported(format!("{heads} query heads cannot be grouped over {kv_heads} key/value heads")));
+        return Err(unsupported(
+            "attention",
+            format!("{heads} query heads cannot be grouped over {kv_heads} key/value heads"),
+        ));
     }
     if qk_dim == 0 || qk_dim > MAX_QK_DIM || v_dim == 0 || v_dim > MAX_V_DIM {
-        return Err(unsupported(format!(
-            "head widths qk {qk_dim} / v {v_dim}: the kernel supports 1..={MAX_QK_DIM} / 1..={MAX_V_DIM}"
-        )));
+        return Err(unsupported(
+            "attention",
+            format!("head widths qk {qk_dim} / v {v_dim}: the kernel supports 1..={MAX_QK_DIM} / 1..={MAX_V_DIM}"),
+        ));
     }
     if tokens.saturating_mul(heads) > i32::MAX as usize {
-        return Err(unsupported(format!("{tokens} tokens × {heads} heads exceed the kernel's 32-bit indices")));
+        return Err(unsupported(
+            "attention",
+            format!("{tokens} tokens × {heads} heads exceed the kernel's 32-bit indices"),
+        ));
     }
     Ok(())
 }
@@ -103,11 +107,10 @@ pub fn causal(
     let widths = [("q", q, heads * qk_dim), ("k", k, kv_heads * qk_dim), ("v", v, kv_heads * v_dim)];
     sequence_inputs("attention", &widths, &rows, tokens)?;
     if let Some(mask) = allowed.filter(|mask| mask.len() != tokens * tokens) {
-        return Err(unsupported(format!(
-            "the mask has {} cells, {tokens} tokens need {}",
-            mask.len(),
-            tokens * tokens
-        )));
+        return Err(unsupported(
+            "attention",
+            format!("the mask has {} cells, {tokens} tokens need {}", mask.len(), tokens * tokens),
+        ));
     }
     let device = backend.device();
     let out = alloc(device, tokens, heads * v_dim)?;

@@ -17,13 +17,10 @@ use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 use crate::runtime::tensor::Tensor;
 
 use super::activation::silu_mul_f32;
+use super::checks::unsupported;
 use super::linear::{dense_bf16, linear_bf16_pair, linear_f32, w4a16_grouped, GroupedInt4, Segments};
 use super::tensor::{accumulate_rows, alloc, buffer, gather_rows, DecisionPack};
 use super::{CudaBackend, DeviceWeight};
-
-fn unsupported(problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: "routed_experts".into(), problem }
-}
 
 /// [`crate::runtime::Backend::routed_experts`] on the device.
 pub fn routed_experts(
@@ -36,7 +33,8 @@ pub fn routed_experts(
     let Some(first) = active.first() else { return Ok(()) };
     if active.iter().any(|expert| expert.inputs != ExpertInputs::Exact) {
         return Err(unsupported(
-            "W4A4 NVFP4 experts: the device backend has no activation quantization yet; run with --device cpu".into(),
+            "routed_experts",
+            "W4A4 NVFP4 experts: the device backend has no activation quantization yet; run with --device cpu",
         ));
     }
     let (hidden, inner) = (x.columns(), first.gate.rows);
@@ -56,24 +54,33 @@ pub fn routed_experts(
 fn check(x: &Tensor, inner: usize, experts: &[&RoutedExpert], output: &Tensor) -> Result<(), CudaError> {
     let (hidden, tokens) = (x.columns(), x.rows());
     if hidden == 0 || inner == 0 || output.rows() != tokens || output.columns() != hidden {
-        return Err(unsupported(format!(
-            "x is {tokens}×{hidden} and output {}×{}, expected equal shapes (inner {inner})",
-            output.rows(),
-            output.columns()
-        )));
+        return Err(unsupported(
+            "routed_experts",
+            format!(
+                "x is {tokens}×{hidden} and output {}×{}, expected equal shapes (inner {inner})",
+                output.rows(),
+                output.columns()
+            ),
+        ));
     }
     for (index, expert) in experts.iter().enumerate() {
         let shapes = [(expert.gate, inner, hidden), (expert.up, inner, hidden), (expert.down, hidden, inner)];
         if let Some((matrix, rows, columns)) =
             shapes.into_iter().find(|(m, rows, columns)| m.rows != *rows || m.columns != *columns)
         {
-            return Err(unsupported(format!(
-                "expert {index} of the batch has a {}×{} matrix, expected {rows}×{columns}",
-                matrix.rows, matrix.columns
-            )));
+            return Err(unsupported(
+                "routed_experts",
+                format!(
+                    "expert {index} of the batch has a {}×{} matrix, expected {rows}×{columns}",
+                    matrix.rows, matrix.columns
+                ),
+            ));
         }
         if let Some(&(token, _)) = expert.tokens.iter().find(|(token, _)| *token >= tokens) {
-            return Err(unsupported(format!("expert {index} of the batch names token {token} of {tokens}")));
+            return Err(unsupported(
+                "routed_experts",
+                format!("expert {index} of the batch names token {token} of {tokens}"),
+            ));
         }
     }
     Ok(())
@@ -136,7 +143,7 @@ fn concatenate<'a>(
         match weight.as_ref() {
             DeviceWeight::Int4 { packed, scales, .. } => parts.push((packed, scales)),
             DeviceWeight::Dense(_) | DeviceWeight::Bf16(_) | DeviceWeight::Bf16Pair(_) => {
-                return Err(unsupported("an expert of an INT4 batch has no INT4 form".into()))
+                return Err(unsupported("routed_experts", "an expert of an INT4 batch has no INT4 form"))
             }
         }
     }
@@ -170,10 +177,9 @@ fn grouped(
     let mut end = 0usize;
     for expert in experts {
         end += expert.tokens.len();
-        segment_start.push(
-            i32::try_from(end)
-                .map_err(|_| unsupported(format!("{rows} routed rows do not fit a 32-bit kernel index")))?,
-        );
+        segment_start.push(i32::try_from(end).map_err(|_| {
+            unsupported("routed_experts", format!("{rows} routed rows do not fit a 32-bit kernel index"))
+        })?);
     }
     let segment_expert: Vec<i32> = (0..experts.len() as i32).collect();
 
@@ -240,7 +246,9 @@ impl DenseWeight {
                 DeviceWeight::Dense(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),
                 DeviceWeight::Bf16(w) => dense_bf16(device, x, w, None, y, rows, in_features, out_features),
                 DeviceWeight::Bf16Pair(w) => linear_bf16_pair(device, x, w, None, y, rows, in_features, out_features),
-                DeviceWeight::Int4 { .. } => Err(unsupported("a dense expert weight is cached packed".into())),
+                DeviceWeight::Int4 { .. } => {
+                    Err(unsupported("routed_experts", "a dense expert weight is cached packed"))
+                }
             },
             DenseWeight::Owned(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),
         }

@@ -2,6 +2,7 @@
 //! `_bf16`, shared by the runtime's FP8 weight uploads ([`super::weights`]) and the quantize command's device path
 //! (`src/runtime/cuda/int4_quantize.rs`).
 
+use super::checks::unsupported;
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 const THREADS: u32 = 256;
@@ -26,14 +27,10 @@ pub fn dequantize(device: &dyn Device, tensor: &Fp8OnDevice, out: &DeviceBuffer,
     let elements = tensor.rows * tensor.columns;
     let need = elements * if bf16 { 2 } else { 4 };
     if out.bytes() < need || tensor.codes.bytes() < elements {
-        return Err(CudaError::Unsupported {
-            tensor: "fp8_block_dequant".into(),
-            problem: format!(
-                "buffers of {} code and {} output bytes for {elements} values",
-                tensor.codes.bytes(),
-                out.bytes()
-            ),
-        });
+        return Err(unsupported(
+            "fp8_block_dequant",
+            format!("buffers of {} code and {} output bytes for {elements} values", tensor.codes.bytes(), out.bytes()),
+        ));
     }
     let kernel = if bf16 { "fp8_block_dequant_bf16" } else { "fp8_block_dequant_f32" };
     let args = [

@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use crate::runtime::tensor::Tensor;
 
+use super::checks::unsupported;
 use super::paged::{DecodeBatch, DevicePool};
 use super::tensor::{alloc, buffer, download_decisions, row_range, sequence_inputs, words};
 use super::CudaBackend;
@@ -21,24 +22,23 @@ pub const MAX_QUERY_WIDTH: usize = 4096;
 /// Head weights held in shared memory (the kernel's `kIndexerMaxHeads`).
 pub const MAX_HEADS: usize = 128;
 
-fn unsupported(problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: "indexer_top_k".into(), problem }
-}
-
 /// Checks what the kernels support.
 pub fn check(shape: &IndexerShape) -> Result<(), CudaError> {
     let IndexerShape { tokens, heads, head_dim, top_k } = *shape;
     if heads == 0 || heads > MAX_HEADS || head_dim == 0 || heads * head_dim > MAX_QUERY_WIDTH {
-        return Err(unsupported(format!(
-            "{heads} heads of dimension {head_dim}; the indexer kernels take up to {MAX_HEADS} heads and \
+        return Err(unsupported(
+            "indexer_top_k",
+            format!(
+                "{heads} heads of dimension {head_dim}; the indexer kernels take up to {MAX_HEADS} heads and \
              {MAX_QUERY_WIDTH} query values"
-        )));
+            ),
+        ));
     }
     if top_k == 0 {
-        return Err(unsupported("top-k 0 keeps no key".into()));
+        return Err(unsupported("indexer_top_k", "top-k 0 keeps no key"));
     }
     if tokens.checked_mul(tokens).is_none_or(|cells| cells > i64::MAX as usize / 4) || tokens > i32::MAX as usize {
-        return Err(unsupported(format!("{tokens} tokens overflow the score matrix")));
+        return Err(unsupported("indexer_top_k", format!("{tokens} tokens overflow the score matrix")));
     }
     Ok(())
 }
@@ -164,10 +164,13 @@ pub fn paged_select(
     let requests = batch.requests;
     let aux_shape = aux.shape();
     if aux_shape.row_width != head_dim || layer >= aux_shape.layers {
-        return Err(unsupported(format!(
-            "layer {layer}'s cached keys are {} wide in a {}-layer pool; the indexer's are {head_dim}",
-            aux_shape.row_width, aux_shape.layers
-        )));
+        return Err(unsupported(
+            "indexer_top_k",
+            format!(
+                "layer {layer}'s cached keys are {} wide in a {}-layer pool; the indexer's are {head_dim}",
+                aux_shape.row_width, aux_shape.layers
+            ),
+        ));
     }
     let widths = [("q", q, heads * head_dim), ("head weights", head_weights, heads)];
     sequence_inputs("paged indexer", &widths, &(0..requests), requests)?;

@@ -3,6 +3,7 @@
 //! order; byte-identical to the CPU path. Launch parameters are those of kernels/int4_quantize.cu and
 //! kernels/fp8_dequant.cu (256 threads per block, one group or element per thread).
 
+use super::checks::unsupported;
 use super::fp8::{self, Fp8OnDevice};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
@@ -119,18 +120,13 @@ fn int4_kernel(fp8: bool, group_size: usize) -> String {
 /// Checks what the INT4 kernels assume: `group_size % 8 == 0` (whole words per group) and whole groups per row.
 pub fn check_int4_shape(tensor: &str, columns: usize, group_size: usize) -> Result<(), CudaError> {
     if group_size == 0 || !group_size.is_multiple_of(8) {
-        return Err(CudaError::Unsupported {
-            tensor: tensor.to_string(),
-            problem: format!(
-                "group size {group_size} is not a multiple of 8; the GPU kernels pack whole words per group"
-            ),
-        });
+        return Err(unsupported(
+            tensor,
+            format!("group size {group_size} is not a multiple of 8; the GPU kernels pack whole words per group"),
+        ));
     }
     if !columns.is_multiple_of(group_size) {
-        return Err(CudaError::Unsupported {
-            tensor: tensor.to_string(),
-            problem: format!("{columns} columns are not a whole number of groups of {group_size}"),
-        });
+        return Err(unsupported(tensor, format!("{columns} columns are not a whole number of groups of {group_size}")));
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, GemmBf16, Lau
 
 use crate::runtime::tensor::Tensor;
 
+use super::checks::unsupported;
 use super::tensor::{alloc, buffer};
 use super::{CudaBackend, DeviceWeight};
 
@@ -26,10 +27,6 @@ const ROW_TILE: usize = 16;
 pub const GEMM_MIN_ROWS: usize = 2 * ROW_TILE;
 /// Grid-stride kernels (split, join) launch at most this many blocks.
 const MAX_BLOCKS: usize = 1 << 16;
-
-fn unsupported(tensor: &str, problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: tensor.into(), problem }
-}
 
 /// `value` as a kernel `int`.
 fn int(tensor: &str, what: &str, value: usize) -> Result<i32, CudaError> {
@@ -106,7 +103,7 @@ pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&
         None => None,
         Some(DeviceWeight::Dense(buffer)) => Some(buffer),
         Some(DeviceWeight::Int4 { .. } | DeviceWeight::Bf16(_) | DeviceWeight::Bf16Pair(_)) => {
-            return Err(unsupported("linear", "the bias is not an f32 parameter".into()))
+            return Err(unsupported("linear", "the bias is not an f32 parameter"))
         }
     };
     let (x, y_buffer) = (buffer(x)?, buffer(&y)?);

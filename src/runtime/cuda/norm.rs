@@ -5,15 +5,12 @@ use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 use crate::runtime::backend::Matrix;
 use crate::runtime::tensor::Tensor;
 
+use super::checks::unsupported;
 use super::tensor::buffer;
 use super::{CudaBackend, DeviceWeight};
 
 /// Threads per block: one block per row.
 const THREADS: u32 = 256;
-
-fn unsupported(tensor: &str, problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: tensor.into(), problem }
-}
 
 /// Rows of `values` values of `width`, checked against the parameter vectors' lengths.
 fn rows_of(tensor: &str, values: usize, width: usize, parameters: &[(&str, usize)]) -> Result<usize, CudaError> {
@@ -83,7 +80,7 @@ fn parameter(backend: &CudaBackend, vector: &Matrix) -> Result<std::sync::Arc<De
     match weight.as_ref() {
         DeviceWeight::Dense(_) => Ok(weight),
         DeviceWeight::Int4 { .. } | DeviceWeight::Bf16(_) | DeviceWeight::Bf16Pair(_) => {
-            Err(unsupported("norm", "a norm parameter is not held as f32".into()))
+            Err(unsupported("norm", "a norm parameter is not held as f32"))
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PageTag, PoolShape, RequestId};
 
 use super::checks::buffers_hold;
+use super::checks::unsupported;
 
 pub const TAG_WORDS: usize = 8;
 pub const REQUEST_WORDS: usize = 8;
@@ -31,10 +32,6 @@ pub const MAX_V_DIM: usize = 512;
 /// Keys one split aims at, and the most splits per request, when the plan is derived from the context.
 const KEYS_PER_SPLIT: usize = 512;
 const MAX_SPLITS: usize = 64;
-
-fn unsupported(tensor: &str, problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: tensor.into(), problem }
-}
 
 fn dtype_code(dtype: KvDtype) -> i32 {
     match dtype {

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use super::checks::unsupported;
 use super::indexer;
 use super::paged::{self, AllowedKeys, DecodeBatch, DecodeRequest, DevicePool};
 use super::tensor::{alloc, buffer};
@@ -44,10 +45,6 @@ fn device_key(backend: &CudaBackend) -> usize {
     Arc::as_ptr(&backend.device) as *const () as usize
 }
 
-fn unsupported(problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: "kv pool".into(), problem }
-}
-
 /// The pool's device pages with the host's tags, made on first use (taken out of the pool; give them back with
 /// `pool.keep_resident`).
 fn resident(backend: &CudaBackend, pool: &mut KvPool) -> Result<ResidentPool, CudaError> {
@@ -64,7 +61,8 @@ fn resident(backend: &CudaBackend, pool: &mut KvPool) -> Result<ResidentPool, Cu
     let Some(mut kept) = kept else {
         if pool.page_data().is_some() {
             return Err(unsupported(
-                "the pool's rows were written on the host; write a pool's rows through one backend".into(),
+                "kv pool",
+                "the pool's rows were written on the host; write a pool's rows through one backend",
             ));
         }
         let aux = (shape.aux_width > 0)
@@ -89,9 +87,9 @@ fn resident(backend: &CudaBackend, pool: &mut KvPool) -> Result<ResidentPool, Cu
     };
     if kept.writes != pool.writes() {
         return Err(unsupported(
+            "kv pool",
             "rows were written into the pool's host pages after the device took its own; write a pool's rows \
-             through one backend"
-                .into(),
+             through one backend",
         ));
     }
     if kept.tag_version != pool.tag_version() {
@@ -195,8 +193,10 @@ fn decode_with(
     let cached = resident.batch.as_ref().expect("a batch was just cached");
     let selected = match step.keys {
         Some(KeyChoice::Select { q, head_weights, heads, dim, top_k }) => {
-            let aux =
-                resident.aux.as_ref().ok_or_else(|| unsupported("a DSA selection needs the pool's aux keys".into()))?;
+            let aux = resident
+                .aux
+                .as_ref()
+                .ok_or_else(|| unsupported("kv pool", "a DSA selection needs the pool's aux keys"))?;
             let shape = IndexerShape { tokens: count, heads, head_dim: dim, top_k };
             let stride = step.key_columns();
             Some(indexer::paged_select(backend, aux, step.layer, &cached.batch, (q, head_weights), &shape, stride)?)

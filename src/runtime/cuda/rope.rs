@@ -8,6 +8,7 @@ use std::ops::Range;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
 
+use super::checks::unsupported;
 use super::tensor::buffer;
 use super::{CudaBackend, DeviceWeight};
 
@@ -30,28 +31,33 @@ pub struct RopeShape {
     pub style: RopeStyle,
 }
 
-fn unsupported(problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: "rope".into(), problem }
-}
-
 impl RopeShape {
     /// Checks the shape; the values `data` and each table must hold.
     fn check(&self) -> Result<(usize, usize), CudaError> {
         let RopeShape { tokens, row_width, head_dim, offset, rotary_dim, .. } = *self;
         if head_dim == 0 || !row_width.is_multiple_of(head_dim) {
-            return Err(unsupported(format!("row width {row_width} is not a whole number of heads of {head_dim}")));
+            return Err(unsupported(
+                "rope",
+                format!("row width {row_width} is not a whole number of heads of {head_dim}"),
+            ));
         }
         if !rotary_dim.is_multiple_of(2) || rotary_dim > MAX_ROTARY_DIM {
-            return Err(unsupported(format!("rotary dim {rotary_dim} must be even and at most {MAX_ROTARY_DIM}")));
+            return Err(unsupported(
+                "rope",
+                format!("rotary dim {rotary_dim} must be even and at most {MAX_ROTARY_DIM}"),
+            ));
         }
         if offset + rotary_dim > head_dim {
-            return Err(unsupported(format!(
-                "rotary slice {offset}..{} runs past the head dim {head_dim}",
-                offset + rotary_dim
-            )));
+            return Err(unsupported(
+                "rope",
+                format!("rotary slice {offset}..{} runs past the head dim {head_dim}", offset + rotary_dim),
+            ));
         }
         if i32::try_from(tokens * row_width).is_err() {
-            return Err(unsupported(format!("{tokens} tokens × {row_width} values exceed 32-bit kernel indices")));
+            return Err(unsupported(
+                "rope",
+                format!("{tokens} tokens × {row_width} values exceed 32-bit kernel indices"),
+            ));
         }
         Ok((tokens * row_width, tokens * rotary_dim / 2))
     }
@@ -70,14 +76,14 @@ pub fn rope_f32(
     let (values, table) = shape.check()?;
     let (values, table) = (data_offset + values, table_offset + table);
     if data.bytes() < values * 4 || cos.bytes() < table * 4 || sin.bytes() < table * 4 {
-        return Err(unsupported(format!("a buffer is smaller than {values} values or tables of {table}")));
+        return Err(unsupported("rope", format!("a buffer is smaller than {values} values or tables of {table}")));
     }
     let items = shape.tokens * (shape.row_width / shape.head_dim);
     if items == 0 || shape.rotary_dim == 0 {
         return Ok(());
     }
     let blocks = u32::try_from(items.div_ceil(HEADS_PER_BLOCK))
-        .map_err(|_| unsupported(format!("{items} heads exceed the grid")))?;
+        .map_err(|_| unsupported("rope", format!("{items} heads exceed the grid")))?;
     let style = match shape.style {
         RopeStyle::Interleaved => 0,
         RopeStyle::Half => 1,
@@ -116,7 +122,7 @@ pub fn apply(
     let (_, needed) = shape.check()?;
     let half = table.cos.columns;
     if rows.end > x.rows() || (first_position + rows.len()) * half > table.cos.values().len() || rotary_dim / 2 > half {
-        return Err(unsupported(format!(
+        return Err(unsupported("rope", format!(
             "rows {rows:?} of {} at position {first_position} run past the tensor or the {}-position table (needs {needed})",
             x.rows(),
             table.positions
@@ -127,7 +133,7 @@ pub fn apply(
     }
     let (cos, sin) = (backend.weight(&table.cos)?, backend.weight(&table.sin)?);
     let (DeviceWeight::Dense(cos), DeviceWeight::Dense(sin)) = (cos.as_ref(), sin.as_ref()) else {
-        return Err(unsupported("the RoPE table is not dense".into()));
+        return Err(unsupported("rope", "the RoPE table is not dense"));
     };
     rope_f32(backend.device(), (buffer(x)?, rows.start * row_width), (cos, sin, first_position * half), &shape)
 }

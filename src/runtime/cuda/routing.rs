@@ -8,6 +8,7 @@ use super::checks::buffers_hold;
 use crate::runtime::backend::Matrix;
 use crate::runtime::tensor::Tensor;
 
+use super::checks::unsupported;
 use super::tensor::{buffer, download_decisions, words};
 use super::{CudaBackend, DeviceWeight};
 
@@ -20,30 +21,29 @@ pub const MAX_GROUPS: usize = 32;
 /// Chosen experts are held one per lane.
 pub const MAX_TOP_K: usize = 32;
 
-fn unsupported(problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: "route".into(), problem }
-}
-
 /// Checks what the kernel supports.
 pub fn check(tokens: usize, shape: &RoutingShape) -> Result<(), CudaError> {
     let RoutingShape { experts, top_k, groups, .. } = *shape;
     if experts == 0 || experts > MAX_EXPERTS {
-        return Err(unsupported(format!("{experts} experts; the routing kernel takes 1 to {MAX_EXPERTS}")));
+        return Err(unsupported("route", format!("{experts} experts; the routing kernel takes 1 to {MAX_EXPERTS}")));
     }
     if top_k == 0 || top_k > experts.min(MAX_TOP_K) {
-        return Err(unsupported(format!(
-            "top-k {top_k} of {experts} experts; the routing kernel takes 1 to {}",
-            experts.min(MAX_TOP_K)
-        )));
+        return Err(unsupported(
+            "route",
+            format!("top-k {top_k} of {experts} experts; the routing kernel takes 1 to {}", experts.min(MAX_TOP_K)),
+        ));
     }
     if groups == 0 || groups > experts.min(MAX_GROUPS) {
-        return Err(unsupported(format!(
-            "{groups} expert groups of {experts} experts; the routing kernel takes 1 to {}",
-            experts.min(MAX_GROUPS)
-        )));
+        return Err(unsupported(
+            "route",
+            format!(
+                "{groups} expert groups of {experts} experts; the routing kernel takes 1 to {}",
+                experts.min(MAX_GROUPS)
+            ),
+        ));
     }
     if tokens > i32::MAX as usize / experts {
-        return Err(unsupported(format!("{tokens} tokens of {experts} logits overflow the kernel's indices")));
+        return Err(unsupported("route", format!("{tokens} tokens of {experts} logits overflow the kernel's indices")));
     }
     Ok(())
 }
@@ -109,17 +109,20 @@ pub fn route(
     let tokens = logits.rows();
     check(tokens, shape)?;
     if logits.columns() != shape.experts || correction_bias.values().len() != shape.experts {
-        return Err(unsupported(format!(
-            "logits rows of {} and {} biases for {} experts",
-            logits.columns(),
-            correction_bias.values().len(),
-            shape.experts
-        )));
+        return Err(unsupported(
+            "route",
+            format!(
+                "logits rows of {} and {} biases for {} experts",
+                logits.columns(),
+                correction_bias.values().len(),
+                shape.experts
+            ),
+        ));
     }
     let device = backend.device();
     let bias = backend.weight(correction_bias)?;
     let DeviceWeight::Dense(bias) = bias.as_ref() else {
-        return Err(unsupported("the correction bias is INT4".into()));
+        return Err(unsupported("route", "the correction bias is INT4"));
     };
     let experts = device.alloc_for::<i32>((tokens * shape.top_k).max(1))?;
     let weights = device.alloc_for::<f32>((tokens * shape.top_k).max(1))?;
@@ -132,7 +135,7 @@ pub fn route(
     let chosen: Vec<usize> =
         words(&experts).take(picks).map(|expert| usize::try_from(expert as i32).unwrap_or(usize::MAX)).collect();
     if let Some(bad) = chosen.iter().find(|&&expert| expert >= shape.experts) {
-        return Err(unsupported(format!("the kernel chose expert {bad} of {}", shape.experts)));
+        return Err(unsupported("route", format!("the kernel chose expert {bad} of {}", shape.experts)));
     }
     Ok(Routes {
         top_k: shape.top_k,

@@ -4,21 +4,18 @@
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, Traffic};
 use crate::runtime::tensor::{Block, Storage, Tensor};
 
+use super::checks::unsupported;
 use super::CudaBackend;
 
 const THREADS: u32 = 256;
 /// Grid-stride kernels launch at most this many blocks.
 const MAX_BLOCKS: usize = 1 << 16;
 
-fn unsupported(tensor: &str, problem: String) -> CudaError {
-    CudaError::Unsupported { tensor: tensor.into(), problem }
-}
-
 /// The device buffer of a CUDA tensor.
 pub(crate) fn buffer(tensor: &Tensor) -> Result<&DeviceBuffer, CudaError> {
     match &tensor.storage {
         Storage::Device(buffer) => Ok(buffer),
-        Storage::Host(_) => Err(unsupported("tensor", "a host tensor was handed to the CUDA backend".into())),
+        Storage::Host(_) => Err(unsupported("tensor", "a host tensor was handed to the CUDA backend")),
     }
 }
 

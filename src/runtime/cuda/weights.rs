@@ -11,6 +11,7 @@ use std::time::Instant;
 use crate::runtime::backend::{Fp8Weight, Matrix, Prefetch, Uploads};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 
+use super::checks::unsupported;
 use super::fp8::{self, Fp8OnDevice};
 use super::linear::split;
 
@@ -51,12 +52,11 @@ impl WeightStore {
             return Ok(weight);
         }
         if matrix.fp8_token_inputs {
-            return Err(CudaError::Unsupported {
-                tensor: "linear".into(),
-                problem: "W4A8 weights: the device backend has no FP8 activation quantization yet; run with \
-                          --device cpu"
-                    .into(),
-            });
+            return Err(unsupported(
+                "linear",
+                "W4A8 weights: the device backend has no FP8 activation quantization yet; run with \
+                          --device cpu",
+            ));
         }
         let device = self.device.as_ref();
         let started = Instant::now();
