@@ -249,6 +249,34 @@ fn check_activation_calibration(
 /// Converts a checkpoint as the options say.
 pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<QuantizeReport, ConvertError> {
     let started = Instant::now();
+    let mut checked = check(options)?;
+    if options.dry_run {
+        return Ok(checked.report.finished(started));
+    }
+    let opened = calibrate(options, &checked, reporter)?;
+    let written = run(options, &mut checked, &opened, reporter)?;
+    finish(options, checked, written, started)
+}
+
+/// What the check stage leaves: the plan, the output's config, the report so far and the shards this run writes.
+struct Checked {
+    prepared: Prepared,
+    output_config: Option<(serde_json::Value, Vec<ConfigFix>)>,
+    report: QuantizeReport,
+    own_shards: std::ops::Range<usize>,
+}
+
+impl QuantizeReport {
+    fn finished(mut self, started: Instant) -> Self {
+        self.seconds = started.elapsed().as_secs_f64();
+        self.peak_rss_bytes = peak_rss_bytes();
+        self
+    }
+}
+
+/// Stage 1, nothing written: opens and plans the source, checks what the recipe and flags ask for, builds the
+/// output's config and lints it for the engines (refusing a failed plan unless it is a dry run).
+fn check(options: &QuantizeOptions) -> Result<Checked, ConvertError> {
     let prepared = prepare(
         &options.input,
         options.recipe.as_deref(),
@@ -343,12 +371,25 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     if let Some(rules) = report.engine_rules.as_ref().filter(|rules| !rules.passed && !options.dry_run) {
         return Err(ConvertError::EngineRules(engine_check::refusal(rules)));
     }
-    if options.dry_run {
-        report.seconds = started.elapsed().as_secs_f64();
-        report.peak_rss_bytes = peak_rss_bytes();
-        return Ok(report);
-    }
+    Ok(Checked { prepared, output_config, report, own_shards })
+}
 
+/// What the calibrate stage leaves: the device, the locked output folder (and what a previous run left there), the
+/// plan's digest and the calibration results.
+struct Opened {
+    device: Option<std::sync::Arc<dyn crate::runtime::device::Device>>,
+    calibration_set: Option<CalibrationSet>,
+    calibration: Option<calibrated::Calibration>,
+    source_sha256: String,
+    plan_sha256: String,
+    previous: Option<Manifest>,
+    _lock: crate::io::lock::FolderLock,
+}
+
+/// Stage 2: picks the device, locks the output folder (checking what is in it) and runs the calibration pass there
+/// (GPTQ keeps its quantized experts in it).
+fn calibrate(options: &QuantizeOptions, checked: &Checked, reporter: &dyn Reporter) -> Result<Opened, ConvertError> {
+    let Prepared { checkpoint, recipe, plan, .. } = &checked.prepared;
     let device = match select(options.device)? {
         DeviceSelection::CpuFallback(reason) => {
             reporter.warn(&format!("quantizing on the CPU: {reason}"));
@@ -371,14 +412,14 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     };
     let source_sha256 = checkpoint.fingerprint();
     let plan_sha256 = plan.sha256(&source_sha256, &recipe_digest);
-    let (previous, _lock) = match options.part {
+    let (previous, lock) = match options.part {
         Some(part) => {
-            let own: Vec<&str> = plan.shards[own_shards.clone()].iter().map(|shard| shard.file.as_str()).collect();
+            let own: Vec<&str> =
+                plan.shards[checked.own_shards.clone()].iter().map(|shard| shard.file.as_str()).collect();
             prepare_part_output(out, options, part, &own, &plan_sha256)?
         }
         None => prepare_output(out, options, &plan_sha256)?,
     };
-    // The calibration pass runs in the locked output folder (GPTQ keeps its quantized experts there).
     let calibration = match (&options.calibration, &calibration_set) {
         (Some(calibration), Some(set)) => {
             let output = CalibrationOutput { dir: out, plan_sha256: &plan_sha256, resume: options.resume };
@@ -392,11 +433,39 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         out.display(),
         options.part.map(|part| format!(" --part {part}")).unwrap_or_default()
     ));
+    Ok(Opened { device, calibration_set, calibration, source_sha256, plan_sha256, previous, _lock: lock })
+}
+
+/// What the run stage leaves: the manifest of the written shards and, for a part, its part manifest.
+struct Written {
+    manifest: Manifest,
+    part_manifest: Option<PartManifest>,
+}
+
+/// Where the manifest goes while the run goes on: the folder's manifest, or this part's.
+fn save(out: &Path, manifest: &Manifest, part_manifest: &Option<PartManifest>) -> Result<(), IoError> {
+    match part_manifest {
+        Some(part_manifest) => PartManifest { manifest: manifest.clone(), ..part_manifest.clone() }.write(out),
+        None => manifest.write(out),
+    }
+}
+
+/// Stage 3: records the run in the manifest, reuses the shards a previous run of the same plan finished (re-hashed)
+/// and transforms and writes the rest.
+fn run(
+    options: &QuantizeOptions,
+    checked: &mut Checked,
+    opened: &Opened,
+    reporter: &dyn Reporter,
+) -> Result<Written, ConvertError> {
+    let Checked { prepared: Prepared { checkpoint, recipe, plan, .. }, report, own_shards, output_config } = checked;
+    let out = &options.output;
+    let calibration = opened.calibration.as_ref();
     let mut manifest = Manifest {
         tool: "squeeze".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         complete: false,
-        plan_sha256,
+        plan_sha256: opened.plan_sha256.clone(),
         source: options.input.display().to_string(),
         recipe: RecipeRecord { name: recipe.name().into(), sha256: recipe.sha256(), text: recipe.canonical_text() },
         shards: plan
@@ -417,14 +486,14 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
                 shard: plan.shards[item.shard].file.clone(),
             })
             .collect(),
-        expert_coverage: calibration.as_ref().and_then(|c| serde_json::to_value(&c.coverage).ok()),
-        card: crate::card::CardRecord::of_run(options, calibration_set.as_ref(), previous.as_ref())?,
+        expert_coverage: calibration.and_then(|c| serde_json::to_value(&c.coverage).ok()),
+        card: crate::card::CardRecord::of_run(options, opened.calibration_set.as_ref(), opened.previous.as_ref())?,
     };
-    report.expert_coverage = calibration.as_ref().map(|c| c.coverage.clone());
-    report.calibration_layers_reused = calibration.as_ref().map(|c| c.layers_reused);
+    report.expert_coverage = calibration.map(|c| c.coverage.clone());
+    report.calibration_layers_reused = calibration.map(|c| c.layers_reused);
     // Reuse shards a previous run of the same plan finished, after re-hashing them.
     let mut reused = vec![false; plan.shards.len()];
-    if let Some(previous) = previous {
+    if let Some(previous) = &opened.previous {
         for (index, record) in previous.shards.iter().enumerate() {
             if !own_shards.contains(&index) {
                 continue;
@@ -438,12 +507,11 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         }
     }
     report.shards_reused = reused.iter().filter(|r| **r).count();
-    // Where the manifest goes while the run goes on: the folder's manifest, or this part's.
     let source_identity = match options.part {
-        Some(_) => super::parts::source_identity(checkpoint, &source_sha256)?,
+        Some(_) => super::parts::source_identity(checkpoint, &opened.source_sha256)?,
         None => String::new(),
     };
-    let mut part_manifest = options.part.map(|part| PartManifest {
+    let part_manifest = options.part.map(|part| PartManifest {
         part,
         shards: [own_shards.start, own_shards.end],
         source_sha256: source_identity,
@@ -458,13 +526,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
         companions: Vec::new(),
         manifest: manifest.clone(),
     });
-    let save = |manifest: &Manifest, part_manifest: &Option<PartManifest>| -> Result<(), IoError> {
-        match part_manifest {
-            Some(part_manifest) => PartManifest { manifest: manifest.clone(), ..part_manifest.clone() }.write(out),
-            None => manifest.write(out),
-        }
-    };
-    save(&manifest, &part_manifest)?;
+    save(out, &manifest, &part_manifest)?;
 
     let work: Vec<usize> = (0..plan.items.len())
         .filter(|&i| own_shards.contains(&plan.items[i].shard) && !reused[plan.items[i].shard])
@@ -472,32 +534,43 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     reporter.begin("quantize", work.iter().map(|&i| plan.items[i].source.bytes()).sum());
     let absmax = transform::AbsmaxCache::default();
     let compute = transform::Compute {
-        device: device.as_deref(),
+        device: opened.device.as_deref(),
         allow_nonfinite: options.allow_nonfinite,
-        calibration: calibration.as_ref(),
+        calibration,
         absmax: Some(&absmax),
     };
     let result = {
-        let save = |manifest: &Manifest| save(manifest, &part_manifest);
+        let save = |manifest: &Manifest| save(out, manifest, &part_manifest);
         run_items(checkpoint, plan, &work, out, &mut manifest, &save, reporter, compute)
     };
     reporter.end();
     result?;
+    Ok(Written { manifest, part_manifest })
+}
 
-    if let Some(part_manifest) = &mut part_manifest {
+/// Stage 4: a part records itself complete (part 1 with the companions) for `merge`; a whole run writes the
+/// companions, index, config, model card and the complete manifest, and removes leftover temporaries.
+fn finish(
+    options: &QuantizeOptions,
+    checked: Checked,
+    written: Written,
+    started: Instant,
+) -> Result<QuantizeReport, ConvertError> {
+    let Checked { prepared: Prepared { checkpoint, plan, .. }, output_config, report, own_shards } = checked;
+    let Written { mut manifest, part_manifest } = written;
+    let out = &options.output;
+    if let Some(mut part_manifest) = part_manifest {
         // Part 1 carries the companions; `merge` writes the index, config and final manifest.
         if part_manifest.part.index == 1 {
-            part_manifest.companions = output_files::copy_companions(checkpoint, out)?;
+            part_manifest.companions = output_files::copy_companions(&checkpoint, out)?;
         }
         manifest.complete = true;
-        save(&manifest, &Some(part_manifest.clone()))?;
+        save(out, &manifest, &Some(part_manifest))?;
         remove_own_temporaries(out, &plan.shards[own_shards].iter().map(|s| s.file.as_str()).collect::<Vec<_>>())?;
-        report.seconds = started.elapsed().as_secs_f64();
-        report.peak_rss_bytes = peak_rss_bytes();
-        return Ok(report);
+        return Ok(report.finished(started));
     }
-    output_files::copy_companions(checkpoint, out)?;
-    output_files::write_index(out, plan)?;
+    output_files::copy_companions(&checkpoint, out)?;
+    output_files::write_index(out, &plan)?;
     if let Some((config, _)) = &output_config {
         output_files::write_config(out, config)?;
     }
@@ -505,9 +578,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     crate::card::write(out, &manifest, output_config.as_ref().map(|(config, _)| config))?;
     manifest.write(out)?;
     remove_leftover_temporaries(out)?;
-    report.seconds = started.elapsed().as_secs_f64();
-    report.peak_rss_bytes = peak_rss_bytes();
-    Ok(report)
+    Ok(report.finished(started))
 }
 
 /// Transforms `work` items in order on this thread (rows in parallel) while a writer thread streams them out;
