@@ -4,8 +4,8 @@ use anyhow::Context;
 
 use crate::quant::ScaleRule;
 use crate::report::{
-    parse_gpu_memory, report, ConversionEstimate, GpuMemory, Layout, Machine, NodeBudget, QuantizeOn, Report,
-    ReportOptions,
+    compare_formats, parse_gpu_memory, report, ConversionEstimate, FormatComparison, GpuMemory, Layout, Machine,
+    NodeBudget, QuantizeOn, Report, ReportOptions,
 };
 use crate::units::{both_units, human, parse_bytes};
 
@@ -18,9 +18,14 @@ pub struct Args {
     /// Hugging Face repo id (ORG/NAME[@REV]) in the local cache; in that order.
     #[arg(value_parser = super::values::report_model)]
     pub model: String,
-    /// Built-in recipe name (kimi-k2-int4, glm5-int4, glm45-int4) or a TOML file; default: chosen from the config.
+    /// Built-in recipe name (e.g. glm5-int4, glm5-nvfp4, kimi-k26-w4a8; `squeeze quantize --help` lists them) or a
+    /// TOML file; default: chosen from the config.
     #[arg(long)]
     pub recipe: Option<String>,
+    /// The formats side by side: one row per format recipe of the architecture (int4, nvfp4, nvfp4-w4a4, mxfp4,
+    /// w4a8: routed experts), each with its output size and the decode node's budget on this layout.
+    #[arg(long, conflicts_with = "recipe")]
+    pub formats: bool,
     /// Override the INT4 group size of every rule, as quantize does.
     #[arg(long, value_parser = super::values::count)]
     pub group_size: Option<usize>,
@@ -87,6 +92,16 @@ fn parse_reserve(text: &str) -> Result<u64, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    if args.formats {
+        let comparison =
+            compare_formats(&options(&args)).with_context(|| format!("report {} --formats", args.model))?;
+        if args.json {
+            print_json(&comparison)?;
+        } else {
+            print_formats(&comparison, &args);
+        }
+        return Ok(Outcome::Success);
+    }
     let report = build(&args)?;
     if args.json {
         print_json(&report)?;
@@ -98,7 +113,12 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
 
 /// The report the arguments ask for (also what `squeeze demo` shows).
 pub(crate) fn build(args: &Args) -> anyhow::Result<Report> {
-    let options = ReportOptions {
+    report(&options(args)).with_context(|| format!("report {}", args.model))
+}
+
+/// The report options of the arguments.
+fn options(args: &Args) -> ReportOptions {
+    ReportOptions {
         model: args.model.clone(),
         recipe: args.recipe.clone(),
         group_size: args.group_size,
@@ -121,8 +141,48 @@ pub(crate) fn build(args: &Args) -> anyhow::Result<Report> {
             context: args.context,
             kv_pool_bytes: args.kv_pool,
         },
-    };
-    report(&options).with_context(|| format!("report {}", args.model))
+    }
+}
+
+/// `--formats`: one row per format, the decode node's budget on the layout.
+fn print_formats(comparison: &FormatComparison, args: &Args) {
+    println!(
+        "{} ({}): source {:.2} GiB; decode node {} × {}, tp {}, FP8 KV, context {} tokens\n",
+        comparison.model,
+        comparison.architecture,
+        comparison.source_gib,
+        args.gpus,
+        args.gpu_memory.name,
+        args.tp.unwrap_or(args.gpus),
+        count(args.context)
+    );
+    let requests = format!("requests of {}", count(args.context));
+    let mut table =
+        Table::new(&["recipe", "output", "weights per GPU", "KV tokens per GPU", "KV tokens per node", &requests]);
+    for row in &comparison.formats {
+        match (&row.decode, row.output_bytes) {
+            (Some(decode), Some(output)) => table.row(vec![
+                row.recipe.clone(),
+                gib(output),
+                human(decode.weight_bytes_per_gpu),
+                count(decode.kv_capacity_tokens_per_gpu),
+                count(decode.kv_capacity_tokens),
+                count(decode.max_concurrency),
+            ]),
+            _ => table.row(vec![
+                row.recipe.clone(),
+                "does not fit".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]),
+        }
+    }
+    println!("{}", table.render());
+    for row in comparison.formats.iter().filter(|row| row.error.is_some()) {
+        println!("{}: {}", row.recipe, row.error.as_deref().unwrap_or_default());
+    }
 }
 
 fn gib(bytes: u64) -> String {

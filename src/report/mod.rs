@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod conversion;
 mod error;
+pub mod formats;
 pub mod gpu;
 pub mod input;
 pub mod kv;
@@ -14,6 +15,7 @@ pub mod size;
 pub use budget::{Layout, NodeBudget};
 pub use conversion::{ConversionEstimate, Machine, QuantizeOn};
 pub use error::ReportError;
+pub use formats::{compare as compare_formats, FormatComparison};
 pub use gpu::{parse_gpu_memory, GpuMemory};
 pub use kv::KvPerToken;
 pub use requantization::Requantization;

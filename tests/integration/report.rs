@@ -260,3 +260,28 @@ fn the_conversion_estimate_takes_the_slowest_of_disk_and_compute_and_caps_the_pa
     let human = report(&["glm-5", "--parts", "4"]).ok();
     assert!(human.stdout.contains("conversion in 4 part(s)") && human.stdout.contains("bound by"), "{}", human.stdout);
 }
+
+/// `--formats`: one row per format recipe of the architecture, each equal to the report its `--recipe` gives; the
+/// smaller formats hold more KV; a layout too small for the decode weights says so per row.
+#[test]
+fn formats_side_by_side_equal_one_report_per_recipe() {
+    let comparison = report(&["glm-5.2", "--gpu-memory", "b200-180g", "--formats", "--json"]).ok().json();
+    let rows = comparison["formats"].as_array().unwrap();
+    let recipes: Vec<&str> = rows.iter().map(|row| row["recipe"].as_str().unwrap()).collect();
+    assert_eq!(recipes, ["glm5-int4", "glm5-nvfp4", "glm5-nvfp4-w4a4", "glm5-mxfp4", "glm5-w4a8"]);
+    for row in rows {
+        let recipe = row["recipe"].as_str().unwrap();
+        let one = report(&["glm-5.2", "--gpu-memory", "b200-180g", "--recipe", recipe, "--json"]).ok().json();
+        assert_eq!(row["output_bytes"], one["output_bytes"], "{recipe}");
+        assert_eq!(row["decode"], one["decode"], "{recipe}");
+    }
+    let output = |index: usize| number(&rows[index], "/output_bytes");
+    // W4A8 g128 (4.125 bits) < MXFP4 (4.25) < INT4 g32 (4.5) ≤ NVFP4 (4.5, FP8 scales) < W4A4 (+ input scales).
+    assert!(output(4) < output(3) && output(3) < output(0) && output(1) < output(2), "{comparison}");
+    assert!(number(&rows[4], "/decode/kv_capacity_tokens") > number(&rows[0], "/decode/kv_capacity_tokens"));
+
+    let small = report(&["kimi-k2", "--gpus", "4", "--gpu-memory", "h100-80g", "--formats"]).ok();
+    assert_eq!(small.stdout.matches("does not fit").count(), 5, "{}", small.stdout);
+    assert!(small.stdout.contains("kimi-k2-w4a8: decode node: weights do not fit"), "{}", small.stdout);
+    expect_exit_2(&report(&["glm-5.2", "--formats", "--recipe", "glm5-int4"]), &["--formats", "--recipe"]);
+}
