@@ -12,7 +12,7 @@ use crate::rng::Rng;
 use crate::runtime::backend::{AttentionShape, IndexerShape, Int4Weight, Matrix, PagedLayout, RopeStyle, RoutingShape};
 use crate::runtime::cpu::Cpu;
 use crate::runtime::cuda::linear::{
-    linear_bf16, linear_bf16_gemm, linear_bf16_pair, split, w4a16_linear, GEMM_MIN_ROWS,
+    linear_bf16, linear_bf16_gemm, linear_bf16_pair, split, w4a16_linear, LinearShape, W4a16Weight, GEMM_MIN_ROWS,
 };
 use crate::runtime::cuda::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
 use crate::runtime::cuda::CudaBackend;
@@ -109,7 +109,7 @@ pub fn linear_bf16_weights(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<S
         let want = Host::new(&Cpu).linear(&input, tokens, &rounded, Some(&bias));
         let (x, weight, bias) = (device.upload(&input)?, device.upload(&bits)?, device.upload(&bias)?);
         let y = device.alloc_for::<f32>(tokens * out)?;
-        linear_bf16(device, &x, &weight, Some(&bias), &y, tokens, inner, out)?;
+        linear_bf16(device, &x, &weight, Some(&bias), &y, LinearShape::new(tokens, inner, out))?;
         let got = device.download::<f32>(&y, tokens * out)?;
         let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias true");
         rows.push(row("linear bf16", shape, &got, &want, 0, DOT_ORDER_REL_L2));
@@ -136,7 +136,14 @@ pub fn linear_bf16_split_gemm(backend: &CudaBackend, rng: &mut Rng) -> Result<Ve
         for with_bias in [false, true] {
             let want = Host::new(&Cpu).linear(&input, tokens, &rounded, with_bias.then_some(bias_values.as_slice()));
             let y = device.alloc_for::<f32>(tokens * out)?;
-            linear_bf16_gemm(device, &x, &weight, with_bias.then_some(&bias), &y, tokens, inner, out)?;
+            linear_bf16_gemm(
+                device,
+                &x,
+                &weight,
+                with_bias.then_some(&bias),
+                &y,
+                LinearShape::new(tokens, inner, out),
+            )?;
             let got = device.download::<f32>(&y, tokens * out)?;
             let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias {with_bias}");
             rows.push(row("gemm_bf16", shape, &got, &want, 0, SPLIT_REL_L2));
@@ -147,7 +154,7 @@ pub fn linear_bf16_split_gemm(backend: &CudaBackend, rng: &mut Rng) -> Result<Ve
         for tokens in [5, tokens] {
             let want = Host::new(&Cpu).linear(&input[..tokens * inner], tokens, &dense, Some(&bias_values));
             let y = device.alloc_for::<f32>(tokens * out)?;
-            linear_bf16_pair(device, &x, &pair, Some(&bias), &y, tokens, inner, out)?;
+            linear_bf16_pair(device, &x, &pair, Some(&bias), &y, LinearShape::new(tokens, inner, out))?;
             let got = device.download::<f32>(&y, tokens * out)?;
             let shape = format!("[{tokens}, {inner}]·([{out}, {inner}] f32 as a BF16 pair)ᵀ bias true");
             rows.push(row("gemm_bf16", shape, &got, &want, 0, SPLIT_REL_L2));
@@ -410,7 +417,7 @@ pub fn bench(backend: &CudaBackend, copy_gb_per_s: f64) -> Result<Vec<SelftestRo
             let y = device.alloc_for::<f32>(batch * out)?;
             if batch == 1 {
                 bf16_batch1 = time_launches(device, &fence, 50, || {
-                    linear_bf16(device, &x, &bf16_buffer, None, &y, 1, inner, out)
+                    linear_bf16(device, &x, &bf16_buffer, None, &y, LinearShape::new(1, inner, out))
                 })?;
                 rows.push(bench_row(
                     "linear bf16".into(),
@@ -422,7 +429,14 @@ pub fn bench(backend: &CudaBackend, copy_gb_per_s: f64) -> Result<Vec<SelftestRo
                 ));
             }
             let seconds = time_launches(device, &fence, 50, || {
-                w4a16_linear(device, &x, &packed, &scales_buffer, GROUP, None, &y, batch, inner, out)
+                w4a16_linear(
+                    device,
+                    &x,
+                    &W4a16Weight { packed: &packed, scales: &scales_buffer, group_size: GROUP },
+                    None,
+                    &y,
+                    LinearShape::new(batch, inner, out),
+                )
             })?;
             rows.push(bench_row(
                 "linear w4a16".into(),

@@ -5,7 +5,7 @@
 //! best rate cuBLAS reaches in this run on a large square BF16 GEMM ("peak").
 
 use crate::rng::Rng;
-use crate::runtime::cuda::linear::{linear_bf16, linear_bf16_gemm, linear_bf16_pair, GEMM_MIN_ROWS};
+use crate::runtime::cuda::linear::{linear_bf16, linear_bf16_gemm, linear_bf16_pair, LinearShape, GEMM_MIN_ROWS};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer, GemmBf16};
 
 use super::backend_ops::time_launches;
@@ -83,8 +83,9 @@ pub fn bench(device: &dyn Device, fence: &DeviceBuffer) -> Result<Vec<SelftestRo
         drop((halves, products));
         let x = device.upload(&rng.values(TOKENS * inner, 1.0))?;
         let y = device.alloc_for::<f32>(TOKENS * out)?;
-        let seconds =
-            time_launches(device, fence, 20, || linear_bf16_gemm(device, &x, &weight, None, &y, TOKENS, inner, out))?;
+        let seconds = time_launches(device, fence, 20, || {
+            linear_bf16_gemm(device, &x, &weight, None, &y, LinearShape::new(TOKENS, inner, out))
+        })?;
         let split = tflops(TOKENS, inner, out, seconds);
         rows.push(timed_row(
             "linear bf16 split gemm",
@@ -97,8 +98,9 @@ pub fn bench(device: &dyn Device, fence: &DeviceBuffer) -> Result<Vec<SelftestRo
             ),
         ));
         let pair = bf16_buffer(device, &mut rng, 2 * out * inner)?;
-        let seconds_pair =
-            time_launches(device, fence, 10, || linear_bf16_pair(device, &x, &pair, None, &y, TOKENS, inner, out))?;
+        let seconds_pair = time_launches(device, fence, 10, || {
+            linear_bf16_pair(device, &x, &pair, None, &y, LinearShape::new(TOKENS, inner, out))
+        })?;
         let pair_rate = tflops(TOKENS, inner, out, seconds_pair);
         rows.push(timed_row(
             "linear bf16 pair gemm",
@@ -110,8 +112,9 @@ pub fn bench(device: &dyn Device, fence: &DeviceBuffer) -> Result<Vec<SelftestRo
             ),
         ));
         drop(pair);
-        let kernel =
-            time_launches(device, fence, 3, || linear_bf16(device, &x, &weight, None, &y, TOKENS, inner, out))?;
+        let kernel = time_launches(device, fence, 3, || {
+            linear_bf16(device, &x, &weight, None, &y, LinearShape::new(TOKENS, inner, out))
+        })?;
         rows.push(timed_row(
             "linear bf16 kernel",
             shape,

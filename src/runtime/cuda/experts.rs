@@ -18,7 +18,7 @@ use crate::runtime::tensor::Tensor;
 
 use super::activation::silu_mul_f32;
 use super::checks::unsupported;
-use super::linear::{dense_bf16, linear_bf16_pair, linear_f32, w4a16_grouped, GroupedInt4, Segments};
+use super::linear::{dense_bf16, linear_bf16_pair, linear_f32, w4a16_grouped, GroupedInt4, LinearShape, Segments};
 use super::tensor::{accumulate_rows, alloc, buffer, gather_rows, DecisionPack};
 use super::{CudaBackend, DeviceWeight};
 
@@ -243,14 +243,22 @@ impl DenseWeight {
     ) -> Result<(), CudaError> {
         match self {
             DenseWeight::Cached(weight) => match weight.as_ref() {
-                DeviceWeight::Dense(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),
-                DeviceWeight::Bf16(w) => dense_bf16(device, x, w, None, y, rows, in_features, out_features),
-                DeviceWeight::Bf16Pair(w) => linear_bf16_pair(device, x, w, None, y, rows, in_features, out_features),
+                DeviceWeight::Dense(w) => {
+                    linear_f32(device, x, w, None, y, LinearShape::new(rows, in_features, out_features))
+                }
+                DeviceWeight::Bf16(w) => {
+                    dense_bf16(device, x, w, None, y, LinearShape::new(rows, in_features, out_features))
+                }
+                DeviceWeight::Bf16Pair(w) => {
+                    linear_bf16_pair(device, x, w, None, y, LinearShape::new(rows, in_features, out_features))
+                }
                 DeviceWeight::Int4 { .. } => {
                     Err(unsupported("routed_experts", "a dense expert weight is cached packed"))
                 }
             },
-            DenseWeight::Owned(w) => linear_f32(device, x, w, None, y, rows, in_features, out_features),
+            DenseWeight::Owned(w) => {
+                linear_f32(device, x, w, None, y, LinearShape::new(rows, in_features, out_features))
+            }
         }
     }
 }

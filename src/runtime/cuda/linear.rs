@@ -108,44 +108,76 @@ pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&
     };
     let (x, y_buffer) = (buffer(x)?, buffer(&y)?);
     match weight.as_ref() {
-        DeviceWeight::Dense(w) => linear_f32(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
-        DeviceWeight::Bf16(w) => dense_bf16(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?,
+        DeviceWeight::Dense(w) => {
+            linear_f32(device, x, w, bias_buffer, y_buffer, LinearShape::new(rows, in_features, out_features))?
+        }
+        DeviceWeight::Bf16(w) => {
+            dense_bf16(device, x, w, bias_buffer, y_buffer, LinearShape::new(rows, in_features, out_features))?
+        }
         DeviceWeight::Bf16Pair(w) => {
-            linear_bf16_pair(device, x, w, bias_buffer, y_buffer, rows, in_features, out_features)?
+            linear_bf16_pair(device, x, w, bias_buffer, y_buffer, LinearShape::new(rows, in_features, out_features))?
         }
         DeviceWeight::Int4 { packed, scales, group_size } => {
             check_int4("linear", in_features, *group_size)?;
             w4a16_linear(
                 device,
                 x,
-                packed,
-                scales,
-                *group_size,
+                &W4a16Weight { packed, scales, group_size: *group_size },
                 bias_buffer,
                 y_buffer,
-                rows,
-                in_features,
-                out_features,
+                LinearShape::new(rows, in_features, out_features),
             )?
         }
     }
     Ok(y)
 }
 
+/// The dimensions of one dense product `y[rows, out] = x[rows, in] · W[out, in]ᵀ`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearShape {
+    pub rows: usize,
+    pub in_features: usize,
+    pub out_features: usize,
+}
+
+impl LinearShape {
+    pub fn new(rows: usize, in_features: usize, out_features: usize) -> Self {
+        Self { rows, in_features, out_features }
+    }
+}
+
+/// A dense kernel and the bytes of one of its weight elements.
+#[derive(Debug, Clone, Copy)]
+pub struct DenseKernel {
+    pub name: &'static str,
+    pub weight_bytes: usize,
+}
+
+impl DenseKernel {
+    const F32: Self = Self { name: "linear_f32", weight_bytes: 4 };
+    const BF16: Self = Self { name: "linear_bf16", weight_bytes: 2 };
+}
+
+/// A W4A16 weight on the device: `packed` u32 `[out, in / 8]`, `scales` BF16 bits `[out, in / group_size]`.
+#[derive(Debug, Clone, Copy)]
+pub struct W4a16Weight<'a> {
+    pub packed: &'a DeviceBuffer,
+    pub scales: &'a DeviceBuffer,
+    pub group_size: usize,
+}
+
 /// Launches a dense kernel (`linear_f32` or `linear_bf16`) after the shape checks.
-#[allow(clippy::too_many_arguments)]
 fn dense(
-    kernel: &str,
-    weight_bytes: usize,
+    kernel: DenseKernel,
     device: &dyn Device,
     x: &DeviceBuffer,
     weight: &DeviceBuffer,
     bias: Option<&DeviceBuffer>,
     y: &DeviceBuffer,
-    rows: usize,
-    in_features: usize,
-    out_features: usize,
+    shape: LinearShape,
 ) -> Result<(), CudaError> {
+    let LinearShape { rows, in_features, out_features } = shape;
+    let DenseKernel { name: kernel, weight_bytes } = kernel;
     holds(kernel, "x", x, rows * in_features, 4)?;
     holds(kernel, "weight", weight, out_features * in_features, weight_bytes)?;
     holds(kernel, "y", y, rows * out_features, 4)?;
@@ -168,54 +200,45 @@ fn dense(
 }
 
 /// Device-level dense linear: `y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ bias[out])`, all f32.
-#[allow(clippy::too_many_arguments)]
 pub fn linear_f32(
     device: &dyn Device,
     x: &DeviceBuffer,
     weight: &DeviceBuffer,
     bias: Option<&DeviceBuffer>,
     y: &DeviceBuffer,
-    rows: usize,
-    in_features: usize,
-    out_features: usize,
+    shape: LinearShape,
 ) -> Result<(), CudaError> {
-    dense("linear_f32", 4, device, x, weight, bias, y, rows, in_features, out_features)
+    dense(DenseKernel::F32, device, x, weight, bias, y, shape)
 }
 
 /// Device-level dense linear with BF16 weight bits (u16 `[out, in]`); x, bias and y f32. BF16 linear weights run on
 /// it below [`GEMM_MIN_ROWS`] rows ([`dense_bf16`]), and it is the bandwidth baseline the W4A16 kernels are compared
 /// with.
-#[allow(clippy::too_many_arguments)]
 pub fn linear_bf16(
     device: &dyn Device,
     x: &DeviceBuffer,
     weight: &DeviceBuffer,
     bias: Option<&DeviceBuffer>,
     y: &DeviceBuffer,
-    rows: usize,
-    in_features: usize,
-    out_features: usize,
+    shape: LinearShape,
 ) -> Result<(), CudaError> {
-    dense("linear_bf16", 2, device, x, weight, bias, y, rows, in_features, out_features)
+    dense(DenseKernel::BF16, device, x, weight, bias, y, shape)
 }
 
 /// Device-level dense linear on BF16 weight bits, as [`linear_bf16`] computes it: on that kernel below
 /// [`GEMM_MIN_ROWS`] rows, as [`linear_bf16_gemm`] from there on.
-#[allow(clippy::too_many_arguments)]
 pub fn dense_bf16(
     device: &dyn Device,
     x: &DeviceBuffer,
     weight: &DeviceBuffer,
     bias: Option<&DeviceBuffer>,
     y: &DeviceBuffer,
-    rows: usize,
-    in_features: usize,
-    out_features: usize,
+    shape: LinearShape,
 ) -> Result<(), CudaError> {
-    if rows < GEMM_MIN_ROWS {
-        linear_bf16(device, x, weight, bias, y, rows, in_features, out_features)
+    if shape.rows < GEMM_MIN_ROWS {
+        linear_bf16(device, x, weight, bias, y, shape)
     } else {
-        linear_bf16_gemm(device, x, weight, bias, y, rows, in_features, out_features)
+        linear_bf16_gemm(device, x, weight, bias, y, shape)
     }
 }
 
@@ -223,17 +246,15 @@ pub fn dense_bf16(
 /// the activations split in two BF16 halves, `x = hi + lo` ([`split`]: 16 significant bits, within 2⁻¹⁸ of x),
 /// stacked as 2·rows rows, then `y = x_hi·Wᵀ + x_lo·Wᵀ (+ bias)`. Twice the GEMM's flops for f32-faithful
 /// activations; the weight is read once. Temporary device memory: 2·rows·in BF16 + 2·rows·out f32.
-#[allow(clippy::too_many_arguments)]
 pub fn linear_bf16_gemm(
     device: &dyn Device,
     x: &DeviceBuffer,
     weight: &DeviceBuffer,
     bias: Option<&DeviceBuffer>,
     y: &DeviceBuffer,
-    rows: usize,
-    in_features: usize,
-    out_features: usize,
+    shape: LinearShape,
 ) -> Result<(), CudaError> {
+    let LinearShape { rows, in_features, out_features } = shape;
     if !checked_dense("linear_bf16_gemm", x, bias, y, rows, in_features, out_features)? {
         return Ok(());
     }
@@ -250,24 +271,22 @@ pub fn linear_bf16_gemm(
 /// BF16 GEMM of the pair by the split activations, `x_hi·W_hiᵀ + x_lo·W_hiᵀ + x_hi·W_loᵀ` (the fourth product,
 /// x_lo·W_lo, below 2⁻¹⁸, is computed and left out). Temporary memory of the GEMM form: 2·rows·in BF16 +
 /// 4·rows·out f32.
-#[allow(clippy::too_many_arguments)]
 pub fn linear_bf16_pair(
     device: &dyn Device,
     x: &DeviceBuffer,
     pair: &DeviceBuffer,
     bias: Option<&DeviceBuffer>,
     y: &DeviceBuffer,
-    rows: usize,
-    in_features: usize,
-    out_features: usize,
+    shape: LinearShape,
 ) -> Result<(), CudaError> {
+    let LinearShape { rows, in_features, out_features } = shape;
     if !checked_dense("linear_bf16_pair", x, bias, y, rows, in_features, out_features)? {
         return Ok(());
     }
     let products = device.alloc_for::<f32>(if rows < GEMM_MIN_ROWS { 2 } else { 4 } * rows * out_features)?;
     let pair_out = 2 * out_features;
     let layout = if rows < GEMM_MIN_ROWS {
-        linear_bf16(device, x, pair, None, &products, rows, in_features, pair_out)?;
+        linear_bf16(device, x, pair, None, &products, LinearShape::new(rows, in_features, pair_out))?;
         Join { ld: pair_out, second: out_features, third: None }
     } else {
         let halves = split(device, x, rows * in_features)?;
@@ -347,19 +366,16 @@ fn join(
 
 /// Device-level W4A16 linear: `packed` u32 `[out, in / 8]`, `scales` BF16 bits `[out, in / group_size]`
 /// (compressed-tensors layout), x f32 `[rows, in]`, optional f32 bias `[out]`, y f32 `[rows, out]`.
-#[allow(clippy::too_many_arguments)]
 pub fn w4a16_linear(
     device: &dyn Device,
     x: &DeviceBuffer,
-    packed: &DeviceBuffer,
-    scales: &DeviceBuffer,
-    group_size: usize,
+    weight: &W4a16Weight,
     bias: Option<&DeviceBuffer>,
     y: &DeviceBuffer,
-    rows: usize,
-    in_features: usize,
-    out_features: usize,
+    shape: LinearShape,
 ) -> Result<(), CudaError> {
+    let LinearShape { rows, in_features, out_features } = shape;
+    let W4a16Weight { packed, scales, group_size } = *weight;
     const KERNEL: &str = "w4a16_linear";
     check_int4(KERNEL, in_features, group_size)?;
     holds(KERNEL, "x", x, rows * in_features, 4)?;
@@ -413,7 +429,6 @@ pub struct Segments<'a> {
 /// `segment_expert[s]` (i32 `[segments]`); y f32 `[rows, out]` in the same row order. Segment contents live on the
 /// device and are not checked here: a segment with an expert out of range or rows outside `0..=rows` gets NaN
 /// rows (rows no segment covers are left unwritten).
-#[allow(clippy::too_many_arguments)]
 pub fn w4a16_grouped(
     device: &dyn Device,
     x: &DeviceBuffer,
