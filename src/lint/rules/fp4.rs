@@ -254,7 +254,10 @@ pub fn fp4_fused_global_scale(context: &Context, _: Engine) -> Outcome {
         match (global(gate), global(up)) {
             (Some(a), Some(b)) if a.to_bits() != b.to_bits() => findings.push(Finding::failed(
                 format!("{gate}.weight_global_scale, {up}.weight_global_scale"),
-                format!("differ ({a} vs {b}): vLLM serves the fused gate/up with gate's scale, mis-scaling up"),
+                format!(
+                    "differ ({a} vs {b}): vLLM serves the fused gate/up with one scale (a routed expert's gate scale; \
+                     a dense or shared-expert linear's larger one), mis-scaling the other partner"
+                ),
                 "requantize with squeeze quantize, which gives fused partners one global scale (that of the larger \
                  absmax)",
             )),
