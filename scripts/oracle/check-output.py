@@ -28,7 +28,7 @@ Checks, per quantized prefix:
   (c) transformers loads the folder: AutoModelForCausalLM.from_pretrained(copy,
       quantization_config=CompressedTensorsConfig(dequantize=True), output_loading_info=True)
       on a temporary copy (symlinked shards; config.json with model_type kimi_k2 -> deepseek_v3
-      and auto_map dropped, see REFERENCES.md section 8); no missing/unexpected routed-expert
+      and auto_map dropped, see docs/correctness.md); no missing/unexpected routed-expert
       keys (MTP layers >= num_hidden_layers excepted), loaded expert weights equal
       bf16(q * scale), a short forward pass gives finite logits.
 

@@ -57,7 +57,7 @@ FP8_CASES = [
 def tie_case() -> tuple[np.ndarray, int]:
     """[8, 8] group 8: exact .5 quotients (round half to even), clamp at -8/7, a zero group.
 
-    Row 0 is REFERENCES.md's example: scale 0.0625, w/s = [-7.5,7.5,2.5,1.5,-0.5,0,3.2,-1.7]
+    Row 0 is docs/formats.md's example: scale 0.0625, w/s = [-7.5,7.5,2.5,1.5,-0.5,0,3.2,-1.7]
     -> q [-8,7,2,2,0,0,3,-2] -> 0x6b88aaf0. Rows 1..6: w = s*k/2 with |k| <= 15 and one
     element pinned at +-7.5*s so that absmax/7.5 == s (a power of two) exactly.
     Row 7 is all zeros (scale -> eps, q = 0).

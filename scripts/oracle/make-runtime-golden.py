@@ -14,7 +14,7 @@ For each architecture (kimi-k2, glm5, glm45) it:
      GLM-5 DSA with index_topk 8 < sequence length 24 and a `shared` indexer layer;
   2. dequantizes it exactly in float32 (fp8 x scale per 128x128 block, partial edge blocks), drops MTP layers and
      the indexers of shared layers, sets model_type deepseek_v3 for kimi_k2 and saves a plain float32 folder
-     (transformers' own FP8 loader mis-sizes partial blocks on CPU and rounds to BF16: REFERENCES.md section 8);
+     (transformers' own FP8 loader mis-sizes partial blocks on CPU and rounds to BF16: docs/correctness.md);
   3. loads it with from_pretrained(dtype=float32, attn_implementation="eager") and checks nothing was missing;
   4. runs the forward on two fixed sequences and records, via hooks, the smallest router and DSA top-k margins;
      a seed whose margins fall under MIN_MARGIN is rejected (random tiny models have near-ties that an independent

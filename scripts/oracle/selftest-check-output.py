@@ -9,7 +9,7 @@ Builds, in a temporary directory (or DIR with --keep):
   float/   a random tiny DeepseekV3ForCausalLM (hidden 160, experts 96 wide: partial 128-blocks)
   source/  its DeepSeek-style FP8 block checkpoint (model_type kimi_k2, weight F8_E4M3 +
            weight_scale_inv F32 per 128x128 block, 2 shards + index)
-  output/  what squeeze's kimi-k2-int4 recipe is specified to write (DESIGN.md): routed experts
+  output/  what squeeze's kimi-k2-int4 recipe is specified to write (docs/formats.md): routed experts
            pack-quantized INT4 g32 with the minmax contract via compressed-tensors, everything
            else BF16, compressed-tensors quantization_config, 2 shards + index
 then runs check-output.py on output/ (expects exit 0) and on three corrupted copies: one flipped
@@ -103,7 +103,7 @@ def make_source(float_dir: pathlib.Path, source_dir: pathlib.Path):
 
 
 def make_output(source_dir: pathlib.Path, output_dir: pathlib.Path):
-    """The kimi-k2-int4 convention of DESIGN.md, written independently of squeeze."""
+    """The kimi-k2-int4 convention of docs/formats.md, written independently of squeeze."""
     output_dir.mkdir()
     source = {}
     for file in sorted(source_dir.glob("*.safetensors")):

@@ -60,8 +60,8 @@ impl KvDtype {
 /// The `(k, v)` name suffixes squeeze always writes and its runtime reads first.
 pub const CANONICAL_NAMES: (&str, &str) = ("self_attn.k_scale", "self_attn.v_scale");
 
-/// Name variants engines have used for the same scale, preferred first (REFERENCES §3); the reader takes the first
-/// one present.
+/// Name variants engines have used for the same scale, preferred first (docs/engines.md, "Which names load"); the
+/// reader takes the first one present.
 const K_NAMES: [&str; 4] =
     ["self_attn.k_scale", "self_attn.attn.k_scale", "self_attn.attn_mqa.k_scale", "self_attn.kv_scale"];
 const V_NAMES: [&str; 3] = ["self_attn.v_scale", "self_attn.attn.v_scale", "self_attn.kv_scale"];

@@ -1,4 +1,4 @@
-//! The export linter: the engine load rules of REFERENCES §9 (vLLM, SGLang), checked on an abstract
+//! The export linter: the engine load rules of docs/engines.md (vLLM, SGLang), checked on an abstract
 //! description of an output so that `quantize` runs them on its plan before writing and `verify` on the files.
 
 pub mod context;

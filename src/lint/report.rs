@@ -90,7 +90,7 @@ pub struct RuleResult {
     pub title: &'static str,
     pub engines: Vec<Engine>,
     pub status: Status,
-    /// Where the rule was read (file in vLLM/SGLang, REFERENCES §9).
+    /// Where the rule was read (file in vLLM/SGLang; docs/engines.md).
     pub source: String,
     pub detail: String,
     pub findings: Vec<Finding>,

@@ -12,7 +12,7 @@ const STAGES: [&str; 9] =
 /// The trained model scores ≈ 2.2 nats/byte on the held-out play; random weights score ≈ ln(vocab) ≈ 5.6 or more.
 const TRAINED_MAX_NATS_PER_BYTE: f64 = 3.0;
 
-/// The report preset's sizes against the published ones (norms, partial-block scales, MTP: README, `report`).
+/// The report preset's sizes against the published ones (norms, partial-block scales, MTP: docs/report.md).
 const PUBLISHED_SIZE_TOLERANCE: f64 = 0.01;
 
 fn printable(text: &str) -> bool {
@@ -68,7 +68,7 @@ fn demo_json_reports_every_stage_of_the_trained_model_with_gates_passed_and_read
     }
     assert_eq!(report["serve_test"]["int4"]["kv_dtype"], "fp8");
 
-    // The preset's computed sizes lie within 1 % of GLM-5's published 705 GiB FP8 and 421 GiB INT4 (README).
+    // The preset's computed sizes lie within 1 % of GLM-5's published 705 GiB FP8 and 421 GiB INT4 (docs/report.md).
     let budget = &report["report"];
     for (key, published) in [("source_gib", 705.0), ("output_gib", 421.0)] {
         let gib = number(budget, key);

@@ -137,7 +137,8 @@ fn check_against_vllm(name: &str) -> (Value, PathBuf, tempfile::TempDir) {
         }
     }
     // Greedy tokens: identical to the run whose experts hold exactly the checkpoint's q × scale (f32). vLLM's stock
-    // emulation rounds them to BF16 first; where that flips a near-tie the golden shows it (README, "Results").
+    // emulation rounds them to BF16 first; where that flips a near-tie the golden shows it
+    // (scripts/oracle/vllm/README.md, "Results").
     let exact = &golden["vllm"]["emulation_f32_dequant"]["greedy"]["requests"];
     for (ours, theirs) in requests.iter().zip(exact.as_array().unwrap()) {
         assert_eq!(
@@ -217,7 +218,8 @@ fn kv_scales_match_vllm(golden: &Value, model: &Path, work: &Path, layers_prefix
 /// MXFP4's powers of two are bit-equal). A module's checksums inherit that bound: |ΔΣw| ≤ 2e-7·Σ|w|,
 /// |ΔΣc·w| ≤ 2e-7·8·Σ|w|, |ΔΣw²| ≤ 4e-7·Σw². 1e-6 of those scales leaves room for f64 summation order, and is far
 /// below what a real difference moves: one E8M0 exponent or one E4M3 scale byte off by one step in one group, a
-/// swapped nibble order, gate and up swapped, or another global scale (checked when the golden was made: README).
+/// swapped nibble order, gate and up swapped, or another global scale (checked when the golden was made:
+/// scripts/oracle/vllm/README.md).
 const FP4_CHECKSUM_RELATIVE_TOLERANCE: f64 = 1e-6;
 /// vLLM (float32, experts dequantized as above) against `squeeze eval` on the same folder and ids: 2.9e-8 / 6.8e-9
 /// (Kimi NVFP4 / MXFP4) and 4.5e-8 / 4.3e-9 (GLM-4.5) relative when the golden was made; squeeze's own drift on the

@@ -1,4 +1,4 @@
-//! The rule list: every engine load rule of REFERENCES §9 with its id, title, the file each engine's rule was
+//! The rule list: every engine load rule (docs/engines.md) with its id, title, the file each engine's rule was
 //! read in, and its check.
 
 mod config;
