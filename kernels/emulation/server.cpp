@@ -22,6 +22,7 @@
 // Every kernel family; each registers its kernels with SQUEEZE_EMULATION_KERNEL.
 #include "../activation.cu"
 #include "../attention.cu"
+#include "../fp4_dequant.cu"
 #include "../fp8_dequant.cu"
 #include "../indexer.cu"
 #include "../int4_quantize.cu"

@@ -7,6 +7,7 @@
 pub mod backend_ops;
 mod dense_bench;
 pub mod expert_ops;
+pub mod fp4_ops;
 mod host;
 pub mod kv_ops;
 pub mod quantize_kernels;
@@ -79,7 +80,8 @@ pub struct Case {
 }
 
 /// Every op, each once. No op's name contains another's, so a filter of one whole name runs that case alone.
-pub const CASES: [Case; 18] = [
+pub const CASES: [Case; 19] = [
+    Case { op: "fp4_dequant", check: |target, rng| fp4_ops::fp4_dequant(target.backend.device(), rng) },
     Case {
         op: "fp8_block_dequant",
         check: |target, rng| quantize_kernels::fp8_block_dequant(target.backend.device(), rng),

@@ -61,6 +61,7 @@ fn check(op: &str) {
 #[test]
 fn every_case_of_the_table_has_its_test() {
     let tested = [
+        "fp4_dequant",
         "fp8_block_dequant",
         "int4_quantize_fp8",
         "int4_quantize_f32",
@@ -88,6 +89,11 @@ fn every_case_of_the_table_has_its_test() {
             table.iter().enumerate().filter(|&(other, name)| other != index && name.contains(op)).collect();
         assert!(inside.is_empty(), "{op} is inside {inside:?}");
     }
+}
+
+#[test]
+fn fp4_dequant_matches_the_cpu_bit_for_bit() {
+    check("fp4_dequant");
 }
 
 #[test]

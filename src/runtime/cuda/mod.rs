@@ -12,6 +12,7 @@ mod activation;
 pub mod attention;
 mod checks;
 pub mod experts;
+pub mod fp4;
 pub mod fp8;
 pub mod indexer;
 pub mod int4_quantize;

@@ -9,7 +9,7 @@ pub struct Artifact {
     pub ptx_sm90: &'static str,
 }
 
-pub const ARTIFACTS: [Artifact; 13] = [
+pub const ARTIFACTS: [Artifact; 14] = [
     Artifact {
         family: "activation",
         cubin_sm90a: include_bytes!("../../../kernels/build/activation.sm_90a.cubin"),
@@ -19,6 +19,11 @@ pub const ARTIFACTS: [Artifact; 13] = [
         family: "attention",
         cubin_sm90a: include_bytes!("../../../kernels/build/attention.sm_90a.cubin"),
         ptx_sm90: include_str!("../../../kernels/build/attention.sm_90.ptx"),
+    },
+    Artifact {
+        family: "fp4_dequant",
+        cubin_sm90a: include_bytes!("../../../kernels/build/fp4_dequant.sm_90a.cubin"),
+        ptx_sm90: include_str!("../../../kernels/build/fp4_dequant.sm_90.ptx"),
     },
     Artifact {
         family: "fp8_dequant",
