@@ -23,6 +23,14 @@ fn overwrite(dir: &Path, name: &str, bytes: &[u8]) {
     fs::write(&path, file).unwrap();
 }
 
+/// Mean KLD of `candidate` against `source` (`eval --modes weights` on two 32-token sonnet chunks).
+fn weights_kld(source: &Path, candidate: &Path) -> f64 {
+    let (source, candidate) = (path_str(source), path_str(candidate));
+    let args = ["eval", "--reference", source, "--candidate", candidate, "--data", SONNETS, "--ctx", "32"];
+    let run = squeeze(&[&args[..], &["--chunks", "2", "--modes", "weights", "--json"]].concat());
+    run.json()["modes"]["weights"]["mean_kld"].as_f64().unwrap()
+}
+
 #[test]
 fn fp4_outputs_verify_for_both_engines_and_evaluate_on_every_architecture() {
     let temp = tempfile::tempdir().unwrap();
@@ -181,26 +189,7 @@ fn w4a8_outputs_declare_fp8_activations_and_shapes_the_engines_refuse_exit_2() {
     let mut config = read_json(&a16.join("config.json"));
     config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = serde_json::Value::Null;
     fs::write(a16.join("config.json"), config.to_string()).unwrap();
-    let kld = |candidate: &Path| {
-        let run = squeeze(&[
-            "eval",
-            "--reference",
-            path_str(&source),
-            "--candidate",
-            path_str(candidate),
-            "--data",
-            SONNETS,
-            "--ctx",
-            "32",
-            "--chunks",
-            "2",
-            "--modes",
-            "weights",
-            "--json",
-        ]);
-        run.json()["modes"]["weights"]["mean_kld"].as_f64().unwrap()
-    };
-    let (w4a8, w4a16) = (kld(&out), kld(&a16));
+    let (w4a8, w4a16) = (weights_kld(&source, &out), weights_kld(&source, &a16));
     assert!(
         w4a8 > w4a16 && w4a8.is_finite(),
         "W4A8 quantizes the experts' inputs and scales too: KLD {w4a8} vs {w4a16}"
@@ -318,26 +307,7 @@ fn w4a4_nvfp4_calibrates_activation_scales_and_the_runtime_quantizes_activations
     let verify =
         squeeze(&["verify", path_str(&out("a4")), "--source", path_str(&source), "--engine", "vllm", "--json"]);
     assert_eq!(verify.ok().json()["passed"], true);
-    let kld = |name: &str| {
-        let run = squeeze(&[
-            "eval",
-            "--reference",
-            path_str(&source),
-            "--candidate",
-            path_str(&out(name)),
-            "--data",
-            SONNETS,
-            "--ctx",
-            "32",
-            "--chunks",
-            "2",
-            "--modes",
-            "weights",
-            "--json",
-        ]);
-        run.json()["modes"]["weights"]["mean_kld"].as_f64().unwrap()
-    };
-    let (a16, a4) = (kld("a16"), kld("a4"));
+    let (a16, a4) = (weights_kld(&source, &out("a16")), weights_kld(&source, &out("a4")));
     assert!(a4 > a16 && a4.is_finite(), "W4A4 quantizes the experts' inputs too: KLD {a4} vs weights-only {a16}");
 
     expect_exit_2(&quantize("x", &["--recipe", "glm5-nvfp4-w4a4"]), &["--calibration", "input_global_scale"]);
