@@ -33,11 +33,9 @@ done
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
-if [ -z "${SQUEEZE:-}" ]; then
-  cargo build --release --quiet
-fi
-squeeze="${SQUEEZE:-$repo_root/target/release/squeeze}"
-python="${LLMC_PYTHON:-$repo_root/scripts/oracle/gptq/.venv/bin/python}"
+source scripts/bench-lib.sh
+squeeze="$(squeeze_binary "$repo_root")"
+python="$(llmc_python "$repo_root")"
 if [ -z "$work" ]; then
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
@@ -45,7 +43,7 @@ fi
 mkdir -p "$work"
 src="$work/$arch-$layers-$hidden-$experts-$inner"
 ids="$work/ids-$samples-$seq_len.safetensors"
-echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB RAM, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+machine_line
 if [ ! -f "$src/config.json" ]; then
   "$squeeze" synth --arch "$arch" "$src" --layers "$layers" --hidden "$hidden" --experts "$experts" \
     --moe-intermediate "$inner" --force >/dev/null
@@ -53,25 +51,14 @@ fi
 vocab=$(python3 -c "import json; print(json.load(open('$src/config.json'))['vocab_size'])")
 if [ ! -f "$ids" ]; then
   # Random ids in the synth vocabulary, fixed seed: the same input_ids for both tools.
-  python3 - "$ids" "$samples" "$seq_len" "$vocab" <<'PY'
-import json, random, struct, sys
-path, rows, columns, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rng = random.Random(0)
-data = struct.pack(f"<{rows * columns}q", *(rng.randrange(vocab) for _ in range(rows * columns)))
-header = json.dumps({"input_ids": {"dtype": "I64", "shape": [rows, columns], "data_offsets": [0, len(data)]}}).encode()
-header += b" " * (-len(header) % 8)
-open(path, "wb").write(struct.pack("<Q", len(header)) + header + data)
-PY
+  python3 scripts/calibration_ids.py random "$ids" "$samples" "$seq_len" "$vocab"
 fi
 echo "source: $src ($(du -sh "$src" | cut -f1)); calibration: $samples x $seq_len random ids"
 
 measure() {  # label, command...: one line of wall, user, peak RSS
   local label="$1"; shift
-  local log="$work/time.log"
-  /usr/bin/time -f '%e %U %M' -o "$log" "$@" >"$work/last.out" 2>&1 || { echo "$label failed:"; tail -5 "$work/last.out"; return 1; }
-  read -r wall user rss <"$log"
-  printf '%-44s %5s %8s %8s %9.2f GB   load %s\n' "$label" "$round" "$wall" "$user" "$(echo "$rss / 1048576" | bc -l)" \
-    "$(cut -d' ' -f1 /proc/loadavg)"
+  timed "$work" "$@" || { echo "$label failed"; return 1; }
+  printf '%-44s %5s %8s %8s %9s GB   load %s\n' "$label" "$round" "$WALL" "$USER_CPU" "$RSS_GB" "$LOAD"
 }
 
 if [ "$llmc" = 1 ]; then

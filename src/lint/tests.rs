@@ -247,3 +247,129 @@ fn awkward_configs_fail_the_rule_naming_the_key_and_never_panic() {
     assert!(report.passed, "{report:#?}");
     assert_eq!(status(&report, "linear-target"), Status::Skipped);
 }
+
+/// The status of `rule` for one engine alone, and its finding lines.
+fn one_engine(output: &OutputDescription, engine: Engine, tp: usize, rule: &str) -> (Status, String) {
+    let report = lint(output, &[engine], tp);
+    (status(&report, rule), findings(&report, rule))
+}
+
+fn weights(output: &mut OutputDescription) -> &mut Value {
+    &mut quantization(output)["config_groups"]["group_0"]["weights"]
+}
+
+/// SGLang 0.5.23's reading of the layouts other writers use (F32/F16 scales, zero points, channel, actorder,
+/// targets naming the experts), beside vLLM's.
+#[test]
+fn sglang_rules_for_peer_layouts() {
+    // F16 and F32 scales load in both engines (cast to the model dtype); an integer scale in neither.
+    for (dtype, loads) in [(Dtype::F32, true), (Dtype::F16, true), (Dtype::I32, false)] {
+        let mut output = good();
+        for t in output.tensors.iter_mut().filter(|t| t.name.ends_with(".weight_scale")) {
+            t.dtype = dtype;
+        }
+        for engine in BOTH {
+            let (got, text) = one_engine(&output, engine, 1, "int4-tensors");
+            assert_eq!(got == Status::Passed, loads, "{dtype} {engine:?}: {got:?}\n{text}");
+        }
+    }
+
+    // Asymmetric with compressed-tensors' zero points [out/8, groups]: vLLM loads them; SGLang copies them untransposed.
+    let mut asymmetric = good();
+    weights(&mut asymmetric)["symmetric"] = json!(false);
+    let zero_points: Vec<TensorFacts> = asymmetric
+        .tensors
+        .iter()
+        .filter_map(|t| t.name.strip_suffix(".weight_scale").filter(|m| m.contains(".experts.")).map(|m| (m, t)))
+        .map(|(module, scale)| {
+            tensor(&format!("{module}.weight_zero_point"), Dtype::I32, &[scale.shape[0] / 8, scale.shape[1]], None)
+        })
+        .collect();
+    asymmetric.tensors.extend(zero_points);
+    for rule in ["weight-args", "int4-tensors"] {
+        assert_eq!(one_engine(&asymmetric, Engine::Vllm, 1, rule).0, Status::Passed, "vLLM {rule}");
+        let (got, text) = one_engine(&asymmetric, Engine::Sglang, 1, rule);
+        assert_eq!(got, Status::Failed, "SGLang {rule}: {text}");
+        assert!(text.contains("without the transpose") || text.contains("untransposed"), "{rule}: {text}");
+    }
+    // One finding for the folder, not one per tensor.
+    assert_eq!(one_engine(&asymmetric, Engine::Sglang, 1, "int4-tensors").1.lines().count(), 1);
+    // A zero point in a symmetric scheme still fails both.
+    let mut stray = asymmetric;
+    weights(&mut stray)["symmetric"] = json!(true);
+    for engine in BOTH {
+        let (got, text) = one_engine(&stray, engine, 1, "int4-tensors");
+        assert_eq!(got, Status::Failed, "{engine:?}");
+        assert!(text.contains("a zero point in a symmetric scheme"), "{text}");
+    }
+
+    // strategy channel, one scale per row: both engines load it (Marlin group -1); no group-size rule applies.
+    let mut channel = good();
+    weights(&mut channel)["strategy"] = json!("channel");
+    weights(&mut channel)["group_size"] = Value::Null;
+    for t in channel.tensors.iter_mut().filter(|t| t.name.ends_with(".weight_scale")) {
+        t.shape[1] = 1;
+        t.values = Some(Values::floats(vec![0.01; t.shape[0]]));
+    }
+    for engine in BOTH {
+        assert_eq!(one_engine(&channel, engine, 2, "weight-args").0, Status::Passed, "{engine:?}");
+        assert_eq!(one_engine(&channel, engine, 2, "int4-tensors").0, Status::Passed, "{engine:?}");
+        assert_eq!(one_engine(&channel, engine, 2, "group-size-tp").0, Status::Skipped, "{engine:?}");
+    }
+    weights(&mut channel)["strategy"] = json!("tensor");
+    assert_eq!(one_engine(&channel, Engine::Sglang, 1, "weight-args").0, Status::Failed);
+
+    // actorder: SGLang sizes down_proj's scales for act-order unless the string is "static", and loads them split.
+    let actorder = |value: Value, tp: usize| {
+        let mut output = good();
+        weights(&mut output)["actorder"] = value;
+        one_engine(&output, Engine::Sglang, tp, "weight-args")
+    };
+    for value in [Value::Null, json!(false), json!("static")] {
+        assert_eq!(actorder(value.clone(), 2).0, Status::Passed, "{value}");
+    }
+    for value in [json!("weight"), json!("group"), json!(true)] {
+        assert_eq!(actorder(value.clone(), 1).0, Status::Passed, "{value} at tp 1");
+        let (got, text) = actorder(value.clone(), 2);
+        assert_eq!(got, Status::Failed, "{value} at tp 2");
+        assert!(text.contains("load_full_w2") && text.contains("group size 32 / 2"), "{text}");
+    }
+    assert!(actorder(json!("weight"), 2).1.contains("set it to \"static\""));
+    let (got, text) = actorder(json!("dynamic"), 1);
+    assert_eq!(got, Status::Failed);
+    assert!(text.contains("unpermuted"), "{text}");
+    assert_eq!(actorder(json!("sorted"), 1).0, Status::Failed);
+
+    // Targets naming the routed experts: SGLang matches them by name (vLLM's rule is unchanged).
+    let mut named = good();
+    quantization(&mut named)["config_groups"]["group_0"]["targets"] =
+        json!(["re:.*mlp\\.experts\\.\\d+\\.(gate|up|down)_proj$"]);
+    assert_eq!(one_engine(&named, Engine::Sglang, 1, "linear-target").0, Status::Passed);
+    assert_eq!(one_engine(&named, Engine::Vllm, 1, "linear-target").0, Status::Failed);
+    // … except where SGLang would fuse the BF16 shared expert into the INT4 layer (GLM-5's and DeepSeek-V3's 256
+    // routed experts and one shared), which only a symmetric INT4 "Linear" group prevents.
+    for architecture in ["GlmMoeDsaForCausalLM", "DeepseekV3ForCausalLM"] {
+        let mut fused = named.clone();
+        fused.config["architectures"] = json!([architecture]);
+        fused.config["n_routed_experts"] = json!(256);
+        fused.config["n_shared_experts"] = json!(1);
+        let (got, text) = one_engine(&fused, Engine::Sglang, 1, "linear-target");
+        assert_eq!(got, Status::Failed, "{architecture}");
+        assert!(text.contains("shared_experts_fusion_disable_reason"), "{text}");
+        quantization(&mut fused)["config_groups"]["group_0"]["targets"] = json!(["Linear"]);
+        assert_eq!(one_engine(&fused, Engine::Sglang, 1, "linear-target").0, Status::Passed, "{architecture}");
+        weights(&mut fused)["symmetric"] = json!(false);
+        assert_eq!(one_engine(&fused, Engine::Sglang, 1, "linear-target").0, Status::Failed, "{architecture}");
+    }
+    let mut kimi = named.clone();
+    kimi.config["n_routed_experts"] = json!(384);
+    kimi.config["n_shared_experts"] = json!(1);
+    assert_eq!(one_engine(&kimi, Engine::Sglang, 1, "linear-target").0, Status::Passed, "Kimi's 384 are not fused");
+    // W4A8's SGLang method reads target_scheme_map["Linear"].
+    let mut w4a8 = named;
+    quantization(&mut w4a8)["config_groups"]["group_0"]["input_activations"] =
+        json!({"num_bits": 8, "type": "float", "strategy": "token", "dynamic": true, "symmetric": true});
+    let (got, text) = one_engine(&w4a8, Engine::Sglang, 1, "linear-target");
+    assert_eq!(got, Status::Failed);
+    assert!(text.contains("CompressedTensorsW4AFP8MoE"), "{text}");
+}

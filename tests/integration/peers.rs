@@ -170,3 +170,46 @@ fn verify_engine_vllm_passes_peer_layouts_it_loads_and_fails_group_activation_or
     let eval = squeeze(&["eval", path_str(&grouped), "--data", path_str(&text), "--ctx", "32"]);
     expect_exit_2(&eval, &[".weight_g_idx: missing", "actorder group"]);
 }
+
+/// `verify --engine sglang` says what SGLang 0.5.23 loads of each peer folder: F32 scales, channel, GPTQ with
+/// actorder weight (at tp 1) and the regex targets llm-compressor writes pass; the asymmetric folder fails
+/// weight-args and int4-tensors (SGLang copies compressed-tensors' zero points untransposed); actorder weight fails
+/// at --tp 2 (down_proj's scales sized unsplit, loaded split) and passes as its alias "static".
+#[test]
+fn verify_engine_sglang_passes_peer_layouts_it_loads_and_fails_zero_points_and_split_activation_order() {
+    let rule = |run: &crate::common::Run, id: &str| -> serde_json::Value {
+        let rules = run.json()["engine_rules"]["rules"].as_array().cloned().unwrap_or_default();
+        rules.into_iter().find(|r| r["rule"] == id).unwrap_or_else(|| panic!("no {id} in {}", run.stdout))
+    };
+    for (name, what) in PEERS {
+        let run = squeeze(&["verify", path_str(&peers_dir().join(name)), "--engine", "sglang", "--json"]);
+        let asymmetric = name == "llmc-asym-g64";
+        for id in ["weight-args", "int4-tensors", "linear-target", "group-size-tp"] {
+            let got = rule(&run, id);
+            let refused = asymmetric && matches!(id, "weight-args" | "int4-tensors");
+            assert_eq!(got["status"] == "failed", refused, "{name} ({what}): {id} {got}");
+        }
+        assert_eq!(run.code, if asymmetric { 1 } else { 0 }, "{name}: {}", run.stdout);
+        if name == "llmc-channel" {
+            assert_eq!(rule(&run, "group-size-tp")["status"], "skipped", "{name}");
+        }
+        if asymmetric {
+            let text = rule(&run, "int4-tensors").to_string();
+            assert!(text.contains("untransposed") && text.contains("[8, 1]"), "{text}");
+            assert!(rule(&run, "weight-args").to_string().contains("without the transpose"), "{}", run.stdout);
+        }
+    }
+    let args = |folder: &Path, tp: &str| {
+        let run = squeeze(&["verify", path_str(folder), "--engine", "sglang", "--tp", tp, "--json"]);
+        rule(&run, "weight-args")
+    };
+    let actorder = peers_dir().join("llmc-gptq-actorder");
+    let split = args(&actorder, "2");
+    assert_eq!(split["status"], "failed", "{split}");
+    assert!(split.to_string().contains("load_full_w2"), "{split}");
+    assert_ne!(args(&peers_dir().join("llmc-gptq-w4a16"), "2")["status"], "failed");
+    let dir = tempfile::tempdir().unwrap();
+    let alias = copy_peer(dir.path(), "llmc-gptq-actorder");
+    edit_weights_args(&alias, |weights| weights["actorder"] = "static".into());
+    assert_ne!(args(&alias, "2")["status"], "failed");
+}

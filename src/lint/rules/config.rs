@@ -77,7 +77,7 @@ pub fn quant_method(context: &Context, _: Engine) -> Outcome {
     Outcome::from_findings(format!("compressed-tensors {expected}"), findings)
 }
 
-pub fn linear_target(context: &Context, _: Engine) -> Outcome {
+pub fn linear_target(context: &Context, engine: Engine) -> Outcome {
     if let Some(finding) = missing_quantization(context) {
         return Outcome::from_findings("", vec![finding]);
     }
@@ -96,7 +96,11 @@ pub fn linear_target(context: &Context, _: Engine) -> Outcome {
         ),
         [group] => {
             let targets = group.json.get("targets");
-            if targets == Some(&json!(["Linear"])) {
+            let linear = targets == Some(&json!(["Linear"]));
+            if engine == Engine::Sglang {
+                return sglang_targets(context, group.name, linear, shown(targets));
+            }
+            if linear {
                 Outcome::passed(format!("{} targets [\"Linear\"]", group.name))
             } else {
                 Outcome::from_findings(
@@ -125,6 +129,87 @@ pub fn linear_target(context: &Context, _: Engine) -> Outcome {
             )
         }
     }
+}
+
+/// SGLang 0.5.23 with one config group: `get_moe_scheme` (compressed_tensors.py) finds each MoE layer's scheme by
+/// matching `<layer>.experts.0.{gate,up,down}_proj` against the targets (`find_matched_target`: exact, `re:`
+/// re.match, or the module class `Linear`), so targets naming the routed experts load like `["Linear"]` (the
+/// routed-experts and ignore-coverage rules check that they name every expert and that every other linear is
+/// ignored) — except that two places read `target_scheme_map["Linear"]` alone: W4A8's `CompressedTensorsW4AFP8MoE`
+/// (KeyError without it) and the shared-expert fusion gate ([`sglang_fuses_shared_expert`]).
+fn sglang_targets(context: &Context, group: &str, linear: bool, targets: String) -> Outcome {
+    let subject = format!("quantization_config.config_groups.{group}.targets");
+    let mut findings = Vec::new();
+    if !linear && w4a8_group(context).is_some() {
+        findings.push(Finding::failed(
+            subject.clone(),
+            format!(
+                "is {targets}: SGLang 0.5.23's W4A8 MoE (CompressedTensorsW4AFP8MoE.__init__) reads \
+                 target_scheme_map[\"Linear\"] and raises KeyError without it"
+            ),
+            "set it to [\"Linear\"] and list unquantized modules in `ignore`",
+        ));
+    }
+    if let Some(problem) = sglang_fuses_shared_expert(context, linear) {
+        findings.push(Finding::failed(
+            subject,
+            format!("is {targets}: {problem}"),
+            "give the INT4 group \"targets\": [\"Linear\"] (symmetric) and list unquantized modules in `ignore`, or \
+             serve with --disable-shared-experts-fusion",
+        ));
+    }
+    let detail = if linear {
+        format!("{group} targets [\"Linear\"]")
+    } else {
+        format!("{group} targets {targets}: SGLang 0.5.23 matches the routed experts by name (get_moe_scheme)")
+    };
+    Outcome::from_findings(detail, findings)
+}
+
+/// Why SGLang 0.5.23 would fuse an unquantized shared expert into the INT4 routed experts' MoE layer, if it would
+/// (INT4 outputs only).
+/// `DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason` (models/deepseek_v2.py) fuses for
+/// `DeepseekV3ForCausalLM` and `GlmMoeDsaForCausalLM` (GLM-5) with 256 routed experts and one shared expert (CUDA,
+/// no DeepEP/TBO) unless `is_wint4afp8_or_wint4a16_config` (models/deepseek_common/utils.py) says the routed
+/// experts are INT4, which it reads from `target_scheme_map["Linear"]` only (pack-quantized int4 symmetric static,
+/// W4A16 or W4A8). Fused, the shared expert is loaded as expert 256 of the INT4 layer, where its BF16 `weight` names
+/// no parameter and is skipped (`DeepseekV2WeightLoaderMixin.do_load_weights`: `if name not in params_dict:
+/// continue`).
+fn sglang_fuses_shared_expert(context: &Context, linear: bool) -> Option<String> {
+    // Read for INT4 routed experts only (FP4 MoE methods have their own shared-expert handling, not read here).
+    if !context.modules.values().any(|stored| *stored == Stored::Int4) {
+        return None;
+    }
+    let architecture = context.architecture()?;
+    if !matches!(architecture, "DeepseekV3ForCausalLM" | "GlmMoeDsaForCausalLM") {
+        return None;
+    }
+    let routed = context.config.get("n_routed_experts").and_then(Value::as_u64);
+    let shared = context.config.get("n_shared_experts").and_then(Value::as_u64);
+    if routed != Some(256) || shared != Some(1) {
+        return None;
+    }
+    let unquantized_shared =
+        context.modules.iter().any(|(module, stored)| module.contains(".mlp.shared_experts.") && !stored.is_packed());
+    if !unquantized_shared {
+        return None;
+    }
+    let int4_linear = linear
+        && context.quantization.and_then(|q| q.get("format")) == Some(&json!("pack-quantized"))
+        && int4_group_weights(context).is_some_and(|(_, w)| {
+            w.get("num_bits") == Some(&json!(4))
+                && w.get("type") == Some(&json!("int"))
+                && w.get("symmetric") == Some(&json!(true))
+                && w.get("dynamic") != Some(&json!(true))
+        });
+    (!int4_linear).then(|| {
+        format!(
+            "SGLang 0.5.23 fuses the shared expert of a {architecture} with 256 routed experts into the routed \
+             experts' MoE layer unless target_scheme_map[\"Linear\"] is symmetric INT4 \
+             (deepseek_v2.py shared_experts_fusion_disable_reason, deepseek_common/utils.py \
+             is_wint4afp8_or_wint4a16_config); the unquantized shared expert's weights then load nowhere"
+        )
+    })
 }
 
 /// The weights arguments of the INT4 group (`num_bits` 4), else of the first group.
@@ -227,28 +312,22 @@ pub fn weight_args(context: &Context, engine: Engine) -> Outcome {
     };
     let key = |name: &str| format!("quantization_config.config_groups.{group}.weights.{name}");
     let mut findings = Vec::new();
-    if engine == Engine::Vllm {
-        findings.extend(vllm_weight_args(weights, &key));
+    // `symmetric`, `strategy` and `actorder` are each engine's own (`vllm_weight_args`, `sglang_weight_args`).
+    match engine {
+        Engine::Vllm => findings.extend(vllm_weight_args(weights, &key)),
+        Engine::Sglang => findings.extend(sglang_weight_args(weights, context.tp.max(1), &key)),
     }
-    for (name, expected) in [
-        ("type", json!("int")),
-        ("num_bits", json!(4)),
-        ("symmetric", json!(true)),
-        ("dynamic", json!(false)),
-        ("strategy", json!("group")),
-    ] {
+    for (name, expected) in [("type", json!("int")), ("num_bits", json!(4)), ("dynamic", json!(false))] {
         let got = weights.get(name);
-        // vLLM 0.32's WNA16 MoE path also takes zero points and one scale per row (`vllm_weight_args`).
-        let vllm_reads = engine == Engine::Vllm && matches!(name, "symmetric" | "strategy");
-        if got != Some(&expected) && !vllm_reads {
+        if got != Some(&expected) {
             findings.push(Finding::failed(
                 key(name),
                 format!("is {}, expected {expected}", shown(got)),
-                format!("set it to {expected}: the INT4 MoE path takes symmetric static int4 group weights only"),
+                format!("set it to {expected}: the INT4 MoE path takes static int4 weights only"),
             ));
         }
     }
-    let channel = engine == Engine::Vllm && weights.get("strategy") == Some(&json!("channel"));
+    let channel = weights.get("strategy") == Some(&json!("channel"));
     match weights.get("group_size").and_then(Value::as_u64) {
         _ if channel => {}
         Some(g) if GROUP_SIZES.contains(&(g as usize)) => {}
@@ -257,13 +336,6 @@ pub fn weight_args(context: &Context, engine: Engine) -> Outcome {
             format!("is {}, expected 32, 64 or 128", shown(weights.get("group_size"))),
             "requantize with --group-size 32 (Kimi's layout), 64 or 128",
         )),
-    }
-    if engine != Engine::Vllm && !weights.get("actorder").is_none_or(Value::is_null) {
-        findings.push(Finding::failed(
-            key("actorder"),
-            format!("is {}, expected null", shown(weights.get("actorder"))),
-            "set it to null: no g_idx is written",
-        ));
     }
     let activations = context
         .groups
@@ -317,6 +389,96 @@ fn vllm_weight_args(weights: &Value, key: &dyn Fn(&str) -> String) -> Vec<Findin
             format!("is {}: vLLM 0.32 no longer loads group/dynamic activation order (weight_g_idx)", shown(actorder)),
             "requantize without activation order, or with actorder \"weight\" (same layout, no g_idx)",
         ));
+    }
+    findings
+}
+
+/// SGLang 0.5.23 on CUDA (compressed-tensors 0.18 parses the config): `compressed_tensors.py`
+/// `_is_wNa16_group_channel` sends static int4 `group` and `channel` weights, symmetric or not, to
+/// `CompressedTensorsWNA16MoE` (Marlin; the Triton backend, `--moe-runner-backend triton` or SM100's default, takes
+/// symmetric group 32/128 without actorder only and falls back to Marlin on SM100). There:
+/// - `symmetric: false` does not load: `FusedMoE._weight_loader_impl` (fused_moe_triton/layer.py) transposes every
+///   compressed-tensors expert tensor except those named `zero`, so compressed-tensors' zero points
+///   (`[out/8, groups]`, packed along the output rows) go untransposed into the `[groups, out/8]` parameter
+///   `create_weights` allocates (a shape-mismatch error, or a silently wrong copy where the shapes coincide), and
+///   `process_weights_after_loading` converts them as AWQ-interleaved (`moe_awq_to_marlin_zero_points`);
+/// - `actorder`: `create_weights` sizes down_proj's scales for the whole (unsplit) intermediate size when actorder
+///   is set and not the string "static" (`load_full_w2`), but the loader never reads `load_full_w2` and shards
+///   them, so at a MoE tensor-parallel size above 1 the Marlin kernel divides K by the wrong group count (group size
+///   g / tp): "weight" and "group" load only with the experts unsplit; "dynamic" (compressed-tensors' alias of
+///   "group") loses its g_idx (`process_weights_after_loading` sorts by g_idx only for the string "group").
+fn sglang_weight_args(weights: &Value, tp: usize, key: &dyn Fn(&str) -> String) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    match weights.get("symmetric") {
+        Some(Value::Bool(true)) => {}
+        Some(Value::Bool(false)) => findings.push(Finding::failed(
+            key("symmetric"),
+            "is false: SGLang 0.5.23 copies compressed-tensors' weight_zero_point [out/8, groups] into its \
+             [groups, out/8] parameter without the transpose the other expert tensors get, and reads it as \
+             AWQ-interleaved (FusedMoE._weight_loader_impl, CompressedTensorsWNA16MoE.process_weights_after_loading): \
+             a shape-mismatch error at load, or wrong zero points",
+            "serve this folder with vLLM, or requantize symmetric (squeeze quantize writes symmetric INT4)",
+        )),
+        other => findings.push(Finding::failed(
+            key("symmetric"),
+            format!("is {}, expected true", shown(other)),
+            "set it to true (squeeze quantize writes symmetric INT4)",
+        )),
+    }
+    let strategy = weights.get("strategy");
+    if !matches!(strategy.and_then(Value::as_str), Some("group" | "channel")) {
+        findings.push(Finding::failed(
+            key("strategy"),
+            format!("is {}, expected \"group\" or \"channel\" (SGLang's WNA16 MoE scheme)", shown(strategy)),
+            "requantize with group scales (squeeze quantize writes strategy group)",
+        ));
+    }
+    // compressed-tensors 0.18 reads `true` as "group" and `false` as null.
+    let actorder = weights.get("actorder");
+    let order = match actorder {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Some(None),
+        Some(Value::Bool(true)) => Some(Some("group")),
+        Some(Value::String(order)) => Some(Some(order.as_str())),
+        Some(_) => None,
+    };
+    let group = weights.get("group_size").and_then(Value::as_u64).map_or("g".to_string(), |g| g.to_string());
+    let unsplit = "serve with the experts unsplit (--tp 1, or --ep-size equal to --tp), or requantize without \
+                   activation order";
+    match order {
+        Some(None | Some("static")) => {}
+        Some(Some(order @ ("weight" | "group"))) => {
+            if tp > 1 {
+                findings.push(Finding::failed(
+                    key("actorder"),
+                    format!(
+                        "is \"{order}\": at tp {tp} SGLang 0.5.23 allocates down_proj's scales unsplit \
+                         (CompressedTensorsWNA16MoE.create_weights, load_full_w2) but loads them split (FusedMoE \
+                         never reads load_full_w2), so its Marlin MoE kernel runs with group size {group} / {tp}"
+                    ),
+                    match order {
+                        "weight" => format!(
+                            "set it to \"static\" (compressed-tensors' alias of \"weight\": the same layout, which \
+                             SGLang does not size as act-order), or {unsplit}"
+                        ),
+                        _ => unsplit.to_string(),
+                    },
+                ));
+            }
+        }
+        Some(Some("dynamic")) => findings.push(Finding::failed(
+            key("actorder"),
+            "is \"dynamic\": SGLang 0.5.23 applies weight_g_idx only when actorder is the string \"group\" \
+             (CompressedTensorsWNA16MoE.process_weights_after_loading), so this alias serves the groups unpermuted",
+            "set it to \"group\" (the same layout)",
+        )),
+        _ => findings.push(Finding::failed(
+            key("actorder"),
+            format!(
+                "is {}: compressed-tensors 0.18 (SGLang 0.5.23's) knows null, weight, static, group, dynamic",
+                shown(actorder)
+            ),
+            "set it to null",
+        )),
     }
     findings
 }

@@ -44,23 +44,23 @@ pub const RULES: [Rule; 18] = [
     },
     Rule {
         id: "linear-target",
-        title: "one config group with targets [\"Linear\"]",
+        title: "one config group with targets [\"Linear\"] (SGLang also: targets naming the routed experts, except for W4A8 and where it would fuse an unquantized shared expert)",
         vllm: "vLLM compressed_tensors_moe_wna16.py",
-        sglang: "SGLang compressed_tensors_wNa16_moe.py (target_scheme_map[\"Linear\"])",
+        sglang: "SGLang 0.5.23 compressed_tensors.py get_moe_scheme (find_matched_target on <layer>.experts.0.*_proj); compressed_tensors_w4a8_fp8_moe.py CompressedTensorsW4AFP8MoE.__init__ (target_scheme_map[\"Linear\"]); deepseek_v2.py shared_experts_fusion_disable_reason, deepseek_common/utils.py is_wint4afp8_or_wint4a16_config (\"Linear\" only)",
         check: config::linear_target,
     },
     Rule {
         id: "weight-args",
-        title: "weights int4 static group 32/64/128, symmetric, no actorder (vLLM also: asymmetric, channel, actorder weight), no input activations",
+        title: "weights int4 static, group 32/64/128 or channel, symmetric (vLLM also asymmetric), actorder null or static (vLLM also weight; SGLang weight and group only with the experts unsplit), no input activations (or W4A8's)",
         vllm: "vLLM compressed_tensors_moe_wna16.py, fused_moe/oracle/int_wna16.py",
-        sglang: "SGLang compressed_tensors_wNa16_moe.py",
+        sglang: "SGLang 0.5.23 compressed_tensors.py get_moe_scheme/_is_wNa16_group_channel; compressed_tensors_wNa16_moe.py CompressedTensorsWNA16MoE.create_weights (load_full_w2, zero points), process_weights_after_loading (actorder == \"group\", moe_awq_to_marlin_zero_points); fused_moe_triton/layer.py FusedMoE._weight_loader_impl (zero points not transposed, load_full_w2 never read)",
         check: config::weight_args,
     },
     Rule {
         id: "group-size-tp",
         title: "group size divides hidden_size and moe_intermediate_size / tp",
         vllm: "vLLM compressed_tensors_moe_wna16.py, marlin_utils.py",
-        sglang: "SGLang compressed_tensors_wNa16_moe.py",
+        sglang: "SGLang compressed_tensors_wNa16_moe.py (0.5.23 CompressedTensorsWNA16MoE.create_weights: strategy channel is one group)",
         check: shapes::group_size_tp,
     },
     Rule {
@@ -93,9 +93,9 @@ pub const RULES: [Rule; 18] = [
     },
     Rule {
         id: "int4-tensors",
-        title: "INT4 tensors: weight_packed I32, weight_scale BF16 > 0, weight_shape I64, no FP8 leftovers",
+        title: "INT4 tensors: weight_packed I32, weight_scale BF16/F16/F32 > 0, weight_shape I64, weight_zero_point only when asymmetric (SGLang: none), no FP8 leftovers",
         vllm: "vLLM compressed_tensors_wNa16.py, compressed_tensors_moe_wna16.py",
-        sglang: "SGLang compressed_tensors_wNa16_moe.py",
+        sglang: "SGLang 0.5.23 compressed_tensors_wNa16_moe.py CompressedTensorsWNA16MoE.create_weights (scales in params_dtype, zero points [E, groups, out/8]); fused_moe_triton/layer.py FusedMoE._weight_loader_impl, _load_w13/_load_w2 (copy_ casts the scales; zero points not transposed)",
         check: tensors::int4_tensors,
     },
     Rule {

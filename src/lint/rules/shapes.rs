@@ -26,17 +26,18 @@ fn remedy(group: usize, tp: usize, fits: impl Fn(usize, usize) -> bool, otherwis
 
 const NO_FIT: &str = "no group size of 32, 64 or 128 fits this model at this tp; choose another --tp";
 
-pub fn group_size_tp(context: &Context, engine: Engine) -> Outcome {
+pub fn group_size_tp(context: &Context, _: Engine) -> Outcome {
     let experts: Vec<&str> =
         context.routed_experts().into_iter().filter(|m| context.modules.get(m) == Some(&Stored::Int4)).collect();
     if experts.is_empty() {
         return Outcome::skipped("no INT4 routed experts");
     }
-    // vLLM 0.32 takes one scale per row for the experts (compressed_tensors_moe_wna16.py: `strategy == "channel"`
-    // gives one group), which no tensor-parallel split can cross.
+    // Both engines take one scale per row for the experts (`strategy == "channel"` gives one group: vLLM 0.32
+    // compressed_tensors_moe_wna16.py, SGLang 0.5.23 compressed_tensors_wNa16_moe.py
+    // `CompressedTensorsWNA16MoE.create_weights`, group size -1 for Marlin), which no tensor-parallel split can cross.
     let channel = super::config::int4_group_weights(context)
         .is_some_and(|(_, weights)| weights.get("strategy").and_then(serde_json::Value::as_str) == Some("channel"));
-    if channel && engine == Engine::Vllm {
+    if channel {
         return Outcome::skipped("strategy channel: one scale per row");
     }
     let Some(group) = group_size(context) else {

@@ -26,12 +26,17 @@ pub fn int4_tensors(context: &Context, engine: Engine) -> Outcome {
         };
     }
     let group = group_size(context);
-    // vLLM 0.32 allocates the scales in the model dtype and its weight loader copies (casts) what the file holds,
-    // so F16 and F32 scales load too (compressed_tensors_moe_wna16.py `create_weights`); zero points load for an
-    // asymmetric group. SGLang's loader was not re-read: its rule stays BF16, symmetric.
+    // Both engines allocate the experts' scales in the model dtype and their weight loaders copy (cast) what the
+    // file holds, so F16 and F32 scales load too (rounded to the model dtype): vLLM 0.32
+    // compressed_tensors_moe_wna16.py `create_weights`; SGLang 0.5.23 compressed_tensors_wNa16_moe.py
+    // `CompressedTensorsWNA16MoE.create_weights` (`params_dtype`), fused_moe_triton/layer.py `FusedMoE._load_w13` /
+    // `_load_w2` (`copy_`). Zero points of an asymmetric group load in vLLM; SGLang 0.5.23 copies them without the
+    // transpose its other compressed-tensors expert tensors get (`FusedMoE._weight_loader_impl` skips names with
+    // `zero`): compressed-tensors' [out/8, groups] into its [groups, out/8] parameter.
     let vllm = engine == Engine::Vllm;
     let asymmetric = super::config::int4_group_weights(context)
         .is_some_and(|(_, weights)| weights.get("symmetric") == Some(&serde_json::Value::Bool(false)));
+    let mut zero_point_reported = false;
     let mut values_checked = false;
     for module in &modules {
         let tensor = |suffix: &str| context.tensors.get(format!("{module}.{suffix}").as_str()).copied();
@@ -100,16 +105,14 @@ pub fn int4_tensors(context: &Context, engine: Engine) -> Outcome {
             None => findings.push(Finding::failed(name("weight_scale"), "missing", requantize)),
             Some(scale) => {
                 let expected_shape = group.map(|g| vec![rows, columns.div_ceil(g)]);
-                let dtype_loads =
-                    scale.dtype == Dtype::BF16 || (vllm && matches!(scale.dtype, Dtype::F16 | Dtype::F32));
+                let dtype_loads = matches!(scale.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
                 if !dtype_loads || expected_shape.as_ref().is_some_and(|s| *s != scale.shape) {
                     findings.push(Finding::failed(
                         name("weight_scale"),
                         format!(
-                            "is {} {:?}, expected {} {}",
+                            "is {} {:?}, expected BF16/F16/F32 {}",
                             scale.dtype,
                             scale.shape,
-                            if vllm { "BF16/F16/F32" } else { "BF16" },
                             expected_shape.map_or("[out, in/group_size]".to_string(), |s| format!("{s:?}"))
                         ),
                         requantize,
@@ -128,13 +131,35 @@ pub fn int4_tensors(context: &Context, engine: Engine) -> Outcome {
             }
         }
         // (A leftover `weight_scale_inv` is reported by the output-wide check above.)
-        for (suffix, problem) in [
-            ("weight_zero_point", "a zero point in a symmetric scheme"),
-            ("weight", "a leftover unquantized/FP8 `weight` next to weight_packed"),
-        ] {
-            if tensor(suffix).is_some() && !(suffix == "weight_zero_point" && vllm && asymmetric) {
-                findings.push(Finding::failed(name(suffix), problem, "remove it"));
+        if let Some(zero_point) = tensor("weight_zero_point") {
+            if !asymmetric {
+                findings.push(Finding::failed(
+                    name("weight_zero_point"),
+                    "a zero point in a symmetric scheme",
+                    "remove it",
+                ));
+            } else if !vllm && !zero_point_reported {
+                // Once per output: every zero point of the folder has the same layout.
+                zero_point_reported = true;
+                findings.push(Finding::failed(
+                    name("weight_zero_point"),
+                    format!(
+                        "is {} {:?} (compressed-tensors: [out/8, groups]); SGLang 0.5.23 loads it untransposed into \
+                         its [groups, out/8] parameter and converts it as AWQ-interleaved \
+                         (FusedMoE._weight_loader_impl, moe_awq_to_marlin_zero_points): a shape-mismatch error, or \
+                         wrong zero points (every zero point of this output has this layout)",
+                        zero_point.dtype, zero_point.shape
+                    ),
+                    "serve this folder with vLLM, or requantize symmetric (squeeze quantize writes symmetric INT4)",
+                ));
             }
+        }
+        if tensor("weight").is_some() {
+            findings.push(Finding::failed(
+                name("weight"),
+                "a leftover unquantized/FP8 `weight` next to weight_packed",
+                "remove it",
+            ));
         }
     }
     let values = if values_checked { "values checked" } else { "values not known before writing" };
