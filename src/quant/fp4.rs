@@ -824,7 +824,8 @@ mod tests {
             let (mut packed, mut scales) = (vec![0xAAu8; row.len() / 2], vec![0xAAu8; row.len().div_ceil(16)]);
             nvfp4_quantize_row_packed_portable(&row, global, &mut packed, &mut scales);
             assert_eq!((&packed, &scales), (&want_packed, &want_scales), "portable, {} weights", row.len());
-            (packed.fill(0x55), scales.fill(0x55));
+            packed.fill(0x55);
+            scales.fill(0x55);
             nvfp4_quantize_row_packed(&row, global, &mut packed, &mut scales);
             assert_eq!(scales, want_scales, "dispatched, {} weights under {global}", row.len());
             assert_eq!(packed, want_packed, "dispatched, {} weights under {global}", row.len());
