@@ -277,10 +277,12 @@ fn fp4_rows(source: &RowReader, kind: Fp4Kind, global: f32) -> (Vec<u8>, Vec<u8>
                 {
                     source.read(task * ROWS_PER_TASK + local, weights);
                     match kind {
-                        Fp4Kind::Nvfp4 => fp4::nvfp4_quantize_row(weights, global, codes, scale_row),
-                        Fp4Kind::Mxfp4 => fp4::mxfp4_quantize_row(weights, codes, scale_row),
+                        Fp4Kind::Nvfp4 => fp4::nvfp4_quantize_row_packed(weights, global, packed_row, scale_row),
+                        Fp4Kind::Mxfp4 => {
+                            fp4::mxfp4_quantize_row(weights, codes, scale_row);
+                            fp4::pack(codes, packed_row);
+                        }
                     }
-                    fp4::pack(codes, packed_row);
                 }
             },
         );

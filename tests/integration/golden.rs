@@ -117,14 +117,18 @@ fn bytes(shard: &ShardFile, name: &str) -> Vec<u8> {
     shard.get(name).unwrap_or_else(|| panic!("{name} missing")).bytes.to_vec()
 }
 
-/// NVFP4 of `weights` `[rows, columns]` under `global`: packed bytes and E4M3 scale bytes.
+/// NVFP4 of `weights` `[rows, columns]` under `global`: packed bytes and E4M3 scale bytes, as `quantize` writes
+/// them (`nvfp4_quantize_row_packed`), checked against codes then `pack` row by row.
 fn nvfp4(weights: &[f32], columns: usize, global: f32) -> (Vec<u8>, Vec<u8>) {
     let (mut packed, mut scales) = (Vec::new(), Vec::new());
     let (mut codes, mut row_packed, mut row_scales) =
         (vec![0u8; columns], vec![0u8; columns / 2], vec![0u8; columns / fp4::NVFP4_GROUP]);
+    let (mut unfused_packed, mut unfused_scales) = (row_packed.clone(), row_scales.clone());
     for row in weights.chunks(columns) {
-        fp4::nvfp4_quantize_row(row, global, &mut codes, &mut row_scales);
-        fp4::pack(&codes, &mut row_packed);
+        fp4::nvfp4_quantize_row_packed(row, global, &mut row_packed, &mut row_scales);
+        fp4::nvfp4_quantize_row(row, global, &mut codes, &mut unfused_scales);
+        fp4::pack(&codes, &mut unfused_packed);
+        assert_eq!((&row_packed, &row_scales), (&unfused_packed, &unfused_scales), "packed in one pass or two");
         packed.extend_from_slice(&row_packed);
         scales.extend_from_slice(&row_scales);
     }
