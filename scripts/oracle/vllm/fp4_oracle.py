@@ -21,7 +21,7 @@ For each model (the trained tiny Kimi K2 `eval/tiny-shakespeare-fp8`, the traine
       "w1_weight_global_scale must match w3_weight_global_scale" when gate and up differ);
     - the weights vLLM computes with, per routed expert and projection, against squeeze's dequantization computed
       here from the folder's tensors in two independent ways: (a) squeeze's documented math in numpy float32
-      (`src/quant/fp4.rs`: NVFP4 e2m1 * (e4m3 / global), MXFP4 e2m1 * 2^(e - 127)), (b) compressed-tensors 0.17.0's
+      (`src/quant/fp4/`: NVFP4 e2m1 * (e4m3 / global), MXFP4 e2m1 * 2^(e - 127)), (b) compressed-tensors 0.17.0's
       own decode (`unpack_fp4_from_uint8`, its scale decompression, `dequantize`) in float32 (squeeze's
       dequantization equals compressed-tensors 0.20.1's decompression bit for bit: tests/golden/ct_fp4.safetensors);
       also (c) compressed-tensors' stock `decompress`, which rounds to BF16 (for scale only);
@@ -118,7 +118,7 @@ def e2m1_values(codes: np.ndarray) -> np.ndarray:
 
 
 def squeeze_dequantize(fmt: str, packed: np.ndarray, scale: np.ndarray, global_scale: float | None) -> np.ndarray:
-    """squeeze's math (src/quant/fp4.rs) in float32: NVFP4 step = e4m3(scale) / global, value = e2m1 * step;
+    """squeeze's math (src/quant/fp4/mod.rs) in float32: NVFP4 step = e4m3(scale) / global, value = e2m1 * step;
     MXFP4 value = e2m1 * 2^(e - 127)."""
     values = e2m1_values(e2m1_codes(packed))
     rows, columns = values.shape

@@ -27,7 +27,7 @@ preset) and `squeeze eval` on the held-out ids of the INT4 goldens, then vLLM in
     - the activation global scales vLLM derives (`fused_moe/oracle/nvfp4.py` `convert_to_nvfp4_moe_kernel_format`,
       EMULATION branch: a13 = 1 / max(1 / w13_input_global_scale), a2 likewise; what `apply` passes to
       `ref_nvfp4_quant_dequant` is `quant_config.a1_gscale` / `a2_gscale`) against squeeze's rule
-      (`src/quant/fp4.rs` `engine_activation_global`: 1 / max over the layer's experts of 1 / input_global_scale,
+      (`src/quant/fp4/activations.rs` `engine_activation_global`: 1 / max over the layer's experts of 1 / input_global_scale,
       gate and up together, down alone) computed here from the folder in float32, bit for bit;
     - the bytes vLLM loaded, gate/up weight global scales and the weights its GEMMs dequantized, against squeeze's
       dequantization (as `fp4_oracle.py`: `compare_with_folder`);
@@ -85,7 +85,7 @@ def f32_bits(value) -> int:
 
 
 def engine_activation_global(scales) -> float:
-    """squeeze's rule (`src/quant/fp4.rs` `engine_activation_global`) in float32: 1 / max(1 / s)."""
+    """squeeze's rule (`src/quant/fp4/activations.rs` `engine_activation_global`) in float32: 1 / max(1 / s)."""
     s = np.asarray(scales, dtype=np.float32)
     return float(np.float32(1.0) / (np.float32(1.0) / s).max())
 
