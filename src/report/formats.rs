@@ -41,7 +41,14 @@ pub fn compare(options: &ReportOptions) -> Result<FormatComparison, ReportError>
     let mut formats = Vec::new();
     for suffix in FORMAT_SUFFIXES {
         let recipe = format!("{prefix}-{suffix}");
-        let planned = plan_model(&ReportOptions { recipe: Some(recipe.clone()), ..options.clone() })?;
+        // The architecture's default recipe (its int4 one) is planned once.
+        let planned_here;
+        let planned = if recipe == default.recipe {
+            &default
+        } else {
+            planned_here = plan_model(&ReportOptions { recipe: Some(recipe.clone()), ..options.clone() })?;
+            &planned_here
+        };
         let output = planned.sizes.output_tensors.bytes;
         let row = match budget::node(&planned.config, &options.layout, &recipe, output, KvDtype::Fp8) {
             Ok(decode) => FormatRow {
