@@ -9,7 +9,7 @@ use crate::format::compressed_tensors::{
 };
 use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceItem, SourceKind};
 use crate::io::{Checkpoint, Dtype};
-use crate::quant::{pack, w4a8};
+use crate::quant::w4a8;
 
 use super::backend::{Fp8Codes, Fp8Weight, Int4Weight, Matrix};
 use super::RuntimeError;
@@ -31,15 +31,7 @@ fn w4a8_values(int4: &Int4Module) -> Result<Vec<f32>, String> {
                     only; requantize with a w4a8-fp8 recipe"
             .into());
     }
-    let (rows, columns, group_size) = (int4.rows, int4.columns, int4.group_size);
-    let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(group_size));
-    let mut values = vec![0f32; rows * columns];
-    let mut q = vec![0i8; columns];
-    for (row, out) in values.chunks_mut(columns.max(1)).enumerate().take(rows) {
-        pack::unpack_row(&int4.words[row * words_per_row..][..words_per_row], columns, &mut q);
-        w4a8::dequantize_row(&q, &int4.scales[row * groups_per_row..][..groups_per_row], group_size, out);
-    }
-    Ok(values)
+    Ok(int4.dequantize_rows(|q, scales, _, out| w4a8::dequantize_row(q, scales, int4.group_size, out)))
 }
 
 /// Dequantizing reader over an opened checkpoint.

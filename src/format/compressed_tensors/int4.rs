@@ -86,19 +86,25 @@ impl Int4Module {
 
     /// The weight in f32, row-major `[rows, columns]`: `(q − z) · s` per element.
     pub fn dequantize(&self) -> Vec<f32> {
-        let (rows, columns) = (self.rows, self.columns);
-        let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(self.group_size));
         let groups: Vec<u32> = match &self.g_idx {
             Some(g_idx) => g_idx.clone(),
-            None => (0..columns).map(|column| (column / self.group_size) as u32).collect(),
+            None => (0..self.columns).map(|column| (column / self.group_size) as u32).collect(),
         };
+        self.dequantize_rows(|q, scales, zeros, values| int4::dequantize_row_grouped(q, scales, zeros, &groups, values))
+    }
+
+    /// The weight in f32, row-major `[rows, columns]`, each row made by `row(codes, its scales, its zero points,
+    /// out)` from its unpacked codes (−8…7).
+    pub fn dequantize_rows(&self, mut row: impl FnMut(&[i8], &[f32], Option<&[i8]>, &mut [f32])) -> Vec<f32> {
+        let (rows, columns) = (self.rows, self.columns);
+        let (words_per_row, groups_per_row) = (pack::packed_columns(columns), columns.div_ceil(self.group_size));
         let mut out = vec![0f32; rows * columns];
         let mut q = vec![0i8; columns];
-        for (row, values) in out.chunks_mut(columns.max(1)).enumerate().take(rows) {
-            pack::unpack_row(&self.words[row * words_per_row..][..words_per_row], columns, &mut q);
-            let scales = &self.scales[row * groups_per_row..][..groups_per_row];
-            let zeros = self.zero_points.as_ref().map(|zeros| &zeros[row * groups_per_row..][..groups_per_row]);
-            int4::dequantize_row_grouped(&q, scales, zeros, &groups, values);
+        for (index, values) in out.chunks_mut(columns.max(1)).enumerate().take(rows) {
+            pack::unpack_row(&self.words[index * words_per_row..][..words_per_row], columns, &mut q);
+            let scales = &self.scales[index * groups_per_row..][..groups_per_row];
+            let zeros = self.zero_points.as_ref().map(|zeros| &zeros[index * groups_per_row..][..groups_per_row]);
+            row(&q, scales, zeros, values);
         }
         out
     }
