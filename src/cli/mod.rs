@@ -87,6 +87,18 @@ enum Command {
     ServeTest(serve_test::Args),
 }
 
+impl Command {
+    /// Whether the command runs the model's layers over tokens (the layer-streamed passes of
+    /// [`crate::runtime::allocator`]'s notes): evaluation, calibration, serving, and calibrated quantization.
+    fn runs_layer_passes(&self) -> bool {
+        match self {
+            Command::Eval(_) | Command::CalibrateKv(_) | Command::ServeTest(_) | Command::Demo(_) => true,
+            Command::Quantize(args) => args.method != crate::convert::calibrated::Method::Rtn,
+            _ => false,
+        }
+    }
+}
+
 /// Parses the arguments, runs the subcommand and returns the process exit code.
 pub fn run() -> i32 {
     crate::io::interrupt::install();
@@ -100,6 +112,10 @@ pub fn run() -> i32 {
         let _ = Cli::command().print_help();
         return 2;
     };
+    if command.runs_layer_passes() {
+        // Before any worker thread starts, so that glibc's arena cap holds for every thread.
+        crate::runtime::allocator::retain_freed_memory();
+    }
     let result = match command {
         Command::Quantize(args) => quantize::run(args),
         Command::Merge(args) => merge::run(args),

@@ -19,7 +19,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::gptq_linalg::{add_outer_products, all_threads, inverse_upper_factor, update_after_block};
+use super::gptq_linalg::{add_outer_products, all_threads, inverse_upper_factor, subtract_feedback};
 use super::int4::{code, q_min, quantize_group};
 use super::ScaleRule;
 
@@ -118,6 +118,11 @@ pub struct Quantized {
 
 /// Rows quantized together, so that each row of the inverse-Hessian factor is read once per chunk.
 const ROW_CHUNK: usize = 16;
+
+/// Columns of a block whose feedback to each other is applied column by column; the block's later columns get a
+/// sub-block's feedback as one product (the same sums in another order, as GPTQ's blocks do for the columns after
+/// a block).
+const SUB_BLOCK: usize = 16;
 
 /// Quantizes `weights` (row-major `[rows, columns]`) with GPTQ against `hessian`; each group's scales are chosen by
 /// `rule` from the weights as updated by the feedback so far.
@@ -258,40 +263,56 @@ fn quantize_rows(
     };
     let mut w: Vec<f64> = weights.iter().map(|&v| v as f64).collect();
     let mut row_scales = vec![0f32; rows];
-    let mut errors = vec![0f64; rows * block];
+    let mut errors = vec![0f64; rows * columns];
     let mut scratch_group = vec![0f32; group];
     let mut scratch_codes = vec![0i8; group];
+    // Group starts are sub-block starts: every group sees the feedback of all the columns before it.
+    let sub = gcd(gcd(group, block), SUB_BLOCK);
     for start in (0..columns).step_by(block) {
         let end = (start + block).min(columns);
-        for i in start..end {
-            if i.is_multiple_of(group) {
-                for r in 0..rows {
-                    if let GroupScales::Chosen(rule) = source {
-                        // The group's scales from the weights as updated so far.
-                        for (dst, &src) in scratch_group.iter_mut().zip(&w[r * columns + i..r * columns + i + group]) {
-                            *dst = src as f32;
+        for sub_start in (start..end).step_by(sub) {
+            let sub_end = (sub_start + sub).min(end);
+            for i in sub_start..sub_end {
+                if i.is_multiple_of(group) {
+                    for r in 0..rows {
+                        if let GroupScales::Chosen(rule) = source {
+                            // The group's scales from the weights as updated so far.
+                            let updated = &w[r * columns + i..r * columns + i + group];
+                            for (dst, &src) in scratch_group.iter_mut().zip(updated) {
+                                *dst = src as f32;
+                            }
+                            scales[r * groups + i / group] = quantize_group(&scratch_group, rule, &mut scratch_codes);
                         }
-                        scales[r * groups + i / group] = quantize_group(&scratch_group, rule, &mut scratch_codes);
+                        row_scales[r] = scales[r * groups + i / group].to_f32();
                     }
-                    row_scales[r] = scales[r * groups + i / group].to_f32();
+                }
+                let diagonal = factor[i * columns + i];
+                let u = &factor[i * columns..(i + 1) * columns];
+                for r in 0..rows {
+                    let value = w[r * columns + i];
+                    let q = code(value as f32, row_scales[r], low);
+                    codes[r * columns + i] = q;
+                    let error = (value - (q as f32 * row_scales[r]) as f64) / diagonal;
+                    errors[r * columns + i] = error;
+                    // Feedback into the rest of this sub-block now; the columns after it get it below.
+                    for (wj, &uj) in w[r * columns + i + 1..r * columns + sub_end].iter_mut().zip(&u[i + 1..sub_end]) {
+                        *wj -= error * uj;
+                    }
                 }
             }
-            let diagonal = factor[i * columns + i];
-            let u = &factor[i * columns..(i + 1) * columns];
-            for r in 0..rows {
-                let value = w[r * columns + i];
-                let q = code(value as f32, row_scales[r], low);
-                codes[r * columns + i] = q;
-                let error = (value - (q as f32 * row_scales[r]) as f64) / diagonal;
-                errors[r * block + (i - start)] = error;
-                // Feedback into the rest of this block now; the columns after the block get it below.
-                for (wj, &uj) in w[r * columns + i + 1..r * columns + end].iter_mut().zip(&u[i + 1..end]) {
-                    *wj -= error * uj;
-                }
-            }
+            // The rest of the block gets the sub-block's feedback at once ...
+            subtract_feedback(&mut w, &errors, columns, factor, sub_start..sub_end, sub_end..end);
         }
-        // The columns after the block get its feedback at once.
-        update_after_block(&mut w, columns, &errors, block, factor, start, end);
+        // ... and the columns after the block the block's.
+        subtract_feedback(&mut w, &errors, columns, factor, start..end, end..columns);
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 

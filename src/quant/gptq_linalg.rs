@@ -1,6 +1,6 @@
 //! GPTQ's dense linear algebra on `faer`: the Hessian accumulation `H += XᵀX` (a SYRK into one triangle), the
 //! factor `U` with `Uᵀ U = (H + λI)⁻¹` (one Cholesky factorization and one triangular inverse) and the deferred
-//! block update `W[:, end..] −= E · U[block, end..]` (a GEMM).
+//! block updates `W[:, later] −= E · U[block, later]` (GEMMs).
 //!
 //! The factor comes from the Cholesky factorization of `H` with rows and columns in reverse order: with `J` the
 //! reversal, `J H J = L Lᵀ` gives `H⁻¹ = (J L⁻¹ J)ᵀ (J L⁻¹ J)`, and `J L⁻¹ J` is upper triangular, so it is `U`
@@ -16,6 +16,8 @@ use faer::linalg::cholesky::llt::factor::{cholesky_in_place, cholesky_in_place_s
 use faer::linalg::matmul::matmul;
 use faer::linalg::matmul::triangular::{self, BlockStructure};
 use faer::linalg::triangular_inverse::invert_lower_triangular;
+use std::ops::Range;
+
 use faer::{Accum, MatMut, MatRef, Par};
 
 /// Calibration inputs converted to f64 and multiplied per pass of the Hessian accumulation (bounds the f64 copy:
@@ -82,26 +84,25 @@ pub(super) fn inverse_upper_factor(a: &mut [f64], n: usize, par: Par) -> Result<
     Ok(upper)
 }
 
-/// `w[:, end..] −= errors · factor[start..end, end..]` for the rows of `w` (row-major `[rows, columns]`), `errors`
-/// row-major `[rows, stride]` with the block's `end − start` errors first in each row, `factor` row-major
+/// `w[:, to] −= errors[:, from] · factor[from, to]` (GPTQ's deferred feedback of the columns `from` to the later
+/// columns `to`) for the rows of `w` and `errors` (both row-major `[rows, columns]`), `factor` row-major
 /// `[columns, columns]`. Sequential (the callers run row chunks in parallel).
-pub(super) fn update_after_block(
+pub(super) fn subtract_feedback(
     w: &mut [f64],
-    columns: usize,
     errors: &[f64],
-    stride: usize,
+    columns: usize,
     factor: &[f64],
-    start: usize,
-    end: usize,
+    from: Range<usize>,
+    to: Range<usize>,
 ) {
     let rows = w.len() / columns.max(1);
-    if rows == 0 || end >= columns {
+    if rows == 0 || from.is_empty() || to.is_empty() {
         return;
     }
-    let target = MatMut::from_row_major_slice_mut(w, rows, columns).subcols_mut(end, columns - end);
-    let errors = MatRef::from_row_major_slice(&errors[..rows * stride], rows, stride).subcols(0, end - start);
+    let target = MatMut::from_row_major_slice_mut(w, rows, columns).subcols_mut(to.start, to.len());
+    let errors = MatRef::from_row_major_slice(&errors[..rows * columns], rows, columns).subcols(from.start, from.len());
     let factor =
-        MatRef::from_row_major_slice(factor, columns, columns).submatrix(start, end, end - start, columns - end);
+        MatRef::from_row_major_slice(factor, columns, columns).submatrix(from.start, to.start, from.len(), to.len());
     matmul(target, Accum::Add, errors, factor, -1.0, Par::Seq);
 }
 
