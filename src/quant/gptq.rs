@@ -16,10 +16,13 @@
 //! column is rounded to nearest. With `H` diagonal the feedback is zero and the result equals round-to-nearest
 //! bit for bit.
 
+use std::ops::Range;
+
+use faer::Par;
 use half::bf16;
 use rayon::prelude::*;
 
-use super::gptq_linalg::{add_outer_products, all_threads, inverse_upper_factor, subtract_feedback};
+use super::gptq_linalg::{add_outer_products, all_threads, inverse_upper_factor, subtract_feedback, BlockErrors};
 use super::int4::{code, q_min, quantize_group};
 use super::ScaleRule;
 
@@ -230,61 +233,78 @@ fn run(
     mut scales: Vec<bf16>,
     block: usize,
 ) -> Quantized {
+    let block = block.max(1);
+    let columns_of = Columns { factor, columns, group, source, sub: gcd(gcd(group, block), SUB_BLOCK) };
     let groups = columns / group;
     let mut codes = vec![0i8; rows * columns];
+    let mut w: Vec<f64> = weights.par_iter().map(|&v| v as f64).collect();
+    let mut errors = vec![0f64; rows * block];
     let chunk = ROW_CHUNK.min(rows.max(1));
-    codes
-        .par_chunks_mut(chunk * columns)
-        .zip(scales.par_chunks_mut(chunk * groups))
-        .zip(weights.par_chunks(chunk * columns))
-        .for_each(|((codes, scales), weights)| {
-            quantize_rows(weights, columns, factor, group, source, block.max(1), codes, scales)
-        });
+    for start in (0..columns).step_by(block) {
+        let end = (start + block).min(columns);
+        w.par_chunks_mut(chunk * columns)
+            .zip(errors.par_chunks_mut(chunk * block))
+            .zip(codes.par_chunks_mut(chunk * columns))
+            .zip(scales.par_chunks_mut(chunk * groups))
+            .for_each(|(((w, errors), codes), scales)| {
+                let errors = BlockErrors { values: errors, first: start, stride: block };
+                columns_of.quantize_block(w, errors, codes, scales, start..end)
+            });
+        // The columns after the block get its feedback at once, every row in one product.
+        let errors = BlockErrors { values: &errors[..], first: start, stride: block };
+        subtract_feedback(&mut w, columns, factor, errors, start..end, end..columns, all_threads());
+    }
     Quantized { codes, scales }
 }
 
-/// The column loop for a few rows. `factor` is the upper Cholesky factor `U` of `H⁻¹` (`H⁻¹ = Uᵀ U`).
-#[allow(clippy::too_many_arguments)]
-fn quantize_rows(
-    weights: &[f32],
+/// What every row's column loop shares: `factor` is the upper Cholesky factor `U` of `H⁻¹` (`H⁻¹ = Uᵀ U`), row-major
+/// `[columns, columns]`; group starts are sub-block starts (`sub` divides the group and the block), so every group
+/// sees the feedback of all the columns before it.
+struct Columns<'a> {
+    factor: &'a [f64],
     columns: usize,
-    factor: &[f64],
     group: usize,
     source: GroupScales,
-    block: usize,
-    codes: &mut [i8],
-    scales: &mut [bf16],
-) {
-    let rows = weights.len() / columns;
-    let groups = columns / group;
-    let low = match source {
-        GroupScales::Chosen(rule) => q_min(rule),
-        GroupScales::Fixed => -8,
-    };
-    let mut w: Vec<f64> = weights.iter().map(|&v| v as f64).collect();
-    let mut row_scales = vec![0f32; rows];
-    let mut errors = vec![0f64; rows * columns];
-    let mut scratch_group = vec![0f32; group];
-    let mut scratch_codes = vec![0i8; group];
-    // Group starts are sub-block starts: every group sees the feedback of all the columns before it.
-    let sub = gcd(gcd(group, block), SUB_BLOCK);
-    for start in (0..columns).step_by(block) {
-        let end = (start + block).min(columns);
-        for sub_start in (start..end).step_by(sub) {
-            let sub_end = (sub_start + sub).min(end);
+    sub: usize,
+}
+
+impl Columns<'_> {
+    /// The columns `block` of a few rows (`w`, `codes` row-major `[rows, columns]`, `scales` `[rows, groups]`):
+    /// codes and errors column by column, the feedback within a sub-block at once, to the block's later columns
+    /// as one product per sub-block.
+    fn quantize_block(
+        &self,
+        w: &mut [f64],
+        errors: BlockErrors<&mut [f64]>,
+        codes: &mut [i8],
+        scales: &mut [bf16],
+        block: Range<usize>,
+    ) {
+        let (columns, group, factor) = (self.columns, self.group, self.factor);
+        let rows = w.len() / columns;
+        let groups = columns / group;
+        let low = match self.source {
+            GroupScales::Chosen(rule) => q_min(rule),
+            GroupScales::Fixed => -8,
+        };
+        let BlockErrors { values: errors, first, stride } = errors;
+        let mut row_scales = vec![0f32; rows];
+        let mut scratch_group = vec![0f32; group];
+        let mut scratch_codes = vec![0i8; group];
+        for sub_start in block.clone().step_by(self.sub) {
+            let sub_end = (sub_start + self.sub).min(block.end);
             for i in sub_start..sub_end {
-                if i.is_multiple_of(group) {
-                    for r in 0..rows {
-                        if let GroupScales::Chosen(rule) = source {
-                            // The group's scales from the weights as updated so far.
-                            let updated = &w[r * columns + i..r * columns + i + group];
-                            for (dst, &src) in scratch_group.iter_mut().zip(updated) {
-                                *dst = src as f32;
-                            }
-                            scales[r * groups + i / group] = quantize_group(&scratch_group, rule, &mut scratch_codes);
+                let g = i / group;
+                for r in (0..rows).filter(|_| i.is_multiple_of(group)) {
+                    if let GroupScales::Chosen(rule) = self.source {
+                        // The group's scales from the weights as updated so far.
+                        let updated = &w[r * columns + i..r * columns + i + group];
+                        for (dst, &src) in scratch_group.iter_mut().zip(updated) {
+                            *dst = src as f32;
                         }
-                        row_scales[r] = scales[r * groups + i / group].to_f32();
+                        scales[r * groups + g] = quantize_group(&scratch_group, rule, &mut scratch_codes);
                     }
+                    row_scales[r] = scales[r * groups + g].to_f32();
                 }
                 let diagonal = factor[i * columns + i];
                 let u = &factor[i * columns..(i + 1) * columns];
@@ -293,18 +313,16 @@ fn quantize_rows(
                     let q = code(value as f32, row_scales[r], low);
                     codes[r * columns + i] = q;
                     let error = (value - (q as f32 * row_scales[r]) as f64) / diagonal;
-                    errors[r * columns + i] = error;
-                    // Feedback into the rest of this sub-block now; the columns after it get it below.
+                    errors[r * stride + i - first] = error;
+                    // Feedback into the rest of this sub-block now; the block's later columns get it below.
                     for (wj, &uj) in w[r * columns + i + 1..r * columns + sub_end].iter_mut().zip(&u[i + 1..sub_end]) {
                         *wj -= error * uj;
                     }
                 }
             }
-            // The rest of the block gets the sub-block's feedback at once ...
-            subtract_feedback(&mut w, &errors, columns, factor, sub_start..sub_end, sub_end..end);
+            let errors = BlockErrors { values: &*errors, first, stride };
+            subtract_feedback(w, columns, factor, errors, sub_start..sub_end, sub_end..block.end, Par::Seq);
         }
-        // ... and the columns after the block the block's.
-        subtract_feedback(&mut w, &errors, columns, factor, start..end, end..columns);
     }
 }
 

@@ -84,26 +84,35 @@ pub(super) fn inverse_upper_factor(a: &mut [f64], n: usize, par: Par) -> Result<
     Ok(upper)
 }
 
+/// GPTQ's errors of the columns `first..first + stride` of a few rows: row-major `[rows, stride]`.
+pub(super) struct BlockErrors<T> {
+    pub values: T,
+    pub first: usize,
+    pub stride: usize,
+}
+
 /// `w[:, to] −= errors[:, from] · factor[from, to]` (GPTQ's deferred feedback of the columns `from` to the later
-/// columns `to`) for the rows of `w` and `errors` (both row-major `[rows, columns]`), `factor` row-major
-/// `[columns, columns]`. Sequential (the callers run row chunks in parallel).
+/// columns `to`) for the rows of `w` (row-major `[rows, columns]`) and `errors`, `factor` row-major
+/// `[columns, columns]`, on `par`.
 pub(super) fn subtract_feedback(
     w: &mut [f64],
-    errors: &[f64],
     columns: usize,
     factor: &[f64],
+    errors: BlockErrors<&[f64]>,
     from: Range<usize>,
     to: Range<usize>,
+    par: Par,
 ) {
     let rows = w.len() / columns.max(1);
     if rows == 0 || from.is_empty() || to.is_empty() {
         return;
     }
     let target = MatMut::from_row_major_slice_mut(w, rows, columns).subcols_mut(to.start, to.len());
-    let errors = MatRef::from_row_major_slice(&errors[..rows * columns], rows, columns).subcols(from.start, from.len());
+    let errors = MatRef::from_row_major_slice(&errors.values[..rows * errors.stride], rows, errors.stride)
+        .subcols(from.start - errors.first, from.len());
     let factor =
         MatRef::from_row_major_slice(factor, columns, columns).submatrix(from.start, to.start, from.len(), to.len());
-    matmul(target, Accum::Add, errors, factor, -1.0, Par::Seq);
+    matmul(target, Accum::Add, errors, factor, -1.0, par);
 }
 
 #[cfg(test)]
