@@ -128,15 +128,12 @@ fn softmax(scores: &mut [f32], seen: usize, scale: f32, admits: impl Fn(usize) -
 /// CPU has them: the same basic operations in the same order, so the same bits on every instruction set.
 fn normalize(scores: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked just above.
-            return unsafe { normalize_avx512(scores) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { normalize_avx2(scores) };
-        }
+    match crate::simd::level() {
+        // SAFETY: the CPU supports AVX-512F (its level).
+        crate::simd::Level::Avx512 => return unsafe { normalize_avx512(scores) },
+        // SAFETY: the CPU supports AVX2 (its level).
+        crate::simd::Level::Avx2 => return unsafe { normalize_avx2(scores) },
+        crate::simd::Level::Portable => {}
     }
     normalize_portable(scores)
 }

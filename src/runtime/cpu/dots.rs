@@ -15,31 +15,7 @@
 /// Input rows per cache block: 128 rows of a 1024-wide layer are 512 KiB, a quarter of this machine's L2.
 const ROW_BLOCK: usize = 128;
 
-/// Which instruction set the kernel runs on this machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isa {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    Portable,
-}
-
-fn isa() -> Isa {
-    static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
-    })
-}
+use crate::simd::{self, Level};
 
 /// The kernel's value for one pair of rows (see the module comment): 16 fused multiply-add lanes, zero-padded
 /// tail, a fixed reduction tree.
@@ -70,16 +46,16 @@ pub unsafe fn block_into(x: &[f32], rows: usize, w: &[f32], count: usize, width:
         let x = &x[first * width..][..block_rows * width];
         // SAFETY: row `first` of `out` lies inside the caller's region.
         let out = unsafe { out.add(first * stride) };
-        match isa() {
+        match simd::level() {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU supports AVX-512F (checked in `isa`); the slice lengths were checked above, `out`
-            // is the caller's.
-            Isa::Avx512 => unsafe { x86::block_avx512(x, block_rows, w, count, width, out, stride) },
+            // SAFETY: the CPU supports AVX-512F (its level); the slice lengths were checked above, `out` is the
+            // caller's.
+            Level::Avx512 => unsafe { x86::block_avx512(x, block_rows, w, count, width, out, stride) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU supports AVX2 and FMA (checked in `isa`); as above.
-            Isa::Avx2 => unsafe { x86::block_avx2(x, block_rows, w, count, width, out, stride) },
+            // SAFETY: the CPU supports AVX2 and FMA (its level); as above.
+            Level::Avx2 => unsafe { x86::block_avx2(x, block_rows, w, count, width, out, stride) },
             // SAFETY: as above.
-            Isa::Portable => unsafe { portable(x, block_rows, w, count, width, out, stride) },
+            Level::Portable => unsafe { portable(x, block_rows, w, count, width, out, stride) },
         }
     }
 }
@@ -432,7 +408,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_kernel_is_fused_dot_bit_for_bit() {
-        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+        if crate::simd::level() < crate::simd::Level::Avx2 {
             eprintln!("skipped: this CPU has no AVX2 with FMA");
             return;
         }
@@ -445,7 +421,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_kernel_is_fused_dot_bit_for_bit() {
-        if !std::is_x86_feature_detected!("avx512f") {
+        if crate::simd::level() < crate::simd::Level::Avx512 {
             eprintln!("skipped: this CPU has no AVX-512F");
             return;
         }

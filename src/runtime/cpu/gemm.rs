@@ -28,17 +28,18 @@ pub fn gemm(
     assert!(a.len() >= (rows - 1) * lda + depth && c.len() >= (rows - 1) * ldc + cols);
     assert!(depth == 0 || b.len() >= (depth - 1) * ldb + cols);
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
+    match crate::simd::level() {
+        crate::simd::Level::Avx512 => {
             // SAFETY: the CPU supports AVX-512F; the extents of `a`, `b`, `c` were checked above.
             return unsafe {
                 x86::gemm_avx512(a.as_ptr(), lda, b.as_ptr(), ldb, rows, depth, cols, c.as_mut_ptr(), ldc)
             };
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        crate::simd::Level::Avx2 => {
             // SAFETY: the CPU supports AVX2 and FMA; as above.
             return unsafe { x86::gemm_avx2(a.as_ptr(), lda, b.as_ptr(), ldb, rows, depth, cols, c.as_mut_ptr(), ldc) };
         }
+        crate::simd::Level::Portable => {}
     }
     portable(a, lda, b, ldb, rows, depth, cols, c, ldc)
 }
@@ -284,7 +285,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_kernel_is_the_definition_bit_for_bit() {
-        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+        if crate::simd::level() < crate::simd::Level::Avx2 {
             eprintln!("skipped: this CPU has no AVX2 with FMA");
             return;
         }
@@ -297,7 +298,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_kernel_is_the_definition_bit_for_bit() {
-        if !std::is_x86_feature_detected!("avx512f") {
+        if crate::simd::level() < crate::simd::Level::Avx512 {
             eprintln!("skipped: this CPU has no AVX-512F");
             return;
         }
