@@ -7,7 +7,7 @@ mod exp;
 pub(crate) mod experts;
 mod gemm;
 pub(crate) mod indexer;
-mod matmul;
+mod linear;
 mod norm;
 pub mod paged;
 mod rope;
@@ -30,7 +30,7 @@ pub struct Cpu;
 
 /// The CPU's prefetch: the f32 values of the next layer's (or expert batch's) INT4 weights made on the loader
 /// thread, so compute never waits for them. Block-FP8 weights stay coded: the linear layers decode them block by
-/// block into cache ([`matmul::linear`]), which costs less than writing and reading back a full f32 copy.
+/// block into cache ([`linear::linear`]), which costs less than writing and reading back a full f32 copy.
 struct HostValues;
 
 impl Prefetch for HostValues {
@@ -119,7 +119,7 @@ impl Backend for Cpu {
 
     fn linear(&self, x: &Tensor, weight: &Matrix, bias: Option<&Matrix>) -> Result<Tensor, RuntimeError> {
         let bias = bias.map(|bias| bias.values());
-        Ok(Tensor::host(matmul::linear(values(x), x.rows(), weight, bias), weight.rows))
+        Ok(Tensor::host(linear::linear(values(x), x.rows(), weight, bias), weight.rows))
     }
 
     fn rms_norm(&self, x: &mut Tensor, width: usize, weight: &Matrix, eps: f32) -> Result<(), RuntimeError> {
