@@ -5,7 +5,9 @@
 use super::tap::{KvSource, KvTap};
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{AttentionShape, Backend, Matrix, PagedLayout, RopeStyle};
+use crate::runtime::backend::{AttentionShape, Backend, RopeStyle};
+use crate::runtime::kv_cache::PagedLayout;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;

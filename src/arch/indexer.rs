@@ -5,7 +5,9 @@
 
 use crate::model::config::{Attention, Indexer};
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, IndexerShape, KeyChoice, KeySelection, Matrix, RopeStyle};
+use crate::runtime::backend::{Backend, IndexerShape, KeySelection, RopeStyle};
+use crate::runtime::kv_cache::KeyChoice;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;

@@ -9,7 +9,7 @@ use half::bf16;
 
 use crate::metrics;
 use crate::rng::Rng;
-use crate::runtime::backend::{AttentionShape, IndexerShape, Int4Weight, Matrix, PagedLayout, RopeStyle, RoutingShape};
+use crate::runtime::backend::{AttentionShape, IndexerShape, RopeStyle, RoutingShape};
 use crate::runtime::cpu::Cpu;
 use crate::runtime::cuda::linear::{
     linear_bf16, linear_bf16_gemm, linear_bf16_pair, split, w4a16_linear, LinearShape, W4a16Weight, GEMM_MIN_ROWS,
@@ -17,7 +17,8 @@ use crate::runtime::cuda::linear::{
 use crate::runtime::cuda::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
-use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PoolError, PoolShape};
+use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PagedLayout, PoolError, PoolShape};
+use crate::runtime::matrix::{Int4Weight, Matrix};
 
 use super::host::Host;
 use super::SelftestRow;

@@ -3,8 +3,9 @@
 //! op gives NaNs (the case fails) and prints its error.
 
 use crate::runtime::backend::{
-    AttentionShape, Backend, IndexerShape, KeySelection, Matrix, RopeStyle, RoutedExpert, Routes, RoutingShape,
+    AttentionShape, Backend, IndexerShape, KeySelection, RopeStyle, RoutedExpert, Routes, RoutingShape,
 };
+use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::RuntimeError;
 

@@ -12,12 +12,13 @@ use squeeze::opcheck::kv_ops::{as_requests, filled_pool, layouts, requests_of, C
 use squeeze::opcheck::{self, Mode, Target, CASES};
 use squeeze::quant::pack;
 use squeeze::rng::Rng;
-use squeeze::runtime::backend::{Int4Weight, RoutedExpert};
+use squeeze::runtime::backend::RoutedExpert;
 use squeeze::runtime::cuda::paged::{self, DecodePlan};
 use squeeze::runtime::cuda::CudaBackend;
 use squeeze::runtime::device::emulated::Emulator;
 use squeeze::runtime::device::{Arg, Device, LaunchShape};
 use squeeze::runtime::kv_cache::{inject, FaultKind, IntegrityError, KvDtype, KvPool, Mapping};
+use squeeze::runtime::matrix::Int4Weight;
 use squeeze::runtime::{Backend, Cpu, Matrix};
 
 /// The backends under test: emulated always, the GPU when the probe finds one.

@@ -16,10 +16,10 @@ mod routing;
 use std::ops::Range;
 
 use super::backend::{
-    AttentionShape, Backend, IndexerShape, KeyChoice, KeySelection, KvRows, Matrix, PagedDecode, PagedStep, Prefetch,
-    RopeStyle, RoutedExpert, Routes, RoutingShape,
+    AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeStyle, RoutedExpert, Routes, RoutingShape,
 };
-use super::kv_cache::KvPool;
+use super::kv_cache::{KeyChoice, KvPool, KvRows, PagedDecode, PagedStep};
+use super::matrix::Matrix;
 use super::rope_table::RopeTable;
 use super::tensor::{copy_block, Block, Storage, Tensor};
 use super::RuntimeError;

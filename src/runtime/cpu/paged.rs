@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use super::attention::{attend_block, KeysValues};
 use super::indexer::select;
-use crate::runtime::backend::{IndexerShape, KeyChoice, KvAt, PagedLayout, PagedStep};
-use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
+use crate::runtime::backend::IndexerShape;
+use crate::runtime::kv_cache::{KeyChoice, KvAt, KvPool, PagedLayout, PagedStep, PoolError, RequestId};
 
 /// Writes the rows `rows` `[n, row_width]` and `aux` `[n, aux_width]` of `layer` at `at` into `pool`'s host pages.
 pub fn kv_write(pool: &mut KvPool, layer: usize, rows: &[f32], aux: &[f32], at: &[KvAt]) -> Result<(), PoolError> {

@@ -12,8 +12,9 @@
 
 use std::sync::Arc;
 
-use crate::runtime::backend::{ExpertInputs, Int4Weight, Matrix, RoutedExpert};
+use crate::runtime::backend::{ExpertInputs, RoutedExpert};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
+use crate::runtime::matrix::{Int4Weight, Matrix};
 use crate::runtime::tensor::Tensor;
 
 use super::activation::silu_mul_f32;

@@ -34,9 +34,8 @@ use crate::runtime::device::{Counted, CudaError, Device, DeviceCounters};
 
 use std::ops::Range;
 
-use super::backend::{
-    AttentionShape, Backend, IndexerShape, KeySelection, Matrix, Prefetch, RopeStyle, Routes, RoutingShape,
-};
+use super::backend::{AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeStyle, Routes, RoutingShape};
+use super::matrix::Matrix;
 use super::rope_table::RopeTable;
 use super::tensor::{Block, Tensor};
 use super::RuntimeError;
@@ -237,7 +236,7 @@ impl Backend for CudaBackend {
         &self,
         pool: &mut super::kv_cache::KvPool,
         layer: usize,
-        rows: &super::backend::KvRows<'_>,
+        rows: &super::kv_cache::KvRows<'_>,
     ) -> Result<(), RuntimeError> {
         Ok(self.run(paged_decode::kv_write(self, pool, layer, rows))??)
     }
@@ -245,8 +244,8 @@ impl Backend for CudaBackend {
     fn paged_decode(
         &self,
         pool: &mut super::kv_cache::KvPool,
-        step: &super::backend::PagedStep<'_>,
-    ) -> Result<super::backend::PagedDecode, RuntimeError> {
+        step: &super::kv_cache::PagedStep<'_>,
+    ) -> Result<super::kv_cache::PagedDecode, RuntimeError> {
         self.run(paged_decode::decode(self, pool, step))
     }
 }

@@ -7,9 +7,8 @@
 //! count) and [`MAPPING_WORDS`] u32 per mapping (page, generation lo/hi). A request whose mappings disagree with the
 //! tags gets `faults[request] = 1 + first bad logical page` and NaN output; the others are computed as usual.
 
-use crate::runtime::backend::PagedLayout;
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
-use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PageTag, PoolShape, RequestId};
+use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PageTag, PagedLayout, PoolShape, RequestId};
 
 use super::checks::buffers_hold;
 use super::checks::unsupported;

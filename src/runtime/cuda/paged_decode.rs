@@ -15,9 +15,11 @@ use super::indexer;
 use super::paged::{self, AllowedKeys, DecodeBatch, DecodeRequest, DevicePool};
 use super::tensor::{alloc, buffer};
 use super::CudaBackend;
-use crate::runtime::backend::{IndexerShape, KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
+use crate::runtime::backend::IndexerShape;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
-use crate::runtime::kv_cache::{KvDtype, KvPool, PoolError, PoolShape};
+use crate::runtime::kv_cache::{
+    KeyChoice, KvAt, KvDtype, KvPool, KvRows, PagedDecode, PagedLayout, PagedStep, PoolError, PoolShape,
+};
 use crate::runtime::tensor::Tensor;
 
 /// The backend's pages of a pool, kept in the pool ([`KvPool::keep_resident`]).

@@ -8,8 +8,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::runtime::backend::{Fp8Weight, Matrix, Prefetch, Uploads};
+use crate::runtime::backend::{Prefetch, Uploads};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
+use crate::runtime::matrix::{Fp8Weight, Matrix};
 
 use super::checks::unsupported;
 use super::fp8::{self, Fp8OnDevice};

@@ -17,6 +17,7 @@
 //! device decode never holds a host copy of them.
 
 mod fault;
+mod step;
 mod storage;
 
 use std::any::Any;
@@ -25,6 +26,7 @@ use std::collections::BTreeMap;
 /// The pool's element type (an on-disk convention shared with the KV-scale files and `report`).
 pub use crate::format::kv_scales::KvDtype;
 pub use fault::{inject, FaultKind, InjectedFault};
+pub use step::{KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
 
 /// A request's id as the pool knows it.
 pub type RequestId = u64;
