@@ -4,6 +4,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::cuda::DeviceWeight;
+
 /// A weight matrix `[rows, columns]` (f32, row-major), or, read from a compressed-tensors INT4 checkpoint, its
 /// packed INT4 form only: the CUDA backend multiplies by that directly (W4A16), and the f32 values are made from it
 /// on the first [`Matrix::values`] (the CPU backend's), so a device run holds no host f32 copy of INT4 weights.
@@ -28,8 +30,8 @@ pub struct Matrix {
     pub fp8_token_inputs: bool,
     /// Unique per loaded matrix.
     pub id: u64,
-    /// Its copy on a device, kept by the device backend that uploaded it and freed with the matrix: a dropped
-    /// layer frees its device memory.
+    /// Its copy on a device, kept by the device backend ([`crate::runtime::cuda`]) that uploaded it and freed with
+    /// the matrix: a dropped layer frees its device memory.
     device_copy: DeviceCopy,
 }
 
@@ -104,9 +106,9 @@ impl Fp8Weight {
     }
 }
 
-/// A matrix's device copy: the device it lives on (by address) and the backend's own weight type.
+/// A matrix's device copy: the device it lives on (by address) and the weight as the CUDA backend keeps it there.
 #[derive(Default)]
-struct DeviceCopy(std::sync::Mutex<Option<(usize, std::sync::Arc<dyn std::any::Any + Send + Sync>)>>);
+struct DeviceCopy(std::sync::Mutex<Option<(usize, std::sync::Arc<DeviceWeight>)>>);
 
 impl Clone for DeviceCopy {
     /// A clone is a new matrix: it uploads its own copy.
@@ -188,14 +190,14 @@ impl Matrix {
         }
     }
 
-    /// The copy a device backend keeps on device `device` (an address), if it made one.
-    pub(crate) fn device_copy(&self, device: usize) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
+    /// The copy the device backend keeps on device `device` (an address), if it made one.
+    pub(crate) fn device_copy(&self, device: usize) -> Option<std::sync::Arc<DeviceWeight>> {
         let slot = self.device_copy.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         slot.as_ref().filter(|(on, _)| *on == device).map(|(_, copy)| copy.clone())
     }
 
     /// Keeps `copy` as this matrix's copy on device `device` (replacing one on another device).
-    pub(crate) fn keep_device_copy(&self, device: usize, copy: std::sync::Arc<dyn std::any::Any + Send + Sync>) {
+    pub(crate) fn keep_device_copy(&self, device: usize, copy: std::sync::Arc<DeviceWeight>) {
         let mut slot = self.device_copy.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         *slot = Some((device, copy));
     }

@@ -25,6 +25,7 @@ pub mod routing;
 mod tensor;
 mod weights;
 
+pub(crate) use paged_decode::ResidentPool;
 pub(crate) use weights::DeviceWeight;
 use weights::WeightStore;
 

@@ -23,7 +23,7 @@ use crate::runtime::kv_cache::{
 use crate::runtime::tensor::Tensor;
 
 /// The backend's pages of a pool, kept in the pool ([`KvPool::keep_resident`]).
-struct ResidentPool {
+pub(crate) struct ResidentPool {
     /// The device it lives on (by address: a pool used with another backend gets pages of its own there).
     device: usize,
     pool: DevicePool,
@@ -52,7 +52,7 @@ fn device_key(backend: &CudaBackend) -> usize {
 fn resident(backend: &CudaBackend, pool: &mut KvPool) -> Result<ResidentPool, CudaError> {
     let decisions = backend.counted().decisions();
     let shape = pool.shape();
-    let kept = pool.take_resident().and_then(|kept| kept.downcast::<ResidentPool>().ok()).map(|kept| *kept);
+    let kept = pool.take_resident().map(|kept| *kept);
     let kept = kept.filter(|kept| {
         let same = kept.pool.shape();
         kept.device == device_key(backend)

@@ -49,7 +49,7 @@ impl WeightStore {
     /// The device copy of `matrix`, uploading it when absent. The upload runs outside any lock, so a prefetch and
     /// the compute thread never wait on each other's copies (both may upload a matrix neither had; one copy stays).
     pub fn get(&self, matrix: &Matrix) -> Result<Arc<DeviceWeight>, CudaError> {
-        if let Some(weight) = matrix.device_copy(self.key()).and_then(|copy| copy.downcast::<DeviceWeight>().ok()) {
+        if let Some(weight) = matrix.device_copy(self.key()) {
             return Ok(weight);
         }
         if matrix.fp8_token_inputs {
