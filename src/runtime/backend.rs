@@ -22,6 +22,19 @@ pub enum RopeStyle {
     Half,
 }
 
+/// One RoPE problem: rotates `rotary_dim` values starting at `offset` of every `head_dim`-slice of the rows `rows`
+/// of a tensor; row `rows.start + t` is at position `first_position + t` of `table`.
+#[derive(Debug, Clone)]
+pub struct RopeCall<'a> {
+    pub rows: Range<usize>,
+    pub first_position: usize,
+    pub head_dim: usize,
+    pub offset: usize,
+    pub rotary_dim: usize,
+    pub table: &'a RopeTable,
+    pub style: RopeStyle,
+}
+
 /// One causal attention problem for one sequence.
 pub struct AttentionShape {
     pub tokens: usize,
@@ -161,20 +174,8 @@ pub trait Backend: Sync {
     ) -> Result<(), RuntimeError>;
     /// `silu(gate) · up`, elementwise.
     fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor, RuntimeError>;
-    /// Rotates `rotary_dim` values starting at `offset` of every `head_dim`-slice of the rows `rows` of `x`; row
-    /// `rows.start + t` is at position `first_position + t` of `table`.
-    #[allow(clippy::too_many_arguments)]
-    fn rope(
-        &self,
-        x: &mut Tensor,
-        rows: Range<usize>,
-        first_position: usize,
-        head_dim: usize,
-        offset: usize,
-        rotary_dim: usize,
-        table: &RopeTable,
-        style: RopeStyle,
-    ) -> Result<(), RuntimeError>;
+    /// RoPE in place on `x` as `call` says ([`RopeCall`]).
+    fn rope(&self, x: &mut Tensor, call: &RopeCall<'_>) -> Result<(), RuntimeError>;
     /// Causal softmax attention for the sequence in rows `rows`: `q` `[tokens, heads·qk_dim]`, `k`
     /// `[tokens, kv_heads·qk_dim]`, `v` `[tokens, kv_heads·v_dim]` → `[rows.len(), heads·v_dim]`. `allowed`, when
     /// given, is a `[len, len]` mask of the keys each query may attend to besides causality (DSA top-k selection).

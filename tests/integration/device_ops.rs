@@ -393,7 +393,7 @@ fn unverified_launch_is_the_same_attention_without_the_checks() {
             let count = CONTEXTS.len() * layout.heads * layout.v_dim;
             let out = device.alloc_for::<f32>(count).unwrap();
             let faults = device.alloc_for::<u32>(CONTEXTS.len()).unwrap();
-            paged::decode_on(device, &device_pool, 1, &layout, &batch, &q_buffer, &out, &faults, None).unwrap();
+            paged::decode_on(device, (&device_pool, 1), &layout, &batch, &q_buffer, (&out, &faults), None).unwrap();
             (device.download::<f32>(&out, count).unwrap(), device.download::<u32>(&faults, CONTEXTS.len()).unwrap())
         };
         let clean = requests_of(&pool, &CONTEXTS);

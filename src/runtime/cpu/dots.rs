@@ -119,15 +119,11 @@ mod x86 {
     /// `tile` may be called with `R` and `F` row pointers of `width` readable values; `out` as in
     /// [`super::block_into`]; `x`, `w` hold at least `rows·width`, `count·width` values.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn tiles<const R: usize, const F: usize>(
-        x: &[f32],
-        rows: usize,
-        w: &[f32],
-        count: usize,
+        (x, rows): (&[f32], usize),
+        (w, count): (&[f32], usize),
         width: usize,
-        out: *mut f32,
-        stride: usize,
+        (out, stride): (*mut f32, usize),
         tile: impl Fn(&[*const f32; R], &[*const f32; F], usize) -> [[f32; F]; R],
     ) {
         let mut f0 = 0;
@@ -170,7 +166,9 @@ mod x86 {
         stride: usize,
     ) {
         // SAFETY: the caller's guarantees; the CPU supports AVX-512F, and `tiles` passes rows of `width` values.
-        unsafe { tiles::<6, 4>(x, rows, w, count, width, out, stride, |x, w, width| tile_avx512::<6>(x, w, width)) }
+        unsafe {
+            tiles::<6, 4>((x, rows), (w, count), width, (out, stride), |x, w, width| tile_avx512::<6>(x, w, width))
+        }
     }
 
     /// One tile's sums on AVX-512F: its accumulators stay in registers and are reduced by [`sums_avx512`] here
@@ -285,7 +283,7 @@ mod x86 {
         stride: usize,
     ) {
         // SAFETY: the caller's guarantees; the CPU supports AVX2 and FMA, and `tiles` passes rows of `width` values.
-        unsafe { tiles::<2, 2>(x, rows, w, count, width, out, stride, |x, w, width| tile_avx2(x, w, width)) }
+        unsafe { tiles::<2, 2>((x, rows), (w, count), width, (out, stride), |x, w, width| tile_avx2(x, w, width)) }
     }
 
     /// One tile's sums on AVX2 + FMA (the accumulators reduced here by [`sums_avx2`], as on AVX-512).

@@ -16,11 +16,10 @@ mod routing;
 use std::ops::Range;
 
 use super::backend::{
-    AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeStyle, RoutedExpert, Routes, RoutingShape,
+    AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeCall, RoutedExpert, Routes, RoutingShape,
 };
 use super::kv_cache::{KeyChoice, KvPool, KvRows, PagedDecode, PagedStep};
 use super::matrix::Matrix;
-use super::rope_table::RopeTable;
 use super::tensor::{copy_block, Block, Storage, Tensor};
 use super::RuntimeError;
 
@@ -143,21 +142,9 @@ impl Backend for Cpu {
         Ok(Tensor::host(activation::silu_mul(values(gate), values(up)), gate.columns()))
     }
 
-    fn rope(
-        &self,
-        x: &mut Tensor,
-        rows: Range<usize>,
-        first_position: usize,
-        head_dim: usize,
-        offset: usize,
-        rotary_dim: usize,
-        table: &RopeTable,
-        style: RopeStyle,
-    ) -> Result<(), RuntimeError> {
-        let (columns, half) = (x.columns(), table.cos.columns);
-        let data = &mut values_mut(x)[rows.start * columns..rows.end * columns];
-        let (cos, sin) = (&table.cos.values()[first_position * half..], &table.sin.values()[first_position * half..]);
-        rope::apply(data, rows.len(), columns, head_dim, offset, rotary_dim, cos, sin, style);
+    fn rope(&self, x: &mut Tensor, call: &RopeCall<'_>) -> Result<(), RuntimeError> {
+        let columns = x.columns();
+        rope::apply(&mut values_mut(x)[call.rows.start * columns..call.rows.end * columns], columns, call);
         Ok(())
     }
 

@@ -35,9 +35,8 @@ use crate::runtime::device::{Counted, CudaError, Device, DeviceCounters};
 
 use std::ops::Range;
 
-use super::backend::{AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeStyle, Routes, RoutingShape};
+use super::backend::{AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeCall, Routes, RoutingShape};
 use super::matrix::Matrix;
-use super::rope_table::RopeTable;
 use super::tensor::{Block, Tensor};
 use super::RuntimeError;
 use crate::runtime::device::{Arg, LaunchShape};
@@ -183,18 +182,8 @@ impl Backend for CudaBackend {
         self.run(activation::silu_mul(self, gate, up))
     }
 
-    fn rope(
-        &self,
-        x: &mut Tensor,
-        rows: Range<usize>,
-        first_position: usize,
-        head_dim: usize,
-        offset: usize,
-        rotary_dim: usize,
-        table: &RopeTable,
-        style: RopeStyle,
-    ) -> Result<(), RuntimeError> {
-        self.run(rope::apply(self, x, rows, first_position, head_dim, offset, rotary_dim, table, style))
+    fn rope(&self, x: &mut Tensor, call: &RopeCall<'_>) -> Result<(), RuntimeError> {
+        self.run(rope::apply(self, x, call))
     }
 
     fn attention(

@@ -214,13 +214,11 @@ fn decode_with(
     let out: Tensor = alloc(backend.device(), count, layout.heads * layout.v_dim)?;
     paged::decode_on(
         backend.device(),
-        &resident.pool,
-        step.layer,
+        (&resident.pool, step.layer),
         &layout,
         &cached.batch,
         buffer(step.q)?,
-        buffer(&out)?,
-        &cached.faults,
+        (buffer(&out)?, &cached.faults),
         allowed,
     )?;
     let device_faults: Vec<u32> = (&decisions as &dyn Device).download(&cached.faults, count)?;
