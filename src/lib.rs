@@ -31,6 +31,7 @@ pub mod report;
 pub mod rng;
 pub mod runtime;
 pub mod serve;
+pub mod simd;
 pub mod synth;
 pub mod units;
 pub mod verify;

@@ -2,10 +2,13 @@
 //! RoPE on the first `partial_rotary_factor` of each head; over whole sequences, or as the decode step's cache rows
 //! and queries at their positions.
 
+use super::layer::LayerContext;
 use super::tap::{KvSource, KvTap};
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{AttentionShape, Backend, Matrix, PagedLayout, RopeStyle};
+use crate::runtime::backend::{AttentionShape, Backend, RopeCall, RopeStyle};
+use crate::runtime::kv_cache::PagedLayout;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;
@@ -67,17 +70,15 @@ impl GqaWeights {
     /// With [`KvSource::Split`] K and V of each sequence's first `prompt[i]` tokens come from `prefill` applied to
     /// `prefill_input`, the rest from `self` applied to `x`; queries and the output projection use `self`. Rows of
     /// prompt positions in the result are not meaningful.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        backend: &dyn Backend,
-        config: &ModelConfig,
+        context: &LayerContext,
         x: &Tensor,
         spans: &Spans,
-        table: &RopeTable,
         kv: KvSource<GqaWeights>,
         tap: &mut KvTap,
     ) -> Result<Tensor, RuntimeError> {
+        let LayerContext { backend, config, table, .. } = *context;
         let (kv_heads, head_dim, _, _) = dims(config);
         let q = self.queries(backend, config, x, spans, table)?;
         let (mut k, mut v) = self.keys_values(backend, config, x, spans, table)?;
@@ -108,7 +109,18 @@ impl GqaWeights {
         }
         for (start, length) in spans.iter() {
             check_positions(table, length)?;
-            backend.rope(&mut q, start..start + length, 0, head_dim, 0, table.rotary_dim, table, RopeStyle::Half)?;
+            backend.rope(
+                &mut q,
+                &RopeCall {
+                    rows: start..start + length,
+                    first_position: 0,
+                    head_dim,
+                    offset: 0,
+                    rotary_dim: table.rotary_dim,
+                    table,
+                    style: RopeStyle::Half,
+                },
+            )?;
         }
         Ok(q)
     }
@@ -130,7 +142,18 @@ impl GqaWeights {
         }
         for (start, length) in spans.iter() {
             check_positions(table, length)?;
-            backend.rope(&mut k, start..start + length, 0, head_dim, 0, table.rotary_dim, table, RopeStyle::Half)?;
+            backend.rope(
+                &mut k,
+                &RopeCall {
+                    rows: start..start + length,
+                    first_position: 0,
+                    head_dim,
+                    offset: 0,
+                    rotary_dim: table.rotary_dim,
+                    table,
+                    style: RopeStyle::Half,
+                },
+            )?;
         }
         Ok((k, v))
     }
@@ -181,8 +204,17 @@ impl GqaWeights {
         }
         let rot = table.rotary_dim;
         for (t, &position) in positions.iter().enumerate() {
-            backend.rope(&mut queries, t..t + 1, position, head_dim, 0, rot, table, RopeStyle::Half)?;
-            backend.rope(&mut keys, t..t + 1, position, head_dim, 0, rot, table, RopeStyle::Half)?;
+            let call = RopeCall {
+                rows: t..t + 1,
+                first_position: position,
+                head_dim,
+                offset: 0,
+                rotary_dim: rot,
+                table,
+                style: RopeStyle::Half,
+            };
+            backend.rope(&mut queries, &call)?;
+            backend.rope(&mut keys, &call)?;
         }
         Ok((backend.concat_columns(&[&keys, &values])?, queries))
     }

@@ -5,7 +5,9 @@
 
 use crate::model::config::{Attention, Indexer};
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, IndexerShape, KeyChoice, KeySelection, Matrix, RopeStyle};
+use crate::runtime::backend::{Backend, IndexerShape, KeySelection, RopeCall, RopeStyle};
+use crate::runtime::kv_cache::KeyChoice;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;
@@ -126,8 +128,17 @@ impl IndexerWeights {
         for (start, length) in spans.iter() {
             check_positions(table, length)?;
             let sequence = start..start + length;
-            backend.rope(&mut q, sequence.clone(), 0, dim, 0, rope, table, RopeStyle::Interleaved)?;
-            backend.rope(&mut k, sequence.clone(), 0, dim, 0, rope, table, RopeStyle::Interleaved)?;
+            let call = RopeCall {
+                rows: sequence.clone(),
+                first_position: 0,
+                head_dim: dim,
+                offset: 0,
+                rotary_dim: rope,
+                table,
+                style: RopeStyle::Interleaved,
+            };
+            backend.rope(&mut q, &call)?;
+            backend.rope(&mut k, &call)?;
             let shape = IndexerShape { tokens: length, heads, head_dim: dim, top_k: topk };
             let selection = backend.indexer_top_k(&q, &k, &head_weights, sequence, &shape)?;
             near_ties += selection.near_ties;
@@ -153,8 +164,17 @@ impl IndexerWeights {
         let head_weights = backend.linear(x, &self.weights_proj, None)?;
         let rot = table.rotary_dim;
         for (t, &position) in positions.iter().enumerate() {
-            backend.rope(&mut iq, t..t + 1, position, dim, 0, rot, table, RopeStyle::Interleaved)?;
-            backend.rope(&mut ik, t..t + 1, position, dim, 0, rot, table, RopeStyle::Interleaved)?;
+            let call = RopeCall {
+                rows: t..t + 1,
+                first_position: position,
+                head_dim: dim,
+                offset: 0,
+                rotary_dim: rot,
+                table,
+                style: RopeStyle::Interleaved,
+            };
+            backend.rope(&mut iq, &call)?;
+            backend.rope(&mut ik, &call)?;
         }
         debug_assert_eq!(iq.columns(), index_heads * dim);
         Ok((ik, IndexQueries { q: iq, head_weights }))

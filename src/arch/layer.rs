@@ -9,8 +9,10 @@ use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::tap::{KvSource, LayerTap};
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, KeyChoice, KeySelection, Matrix, PagedLayout};
+use crate::runtime::backend::{Backend, KeySelection};
+use crate::runtime::kv_cache::{KeyChoice, PagedLayout};
 use crate::runtime::layer_stream::StreamedLayer;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::weights::WeightReader;
@@ -176,10 +178,9 @@ impl Layer {
         tap: Option<&mut LayerTap>,
         mut probe: Option<&mut Probe>,
     ) -> Result<(), RuntimeError> {
-        let LayerContext { backend, config, table, mla_scale, .. } = *context;
+        let LayerContext { backend, config, .. } = *context;
         let mut untapped = LayerTap::default();
         let tap = tap.unwrap_or(&mut untapped);
-        let LayerState { selection, near_ties } = state;
         let split = match kv {
             KvSource::Own => None,
             KvSource::Split { prefill, prefill_input, prompt } => {
@@ -191,34 +192,21 @@ impl Layer {
         };
         let x = normed(backend, config, hidden, &self.input_norm)?;
         let attended = match (&self.attention, &split) {
-            (AttentionWeights::Mla(mla), None) => mla.forward(
-                backend,
-                config,
-                &x,
-                spans,
-                table,
-                mla_scale,
-                KvSource::Own,
-                selection,
-                near_ties,
-                &mut tap.kv,
-            )?,
-            (AttentionWeights::Gqa(gqa), None) => {
-                gqa.forward(backend, config, &x, spans, table, KvSource::Own, &mut tap.kv)?
-            }
+            (AttentionWeights::Mla(mla), None) => mla.forward(context, &x, spans, KvSource::Own, state, &mut tap.kv)?,
+            (AttentionWeights::Gqa(gqa), None) => gqa.forward(context, &x, spans, KvSource::Own, &mut tap.kv)?,
             (
                 AttentionWeights::Mla(mla),
                 Some((Layer { attention: AttentionWeights::Mla(prefill), .. }, x_prefill, prompt)),
             ) => {
                 let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
-                mla.forward(backend, config, &x, spans, table, mla_scale, kv, selection, near_ties, &mut tap.kv)?
+                mla.forward(context, &x, spans, kv, state, &mut tap.kv)?
             }
             (
                 AttentionWeights::Gqa(gqa),
                 Some((Layer { attention: AttentionWeights::Gqa(prefill), .. }, x_prefill, prompt)),
             ) => {
                 let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
-                gqa.forward(backend, config, &x, spans, table, kv, &mut tap.kv)?
+                gqa.forward(context, &x, spans, kv, &mut tap.kv)?
             }
             _ => {
                 return Err(RuntimeError::Input(
@@ -241,7 +229,7 @@ impl Layer {
             }
             decoded
         });
-        self.mlp_residual(context, hidden, decoded.as_deref(), times, near_ties, tap)?;
+        self.mlp_residual(context, hidden, decoded.as_deref(), times, &mut state.near_ties, tap)?;
         match probe {
             Some(probe) => probe(Stage::MlpResidual, hidden),
             None => Ok(()),

@@ -4,11 +4,14 @@
 
 use std::sync::OnceLock;
 
-use super::indexer::{DsaMasks, IndexQueries, IndexerWeights};
+use super::indexer::{IndexQueries, IndexerWeights};
+use super::layer::{LayerContext, LayerState};
 use super::tap::{KvSource, KvTap};
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{AttentionShape, Backend, Matrix, PagedLayout, RopeStyle};
+use crate::runtime::backend::{AttentionShape, Backend, RopeCall, RopeStyle};
+use crate::runtime::kv_cache::PagedLayout;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::{Block, Tensor};
 use crate::runtime::weights::WeightReader;
@@ -108,27 +111,23 @@ impl MlaWeights {
     /// (weights) applied to `prefill_input`, the rest from `self` applied to `x`; all rows go through `tap` (the
     /// handoff and the decode cache), and every query, the latent expansion and the output projection use `self`.
     /// Rows of prompt positions in the result are not meaningful.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        backend: &dyn Backend,
-        config: &ModelConfig,
+        context: &LayerContext,
         x: &Tensor,
         spans: &Spans,
-        table: &RopeTable,
-        scale: f32,
         kv: KvSource<MlaWeights>,
-        selection: &mut Option<DsaMasks>,
-        near_ties: &mut usize,
+        state: &mut LayerState,
         tap: &mut KvTap,
     ) -> Result<Tensor, RuntimeError> {
+        let LayerContext { backend, config, table, .. } = *context;
         let (d, _) = dims(config);
         let width = d.kv_lora + d.rope;
         let KvSource::Split { prefill, prefill_input: x_prefill, prompt } = kv else {
             let (q, q_resid) = self.queries(backend, x)?;
             let mut rows = self.cache_rows(backend, config, x, spans, table)?;
             tap.apply_mla(backend, &mut rows, width)?;
-            return self.attend(backend, config, x, q, &q_resid, &rows, spans, table, scale, selection, near_ties);
+            return self.attend(context, x, (q, &q_resid), &rows, spans, state);
         };
         let (q, mut q_resid) = self.queries(backend, x)?;
         let (_, q_resid_prefill) = prefill.queries(backend, x_prefill)?;
@@ -142,7 +141,7 @@ impl MlaWeights {
             backend.copy_rows(&mut q_resid, &q_resid_prefill, range)?;
         }
         tap.apply_mla(backend, &mut rows, width)?;
-        self.attend(backend, config, &x_mixed, q, &q_resid, &rows, spans, table, scale, selection, near_ties)
+        self.attend(context, &x_mixed, (q, &q_resid), &rows, spans, state)
     }
 
     /// Queries `[tokens, heads·qk]` (before RoPE) and the query input of the indexer (the normed q latent).
@@ -173,7 +172,18 @@ impl MlaWeights {
         let style = if config.rope.interleave { RopeStyle::Interleaved } else { RopeStyle::Half };
         for (start, length) in spans.iter() {
             check_positions(table, length)?;
-            backend.rope(&mut k_rot, start..start + length, 0, d.rope, 0, d.rope, table, style)?;
+            backend.rope(
+                &mut k_rot,
+                &RopeCall {
+                    rows: start..start + length,
+                    first_position: 0,
+                    head_dim: d.rope,
+                    offset: 0,
+                    rotary_dim: d.rope,
+                    table,
+                    style,
+                },
+            )?;
         }
         backend.concat_columns(&[&latent, &k_rot])
     }
@@ -194,21 +204,18 @@ impl MlaWeights {
     }
 
     /// Attention over cached rows: the latent expanded per head by `kv_b_proj`, the DSA selection, output projection.
-    #[allow(clippy::too_many_arguments)]
+    /// `q` the queries (before RoPE), `q_resid` the indexer's query input.
     fn attend(
         &self,
-        backend: &dyn Backend,
-        config: &ModelConfig,
+        context: &LayerContext,
         x: &Tensor,
-        mut q: Tensor,
-        q_resid: &Tensor,
+        (mut q, q_resid): (Tensor, &Tensor),
         rows: &Tensor,
         spans: &Spans,
-        table: &RopeTable,
-        scale: f32,
-        selection: &mut Option<DsaMasks>,
-        near_ties: &mut usize,
+        state: &mut LayerState,
     ) -> Result<Tensor, RuntimeError> {
+        let LayerContext { backend, config, table, mla_scale: scale, .. } = *context;
+        let LayerState { selection, near_ties } = state;
         let (d, _) = dims(config);
         let tokens = spans.total();
         let (qk, kv_width) = (d.nope + d.rope, d.nope + d.v);
@@ -236,7 +243,18 @@ impl MlaWeights {
         for (index, (start, length)) in spans.iter().enumerate() {
             check_positions(table, length)?;
             let sequence = start..start + length;
-            backend.rope(&mut q, sequence.clone(), 0, qk, d.nope, d.rope, table, style)?;
+            backend.rope(
+                &mut q,
+                &RopeCall {
+                    rows: sequence.clone(),
+                    first_position: 0,
+                    head_dim: qk,
+                    offset: d.nope,
+                    rotary_dim: d.rope,
+                    table,
+                    style,
+                },
+            )?;
             let shape =
                 AttentionShape { tokens: length, heads: d.heads, kv_heads: d.heads, qk_dim: qk, v_dim: d.v, scale };
             let allowed = match (&config.indexer, selection.as_ref()) {
@@ -291,8 +309,30 @@ impl MlaWeights {
         let (mut q, q_resid) = self.queries(backend, x)?;
         let (latent, mut k_pe) = self.latent(backend, config, x)?;
         for (t, &position) in positions.iter().enumerate() {
-            backend.rope(&mut q, t..t + 1, position, qk, nope, rope, table, style)?;
-            backend.rope(&mut k_pe, t..t + 1, position, rope, 0, rope, table, style)?;
+            backend.rope(
+                &mut q,
+                &RopeCall {
+                    rows: t..t + 1,
+                    first_position: position,
+                    head_dim: qk,
+                    offset: nope,
+                    rotary_dim: rope,
+                    table,
+                    style,
+                },
+            )?;
+            backend.rope(
+                &mut k_pe,
+                &RopeCall {
+                    rows: t..t + 1,
+                    first_position: position,
+                    head_dim: rope,
+                    offset: 0,
+                    rotary_dim: rope,
+                    table,
+                    style,
+                },
+            )?;
         }
         let rows = backend.concat_columns(&[&latent, &k_pe])?;
         let (aux, index) = match (&self.indexer, &config.indexer) {

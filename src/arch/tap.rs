@@ -4,7 +4,7 @@
 
 use crate::format::kv_scales::LayerKvScales;
 use crate::quant::fp8;
-use crate::runtime::backend::Matrix;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::{Backend, RuntimeError, Tensor};
 
 /// Where an attention layer's cached rows come from.

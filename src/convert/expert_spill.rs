@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::io::IoError;
 use crate::quant::pack;
-use crate::runtime::backend::{Int4Weight, Matrix};
+use crate::runtime::matrix::{Int4Weight, Matrix};
 
 /// Where one projection's quantized form lies.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -47,7 +47,8 @@ use crate::model::ModelConfig;
 use crate::progress::Reporter;
 use crate::quant::gptq::{self, GptqSettings, Hessian, InverseFactor, Quantized};
 use crate::quant::ScaleRule;
-use crate::runtime::backend::{Backend, Matrix};
+use crate::runtime::backend::Backend;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::weights::WeightReader;
 use crate::runtime::RuntimeError;
 

@@ -413,8 +413,8 @@ fn top_code(codes: &[u8]) -> u8 {
 /// the block's (positive) multiplier. AVX2 when the CPU has it (the same integer maxima, 32 bytes at a time).
 fn row_absmax(codes: &[u8], block_columns: usize, scales: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
+    if crate::simd::level() >= crate::simd::Level::Avx2 {
+        // SAFETY: the CPU supports AVX2 (its level).
         return unsafe { row_absmax_avx2(codes, block_columns, scales) };
     }
     row_absmax_portable(codes, block_columns, scales)

@@ -9,7 +9,7 @@ use half::bf16;
 
 use crate::metrics;
 use crate::rng::Rng;
-use crate::runtime::backend::{AttentionShape, IndexerShape, Int4Weight, Matrix, PagedLayout, RopeStyle, RoutingShape};
+use crate::runtime::backend::{AttentionShape, IndexerShape, RopeCall, RopeStyle, RoutingShape};
 use crate::runtime::cpu::Cpu;
 use crate::runtime::cuda::linear::{
     linear_bf16, linear_bf16_gemm, linear_bf16_pair, split, w4a16_linear, LinearShape, W4a16Weight, GEMM_MIN_ROWS,
@@ -17,7 +17,9 @@ use crate::runtime::cuda::linear::{
 use crate::runtime::cuda::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
-use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PoolError, PoolShape};
+use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PagedLayout, PoolError, PoolShape};
+use crate::runtime::matrix::{Int4Weight, Matrix};
+use crate::runtime::rope_table::RopeTable;
 
 use super::host::Host;
 use super::SelftestRow;
@@ -217,10 +219,28 @@ pub fn rope(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
         let angles = rng.values(tokens * rotary / 2, 3.0);
         let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| (a.cos(), a.sin())).unzip();
         let data = rng.values(tokens * row_width, 2.0);
+        // Token `t` at position `t` of the `[tokens, rotary / 2]` tables (one table per run, each a new matrix).
+        let table = || RopeTable {
+            rotary_dim: rotary,
+            positions: tokens,
+            cos: Matrix::new(tokens, rotary / 2, cos.clone()),
+            sin: Matrix::new(tokens, rotary / 2, sin.clone()),
+        };
         for style in [RopeStyle::Interleaved, RopeStyle::Half] {
             let (mut got, mut want) = (data.clone(), data.clone());
-            Host::new(backend).rope(&mut got, tokens, row_width, head_dim, offset, rotary, (&cos, &sin), style);
-            Host::new(&Cpu).rope(&mut want, tokens, row_width, head_dim, offset, rotary, (&cos, &sin), style);
+            let call = |table| RopeCall {
+                rows: 0..tokens,
+                first_position: 0,
+                head_dim,
+                offset,
+                rotary_dim: rotary,
+                table,
+                style,
+            };
+            let got_table = table();
+            Host::new(backend).rope(&mut got, row_width, &call(&got_table));
+            let want_table = table();
+            Host::new(&Cpu).rope(&mut want, row_width, &call(&want_table));
             let mismatches = metrics::bit_mismatches(&got, &want);
             let shape = format!("[{tokens}, {heads}, {head_dim}] offset {offset} rotary {rotary}");
             rows.push(row(&format!("rope {style:?}"), shape, &got, &want, mismatches, EXACT));
@@ -516,7 +536,7 @@ fn bench_paged(device: &dyn Device, fence: &DeviceBuffer, copy_gb_per_s: f64) ->
         let faults = device.alloc_for::<i32>(requests)?;
         let timed = |batch: &DecodeBatch| {
             time_launches(device, fence, 20, || {
-                decode_on(device, &device_pool, 0, &layout, batch, &q, &out, &faults, None)
+                decode_on(device, (&device_pool, 0), &layout, batch, &q, (&out, &faults), None)
             })
         };
         let verified = timed(&batch)?;

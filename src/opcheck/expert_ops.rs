@@ -4,11 +4,12 @@
 //! reuse.
 
 use crate::rng::Rng;
-use crate::runtime::backend::{Int4Weight, Matrix, RoutedExpert};
+use crate::runtime::backend::RoutedExpert;
 use crate::runtime::cpu::Cpu;
 use crate::runtime::cuda::linear::{w4a16_grouped, GroupedInt4, Segments};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::CudaError;
+use crate::runtime::matrix::{Int4Weight, Matrix};
 
 use super::backend_ops::{row, verdict, DOT_ORDER_REL_L2};
 use super::host::Host;

@@ -3,9 +3,9 @@
 //! op gives NaNs (the case fails) and prints its error.
 
 use crate::runtime::backend::{
-    AttentionShape, Backend, IndexerShape, KeySelection, Matrix, RopeStyle, RoutedExpert, Routes, RoutingShape,
+    AttentionShape, Backend, IndexerShape, KeySelection, RopeCall, RoutedExpert, Routes, RoutingShape,
 };
-use crate::runtime::rope_table::RopeTable;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::RuntimeError;
 
 /// A backend driven with host values.
@@ -67,27 +67,9 @@ impl<'a> Host<'a> {
         self.settle(result, || vec![f32::NAN; gate.len()])
     }
 
-    /// RoPE of `tokens` rows, token `t` at position `t` of the `[tokens, rotary / 2]` tables.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rope(
-        &self,
-        data: &mut [f32],
-        tokens: usize,
-        row_width: usize,
-        head_dim: usize,
-        offset: usize,
-        rotary: usize,
-        (cos, sin): (&[f32], &[f32]),
-        style: RopeStyle,
-    ) {
-        let half = rotary / 2;
-        let table = RopeTable {
-            rotary_dim: rotary,
-            positions: tokens,
-            cos: Matrix::new(tokens, half, cos.to_vec()),
-            sin: Matrix::new(tokens, half, sin.to_vec()),
-        };
-        self.in_place(data, row_width, |x| self.backend.rope(x, 0..tokens, 0, head_dim, offset, rotary, &table, style));
+    /// RoPE of `data` `[rows, row_width]` as `call` says.
+    pub fn rope(&self, data: &mut [f32], row_width: usize, call: &RopeCall<'_>) {
+        self.in_place(data, row_width, |x| self.backend.rope(x, call));
     }
 
     pub fn attention(

@@ -5,11 +5,12 @@
 
 use crate::quant::fp8;
 use crate::rng::Rng;
-use crate::runtime::backend::{KeyChoice, KvAt, KvRows, PagedLayout, PagedStep};
 use crate::runtime::cuda::paged::{self, DecodeLayout, DecodePlan, DecodeRequest, DevicePool};
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::CudaError;
-use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PoolError, PoolShape};
+use crate::runtime::kv_cache::{
+    KeyChoice, KvAt, KvDtype, KvPool, KvRows, Mapping, PagedLayout, PagedStep, PoolError, PoolShape,
+};
 use crate::runtime::{Backend, Cpu, RuntimeError};
 
 use super::backend_ops::row;

@@ -26,14 +26,12 @@ impl BlockGrid {
 /// (the same scalar code vectorized wider: the same bits).
 pub fn dequantize_row(grid: &BlockGrid, row: usize, codes: &[u8], scales: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
-        // SAFETY: the CPU supports AVX-512F and BW, checked just above.
-        return unsafe { dequantize_row_avx512(grid, row, codes, scales, out) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { dequantize_row_avx2(grid, row, codes, scales, out) };
+    match crate::simd::level() {
+        // SAFETY: the CPU supports AVX-512F and BW (its level).
+        crate::simd::Level::Avx512 => return unsafe { dequantize_row_avx512(grid, row, codes, scales, out) },
+        // SAFETY: the CPU supports AVX2 (its level).
+        crate::simd::Level::Avx2 => return unsafe { dequantize_row_avx2(grid, row, codes, scales, out) },
+        crate::simd::Level::Portable => {}
     }
     dequantize_row_portable(grid, row, codes, scales, out)
 }

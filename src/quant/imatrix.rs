@@ -59,15 +59,16 @@ pub fn quantize_row(
     scales: &mut [bf16],
 ) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked just above.
-            return unsafe { quantize_row_avx512(weights, importance, group_size, search, q, scales) };
+    match crate::simd::level() {
+        // SAFETY: the CPU supports AVX-512F (its level).
+        crate::simd::Level::Avx512 => {
+            return unsafe { quantize_row_avx512(weights, importance, group_size, search, q, scales) }
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { quantize_row_avx2(weights, importance, group_size, search, q, scales) };
+        // SAFETY: the CPU supports AVX2 (its level).
+        crate::simd::Level::Avx2 => {
+            return unsafe { quantize_row_avx2(weights, importance, group_size, search, q, scales) }
         }
+        crate::simd::Level::Portable => {}
     }
     quantize_row_portable(weights, importance, group_size, search, q, scales)
 }

@@ -13,15 +13,12 @@ pub const ZERO_GROUP_SCALE: f32 = f32::EPSILON;
 /// either way (FMA is used only by the `mse` screen, whose values bound errors and are never stored).
 pub fn quantize_row(weights: &[f32], group_size: usize, rule: ScaleRule, q: &mut [i8], scales: &mut [bf16]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX-512F and FMA, checked just above.
-            return unsafe { quantize_row_avx512(weights, group_size, rule, q, scales) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA, checked just above.
-            return unsafe { quantize_row_avx2(weights, group_size, rule, q, scales) };
-        }
+    match crate::simd::level() {
+        // SAFETY: the CPU supports AVX-512F and FMA (its level).
+        crate::simd::Level::Avx512 => return unsafe { quantize_row_avx512(weights, group_size, rule, q, scales) },
+        // SAFETY: the CPU supports AVX2 and FMA (its level).
+        crate::simd::Level::Avx2 => return unsafe { quantize_row_avx2(weights, group_size, rule, q, scales) },
+        crate::simd::Level::Portable => {}
     }
     quantize_row_portable(weights, group_size, rule, q, scales)
 }

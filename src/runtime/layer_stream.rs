@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::backend::{Matrix, Prefetch};
+use super::backend::Prefetch;
 use super::checkpoint::open_checkpoint;
+use super::matrix::Matrix;
 use super::weights::WeightReader;
 use super::RuntimeError;
 use crate::model::ModelConfig;

@@ -12,14 +12,16 @@ pub mod cuda;
 pub mod device;
 pub mod kv_cache;
 pub mod layer_stream;
+pub mod matrix;
 pub mod rope_table;
 pub mod tensor;
 pub mod weights;
 
 use std::path::PathBuf;
 
-pub use backend::{AttentionShape, Backend, Matrix, RopeStyle};
+pub use backend::{AttentionShape, Backend, RopeStyle};
 pub use cpu::Cpu;
+pub use matrix::Matrix;
 pub use tensor::{Block, Tensor};
 
 use crate::io::IoError;

@@ -1,7 +1,7 @@
 //! RoPE tables from the config — frequencies and softmax scales, default and YaRN (transformers'
 //! `_compute_yarn_parameters`, `yarn_get_mscale`), computed in f64 and stored as f32 like torch's buffers.
 
-use super::backend::Matrix;
+use super::matrix::Matrix;
 use super::RuntimeError;
 use crate::model::config::{Attention, Rope, RopeScaling};
 use crate::model::ModelConfig;

@@ -11,7 +11,7 @@ use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceIte
 use crate::io::{Checkpoint, Dtype};
 use crate::quant::w4a8;
 
-use super::backend::{Fp8Codes, Fp8Weight, Int4Weight, Matrix};
+use super::matrix::{Fp8Codes, Fp8Weight, Int4Weight, Matrix};
 use super::RuntimeError;
 
 /// Whether every value `e4m3(code) · scale` is finite, without making them: no NaN code (`0x7F`/`0xFF`; e4m3fn has

@@ -12,12 +12,13 @@ use squeeze::opcheck::kv_ops::{as_requests, filled_pool, layouts, requests_of, C
 use squeeze::opcheck::{self, Mode, Target, CASES};
 use squeeze::quant::pack;
 use squeeze::rng::Rng;
-use squeeze::runtime::backend::{Int4Weight, RoutedExpert};
+use squeeze::runtime::backend::RoutedExpert;
 use squeeze::runtime::cuda::paged::{self, DecodePlan};
 use squeeze::runtime::cuda::CudaBackend;
 use squeeze::runtime::device::emulated::Emulator;
 use squeeze::runtime::device::{Arg, Device, LaunchShape};
 use squeeze::runtime::kv_cache::{inject, FaultKind, IntegrityError, KvDtype, KvPool, Mapping};
+use squeeze::runtime::matrix::Int4Weight;
 use squeeze::runtime::{Backend, Cpu, Matrix};
 
 /// The backends under test: emulated always, the GPU when the probe finds one.
@@ -392,7 +393,7 @@ fn unverified_launch_is_the_same_attention_without_the_checks() {
             let count = CONTEXTS.len() * layout.heads * layout.v_dim;
             let out = device.alloc_for::<f32>(count).unwrap();
             let faults = device.alloc_for::<u32>(CONTEXTS.len()).unwrap();
-            paged::decode_on(device, &device_pool, 1, &layout, &batch, &q_buffer, &out, &faults, None).unwrap();
+            paged::decode_on(device, (&device_pool, 1), &layout, &batch, &q_buffer, (&out, &faults), None).unwrap();
             (device.download::<f32>(&out, count).unwrap(), device.download::<u32>(&faults, CONTEXTS.len()).unwrap())
         };
         let clean = requests_of(&pool, &CONTEXTS);

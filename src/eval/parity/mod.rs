@@ -35,7 +35,7 @@ use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::model::config::Attention;
 use crate::part::Part;
 use crate::progress::Reporter;
-use crate::runtime::backend::Matrix;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{rope_setup, RopeTable};
 use crate::runtime::weights::WeightReader;
 use crate::runtime::{Backend, RuntimeError, Spans, Tensor};

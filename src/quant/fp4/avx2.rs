@@ -224,7 +224,7 @@ mod tests {
     /// vector paths are never called).
     fn with_avx2(check: impl FnOnce()) {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if crate::simd::level() >= crate::simd::Level::Avx2 {
             return check();
         }
         eprintln!("no AVX2: the vector paths are not run here");

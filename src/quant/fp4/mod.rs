@@ -123,8 +123,8 @@ pub fn nvfp4_global_scale(absmax: f32) -> f32 {
 /// `scales` one E4M3 byte per group. AVX2 when the CPU has it: the same IEEE operations, vectorized (bit-identical).
 pub fn nvfp4_quantize_row(weights: &[f32], global: f32, codes: &mut [u8], scales: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
+    if crate::simd::level() >= crate::simd::Level::Avx2 {
+        // SAFETY: the CPU supports AVX2 (its level).
         return unsafe { nvfp4_quantize_row_avx2(weights, global, codes, scales) };
     }
     nvfp4_quantize_row_portable(weights, global, codes, scales)
@@ -154,8 +154,8 @@ fn nvfp4_quantize_row_portable(weights: &[f32], global: f32, codes: &mut [u8], s
 /// portable version otherwise, and for the last groups of a row that are not a whole eight.
 pub fn nvfp4_quantize_row_packed(weights: &[f32], global: f32, packed: &mut [u8], scales: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
+    if crate::simd::level() >= crate::simd::Level::Avx2 {
+        // SAFETY: the CPU supports AVX2 (its level).
         return unsafe { avx2::nvfp4_quantize_row_packed(weights, global, packed, scales) };
     }
     nvfp4_quantize_row_packed_portable(weights, global, packed, scales)
@@ -216,8 +216,8 @@ pub fn mxfp4_scale(exponent: u8) -> f32 {
 /// group. AVX2 when the CPU has it (bit-identical).
 pub fn mxfp4_quantize_row(weights: &[f32], codes: &mut [u8], exponents: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
+    if crate::simd::level() >= crate::simd::Level::Avx2 {
+        // SAFETY: the CPU supports AVX2 (its level).
         return unsafe { mxfp4_quantize_row_avx2(weights, codes, exponents) };
     }
     mxfp4_quantize_row_portable(weights, codes, exponents)

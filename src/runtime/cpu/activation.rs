@@ -19,15 +19,12 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
 
 fn silu_mul_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked just above.
-            return unsafe { silu_mul_avx512(gate, up, out) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { silu_mul_avx2(gate, up, out) };
-        }
+    match crate::simd::level() {
+        // SAFETY: the CPU supports AVX-512F (its level).
+        crate::simd::Level::Avx512 => return unsafe { silu_mul_avx512(gate, up, out) },
+        // SAFETY: the CPU supports AVX2 (its level).
+        crate::simd::Level::Avx2 => return unsafe { silu_mul_avx2(gate, up, out) },
+        crate::simd::Level::Portable => {}
     }
     silu_mul_portable(gate, up, out)
 }

@@ -47,7 +47,7 @@ pub fn causal(q: &[f32], k: &[f32], v: &[f32], shape: &AttentionShape, allowed: 
             let mut y = vec![0f32; rows * v_dim];
             let seen = |row: usize| first + row + 1;
             let admits = |row: usize, key: usize| allowed.is_none_or(|mask| mask[(first + row) * tokens + key]);
-            attend_block(&q_block, rows, &by_head[head / group.max(1)], first + rows, seen, admits, scale, &mut y);
+            attend_block((&q_block, rows), &by_head[head / group.max(1)], first + rows, seen, admits, scale, &mut y);
             y
         })
         .collect();
@@ -93,10 +93,8 @@ impl KeysValues {
 
 /// Softmax attention of `rows` queries `q` `[rows, qk_dim]` over the first `keys` of `kv`, written to `y`
 /// `[rows, v_dim]`: query `r` sees keys `0..seen(r)` (`seen(r) ≤ keys`) that `admits(r, key)`.
-#[allow(clippy::too_many_arguments)]
 pub fn attend_block(
-    q: &[f32],
-    rows: usize,
+    (q, rows): (&[f32], usize),
     kv: &KeysValues,
     keys: usize,
     seen: impl Fn(usize) -> usize,
@@ -107,11 +105,11 @@ pub fn attend_block(
     let KeysValues { qk_dim, v_dim, .. } = *kv;
     assert!(keys <= kv.count && q.len() >= rows * qk_dim && y.len() >= rows * v_dim);
     let mut p = vec![0f32; rows * keys];
-    gemm(q, qk_dim, &kv.keys_t, kv.count, rows, qk_dim, keys, &mut p, keys);
+    gemm((q, qk_dim), (&kv.keys_t, kv.count), (&mut p, keys), [rows, qk_dim, keys]);
     for (row, scores) in p.chunks_mut(keys.max(1)).enumerate().take(rows) {
         softmax(scores, seen(row), scale, |key| admits(row, key));
     }
-    gemm(&p, keys, &kv.values, v_dim, rows, keys, v_dim, y, v_dim);
+    gemm((&p, keys), (&kv.values, v_dim), (y, v_dim), [rows, keys, v_dim]);
 }
 
 /// Scores in, attention weights out: the first `seen` scores `s` (the admitted ones) become `p = w / Σw` with
@@ -128,15 +126,12 @@ fn softmax(scores: &mut [f32], seen: usize, scale: f32, admits: impl Fn(usize) -
 /// CPU has them: the same basic operations in the same order, so the same bits on every instruction set.
 fn normalize(scores: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked just above.
-            return unsafe { normalize_avx512(scores) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { normalize_avx2(scores) };
-        }
+    match crate::simd::level() {
+        // SAFETY: the CPU supports AVX-512F (its level).
+        crate::simd::Level::Avx512 => return unsafe { normalize_avx512(scores) },
+        // SAFETY: the CPU supports AVX2 (its level).
+        crate::simd::Level::Avx2 => return unsafe { normalize_avx2(scores) },
+        crate::simd::Level::Portable => {}
     }
     normalize_portable(scores)
 }

@@ -15,31 +15,7 @@
 /// Input rows per cache block: 128 rows of a 1024-wide layer are 512 KiB, a quarter of this machine's L2.
 const ROW_BLOCK: usize = 128;
 
-/// Which instruction set the kernel runs on this machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isa {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    Portable,
-}
-
-fn isa() -> Isa {
-    static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
-    })
-}
+use crate::simd::{self, Level};
 
 /// The kernel's value for one pair of rows (see the module comment): 16 fused multiply-add lanes, zero-padded
 /// tail, a fixed reduction tree.
@@ -70,16 +46,16 @@ pub unsafe fn block_into(x: &[f32], rows: usize, w: &[f32], count: usize, width:
         let x = &x[first * width..][..block_rows * width];
         // SAFETY: row `first` of `out` lies inside the caller's region.
         let out = unsafe { out.add(first * stride) };
-        match isa() {
+        match simd::level() {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU supports AVX-512F (checked in `isa`); the slice lengths were checked above, `out`
-            // is the caller's.
-            Isa::Avx512 => unsafe { x86::block_avx512(x, block_rows, w, count, width, out, stride) },
+            // SAFETY: the CPU supports AVX-512F (its level); the slice lengths were checked above, `out` is the
+            // caller's.
+            Level::Avx512 => unsafe { x86::block_avx512(x, block_rows, w, count, width, out, stride) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU supports AVX2 and FMA (checked in `isa`); as above.
-            Isa::Avx2 => unsafe { x86::block_avx2(x, block_rows, w, count, width, out, stride) },
+            // SAFETY: the CPU supports AVX2 and FMA (its level); as above.
+            Level::Avx2 => unsafe { x86::block_avx2(x, block_rows, w, count, width, out, stride) },
             // SAFETY: as above.
-            Isa::Portable => unsafe { portable(x, block_rows, w, count, width, out, stride) },
+            Level::Portable => unsafe { portable(x, block_rows, w, count, width, out, stride) },
         }
     }
 }
@@ -143,15 +119,11 @@ mod x86 {
     /// `tile` may be called with `R` and `F` row pointers of `width` readable values; `out` as in
     /// [`super::block_into`]; `x`, `w` hold at least `rows·width`, `count·width` values.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn tiles<const R: usize, const F: usize>(
-        x: &[f32],
-        rows: usize,
-        w: &[f32],
-        count: usize,
+        (x, rows): (&[f32], usize),
+        (w, count): (&[f32], usize),
         width: usize,
-        out: *mut f32,
-        stride: usize,
+        (out, stride): (*mut f32, usize),
         tile: impl Fn(&[*const f32; R], &[*const f32; F], usize) -> [[f32; F]; R],
     ) {
         let mut f0 = 0;
@@ -194,7 +166,9 @@ mod x86 {
         stride: usize,
     ) {
         // SAFETY: the caller's guarantees; the CPU supports AVX-512F, and `tiles` passes rows of `width` values.
-        unsafe { tiles::<6, 4>(x, rows, w, count, width, out, stride, |x, w, width| tile_avx512::<6>(x, w, width)) }
+        unsafe {
+            tiles::<6, 4>((x, rows), (w, count), width, (out, stride), |x, w, width| tile_avx512::<6>(x, w, width))
+        }
     }
 
     /// One tile's sums on AVX-512F: its accumulators stay in registers and are reduced by [`sums_avx512`] here
@@ -309,7 +283,7 @@ mod x86 {
         stride: usize,
     ) {
         // SAFETY: the caller's guarantees; the CPU supports AVX2 and FMA, and `tiles` passes rows of `width` values.
-        unsafe { tiles::<2, 2>(x, rows, w, count, width, out, stride, |x, w, width| tile_avx2(x, w, width)) }
+        unsafe { tiles::<2, 2>((x, rows), (w, count), width, (out, stride), |x, w, width| tile_avx2(x, w, width)) }
     }
 
     /// One tile's sums on AVX2 + FMA (the accumulators reduced here by [`sums_avx2`], as on AVX-512).
@@ -432,7 +406,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_kernel_is_fused_dot_bit_for_bit() {
-        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+        if crate::simd::level() < crate::simd::Level::Avx2 {
             eprintln!("skipped: this CPU has no AVX2 with FMA");
             return;
         }
@@ -445,7 +419,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_kernel_is_fused_dot_bit_for_bit() {
-        if !std::is_x86_feature_detected!("avx512f") {
+        if crate::simd::level() < crate::simd::Level::Avx512 {
             eprintln!("skipped: this CPU has no AVX-512F");
             return;
         }

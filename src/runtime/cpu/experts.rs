@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::{activation, matmul};
+use super::{activation, linear};
 use crate::quant::fp4::nvfp4_fake_quantize_activations;
 use crate::runtime::backend::{ExpertInputs, RoutedExpert};
 
@@ -22,13 +22,13 @@ pub fn apply(x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mu
             if let ExpertInputs::Nvfp4 { gate_up, .. } = expert.inputs {
                 nvfp4_fake_quantize_activations(&mut gathered, gate_up);
             }
-            let gate = matmul::linear(&gathered, rows, expert.gate, None);
-            let up = matmul::linear(&gathered, rows, expert.up, None);
+            let gate = linear::linear(&gathered, rows, expert.gate, None);
+            let up = linear::linear(&gathered, rows, expert.up, None);
             let mut intermediate = activation::silu_mul(&gate, &up);
             if let ExpertInputs::Nvfp4 { down, .. } = expert.inputs {
                 nvfp4_fake_quantize_activations(&mut intermediate, down);
             }
-            matmul::linear(&intermediate, rows, expert.down, None)
+            linear::linear(&intermediate, rows, expert.down, None)
         })
         .collect();
     for (expert, out) in experts.iter().zip(&outs) {

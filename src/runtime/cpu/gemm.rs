@@ -8,18 +8,12 @@
 //! columns (24 accumulators), AVX2 + FMA tiles of 4 rows × 16 columns; columns past the end are masked.
 
 /// `c[r·ldc + j] = Σ_{k < depth} a[r·lda + k] · b[k·ldb + j]` for `r < rows`, `j < cols` (see the module comment
-/// for the order). Writes nothing else of `c`.
-#[allow(clippy::too_many_arguments)]
+/// for the order): each operand with its row stride, `[rows, depth, cols]` the problem. Writes nothing else of `c`.
 pub fn gemm(
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    rows: usize,
-    depth: usize,
-    cols: usize,
-    c: &mut [f32],
-    ldc: usize,
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&mut [f32], usize),
+    [rows, depth, cols]: [usize; 3],
 ) {
     if rows == 0 || cols == 0 {
         return;
@@ -28,33 +22,30 @@ pub fn gemm(
     assert!(a.len() >= (rows - 1) * lda + depth && c.len() >= (rows - 1) * ldc + cols);
     assert!(depth == 0 || b.len() >= (depth - 1) * ldb + cols);
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
+    match crate::simd::level() {
+        crate::simd::Level::Avx512 => {
             // SAFETY: the CPU supports AVX-512F; the extents of `a`, `b`, `c` were checked above.
             return unsafe {
-                x86::gemm_avx512(a.as_ptr(), lda, b.as_ptr(), ldb, rows, depth, cols, c.as_mut_ptr(), ldc)
+                x86::gemm_avx512((a.as_ptr(), lda), (b.as_ptr(), ldb), (c.as_mut_ptr(), ldc), [rows, depth, cols])
             };
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        crate::simd::Level::Avx2 => {
             // SAFETY: the CPU supports AVX2 and FMA; as above.
-            return unsafe { x86::gemm_avx2(a.as_ptr(), lda, b.as_ptr(), ldb, rows, depth, cols, c.as_mut_ptr(), ldc) };
+            return unsafe {
+                x86::gemm_avx2((a.as_ptr(), lda), (b.as_ptr(), ldb), (c.as_mut_ptr(), ldc), [rows, depth, cols])
+            };
         }
+        crate::simd::Level::Portable => {}
     }
-    portable(a, lda, b, ldb, rows, depth, cols, c, ldc)
+    portable((a, lda), (b, ldb), (c, ldc), [rows, depth, cols])
 }
 
 /// The definition, one output at a time.
-#[allow(clippy::too_many_arguments)]
 fn portable(
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    rows: usize,
-    depth: usize,
-    cols: usize,
-    c: &mut [f32],
-    ldc: usize,
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&mut [f32], usize),
+    [rows, depth, cols]: [usize; 3],
 ) {
     for r in 0..rows {
         for j in 0..cols {
@@ -73,18 +64,12 @@ mod x86 {
 
     /// # Safety
     /// The CPU must support AVX-512F; `a`, `b`, `c` cover the extents [`super::gemm`] checks.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn gemm_avx512(
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        rows: usize,
-        depth: usize,
-        cols: usize,
-        c: *mut f32,
-        ldc: usize,
+        (a, lda): (*const f32, usize),
+        (b, ldb): (*const f32, usize),
+        (c, ldc): (*mut f32, usize),
+        [rows, depth, cols]: [usize; 3],
     ) {
         const R: usize = 6;
         let mut col = 0;
@@ -101,14 +86,14 @@ mod x86 {
                 unsafe {
                     let (a, b, c) = (a.add(row * lda), b.add(col), c.add(row * ldc + col));
                     match (rows - row >= R, width.div_ceil(16)) {
-                        (true, 4) => tile_avx512::<R, 4>(a, lda, b, ldb, depth, c, ldc, masks),
-                        (true, 3) => tile_avx512::<R, 3>(a, lda, b, ldb, depth, c, ldc, masks),
-                        (true, 2) => tile_avx512::<R, 2>(a, lda, b, ldb, depth, c, ldc, masks),
-                        (true, _) => tile_avx512::<R, 1>(a, lda, b, ldb, depth, c, ldc, masks),
-                        (false, 4) => tile_avx512::<1, 4>(a, lda, b, ldb, depth, c, ldc, masks),
-                        (false, 3) => tile_avx512::<1, 3>(a, lda, b, ldb, depth, c, ldc, masks),
-                        (false, 2) => tile_avx512::<1, 2>(a, lda, b, ldb, depth, c, ldc, masks),
-                        (false, _) => tile_avx512::<1, 1>(a, lda, b, ldb, depth, c, ldc, masks),
+                        (true, 4) => tile_avx512::<R, 4>((a, lda), (b, ldb), depth, (c, ldc), masks),
+                        (true, 3) => tile_avx512::<R, 3>((a, lda), (b, ldb), depth, (c, ldc), masks),
+                        (true, 2) => tile_avx512::<R, 2>((a, lda), (b, ldb), depth, (c, ldc), masks),
+                        (true, _) => tile_avx512::<R, 1>((a, lda), (b, ldb), depth, (c, ldc), masks),
+                        (false, 4) => tile_avx512::<1, 4>((a, lda), (b, ldb), depth, (c, ldc), masks),
+                        (false, 3) => tile_avx512::<1, 3>((a, lda), (b, ldb), depth, (c, ldc), masks),
+                        (false, 2) => tile_avx512::<1, 2>((a, lda), (b, ldb), depth, (c, ldc), masks),
+                        (false, _) => tile_avx512::<1, 1>((a, lda), (b, ldb), depth, (c, ldc), masks),
                     }
                 }
                 row += if rows - row >= R { R } else { 1 };
@@ -122,17 +107,13 @@ mod x86 {
     /// # Safety
     /// The CPU must support AVX-512F; rows `0..R` of `a` hold `depth` values, rows `0..depth` of `b` and rows
     /// `0..R` of `c` the unmasked lanes.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn tile_avx512<const R: usize, const V: usize>(
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
+        (a, lda): (*const f32, usize),
+        (b, ldb): (*const f32, usize),
         depth: usize,
-        c: *mut f32,
-        ldc: usize,
+        (c, ldc): (*mut f32, usize),
         masks: [__mmask16; 4],
     ) {
         let mut acc = [[_mm512_setzero_ps(); V]; R];
@@ -160,18 +141,12 @@ mod x86 {
 
     /// # Safety
     /// The CPU must support AVX2 and FMA; `a`, `b`, `c` cover the extents [`super::gemm`] checks.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn gemm_avx2(
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        rows: usize,
-        depth: usize,
-        cols: usize,
-        c: *mut f32,
-        ldc: usize,
+        (a, lda): (*const f32, usize),
+        (b, ldb): (*const f32, usize),
+        (c, ldc): (*mut f32, usize),
+        [rows, depth, cols]: [usize; 3],
     ) {
         const R: usize = 4;
         let mut col = 0;
@@ -188,9 +163,9 @@ mod x86 {
                 unsafe {
                     let (a, b, c) = (a.add(row * lda), b.add(col), c.add(row * ldc + col));
                     if rows - row >= R {
-                        tile_avx2::<R>(a, lda, b, ldb, depth, c, ldc, masks);
+                        tile_avx2::<R>((a, lda), (b, ldb), depth, (c, ldc), masks);
                     } else {
-                        tile_avx2::<1>(a, lda, b, ldb, depth, c, ldc, masks);
+                        tile_avx2::<1>((a, lda), (b, ldb), depth, (c, ldc), masks);
                     }
                 }
                 row += if rows - row >= R { R } else { 1 };
@@ -203,17 +178,13 @@ mod x86 {
     ///
     /// # Safety
     /// As [`tile_avx512`], on AVX2 with FMA.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn tile_avx2<const R: usize>(
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
+        (a, lda): (*const f32, usize),
+        (b, ldb): (*const f32, usize),
         depth: usize,
-        c: *mut f32,
-        ldc: usize,
+        (c, ldc): (*mut f32, usize),
         masks: [__m256i; 2],
     ) {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
@@ -258,7 +229,7 @@ mod tests {
             let a: Vec<f32> = (0..rows * lda).map(|_| rng.normal()).collect();
             let b: Vec<f32> = (0..depth.max(1) * ldb).map(|_| rng.normal()).collect();
             let mut want = vec![f32::NAN; rows * ldc];
-            portable(&a, lda, &b, ldb, rows, depth, cols, &mut want, ldc);
+            portable((&a, lda), (&b, ldb), (&mut want, ldc), [rows, depth, cols]);
             let mut got = vec![f32::NAN; rows * ldc];
             run(&a, lda, &b, ldb, rows, depth, cols, &mut got, ldc);
             for r in 0..rows {
@@ -278,32 +249,32 @@ mod tests {
 
     #[test]
     fn chosen_kernel_is_the_definition_bit_for_bit() {
-        check(&|a, lda, b, ldb, rows, depth, cols, c, ldc| gemm(a, lda, b, ldb, rows, depth, cols, c, ldc));
+        check(&|a, lda, b, ldb, rows, depth, cols, c, ldc| gemm((a, lda), (b, ldb), (c, ldc), [rows, depth, cols]));
     }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_kernel_is_the_definition_bit_for_bit() {
-        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+        if crate::simd::level() < crate::simd::Level::Avx2 {
             eprintln!("skipped: this CPU has no AVX2 with FMA");
             return;
         }
         // SAFETY: AVX2 and FMA are present; `check` sizes the slices as `gemm` requires.
         check(&|a, lda, b, ldb, rows, depth, cols, c, ldc| unsafe {
-            x86::gemm_avx2(a.as_ptr(), lda, b.as_ptr(), ldb, rows, depth, cols, c.as_mut_ptr(), ldc)
+            x86::gemm_avx2((a.as_ptr(), lda), (b.as_ptr(), ldb), (c.as_mut_ptr(), ldc), [rows, depth, cols])
         });
     }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_kernel_is_the_definition_bit_for_bit() {
-        if !std::is_x86_feature_detected!("avx512f") {
+        if crate::simd::level() < crate::simd::Level::Avx512 {
             eprintln!("skipped: this CPU has no AVX-512F");
             return;
         }
         // SAFETY: AVX-512F is present; `check` sizes the slices as `gemm` requires.
         check(&|a, lda, b, ldb, rows, depth, cols, c, ldc| unsafe {
-            x86::gemm_avx512(a.as_ptr(), lda, b.as_ptr(), ldb, rows, depth, cols, c.as_mut_ptr(), ldc)
+            x86::gemm_avx512((a.as_ptr(), lda), (b.as_ptr(), ldb), (c.as_mut_ptr(), ldc), [rows, depth, cols])
         });
     }
 }

@@ -7,7 +7,7 @@ mod exp;
 pub(crate) mod experts;
 mod gemm;
 pub(crate) mod indexer;
-mod matmul;
+mod linear;
 mod norm;
 pub mod paged;
 mod rope;
@@ -16,11 +16,10 @@ mod routing;
 use std::ops::Range;
 
 use super::backend::{
-    AttentionShape, Backend, IndexerShape, KeyChoice, KeySelection, KvRows, Matrix, PagedDecode, PagedStep, Prefetch,
-    RopeStyle, RoutedExpert, Routes, RoutingShape,
+    AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeCall, RoutedExpert, Routes, RoutingShape,
 };
-use super::kv_cache::KvPool;
-use super::rope_table::RopeTable;
+use super::kv_cache::{KeyChoice, KvPool, KvRows, PagedDecode, PagedStep};
+use super::matrix::Matrix;
 use super::tensor::{copy_block, Block, Storage, Tensor};
 use super::RuntimeError;
 
@@ -30,7 +29,7 @@ pub struct Cpu;
 
 /// The CPU's prefetch: the f32 values of the next layer's (or expert batch's) INT4 weights made on the loader
 /// thread, so compute never waits for them. Block-FP8 weights stay coded: the linear layers decode them block by
-/// block into cache ([`matmul::linear`]), which costs less than writing and reading back a full f32 copy.
+/// block into cache ([`linear::linear`]), which costs less than writing and reading back a full f32 copy.
 struct HostValues;
 
 impl Prefetch for HostValues {
@@ -119,7 +118,7 @@ impl Backend for Cpu {
 
     fn linear(&self, x: &Tensor, weight: &Matrix, bias: Option<&Matrix>) -> Result<Tensor, RuntimeError> {
         let bias = bias.map(|bias| bias.values());
-        Ok(Tensor::host(matmul::linear(values(x), x.rows(), weight, bias), weight.rows))
+        Ok(Tensor::host(linear::linear(values(x), x.rows(), weight, bias), weight.rows))
     }
 
     fn rms_norm(&self, x: &mut Tensor, width: usize, weight: &Matrix, eps: f32) -> Result<(), RuntimeError> {
@@ -143,21 +142,9 @@ impl Backend for Cpu {
         Ok(Tensor::host(activation::silu_mul(values(gate), values(up)), gate.columns()))
     }
 
-    fn rope(
-        &self,
-        x: &mut Tensor,
-        rows: Range<usize>,
-        first_position: usize,
-        head_dim: usize,
-        offset: usize,
-        rotary_dim: usize,
-        table: &RopeTable,
-        style: RopeStyle,
-    ) -> Result<(), RuntimeError> {
-        let (columns, half) = (x.columns(), table.cos.columns);
-        let data = &mut values_mut(x)[rows.start * columns..rows.end * columns];
-        let (cos, sin) = (&table.cos.values()[first_position * half..], &table.sin.values()[first_position * half..]);
-        rope::apply(data, rows.len(), columns, head_dim, offset, rotary_dim, cos, sin, style);
+    fn rope(&self, x: &mut Tensor, call: &RopeCall<'_>) -> Result<(), RuntimeError> {
+        let columns = x.columns();
+        rope::apply(&mut values_mut(x)[call.rows.start * columns..call.rows.end * columns], columns, call);
         Ok(())
     }
 

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use super::attention::{attend_block, KeysValues};
 use super::indexer::select;
-use crate::runtime::backend::{IndexerShape, KeyChoice, KvAt, PagedLayout, PagedStep};
-use crate::runtime::kv_cache::{KvPool, PoolError, RequestId};
+use crate::runtime::backend::IndexerShape;
+use crate::runtime::kv_cache::{KeyChoice, KvAt, KvPool, PagedLayout, PagedStep, PoolError};
 
 /// Writes the rows `rows` `[n, row_width]` and `aux` `[n, aux_width]` of `layer` at `at` into `pool`'s host pages.
 pub fn kv_write(pool: &mut KvPool, layer: usize, rows: &[f32], aux: &[f32], at: &[KvAt]) -> Result<(), PoolError> {
@@ -58,23 +58,13 @@ pub fn decode(
             let allowed = match (step.keys, keys, mask.as_mut()) {
                 (Some(choice), Some((first, second)), Some(mask)) => {
                     let mask = &mut mask[index * stride..][..position + 1];
-                    choose(
-                        pool,
-                        step.layer,
-                        choice,
-                        (first, second),
-                        index,
-                        KvAt { request: id, position },
-                        mask,
-                        &mut cached,
-                        &mut kept,
-                    )?;
+                    choose(pool, step, choice, (first, second), index, mask, (&mut cached, &mut kept))?;
                     Some(&kept[..])
                 }
                 _ => None,
             };
             let q = &q[index * heads * qk_dim..][..heads * qk_dim];
-            attend_cached(pool, step.layer, &step.layout, q, id, position + 1, allowed, y)
+            attend_cached(pool, step, KvAt { request: id, position }, q, allowed, y)
         })();
         if let Err(error) = result {
             y.fill(f32::NAN);
@@ -94,21 +84,19 @@ pub struct Decoded {
     pub verify_seconds: f64,
 }
 
-/// Request `index`'s DSA keys at `at` into `mask` (`[position + 1]`, 1.0 kept) and `kept`: selected by this layer's
-/// indexer over the host pool's cached keys (`values` = its query and head weights), or reused (`values.0` = the
-/// earlier mask).
-#[allow(clippy::too_many_arguments)]
+/// Request `index` of `step`'s DSA keys into `mask` (`[position + 1]`, 1.0 kept) and `kept` (`cached` is scratch):
+/// selected by this layer's indexer over the host pool's cached keys (`values` = its query and head weights), or
+/// reused (`values.0` = the earlier mask).
 fn choose(
     pool: &KvPool,
-    layer: usize,
+    step: &PagedStep<'_>,
     choice: KeyChoice<'_>,
     values: (&[f32], &[f32]),
     index: usize,
-    at: KvAt,
     mask: &mut [f32],
-    cached: &mut Vec<f32>,
-    kept: &mut Vec<bool>,
+    (cached, kept): (&mut Vec<f32>, &mut Vec<bool>),
 ) -> Result<(), PoolError> {
+    let (layer, at) = (step.layer, step.requests[index]);
     let context = at.position + 1;
     kept.clear();
     kept.resize(context, false);
@@ -128,19 +116,17 @@ fn choose(
     Ok(())
 }
 
-/// Attends one request's query `q` `[heads, qk_dim]` over its cached positions `0..context` of `layer` (no
-/// verification) into `y` `[heads, v_dim]`.
-#[allow(clippy::too_many_arguments)]
+/// Attends one request's query `q` `[heads, qk_dim]` over its cached positions `0..=at.position` of `step`'s layer
+/// (no verification) into `y` `[heads, v_dim]`.
 pub fn attend_cached(
     pool: &KvPool,
-    layer: usize,
-    layout: &PagedLayout,
+    step: &PagedStep<'_>,
+    at: KvAt,
     q: &[f32],
-    request: RequestId,
-    context: usize,
     selection: Option<&[bool]>,
     y: &mut [f32],
 ) -> Result<(), PoolError> {
+    let (layer, layout, request, context) = (step.layer, &step.layout, at.request, at.position + 1);
     let (mut rows, mut aux) = (Vec::new(), Vec::new());
     pool.read(request, layer, context, &mut rows, &mut aux)?;
     attend_rows(layout, q, &rows, pool.shape().row_width, context, selection, y);
@@ -175,6 +161,6 @@ pub fn attend_rows(
     for (head, out) in y.chunks_mut(v_dim).enumerate().take(heads) {
         let q_row = &q[head * qk_dim..][..qk_dim];
         let admits = |_: usize, key: usize| allowed.is_none_or(|mask| mask[key]);
-        attend_block(q_row, 1, &by_head[head / group.max(1)], count, |_| count, admits, scale, out);
+        attend_block((q_row, 1), &by_head[head / group.max(1)], count, |_| count, admits, scale, out);
     }
 }

@@ -3,21 +3,15 @@
 
 use rayon::prelude::*;
 
-use crate::runtime::backend::RopeStyle;
+use crate::runtime::backend::{RopeCall, RopeStyle};
 
-#[allow(clippy::too_many_arguments)]
-pub fn apply(
-    data: &mut [f32],
-    tokens: usize,
-    row_width: usize,
-    head_dim: usize,
-    offset: usize,
-    rotary_dim: usize,
-    cos: &[f32],
-    sin: &[f32],
-    style: RopeStyle,
-) {
-    let half = rotary_dim / 2;
+/// [`RopeCall`] on `data`, the call's rows (`row_width` values each) only.
+pub fn apply(data: &mut [f32], row_width: usize, call: &RopeCall<'_>) {
+    let RopeCall { ref rows, first_position, head_dim, offset, rotary_dim, table, style } = *call;
+    let (tokens, half) = (rows.len(), rotary_dim / 2);
+    let table_half = table.cos.columns;
+    let (cos, sin) =
+        (&table.cos.values()[first_position * table_half..], &table.sin.values()[first_position * table_half..]);
     data[..tokens * row_width].par_chunks_mut(row_width).enumerate().for_each(|(position, row)| {
         let (cos, sin) = (&cos[position * half..][..half], &sin[position * half..][..half]);
         let mut scratch = vec![0f32; rotary_dim];

@@ -48,12 +48,9 @@ pub fn check_shape(shape: &AttentionShape) -> Result<(), CudaError> {
 /// v_dim]` f32.
 ///
 /// `q`, `k` and `v` start at row `first_row` of their buffers.
-#[allow(clippy::too_many_arguments)]
 pub fn causal_on(
     device: &dyn Device,
-    q: &DeviceBuffer,
-    k: &DeviceBuffer,
-    v: &DeviceBuffer,
+    [q, k, v]: [&DeviceBuffer; 3],
     first_row: usize,
     allowed: Option<&DeviceBuffer>,
     out: &DeviceBuffer,
@@ -124,6 +121,6 @@ pub fn causal(
         }
         None => None,
     };
-    causal_on(device, buffer(q)?, buffer(k)?, buffer(v)?, rows.start, mask.as_ref(), buffer(&out)?, shape)?;
+    causal_on(device, [buffer(q)?, buffer(k)?, buffer(v)?], rows.start, mask.as_ref(), buffer(&out)?, shape)?;
     Ok(out)
 }

@@ -12,8 +12,9 @@
 
 use std::sync::Arc;
 
-use crate::runtime::backend::{ExpertInputs, Int4Weight, Matrix, RoutedExpert};
+use crate::runtime::backend::{ExpertInputs, RoutedExpert};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
+use crate::runtime::matrix::{Int4Weight, Matrix};
 use crate::runtime::tensor::Tensor;
 
 use super::activation::silu_mul_f32;
@@ -231,34 +232,23 @@ impl DenseWeight {
     }
 
     /// `y = x · Wᵀ` on the f32, BF16 or BF16-pair product, as the weight is held.
-    #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
         device: &dyn Device,
         x: &DeviceBuffer,
         y: &DeviceBuffer,
-        rows: usize,
-        in_features: usize,
-        out_features: usize,
+        shape: LinearShape,
     ) -> Result<(), CudaError> {
         match self {
             DenseWeight::Cached(weight) => match weight.as_ref() {
-                DeviceWeight::Dense(w) => {
-                    linear_f32(device, x, w, None, y, LinearShape::new(rows, in_features, out_features))
-                }
-                DeviceWeight::Bf16(w) => {
-                    dense_bf16(device, x, w, None, y, LinearShape::new(rows, in_features, out_features))
-                }
-                DeviceWeight::Bf16Pair(w) => {
-                    linear_bf16_pair(device, x, w, None, y, LinearShape::new(rows, in_features, out_features))
-                }
+                DeviceWeight::Dense(w) => linear_f32(device, x, w, None, y, shape),
+                DeviceWeight::Bf16(w) => dense_bf16(device, x, w, None, y, shape),
+                DeviceWeight::Bf16Pair(w) => linear_bf16_pair(device, x, w, None, y, shape),
                 DeviceWeight::Int4 { .. } => {
                     Err(unsupported("routed_experts", "a dense expert weight is cached packed"))
                 }
             },
-            DenseWeight::Owned(w) => {
-                linear_f32(device, x, w, None, y, LinearShape::new(rows, in_features, out_features))
-            }
+            DenseWeight::Owned(w) => linear_f32(device, x, w, None, y, shape),
         }
     }
 }
@@ -286,9 +276,9 @@ fn dense(
     let activated = device.alloc_for::<f32>(rows * inner)?;
     let down = alloc(device, rows, hidden)?;
     let x_rows = buffer(&x_rows)?;
-    gate_weight.linear(device, x_rows, &gate, rows, hidden, inner)?;
-    up_weight.linear(device, x_rows, &up, rows, hidden, inner)?;
+    gate_weight.linear(device, x_rows, &gate, LinearShape::new(rows, hidden, inner))?;
+    up_weight.linear(device, x_rows, &up, LinearShape::new(rows, hidden, inner))?;
     silu_mul_f32(device, &gate, &up, &activated, rows * inner)?;
-    down_weight.linear(device, &activated, buffer(&down)?, rows, inner, hidden)?;
+    down_weight.linear(device, &activated, buffer(&down)?, LinearShape::new(rows, inner, hidden))?;
     combine(backend, output, &down, &[expert])
 }

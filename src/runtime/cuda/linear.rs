@@ -6,8 +6,8 @@
 //! [`w4a16_grouped`]) take device-resident buffers, check shapes and sizes, and launch (no copies), so the MoE path
 //! and benchmarks can chain them.
 
-use crate::runtime::backend::Matrix;
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, GemmBf16, LaunchShape};
+use crate::runtime::matrix::Matrix;
 
 use crate::runtime::tensor::Tensor;
 

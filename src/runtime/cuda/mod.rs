@@ -25,6 +25,7 @@ pub mod routing;
 mod tensor;
 mod weights;
 
+pub(crate) use paged_decode::ResidentPool;
 pub(crate) use weights::DeviceWeight;
 use weights::WeightStore;
 
@@ -34,10 +35,8 @@ use crate::runtime::device::{Counted, CudaError, Device, DeviceCounters};
 
 use std::ops::Range;
 
-use super::backend::{
-    AttentionShape, Backend, IndexerShape, KeySelection, Matrix, Prefetch, RopeStyle, Routes, RoutingShape,
-};
-use super::rope_table::RopeTable;
+use super::backend::{AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeCall, Routes, RoutingShape};
+use super::matrix::Matrix;
 use super::tensor::{Block, Tensor};
 use super::RuntimeError;
 use crate::runtime::device::{Arg, LaunchShape};
@@ -183,18 +182,8 @@ impl Backend for CudaBackend {
         self.run(activation::silu_mul(self, gate, up))
     }
 
-    fn rope(
-        &self,
-        x: &mut Tensor,
-        rows: Range<usize>,
-        first_position: usize,
-        head_dim: usize,
-        offset: usize,
-        rotary_dim: usize,
-        table: &RopeTable,
-        style: RopeStyle,
-    ) -> Result<(), RuntimeError> {
-        self.run(rope::apply(self, x, rows, first_position, head_dim, offset, rotary_dim, table, style))
+    fn rope(&self, x: &mut Tensor, call: &RopeCall<'_>) -> Result<(), RuntimeError> {
+        self.run(rope::apply(self, x, call))
     }
 
     fn attention(
@@ -237,7 +226,7 @@ impl Backend for CudaBackend {
         &self,
         pool: &mut super::kv_cache::KvPool,
         layer: usize,
-        rows: &super::backend::KvRows<'_>,
+        rows: &super::kv_cache::KvRows<'_>,
     ) -> Result<(), RuntimeError> {
         Ok(self.run(paged_decode::kv_write(self, pool, layer, rows))??)
     }
@@ -245,8 +234,8 @@ impl Backend for CudaBackend {
     fn paged_decode(
         &self,
         pool: &mut super::kv_cache::KvPool,
-        step: &super::backend::PagedStep<'_>,
-    ) -> Result<super::backend::PagedDecode, RuntimeError> {
+        step: &super::kv_cache::PagedStep<'_>,
+    ) -> Result<super::kv_cache::PagedDecode, RuntimeError> {
         self.run(paged_decode::decode(self, pool, step))
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
-use crate::runtime::backend::Matrix;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;

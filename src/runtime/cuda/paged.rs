@@ -7,9 +7,8 @@
 //! count) and [`MAPPING_WORDS`] u32 per mapping (page, generation lo/hi). A request whose mappings disagree with the
 //! tags gets `faults[request] = 1 + first bad logical page` and NaN output; the others are computed as usual.
 
-use crate::runtime::backend::PagedLayout;
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
-use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PageTag, PoolShape, RequestId};
+use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PageTag, PagedLayout, PoolShape, RequestId};
 
 use super::checks::buffers_hold;
 use super::checks::unsupported;
@@ -374,17 +373,15 @@ pub struct AllowedKeys<'a> {
 
 /// Launches `paged_decode_partial` then `paged_decode_combine`: `q` f32 `[requests, heads, qk_dim]` → `out` f32
 /// `[requests, heads, v_dim]` and `faults` i32 `[requests]` (0, or 1 + the first bad logical page; NaN output),
-/// attending only the `allowed` keys when given. `batch` must have been built for the same `layout`.
-#[allow(clippy::too_many_arguments)]
+/// attending only the `allowed` keys when given, over layer `layer` of `pool`. `batch` must have been built for the
+/// same `layout`.
 pub fn decode_on(
     device: &dyn Device,
-    pool: &DevicePool,
-    layer: usize,
+    (pool, layer): (&DevicePool, usize),
     layout: &DecodeLayout,
     batch: &DecodeBatch,
     q: &DeviceBuffer,
-    out: &DeviceBuffer,
-    faults: &DeviceBuffer,
+    (out, faults): (&DeviceBuffer, &DeviceBuffer),
     allowed: Option<AllowedKeys<'_>>,
 ) -> Result<(), CudaError> {
     pool.check_layer(layer)?;
@@ -497,6 +494,6 @@ pub fn decode(
     let count = requests.len() * layout.heads * layout.v_dim;
     let out = device.alloc_for::<f32>(count)?;
     let faults = device.alloc_for::<u32>(requests.len())?;
-    decode_on(device, pool, layer, layout, &batch, &q_buffer, &out, &faults, None)?;
+    decode_on(device, (pool, layer), layout, &batch, &q_buffer, (&out, &faults), None)?;
     Ok(DecodeOutput { out: device.download(&out, count)?, faults: device.download(&faults, requests.len())? })
 }

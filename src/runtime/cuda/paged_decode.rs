@@ -15,13 +15,15 @@ use super::indexer;
 use super::paged::{self, AllowedKeys, DecodeBatch, DecodeRequest, DevicePool};
 use super::tensor::{alloc, buffer};
 use super::CudaBackend;
-use crate::runtime::backend::{IndexerShape, KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
+use crate::runtime::backend::IndexerShape;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
-use crate::runtime::kv_cache::{KvDtype, KvPool, PoolError, PoolShape};
+use crate::runtime::kv_cache::{
+    KeyChoice, KvAt, KvDtype, KvPool, KvRows, PagedDecode, PagedLayout, PagedStep, PoolError, PoolShape,
+};
 use crate::runtime::tensor::Tensor;
 
 /// The backend's pages of a pool, kept in the pool ([`KvPool::keep_resident`]).
-struct ResidentPool {
+pub(crate) struct ResidentPool {
     /// The device it lives on (by address: a pool used with another backend gets pages of its own there).
     device: usize,
     pool: DevicePool,
@@ -50,7 +52,7 @@ fn device_key(backend: &CudaBackend) -> usize {
 fn resident(backend: &CudaBackend, pool: &mut KvPool) -> Result<ResidentPool, CudaError> {
     let decisions = backend.counted().decisions();
     let shape = pool.shape();
-    let kept = pool.take_resident().and_then(|kept| kept.downcast::<ResidentPool>().ok()).map(|kept| *kept);
+    let kept = pool.take_resident().map(|kept| *kept);
     let kept = kept.filter(|kept| {
         let same = kept.pool.shape();
         kept.device == device_key(backend)
@@ -212,13 +214,11 @@ fn decode_with(
     let out: Tensor = alloc(backend.device(), count, layout.heads * layout.v_dim)?;
     paged::decode_on(
         backend.device(),
-        &resident.pool,
-        step.layer,
+        (&resident.pool, step.layer),
         &layout,
         &cached.batch,
         buffer(step.q)?,
-        buffer(&out)?,
-        &cached.faults,
+        (buffer(&out)?, &cached.faults),
         allowed,
     )?;
     let device_faults: Vec<u32> = (&decisions as &dyn Device).download(&cached.faults, count)?;

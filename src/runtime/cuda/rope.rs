@@ -1,11 +1,8 @@
 //! RoPE on the device: kernels/rope.cu.
 
-use crate::runtime::backend::RopeStyle;
+use crate::runtime::backend::{RopeCall, RopeStyle};
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
-use std::ops::Range;
-
-use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
@@ -105,18 +102,8 @@ pub fn rope_f32(
 
 /// [`crate::runtime::Backend::rope`] on the device: the rows `rows` of `x`, row `rows.start + t` at position
 /// `first_position + t` of the table (kept resident like a weight).
-#[allow(clippy::too_many_arguments)]
-pub fn apply(
-    backend: &CudaBackend,
-    x: &mut Tensor,
-    rows: Range<usize>,
-    first_position: usize,
-    head_dim: usize,
-    offset: usize,
-    rotary_dim: usize,
-    table: &RopeTable,
-    style: RopeStyle,
-) -> Result<(), CudaError> {
+pub fn apply(backend: &CudaBackend, x: &mut Tensor, call: &RopeCall<'_>) -> Result<(), CudaError> {
+    let RopeCall { ref rows, first_position, head_dim, offset, rotary_dim, table, style } = *call;
     let row_width = x.columns();
     let shape = RopeShape { tokens: rows.len(), row_width, head_dim, offset, rotary_dim, style };
     let (_, needed) = shape.check()?;

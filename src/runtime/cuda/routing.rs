@@ -5,7 +5,7 @@ use crate::runtime::backend::{Routes, RoutingShape};
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
 use super::checks::buffers_hold;
-use crate::runtime::backend::Matrix;
+use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;

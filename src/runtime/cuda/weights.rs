@@ -8,8 +8,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::runtime::backend::{Fp8Weight, Matrix, Prefetch, Uploads};
+use crate::runtime::backend::{Prefetch, Uploads};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
+use crate::runtime::matrix::{Fp8Weight, Matrix};
 
 use super::checks::unsupported;
 use super::fp8::{self, Fp8OnDevice};
@@ -48,7 +49,7 @@ impl WeightStore {
     /// The device copy of `matrix`, uploading it when absent. The upload runs outside any lock, so a prefetch and
     /// the compute thread never wait on each other's copies (both may upload a matrix neither had; one copy stays).
     pub fn get(&self, matrix: &Matrix) -> Result<Arc<DeviceWeight>, CudaError> {
-        if let Some(weight) = matrix.device_copy(self.key()).and_then(|copy| copy.downcast::<DeviceWeight>().ok()) {
+        if let Some(weight) = matrix.device_copy(self.key()) {
             return Ok(weight);
         }
         if matrix.fp8_token_inputs {

@@ -17,14 +17,17 @@
 //! device decode never holds a host copy of them.
 
 mod fault;
+mod step;
 mod storage;
 
-use std::any::Any;
 use std::collections::BTreeMap;
+
+use super::cuda::ResidentPool;
 
 /// The pool's element type (an on-disk convention shared with the KV-scale files and `report`).
 pub use crate::format::kv_scales::KvDtype;
 pub use fault::{inject, FaultKind, InjectedFault};
+pub use step::{KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
 
 /// A request's id as the pool knows it.
 pub type RequestId = u64;
@@ -135,9 +138,9 @@ pub struct KvPool {
     /// copy compares them with what it has mirrored.
     writes: u64,
     tag_version: u64,
-    /// A backend's copy of this pool where it computes (the CUDA backend's device pages and tags), kept with the
-    /// pool so that it lives and dies with it.
-    resident: Option<Box<dyn Any + Send + Sync>>,
+    /// The CUDA backend's copy of this pool where it computes (its device pages and tags), kept with the pool so
+    /// that it lives and dies with it.
+    resident: Option<Box<ResidentPool>>,
 }
 
 impl KvPool {
@@ -224,12 +227,12 @@ impl KvPool {
     }
 
     /// Takes the backend copy kept with the pool (see [`KvPool::keep_resident`]).
-    pub fn take_resident(&mut self) -> Option<Box<dyn Any + Send + Sync>> {
+    pub(crate) fn take_resident(&mut self) -> Option<Box<ResidentPool>> {
         self.resident.take()
     }
 
-    /// Keeps a backend's copy of the pool with it until taken back.
-    pub fn keep_resident(&mut self, resident: Box<dyn Any + Send + Sync>) {
+    /// Keeps the device backend's copy of the pool with it until taken back.
+    pub(crate) fn keep_resident(&mut self, resident: Box<ResidentPool>) {
         self.resident = Some(resident);
     }
 

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use super::dots;
 use crate::quant::fp8_block::dequantize_row;
-use crate::runtime::backend::Matrix;
+use crate::runtime::matrix::Matrix;
 
 /// Weight rows per parallel task (a multiple of the kernel's tile of weight rows).
 const FEATURE_BLOCK: usize = 32;
