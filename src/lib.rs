@@ -4,7 +4,9 @@
 //! Data flow: `io` (read/write checkpoints) → `quant` (math) → `model` (configs) → `format` (on-disk conventions:
 //! FP8 blocks, compressed-tensors, KV scales) → `recipe` (what gets which scheme) → `lint` (engine load rules) →
 //! `runtime` (op surface, backends, devices, KV pool, weight streaming) → `arch` (the three architectures on it) →
-//! jobs (`convert`, `eval`, `calib`, `serve`, `inspect`, `verify`, `synth`, `report`, `card`) → `cli`.
+//! `plan` (a conversion planned: items, actions, the per-item transform, calibration results) → jobs (`convert`,
+//! `eval`, `calib`, `serve`, `inspect`, `verify`, `synth`, `report`, `card`) → `cli`. A job imports the floors
+//! below it, never another job.
 
 pub mod arch;
 pub mod calib;
@@ -24,6 +26,7 @@ pub mod metrics;
 pub mod model;
 pub mod opcheck;
 pub mod part;
+pub mod plan;
 pub mod progress;
 pub mod quant;
 pub mod recipe;

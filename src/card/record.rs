@@ -9,13 +9,12 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::chunks::EvalInput;
-use crate::convert::calibrated::{CalibrationOptions, CalibrationSet, Method};
-use crate::convert::QuantizeOptions;
 pub use crate::eval::parity::Gates;
 use crate::hex::hex;
 use crate::io::manifest::Manifest;
 use crate::io::writer::sha256_file;
 use crate::io::IoError;
+use crate::plan::calibration::{CalibrationOptions, CalibrationSet, Method};
 
 /// The manifest's `card` object.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -51,25 +50,21 @@ impl CardRecord {
         )
     }
 
-    /// The record of a `quantize` run: its `--base-model`, `--tp` and calibration data; the accuracy results of
-    /// `previous`, the manifest of the same plan a `--resume` continues (the weights are the same).
+    /// The record of a `quantize` run: its `--base-model`, `--tp` and calibration data (the options and the set
+    /// they read); the accuracy results of `previous`, the manifest of the same plan a `--resume` continues (the
+    /// weights are the same).
     pub fn of_run(
-        options: &QuantizeOptions,
-        calibration: Option<&CalibrationSet>,
+        base_model: Option<String>,
+        tp: Option<usize>,
+        calibration: Option<(&CalibrationOptions, &CalibrationSet)>,
         previous: Option<&Manifest>,
     ) -> Result<Option<Self>, IoError> {
-        let calibration = match (&options.calibration, calibration) {
-            (Some(options), Some(set)) => Some(CalibrationData::of(options, set)?),
-            _ => None,
+        let calibration = match calibration {
+            Some((options, set)) => Some(CalibrationData::of(options, set)?),
+            None => None,
         };
         let evals = previous.and_then(|previous| previous.card.as_ref()).map(|card| card.evals.clone());
-        Ok(Self {
-            base_model: options.base_model.clone(),
-            tp: options.tp,
-            calibration,
-            evals: evals.unwrap_or_default(),
-        }
-        .into_option())
+        Ok(Self { base_model, tp, calibration, evals: evals.unwrap_or_default() }.into_option())
     }
 }
 

@@ -93,7 +93,7 @@ impl Command {
     fn runs_layer_passes(&self) -> bool {
         match self {
             Command::Eval(_) | Command::CalibrateKv(_) | Command::ServeTest(_) | Command::Demo(_) => true,
-            Command::Quantize(args) => args.method != crate::convert::calibrated::Method::Rtn,
+            Command::Quantize(args) => args.method != crate::plan::calibration::Method::Rtn,
             _ => false,
         }
     }

@@ -5,12 +5,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use crate::chunks::EvalInput;
-use crate::convert::calibrated::{
-    Calibration, CalibrationOptions, Method, DEFAULT_MIN_EXPERT_TOKENS, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN,
-};
+use crate::convert::calibrated::{DEFAULT_MIN_EXPERT_TOKENS, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN};
 use crate::convert::parts::Part;
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
 use crate::lint::EngineChoice;
+use crate::plan::calibration::{Calibration, CalibrationOptions, Method};
 use crate::quant::ScaleRule;
 use crate::runtime::device::DeviceChoice;
 use crate::units::{both_units, human, parse_bytes};
