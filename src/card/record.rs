@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::chunks::EvalInput;
-pub use crate::eval::parity::Gates;
 use crate::hex::hex;
 use crate::io::manifest::Manifest;
 use crate::io::writer::sha256_file;
 use crate::io::IoError;
+use crate::parity::Gates;
 use crate::plan::calibration::{CalibrationOptions, CalibrationSet, Method};
 
 /// The manifest's `card` object.

@@ -9,8 +9,9 @@ use crate::runtime::device::{DeviceChoice, DeviceCounters};
 
 use crate::chunks::EvalInput;
 use crate::engines::Engine;
-use crate::eval::parity::{evaluate_parity, plot, Gates, KvScaleChoice, Mode, ParityOptions, ParityReport};
+use crate::eval::parity::{evaluate_parity, plot, KvScaleChoice, ParityOptions, ParityReport};
 use crate::eval::{evaluate, EvalOptions};
+use crate::parity::{Gates, Mode};
 
 use super::progress::Bar;
 use super::table::Table;

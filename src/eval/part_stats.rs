@@ -11,11 +11,12 @@ use serde_json::{json, Value};
 
 use super::mtp::{report_of, DraftParity, DraftStats};
 use super::parity::{
-    summarize, Gates, KvScalesUsed, LayerSums, Mode, ModeStats, ParityReport, ParityStats, Summaries, TokenSamples,
+    summarize, KvScalesUsed, LayerSums, ModeStats, ParityReport, ParityStats, Summaries, TokenSamples,
 };
 use super::{EvalError, EvalReport, NllStats};
 use crate::io::stats_file::StatsFile;
 use crate::io::IoError;
+use crate::parity::{Gates, Mode};
 use crate::part::{check_parts, PartEntry, PartIdentity as Identity, PartsError};
 
 /// The chunks a part scores, and their range.

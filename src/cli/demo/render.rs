@@ -4,8 +4,9 @@ use crate::engines::ScaleUse;
 use std::path::Path;
 
 use crate::calib::CalibReport;
-use crate::eval::parity::{Mode, ParityReport};
+use crate::eval::parity::ParityReport;
 use crate::inspect::InspectReport;
+use crate::parity::Mode;
 use crate::report::Report;
 use crate::synth::SynthArch;
 use crate::units::human;

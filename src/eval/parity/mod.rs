@@ -33,6 +33,7 @@ use crate::chunks::{load_sequences, Fit};
 use crate::engines::{kv_scale_handling, CacheLayout, ScaleUse, DYNAMIC_TILE};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::model::config::Attention;
+use crate::parity::{Gates, Mode};
 use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::backend::Matrix;
