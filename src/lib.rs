@@ -23,6 +23,7 @@ pub mod format;
 pub mod hex;
 pub mod inspect;
 pub mod io;
+pub mod job_error;
 pub mod lint;
 pub mod metrics;
 pub mod model;
