@@ -19,7 +19,8 @@ use crate::arch::{
     embed, run_layers, CachedKv, ExpertTimes, KvSource, KvTap, LayerContext, LayerState, LayerTap, Model,
 };
 use crate::chunks::{load_sequences, EvalInput, Fit};
-use crate::engines::{kv_scale_handling, kv_scale_names, CacheLayout, Engine, KvScaleHandling};
+use crate::engines::kv_scales::{kv_scale_handling, kv_scale_names, CacheLayout, KvScaleHandling};
+use crate::engines::Engine;
 use crate::job_error::JobError;
 use crate::model::ModelConfig;
 use crate::part::Part;

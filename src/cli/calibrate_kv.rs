@@ -8,7 +8,8 @@ use crate::runtime::device::DeviceChoice;
 
 use crate::calib::{calibrate, open_for_edit, write_scales, CalibOptions, CalibReport, Strategy};
 use crate::chunks::EvalInput;
-use crate::engines::{EngineChoice, ScaleUse};
+use crate::engines::kv_scales::ScaleUse;
+use crate::engines::EngineChoice;
 
 use super::progress::Bar;
 use super::table::Table;

@@ -307,9 +307,9 @@ pub(super) fn print_parity(report: &ParityReport) {
     println!(
         "FP8 KV (kv, split modes): {} — {}",
         match report.kv_scales.applied {
-            crate::engines::ScaleUse::Checkpoint => "the candidate's k_scale/v_scale",
-            crate::engines::ScaleUse::Unit => "scale 1.0",
-            crate::engines::ScaleUse::DynamicTiles => "dynamic per-128 tile scales",
+            crate::engines::kv_scales::ScaleUse::Checkpoint => "the candidate's k_scale/v_scale",
+            crate::engines::kv_scales::ScaleUse::Unit => "scale 1.0",
+            crate::engines::kv_scales::ScaleUse::DynamicTiles => "dynamic per-128 tile scales",
         },
         report.kv_scales.reason
     );

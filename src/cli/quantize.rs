@@ -8,7 +8,7 @@ use crate::chunks::EvalInput;
 use crate::convert::calibrated::{DEFAULT_MIN_EXPERT_TOKENS, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN};
 use crate::convert::parts::Part;
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
-use crate::lint::EngineChoice;
+use crate::engines::EngineChoice;
 use crate::plan::calibration::{Calibration, CalibrationOptions, Method};
 use crate::quant::ScaleRule;
 use crate::runtime::device::DeviceChoice;

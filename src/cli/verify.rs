@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::lint::EngineChoice;
+use crate::engines::EngineChoice;
 use crate::verify::{verify, VerifyOptions, VerifyReport, DEFAULT_MAX_INT4_ERROR};
 
 use super::engine_rules::{parse_tp, print_rules};

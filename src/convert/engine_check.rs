@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::lint::{self, ConfigFix, LintReport, OutputDescription, TensorFacts, Values};
+use crate::engines::lint::{self, ConfigFix, LintReport, OutputDescription, TensorFacts, Values};
 
 use crate::plan::Plan;
 

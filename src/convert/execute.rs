@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
+use crate::engines::lint::{ConfigFix, LintReport};
+use crate::engines::EngineChoice;
 use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord};
 use crate::io::writer::{sha256_file, ShardWriter};
 use crate::io::{Checkpoint, IoError};
-use crate::lint::{ConfigFix, EngineChoice, LintReport};
 use crate::plan::calibration::{
     routed_expert, Calibration, CalibrationError, CalibrationOptions, CalibrationSet, ExpertCoverage, Method,
 };
@@ -228,8 +229,9 @@ fn check(options: &QuantizeOptions) -> Result<Checked, ConvertError> {
     let engines = options.engine.engines();
     let engine_rules = (!engines.is_empty()).then(|| {
         let config = output_config.as_ref().map(|(config, _)| config);
-        let tp = options.tp.unwrap_or_else(|| crate::lint::default_tp(config.unwrap_or(&serde_json::Value::Null)));
-        crate::lint::lint(&engine_check::planned_output(plan, config), &engines, tp)
+        let tp =
+            options.tp.unwrap_or_else(|| crate::engines::lint::default_tp(config.unwrap_or(&serde_json::Value::Null)));
+        crate::engines::lint::lint(&engine_check::planned_output(plan, config), &engines, tp)
     });
     let mut report = QuantizeReport {
         dry_run: options.dry_run,

@@ -1,6 +1,6 @@
 //! The demo's human output: one or two lines per stage, then the commands to run on a real checkpoint.
 
-use crate::engines::ScaleUse;
+use crate::engines::kv_scales::ScaleUse;
 use std::path::Path;
 
 use crate::calib::CalibReport;

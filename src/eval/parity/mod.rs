@@ -29,7 +29,7 @@ use crate::arch::{
     Model,
 };
 use crate::chunks::{load_sequences, Fit};
-use crate::engines::{kv_scale_handling, CacheLayout, ScaleUse, DYNAMIC_TILE};
+use crate::engines::kv_scales::{kv_scale_handling, CacheLayout, ScaleUse, DYNAMIC_TILE};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::job_error::JobError;
 use crate::model::config::Attention;

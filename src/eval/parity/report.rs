@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Map;
 
 use crate::chunks::EvalInput;
-use crate::engines::{CacheLayout, Engine, ScaleUse};
+use crate::engines::kv_scales::{CacheLayout, ScaleUse};
+use crate::engines::Engine;
 use crate::parity::{Gates, Mode};
 use crate::part::Part;
 
