@@ -464,7 +464,8 @@ fn run(
     };
     let result = {
         let save = |manifest: &Manifest| save(out, manifest, &part_manifest);
-        run_items(checkpoint, plan, &work, out, &mut manifest, &save, reporter, compute)
+        let destination = Destination { out, manifest: &mut manifest, save: &save };
+        run_items(checkpoint, plan, &work, destination, reporter, compute)
     };
     reporter.end();
     result?;
@@ -504,19 +505,24 @@ fn finish(
     Ok(report.finished(started))
 }
 
+/// Where [`run_items`] writes: the output folder, the manifest it keeps up to date and how that manifest is saved.
+struct Destination<'a> {
+    out: &'a Path,
+    manifest: &'a mut Manifest,
+    save: &'a (dyn Fn(&Manifest) -> Result<(), IoError> + Sync),
+}
+
 /// Transforms `work` items in order on this thread (rows in parallel) while a writer thread streams them out;
-/// `save` records the manifest after each finished shard.
-#[allow(clippy::too_many_arguments)]
+/// `destination.save` records the manifest after each finished shard.
 fn run_items(
     checkpoint: &Checkpoint,
     plan: &Plan,
     work: &[usize],
-    out: &Path,
-    manifest: &mut Manifest,
-    save: &(dyn Fn(&Manifest) -> Result<(), IoError> + Sync),
+    destination: Destination,
     reporter: &dyn Reporter,
     compute: transform::Compute,
 ) -> Result<(), ConvertError> {
+    let Destination { out, manifest, save } = destination;
     let (sender, receiver) = sync_channel::<(usize, Vec<Vec<u8>>)>(2);
     std::thread::scope(|scope| {
         let writer = scope.spawn(move || -> Result<(), ConvertError> {
