@@ -23,9 +23,13 @@ pub struct Args {
     /// Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
     #[arg(value_parser = super::values::model_dir)]
     pub model: PathBuf,
+    /// UTF-8 calibration text, cut into --seq-len chunks.
+    ///
     /// UTF-8 calibration text, tokenized with the model's tokenizer and cut into --seq-len chunks.
     #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
     pub data: Option<PathBuf>,
+    /// safetensors file with `input_ids` [n, seq], used as given.
+    ///
     /// safetensors file with an integer tensor `input_ids` [n, seq] (I32 or I64), used as given.
     #[arg(long)]
     pub tokens: Option<PathBuf>,
@@ -40,6 +44,8 @@ pub struct Args {
     /// Map this percentile of |x| (not the amax) to 448, clipping the rarer outliers; the clip rate is reported.
     #[arg(long, value_parser = super::values::positive)]
     pub percentile: Option<f64>,
+    /// One scale per layer (tensor) or per KV head (head).
+    ///
     /// One scale per layer (tensor) or per KV head (head; GQA only — MLA has one latent row).
     #[arg(long, value_enum, default_value = "tensor")]
     pub strategy: Strategy,
@@ -50,6 +56,8 @@ pub struct Args {
     /// layout (MLA: ignored).
     #[arg(long, default_value = "all")]
     pub engine: EngineChoice,
+    /// Write the scales into this folder instead of the model folder.
+    ///
     /// Write config.json, the index and kv-scales.safetensors into this folder instead of the model folder.
     #[arg(long)]
     pub out: Option<PathBuf>,

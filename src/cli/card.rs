@@ -29,6 +29,8 @@ pub struct Args {
     /// Drop the accuracy results recorded before.
     #[arg(long, conflicts_with = "evals")]
     pub no_eval: bool,
+    /// The card's `base_model`: the source's Hugging Face repo id.
+    ///
     /// The card's `base_model`: the source's Hugging Face repo id (recorded in the manifest).
     #[arg(long, value_name = "ORG/NAME", value_parser = repo_id)]
     pub base_model: Option<String>,

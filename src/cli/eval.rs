@@ -37,31 +37,45 @@ pub struct Args {
     /// or Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
     #[arg(long, requires = "reference", value_parser = super::values::model_dir)]
     pub candidate: Option<PathBuf>,
+    /// Parity modes to run (comma-separated); default all.
+    ///
     /// Parity modes to run (comma-separated); default all: reference, kv, weights, split.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<Mode>,
+    /// Gate: a mode's largest mean KLD (nats).
+    ///
     /// Gate: fail when a mode's mean KLD against the reference exceeds this (nats).
     #[arg(long, default_value_t = DEFAULT_MAX_MEAN_KLD, value_parser = super::values::non_negative)]
     pub max_mean_kld: f64,
+    /// Gate: a mode's smallest same-top-1 share (percent).
+    ///
     /// Gate: fail when a mode's same-top-1 share is below this (percent).
     #[arg(long, default_value_t = DEFAULT_MIN_SAME_TOP, value_parser = super::values::percent)]
     pub min_same_top: f64,
+    /// Gate: a mode's largest PPL ratio to the reference.
+    ///
     /// Gate: fail when a mode's PPL(Q)/PPL(reference) exceeds this.
     #[arg(long, default_value_t = DEFAULT_MAX_PPL_RATIO, value_parser = super::values::positive)]
     pub max_ppl_ratio: f64,
-    /// Parity: the scales the FP8-KV modes cache with: engine, calibrated or one.
+    /// Parity: the scales the FP8-KV modes cache with.
     ///
     /// Parity: the scales the FP8-KV modes (kv, split) cache with — engine: what --engine really uses for this
     /// cache layout (the candidate's k_scale/v_scale for GQA; 1.0 for MLA in vLLM 0.32 and SGLang's Hopper
     /// backends; per-128 dynamic tiles for GLM-5's sparse MLA), calibrated: the candidate's scales, one: 1.0.
     #[arg(long, value_enum, default_value = "engine", requires = "reference")]
     pub kv_scales: KvScaleChoice,
+    /// Parity: the engine --kv-scales engine follows.
+    ///
     /// Parity: the serving engine whose KV-cache behaviour --kv-scales engine follows.
     #[arg(long, value_enum, default_value = "vllm", requires = "reference")]
     pub engine: Engine,
+    /// Parity: draw the KLD and per-layer error into this SVG.
+    ///
     /// Parity: draw the KLD distribution and per-layer error of each mode into this SVG file.
     #[arg(long, requires = "reference")]
     pub plot: Option<PathBuf>,
+    /// UTF-8 text file, cut into --ctx chunks.
+    ///
     /// UTF-8 text file, tokenized with the model's tokenizer and cut into --ctx chunks.
     #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
     pub data: Option<PathBuf>,
@@ -70,6 +84,8 @@ pub struct Args {
     /// safetensors file with an integer tensor `input_ids` [n, ctx] (I32 or I64), used as given (no BOS added).
     #[arg(long)]
     pub tokens: Option<PathBuf>,
+    /// Tokens per chunk for --data.
+    ///
     /// Tokens per chunk for --data (at least 2: the first token of a chunk is never scored; parity needs 4).
     #[arg(long, default_value_t = 512, value_parser = super::values::at_least(2))]
     pub ctx: usize,
@@ -83,6 +99,8 @@ pub struct Args {
     /// Evaluate at most this many chunks.
     #[arg(long, value_parser = super::values::count)]
     pub chunks: Option<usize>,
+    /// Write all logits to this safetensors file.
+    ///
     /// Write all logits as an F32 tensor `logits` [n, ctx, vocab] to this safetensors file.
     #[arg(long)]
     pub save_logits: Option<PathBuf>,
@@ -109,7 +127,7 @@ pub struct Args {
     /// In parity, both models' drafts side by side (one extra forward of each), gated by --max-mtp-drop.
     #[arg(long)]
     pub mtp: bool,
-    /// Parity gate with --mtp: largest drop in accepted drafts, percentage points.
+    /// Parity gate with --mtp: largest drop in accepted drafts (points).
     ///
     /// Parity gate with --mtp: fail when the candidate accepts this many percentage points fewer drafts than the
     /// reference.

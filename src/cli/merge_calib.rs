@@ -24,6 +24,8 @@ pub struct Args {
     /// first: each part of 1..N present once, all of the same squeeze version, model, input and flags.
     #[arg(value_name = "FILE", required = true)]
     pub files: Vec<PathBuf>,
+    /// Write the scales into this folder instead of the model folder.
+    ///
     /// Write config.json, the index and kv-scales.safetensors into this folder instead of the model folder.
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -45,15 +45,21 @@ pub struct Args {
     /// Largest output shard (64MB, 5GB, 2GiB or plain bytes).
     #[arg(long, default_value = "5GB", value_parser = parse_bytes)]
     pub max_shard_size: u64,
+    /// Continue an interrupted run, keeping the shards that verify.
+    ///
     /// Continue an interrupted run: shards whose manifest entry verifies are kept, the rest redone.
     #[arg(long)]
     pub resume: bool,
     /// Write into a non-empty output folder, replacing what is there.
     #[arg(long)]
     pub force: bool,
+    /// Print the plan, output size and engine rule results; write nothing.
+    ///
     /// Print the plan, the predicted output size and the engine rule results without writing anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Carry NaN or infinite source weights into the output.
+    ///
     /// Carry NaN or infinite source weights into the output (default: refuse, naming the tensor and element).
     #[arg(long)]
     pub allow_nonfinite: bool,

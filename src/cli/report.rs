@@ -41,6 +41,8 @@ pub struct Args {
     /// GPUs per node (one serving deployment; may span machines).
     #[arg(long, default_value_t = 8, value_parser = super::values::count)]
     pub gpus: usize,
+    /// Memory of one GPU: h100-80g, h200-141g, b200-180g or a size.
+    ///
     /// Memory of one GPU: h100-80g, h200-141g, b200-180g (nvidia-smi totals) or a size such as 141GiB.
     #[arg(long, default_value = "h200-141g", value_parser = parse_gpu_memory)]
     pub gpu_memory: GpuMemory,
@@ -50,15 +52,21 @@ pub struct Args {
     /// Data-parallel attention (dp = tp): each rank keeps the KV of its own requests only.
     #[arg(long)]
     pub dp_attention: bool,
+    /// Share of GPU memory for weights, reserve and KV pool.
+    ///
     /// Share of GPU memory for weights, reserve and KV pool (SGLang --mem-fraction-static).
     #[arg(long, default_value_t = 0.9, value_parser = super::values::finite)]
     pub mem_fraction: f64,
+    /// Per-GPU bytes held back inside that share.
+    ///
     /// Per-GPU bytes held back inside that share: CUDA context, NCCL and all-to-all buffers.
     #[arg(long, default_value = "4GiB", value_parser = parse_reserve)]
     pub reserve: u64,
     /// Tokens per request (prompt + output) for the concurrency figure.
     #[arg(long, default_value_t = 8192, value_parser = super::values::whole::<u64>)]
     pub context: u64,
+    /// Use this KV pool per GPU instead of computing it.
+    ///
     /// Use this KV pool per GPU (e.g. what the engine logged) instead of computing it; skips the fit check.
     #[arg(long, value_parser = parse_bytes)]
     pub kv_pool: Option<u64>,

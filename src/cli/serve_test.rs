@@ -30,6 +30,8 @@ pub struct Args {
     /// Most tokens generated per request (stops earlier at EOS).
     #[arg(long, default_value_t = 32, value_parser = super::values::count)]
     pub max_new_tokens: usize,
+    /// Requests decoded together.
+    ///
     /// Requests decoded together; new ones join as others finish (admission waits while the pool is full).
     #[arg(long, default_value_t = 8, value_parser = super::values::count)]
     pub concurrency: usize,
