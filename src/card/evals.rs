@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::facts::model_name;
-use super::record::{EvalRecord, EvalResult, ParityMode};
+use crate::io::card_record::{EvalRecord, EvalResult, ParityMode};
 use crate::io::checkpoint::read_json;
 use crate::io::IoError;
 use crate::parity::{Gates, Mode};

@@ -405,7 +405,7 @@ fn run(
             })
             .collect(),
         expert_coverage: calibration.and_then(|c| serde_json::to_value(&c.coverage).ok()),
-        card: crate::card::CardRecord::of_run(
+        card: crate::io::card_record::CardRecord::of_run(
             options.base_model.clone(),
             options.tp,
             options.calibration.as_ref().zip(opened.calibration_set.as_ref()),
