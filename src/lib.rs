@@ -2,9 +2,13 @@
 //! checkpoint inspection, verification, synthetic models and serving budgets.
 //!
 //! Data flow: `io` (read/write checkpoints) → `quant` (math) → `model` (configs) → `format` (on-disk conventions:
-//! FP8 blocks, compressed-tensors, KV scales) → `recipe` (what gets which scheme) → `lint` (engine load rules) →
-//! `runtime` (op surface, backends, devices, KV pool, weight streaming) → `arch` (the three architectures on it) →
-//! jobs (`convert`, `eval`, `calib`, `serve`, `inspect`, `verify`, `synth`, `report`, `card`) → `cli`.
+//! FP8 blocks, compressed-tensors, KV scales) → `recipe` (what gets which scheme) → `engines` (vLLM/SGLang: what
+//! they do with KV-cache scales, their load rules in `engines::lint`) → `runtime` (op surface, backends, devices,
+//! KV pool, weight streaming) → `arch` (the three architectures on it) → `plan` (a conversion planned: items,
+//! actions, the per-item transform, calibration results) → `card` (the model card every output folder carries) →
+//! jobs (`convert`, `eval`, `calib`, `serve`, `inspect`, `verify`, `synth`, `report`; `squeeze card` is
+//! `card::refresh`) → `cli`. A job imports the floors below it, never another job; what two jobs share lives a
+//! floor down (`plan`, `card`, and `parity`: the parity modes and gates `eval` measures and the card shows).
 
 pub mod arch;
 pub mod calib;
@@ -19,11 +23,13 @@ pub mod format;
 pub mod hex;
 pub mod inspect;
 pub mod io;
-pub mod lint;
+pub mod job_error;
 pub mod metrics;
 pub mod model;
 pub mod opcheck;
+pub mod parity;
 pub mod part;
+pub mod plan;
 pub mod progress;
 pub mod quant;
 pub mod recipe;

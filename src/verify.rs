@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::engines::lint::LintReport;
+use crate::engines::EngineChoice;
 use crate::format::compressed_tensors::{
     check_int4_conventions, fp4_modules, int4_args, int4_modules, Fp4Module, Int4Args, Int4Module,
 };
@@ -15,7 +17,6 @@ use crate::io::dtype::{first_nonfinite, Dtype};
 use crate::io::manifest::Manifest;
 use crate::io::writer::sha256_file;
 use crate::io::{Checkpoint, IoError};
-use crate::lint::{EngineChoice, LintReport};
 
 /// INT4 group quantization of smooth Gaussian-like weights lands near 0.1 relative L2 error; 0.25 means the
 /// tensor is damaged (wrong scales, wrong packing order), not merely quantized.
@@ -193,9 +194,9 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     }
     let engines = options.engine.engines();
     let engine_rules = (!engines.is_empty()).then(|| {
-        let description = crate::lint::written::describe(&checkpoint);
-        let tp = options.tp.unwrap_or_else(|| crate::lint::default_tp(&description.config));
-        crate::lint::lint(&description, &engines, tp)
+        let description = crate::engines::lint::written::describe(&checkpoint);
+        let tp = options.tp.unwrap_or_else(|| crate::engines::lint::default_tp(&description.config));
+        crate::engines::lint::lint(&description, &engines, tp)
     });
     let rules_passed = engine_rules.as_ref().is_none_or(|rules| rules.passed);
     Ok(VerifyReport {
@@ -212,13 +213,13 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
 }
 
 /// The `--source` checked against its own config.json as quantize checks its source
-/// ([`crate::convert::source::check_against_config`]): comparing an output with a source whose config does not
+/// ([`crate::plan::source::check_against_config`]): comparing an output with a source whose config does not
 /// belong to its weights proves nothing, so it is an error (exit 2) naming the tensor, not a failed check.
 fn check_source(source: &Checkpoint, dir: &std::path::Path) -> Result<(), IoError> {
     let Some(json) = source.config() else { return Ok(()) };
     let named = |problem: String| IoError::folder(format!("--source {}", dir.display()), problem);
     let config = crate::model::ModelConfig::from_json(json).map_err(|error| named(error.to_string()))?;
-    crate::convert::source::check_against_config(source, &config).map_err(|error| named(error.to_string()))
+    crate::plan::source::check_against_config(source, &config).map_err(|error| named(error.to_string()))
 }
 
 /// Compares one source item with what the output holds for it.

@@ -18,14 +18,16 @@ pub use write::{open_for_edit, write_scales, WrittenFiles, SCALES_FILE};
 use crate::arch::{
     embed, run_layers, CachedKv, ExpertTimes, KvSource, KvTap, LayerContext, LayerState, LayerTap, Model,
 };
-use crate::chunks::{load_sequences, ChunkError, EvalInput, Fit};
-use crate::engines::{kv_scale_handling, kv_scale_names, CacheLayout, Engine, KvScaleHandling};
+use crate::chunks::{load_sequences, EvalInput, Fit};
+use crate::engines::kv_scales::{kv_scale_handling, kv_scale_names, CacheLayout, KvScaleHandling};
+use crate::engines::Engine;
+use crate::job_error::JobError;
 use crate::model::ModelConfig;
 use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::rope_table::rope_setup;
 use crate::runtime::weights::WeightReader;
-use crate::runtime::{Backend, RuntimeError, Spans};
+use crate::runtime::{Backend, Spans};
 
 /// Largest finite FP8 e4m3 magnitude.
 pub const FP8_MAX: f32 = 448.0;
@@ -34,18 +36,6 @@ pub const FP8_MAX: f32 = 448.0;
 pub const FP8_MIN_NORMAL: f32 = 0.015625;
 /// A layer whose amax differs from the geometric mean of its neighbours' by more than this factor is flagged.
 pub const NEIGHBOUR_FACTOR: f32 = 8.0;
-
-#[derive(Debug, thiserror::Error)]
-pub enum CalibError {
-    #[error(transparent)]
-    Runtime(#[from] RuntimeError),
-    #[error(transparent)]
-    Chunks(#[from] ChunkError),
-    #[error(transparent)]
-    Io(#[from] crate::io::IoError),
-    #[error("{0}")]
-    Input(String),
-}
 
 /// One scale per layer or one per KV head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -144,7 +134,7 @@ pub fn calibrate(
     options: &CalibOptions,
     backend: &dyn Backend,
     reporter: &dyn Reporter,
-) -> Result<CalibReport, CalibError> {
+) -> Result<CalibReport, JobError> {
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let config = model.config();
@@ -157,10 +147,10 @@ pub fn calibrate(
     };
     let loaded = load_sequences(&options.input, &options.model, Some(options.samples), &fit)?;
     let all = loaded.sequences;
-    let (sequences, chunk_range) = crate::part::select(&all, options.part).map_err(CalibError::Input)?;
+    let (sequences, chunk_range) = crate::part::select(&all, options.part).map_err(JobError::Input)?;
     if let Some(p) = options.percentile {
         if !(p > 0.0 && p <= 100.0) {
-            return Err(CalibError::Input(format!("--percentile {p} must be in (0, 100]")));
+            return Err(JobError::Input(format!("--percentile {p} must be in (0, 100]")));
         }
     }
     let mla = matches!(config.attention, crate::model::config::Attention::Mla { .. });

@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{summarize, AbsStats, CalibError, CalibOptions, CalibReport, LayerObservation, Observations, Strategy};
+use super::{summarize, AbsStats, CalibOptions, CalibReport, LayerObservation, Observations, Strategy};
 use crate::arch::Model;
 use crate::chunks::EvalInput;
 use crate::engines::Engine;
 use crate::io::stats_file::StatsFile;
 use crate::io::IoError;
+use crate::job_error::JobError;
 use crate::part::{check_parts, PartEntry, PartIdentity, PartsError};
 
 /// The flags that decide the scales, as a part records them.
@@ -67,7 +68,7 @@ pub enum MergeCalibError {
     #[error(transparent)]
     Io(#[from] IoError),
     #[error(transparent)]
-    Calib(#[from] CalibError),
+    Calib(#[from] JobError),
     #[error(transparent)]
     Parts(#[from] PartsError),
     #[error("{}: {problem}; the files were not written by `squeeze calibrate-kv --save-stats`", path.display())]
@@ -105,7 +106,7 @@ pub fn merge(model: &Path, paths: &[PathBuf]) -> Result<CalibReport, MergeCalibE
         })
         .collect();
     let ordered = check_parts(entries, "flags (--percentile, --strategy or --engine)")?;
-    let opened = Model::open(model).map_err(CalibError::from)?;
+    let opened = Model::open(model).map_err(JobError::from)?;
     if opened.checkpoint().fingerprint() != ordered[0].identity.models[0] {
         return Err(MergeCalibError::OtherModel { model: model.to_path_buf(), file: ordered[0].path.clone() });
     }

@@ -7,10 +7,10 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::facts::model_name;
-use super::record::{EvalRecord, EvalResult, Gates, ParityMode};
-use crate::eval::parity::Mode;
+use crate::io::card_record::{EvalRecord, EvalResult, ParityMode};
 use crate::io::checkpoint::read_json;
 use crate::io::IoError;
+use crate::parity::{Gates, Mode};
 
 /// Reads the report at `path` for the folder `dir`: a parity report must have `dir` as its candidate (the path it
 /// names is the folder, or no longer exists and has its name).

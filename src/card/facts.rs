@@ -153,7 +153,7 @@ pub fn pipeline_tag(config: Option<&Value>) -> &'static str {
 pub fn tp(manifest: &Manifest, config: Option<&Value>) -> (usize, bool) {
     match manifest.card.as_ref().and_then(|card| card.tp) {
         Some(tp) => (tp, true),
-        None => (crate::lint::default_tp(config.map(composite::text_config).unwrap_or(&Value::Null)), false),
+        None => (crate::engines::lint::default_tp(config.map(composite::text_config).unwrap_or(&Value::Null)), false),
     }
 }
 

@@ -5,8 +5,9 @@
 //! `README.source.md`.
 //!
 //! One home for rendering ([`render`]), from the folder alone: `squeeze-manifest.json` (with its `card` record:
-//! [`record`]), `config.json` and `README.source.md`. `quantize` and `merge` write it last before the manifest;
-//! `squeeze card DIR` rewrites it (adding `eval --json` reports, `--base-model`, `--tp`, or after `calibrate-kv`).
+//! [`crate::io::card_record`], made for a run by [`record`]), `config.json` and `README.source.md`. `quantize`
+//! and `merge` write it last before the manifest; `squeeze card DIR` rewrites it (adding `eval --json` reports,
+//! `--base-model`, `--tp`, or after `calibrate-kv`).
 //!
 //! Front matter conventions, as read: the Hub's model-card docs (`base_model`, `base_model_relation: quantized`
 //! for a quantization of its base); quantized releases such as RedHatAI's compressed-tensors cards tag
@@ -31,8 +32,6 @@ use crate::io::checkpoint::{read_json, CONFIG_FILE, MANIFEST_FILE};
 use crate::io::lock::FolderLock;
 use crate::io::manifest::Manifest;
 use crate::io::{atomic, IoError};
-
-pub use record::{CalibrationData, CardRecord, EvalRecord};
 
 /// The card.
 pub const README: &str = "README.md";

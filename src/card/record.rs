@@ -1,97 +1,35 @@
-//! What the model card is rendered from besides the rest of `squeeze-manifest.json` (recipe, tensors, version):
-//! kept in the manifest's `card` object so that `quantize`, `merge` and `squeeze card` render the same card from
-//! the folder alone. Absent (`None`) when there is nothing to record, so that a plain `quantize` writes the
-//! manifest it always wrote.
+//! The card record of a `quantize` run ([`CardRecord::of_run`]) and the calibration data it names
+//! ([`CalibrationData::of`]); the record's types are the manifest's ([`crate::io::card_record`]).
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::chunks::EvalInput;
-use crate::convert::calibrated::{CalibrationOptions, CalibrationSet, Method};
-use crate::convert::QuantizeOptions;
-pub use crate::eval::parity::Gates;
 use crate::hex::hex;
+use crate::io::card_record::{CalibrationData, CardRecord};
 use crate::io::manifest::Manifest;
 use crate::io::writer::sha256_file;
 use crate::io::IoError;
-
-/// The manifest's `card` object.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CardRecord {
-    /// `--base-model ORG/NAME`: the card's `base_model` (else guessed: [`super::facts::base_model`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub base_model: Option<String>,
-    /// `--tp N`: the tensor-parallel size of the card's serve commands (else `lint::default_tp`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tp: Option<usize>,
-    /// `--method imatrix|gptq`: the calibration data.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub calibration: Option<CalibrationData>,
-    /// `squeeze card --eval REPORT`: the accuracy results shown (kept by `squeeze card` without `--eval` and by a
-    /// `quantize --resume` of the same plan; a new conversion starts without any).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub evals: Vec<EvalRecord>,
-}
+use crate::plan::calibration::{CalibrationOptions, CalibrationSet, Method};
 
 impl CardRecord {
-    /// `None` when nothing is recorded (the manifest then has no `card` key).
-    pub fn into_option(self) -> Option<Self> {
-        (self != Self::default()).then_some(self)
-    }
-
-    /// `--base-model X --tp N` as a run recorded them, for messages.
-    pub fn flags(card: Option<&Self>) -> String {
-        let card = card.cloned().unwrap_or_default();
-        format!(
-            "--base-model {} --tp {}",
-            card.base_model.as_deref().unwrap_or("(not given)"),
-            card.tp.map_or("(not given)".to_string(), |tp| tp.to_string())
-        )
-    }
-
-    /// The record of a `quantize` run: its `--base-model`, `--tp` and calibration data; the accuracy results of
-    /// `previous`, the manifest of the same plan a `--resume` continues (the weights are the same).
+    /// The record of a `quantize` run: its `--base-model`, `--tp` and calibration data (the options and the set
+    /// they read); the accuracy results of `previous`, the manifest of the same plan a `--resume` continues (the
+    /// weights are the same).
     pub fn of_run(
-        options: &QuantizeOptions,
-        calibration: Option<&CalibrationSet>,
+        base_model: Option<String>,
+        tp: Option<usize>,
+        calibration: Option<(&CalibrationOptions, &CalibrationSet)>,
         previous: Option<&Manifest>,
     ) -> Result<Option<Self>, IoError> {
-        let calibration = match (&options.calibration, calibration) {
-            (Some(options), Some(set)) => Some(CalibrationData::of(options, set)?),
-            _ => None,
+        let calibration = match calibration {
+            Some((options, set)) => Some(CalibrationData::of(options, set)?),
+            None => None,
         };
         let evals = previous.and_then(|previous| previous.card.as_ref()).map(|card| card.evals.clone());
-        Ok(Self {
-            base_model: options.base_model.clone(),
-            tp: options.tp,
-            calibration,
-            evals: evals.unwrap_or_default(),
-        }
-        .into_option())
+        Ok(Self { base_model, tp, calibration, evals: evals.unwrap_or_default() }.into_option())
     }
-}
-
-/// The calibration data of an imatrix or GPTQ run, as the card names it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CalibrationData {
-    /// `imatrix` or `gptq`.
-    pub method: String,
-    /// The `--calibration` file's name (not its path).
-    pub file: String,
-    /// SHA-256 of the file's bytes (what `sha256sum FILE` prints).
-    pub sha256: String,
-    /// SHA-256 of the token ids the pass read (per sequence its length as u64 LE, then each id as u32 LE).
-    pub tokens_sha256: String,
-    pub sequences: usize,
-    pub tokens: u64,
-    /// `--seq-len` of a text file (`None`: a safetensors token file, used as given).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seq_len: Option<usize>,
-    /// GPTQ: whether layer L + 1 was calibrated on layer L's quantized output.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sequential: Option<bool>,
 }
 
 impl CalibrationData {
@@ -125,64 +63,4 @@ impl CalibrationData {
             sequential: (options.method == Method::Gptq).then_some(options.sequential),
         })
     }
-}
-
-/// One `squeeze eval` report, summarized as the card shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EvalRecord {
-    /// The report's file name as given to `squeeze card --eval`.
-    pub report: String,
-    #[serde(flatten)]
-    pub result: EvalResult,
-}
-
-/// The two report kinds `squeeze eval --json` (and `merge-eval --json`) print.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum EvalResult {
-    /// `eval --reference REF --candidate THIS`.
-    Parity {
-        /// REF's name ([`super::facts::model_name`]).
-        reference: String,
-        chunks: usize,
-        ctx: usize,
-        /// Prompt tokens per chunk (the scored positions follow).
-        prompt: usize,
-        /// What the FP8-KV modes cached with: `checkpoint`, `unit` or `dynamic-tiles`, and for which engine.
-        kv_scales: String,
-        engine: String,
-        modes: Vec<ParityMode>,
-        gates: Gates,
-        /// The failed gates' names (empty: all passed).
-        failed: Vec<String>,
-    },
-    /// `eval MODEL`: perplexity of this folder or of another model (the source, for comparison).
-    Perplexity {
-        /// The model's name; `None` for this folder.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        model: Option<String>,
-        chunks: usize,
-        ctx: usize,
-        tokens: usize,
-        ppl: f64,
-        ppl_stderr: f64,
-        mean_nll: f64,
-        mean_nll_stderr: f64,
-    },
-}
-
-/// One parity mode's statistics against the reference.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ParityMode {
-    pub mode: String,
-    pub tokens: usize,
-    pub mean_kld: f64,
-    pub mean_kld_stderr: f64,
-    /// Same top-1 token, percent.
-    pub same_top: f64,
-    pub same_top_stderr: f64,
-    pub ppl: f64,
-    pub ppl_stderr: f64,
-    pub ppl_ratio: f64,
-    pub ppl_ratio_stderr: f64,
 }

@@ -8,9 +8,10 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use super::facts::{self, BaseModelFrom};
-use super::record::{CalibrationData, EvalRecord, EvalResult};
 use super::{MARKER, SOURCE_README};
-use crate::engines::{kv_scale_handling, CacheLayout, Engine};
+use crate::engines::kv_scales::{kv_scale_handling, CacheLayout};
+use crate::engines::Engine;
+use crate::io::card_record::{CalibrationData, EvalRecord, EvalResult};
 use crate::io::composite;
 use crate::io::manifest::Manifest;
 use crate::model::ModelConfig;

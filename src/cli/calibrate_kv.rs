@@ -8,7 +8,8 @@ use crate::runtime::device::DeviceChoice;
 
 use crate::calib::{calibrate, open_for_edit, write_scales, CalibOptions, CalibReport, Strategy};
 use crate::chunks::EvalInput;
-use crate::engines::{EngineChoice, ScaleUse};
+use crate::engines::kv_scales::ScaleUse;
+use crate::engines::EngineChoice;
 
 use super::progress::Bar;
 use super::table::Table;
@@ -16,13 +17,19 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Model to calibrate: folder or Hugging Face repo id; the scales are written into it.
+    ///
     /// Model to calibrate (its weights produce the observed KV values; the scales are written into it): folder or
     /// Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
     #[arg(value_parser = super::values::model_dir)]
     pub model: PathBuf,
+    /// UTF-8 calibration text, cut into --seq-len chunks.
+    ///
     /// UTF-8 calibration text, tokenized with the model's tokenizer and cut into --seq-len chunks.
     #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
     pub data: Option<PathBuf>,
+    /// safetensors file with `input_ids` [n, seq], used as given.
+    ///
     /// safetensors file with an integer tensor `input_ids` [n, seq] (I32 or I64), used as given.
     #[arg(long)]
     pub tokens: Option<PathBuf>,
@@ -32,17 +39,25 @@ pub struct Args {
     /// Tokens per sequence for --data (at least 2, as eval's --ctx).
     #[arg(long, default_value_t = 512, value_parser = super::values::at_least(2))]
     pub seq_len: usize,
+    /// Map this percentile of |x| (not the amax) to 448.
+    ///
     /// Map this percentile of |x| (not the amax) to 448, clipping the rarer outliers; the clip rate is reported.
     #[arg(long, value_parser = super::values::positive)]
     pub percentile: Option<f64>,
+    /// One scale per layer (tensor) or per KV head (head).
+    ///
     /// One scale per layer (tensor) or per KV head (head; GQA only — MLA has one latent row).
     #[arg(long, value_enum, default_value = "tensor")]
     pub strategy: Strategy,
+    /// Engines to write scale names for: vllm, sglang, all or none.
+    ///
     /// The engines to write for (vllm, sglang, all or none): each engine's loadable tensor names are written
     /// besides self_attn.k_scale/v_scale, and the report says what each engine does with the scales of this cache
     /// layout (MLA: ignored).
     #[arg(long, default_value = "all")]
     pub engine: EngineChoice,
+    /// Write the scales into this folder instead of the model folder.
+    ///
     /// Write config.json, the index and kv-scales.safetensors into this folder instead of the model folder.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -55,20 +70,28 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Run sequences longer than the context window, with a warning.
+    ///
     /// Run sequences longer than the model's context window (max_position_embeddings, or YaRN's
     /// original_max_position_embeddings × factor where that is smaller), with a warning in the report, instead of
     /// refusing.
     #[arg(long)]
     pub allow_long_context: bool,
+    /// Where the runtime computes: auto, cpu, cuda or emulated.
+    ///
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
     #[arg(long, default_value = "auto")]
     pub device: DeviceChoice,
+    /// Observe only part I of N of the sequences; write the statistics, not the scales.
+    ///
     /// Observe only part I of N of the calibration sequences (a contiguous run, the parts as even as whole
     /// sequences allow), e.g. $SLURM_ARRAY_TASK_ID/8, and write nothing into the model: the part's statistics go to
     /// --save-stats, and `squeeze merge-calib MODEL FILE…` writes the scales one run writes.
     #[arg(long, value_name = "I/N", requires = "save_stats", allow_hyphen_values = true)]
     pub part: Option<crate::part::Part>,
+    /// Write the raw observations for `squeeze merge-calib`.
+    ///
     /// Write the raw observations (per layer and head: amax, count and |x| histogram of K and V), a small
     /// safetensors file, for `squeeze merge-calib`.
     #[arg(long, value_name = "FILE")]

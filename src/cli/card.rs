@@ -10,11 +10,15 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Output folder of `squeeze quantize` or `squeeze merge`.
+    ///
     /// A folder `squeeze quantize` or `squeeze merge` wrote (not a Hugging Face cache snapshot, whose files other
     /// snapshots share). The card is rendered from its squeeze-manifest.json, config.json and README.source.md; a
     /// README.md that is not a squeeze card is moved to README.source.md when that is free (older squeeze
     /// versions copied the source's README there), else refused (exit 2).
     pub dir: PathBuf,
+    /// An `eval --json` report to show in the accuracy section (repeatable).
+    ///
     /// The JSON of `squeeze eval … --json` (or `merge-eval --json`) to show in the card's accuracy section: a
     /// parity report whose candidate is DIR (`eval --reference SOURCE --candidate DIR`), or a perplexity report of
     /// DIR or of another model (the source, for comparison). Repeat for several; they replace the results recorded
@@ -25,9 +29,13 @@ pub struct Args {
     /// Drop the accuracy results recorded before.
     #[arg(long, conflicts_with = "evals")]
     pub no_eval: bool,
+    /// The card's `base_model`: the source's Hugging Face repo id.
+    ///
     /// The card's `base_model`: the source's Hugging Face repo id (recorded in the manifest).
     #[arg(long, value_name = "ORG/NAME", value_parser = repo_id)]
     pub base_model: Option<String>,
+    /// Tensor-parallel size of the card's serve commands.
+    ///
     /// The tensor-parallel size of the card's serve commands (recorded in the manifest; default: what
     /// `quantize --tp` recorded, else 8 for real-size models, 1 for smaller ones).
     #[arg(long, value_parser = super::engine_rules::parse_tp)]

@@ -1,7 +1,7 @@
 //! Printing engine load rule results: the rule table (left-aligned: its sources are long) with findings on stdout, warnings and config fixes as
 //! notes on stderr.
 
-use crate::lint::{ConfigFix, LintReport, Status};
+use crate::engines::lint::{ConfigFix, LintReport, Status};
 
 /// The `--tp` value parser: a positive integer.
 pub fn parse_tp(text: &str) -> Result<usize, String> {

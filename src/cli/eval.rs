@@ -9,8 +9,9 @@ use crate::runtime::device::{DeviceChoice, DeviceCounters};
 
 use crate::chunks::EvalInput;
 use crate::engines::Engine;
-use crate::eval::parity::{evaluate_parity, plot, Gates, KvScaleChoice, Mode, ParityOptions, ParityReport};
+use crate::eval::parity::{evaluate_parity, plot, KvScaleChoice, ParityOptions, ParityReport};
 use crate::eval::{evaluate, EvalOptions};
+use crate::parity::{Gates, Mode};
 
 use super::progress::Bar;
 use super::table::Table;
@@ -18,50 +19,78 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Model to evaluate: folder or Hugging Face repo id.
+    ///
     /// Model (FP8, INT4 compressed-tensors or BF16 checkpoint with config.json): folder or Hugging Face repo id
     /// (ORG/NAME[@REV]) in the local cache.
     #[arg(required_unless_present = "reference", conflicts_with = "reference", value_parser = super::values::model_dir)]
     pub model: Option<PathBuf>,
+    /// Parity: the reference model (the prefill checkpoint).
+    ///
     /// Parity: the reference model (the prefill checkpoint, e.g. the FP8 release): folder or Hugging Face repo id
     /// (ORG/NAME[@REV]) in the local cache.
     #[arg(long, requires = "candidate", value_parser = super::values::model_dir)]
     pub reference: Option<PathBuf>,
+    /// Parity: the candidate model (the decode checkpoint).
+    ///
     /// Parity: the candidate (the decode checkpoint, e.g. INT4), whose k_scale/v_scale set the FP8 KV cache: folder
     /// or Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
     #[arg(long, requires = "reference", value_parser = super::values::model_dir)]
     pub candidate: Option<PathBuf>,
+    /// Parity modes to run (comma-separated); default all.
+    ///
     /// Parity modes to run (comma-separated); default all: reference, kv, weights, split.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<Mode>,
+    /// Gate: a mode's largest mean KLD (nats).
+    ///
     /// Gate: fail when a mode's mean KLD against the reference exceeds this (nats).
     #[arg(long, default_value_t = DEFAULT_MAX_MEAN_KLD, value_parser = super::values::non_negative)]
     pub max_mean_kld: f64,
+    /// Gate: a mode's smallest same-top-1 share (percent).
+    ///
     /// Gate: fail when a mode's same-top-1 share is below this (percent).
     #[arg(long, default_value_t = DEFAULT_MIN_SAME_TOP, value_parser = super::values::percent)]
     pub min_same_top: f64,
+    /// Gate: a mode's largest PPL ratio to the reference.
+    ///
     /// Gate: fail when a mode's PPL(Q)/PPL(reference) exceeds this.
     #[arg(long, default_value_t = DEFAULT_MAX_PPL_RATIO, value_parser = super::values::positive)]
     pub max_ppl_ratio: f64,
+    /// Parity: the scales the FP8-KV modes cache with.
+    ///
     /// Parity: the scales the FP8-KV modes (kv, split) cache with — engine: what --engine really uses for this
     /// cache layout (the candidate's k_scale/v_scale for GQA; 1.0 for MLA in vLLM 0.32 and SGLang's Hopper
     /// backends; per-128 dynamic tiles for GLM-5's sparse MLA), calibrated: the candidate's scales, one: 1.0.
     #[arg(long, value_enum, default_value = "engine", requires = "reference")]
     pub kv_scales: KvScaleChoice,
+    /// Parity: the engine --kv-scales engine follows.
+    ///
     /// Parity: the serving engine whose KV-cache behaviour --kv-scales engine follows.
     #[arg(long, value_enum, default_value = "vllm", requires = "reference")]
     pub engine: Engine,
+    /// Parity: draw the KLD and per-layer error into this SVG.
+    ///
     /// Parity: draw the KLD distribution and per-layer error of each mode into this SVG file.
     #[arg(long, requires = "reference")]
     pub plot: Option<PathBuf>,
+    /// UTF-8 text file, cut into --ctx chunks.
+    ///
     /// UTF-8 text file, tokenized with the model's tokenizer and cut into --ctx chunks.
     #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
     pub data: Option<PathBuf>,
+    /// safetensors file with `input_ids` [n, ctx], used as given.
+    ///
     /// safetensors file with an integer tensor `input_ids` [n, ctx] (I32 or I64), used as given (no BOS added).
     #[arg(long)]
     pub tokens: Option<PathBuf>,
+    /// Tokens per chunk for --data.
+    ///
     /// Tokens per chunk for --data (at least 2: the first token of a chunk is never scored; parity needs 4).
     #[arg(long, default_value_t = 512, value_parser = super::values::at_least(2))]
     pub ctx: usize,
+    /// Run chunks longer than the context window, with a warning.
+    ///
     /// Run chunks longer than the model's context window (max_position_embeddings, or YaRN's
     /// original_max_position_embeddings × factor where that is smaller; parity: either model's), with a warning in
     /// the report, instead of refusing.
@@ -70,36 +99,50 @@ pub struct Args {
     /// Evaluate at most this many chunks.
     #[arg(long, value_parser = super::values::count)]
     pub chunks: Option<usize>,
+    /// Write all logits to this safetensors file.
+    ///
     /// Write all logits as an F32 tensor `logits` [n, ctx, vocab] to this safetensors file.
     #[arg(long)]
     pub save_logits: Option<PathBuf>,
     /// Print the report as JSON (keys include ppl, mean_nll, tokens, seconds).
     #[arg(long)]
     pub json: bool,
+    /// Score only part I of N of the chunks.
+    ///
     /// Score only part I of N of the chunks (a contiguous run, the parts as even as whole chunks allow), e.g.
     /// $SLURM_ARRAY_TASK_ID/8; the report covers those chunks. With --save-stats, `squeeze merge-eval` joins the
     /// parts into the report one run gives. Gates are not applied to a part (merge-eval applies them).
     #[arg(long, value_name = "I/N", requires = "save_stats", allow_hyphen_values = true)]
     pub part: Option<crate::part::Part>,
+    /// Write the raw statistics for `squeeze merge-eval`.
+    ///
     /// Write the raw statistics (per-position NLLs; parity: per-position KLD, Δp, NLLs, top-1 flags and per-layer,
     /// per-chunk error sums), a small safetensors file, for `squeeze merge-eval FILE…`.
     #[arg(long, value_name = "FILE")]
     pub save_stats: Option<PathBuf>,
+    /// Also measure the MTP layer's speculative-decoding drafts.
+    ///
     /// Also measure the MTP layer's speculative-decoding drafts (GLM-4.5+ and GLM-5+ checkpoints): the share of
     /// greedy drafts the main model accepts, the mean accepted length per step, the draft's KLD from the main model.
     /// In parity, both models' drafts side by side (one extra forward of each), gated by --max-mtp-drop.
     #[arg(long)]
     pub mtp: bool,
+    /// Parity gate with --mtp: largest drop in accepted drafts (points).
+    ///
     /// Parity gate with --mtp: fail when the candidate accepts this many percentage points fewer drafts than the
     /// reference.
     #[arg(long, default_value_t = DEFAULT_MAX_MTP_DROP, value_parser = super::values::non_negative, requires = "mtp")]
     pub max_mtp_drop: f64,
+    /// With --mtp: also chain K drafts from every position.
+    ///
     /// With --mtp: also chain K drafts from every position, as vLLM chains its MTP layer with
     /// num_speculative_tokens K, and report the mean accepted length per step (an estimate on the text; serve-test
     /// --speculative mtp=K measures it on the model's own continuation). K = 1 … 16; one MTP-layer step per
     /// position and depth.
     #[arg(long, value_name = "K", default_value_t = 1, value_parser = parse_mtp_depth, requires = "mtp")]
     pub mtp_depth: usize,
+    /// Where the runtime computes: auto, cpu, cuda or emulated.
+    ///
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
     #[arg(long, default_value = "auto")]
@@ -306,9 +349,9 @@ pub(super) fn print_parity(report: &ParityReport) {
     println!(
         "FP8 KV (kv, split modes): {} — {}",
         match report.kv_scales.applied {
-            crate::engines::ScaleUse::Checkpoint => "the candidate's k_scale/v_scale",
-            crate::engines::ScaleUse::Unit => "scale 1.0",
-            crate::engines::ScaleUse::DynamicTiles => "dynamic per-128 tile scales",
+            crate::engines::kv_scales::ScaleUse::Checkpoint => "the candidate's k_scale/v_scale",
+            crate::engines::kv_scales::ScaleUse::Unit => "scale 1.0",
+            crate::engines::kv_scales::ScaleUse::DynamicTiles => "dynamic per-128 tile scales",
         },
         report.kv_scales.reason
     );

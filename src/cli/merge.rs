@@ -13,6 +13,8 @@ use super::{print_json, Outcome};
 pub struct Args {
     /// The merged output folder (new, or the folder the parts shared).
     pub output: PathBuf,
+    /// Folders the parts wrote (default: OUTPUT itself).
+    ///
     /// Folders the parts wrote (each holds one or more squeeze-part-0000I-of-0000N.json with its shards);
     /// default: OUTPUT itself, when every part wrote there. Checked before anything is written: every part of
     /// 1..N present once, finished, of the same squeeze version, source, recipe, flags and plan digest, each

@@ -12,14 +12,20 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The model the parts calibrated; the scales are written into it.
+    ///
     /// The model the parts calibrated (checked against their records); the scales are written into it: folder or
     /// Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
     #[arg(value_parser = super::values::model_dir)]
     pub model: PathBuf,
+    /// The statistics files of every part, in any order.
+    ///
     /// The statistics files of every part (`calibrate-kv --part I/N --save-stats FILE`), in any order. Checked
     /// first: each part of 1..N present once, all of the same squeeze version, model, input and flags.
     #[arg(value_name = "FILE", required = true)]
     pub files: Vec<PathBuf>,
+    /// Write the scales into this folder instead of the model folder.
+    ///
     /// Write config.json, the index and kv-scales.safetensors into this folder instead of the model folder.
     #[arg(long)]
     pub out: Option<PathBuf>,

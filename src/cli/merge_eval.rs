@@ -9,8 +9,9 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The statistics files of every part (`eval --part I/N --save-stats FILE`), in any order. Checked first:
-    /// each part of 1..N present once, all of the same squeeze version, models, input chunks and flags.
+    /// The statistics files of every part (`eval --part I/N --save-stats FILE`), in any order.
+    ///
+    /// Checked first: each part of 1..N present once, all of the same squeeze version, models, input chunks and flags.
     #[arg(value_name = "FILE", required = true)]
     pub files: Vec<PathBuf>,
     /// Print the report as JSON (the keys `eval --json` prints, times summed over the parts).

@@ -43,6 +43,8 @@ pub enum Outcome {
 #[derive(Parser)]
 #[command(name = "squeeze", disable_version_flag = true, about = "FP8 MoE checkpoints (Kimi K2, GLM-5, GLM-4.5) → INT4 compressed-tensors for SGLang and vLLM", long_about = None)]
 pub struct Cli {
+    /// Print the version (with --verbose: CUDA build and device).
+    ///
     /// Print the version; with --verbose also whether CUDA support is built in and which device the probe finds.
     #[arg(short = 'V', long)]
     version: bool,
@@ -57,9 +59,13 @@ pub struct Cli {
 enum Command {
     /// Convert an FP8 checkpoint to INT4 group-quantized compressed-tensors safetensors.
     Quantize(quantize::Args),
+    /// Join the parts of a `quantize --part I/N` conversion into one output folder.
+    ///
     /// Join the parts of a `quantize --part I/N` conversion into the folder one run writes (exit 2 naming the part
     /// that is missing, duplicated or made differently).
     Merge(merge::Args),
+    /// Rewrite the model card (README.md) of a squeeze output folder.
+    ///
     /// (Re)write the model card (README.md) of a squeeze output folder: Hugging Face front matter, recipe, method,
     /// calibration digest, serve commands, and the accuracy of `squeeze eval --json` reports given with --eval.
     Card(card::Args),
@@ -79,6 +85,8 @@ enum Command {
     Eval(eval::Args),
     /// Join the `--save-stats` files of the parts of an `eval --part I/N` into the report one run gives.
     MergeEval(merge_eval::Args),
+    /// Checkpoint sizes and GPU memory budgets, from config.json alone.
+    ///
     /// Checkpoint size before/after a recipe and GPU memory budgets (KV capacity, concurrency) from config.json alone.
     Report(report::Args),
     /// Check every GPU kernel against the CPU path on random data, then benchmark (needs a CUDA build and a GPU).
@@ -93,7 +101,7 @@ impl Command {
     fn runs_layer_passes(&self) -> bool {
         match self {
             Command::Eval(_) | Command::CalibrateKv(_) | Command::ServeTest(_) | Command::Demo(_) => true,
-            Command::Quantize(args) => args.method != crate::convert::calibrated::Method::Rtn,
+            Command::Quantize(args) => args.method != crate::plan::calibration::Method::Rtn,
             _ => false,
         }
     }

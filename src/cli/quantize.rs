@@ -5,12 +5,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use crate::chunks::EvalInput;
-use crate::convert::calibrated::{
-    Calibration, CalibrationOptions, Method, DEFAULT_MIN_EXPERT_TOKENS, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN,
-};
+use crate::convert::calibrated::{DEFAULT_MIN_EXPERT_TOKENS, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN};
 use crate::convert::parts::Part;
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
-use crate::lint::EngineChoice;
+use crate::engines::EngineChoice;
+use crate::plan::calibration::{Calibration, CalibrationOptions, Method};
 use crate::quant::ScaleRule;
 use crate::runtime::device::DeviceChoice;
 use crate::units::{both_units, human, parse_bytes};
@@ -22,12 +21,16 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Source model (FP8, compressed-tensors FP8 or BF16): folder or Hugging Face repo id.
+    ///
     /// Source model (FP8 block-scaled, compressed-tensors FP8, or BF16): folder or Hugging Face repo id
     /// (ORG/NAME[@REV]) in the local cache.
     #[arg(value_parser = super::values::model_dir)]
     pub input: PathBuf,
     /// Output folder (must be new or empty unless --resume/--force).
     pub output: PathBuf,
+    /// Built-in recipe or TOML file; default: the -int4 one of the architecture.
+    ///
     /// Built-in recipe (kimi-k2-int4, glm5-int4, glm45-int4; the same with -nvfp4 for Blackwell FP4, -mxfp4 for
     /// AMD/OCP MX, -w4a8 for Hopper prefill; kimi-k26-nvfp4|mxfp4|w4a8 requantize Kimi K2.5/K2.6's shipped INT4;
     /// glm52-* are glm5-*) or a TOML file; default: the -int4 one chosen from config.json.
@@ -42,52 +45,68 @@ pub struct Args {
     /// Largest output shard (64MB, 5GB, 2GiB or plain bytes).
     #[arg(long, default_value = "5GB", value_parser = parse_bytes)]
     pub max_shard_size: u64,
+    /// Continue an interrupted run, keeping the shards that verify.
+    ///
     /// Continue an interrupted run: shards whose manifest entry verifies are kept, the rest redone.
     #[arg(long)]
     pub resume: bool,
     /// Write into a non-empty output folder, replacing what is there.
     #[arg(long)]
     pub force: bool,
+    /// Print the plan, output size and engine rule results; write nothing.
+    ///
     /// Print the plan, the predicted output size and the engine rule results without writing anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Carry NaN or infinite source weights into the output.
+    ///
     /// Carry NaN or infinite source weights into the output (default: refuse, naming the tensor and element).
     #[arg(long)]
     pub allow_nonfinite: bool,
     /// Print one JSON report on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Where INT4 quantization runs: auto, cpu, cuda or emulated.
+    ///
     /// Where INT4 quantization runs: auto (the GPU when one is usable, else the CPU with a notice), cpu, cuda, or
     /// emulated (the GPU kernels compiled for the host; slow, byte-identical: tests and development).
     #[arg(long, default_value = "auto")]
     pub device: DeviceChoice,
+    /// Engines whose load rules the plan must pass: vllm, sglang, all or none.
+    ///
     /// Engines whose load rules (read from vLLM 0.32 and SGLang sources) the planned output must pass before anything is written: vllm,
     /// sglang, all (both) or none (skip, for layouts outside the rules such as unselected = "fp8-block").
     /// A failed rule refuses with exit 2; with --dry-run the rules are printed and a failure exits 1.
     #[arg(long, default_value = "all")]
     pub engine: EngineChoice,
+    /// Tensor-parallel size the rules check against.
+    ///
     /// Tensor-parallel size the rules check against (moe_intermediate_size / tp must be a multiple of the group
     /// size). Default: 8 when the model's hidden_size and moe_intermediate_size are those of a built-in preset
     /// (a real-size Kimi K2, GLM-5 or GLM-4.5), 1 otherwise (tiny and synthetic models).
     #[arg(long, value_parser = parse_tp)]
     pub tp: Option<usize>,
-    /// How INT4 scales are chosen. rtn: round to nearest with the recipe's --scale-rule, from the weights alone.
-    /// imatrix: routed experts' scales minimise the importance-weighted error Σ_j imp_j·(w_j − ŵ_j)² over the mse
-    /// grid, imp_j = mean x_j² of the expert's calibration inputs (its tokens' hidden states for gate_proj/up_proj,
-    /// its act(gate)·up for down_proj), from one pass of the FP8 source model over --calibration through the
-    /// reference runtime (--device); never sequential (importance vectors need one pass over the unquantized
-    /// model). Memory: MoE layers × experts × (hidden + moe_intermediate) × 4 B of importance.
-    /// gptq: each routed expert is quantized by GPTQ against the Hessian H = XᵀX of its calibration inputs (gate_proj
-    /// and up_proj share that of its tokens' hidden states, down_proj gets that of its act(gate)·up), damping 1 % of
-    /// the mean diagonal, error feedback in blocks of 128 columns, each group's scale chosen by the recipe's
-    /// --scale-rule from the updated weights, no act-order (output: plain pack-quantized, actorder null, observer of
-    /// the scale rule). Experts are streamed in batches, so memory stays at the pass's working set plus one batch:
-    /// 2 × tokens × hidden × 4 B (the layer's MoE input; with --sequential its input copy) + experts_per_batch × ((hidden² +
-    /// moe_intermediate²) × 8 B + 6 × max(hidden, moe_intermediate)² × 8 B + 3 × hidden × moe_intermediate × 13 B),
-    /// batches of at most 4 GiB (GLM-5: one expert, ≈ 2.6 GB); the output folder holds the quantized experts once
-    /// more until the run completes. Other INT4 tensors keep the recipe's rule in every method.
+    /// How INT4 scales are chosen.
+    ///
+    /// rtn: round to nearest with the recipe's --scale-rule, from the weights alone. imatrix: routed experts' scales
+    /// minimise the importance-weighted error Σ_j imp_j·(w_j − ŵ_j)² over the mse grid, imp_j = mean x_j² of the
+    /// expert's calibration inputs (its tokens' hidden states for gate_proj/up_proj, its act(gate)·up for down_proj),
+    /// from one pass of the FP8 source model over --calibration through the reference runtime (--device); never
+    /// sequential (importance vectors need one pass over the unquantized model). Memory: MoE layers × experts ×
+    /// (hidden + moe_intermediate) × 4 B of importance. gptq: each routed expert is quantized by GPTQ against the Hessian H =
+    /// XᵀX of its calibration inputs (gate_proj and up_proj share that of its tokens' hidden states, down_proj gets
+    /// that of its act(gate)·up), damping 1 % of the mean diagonal, error feedback in blocks of 128 columns, each
+    /// group's scale chosen by the recipe's --scale-rule from the updated weights, no act-order (output: plain
+    /// pack-quantized, actorder null, observer of the scale rule). Experts are streamed in batches, so memory stays at
+    /// the pass's working set plus one batch: 2 × tokens × hidden × 4 B (the layer's MoE input; with --sequential its
+    /// input copy) + experts_per_batch × ((hidden² + moe_intermediate²) × 8 B + 6 × max(hidden, moe_intermediate)² × 8
+    /// B + 3 × hidden × moe_intermediate × 13 B), batches of at most 4 GiB (GLM-5: one expert, ≈ 2.6 GB); the output
+    /// folder holds the quantized experts once more until the run completes. Other INT4 tensors keep the recipe's rule
+    /// in every method.
     #[arg(long, value_enum, default_value = "rtn")]
     pub method: Method,
+    /// Calibration input: UTF-8 text or a safetensors file of `input_ids`.
+    ///
     /// imatrix, gptq, and recipes with nvfp4-w4a4 rules (their activation scales): calibration input, a UTF-8 text
     /// file (cut into --seq-len token chunks) or a safetensors file with `input_ids` [n, ctx] (I32/I64, used as
     /// given); keep it disjoint from your evaluation text.
@@ -99,17 +118,25 @@ pub struct Args {
     /// imatrix, gptq: tokens per chunk of a text --calibration.
     #[arg(long, default_value_t = DEFAULT_SEQ_LEN, value_parser = super::values::at_least(2))]
     pub seq_len: usize,
+    /// imatrix, gptq: fewer calibration tokens than this fall back to mse.
+    ///
     /// imatrix, gptq: an expert shown fewer calibration tokens than this is quantized with the mse rule and listed.
     #[arg(long, default_value_t = DEFAULT_MIN_EXPERT_TOKENS, value_parser = super::values::whole::<u64>)]
     pub min_expert_tokens: u64,
+    /// imatrix, gptq: show every calibration token to every expert (statistics only).
+    ///
     /// imatrix, gptq, statistics only: show every calibration token to every expert of its layer (the forward
     /// still routes as the router says; coverage still counts routed tokens), so no expert falls back.
     #[arg(long)]
     pub force_route_all: bool,
+    /// imatrix, gptq: run chunks longer than the context window, with a warning.
+    ///
     /// imatrix, gptq: run calibration chunks longer than the model's context window (max_position_embeddings, or
     /// YaRN's original_max_position_embeddings × factor where that is smaller), with a warning, instead of refusing.
     #[arg(long)]
     pub allow_long_context: bool,
+    /// gptq: calibrate each layer on the quantized layers below it (the default).
+    ///
     /// gptq (the default): layer L + 1 is calibrated on the output of layer L run with its already-quantized
     /// experts (as llm-compressor and GPTQModel do), at the cost of a second forward of every MoE layer and one
     /// more copy of the hidden states. Chosen by measurement on the trained tiny model (BENCHMARKS.md, paired over
@@ -119,10 +146,14 @@ pub struct Args {
     /// which is where sequential calibration pays.
     #[arg(long, overrides_with = "no_sequential")]
     pub sequential: bool,
+    /// gptq: calibrate every layer on the FP8 model's activations.
+    ///
     /// gptq: every layer is calibrated on the FP8 model's activations (one forward per layer, the layers'
     /// statistics independent of each other's quantization).
     #[arg(long, overrides_with = "sequential")]
     pub no_sequential: bool,
+    /// Write only part I of N of the output shards, for `squeeze merge`.
+    ///
     /// Write only part I of N (1 ≤ I ≤ N; e.g. 2/8 or $SLURM_ARRAY_TASK_ID/8): every part computes the same plan
     /// and writes its own contiguous run of the output shards plus `squeeze-part-0000I-of-0000N.json`, into OUTPUT
     /// (shared by all parts, or one folder each); `squeeze merge` then checks the parts and writes the index,
@@ -130,6 +161,8 @@ pub struct Args {
     /// flags; --resume and --force act on this part's files only. Round to nearest only (--method rtn).
     #[arg(long, value_name = "I/N", allow_hyphen_values = true)]
     pub part: Option<Part>,
+    /// Hugging Face repo id of the source, for the model card's `base_model`.
+    ///
     /// The Hugging Face repo id of the source (ORG/NAME), for the model card's `base_model` (README.md; the
     /// source's own README is kept as README.source.md). Default: config.json's `_name_or_path` when it is a repo
     /// id, else ORG/NAME of a source in the Hugging Face cache, else the source folder's name (said in the card).

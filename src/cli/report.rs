@@ -14,14 +14,20 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Model folder, config.json, preset (kimi-k2, glm-5, glm-4.5) or Hugging Face repo id.
+    ///
     /// A model folder (with or without weights), a config.json file, a preset (kimi-k2, glm-5, glm-4.5), or a
     /// Hugging Face repo id (ORG/NAME[@REV]) in the local cache; in that order.
     #[arg(value_parser = super::values::report_model)]
     pub model: String,
+    /// Built-in recipe name or TOML file; default: chosen from the config.
+    ///
     /// Built-in recipe name (e.g. glm5-int4, glm5-nvfp4, kimi-k26-w4a8; `squeeze quantize --help` lists them) or a
     /// TOML file; default: chosen from the config.
     #[arg(long)]
     pub recipe: Option<String>,
+    /// Compare the formats side by side: one row per format recipe.
+    ///
     /// The formats side by side: one row per format recipe of the architecture (int4, nvfp4, nvfp4-w4a4, mxfp4,
     /// w4a8: routed experts), each with its output size and the decode node's budget on this layout.
     #[arg(long, conflicts_with = "recipe")]
@@ -35,6 +41,8 @@ pub struct Args {
     /// GPUs per node (one serving deployment; may span machines).
     #[arg(long, default_value_t = 8, value_parser = super::values::count)]
     pub gpus: usize,
+    /// Memory of one GPU: h100-80g, h200-141g, b200-180g or a size.
+    ///
     /// Memory of one GPU: h100-80g, h200-141g, b200-180g (nvidia-smi totals) or a size such as 141GiB.
     #[arg(long, default_value = "h200-141g", value_parser = parse_gpu_memory)]
     pub gpu_memory: GpuMemory,
@@ -44,22 +52,32 @@ pub struct Args {
     /// Data-parallel attention (dp = tp): each rank keeps the KV of its own requests only.
     #[arg(long)]
     pub dp_attention: bool,
+    /// Share of GPU memory for weights, reserve and KV pool.
+    ///
     /// Share of GPU memory for weights, reserve and KV pool (SGLang --mem-fraction-static).
     #[arg(long, default_value_t = 0.9, value_parser = super::values::finite)]
     pub mem_fraction: f64,
+    /// Per-GPU bytes held back inside that share.
+    ///
     /// Per-GPU bytes held back inside that share: CUDA context, NCCL and all-to-all buffers.
     #[arg(long, default_value = "4GiB", value_parser = parse_reserve)]
     pub reserve: u64,
     /// Tokens per request (prompt + output) for the concurrency figure.
     #[arg(long, default_value_t = 8192, value_parser = super::values::whole::<u64>)]
     pub context: u64,
+    /// Use this KV pool per GPU instead of computing it.
+    ///
     /// Use this KV pool per GPU (e.g. what the engine logged) instead of computing it; skips the fit check.
     #[arg(long, value_parser = parse_bytes)]
     pub kv_pool: Option<u64>,
+    /// Conversion estimate: the scale rule of every rule.
+    ///
     /// Conversion estimate: the scale rule of every rule, as quantize's --scale-rule (mse costs ≈ 4.5× the CPU
     /// time of ct-minmax per GB; BENCHMARKS.md).
     #[arg(long)]
     pub scale_rule: Option<ScaleRule>,
+    /// Conversion estimate: source read speed of one part, e.g. 2GB.
+    ///
     /// Conversion estimate: bytes per second one part reads the source at (its disk, or its share of shared
     /// storage), e.g. 2GB for one NVMe drive.
     #[arg(long, default_value = "2GB", value_parser = parse_bytes)]
@@ -70,10 +88,14 @@ pub struct Args {
     /// Conversion estimate: CPU cores per part; default: this machine's.
     #[arg(long, value_parser = super::values::count)]
     pub cores: Option<usize>,
+    /// Conversion estimate: where INT4 quantization runs.
+    ///
     /// Conversion estimate: where INT4 quantization runs (cpu: measured core-seconds per GB; gpu: the kernels are
     /// taken as faster than the disk).
     #[arg(long, value_enum, default_value = "cpu")]
     pub quantize_on: QuantizeOn,
+    /// Conversion estimate: machines the conversion is split over.
+    ///
     /// Conversion estimate: machines the conversion is split over (`quantize --part I/N`); at most the plan's
     /// shard count (reported).
     #[arg(long, default_value_t = 1, value_parser = super::values::count)]

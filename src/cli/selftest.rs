@@ -15,6 +15,8 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Device to test: cuda, auto or emulated.
+    ///
     /// Device to test: cuda (or auto, which fails the same way when no GPU is usable), or emulated (the kernels
     /// compiled for the host; no benchmarks).
     #[arg(long, default_value = "cuda")]
@@ -28,6 +30,8 @@ pub struct Args {
     /// Rows of the benchmark tensor (6144 columns of FP8).
     #[arg(long, default_value_t = 16384, value_parser = super::values::count)]
     pub bench_rows: usize,
+    /// Run only the ops whose name contains one of these names.
+    ///
     /// Run only the ops whose name contains one of these comma-separated names (e.g. `silu_mul,int4_quantize`);
     /// default: every op.
     #[arg(long)]

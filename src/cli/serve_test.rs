@@ -15,6 +15,8 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Model to decode with: folder or Hugging Face repo id.
+    ///
     /// Model to decode with (e.g. the INT4 output), with config.json and a tokenizer: folder or Hugging Face repo
     /// id (ORG/NAME[@REV]) in the local cache.
     #[arg(value_parser = super::values::model_dir)]
@@ -28,6 +30,8 @@ pub struct Args {
     /// Most tokens generated per request (stops earlier at EOS).
     #[arg(long, default_value_t = 32, value_parser = super::values::count)]
     pub max_new_tokens: usize,
+    /// Requests decoded together.
+    ///
     /// Requests decoded together; new ones join as others finish (admission waits while the pool is full).
     #[arg(long, default_value_t = 8, value_parser = super::values::count)]
     pub concurrency: usize,
@@ -49,10 +53,14 @@ pub struct Args {
     /// Seed for sampling and for the choice of the fault's victim.
     #[arg(long, default_value_t = 0, value_parser = super::values::whole::<u64>)]
     pub seed: u64,
+    /// Run prefill on this model and hand its KV to MODEL.
+    ///
     /// Run prefill on this model (e.g. the FP8 source; folder or Hugging Face repo id (ORG/NAME[@REV]) in the local
     /// cache); its KV is handed to MODEL converted to --kv-dtype.
     #[arg(long, value_parser = super::values::model_dir)]
     pub prefill_model: Option<PathBuf>,
+    /// Inject a mapping fault, optionally @STEP.
+    ///
     /// Inject a mapping fault: stale-page, swap, out-of-range, tag-corrupt, double-map or rollback-stale, optionally @STEP
     /// (the decode step before whose verification it happens; default 1).
     #[arg(long)]
@@ -60,6 +68,8 @@ pub struct Args {
     /// Skip mapping verification (to measure its cost; faults then go undetected).
     #[arg(long)]
     pub no_verify: bool,
+    /// Speculative decoding with the model's MTP layer: mtp or mtp=K.
+    ///
     /// Speculative decoding with the model's MTP layer: `mtp` (one draft per step) or `mtp=K` (K chained drafts,
     /// as vLLM's num_speculative_tokens). Greedy only; the run also decodes plain greedy and fails (exit 1) unless
     /// both yield the same tokens; the report gives the acceptance, accepted length and speed-up.
@@ -68,11 +78,15 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Run requests that pass the context window, with a warning.
+    ///
     /// Run requests whose prompt plus --max-new-tokens pass the model's context window (max_position_embeddings,
     /// or YaRN's original_max_position_embeddings × factor where that is smaller), with a warning in the report,
     /// instead of refusing.
     #[arg(long)]
     pub allow_long_context: bool,
+    /// Where the runtime computes: auto, cpu, cuda or emulated.
+    ///
     /// Where the runtime computes: auto (the GPU when one is usable, else the CPU), cpu, cuda, or emulated (the
     /// CUDA kernels run on the host under emulation: slow, for tests on machines without a GPU).
     #[arg(long, default_value = "auto")]

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::lint::EngineChoice;
+use crate::engines::EngineChoice;
 use crate::verify::{verify, VerifyOptions, VerifyReport, DEFAULT_MAX_INT4_ERROR};
 
 use super::engine_rules::{parse_tp, print_rules};
@@ -11,13 +11,19 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Output of `squeeze quantize`: folder or Hugging Face repo id.
+    ///
     /// Output written by `squeeze quantize`: folder or Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
     #[arg(value_parser = super::values::model_dir)]
     pub output: PathBuf,
+    /// Source to dequantize against, reporting per-tensor error.
+    ///
     /// The source (folder or Hugging Face repo id (ORG/NAME[@REV]) in the local cache): dequantize both and report
     /// per-tensor error.
     #[arg(long, value_parser = super::values::model_dir)]
     pub source: Option<PathBuf>,
+    /// Largest relative L2 error an INT4 tensor may have against its source.
+    ///
     /// Largest relative L2 error an INT4 tensor may have against its source (routed experts of a `--method gptq`
     /// output: at least 0.75, since GPTQ moves rounding error into input directions calibration hardly excites).
     #[arg(long, default_value_t = DEFAULT_MAX_INT4_ERROR, value_parser = super::values::positive)]
@@ -25,9 +31,13 @@ pub struct Args {
     /// How many of the worst tensors to list.
     #[arg(long, default_value_t = 10, value_parser = super::values::whole::<usize>)]
     pub worst: usize,
+    /// Also check the engine load rules: vllm, sglang or all.
+    ///
     /// Also check the engine load rules (read from vLLM 0.32 and SGLang sources) for vllm, sglang or all (both); a failed rule exits 1.
     #[arg(long, default_value = "none", hide_default_value = true)]
     pub engine: EngineChoice,
+    /// Tensor-parallel size for the rules.
+    ///
     /// Tensor-parallel size for the rules (moe_intermediate_size / tp must be a multiple of the group size).
     /// Default: 8 when the model's hidden_size and moe_intermediate_size are those of a built-in preset (a
     /// real-size Kimi K2, GLM-5 or GLM-4.5), 1 otherwise.

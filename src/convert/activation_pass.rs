@@ -15,11 +15,10 @@ use crate::arch::ExpertActivations;
 use crate::progress::Reporter;
 use crate::quant::fp4;
 
-use super::calibrated::{
-    expert_statistics_pass, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, ExpertStatistics,
-    PassResult,
-};
-use super::plan::Plan;
+use crate::plan::calibration::{CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult};
+use crate::plan::Plan;
+
+use super::calibrated::{expert_statistics_pass, ExpertStatistics, PassResult};
 
 /// Runs the pass; returns every planned expert's input absmaxes, and the layers' coverage (`fallback`: the experts
 /// no token reached, which took the layer's largest).

@@ -3,9 +3,9 @@
 
 use serde_json::Value;
 
-use crate::lint::{self, ConfigFix, LintReport, OutputDescription, TensorFacts, Values};
+use crate::engines::lint::{self, ConfigFix, LintReport, OutputDescription, TensorFacts, Values};
 
-use super::plan::Plan;
+use crate::plan::Plan;
 
 /// The output `config.json`: the source config with `quantization_config` replaced where the source keeps it
 /// (inside a wrapper's `text_config` for Kimi K2.6), and the safe fixes added.

@@ -7,27 +7,27 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-use crate::format::fp8_block::{self, SourceKind};
-use crate::io::checkpoint::CONFIG_FILE;
+use crate::engines::lint::{ConfigFix, LintReport};
+use crate::engines::EngineChoice;
 use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord};
 use crate::io::writer::{sha256_file, ShardWriter};
 use crate::io::{Checkpoint, IoError};
-use crate::lint::{ConfigFix, EngineChoice, LintReport};
-use crate::model::{ConfigError, ModelConfig};
+use crate::plan::calibration::{
+    routed_expert, Calibration, CalibrationError, CalibrationOptions, CalibrationSet, ExpertCoverage, Method,
+};
+use crate::plan::prepare::{check_int4_source, prepare, PrepareError, Prepared};
+use crate::plan::{transform, Action, ClassSummary, Plan, PlannedItem};
 use crate::progress::{peak_rss_bytes, Reporter};
 use crate::quant::ScaleRule;
 use crate::recipe::{Recipe, RecipeError};
 use crate::runtime::device::{select, CudaError, DeviceChoice, DeviceSelection};
 
-use super::calibrated::{
-    self, CalibrationError, CalibrationOptions, CalibrationOutput, CalibrationSet, ExpertCoverage,
-};
+use super::calibrated::{self, CalibrationOutput};
 use super::output_folder::{
     check_output, prepare_output, prepare_part_output, remove_leftover_temporaries, remove_own_temporaries,
 };
 use super::parts::{Part, PartManifest, PartOptions};
-use super::plan::{self, Action, ClassSummary, Plan, PlanError, PlannedItem};
-use super::{engine_check, output_files, quant_config, source, transform};
+use super::{engine_check, output_files, quant_config};
 
 #[derive(Debug, Clone)]
 pub struct QuantizeOptions {
@@ -61,12 +61,11 @@ pub struct QuantizeOptions {
 pub enum ConvertError {
     #[error(transparent)]
     Io(#[from] IoError),
+    /// Opening and planning the source ([`crate::plan::prepare`]).
     #[error(transparent)]
-    Plan(#[from] PlanError),
+    Prepare(#[from] PrepareError),
     #[error(transparent)]
     Recipe(#[from] RecipeError),
-    #[error("{}: {source}", path.display())]
-    Config { path: PathBuf, source: ConfigError },
     #[error("{}: {problem}", path.display())]
     Output { path: PathBuf, problem: String },
     #[error("--device")]
@@ -76,17 +75,6 @@ pub enum ConvertError {
     EngineRules(String),
     #[error(transparent)]
     Calibration(#[from] CalibrationError),
-    #[error(
-        "{}: is already INT4 ({modules} compressed-tensors pack-quantized modules, group size {group}), as Moonshot \
-         ships Kimi K2.5/K2.6/K2.7, and the recipe would keep it INT4, so there is nothing to do: evaluate or serve \
-         it as it is with `squeeze eval`, `squeeze eval --reference DIR --candidate DIR` (BF16 vs FP8 KV), \
-         `squeeze calibrate-kv`, `squeeze serve-test`, and check it with `squeeze verify DIR --engine vllm`; to \
-         requantize it for Blackwell, AMD or Hopper prefill nodes pass --recipe kimi-k26-nvfp4, kimi-k26-mxfp4 or \
-         kimi-k26-w4a8",
-        path.display(),
-        group = group_size.map_or("unknown".to_string(), |g| g.to_string())
-    )]
-    AlreadyInt4 { path: PathBuf, modules: usize, group_size: Option<usize> },
 }
 
 /// The result of `quantize` (or its dry run).
@@ -138,77 +126,6 @@ pub struct PartSummary {
     pub manifest: String,
 }
 
-/// A checkpoint opened and planned, ready to run or to report on.
-pub struct Prepared {
-    pub checkpoint: Checkpoint,
-    pub config: Option<ModelConfig>,
-    pub recipe: Recipe,
-    pub plan: Plan,
-}
-
-/// Opens the source, validates it (headers, scales, shapes against the config) and builds the plan.
-pub fn prepare(
-    input: &Path,
-    recipe: Option<&str>,
-    group_size: Option<usize>,
-    scale_rule: Option<ScaleRule>,
-    max_shard_bytes: u64,
-) -> Result<Prepared, ConvertError> {
-    let checkpoint = Checkpoint::open(input)?;
-    let config = match checkpoint.config() {
-        Some(json) => Some(
-            ModelConfig::from_json(json)
-                .map_err(|source| ConvertError::Config { path: input.join(CONFIG_FILE), source })?,
-        ),
-        None => None,
-    };
-    let recipe_name = match (recipe, &config) {
-        (Some(name), _) => name.to_string(),
-        (None, Some(config)) => config.architecture.default_recipe().to_string(),
-        (None, None) => {
-            return Err(ConvertError::Output {
-                path: input.join(CONFIG_FILE),
-                problem: "missing, so no default recipe can be chosen; pass --recipe NAME|PATH".into(),
-            })
-        }
-    };
-    let recipe = Recipe::load(&recipe_name)?.with_overrides(group_size, scale_rule)?;
-    let items = fp8_block::items_from_checkpoint(&checkpoint)?;
-    if let Some(config) = &config {
-        source::check_against_config(&checkpoint, config)?;
-    }
-    fp8_block::validate_scales(&checkpoint, &items)?;
-    let plan = plan::build(items, &recipe, config.as_ref().map(|c| c.num_hidden_layers), max_shard_bytes)?;
-    Ok(Prepared { checkpoint, config, recipe, plan })
-}
-
-/// An INT4 source (Kimi K2.6) is requantized only into another format: NVFP4, MXFP4 or W4A8 (dequantized
-/// exactly, then quantized as an FP8 source is). A plan that keeps every INT4 module INT4 has nothing to do; one
-/// that keeps some would need two INT4 declarations the config cannot tell apart, so it is refused (`report`
-/// refuses a `--group-size` for a source kept INT4 the same way).
-pub fn check_int4_source(plan: &Plan, recipe: &Recipe, input: &Path) -> Result<(), ConvertError> {
-    let int4: Vec<&plan::PlannedItem> =
-        plan.items.iter().filter(|item| matches!(item.source.kind, SourceKind::Int4 { .. })).collect();
-    let Some(kept) = int4.iter().find(|item| !item.requantizes_int4()) else { return Ok(()) };
-    if !int4.iter().any(|item| item.requantizes_int4()) {
-        let SourceKind::Int4 { group_size } = kept.source.kind else { unreachable!("filtered above") };
-        return Err(ConvertError::AlreadyInt4 {
-            path: input.to_path_buf(),
-            modules: int4.len(),
-            group_size: Some(group_size),
-        });
-    }
-    Err(ConvertError::Recipe(RecipeError::Invalid {
-        source_name: recipe.name().to_string(),
-        message: format!(
-            "requantizes some of the source's INT4 modules but keeps `{}` as {}; an output holds one 4-bit format \
-             for them, so select every INT4 module (the routed experts) with the same rule",
-            kept.module(),
-            kept.action.name()
-        ),
-    }))
-}
-
 /// W4A4 NVFP4 rules need calibration (their `input_global_scale`), of routed experts only (what the pass
 /// measures); `--calibration` with `--method rtn` needs such a rule (it calibrates nothing else).
 fn check_activation_calibration(
@@ -221,7 +138,7 @@ fn check_activation_calibration(
     };
     let w4a4: Vec<&PlannedItem> =
         plan.items.iter().filter(|item| matches!(item.action, Action::Fp4 { fp4_activations: true, .. })).collect();
-    if let Some(item) = w4a4.iter().find(|item| calibrated::routed_expert(&item.source.name).is_none()) {
+    if let Some(item) = w4a4.iter().find(|item| routed_expert(&item.source.name).is_none()) {
         return invalid(format!(
             "an nvfp4-w4a4 rule selects {}, which is not a routed expert's projection; W4A4 calibrates the routed \
              experts' inputs only: narrow the rule's match to `.mlp.experts.N.(gate|up|down)_proj.weight`",
@@ -234,7 +151,7 @@ fn check_activation_calibration(
              calibration text; pass --calibration FILE (text or input_ids), or use a weights-only nvfp4 recipe",
             item.module()
         )),
-        (None, Some(calibrated::Method::Rtn)) => Err(ConvertError::Recipe(RecipeError::Invalid {
+        (None, Some(Method::Rtn)) => Err(ConvertError::Recipe(RecipeError::Invalid {
             source_name: "--calibration".into(),
             message: format!(
                 "with --method rtn, --calibration measures W4A4 activation scales only, and recipe {} has no \
@@ -288,7 +205,7 @@ fn check(options: &QuantizeOptions) -> Result<Checked, ConvertError> {
     check_int4_source(plan, recipe, &options.input)?;
     check_activation_calibration(plan, recipe, options.calibration.as_ref())?;
     if let (Some(calibration), Some(fp4)) = (
-        options.calibration.as_ref().filter(|calibration| calibration.method != calibrated::Method::Rtn),
+        options.calibration.as_ref().filter(|calibration| calibration.method != Method::Rtn),
         plan.items.iter().find(|item| matches!(item.action, Action::Fp4 { .. })),
     ) {
         return Err(ConvertError::Recipe(RecipeError::Invalid {
@@ -304,7 +221,7 @@ fn check(options: &QuantizeOptions) -> Result<Checked, ConvertError> {
     }
     let output_config = checkpoint.config().map(|json| {
         let mut quantization_config = quant_config::quantization_config(plan, recipe);
-        if options.calibration.as_ref().is_some_and(|c| c.method == calibrated::Method::Imatrix) {
+        if options.calibration.as_ref().is_some_and(|c| c.method == Method::Imatrix) {
             calibrated::mark_observer(&mut quantization_config);
         }
         engine_check::output_config(json, quantization_config, plan)
@@ -312,8 +229,9 @@ fn check(options: &QuantizeOptions) -> Result<Checked, ConvertError> {
     let engines = options.engine.engines();
     let engine_rules = (!engines.is_empty()).then(|| {
         let config = output_config.as_ref().map(|(config, _)| config);
-        let tp = options.tp.unwrap_or_else(|| crate::lint::default_tp(config.unwrap_or(&serde_json::Value::Null)));
-        crate::lint::lint(&engine_check::planned_output(plan, config), &engines, tp)
+        let tp =
+            options.tp.unwrap_or_else(|| crate::engines::lint::default_tp(config.unwrap_or(&serde_json::Value::Null)));
+        crate::engines::lint::lint(&engine_check::planned_output(plan, config), &engines, tp)
     });
     let mut report = QuantizeReport {
         dry_run: options.dry_run,
@@ -379,7 +297,7 @@ fn check(options: &QuantizeOptions) -> Result<Checked, ConvertError> {
 struct Opened {
     device: Option<std::sync::Arc<dyn crate::runtime::device::Device>>,
     calibration_set: Option<CalibrationSet>,
-    calibration: Option<calibrated::Calibration>,
+    calibration: Option<Calibration>,
     source_sha256: String,
     plan_sha256: String,
     previous: Option<Manifest>,
@@ -487,7 +405,12 @@ fn run(
             })
             .collect(),
         expert_coverage: calibration.and_then(|c| serde_json::to_value(&c.coverage).ok()),
-        card: crate::card::CardRecord::of_run(options, opened.calibration_set.as_ref(), opened.previous.as_ref())?,
+        card: crate::io::card_record::CardRecord::of_run(
+            options.base_model.clone(),
+            options.tp,
+            options.calibration.as_ref().zip(opened.calibration_set.as_ref()),
+            opened.previous.as_ref(),
+        )?,
     };
     report.expert_coverage = calibration.map(|c| c.coverage.clone());
     report.calibration_layers_reused = calibration.map(|c| c.layers_reused);
@@ -541,7 +464,8 @@ fn run(
     };
     let result = {
         let save = |manifest: &Manifest| save(out, manifest, &part_manifest);
-        run_items(checkpoint, plan, &work, out, &mut manifest, &save, reporter, compute)
+        let destination = Destination { out, manifest: &mut manifest, save: &save };
+        run_items(checkpoint, plan, &work, destination, reporter, compute)
     };
     reporter.end();
     result?;
@@ -581,19 +505,24 @@ fn finish(
     Ok(report.finished(started))
 }
 
+/// Where [`run_items`] writes: the output folder, the manifest it keeps up to date and how that manifest is saved.
+struct Destination<'a> {
+    out: &'a Path,
+    manifest: &'a mut Manifest,
+    save: &'a (dyn Fn(&Manifest) -> Result<(), IoError> + Sync),
+}
+
 /// Transforms `work` items in order on this thread (rows in parallel) while a writer thread streams them out;
-/// `save` records the manifest after each finished shard.
-#[allow(clippy::too_many_arguments)]
+/// `destination.save` records the manifest after each finished shard.
 fn run_items(
     checkpoint: &Checkpoint,
     plan: &Plan,
     work: &[usize],
-    out: &Path,
-    manifest: &mut Manifest,
-    save: &(dyn Fn(&Manifest) -> Result<(), IoError> + Sync),
+    destination: Destination,
     reporter: &dyn Reporter,
     compute: transform::Compute,
 ) -> Result<(), ConvertError> {
+    let Destination { out, manifest, save } = destination;
     let (sender, receiver) = sync_channel::<(usize, Vec<Vec<u8>>)>(2);
     std::thread::scope(|scope| {
         let writer = scope.spawn(move || -> Result<(), ConvertError> {

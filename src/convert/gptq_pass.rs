@@ -4,7 +4,7 @@
 //! the tokens routed to it; down_proj gets its own, of its intermediate activations `silu(gate x) · (up x)`),
 //! its three projections are quantized by GPTQ ([`crate::quant::gptq`]: damping 1 % of the mean diagonal,
 //! feedback in blocks of 128 columns, each group's scale chosen by the recipe's rule from the updated weights
-//! when the group starts, no act-order), written to the layer's spill file ([`super::expert_spill`]) and dropped.
+//! when the group starts, no act-order), written to the layer's spill file ([`crate::plan::expert_spill`]) and dropped.
 //! Experts shown fewer than `--min-expert-tokens` rows fall back to `mse` (listed in the coverage).
 //!
 //! `--sequential` (the default, chosen by measurement: BENCHMARKS.md): once a layer's experts are quantized the
@@ -52,12 +52,13 @@ use crate::runtime::matrix::Matrix;
 use crate::runtime::weights::WeightReader;
 use crate::runtime::RuntimeError;
 
-use super::calibrated::{
-    pass_layers, routed_counts, routed_expert, run_pass, CalibrationError, CalibrationOptions, CalibrationOutput,
-    CalibrationSet, ExpertResult, LayerCoverage, PassResult,
+use crate::plan::calibration::{
+    routed_expert, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, LayerCoverage,
 };
-use super::expert_spill::{self, LayerEntries, LayerSpill};
-use super::plan::{Action, Plan};
+use crate::plan::expert_spill::{self, LayerEntries, LayerSpill};
+use crate::plan::{Action, Plan};
+
+use super::calibrated::{pass_layers, routed_counts, run_pass, CalibrationOutput, PassResult};
 
 /// Bytes one GPTQ batch of experts may take (see the module doc); at least one expert per batch.
 pub const GPTQ_BATCH_BYTES: usize = 4 << 30;

@@ -18,11 +18,10 @@ use crate::arch::Model;
 use crate::progress::Reporter;
 use crate::quant::imatrix::Importance;
 
-use super::calibrated::{
-    expert_statistics_pass, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, ExpertStatistics,
-    PassResult,
-};
-use super::plan::Plan;
+use crate::plan::calibration::{CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult};
+use crate::plan::Plan;
+
+use super::calibrated::{expert_statistics_pass, ExpertStatistics, PassResult};
 
 /// Runs the pass; returns the importance of every planned expert with enough tokens, and the layers' coverage.
 pub fn calibrate(

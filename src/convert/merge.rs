@@ -220,8 +220,9 @@ fn check_parts<'a>(parts: &'a BTreeMap<Part, Found>, dirs: &[PathBuf]) -> Result
             return Err(mismatch("recipe", detail));
         }
         if theirs.manifest.card != ours.manifest.card {
-            let flags =
-                |manifest: &crate::io::manifest::Manifest| crate::card::CardRecord::flags(manifest.card.as_ref());
+            let flags = |manifest: &crate::io::manifest::Manifest| {
+                crate::io::card_record::CardRecord::flags(manifest.card.as_ref())
+            };
             let detail = format!("{} vs {}", flags(&theirs.manifest), flags(&ours.manifest));
             return Err(mismatch("--base-model or --tp", detail));
         }

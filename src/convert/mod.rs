@@ -5,17 +5,12 @@ pub mod activation_pass;
 pub mod calibrated;
 pub mod engine_check;
 pub mod execute;
-pub mod expert_spill;
 pub mod gptq_pass;
 pub mod imatrix_pass;
 pub mod merge;
 pub mod output_files;
 pub mod output_folder;
 pub mod parts;
-pub mod plan;
 pub mod quant_config;
-pub mod source;
-pub mod transform;
 
 pub use execute::{quantize, QuantizeOptions, QuantizeReport};
-pub use plan::{Action, Plan, PlanError};

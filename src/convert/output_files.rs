@@ -12,7 +12,7 @@ use crate::io::atomic::{temporary_sibling, write_json};
 use crate::io::checkpoint::{CONFIG_FILE, INDEX_FILE};
 use crate::io::{Checkpoint, IoError};
 
-use super::plan::Plan;
+use crate::plan::Plan;
 
 /// Writes `model.safetensors.index.json` for the plan.
 pub fn write_index(out: &Path, plan: &Plan) -> Result<(), IoError> {

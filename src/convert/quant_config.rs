@@ -12,7 +12,7 @@ use crate::model::tensor_class::{is_routed_expert, layer_index};
 use crate::model::TensorClass;
 use crate::recipe::{Recipe, Scheme};
 
-use super::plan::{Action, Plan};
+use crate::plan::{Action, Plan};
 
 /// Builds `quantization_config` for a plan. INT4 goes in `group_0` (targets `Linear`, Kimi's layout); with
 /// `unselected = "fp8-block"` the kept FP8 modules form `group_1` (`float-quantized`, block 128×128) and the INT4

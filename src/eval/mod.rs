@@ -13,7 +13,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::arch::Model;
-use crate::chunks::{load_sequences, ChunkError, EvalInput, Fit};
+use crate::chunks::{load_sequences, EvalInput, Fit};
+use crate::job_error::JobError;
 use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::backend::Uploads;
@@ -85,24 +86,8 @@ pub struct EvalReport {
     pub warnings: Vec<String>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum EvalError {
-    #[error(transparent)]
-    Runtime(#[from] RuntimeError),
-    #[error(transparent)]
-    Chunks(#[from] ChunkError),
-    #[error(transparent)]
-    Io(#[from] crate::io::IoError),
-    #[error("{0}")]
-    Input(String),
-}
-
 /// Runs the evaluation.
-pub fn evaluate(
-    options: &EvalOptions,
-    backend: &dyn Backend,
-    reporter: &dyn Reporter,
-) -> Result<EvalReport, EvalError> {
+pub fn evaluate(options: &EvalOptions, backend: &dyn Backend, reporter: &dyn Reporter) -> Result<EvalReport, JobError> {
     evaluate_with_drafts(options, backend, reporter).map(|(report, _)| report)
 }
 
@@ -111,7 +96,7 @@ pub fn evaluate_with_drafts(
     options: &EvalOptions,
     backend: &dyn Backend,
     reporter: &dyn Reporter,
-) -> Result<(EvalReport, Option<mtp::DraftStats>), EvalError> {
+) -> Result<(EvalReport, Option<mtp::DraftStats>), JobError> {
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let vocab = model.config().vocab_size;
@@ -211,7 +196,7 @@ fn nonfinite_logit(
     sequence: &[u32],
     index: usize,
     position: usize,
-) -> EvalError {
+) -> JobError {
     let source = match model.locate_nonfinite(backend, sequence) {
         Ok(Some(source)) => format!("the first non-finite value is {source}"),
         Ok(None) => {
@@ -219,7 +204,7 @@ fn nonfinite_logit(
         }
         Err(error) => format!("replaying the chunk to find its source failed: {error}"),
     };
-    EvalError::Input(format!(
+    JobError::Input(format!(
         "{}: chunk {index} produced a non-finite logit (token position {position}): {source}",
         options.model.display()
     ))

@@ -11,19 +11,21 @@ use serde_json::{json, Value};
 
 use super::mtp::{report_of, DraftParity, DraftStats};
 use super::parity::{
-    summarize, Gates, KvScalesUsed, LayerSums, Mode, ModeStats, ParityReport, ParityStats, Summaries, TokenSamples,
+    summarize, KvScalesUsed, LayerSums, ModeStats, ParityReport, ParityStats, Summaries, TokenSamples,
 };
-use super::{EvalError, EvalReport, NllStats};
+use super::{EvalReport, NllStats};
 use crate::io::stats_file::StatsFile;
 use crate::io::IoError;
+use crate::job_error::JobError;
+use crate::parity::{Gates, Mode};
 use crate::part::{check_parts, PartEntry, PartIdentity as Identity, PartsError};
 
 /// The chunks a part scores, and their range.
 pub fn select(
     all: &[Vec<u32>],
     part: Option<crate::part::Part>,
-) -> Result<(Vec<Vec<u32>>, std::ops::Range<usize>), EvalError> {
-    crate::part::select(all, part).map_err(EvalError::Input)
+) -> Result<(Vec<Vec<u32>>, std::ops::Range<usize>), JobError> {
+    crate::part::select(all, part).map_err(JobError::Input)
 }
 
 /// The fields of a one-model report that are not statistics (part 1's are kept; times are summed).
@@ -198,7 +200,7 @@ pub enum MergeEvalError {
     #[error(transparent)]
     Io(#[from] IoError),
     #[error(transparent)]
-    Eval(#[from] EvalError),
+    Eval(#[from] JobError),
     #[error(transparent)]
     Parts(#[from] PartsError),
     #[error("{}: {problem}; the files were not written by `squeeze eval --save-stats`", path.display())]

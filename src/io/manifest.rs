@@ -25,9 +25,9 @@ pub struct Manifest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_coverage: Option<serde_json::Value>,
     /// What the model card (`README.md`) is rendered from besides the rest of this manifest: `--base-model`,
-    /// `--tp`, the calibration data, accuracy results ([`crate::card::record`]); absent when there is none.
+    /// `--tp`, the calibration data, accuracy results ([`super::card_record`]); absent when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub card: Option<crate::card::CardRecord>,
+    pub card: Option<super::card_record::CardRecord>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

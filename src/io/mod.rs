@@ -2,6 +2,7 @@
 //! atomic small-file writes; the conversion manifest; Hugging Face repo ids resolved in the local hub cache.
 
 pub mod atomic;
+pub mod card_record;
 pub mod checkpoint;
 pub mod composite;
 pub mod direct_file;

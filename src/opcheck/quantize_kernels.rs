@@ -311,20 +311,26 @@ pub fn fp8_block_dequant(device: &dyn Device, rng: &mut Rng) -> Result<Vec<Selft
     Ok(rows_out)
 }
 
+/// What one INT4 comparison quantized, and how.
+#[derive(Clone, Copy)]
+struct Int4Input<'a> {
+    weights: &'a [f32],
+    group_size: usize,
+    rule: ScaleRule,
+}
+
 /// The row of one INT4 comparison. `exact` (the emulated device, whose `mse` |x|^2.4 and lane-ordered sums are the
 /// CPU's operations in the CPU's order): every rule bit-identical; on a GPU an `mse` group may differ by a tie
 /// within [`MSE_TIE_TOLERANCE`].
-#[allow(clippy::too_many_arguments)]
 fn int4_row(
     op: String,
     shape: String,
-    weights: &[f32],
-    group_size: usize,
-    rule: ScaleRule,
+    input: Int4Input,
     got: &Int4Output,
     want: &Int4Output,
     exact: bool,
 ) -> SelftestRow {
+    let Int4Input { weights, group_size, rule } = input;
     let same_length = got.packed.len() == want.packed.len() && got.scales.len() == want.scales.len();
     if !same_length {
         return row(op, shape, f64::INFINITY, want.scales.len(), false, "output length differs".into());
@@ -369,7 +375,8 @@ pub fn int4_quantize_fp8(device: &dyn Device, rng: &mut Rng, exact: bool) -> Res
             };
             let want = quantize_cpu(&weights, columns, group_size, rule);
             let op = format!("int4_quantize_fp8 {rule} g{group_size}");
-            rows_out.push(int4_row(op, case.shape(), &weights, group_size, rule, &got, &want, exact));
+            let input = Int4Input { weights: &weights, group_size, rule };
+            rows_out.push(int4_row(op, case.shape(), input, &got, &want, exact));
         }
     }
     Ok(rows_out)
@@ -426,7 +433,8 @@ pub fn int4_quantize_f32(device: &dyn Device, rng: &mut Rng, exact: bool) -> Res
             let got = quantize_int4(device, &source, &settings(group_size, rule, search))?;
             let want = quantize_cpu(values, columns, group_size, rule);
             let op = format!("int4_quantize_f32 {rule} g{group_size}");
-            rows_out.push(int4_row(op, format!("{rows}x{columns}"), values, group_size, rule, &got, &want, exact));
+            let input = Int4Input { weights: values, group_size, rule };
+            rows_out.push(int4_row(op, format!("{rows}x{columns}"), input, &got, &want, exact));
         }
     }
     Ok(rows_out)

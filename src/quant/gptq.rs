@@ -170,7 +170,7 @@ pub fn quantize_factored(
 ) -> Result<Quantized, GptqError> {
     check_shapes(weights, rows, columns, factor.columns, group)?;
     let scales = vec![bf16::ZERO; rows * (columns / group)];
-    Ok(run(weights, rows, columns, &factor.upper, group, GroupScales::Chosen(rule), scales, block))
+    Ok(run(weights, rows, Columns::new(&factor.upper, columns, group, GroupScales::Chosen(rule), block), scales))
 }
 
 /// Quantizes `weights` with GPTQ against `hessian` using the given scales (`[rows, columns / group]`, codes in
@@ -191,7 +191,8 @@ pub fn quantize_with_scales(
         return Err(GptqError::Scales { rows, groups, got: scales.len() });
     }
     let factor = inverse_factor(hessian, settings.damping)?;
-    Ok(run(weights, rows, columns, &factor, group, GroupScales::Fixed, scales.to_vec(), settings.block))
+    let columns_of = Columns::new(&factor, columns, group, GroupScales::Fixed, settings.block);
+    Ok(run(weights, rows, columns_of, scales.to_vec()))
 }
 
 /// Where the scale of each group comes from.
@@ -222,19 +223,10 @@ fn check_shapes(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run(
-    weights: &[f32],
-    rows: usize,
-    columns: usize,
-    factor: &[f64],
-    group: usize,
-    source: GroupScales,
-    mut scales: Vec<bf16>,
-    block: usize,
-) -> Quantized {
-    let block = block.max(1);
-    let columns_of = Columns { factor, columns, group, source, sub: gcd(gcd(group, block), SUB_BLOCK) };
+/// GPTQ over `weights` (row-major `[rows, columns_of.columns]`) into codes and `scales` (`[rows, groups]`: filled
+/// as chosen, or already holding the fixed ones), block by block.
+fn run(weights: &[f32], rows: usize, columns_of: Columns, mut scales: Vec<bf16>) -> Quantized {
+    let Columns { factor, columns, group, block, .. } = columns_of;
     let groups = columns / group;
     let mut codes = vec![0i8; rows * columns];
     let mut w: Vec<f64> = weights.par_iter().map(|&v| v as f64).collect();
@@ -258,14 +250,23 @@ fn run(
 }
 
 /// What every row's column loop shares: `factor` is the upper Cholesky factor `U` of `H⁻¹` (`H⁻¹ = Uᵀ U`), row-major
-/// `[columns, columns]`; group starts are sub-block starts (`sub` divides the group and the block), so every group
-/// sees the feedback of all the columns before it.
+/// `[columns, columns]`; the columns are quantized `block` at a time; group starts are sub-block starts (`sub`
+/// divides the group and the block), so every group sees the feedback of all the columns before it.
 struct Columns<'a> {
     factor: &'a [f64],
     columns: usize,
     group: usize,
     source: GroupScales,
+    block: usize,
     sub: usize,
+}
+
+impl<'a> Columns<'a> {
+    /// `block` is at least 1.
+    fn new(factor: &'a [f64], columns: usize, group: usize, source: GroupScales, block: usize) -> Self {
+        let block = block.max(1);
+        Self { factor, columns, group, source, block, sub: gcd(gcd(group, block), SUB_BLOCK) }
+    }
 }
 
 impl Columns<'_> {

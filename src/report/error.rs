@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use super::budget::LayoutError;
-use crate::convert::execute::ConvertError;
-use crate::convert::PlanError;
 use crate::io::IoError;
 use crate::model::ConfigError;
+use crate::plan::prepare::PrepareError;
+use crate::plan::PlanError;
 use crate::recipe::RecipeError;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,7 @@ pub enum ReportError {
     #[error(transparent)]
     Io(#[from] IoError),
     #[error(transparent)]
-    Convert(#[from] ConvertError),
+    Prepare(#[from] PrepareError),
     #[error(transparent)]
     Recipe(#[from] RecipeError),
     #[error(transparent)]
@@ -35,7 +35,7 @@ pub enum ReportError {
     DoesNotFit(String),
     /// `--group-size` on a folder that is already INT4: no conversion, so no other group (quantize's refusal).
     #[error("--group-size {group}: {source}")]
-    GroupSizeOnInt4 { group: usize, source: ConvertError },
+    GroupSizeOnInt4 { group: usize, source: PrepareError },
     /// A quantized module whose tensors disagree: the folder cannot be loaded, so its sizes and budget say nothing.
     #[error(
         "{}: malformed checkpoint: {}{}; it cannot be loaded as it is: check it with `squeeze verify {}` and rewrite it",

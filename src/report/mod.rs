@@ -21,12 +21,11 @@ pub use kv::KvPerToken;
 pub use requantization::Requantization;
 pub use size::Sizes;
 
-use crate::convert::execute::prepare;
-use crate::convert::plan;
-use crate::convert::{Action, Plan};
 use crate::format::fp8_block;
 use crate::format::kv_scales::KvDtype;
 use crate::model::ModelConfig;
+use crate::plan::prepare::{check_int4_source, prepare};
+use crate::plan::{self, Action, Plan};
 use crate::quant::ScaleRule;
 use crate::recipe::Recipe;
 use crate::units::both_units;
@@ -125,7 +124,7 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
             )?;
             if let Some(group) = options.group_size {
                 // A folder already INT4 is reported as stored: quantize refuses it, so no other group size exists.
-                crate::convert::execute::check_int4_source(&prepared.plan, &prepared.recipe, &dir)
+                check_int4_source(&prepared.plan, &prepared.recipe, &dir)
                     .map_err(|source| ReportError::GroupSizeOnInt4 { group, source })?;
             }
             if prepared.config.is_none() {

@@ -6,13 +6,12 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::convert::execute::Prepared;
-use crate::convert::plan::PlannedItem;
-use crate::convert::transform::{transform, Compute};
-use crate::convert::Action;
 use crate::format::compressed_tensors::{Fp4Module, Int4Module};
 use crate::format::fp8_block::{RowReader, SourceKind};
 use crate::io::IoError;
+use crate::plan::prepare::Prepared;
+use crate::plan::transform::{transform, Compute};
+use crate::plan::{Action, PlannedItem};
 
 /// Tensors converted for the estimate, spread evenly over the requantized ones.
 pub const SAMPLE: usize = 8;

@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::convert::plan::{Action, Plan, PlannedItem};
 use crate::format::fp8_block::SourceKind;
 use crate::model::tensor_class::is_routed_expert;
 use crate::model::TensorClass;
+use crate::plan::{Action, Plan, PlannedItem};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -128,9 +128,9 @@ pub fn from_plan(plan: &Plan, source_file_bytes: Option<u64>) -> Sizes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::plan;
     use crate::format::fp8_block;
     use crate::model::ModelConfig;
+    use crate::plan;
     use crate::recipe::Recipe;
 
     fn sizes(preset: &str, recipe: &str) -> Sizes {

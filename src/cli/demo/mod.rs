@@ -19,6 +19,8 @@ use stages::{Folders, Weights};
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Run on random weights of this architecture instead of the trained model.
+    ///
     /// Run on random weights of this architecture instead of the trained model: kimi-k2, kimi-k2.6, glm5, glm5.2 or
     /// glm45 (the machinery only: gates fail and the decoded text is garbage, as expected of random weights).
     /// kimi-k2.6 ships INT4 already: quantize is skipped and the candidate is the same weights with an FP8 KV cache.

@@ -1,11 +1,12 @@
 //! The demo's human output: one or two lines per stage, then the commands to run on a real checkpoint.
 
-use crate::engines::ScaleUse;
+use crate::engines::kv_scales::ScaleUse;
 use std::path::Path;
 
 use crate::calib::CalibReport;
-use crate::eval::parity::{Mode, ParityReport};
+use crate::eval::parity::ParityReport;
 use crate::inspect::InspectReport;
+use crate::parity::Mode;
 use crate::report::Report;
 use crate::synth::SynthArch;
 use crate::units::human;

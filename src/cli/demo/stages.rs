@@ -11,9 +11,11 @@ use crate::convert::execute::ConvertError;
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
 use crate::demo_model::{write_checkpoint, Unpacked};
 use crate::engines::Engine;
-use crate::eval::parity::{evaluate_parity, Gates, KvScaleChoice, Mode, ParityOptions, ParityReport};
+use crate::eval::parity::{evaluate_parity, KvScaleChoice, ParityOptions, ParityReport};
 use crate::eval::{evaluate, EvalOptions, EvalReport};
 use crate::inspect::{inspect, InspectReport};
+use crate::parity::{Gates, Mode};
+use crate::plan::prepare::PrepareError;
 use crate::progress::Silent;
 use crate::report::Report;
 use crate::runtime::kv_cache::KvDtype;
@@ -131,7 +133,7 @@ pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<Quantized
     };
     match quantize(&options, &Silent) {
         Ok(report) => Ok(Quantized::Converted(Box::new(report))),
-        Err(ConvertError::AlreadyInt4 { modules, group_size, .. }) => {
+        Err(ConvertError::Prepare(PrepareError::AlreadyInt4 { modules, group_size, .. })) => {
             let (files, bytes) = copy_files(source, output)?;
             Ok(Quantized::Shipped { already_int4: ShippedInt4 { modules, group_size, files, bytes } })
         }

@@ -24,15 +24,16 @@ use std::time::Instant;
 
 use serde_json::Map;
 
-use super::EvalError;
 use crate::arch::{
     embed, head_name, run_layers, ExpertTimes, KvFp8, KvSource, KvTap, LayerContext, LayerState, LayerStep, LayerTap,
     Model,
 };
 use crate::chunks::{load_sequences, Fit};
-use crate::engines::{kv_scale_handling, CacheLayout, ScaleUse, DYNAMIC_TILE};
+use crate::engines::kv_scales::{kv_scale_handling, CacheLayout, ScaleUse, DYNAMIC_TILE};
 use crate::format::kv_scales::{KvLayout, KvScales};
+use crate::job_error::JobError;
 use crate::model::config::Attention;
+use crate::parity::{Gates, Mode};
 use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::matrix::Matrix;
@@ -73,7 +74,7 @@ pub fn evaluate_parity(
     options: &ParityOptions,
     backend: &dyn Backend,
     reporter: &dyn Reporter,
-) -> Result<ParityReport, EvalError> {
+) -> Result<ParityReport, JobError> {
     let started = Instant::now();
     let (reference, candidate) = open_models(options)?;
     let config = reference.config();
@@ -125,7 +126,7 @@ pub fn evaluate_parity(
     let mut draft_samples = None;
     let mtp = match options.max_mtp_drop {
         Some(max_drop) => {
-            let drafts = |model: &PathBuf| -> Result<(super::mtp::DraftReport, super::mtp::DraftStats), EvalError> {
+            let drafts = |model: &PathBuf| -> Result<(super::mtp::DraftReport, super::mtp::DraftStats), JobError> {
                 let eval = super::EvalOptions {
                     model: model.clone(),
                     input: options.input.clone(),
@@ -137,7 +138,7 @@ pub fn evaluate_parity(
                     mtp_depth: options.mtp_depth,
                     allow_long_context: options.allow_long_context,
                 };
-                let no_drafts = || EvalError::Input(format!("{}: the --mtp eval reported no drafts", model.display()));
+                let no_drafts = || JobError::Input(format!("{}: the --mtp eval reported no drafts", model.display()));
                 let (report, samples) = super::evaluate_with_drafts(&eval, backend, reporter)?;
                 Ok((report.mtp.ok_or_else(no_drafts)?, samples.ok_or_else(no_drafts)?))
             };
@@ -185,7 +186,7 @@ pub fn evaluate_parity(
 }
 
 /// Opens REF and CAND, refusing a candidate that is not a quantization of the reference.
-fn open_models(options: &ParityOptions) -> Result<(Model, Model), EvalError> {
+fn open_models(options: &ParityOptions) -> Result<(Model, Model), JobError> {
     let reference = Model::open(&options.reference)?;
     let candidate = Model::open(&options.candidate)?;
     let config = reference.config();
@@ -193,7 +194,7 @@ fn open_models(options: &ParityOptions) -> Result<(Model, Model), EvalError> {
     if (config.hidden_size, config.num_hidden_layers, config.vocab_size, config.architecture.name())
         != (other.hidden_size, other.num_hidden_layers, other.vocab_size, other.architecture.name())
     {
-        return Err(EvalError::Input(format!(
+        return Err(JobError::Input(format!(
             "{} and {} are different models (architecture, hidden size, layers or vocabulary differ); the candidate must be a quantization of the reference",
             options.reference.display(),
             options.candidate.display()
@@ -235,14 +236,14 @@ impl<'a> Pass<'a> {
 
     /// One stream per mode, the reference first (it is what every mode is compared with, so it always runs), each
     /// starting from its weights' embeddings.
-    fn embed(&self, modes: &[Mode], sequences: &[Vec<u32>], backend: &dyn Backend) -> Result<Vec<Stream>, EvalError> {
+    fn embed(&self, modes: &[Mode], sequences: &[Vec<u32>], backend: &dyn Backend) -> Result<Vec<Stream>, JobError> {
         let ids: Vec<u32> = sequences.concat();
         let ref_embedded = embed(&self.ref_reader, self.reference.config(), &ids)?;
         let cand_embedded =
             if self.needs_candidate { embed(&self.cand_reader, self.candidate.config(), &ids)? } else { Vec::new() };
         let width = self.reference.config().hidden_size;
         let streams = std::iter::once(Mode::Reference).chain(modes.iter().copied().filter(|&m| m != Mode::Reference));
-        let stream = |mode: Mode| -> Result<Stream, EvalError> {
+        let stream = |mode: Mode| -> Result<Stream, JobError> {
             let embedded = if matches!(mode, Mode::Weights | Mode::Split) { &cand_embedded } else { &ref_embedded };
             Ok(Stream {
                 mode,
@@ -263,7 +264,7 @@ impl<'a> Pass<'a> {
         kv_fp8: &KvMode,
         backend: &dyn Backend,
         reporter: &dyn Reporter,
-    ) -> Result<(), EvalError> {
+    ) -> Result<(), JobError> {
         let (config, other) = (self.reference.config(), self.candidate.config());
         let (table, mla_scale) = (&self.table, self.mla_scale);
         let ref_context = LayerContext { backend, reader: &self.ref_reader, config, table, mla_scale };
@@ -362,7 +363,7 @@ impl<'a> Pass<'a> {
         streams: &[Stream],
         sequences: &[Vec<u32>],
         backend: &dyn Backend,
-    ) -> Result<Vec<TokenSamples>, EvalError> {
+    ) -> Result<Vec<TokenSamples>, JobError> {
         let (config, other) = (self.reference.config(), self.candidate.config());
         let (width, vocab) = (config.hidden_size, config.vocab_size);
         let (ref_reader, cand_reader) = (&self.ref_reader, &self.cand_reader);
@@ -410,7 +411,7 @@ pub(crate) struct Summaries {
     pub failures: Vec<GateFailure>,
 }
 
-pub(crate) fn summarize(stats: &ParityStats, modes: &[Mode], gates: &Gates) -> Result<Summaries, EvalError> {
+pub(crate) fn summarize(stats: &ParityStats, modes: &[Mode], gates: &Gates) -> Result<Summaries, JobError> {
     let mut mode_reports = Vec::new();
     let mut json_modes = Map::new();
     let mut failures = Vec::new();
@@ -437,7 +438,7 @@ pub(crate) fn summarize(stats: &ParityStats, modes: &[Mode], gates: &Gates) -> R
         }
         json_modes.insert(
             stream.mode.name().into(),
-            serde_json::to_value(&report).map_err(|e| EvalError::Input(e.to_string()))?,
+            serde_json::to_value(&report).map_err(|e| JobError::Input(e.to_string()))?,
         );
         mode_reports.push((stream.mode, report));
     }
@@ -461,7 +462,7 @@ impl KvMode {
 }
 
 /// Resolves `--kv-scales` (and `--engine`) against the candidate's cache layout.
-fn resolve_kv_scales(options: &ParityOptions, candidate: &Model) -> Result<(KvMode, KvScalesUsed), EvalError> {
+fn resolve_kv_scales(options: &ParityOptions, candidate: &Model) -> Result<(KvMode, KvScalesUsed), JobError> {
     let config = candidate.config();
     let layout = CacheLayout::of(config);
     let handling = kv_scale_handling(options.engine, layout);
@@ -478,7 +479,7 @@ fn resolve_kv_scales(options: &ParityOptions, candidate: &Model) -> Result<(KvMo
         ScaleUse::DynamicTiles => match &config.attention {
             Attention::Mla { kv_lora_rank, .. } => KvMode::DynamicTiles { latent: *kv_lora_rank },
             Attention::Gqa { .. } => {
-                return Err(EvalError::Input("dynamic-tile FP8 caches exist only for MLA models".into()))
+                return Err(JobError::Input("dynamic-tile FP8 caches exist only for MLA models".into()))
             }
         },
     };

@@ -3,7 +3,8 @@
 
 use std::fmt::Write;
 
-use super::{Mode, ParityReport};
+use super::ParityReport;
+use crate::parity::Mode;
 
 const WIDTH: f64 = 960.0;
 const HEIGHT: f64 = 420.0;

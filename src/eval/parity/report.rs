@@ -7,46 +7,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Map;
 
 use crate::chunks::EvalInput;
-use crate::engines::{CacheLayout, Engine, ScaleUse};
+use crate::engines::kv_scales::{CacheLayout, ScaleUse};
+use crate::engines::Engine;
+use crate::parity::{Gates, Mode};
 use crate::part::Part;
 
 use super::stats::{Summary, TokenSamples};
-
-/// An evaluation mode (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    Reference,
-    Kv,
-    Weights,
-    Split,
-}
-
-impl Mode {
-    pub const ALL: [Mode; 4] = [Mode::Reference, Mode::Kv, Mode::Weights, Mode::Split];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Reference => "reference",
-            Mode::Kv => "kv",
-            Mode::Weights => "weights",
-            Mode::Split => "split",
-        }
-    }
-
-    pub(super) fn fp8_kv(self) -> bool {
-        matches!(self, Mode::Kv | Mode::Split)
-    }
-}
-
-/// Pass/fail thresholds, applied to every mode but `reference`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Gates {
-    pub max_mean_kld: f64,
-    /// Percent.
-    pub min_same_top: f64,
-    pub max_ppl_ratio: f64,
-}
 
 /// Which scales the FP8-KV modes (`kv`, `split`) cache with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

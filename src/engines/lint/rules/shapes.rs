@@ -2,9 +2,9 @@
 //! `moe_intermediate_size`; shards that are not a multiple of max(64, group) make Marlin pad.
 
 use super::config::{group_size, GROUP_SIZES};
-use crate::lint::context::{Context, Stored};
-use crate::lint::engine::Engine;
-use crate::lint::report::{Finding, Outcome};
+use crate::engines::lint::context::{Context, Stored};
+use crate::engines::lint::report::{Finding, Outcome};
+use crate::engines::Engine;
 
 /// "use --group-size 64 or --tp 4": the settings that satisfy `fits(group, tp)`, nearest first; `otherwise`
 /// when none does.

@@ -2,11 +2,12 @@
 //! leftovers, and the KV-scale tensors' names, dtypes and values.
 
 use super::config::{group_size, kv_scale_names};
-use crate::engines::{kv_scale_handling, kv_scale_names as kv_scale_names_for, CacheLayout, Engine, ScaleUse};
+use crate::engines::kv_scales::{kv_scale_handling, kv_scale_names as kv_scale_names_for, CacheLayout, ScaleUse};
+use crate::engines::lint::context::{Context, Stored};
+use crate::engines::lint::output::Values;
+use crate::engines::lint::report::{Finding, Outcome};
+use crate::engines::Engine;
 use crate::io::dtype::Dtype;
-use crate::lint::context::{Context, Stored};
-use crate::lint::output::Values;
-use crate::lint::report::{Finding, Outcome};
 use crate::quant::pack::packed_columns;
 
 pub fn int4_tensors(context: &Context, engine: Engine) -> Outcome {

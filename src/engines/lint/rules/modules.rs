@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::engines::lint::context::{is_router, name_list, ConfigView, Context, Stored};
+use crate::engines::lint::report::{Finding, Outcome};
+use crate::engines::Engine;
 use crate::engines::SGLANG_NEXTN_EXPERTS;
-use crate::lint::context::{is_router, name_list, ConfigView, Context, Stored};
-use crate::lint::engine::Engine;
-use crate::lint::report::{Finding, Outcome};
 use crate::model::tensor_class::layer_index;
 
 const NOTHING_QUANTIZED: &str = "the output holds no INT4 modules and no config groups";

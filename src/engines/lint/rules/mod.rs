@@ -8,8 +8,8 @@ mod shapes;
 mod tensors;
 
 use super::context::Context;
-use super::engine::Engine;
 use super::report::Outcome;
+use crate::engines::Engine;
 
 /// One engine load rule.
 pub struct Rule {

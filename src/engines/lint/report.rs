@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::engine::Engine;
+use crate::engines::Engine;
 
 /// Most findings kept per rule; the rest are counted in `findings_omitted`.
 pub const MAX_FINDINGS: usize = 20;

@@ -4,12 +4,12 @@
 
 use serde_json::{json, Value};
 
+use crate::engines::lint::context::{Context, Stored};
+use crate::engines::lint::output::Values;
+use crate::engines::lint::report::{Finding, Outcome};
+use crate::engines::Engine;
 use crate::format::compressed_tensors::{fused_partner, Fp4Kind};
 use crate::io::dtype::Dtype;
-use crate::lint::context::{Context, Stored};
-use crate::lint::engine::Engine;
-use crate::lint::output::Values;
-use crate::lint::report::{Finding, Outcome};
 
 const NO_FP4: &str = "no FP4 modules (U8 weight_packed)";
 const REQUANTIZE: &str = "requantize the module with squeeze quantize";

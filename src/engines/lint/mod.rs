@@ -10,7 +10,9 @@ pub mod report;
 pub mod rules;
 pub mod written;
 
-pub use engine::{default_tp, Engine, EngineChoice};
+use super::Engine;
+
+pub use engine::default_tp;
 pub use fixes::{indexer_fixes, router_fixes, ConfigFix};
 pub use output::{OutputDescription, TensorFacts, Values};
 pub use report::{LintReport, RuleResult, Status};

@@ -3,8 +3,6 @@
 
 use serde_json::Value;
 
-pub use crate::engines::{Engine, EngineChoice};
-
 /// The tensor-parallel size deployments of the real releases use (8×H200 class).
 pub const REAL_SIZE_TP: usize = 8;
 
@@ -31,6 +29,7 @@ pub fn default_tp(config: &Value) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engines::{Engine, EngineChoice};
 
     #[test]
     fn real_sizes_default_to_tp_8_and_tiny_ones_to_1() {

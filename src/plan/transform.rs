@@ -12,8 +12,8 @@ use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{fp4, imatrix, int4, pack};
 use crate::runtime::device::Device;
 
-use super::calibrated::{Calibration, ExpertRule};
-use super::plan::{Action, PlannedItem};
+use super::calibration::{Calibration, ExpertRule};
+use super::{Action, PlannedItem};
 use crate::runtime::cuda::int4_quantize::{check_int4_shape, quantize_int4, Fp8Tensor, Int4Settings, Source};
 
 /// Rows handed to one rayon task (keeps scheduling overhead small on short rows).

@@ -3,10 +3,10 @@
 
 use serde_json::{json, Value};
 
+use crate::engines::lint::context::{name_list, Context, Stored};
+use crate::engines::lint::report::{Finding, Outcome, Status};
+use crate::engines::Engine;
 use crate::format::compressed_tensors::is_w4a8_activations;
-use crate::lint::context::{name_list, Context, Stored};
-use crate::lint::engine::Engine;
-use crate::lint::report::{Finding, Outcome, Status};
 
 const NOTHING_QUANTIZED: &str = "the output holds no INT4 modules and no config groups";
 
@@ -622,7 +622,7 @@ pub fn indexer_schedule(context: &Context, engine: Engine) -> Outcome {
     if engine == Engine::Sglang {
         return Outcome::passed(detail);
     }
-    let disagreements = crate::lint::indexer_schedule::vllm_disagreements(context.config, &full);
+    let disagreements = crate::engines::lint::indexer_schedule::vllm_disagreements(context.config, &full);
     if disagreements.is_empty() {
         return Outcome::passed(detail);
     }
@@ -640,7 +640,7 @@ pub fn indexer_schedule(context: &Context, engine: Engine) -> Outcome {
             ),
             format!(
                 "add \"index_topk_pattern\": \"{}\" to config.json (squeeze quantize adds it)",
-                crate::lint::indexer_schedule::pattern(&full)
+                crate::engines::lint::indexer_schedule::pattern(&full)
             ),
         )],
     )

@@ -1,0 +1,110 @@
+//! A source opened, validated and planned: what `quantize` runs and `report` sizes.
+
+use std::path::{Path, PathBuf};
+
+use crate::format::fp8_block::{self, SourceKind};
+use crate::io::checkpoint::CONFIG_FILE;
+use crate::io::{Checkpoint, IoError};
+use crate::model::{ConfigError, ModelConfig};
+use crate::quant::ScaleRule;
+use crate::recipe::{Recipe, RecipeError};
+
+use super::{source, Plan, PlanError, PlannedItem};
+
+/// What opening and planning a source can fail with (`convert::ConvertError::Prepare` in a conversion).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Recipe(#[from] RecipeError),
+    #[error("{}: {source}", path.display())]
+    Config { path: PathBuf, source: ConfigError },
+    /// No `config.json`, so no default recipe.
+    #[error("{}: {problem}", path.display())]
+    Output { path: PathBuf, problem: String },
+    #[error(
+        "{}: is already INT4 ({modules} compressed-tensors pack-quantized modules, group size {group}), as Moonshot \
+         ships Kimi K2.5/K2.6/K2.7, and the recipe would keep it INT4, so there is nothing to do: evaluate or serve \
+         it as it is with `squeeze eval`, `squeeze eval --reference DIR --candidate DIR` (BF16 vs FP8 KV), \
+         `squeeze calibrate-kv`, `squeeze serve-test`, and check it with `squeeze verify DIR --engine vllm`; to \
+         requantize it for Blackwell, AMD or Hopper prefill nodes pass --recipe kimi-k26-nvfp4, kimi-k26-mxfp4 or \
+         kimi-k26-w4a8",
+        path.display(),
+        group = group_size.map_or("unknown".to_string(), |g| g.to_string())
+    )]
+    AlreadyInt4 { path: PathBuf, modules: usize, group_size: Option<usize> },
+}
+
+/// A checkpoint opened and planned, ready to run or to report on.
+pub struct Prepared {
+    pub checkpoint: Checkpoint,
+    pub config: Option<ModelConfig>,
+    pub recipe: Recipe,
+    pub plan: Plan,
+}
+
+/// Opens the source, validates it (headers, scales, shapes against the config) and builds the plan.
+pub fn prepare(
+    input: &Path,
+    recipe: Option<&str>,
+    group_size: Option<usize>,
+    scale_rule: Option<ScaleRule>,
+    max_shard_bytes: u64,
+) -> Result<Prepared, PrepareError> {
+    let checkpoint = Checkpoint::open(input)?;
+    let config = match checkpoint.config() {
+        Some(json) => Some(
+            ModelConfig::from_json(json)
+                .map_err(|source| PrepareError::Config { path: input.join(CONFIG_FILE), source })?,
+        ),
+        None => None,
+    };
+    let recipe_name = match (recipe, &config) {
+        (Some(name), _) => name.to_string(),
+        (None, Some(config)) => config.architecture.default_recipe().to_string(),
+        (None, None) => {
+            return Err(PrepareError::Output {
+                path: input.join(CONFIG_FILE),
+                problem: "missing, so no default recipe can be chosen; pass --recipe NAME|PATH".into(),
+            })
+        }
+    };
+    let recipe = Recipe::load(&recipe_name)?.with_overrides(group_size, scale_rule)?;
+    let items = fp8_block::items_from_checkpoint(&checkpoint)?;
+    if let Some(config) = &config {
+        source::check_against_config(&checkpoint, config)?;
+    }
+    fp8_block::validate_scales(&checkpoint, &items)?;
+    let plan = super::build(items, &recipe, config.as_ref().map(|c| c.num_hidden_layers), max_shard_bytes)?;
+    Ok(Prepared { checkpoint, config, recipe, plan })
+}
+
+/// An INT4 source (Kimi K2.6) is requantized only into another format: NVFP4, MXFP4 or W4A8 (dequantized
+/// exactly, then quantized as an FP8 source is). A plan that keeps every INT4 module INT4 has nothing to do; one
+/// that keeps some would need two INT4 declarations the config cannot tell apart, so it is refused (`report`
+/// refuses a `--group-size` for a source kept INT4 the same way).
+pub fn check_int4_source(plan: &Plan, recipe: &Recipe, input: &Path) -> Result<(), PrepareError> {
+    let int4: Vec<&PlannedItem> =
+        plan.items.iter().filter(|item| matches!(item.source.kind, SourceKind::Int4 { .. })).collect();
+    let Some(kept) = int4.iter().find(|item| !item.requantizes_int4()) else { return Ok(()) };
+    if !int4.iter().any(|item| item.requantizes_int4()) {
+        let SourceKind::Int4 { group_size } = kept.source.kind else { unreachable!("filtered above") };
+        return Err(PrepareError::AlreadyInt4 {
+            path: input.to_path_buf(),
+            modules: int4.len(),
+            group_size: Some(group_size),
+        });
+    }
+    Err(PrepareError::Recipe(RecipeError::Invalid {
+        source_name: recipe.name().to_string(),
+        message: format!(
+            "requantizes some of the source's INT4 modules but keeps `{}` as {}; an output holds one 4-bit format \
+             for them, so select every INT4 module (the routed experts) with the same rule",
+            kept.module(),
+            kept.action.name()
+        ),
+    }))
+}
