@@ -107,21 +107,7 @@ impl GqaWeights {
         if let Some((q_norm, _)) = &self.qk_norm {
             backend.rms_norm(&mut q, head_dim, q_norm, config.rms_norm_eps as f32)?;
         }
-        for (start, length) in spans.iter() {
-            check_positions(table, length)?;
-            backend.rope(
-                &mut q,
-                &RopeCall {
-                    rows: start..start + length,
-                    first_position: 0,
-                    head_dim,
-                    offset: 0,
-                    rotary_dim: table.rotary_dim,
-                    table,
-                    style: RopeStyle::Half,
-                },
-            )?;
-        }
+        rotate_per_sequence(backend, &mut q, head_dim, spans, table)?;
         Ok(q)
     }
 
@@ -140,21 +126,7 @@ impl GqaWeights {
         if let Some((_, k_norm)) = &self.qk_norm {
             backend.rms_norm(&mut k, head_dim, k_norm, config.rms_norm_eps as f32)?;
         }
-        for (start, length) in spans.iter() {
-            check_positions(table, length)?;
-            backend.rope(
-                &mut k,
-                &RopeCall {
-                    rows: start..start + length,
-                    first_position: 0,
-                    head_dim,
-                    offset: 0,
-                    rotary_dim: table.rotary_dim,
-                    table,
-                    style: RopeStyle::Half,
-                },
-            )?;
-        }
+        rotate_per_sequence(backend, &mut k, head_dim, spans, table)?;
         Ok((k, v))
     }
 
@@ -229,4 +201,29 @@ impl GqaWeights {
     pub fn output(&self, backend: &dyn Backend, attended: &Tensor) -> Result<Tensor, RuntimeError> {
         backend.linear(attended, &self.o, None)
     }
+}
+
+/// RoPE (half-rotation style) on every head of `x` `[tokens, heads·head_dim]`, each sequence of `spans` from
+/// position 0.
+fn rotate_per_sequence(
+    backend: &dyn Backend,
+    x: &mut Tensor,
+    head_dim: usize,
+    spans: &Spans,
+    table: &RopeTable,
+) -> Result<(), RuntimeError> {
+    for (start, length) in spans.iter() {
+        check_positions(table, length)?;
+        let call = RopeCall {
+            rows: start..start + length,
+            first_position: 0,
+            head_dim,
+            offset: 0,
+            rotary_dim: table.rotary_dim,
+            table,
+            style: RopeStyle::Half,
+        };
+        backend.rope(x, &call)?;
+    }
+    Ok(())
 }
