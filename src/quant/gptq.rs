@@ -296,8 +296,9 @@ impl Columns<'_> {
             let sub_end = (sub_start + self.sub).min(block.end);
             for i in sub_start..sub_end {
                 let g = i / group;
-                for r in (0..rows).filter(|_| i.is_multiple_of(group)) {
-                    if let GroupScales::Chosen(rule) = self.source {
+                // A group's scales at its start; a block starting inside a group reads them back.
+                for r in (0..rows).filter(|_| i.is_multiple_of(group) || i == block.start) {
+                    if let (GroupScales::Chosen(rule), true) = (self.source, i.is_multiple_of(group)) {
                         // The group's scales from the weights as updated so far.
                         let updated = &w[r * columns + i..r * columns + i + group];
                         for (dst, &src) in scratch_group.iter_mut().zip(updated) {
@@ -461,9 +462,13 @@ mod tests {
             let settings = GptqSettings { block, ..GptqSettings::default() };
             quantize(&weights, rows, columns, &hessian, group, ScaleRule::CtMinmax, settings).unwrap()
         };
-        let (a, b) = (run(64), run(16));
-        let differing = a.codes.iter().zip(&b.codes).filter(|(x, y)| x != y).count();
-        assert!(differing <= rows * columns / 100, "{differing} codes differ between block sizes");
+        let a = run(64);
+        // 16: blocks of whole groups; 8: blocks inside groups, which read their group's scales back.
+        for b in [run(16), run(8)] {
+            let differing = a.codes.iter().zip(&b.codes).filter(|(x, y)| x != y).count();
+            assert!(differing <= rows * columns / 100, "{differing} codes differ between block sizes");
+            assert_eq!(a.scales.len(), b.scales.len());
+        }
     }
 
     #[test]
