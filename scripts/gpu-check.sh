@@ -16,7 +16,12 @@
 # left is skipped, each is cut at its own limit or the time left, and a failed step does not stop the later ones.
 # The summary at the end lists every step as passed, FAILED or skipped; exit status 0 = every step passed.
 #
-# Knobs: EXPERTS (72) and LAYERS (3) size the synthetic checkpoint of the end-to-end quantize (~8 GB FP8 at hidden
+# Knobs: STEPS (default "device selftest runtime layer_stream byte_identity end_to_end") names the steps to run;
+#        the diagnostic steps `profile` (Nsight Compute on the kernels furthest from their targets),
+#        `layer_marginal` (the layer-streamed eval at 3 and 8 layers: the cost of one more layer against its upload)
+#        and `h2d_floor` (PyTorch's pinned host-to-device copy at the sizes one layer's uploads come in) run only
+#        when named.
+#        EXPERTS (72) and LAYERS (3) size the synthetic checkpoint of the end-to-end quantize (~8 GB FP8 at hidden
 #        6144, expert width 2048); BENCH_ROWS (16384) sizes the kernel benchmark tensor [BENCH_ROWS, 6144].
 #        REHEARSE=1 runs every step on the emulated device (`--device emulated`, no benchmarks) at toy sizes, to
 #        check this script on a machine without a GPU (about a minute on 2 cores; `cargo test` runs it).
@@ -202,6 +207,79 @@ step_end_to_end() {
     done
 }
 
+# ---- diagnostic steps (run only when STEPS names them) ----
+
+# Nsight Compute on the kernels furthest from their targets in the self-test's benchmarks: the W4A16 matrix-vector
+# kernel (batch 1 and 2), the FP8 paged decode, and the split GEMM's activation split and product join. `--op no-such-op`
+# selects no correctness case, so only the benchmarks launch kernels.
+step_profile() {
+    if [[ $device != cuda ]]; then echo "profile: needs a GPU (rehearsal: skipped)"; return 0; fi
+    ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1 || true)"
+    [[ -n $ncu ]] || { echo "profile: ncu not found"; return 1; }
+    for kernel in "w4a16_linear 2" "paged_decode_partial 2" "split_bf16 1" "join_products_f32 1"; do
+        read -r name count <<<"$kernel"
+        echo "-- $name (first $count launches of the benchmarks)"
+        report="${OUT:-$work}/ncu-$name.txt" # the device tool brings $OUT back
+        "$ncu" --clock-control none --set detailed -k "regex:^${name}\$" -c "$count" \
+            "$binary" selftest --device cuda --op no-such-op --bench-rows 256 >"$report" 2>&1 || true
+        grep -E '^  [a-z_0-9]+\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|L1/TEX Hit|L2 Hit|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Waves Per SM|Mem Busy|Max Bandwidth|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|OPT|WRN|==ERROR==' \
+            "$report" | cut -c1-220 | head -90
+    done
+}
+
+# The layer-streamed eval at 3 and at 8 layers, same widths: the eval's fixed costs (embedding, lm_head, the first
+# layer's unoverlapped load) cancel, leaving one more layer's cost against the upload time of its weights.
+step_layer_marginal() {
+    for n in 3 8; do
+        "$binary" synth --arch glm5 "$work/glm5-$n" --hidden "$hidden" --moe-intermediate "$width" \
+            --experts "$stream_experts" --layers "$n" --shards 4 >/dev/null
+        "$binary" quantize "$work/glm5-$n" "$work/glm5-$n-int4" --device "$device" --force >/dev/null
+        rm -rf "${work:?}/glm5-$n"
+        "$binary" eval "$work/glm5-$n-int4" --data "$work/text.txt" --ctx "$ctx" --chunks "$chunks" \
+            --device "$device" --json >"$work/marginal-$n.json"
+        rm -rf "${work:?}/glm5-$n-int4"
+    done
+    python3 - "$work/marginal-3.json" "$work/marginal-8.json" <<'EOF'
+import json, sys
+a, b = (json.load(open(path)) for path in sys.argv[1:])
+layers = b["layers"] - a["layers"]
+def per(key, sub=None):
+    get = lambda r: (r.get(key) or {}).get(sub, 0.0) if sub else r[key]
+    return (get(b) - get(a)) / layers
+for r in (a, b):
+    up = r.get("uploads") or {}
+    print(f"{r['layers']} layers: {r['seconds']:.2f} s (compute {r['compute_seconds']:.2f}, waiting for weights "
+          f"{r['load_seconds']:.2f}), uploads {up.get('seconds', 0):.2f} s for {up.get('bytes', 0) / 1e6:.0f} MB")
+upload, nbytes = per("uploads", "seconds"), per("uploads", "bytes")
+print(f"one more layer: {per('seconds') * 1e3:.1f} ms (compute {per('compute_seconds') * 1e3:.1f}, waiting "
+      f"{per('load_seconds') * 1e3:.1f}); its uploads {upload * 1e3:.1f} ms for {nbytes / 1e6:.0f} MB "
+      f"({nbytes / max(upload, 1e-9) / 1e9:.1f} GB/s); ratio {per('seconds') / max(upload, 1e-9):.2f} (target <= 1.5)")
+EOF
+}
+
+# PyTorch's pinned host-to-device copy: the floor for the resident uploads, whole and at the sizes of one GLM-5
+# expert's packed matrices (3 MB) and scales (0.4 MB), each size timed over 1 GiB of copies.
+step_h2d_floor() {
+    if [[ $device != cuda ]]; then echo "h2d_floor: needs a GPU (rehearsal: skipped)"; return 0; fi
+    python3 - <<'EOF'
+import time, torch
+total = 1 << 30
+host = torch.empty(total, dtype=torch.uint8, pin_memory=True).random_(0, 255)
+dev = torch.empty(total, dtype=torch.uint8, device="cuda")
+for size in (total, 64 << 20, 3 << 20, 384 << 10):
+    for _ in range(2):
+        torch.cuda.synchronize(); t = time.perf_counter()
+        for start in range(0, total, size):
+            dev[start:start + size].copy_(host[start:start + size], non_blocking=True)
+        torch.cuda.synchronize(); s = time.perf_counter() - t
+    print(f"pinned h2d in pieces of {size / 1e6:8.2f} MB: {total / s / 1e9:6.1f} GB/s ({total // size} copies)")
+pageable = host.clone().numpy()
+torch.cuda.synchronize(); t = time.perf_counter()
+dev.copy_(torch.from_numpy(pageable)); torch.cuda.synchronize()
+print(f"pageable h2d 1 GiB: {total / (time.perf_counter() - t) / 1e9:.1f} GB/s")
+EOF
+}
+
 # ---- the runner ----
 
 names=() results=()
@@ -222,15 +300,15 @@ run_step() {
         *) results+=("FAILED (exit $status) after $((SECONDS - started)) s") ;;
     esac
     names+=("$name")
-    rm -rf "${work:?}"/rt "$work"/rt-int4 "$work"/glm5 "$work"/glm5-int4 "$work"/small* "$work"/in "$work"/out-*
+    rm -rf "${work:?}"/rt "$work"/rt-int4 "$work"/glm5* "$work"/small* "$work"/in "$work"/out-*
 }
 
-run_step device 30
-run_step selftest 300
-run_step runtime 90
-run_step layer_stream 150
-run_step byte_identity 60
-run_step end_to_end 240
+declare -A limits=([device]=30 [selftest]=300 [runtime]=90 [layer_stream]=150 [byte_identity]=60 [end_to_end]=240
+    [profile]=240 [layer_marginal]=200 [h2d_floor]=60)
+for step in ${STEPS:-device selftest runtime layer_stream byte_identity end_to_end}; do
+    [[ -n ${limits[$step]:-} ]] || { echo "gpu-check: unknown step '$step' (known: ${!limits[*]})" >&2; exit 2; }
+    run_step "$step" "${limits[$step]}"
+done
 
 printf '\n== summary (%d s of %d s, device %s)\n' "$SECONDS" "$budget" "$device"
 failed=0

@@ -46,7 +46,9 @@ pub struct ConversionEstimate {
     pub write_bytes_per_part: u64,
     pub read_seconds: f64,
     pub write_seconds: f64,
-    /// CPU compute (0 on a GPU, whose kernels are taken as faster than the disk: not yet measured).
+    /// CPU compute (0 on a GPU: on an H200 the INT4 kernel quantizes 482 GB/s of FP8, far above any disk; the
+    /// whole GPU quantize measured 1.28× read + write there, so reading and writing overlapped less than this
+    /// estimate assumes: BENCHMARKS.md, "GPU (H200): the first runs").
     pub compute_seconds: f64,
     /// The largest of the three: reading, computing and writing overlap.
     pub seconds_per_part: f64,

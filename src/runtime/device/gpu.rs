@@ -59,6 +59,24 @@ pub struct Gpu {
     blas: Result<Blas, String>,
 }
 
+/// Keeps memory freed to the device's default pool there instead of returning it to the driver at every
+/// synchronization (the pool's release threshold, 0 by default): the activations of each op and the weights of
+/// each streamed layer reuse it without a new mapping.
+fn keep_pool_memory(context: &CudaContext) -> Result<(), CudaError> {
+    // SAFETY: the device comes from a live context; the attribute's value is a u64 as the driver expects.
+    unsafe {
+        let pool =
+            result::device::get_default_mem_pool(context.cu_device()).map_err(driver("cuDeviceGetDefaultMemPool"))?;
+        let mut threshold = u64::MAX;
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .map_err(driver("cuMemPoolSetAttribute"))
+    }
+}
+
 impl Gpu {
     /// Probes, creates a context on device `ordinal` and loads the embedded kernels.
     pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
@@ -68,6 +86,14 @@ impl Gpu {
         }
         info.ordinal = ordinal;
         let context = CudaContext::new(ordinal).map_err(driver("cuCtxCreate"))?;
+        if !context.has_async_alloc() {
+            return Err(CudaError::NoDevice(format!(
+                "device {ordinal} ({}) has no stream-ordered memory pool (cuMemAllocAsync); squeeze needs CUDA 11.2+ \
+                 and a GPU that supports it",
+                info.name
+            )));
+        }
+        keep_pool_memory(&context)?;
         // Copies and launches are ordered explicitly (stream 0, resident uploads synchronized on stream 1).
         // SAFETY: no CudaSlice is shared across streams without an explicit synchronize in this module.
         unsafe { context.disable_event_tracking() };

@@ -1,8 +1,11 @@
 //! Resident uploads on the GPU: weights copied on the copy stream (stream 1) through two pinned staging buffers,
 //! so the layer loader thread moves the next layer while stream 0 runs the current one's kernels.
 //!
-//! The buffers are allocated with the synchronous `cuMemAlloc` (usable by any stream at once) and freed only after
-//! stream 0 has drained, so a kernel still reading an evicted weight is never left with freed memory.
+//! The buffers come from the device's stream-ordered memory pool (`cuMemAllocAsync` on the copy stream, complete
+//! once the upload has synchronized that stream) and go back to it with `cuMemFreeAsync` on stream 0: the memory is
+//! reused only after every kernel queued there before the free, so a kernel still reading an evicted weight is never
+//! left with freed memory, and dropping a layer's weights waits for nothing on the host. (The synchronous
+//! `cuMemAlloc`/`cuMemFree` pair cost about 0.5 s per GLM-5-shaped layer on an H200: each free waited for the GPU.)
 
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +18,7 @@ use super::{CudaError, DeviceBuffer};
 /// Bytes per staging buffer: large enough that each copy runs at full PCIe speed, small enough to double-buffer.
 const STAGING_BYTES: usize = 64 << 20;
 
-/// A device allocation made with `cuMemAlloc`.
+/// A device allocation from the stream-ordered pool.
 pub(super) struct Resident {
     pub pointer: sys::CUdeviceptr,
     compute: Arc<CudaStream>,
@@ -23,10 +26,10 @@ pub(super) struct Resident {
 
 impl Drop for Resident {
     fn drop(&mut self) {
-        // Kernels on the compute stream may still read this buffer; wait for them before freeing.
-        let _ = self.compute.synchronize();
-        // SAFETY: `pointer` came from cuMemAlloc and is freed once, here, with no kernel still using it.
-        let _ = unsafe { result::free_sync(self.pointer) };
+        let _ = self.compute.context().bind_to_thread();
+        // SAFETY: `pointer` came from cuMemAllocAsync and is freed once, here, ordered after every kernel already
+        // queued on the compute stream (the only stream that reads it).
+        let _ = unsafe { result::free_async(self.pointer, self.compute.cu_stream()) };
     }
 }
 
@@ -58,8 +61,11 @@ impl ResidentUploads {
 
 fn upload(uploads: &ResidentUploads, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
     let copy = &uploads.copy;
-    // SAFETY: plain allocation of at least one byte.
-    let pointer = unsafe { result::malloc_sync(bytes.len().max(1)) }.map_err(driver("cuMemAlloc"))?;
+    uploads.context.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+    // SAFETY: plain allocation of at least one byte, ordered on the copy stream before the copies into it; the
+    // stream is synchronized before the buffer is handed to the compute stream.
+    let pointer =
+        unsafe { result::malloc_async(copy.cu_stream(), bytes.len().max(1)) }.map_err(driver("cuMemAllocAsync"))?;
     let resident = Resident { pointer, compute: uploads.compute.clone() };
     let mut staging = uploads.staging.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if staging.is_none() {
