@@ -6,7 +6,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::{Mmap, UncheckedAdvice};
+use memmap2::{Advice, Mmap, UncheckedAdvice};
 use safetensors::SafeTensors;
 
 use super::dtype::{tensor_bytes, Dtype};
@@ -146,6 +146,15 @@ impl ShardFile {
     pub fn mapped(&self, name: &str) -> Option<MappedBytes> {
         let entry = self.tensors.get(name)?;
         Some(MappedBytes { map: self.map.clone(), start: entry.start, end: entry.end })
+    }
+
+    /// Asks the kernel to start reading the tensor's pages now, without waiting for them (`MADV_WILLNEED`).
+    pub fn will_need(&self, name: &str) {
+        if let Some(entry) = self.tensors.get(name) {
+            let page = 4096;
+            let start = entry.start / page * page;
+            let _ = self.map.advise_range(Advice::WillNeed, start, entry.end - start);
+        }
     }
 
     /// Tells the kernel the tensor's pages will not be needed again, so that streaming a checkpoint larger

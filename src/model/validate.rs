@@ -18,7 +18,11 @@ const SHOWN: usize = 5;
 /// The problems found, empty when the checkpoint matches the config.
 pub fn mismatches(checkpoint: &Checkpoint, config: &ModelConfig) -> Vec<String> {
     let mut problems = Vec::new();
-    for spec in tensor_specs(config) {
+    let specs = tensor_specs(config);
+    let shape_names: Vec<String> =
+        specs.iter().map(|spec| shape_name(spec.name.strip_suffix(".weight").unwrap_or(&spec.name))).collect();
+    checkpoint.will_need(shape_names.iter().map(String::as_str));
+    for spec in specs {
         if layer_of(&spec.name).is_some_and(|layer| layer >= config.num_hidden_layers) {
             continue; // MTP layers are carried, not run: vendors differ in what they hold.
         }
