@@ -12,7 +12,7 @@ use super::{print_json, Outcome};
 pub struct Args {
     /// Output folder of `squeeze quantize` or `squeeze merge`.
     ///
-    /// A folder `squeeze quantize` or `squeeze merge` wrote (not a Hugging Face cache snapshot, whose files other
+    /// Output folder `squeeze quantize` or `squeeze merge` wrote (not a Hugging Face cache snapshot, whose files other
     /// snapshots share). The card is rendered from its squeeze-manifest.json, config.json and README.source.md; a
     /// README.md that is not a squeeze card is moved to README.source.md when that is free (older squeeze
     /// versions copied the source's README there), else refused (exit 2).

@@ -156,9 +156,35 @@ pub fn run() -> i32 {
 fn parse() -> Cli {
     use clap::{CommandFactory, FromArgMatches};
     let command = Cli::command().mut_subcommands(|subcommand| {
-        subcommand.mut_args(|arg| if arg.get_action().takes_values() { arg.allow_negative_numbers(true) } else { arg })
+        subcommand.mut_args(|arg| {
+            let arg = without_restated_summary(arg);
+            if arg.get_action().takes_values() {
+                arg.allow_negative_numbers(true)
+            } else {
+                arg
+            }
+        })
     });
     Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit())
+}
+
+/// A flag's doc comment is a one-line summary (what `-h` prints) and, where there is more to say, the full text
+/// (what `--help` prints). clap's derive prints the two one after the other under `--help`; where the full text
+/// restates the summary (it starts with the summary's first two words) only the full text is kept there.
+fn without_restated_summary(arg: clap::Arg) -> clap::Arg {
+    fn opening(text: &str) -> Vec<&str> {
+        text.split_whitespace().take(2).map(|word| word.trim_matches(|c: char| !c.is_alphanumeric())).collect()
+    }
+    let (Some(summary), Some(long)) = (arg.get_help(), arg.get_long_help()) else { return arg };
+    let (summary, long) = (summary.to_string(), long.to_string());
+    let Some((first, full)) = long.split_once("\n\n") else { return arg };
+    let restated = first.trim_end_matches('.') == summary.trim_end_matches('.') && opening(first) == opening(full);
+    if restated {
+        let full = full.to_string();
+        arg.long_help(full)
+    } else {
+        arg
+    }
 }
 
 /// The runtime backend for `--device`, printing the CPU-fallback notice of `auto` to stderr.

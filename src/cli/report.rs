@@ -16,7 +16,7 @@ use super::{print_json, Outcome};
 pub struct Args {
     /// Model folder, config.json, preset (kimi-k2, glm-5, glm-4.5) or Hugging Face repo id.
     ///
-    /// A model folder (with or without weights), a config.json file, a preset (kimi-k2, glm-5, glm-4.5), or a
+    /// Model folder (with or without weights), a config.json file, a preset (kimi-k2, glm-5, glm-4.5), or a
     /// Hugging Face repo id (ORG/NAME[@REV]) in the local cache; in that order.
     #[arg(value_parser = super::values::report_model)]
     pub model: String,

@@ -13,7 +13,7 @@ use super::{print_json, Outcome};
 pub struct Args {
     /// Output of `squeeze quantize`: folder or Hugging Face repo id.
     ///
-    /// Output written by `squeeze quantize`: folder or Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
+    /// Output of `squeeze quantize`: folder or Hugging Face repo id (ORG/NAME[@REV]) in the local cache.
     #[arg(value_parser = super::values::model_dir)]
     pub output: PathBuf,
     /// Source to dequantize against, reporting per-tensor error.
