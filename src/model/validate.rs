@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use super::arch::tensor_specs;
+use super::tensors::tensor_specs;
 use super::ModelConfig;
 use crate::format::compressed_tensors::{packed_name, read_shape, shape_name};
 use crate::io::Checkpoint;
