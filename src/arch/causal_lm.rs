@@ -13,14 +13,14 @@ use super::mtp::MtpLayer;
 use super::mtp_chain::chained_drafts;
 use super::tap::KvSource;
 use crate::io::Checkpoint;
+use crate::load::layer_stream::LayerStream;
+use crate::load::open::open_checkpoint;
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
 use crate::runtime::backend::Backend;
-use crate::runtime::checkpoint::open_checkpoint;
-use crate::runtime::layer_stream::LayerStream;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::rope_setup;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans, Tensor};
 
 /// Receives each sequence's logits: `(sequence index, [len, vocab] logits)`.

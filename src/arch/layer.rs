@@ -7,15 +7,15 @@ use super::indexer::{DsaMasks, IndexQueries};
 use super::mla::MlaWeights;
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::tap::{KvSource, LayerTap};
+use crate::load::layer_stream::StreamedLayer;
+use crate::load::weights::WeightReader;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, KeySelection};
 use crate::runtime::kv_cache::{KeyChoice, PagedLayout};
-use crate::runtime::layer_stream::StreamedLayer;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
 enum AttentionWeights {

@@ -6,7 +6,7 @@
 //!
 //! # Layer-streamed execution and memory
 //! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
-//! through that layer, then the layer is dropped; a loader thread ([`crate::runtime::layer_stream`]) reads — and on
+//! through that layer, then the layer is dropped; a loader thread ([`crate::load::layer_stream`]) reads — and on
 //! a device uploads — layer `i + 1` while layer `i` computes ([`run_layers`]). Routed experts are streamed further:
 //! the experts hit by some token are read in batches of at most `EXPERT_BATCH_BYTES` (2 GiB, ~10 Kimi K2 experts; at
 //! least one expert), a loader thread reading batch `b + 1` while the backend applies batch `b`

@@ -9,12 +9,12 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::tap::{ExpertActivations, ExpertTap};
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::quant::fp4::engine_activation_global;
 use crate::runtime::backend::{Backend, ExpertInputs, RoutedExpert, RoutingShape};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::RuntimeError;
 
 pub struct DenseMlp {

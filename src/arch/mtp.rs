@@ -24,12 +24,12 @@ use super::head_name;
 use super::layer::{Layer, LayerContext, LayerState};
 use super::moe::ExpertTimes;
 use super::tap::KvSource;
+use crate::load::layer_stream::StreamedLayer;
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::runtime::backend::Backend;
-use crate::runtime::layer_stream::StreamedLayer;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
 /// The first MTP layer, loaded.

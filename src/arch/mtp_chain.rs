@@ -98,9 +98,9 @@ mod tests {
     use crate::arch::moe::ExpertTimes;
     use crate::arch::paged::PagedModel;
     use crate::arch::tap::KvSource;
-    use crate::runtime::checkpoint::open_checkpoint;
+    use crate::load::open::open_checkpoint;
+    use crate::load::weights::WeightReader;
     use crate::runtime::rope_table::rope_setup;
-    use crate::runtime::weights::WeightReader;
     use crate::runtime::{Backend, Cpu};
     use crate::synth::{synth, SynthArch, SynthOptions, SynthSize};
 

@@ -17,14 +17,14 @@ use super::mtp::MtpLayer;
 use super::{head_name, Layer};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
+use crate::load::layer_stream::StreamedLayer;
+use crate::load::open::open_checkpoint;
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{AttentionShape, Backend};
-use crate::runtime::checkpoint::open_checkpoint;
 use crate::runtime::kv_cache::{KvAt, KvPool, KvRows, PagedLayout, PagedStep, PoolError, RequestId};
-use crate::runtime::layer_stream::StreamedLayer;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{rope_setup, RopeTable};
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Tensor};
 
 /// One request's new token in a decode batch.

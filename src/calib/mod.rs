@@ -22,11 +22,11 @@ use crate::chunks::{load_sequences, EvalInput, Fit};
 use crate::engines::kv_scales::{kv_scale_handling, kv_scale_names, CacheLayout, KvScaleHandling};
 use crate::engines::Engine;
 use crate::job_error::JobError;
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::rope_table::rope_setup;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{Backend, Spans};
 
 /// Largest finite FP8 e4m3 magnitude.

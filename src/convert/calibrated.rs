@@ -12,6 +12,7 @@ use crate::arch::{
     embed, run_layers, ExpertActivations, ExpertTap, ExpertTimes, KvSource, Layer, LayerContext, LayerState, LayerTap,
     Model,
 };
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::plan::calibration::{
     routed_expert, Calibration, CalibrationError, CalibrationOptions, CalibrationSet, ExpertCoverage, ExpertResult,
@@ -20,7 +21,6 @@ use crate::plan::calibration::{
 use crate::plan::{Action, Plan};
 use crate::progress::Reporter;
 use crate::runtime::rope_table::rope_setup;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans, Tensor};
 
 /// Calibration chunks read at most (`--samples`).
