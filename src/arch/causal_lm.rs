@@ -11,6 +11,7 @@ use super::layer::{Layer, LayerContext, LayerState, Stage};
 use super::moe::ExpertTimes;
 use super::mtp::MtpLayer;
 use super::mtp_chain::chained_drafts;
+use super::rope::rope_setup;
 use super::tap::KvSource;
 use crate::io::Checkpoint;
 use crate::load::layer_stream::LayerStream;
@@ -20,7 +21,6 @@ use crate::model::ModelConfig;
 use crate::progress::Reporter;
 use crate::runtime::backend::Backend;
 use crate::runtime::matrix::Matrix;
-use crate::runtime::rope_table::rope_setup;
 use crate::runtime::{RuntimeError, Spans, Tensor};
 
 /// Receives each sequence's logits: `(sequence index, [len, vocab] logits)`.

@@ -35,6 +35,7 @@ pub mod moe;
 pub mod mtp;
 pub mod mtp_chain;
 pub mod paged;
+pub mod rope;
 pub mod tap;
 
 pub use causal_lm::{embed, head_name, run_layers, DraftSink, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};

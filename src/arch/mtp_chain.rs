@@ -97,10 +97,10 @@ mod tests {
     use crate::arch::layer::LayerState;
     use crate::arch::moe::ExpertTimes;
     use crate::arch::paged::PagedModel;
+    use crate::arch::rope::rope_setup;
     use crate::arch::tap::KvSource;
     use crate::load::open::open_checkpoint;
     use crate::load::weights::WeightReader;
-    use crate::runtime::rope_table::rope_setup;
     use crate::runtime::{Backend, Cpu};
     use crate::synth::{synth, SynthArch, SynthOptions, SynthSize};
 

@@ -14,6 +14,7 @@
 use std::path::Path;
 
 use super::mtp::MtpLayer;
+use super::rope::rope_setup;
 use super::{head_name, Layer};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
@@ -24,7 +25,7 @@ use crate::model::ModelConfig;
 use crate::runtime::backend::{AttentionShape, Backend};
 use crate::runtime::kv_cache::{KvAt, KvPool, KvRows, PagedLayout, PagedStep, PoolError, RequestId};
 use crate::runtime::matrix::Matrix;
-use crate::runtime::rope_table::{rope_setup, RopeTable};
+use crate::runtime::rope_table::RopeTable;
 use crate::runtime::{RuntimeError, Tensor};
 
 /// One request's new token in a decode batch.

@@ -15,6 +15,7 @@ use serde::Serialize;
 pub use observe::AbsStats;
 pub use write::{open_for_edit, write_scales, WrittenFiles, SCALES_FILE};
 
+use crate::arch::rope::rope_setup;
 use crate::arch::{
     embed, run_layers, CachedKv, ExpertTimes, KvSource, KvTap, LayerContext, LayerState, LayerTap, Model,
 };
@@ -26,7 +27,6 @@ use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::part::Part;
 use crate::progress::Reporter;
-use crate::runtime::rope_table::rope_setup;
 use crate::runtime::{Backend, Spans};
 
 /// Largest finite FP8 e4m3 magnitude.

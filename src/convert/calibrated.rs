@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::arch::mtp::MtpLayer;
+use crate::arch::rope::rope_setup;
 use crate::arch::{
     embed, run_layers, ExpertActivations, ExpertTap, ExpertTimes, KvSource, Layer, LayerContext, LayerState, LayerTap,
     Model,
@@ -20,7 +21,6 @@ use crate::plan::calibration::{
 };
 use crate::plan::{Action, Plan};
 use crate::progress::Reporter;
-use crate::runtime::rope_table::rope_setup;
 use crate::runtime::{RuntimeError, Spans, Tensor};
 
 /// Calibration chunks read at most (`--samples`).

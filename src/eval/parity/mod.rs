@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use serde_json::Map;
 
+use crate::arch::rope::rope_setup;
 use crate::arch::{
     embed, head_name, run_layers, ExpertTimes, KvFp8, KvSource, KvTap, LayerContext, LayerState, LayerStep, LayerTap,
     Model,
@@ -38,7 +39,7 @@ use crate::parity::{Gates, Mode};
 use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::matrix::Matrix;
-use crate::runtime::rope_table::{rope_setup, RopeTable};
+use crate::runtime::rope_table::RopeTable;
 use crate::runtime::{Backend, RuntimeError, Spans, Tensor};
 pub use report::*;
 pub use stats::{Summary, TokenSamples};
