@@ -39,6 +39,6 @@ pub mod rope;
 pub mod tap;
 
 pub use causal_lm::{embed, head_name, run_layers, DraftSink, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
-pub use layer::{Layer, LayerContext, LayerState};
+pub use layer::{Layer, LayerContext, LayerState, Residual};
 pub use moe::ExpertTimes;
 pub use tap::{CachedKv, ExpertActivations, ExpertObserver, ExpertTap, KvFp8, KvObserver, KvSource, KvTap, LayerTap};

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use super::mtp::MtpLayer;
 use super::rope::rope_setup;
-use super::{head_name, Layer};
+use super::{head_name, Layer, LayerContext};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
 use crate::load::layer_stream::StreamedLayer;
@@ -209,7 +209,14 @@ impl PagedModel {
             let (k, v) = keys_and_values(backend, &layout, &rows)?;
             let attended = backend.attention(&q, &k, &v, 0..count, &shape, selection.as_deref())?;
             let attended = layer.attention_values(backend, &self.config, attended)?;
-            layer.finish(backend, &reader, &self.config, &mut hidden, &attended)?;
+            let context = LayerContext {
+                backend,
+                reader: &reader,
+                config: &self.config,
+                table: &self.table,
+                mla_scale: self.mla_scale,
+            };
+            layer.finish(&context, &mut hidden, &attended)?;
             all_rows.push(rows);
             all_aux.push(aux);
         }
@@ -456,7 +463,9 @@ impl Stepping<'_> {
             step.keys = step.keys.take().map(|keys| backend.gather_rows(&keys, &kept)).transpose()?;
         }
         let attended = layer.attention_values(backend, self.config, attended)?;
-        layer.finish(backend, reader, self.config, &mut step.hidden, &attended)
+        let context =
+            LayerContext { backend, reader, config: self.config, table: self.table, mla_scale: self.mla_scale };
+        layer.finish(&context, &mut step.hidden, &attended)
     }
 }
 

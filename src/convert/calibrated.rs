@@ -11,7 +11,7 @@ use crate::arch::mtp::MtpLayer;
 use crate::arch::rope::rope_setup;
 use crate::arch::{
     embed, run_layers, ExpertActivations, ExpertTap, ExpertTimes, KvSource, Layer, LayerContext, LayerState, LayerTap,
-    Model,
+    Model, Residual,
 };
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
@@ -69,7 +69,8 @@ impl LayerRun<'_, '_> {
     /// Advances `hidden` through the layer, tapped.
     pub fn forward(&mut self, hidden: &mut Tensor, tap: Option<&mut LayerTap>) -> Result<(), RuntimeError> {
         let times = ExpertTimes::default();
-        self.layer.forward(self.context, hidden, self.spans, KvSource::Own, self.state, &times, tap)
+        let residual = Residual { hidden, spans: self.spans, state: self.state };
+        self.layer.forward(self.context, residual, KvSource::Own, &times, tap)
     }
 }
 

@@ -1,7 +1,7 @@
 //! `eval --mtp-depth K`'s chained drafts (`arch::mtp_chain`) against chains recomputed by the full-sequence MTP
 //! layer on synthetic models.
 
-use squeeze::arch::layer::{LayerContext, LayerState};
+use squeeze::arch::layer::{LayerContext, LayerState, Residual};
 use squeeze::arch::moe::ExpertTimes;
 use squeeze::arch::mtp::MtpLayer;
 use squeeze::arch::mtp_chain::{chain_starts, chained_drafts};
@@ -49,7 +49,8 @@ fn check(arch: SynthArch) {
             let mut hidden = input.unwrap();
             let mut state = LayerState::default();
             let (spans, times) = (Spans::new(&[rows]), ExpertTimes::default());
-            mtp.layer().forward(&context, &mut hidden, &spans, KvSource::Own, &mut state, &times, None).unwrap();
+            let residual = Residual { hidden: &mut hidden, spans: &spans, state: &mut state };
+            mtp.layer().forward(&context, residual, KvSource::Own, &times, None).unwrap();
             let last = (&Cpu as &dyn Backend).row_range(&hidden, rows - 1..rows).unwrap();
             let token = argmax(&mtp.head_logits(&Cpu, &config, &last).unwrap());
             drafted.push(token);
