@@ -143,9 +143,9 @@ impl Layer {
     /// passed through `tap` (with its routed experts recorded) when one is given.
     ///
     /// With [`KvSource::Split`] (split prefill/decode through this decode layer and `prefill`, teacher-forced) the
-    /// first `prompt[i]` rows of each sequence of the residual stream are replaced by `prefill_input` (the prefill node's
-    /// residual stream entering this layer); the cache of those rows is computed with `prefill`'s weights, and
-    /// only the remaining rows go through this layer's MLP.
+    /// first `prompt[i]` rows of each sequence of the residual stream are replaced by `prefill_input` (the prefill
+    /// node's residual stream entering this layer); the cache of those rows is computed with `prefill`'s weights,
+    /// and only the remaining rows go through this layer's MLP.
     pub fn forward(
         &self,
         context: &LayerContext,
