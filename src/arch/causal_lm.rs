@@ -7,20 +7,20 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::layer::{Layer, LayerContext, LayerState, Stage};
+use super::layer::{Layer, LayerContext, LayerState, Residual, Stage};
 use super::moe::ExpertTimes;
 use super::mtp::MtpLayer;
 use super::mtp_chain::chained_drafts;
+use super::rope::rope_setup;
 use super::tap::KvSource;
 use crate::io::Checkpoint;
+use crate::load::layer_stream::LayerStream;
+use crate::load::open::open_checkpoint;
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
 use crate::runtime::backend::Backend;
-use crate::runtime::checkpoint::open_checkpoint;
-use crate::runtime::layer_stream::LayerStream;
 use crate::runtime::matrix::Matrix;
-use crate::runtime::rope_table::rope_setup;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans, Tensor};
 
 /// Receives each sequence's logits: `(sequence index, [len, vocab] logits)`.
@@ -200,7 +200,8 @@ impl Model {
                 // Stops the replay: the first one is found.
                 Err(RuntimeError::Input(String::new()))
             };
-            step.layers[0].forward_probed(&context, &mut hidden, &spans, &mut state, &mut probe)
+            let residual = Residual { hidden: &mut hidden, spans: &spans, state: &mut state };
+            step.layers[0].forward_probed(&context, residual, &mut probe)
         });
         if found.is_some() {
             return Ok(found);
@@ -256,7 +257,8 @@ impl Model {
             // Only the wait counts as load time: the rest of the loading overlapped the previous layer's compute.
             let times = ExpertTimes::default();
             let computing = Instant::now();
-            step.layers[0].forward(&context, &mut hidden, &spans, KvSource::Own, &mut state, &times, None)?;
+            let residual = Residual { hidden: &mut hidden, spans: &spans, state: &mut state };
+            step.layers[0].forward(&context, residual, KvSource::Own, &times, None)?;
             let compute_wall = computing.elapsed().as_secs_f64();
             let (expert_load, expert_compute) =
                 (times.load_nanos.load(Ordering::Relaxed) as f64, times.compute_nanos.load(Ordering::Relaxed) as f64);

@@ -4,6 +4,7 @@
 
 use super::layer::LayerContext;
 use super::tap::{KvSource, KvTap};
+use crate::load::weights::WeightReader;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{AttentionShape, Backend, RopeCall, RopeStyle};
@@ -11,7 +12,6 @@ use crate::runtime::kv_cache::PagedLayout;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::Tensor;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
 pub struct GqaWeights {

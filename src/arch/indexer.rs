@@ -3,6 +3,7 @@
 //! full-sequence selection runs on the backend ([`Backend::indexer_top_k`]); the decode step scores one query
 //! against the cached indexer keys.
 
+use crate::load::weights::WeightReader;
 use crate::model::config::{Attention, Indexer};
 use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, IndexerShape, KeySelection, RopeCall, RopeStyle};
@@ -10,7 +11,6 @@ use crate::runtime::kv_cache::KeyChoice;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::Tensor;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
 /// transformers' indexer `k_norm` is `nn.LayerNorm(head_dim, eps=1e-6)`.

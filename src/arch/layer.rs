@@ -7,15 +7,15 @@ use super::indexer::{DsaMasks, IndexQueries};
 use super::mla::MlaWeights;
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::tap::{KvSource, LayerTap};
+use crate::load::layer_stream::StreamedLayer;
+use crate::load::weights::WeightReader;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, KeySelection};
 use crate::runtime::kv_cache::{KeyChoice, PagedLayout};
-use crate::runtime::layer_stream::StreamedLayer;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
 enum AttentionWeights {
@@ -99,6 +99,14 @@ pub enum Stage {
 /// Looks at a tensor of a probed forward; an error stops the forward.
 pub type Probe<'a> = dyn FnMut(Stage, &Tensor) -> Result<(), RuntimeError> + 'a;
 
+/// A batch of sequences as it passes through the layers: its residual stream `[tokens, hidden]` (advanced in place
+/// by each layer), where each sequence lies in it, and what it carries from one layer to the next.
+pub struct Residual<'a> {
+    pub hidden: &'a mut Tensor,
+    pub spans: &'a Spans,
+    pub state: &'a mut LayerState,
+}
+
 /// What a batch of sequences carries from one layer to the next besides its residual stream.
 #[derive(Default)]
 pub struct LayerState {
@@ -131,25 +139,22 @@ impl StreamedLayer for Layer {
 }
 
 impl Layer {
-    /// Advances `hidden` (`[tokens, hidden]`) through the layer, the attention's cached rows taken from `kv` and
+    /// Advances the batch's residual stream through the layer, the attention's cached rows taken from `kv` and
     /// passed through `tap` (with its routed experts recorded) when one is given.
     ///
     /// With [`KvSource::Split`] (split prefill/decode through this decode layer and `prefill`, teacher-forced) the
-    /// first `prompt[i]` rows of each sequence of `hidden` are replaced by `prefill_input` (the prefill node's
-    /// residual stream entering this layer); the cache of those rows is computed with `prefill`'s weights, and
-    /// only the remaining rows go through this layer's MLP.
-    #[allow(clippy::too_many_arguments)]
+    /// first `prompt[i]` rows of each sequence of the residual stream are replaced by `prefill_input` (the prefill
+    /// node's residual stream entering this layer); the cache of those rows is computed with `prefill`'s weights,
+    /// and only the remaining rows go through this layer's MLP.
     pub fn forward(
         &self,
         context: &LayerContext,
-        hidden: &mut Tensor,
-        spans: &Spans,
+        residual: Residual,
         kv: KvSource<Layer>,
-        state: &mut LayerState,
         times: &ExpertTimes,
         tap: Option<&mut LayerTap>,
     ) -> Result<(), RuntimeError> {
-        self.forward_observed(context, hidden, spans, kv, state, times, tap, None)
+        self.forward_observed(context, residual, kv, times, tap, None)
     }
 
     /// [`Layer::forward`] of the layer's own input, showing `probe` each [`Stage`] (to find where a value first
@@ -157,28 +162,24 @@ impl Layer {
     pub fn forward_probed(
         &self,
         context: &LayerContext,
-        hidden: &mut Tensor,
-        spans: &Spans,
-        state: &mut LayerState,
+        residual: Residual,
         probe: &mut Probe,
     ) -> Result<(), RuntimeError> {
         let times = ExpertTimes::default();
-        self.forward_observed(context, hidden, spans, KvSource::Own, state, &times, None, Some(probe))
+        self.forward_observed(context, residual, KvSource::Own, &times, None, Some(probe))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn forward_observed(
         &self,
         context: &LayerContext,
-        hidden: &mut Tensor,
-        spans: &Spans,
+        residual: Residual,
         kv: KvSource<Layer>,
-        state: &mut LayerState,
         times: &ExpertTimes,
         tap: Option<&mut LayerTap>,
         mut probe: Option<&mut Probe>,
     ) -> Result<(), RuntimeError> {
         let LayerContext { backend, config, .. } = *context;
+        let Residual { hidden, spans, state } = residual;
         let mut untapped = LayerTap::default();
         let tap = tap.unwrap_or(&mut untapped);
         let split = match kv {
@@ -249,7 +250,7 @@ impl Layer {
     ) -> Result<(), RuntimeError> {
         let LayerTap { routes, experts, .. } = tap;
         let (routes, experts) = (routes.as_deref_mut(), experts.as_mut());
-        let LayerContext { backend, reader, config, .. } = *context;
+        let LayerContext { backend, config, .. } = *context;
         let eps = config.rms_norm_eps as f32;
         let all_rows = hidden.rows();
         let mut x = match only {
@@ -274,7 +275,7 @@ impl Layer {
                     }
                     *routes = expanded;
                 }
-                moe.forward(backend, reader, config, &x, times, near_ties, experts)?
+                moe.forward(context, &x, times, near_ties, experts)?
             }
         };
         match only {
@@ -378,14 +379,8 @@ impl Layer {
     }
 
     /// The rest of the layer after the paged attention: `hidden += o_proj(attended)`, then `hidden += mlp(norm(hidden))`.
-    pub fn finish(
-        &self,
-        backend: &dyn Backend,
-        reader: &WeightReader,
-        config: &ModelConfig,
-        hidden: &mut Tensor,
-        attended: &Tensor,
-    ) -> Result<(), RuntimeError> {
+    pub fn finish(&self, context: &LayerContext, hidden: &mut Tensor, attended: &Tensor) -> Result<(), RuntimeError> {
+        let LayerContext { backend, config, .. } = *context;
         let projected = match &self.attention {
             AttentionWeights::Mla(mla) => mla.output(backend, attended)?,
             AttentionWeights::Gqa(gqa) => gqa.output(backend, attended)?,
@@ -394,7 +389,7 @@ impl Layer {
         let x = normed(backend, config, hidden, &self.post_norm)?;
         let mixed = match &self.mlp {
             Mlp::Dense(mlp) => mlp.forward(backend, &x)?,
-            Mlp::Moe(moe) => moe.forward(backend, reader, config, &x, &ExpertTimes::default(), &mut 0, None)?,
+            Mlp::Moe(moe) => moe.forward(context, &x, &ExpertTimes::default(), &mut 0, None)?,
         };
         backend.add(hidden, &mixed)
     }

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use super::indexer::{IndexQueries, IndexerWeights};
 use super::layer::{LayerContext, LayerState};
 use super::tap::{KvSource, KvTap};
+use crate::load::weights::WeightReader;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{AttentionShape, Backend, RopeCall, RopeStyle};
@@ -14,7 +15,6 @@ use crate::runtime::kv_cache::PagedLayout;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::{Block, Tensor};
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
 /// transformers builds `q_a_layernorm`/`kv_a_layernorm` with the RMSNorm default eps, not `rms_norm_eps`.

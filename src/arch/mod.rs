@@ -6,7 +6,7 @@
 //!
 //! # Layer-streamed execution and memory
 //! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
-//! through that layer, then the layer is dropped; a loader thread ([`crate::runtime::layer_stream`]) reads — and on
+//! through that layer, then the layer is dropped; a loader thread ([`crate::load::layer_stream`]) reads — and on
 //! a device uploads — layer `i + 1` while layer `i` computes ([`run_layers`]). Routed experts are streamed further:
 //! the experts hit by some token are read in batches of at most `EXPERT_BATCH_BYTES` (2 GiB, ~10 Kimi K2 experts; at
 //! least one expert), a loader thread reading batch `b + 1` while the backend applies batch `b`
@@ -35,9 +35,10 @@ pub mod moe;
 pub mod mtp;
 pub mod mtp_chain;
 pub mod paged;
+pub mod rope;
 pub mod tap;
 
 pub use causal_lm::{embed, head_name, run_layers, DraftSink, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
-pub use layer::{Layer, LayerContext, LayerState};
+pub use layer::{Layer, LayerContext, LayerState, Residual};
 pub use moe::ExpertTimes;
 pub use tap::{CachedKv, ExpertActivations, ExpertObserver, ExpertTap, KvFp8, KvObserver, KvSource, KvTap, LayerTap};

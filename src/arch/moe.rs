@@ -8,13 +8,14 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use super::layer::LayerContext;
 use super::tap::{ExpertActivations, ExpertTap};
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::quant::fp4::engine_activation_global;
 use crate::runtime::backend::{Backend, ExpertInputs, RoutedExpert, RoutingShape};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::RuntimeError;
 
 pub struct DenseMlp {
@@ -215,17 +216,15 @@ impl MoeWeights {
     /// and its intermediate activations after the batch is applied (with `route_all`, every token and every
     /// expert of the layer, read for the tap alone); the tap may also take a copy of `x` and replace experts'
     /// weights with its own.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        backend: &dyn Backend,
-        reader: &WeightReader,
-        config: &ModelConfig,
+        context: &LayerContext,
         x: &Tensor,
         times: &ExpertTimes,
         near_ties: &mut usize,
         mut tap: Option<&mut ExpertTap>,
     ) -> Result<Tensor, RuntimeError> {
+        let LayerContext { backend, reader, config, .. } = *context;
         let hidden = config.hidden_size;
         let inner = config.moe_intermediate_size;
         let tokens = x.rows();

@@ -21,15 +21,15 @@
 use std::ops::Range;
 
 use super::head_name;
-use super::layer::{Layer, LayerContext, LayerState};
+use super::layer::{Layer, LayerContext, LayerState, Residual};
 use super::moe::ExpertTimes;
 use super::tap::KvSource;
+use crate::load::layer_stream::StreamedLayer;
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::runtime::backend::Backend;
-use crate::runtime::layer_stream::StreamedLayer;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans};
 
 /// The first MTP layer, loaded.
@@ -74,7 +74,8 @@ impl MtpLayer {
         let (mut hidden, mtp_spans) = self.inputs(context, normed, sequences, spans)?;
         let mut state = LayerState::default();
         let times = ExpertTimes::default();
-        self.layer.forward(context, &mut hidden, &mtp_spans, KvSource::Own, &mut state, &times, None)?;
+        let residual = Residual { hidden: &mut hidden, spans: &mtp_spans, state: &mut state };
+        self.layer.forward(context, residual, KvSource::Own, &times, None)?;
         let config = context.config;
         context.backend.rms_norm(&mut hidden, config.hidden_size, &self.head_norm, config.rms_norm_eps as f32)?;
         Ok((hidden, mtp_spans))

@@ -15,18 +15,18 @@ use serde::Serialize;
 pub use observe::AbsStats;
 pub use write::{open_for_edit, write_scales, WrittenFiles, SCALES_FILE};
 
+use crate::arch::rope::rope_setup;
 use crate::arch::{
-    embed, run_layers, CachedKv, ExpertTimes, KvSource, KvTap, LayerContext, LayerState, LayerTap, Model,
+    embed, run_layers, CachedKv, ExpertTimes, KvSource, KvTap, LayerContext, LayerState, LayerTap, Model, Residual,
 };
 use crate::chunks::{load_sequences, EvalInput, Fit};
 use crate::engines::kv_scales::{kv_scale_handling, kv_scale_names, CacheLayout, KvScaleHandling};
 use crate::engines::Engine;
 use crate::job_error::JobError;
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::part::Part;
 use crate::progress::Reporter;
-use crate::runtime::rope_table::rope_setup;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{Backend, Spans};
 
 /// Largest finite FP8 e4m3 magnitude.
@@ -190,7 +190,8 @@ pub fn calibrate(
         let mut tap = LayerTap { kv: KvTap { observer: Some(&mut observer), fp8: None }, routes: None, experts: None };
         // The last layer's MLP does not change what is cached; it still runs (cheap next to loading).
         let times = ExpertTimes::default();
-        step.layers[0].forward(&context, &mut hidden, &spans, KvSource::Own, &mut state, &times, Some(&mut tap))?;
+        let residual = Residual { hidden: &mut hidden, spans: &spans, state: &mut state };
+        step.layers[0].forward(&context, residual, KvSource::Own, &times, Some(&mut tap))?;
         observations.push(observation);
         Ok(())
     })?;

@@ -8,10 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::arch::mtp::MtpLayer;
+use crate::arch::rope::rope_setup;
 use crate::arch::{
     embed, run_layers, ExpertActivations, ExpertTap, ExpertTimes, KvSource, Layer, LayerContext, LayerState, LayerTap,
-    Model,
+    Model, Residual,
 };
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::plan::calibration::{
     routed_expert, Calibration, CalibrationError, CalibrationOptions, CalibrationSet, ExpertCoverage, ExpertResult,
@@ -19,8 +21,6 @@ use crate::plan::calibration::{
 };
 use crate::plan::{Action, Plan};
 use crate::progress::Reporter;
-use crate::runtime::rope_table::rope_setup;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::{RuntimeError, Spans, Tensor};
 
 /// Calibration chunks read at most (`--samples`).
@@ -69,7 +69,8 @@ impl LayerRun<'_, '_> {
     /// Advances `hidden` through the layer, tapped.
     pub fn forward(&mut self, hidden: &mut Tensor, tap: Option<&mut LayerTap>) -> Result<(), RuntimeError> {
         let times = ExpertTimes::default();
-        self.layer.forward(self.context, hidden, self.spans, KvSource::Own, self.state, &times, tap)
+        let residual = Residual { hidden, spans: self.spans, state: self.state };
+        self.layer.forward(self.context, residual, KvSource::Own, &times, tap)
     }
 }
 

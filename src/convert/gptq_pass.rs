@@ -43,13 +43,13 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use crate::arch::{ExpertTap, LayerTap, Model};
+use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
 use crate::quant::gptq::{self, GptqSettings, Hessian, InverseFactor, Quantized};
 use crate::quant::ScaleRule;
 use crate::runtime::backend::Backend;
 use crate::runtime::matrix::Matrix;
-use crate::runtime::weights::WeightReader;
 use crate::runtime::RuntimeError;
 
 use crate::plan::calibration::{

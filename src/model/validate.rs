@@ -1,16 +1,21 @@
-//! A checkpoint checked against its `config.json` before the runtime reads a layer: every tensor the architecture
-//! needs for the configured layers is present with the configured shape (as a plain/FP8 `weight` or as an INT4
-//! `weight_packed` whose `weight_shape` says it), no decoder layer holds multi-token-prediction tensors, and no
-//! layer lies beyond the configured ones — so a config edited to disagree with the weights fails with the tensor
-//! named instead of running the wrong network. GLM-5.2's `shared` DSA layers need no indexer tensors; where a
-//! checkpoint still ships them they are carried and not run, as vLLM's and SGLang's loaders drop them.
+//! The one check of a checkpoint against its `config.json`, for every command that reads one: the runtime before
+//! it reads a layer ([`describe`], through `crate::load::open`), `quantize` and `report` on their source and
+//! `verify --source` ([`check_source`]), and `verify` on any folder ([`mismatches`]).
+//!
+//! Every tensor the architecture needs for the configured layers is present with the configured shape (as a
+//! plain/FP8 `weight` or as an INT4 `weight_packed` whose `weight_shape` says it), no decoder layer holds
+//! multi-token-prediction tensors, and no layer lies beyond the configured ones — so a config edited to disagree
+//! with the weights fails with the tensor named instead of running the wrong network. GLM-5.2's `shared` DSA layers
+//! need no indexer tensors; where a checkpoint still ships them they are carried and not run, as vLLM's and SGLang's
+//! loaders drop them.
 
 use std::collections::BTreeSet;
 
-use super::arch::tensor_specs;
+use super::tensors::tensor_specs;
 use super::ModelConfig;
 use crate::format::compressed_tensors::{packed_name, read_shape, shape_name};
-use crate::io::Checkpoint;
+use crate::io::dtype::Dtype;
+use crate::io::{Checkpoint, IoError};
 
 /// Problems listed in one error before "and N more".
 const SHOWN: usize = 5;
@@ -81,6 +86,38 @@ pub fn summary(checkpoint: &Checkpoint, config: &ModelConfig) -> Option<String> 
     ))
 }
 
+/// A source as `quantize` reads it (and `verify --source`): first every stored tensor the architecture names, MTP
+/// layers included, has the shape the config implies and a float dtype (the first that does not is the error,
+/// named with its shard), then the checks of [`mismatches`] (missing and packed tensors, layers misplaced).
+pub fn check_source(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<(), IoError> {
+    for spec in tensor_specs(config) {
+        let Some(tensor) = checkpoint.get(&spec.name) else { continue };
+        let shard = checkpoint.shard_of(&spec.name).map(|s| s.path().to_path_buf()).unwrap_or_default();
+        if tensor.shape != spec.shape.as_slice() {
+            return Err(IoError::tensor(
+                shard,
+                &spec.name,
+                format!(
+                    "has shape {:?} but config.json implies {:?}; the config does not belong to these weights",
+                    tensor.shape, spec.shape
+                ),
+            ));
+        }
+        let float = matches!(tensor.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::F8_E4M3);
+        if !float {
+            return Err(IoError::tensor(
+                shard,
+                &spec.name,
+                format!("has dtype {} but a {:?} tensor must be a float type", tensor.dtype, spec.role),
+            ));
+        }
+    }
+    match summary(checkpoint, config) {
+        Some(problem) => Err(IoError::folder(checkpoint.dir(), problem)),
+        None => Ok(()),
+    }
+}
+
 fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("model.layers.")?.split('.').next()?.parse().ok()
 }
@@ -89,7 +126,7 @@ fn layer_of(name: &str) -> Option<usize> {
 /// from its `weight_packed` (empty when unreadable: it then matches no shape).
 fn packed_shape(checkpoint: &Checkpoint, module: &str) -> Option<Vec<usize>> {
     let packed = checkpoint.get(&packed_name(module))?;
-    if packed.dtype == crate::io::dtype::Dtype::U8 {
+    if packed.dtype == Dtype::U8 {
         return Some(match packed.shape {
             [rows, half] => vec![*rows, 2 * half],
             _ => Vec::new(),

@@ -2,14 +2,13 @@
 //! (names, dtypes, shapes: the one source of output sizes) and the shard it lands in.
 //!
 //! Shared by the jobs that convert (`quantize`) and that size a conversion (`report`): the source opened and
-//! planned ([`prepare`]), its shapes checked against the config ([`source`]), the per-item transform that
-//! computes an item's output bytes ([`transform`]), and what a calibrated method hands that transform
-//! ([`calibration`], with GPTQ's quantized experts kept on disk: [`expert_spill`]).
+//! planned ([`prepare`], its shapes checked against the config by [`crate::model::validate::check_source`]), the
+//! per-item transform that computes an item's output bytes ([`transform`]), and what a calibrated method hands that
+//! transform ([`calibration`], with GPTQ's quantized experts kept on disk: [`expert_spill`]).
 
 pub mod calibration;
 pub mod expert_spill;
 pub mod prepare;
-pub mod source;
 pub mod transform;
 
 use std::collections::BTreeMap;

@@ -45,8 +45,8 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
-/// One MoE routing problem (sigmoid scores, group-limited top-k): the settings of [`crate::model::config::Routing`]
-/// resolved for a layer.
+/// One MoE routing problem (sigmoid scores, group-limited top-k): the config's routing settings resolved for a
+/// layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RoutingShape {
     pub experts: usize,

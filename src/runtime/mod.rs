@@ -1,21 +1,18 @@
-//! The reference runtime's machinery, knowing no architecture: one op surface ([`Backend`]) on backend-owned
-//! tensors ([`Tensor`]) with a CPU backend (rayon, f32, the oracle) and a CUDA backend ([`cuda`], on a GPU or the
-//! emulated device, its tensors in device memory), the paged KV pool,
-//! RoPE tables, and weights read from a validated checkpoint and streamed one decoder layer at a time
-//! ([`layer_stream`]). The architectures that run on it are in [`crate::arch`].
+//! The reference runtime's machinery, knowing no architecture and no model folder: one op surface ([`Backend`]) on
+//! backend-owned tensors ([`Tensor`]) with a CPU backend (rayon, f32, the oracle) and a CUDA backend ([`cuda`], on
+//! a GPU or the emulated device, its tensors in device memory), weight matrices ([`Matrix`]), the paged KV pool and
+//! RoPE tables. Model folders are opened, their weights read as matrices and streamed one decoder layer at a time in
+//! [`crate::load`]; the architectures that run on it are in [`crate::arch`].
 
 pub mod allocator;
 pub mod backend;
-pub mod checkpoint;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod kv_cache;
-pub mod layer_stream;
 pub mod matrix;
 pub mod rope_table;
 pub mod tensor;
-pub mod weights;
 
 use std::path::PathBuf;
 
@@ -25,15 +22,12 @@ pub use matrix::Matrix;
 pub use tensor::{Block, Tensor};
 
 use crate::io::IoError;
-use crate::model::ConfigError;
 
 /// Errors of the runtime: each names the file and tensor or the input at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error(transparent)]
     Io(#[from] IoError),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
     #[error("{0}")]
     Input(String),
     #[error("{0}")]

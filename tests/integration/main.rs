@@ -20,6 +20,8 @@ mod hub;
 mod imatrix;
 mod lint;
 mod mtp;
+mod mtp_chain;
+mod paged;
 mod parity;
 mod parts;
 mod peers;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 use squeeze::io::{Checkpoint, Dtype, ShardFile};
-use squeeze::runtime::weights::WeightReader;
+use squeeze::load::weights::WeightReader;
 
 use crate::common::{expect_exit_2, path_str, read_json, rewrite_header, squeeze};
 

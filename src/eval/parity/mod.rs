@@ -24,21 +24,22 @@ use std::time::Instant;
 
 use serde_json::Map;
 
+use crate::arch::rope::rope_setup;
 use crate::arch::{
     embed, head_name, run_layers, ExpertTimes, KvFp8, KvSource, KvTap, LayerContext, LayerState, LayerStep, LayerTap,
-    Model,
+    Model, Residual,
 };
 use crate::chunks::{load_sequences, Fit};
 use crate::engines::kv_scales::{kv_scale_handling, CacheLayout, ScaleUse, DYNAMIC_TILE};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::job_error::JobError;
+use crate::load::weights::WeightReader;
 use crate::model::config::Attention;
 use crate::parity::{Gates, Mode};
 use crate::part::Part;
 use crate::progress::Reporter;
 use crate::runtime::matrix::Matrix;
-use crate::runtime::rope_table::{rope_setup, RopeTable};
-use crate::runtime::weights::WeightReader;
+use crate::runtime::rope_table::RopeTable;
 use crate::runtime::{Backend, RuntimeError, Spans, Tensor};
 pub use report::*;
 pub use stats::{Summary, TokenSamples};
@@ -297,15 +298,8 @@ impl<'a> Pass<'a> {
         let times = ExpertTimes::default();
         let mut tap = LayerTap { kv: KvTap::default(), routes: Some(&mut first.routes), experts: None };
         let spans = &self.spans;
-        ref_layer.forward(
-            ref_context,
-            &mut first.hidden,
-            spans,
-            KvSource::Own,
-            &mut first.state,
-            &times,
-            Some(&mut tap),
-        )?;
+        let residual = Residual { hidden: &mut first.hidden, spans, state: &mut first.state };
+        ref_layer.forward(ref_context, residual, KvSource::Own, &times, Some(&mut tap))?;
         // The per-layer error visits the host (a tap of every stream's residual stream).
         let reference_hidden = ref_context.backend.download(&first.hidden)?;
         for stream in rest.iter_mut() {
@@ -322,7 +316,8 @@ impl<'a> Pass<'a> {
                 ),
                 _ => unreachable!("the candidate layer is loaded for the modes that use it"),
             };
-            layer.forward(context, &mut stream.hidden, spans, kv, &mut stream.state, &times, Some(&mut tap))?;
+            let residual = Residual { hidden: &mut stream.hidden, spans, state: &mut stream.state };
+            layer.forward(context, residual, kv, &times, Some(&mut tap))?;
             let moe = config.runs_moe(step.index);
             let hidden = context.backend.download(&stream.hidden)?;
             let mut sums = LayerSums::default();

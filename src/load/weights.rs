@@ -11,8 +11,8 @@ use crate::format::fp8_block::{declared_block, stored_item, RowReader, SourceIte
 use crate::io::{Checkpoint, Dtype};
 use crate::quant::w4a8;
 
-use super::matrix::{Fp8Codes, Fp8Weight, Int4Weight, Matrix};
-use super::RuntimeError;
+use crate::runtime::matrix::{Fp8Codes, Fp8Weight, Int4Weight, Matrix};
+use crate::runtime::RuntimeError;
 
 /// Whether every value `e4m3(code) · scale` is finite, without making them: no NaN code (`0x7F`/`0xFF`; e4m3fn has
 /// no infinity) and every block's multiplier finite with `448 · scale` finite (448 is the largest |e4m3|). False

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::backend::Prefetch;
-use super::checkpoint::open_checkpoint;
-use super::matrix::Matrix;
+use super::open::open_checkpoint;
 use super::weights::WeightReader;
-use super::RuntimeError;
 use crate::model::ModelConfig;
+use crate::runtime::backend::Prefetch;
+use crate::runtime::matrix::Matrix;
+use crate::runtime::RuntimeError;
 
 /// A decoder layer's resident weights as the stream loads them (the architectures implement it).
 pub trait StreamedLayer: Sized + Send + 'static {

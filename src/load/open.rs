@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use super::RuntimeError;
 use crate::io::Checkpoint;
 use crate::model::ModelConfig;
+use crate::runtime::RuntimeError;
 
 /// Opens a model folder for the runtime: the validated checkpoint and its config, refusing routers it does not run.
 pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeError> {
@@ -16,7 +16,8 @@ pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeE
     let json = checkpoint.config().ok_or_else(|| {
         RuntimeError::Input(format!("{}: has no config.json; the runtime needs the model's config", dir.display()))
     })?;
-    let config = ModelConfig::from_json(json)?;
+    // The config's problem as the error, word for word (the runtime's errors name no model type).
+    let config = ModelConfig::from_json(json).map_err(|error| RuntimeError::Input(error.to_string()))?;
     if config.routing.scoring_func != "sigmoid" {
         return Err(RuntimeError::Input(format!(
             "config.json: scoring_func {:?} is not supported; the runtime implements the sigmoid router of DeepSeek-V3/Kimi K2/GLM",

@@ -1,0 +1,139 @@
+//! The paged decode path of `serve-test` (`arch::paged`) against the layer-streamed forward on synthetic models:
+//! prefill + decode steps give the full forward's logits, and the paged MTP drafts give its drafts.
+
+use squeeze::arch::paged::{DecodeItem, DraftItem, PagedModel};
+use squeeze::arch::Model;
+use squeeze::format::kv_scales::{KvLayout, KvScales};
+use squeeze::progress::Silent;
+use squeeze::runtime::kv_cache::{KvDtype, KvPool, PoolShape};
+use squeeze::runtime::Cpu;
+use squeeze::synth::{synth, SynthArch, SynthOptions, SynthSize};
+
+/// Decode with an F32 cache repeats the full forward's arithmetic except the order of the MoE/linear batches'
+/// rows (row-independent) and the expansion of cached latents in a different batch: a few f32 ulps of logits
+/// that are O(1), amplified by up to three layers.
+const DECODE_VS_FULL_MAX_ABS: f32 = 2e-4;
+/// With a BF16 cache every cached value is rounded to 8 significant bits: logits move by about 2^-8 relative,
+/// more on GLM-5 where the perturbed hidden states can flip a near-tie of a later layer's DSA top-k (≈0.15 seen).
+const BF16_CACHE_MAX_ABS: f32 = 0.25;
+
+fn check(arch: SynthArch) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model");
+    synth(&SynthOptions { arch, size: SynthSize::default(), shards: 1, seed: 3, out: out.clone(), force: true })
+        .unwrap();
+    let tokens: Vec<u32> = (0..14u32).map(|i| (i * 37 + 11) % 250).collect();
+    let model = Model::open(&out).unwrap();
+    let vocab = model.config().vocab_size;
+    let mut full = Vec::new();
+    model
+        .forward(&Cpu, std::slice::from_ref(&tokens), &Silent, &mut |_, logits| {
+            full = logits.to_vec();
+            Ok(())
+        })
+        .unwrap();
+    let decoder = PagedModel::open(&out, 32).unwrap();
+    let prompt = 5;
+    for (dtype, tolerance) in [(KvDtype::F32, DECODE_VS_FULL_MAX_ABS), (KvDtype::Bf16, BF16_CACHE_MAX_ABS)] {
+        let mut pool = pool_for(&decoder, dtype, 3, 8);
+        let prefilled = decoder.prefill(&Cpu, &tokens[..prompt]).unwrap();
+        PagedModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
+        let mut worst = max_abs(&prefilled.logits, &full[(prompt - 1) * vocab..][..vocab]);
+        for position in prompt..tokens.len() {
+            let item = DecodeItem { request: 1, token: tokens[position], position };
+            let logits = decoder.decode(&Cpu, &mut pool, &[item], true).unwrap().logits.remove(0).unwrap();
+            worst = worst.max(max_abs(&logits, &full[position * vocab..][..vocab]));
+        }
+        assert!(worst <= tolerance, "{arch:?} {dtype:?}: max |Δlogit| {worst} > {tolerance}");
+    }
+}
+
+/// The paged MTP draft (a catch-up over a whole prompt, then each position again as a one-row step) equals the
+/// layer-streamed forward's drafts, which the MTP goldens check.
+fn check_drafts(arch: SynthArch) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model");
+    synth(&SynthOptions { arch, size: SynthSize::default(), shards: 1, seed: 5, out: out.clone(), force: true })
+        .unwrap();
+    let tokens: Vec<u32> = (0..12u32).map(|i| (i * 53 + 7) % 250).collect();
+    let model = Model::open(&out).unwrap();
+    let mut expected = Vec::new();
+    model
+        .forward_with_drafts(
+            &Cpu,
+            std::slice::from_ref(&tokens),
+            &Silent,
+            &mut |_, _| Ok(()),
+            &mut |_, drafts, _| {
+                expected = drafts.to_vec();
+                Ok(())
+            },
+            1,
+        )
+        .unwrap();
+    let decoder = PagedModel::open(&out, 32).unwrap().with_mtp().unwrap().expect("an MTP layer");
+    let width = decoder.config().hidden_size;
+    let mut pool = pool_for(&decoder, KvDtype::F32, 4, 16);
+    let prefilled = decoder.prefill(&Cpu, &tokens).unwrap();
+    PagedModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
+    let item = |position: usize| DraftItem {
+        request: 1,
+        next: tokens[position + 1],
+        position,
+        previous: prefilled.normed[position * width..][..width].to_vec(),
+    };
+    let all: Vec<DraftItem> = (0..tokens.len() - 1).map(item).collect();
+    let drafts = decoder.draft(&Cpu, &mut pool, &all, true).unwrap();
+    let vocab = decoder.config().vocab_size;
+    let mut worst = 0f32;
+    for (position, draft) in drafts.into_iter().enumerate() {
+        worst = worst.max(max_abs(&draft.unwrap().logits, &expected[position * vocab..][..vocab]));
+    }
+    // Again one position at a time, over the rows the catch-up cached: the same drafts.
+    for position in [0, 5, tokens.len() - 2] {
+        let draft = decoder.draft(&Cpu, &mut pool, &[item(position)], true).unwrap().remove(0).unwrap();
+        worst = worst.max(max_abs(&draft.logits, &expected[position * vocab..][..vocab]));
+    }
+    assert!(worst <= DECODE_VS_FULL_MAX_ABS, "{arch:?}: max |Δ draft logit| {worst}");
+}
+
+#[test]
+fn paged_mtp_drafts_match_the_layer_streamed_drafts() {
+    for arch in [SynthArch::Glm45, SynthArch::Glm5, SynthArch::Glm52] {
+        check_drafts(arch);
+    }
+}
+
+/// A pool for `decoder`'s cached layers with unit scales, request 1 opened.
+fn pool_for(decoder: &PagedModel, dtype: KvDtype, page_size: usize, pages: usize) -> KvPool {
+    let shape = PoolShape {
+        layers: decoder.cached_layers(),
+        row_width: decoder.row_width(),
+        aux_width: decoder.aux_width(),
+        page_size,
+        pages,
+    };
+    let scales = KvScales::unit(KvLayout::of(decoder.config()), decoder.config().num_hidden_layers);
+    let mut pool = KvPool::new(shape, dtype, decoder.element_scales(&scales));
+    pool.open(1);
+    pool
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn decode_logits_match_the_full_forward_kimi() {
+    check(SynthArch::KimiK2);
+}
+
+#[test]
+fn decode_logits_match_the_full_forward_glm5_with_dsa() {
+    check(SynthArch::Glm5);
+}
+
+#[test]
+fn decode_logits_match_the_full_forward_glm45_gqa() {
+    check(SynthArch::Glm45);
+}
