@@ -67,6 +67,24 @@ pub fn synth(dir: &Path, name: &str, arch: &str, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// Writes a default-size synthetic checkpoint of `arch` with `seed` through the library (no binary run) into a new
+/// temporary folder; returns the folder (kept alive by the caller) and the model's path in it.
+pub fn synth_in_process(arch: squeeze::synth::SynthArch, seed: u64) -> (tempfile::TempDir, PathBuf) {
+    use squeeze::synth::{SynthOptions, SynthSize};
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model");
+    squeeze::synth::synth(&SynthOptions {
+        arch,
+        size: SynthSize::default(),
+        shards: 1,
+        seed,
+        out: out.clone(),
+        force: true,
+    })
+    .unwrap();
+    (dir, out)
+}
+
 /// Writes a safetensors file holding one I64 tensor `input_ids` `[rows, ctx]` with the given ids (the
 /// `--tokens` input of `eval` and `calibrate-kv`).
 pub fn write_input_ids(path: &Path, rows: &[Vec<i64>]) {

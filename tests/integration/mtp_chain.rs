@@ -12,16 +12,15 @@ use squeeze::load::open::open_checkpoint;
 use squeeze::load::weights::WeightReader;
 use squeeze::metrics::argmax;
 use squeeze::runtime::{Backend, Cpu, Spans};
-use squeeze::synth::{synth, SynthArch, SynthOptions, SynthSize};
+use squeeze::synth::SynthArch;
+
+use crate::common::synth_in_process;
 
 /// The pool's chains equal chains recomputed from scratch by the full-sequence layer: for a start `t`, rows
 /// `0..=t` from the main model's hidden states and the text, then one more row per draft from the previous
 /// row's output and greedy token, the whole sequence run again for each draft.
 fn check(arch: SynthArch) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("model");
-    synth(&SynthOptions { arch, size: SynthSize::default(), shards: 1, seed: 11, out: out.clone(), force: true })
-        .unwrap();
+    let (_dir, out) = synth_in_process(arch, 11);
     let tokens: Vec<u32> = (0..13u32).map(|i| (i * 41 + 3) % 250).collect();
     let depth = 3;
     let decoder = PagedModel::open(&out, 32).unwrap().with_mtp().unwrap().expect("an MTP layer");

@@ -7,7 +7,9 @@ use squeeze::format::kv_scales::{KvLayout, KvScales};
 use squeeze::progress::Silent;
 use squeeze::runtime::kv_cache::{KvDtype, KvPool, PoolShape};
 use squeeze::runtime::Cpu;
-use squeeze::synth::{synth, SynthArch, SynthOptions, SynthSize};
+use squeeze::synth::SynthArch;
+
+use crate::common::synth_in_process;
 
 /// Decode with an F32 cache repeats the full forward's arithmetic except the order of the MoE/linear batches'
 /// rows (row-independent) and the expansion of cached latents in a different batch: a few f32 ulps of logits
@@ -18,10 +20,7 @@ const DECODE_VS_FULL_MAX_ABS: f32 = 2e-4;
 const BF16_CACHE_MAX_ABS: f32 = 0.25;
 
 fn check(arch: SynthArch) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("model");
-    synth(&SynthOptions { arch, size: SynthSize::default(), shards: 1, seed: 3, out: out.clone(), force: true })
-        .unwrap();
+    let (_dir, out) = synth_in_process(arch, 3);
     let tokens: Vec<u32> = (0..14u32).map(|i| (i * 37 + 11) % 250).collect();
     let model = Model::open(&out).unwrap();
     let vocab = model.config().vocab_size;
@@ -51,10 +50,7 @@ fn check(arch: SynthArch) {
 /// The paged MTP draft (a catch-up over a whole prompt, then each position again as a one-row step) equals the
 /// layer-streamed forward's drafts, which the MTP goldens check.
 fn check_drafts(arch: SynthArch) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("model");
-    synth(&SynthOptions { arch, size: SynthSize::default(), shards: 1, seed: 5, out: out.clone(), force: true })
-        .unwrap();
+    let (_dir, out) = synth_in_process(arch, 5);
     let tokens: Vec<u32> = (0..12u32).map(|i| (i * 53 + 7) % 250).collect();
     let model = Model::open(&out).unwrap();
     let mut expected = Vec::new();
