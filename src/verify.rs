@@ -130,7 +130,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     // The weights agree with config.json (layers, shapes, MTP layers).
     if let Some(json) = checkpoint.config() {
         match crate::model::ModelConfig::from_json(json) {
-            Ok(config) => problems.extend(crate::model::validate::mismatches(&checkpoint, &config)),
+            Ok(config) => problems.extend(crate::load::validate::mismatches(&checkpoint, &config)),
             Err(error) => problems.push(format!("config.json: {error}")),
         }
     }
@@ -213,13 +213,13 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
 }
 
 /// The `--source` checked against its own config.json as quantize checks its source
-/// ([`crate::model::validate::check_source`]): comparing an output with a source whose config does not
+/// ([`crate::load::validate::check_source`]): comparing an output with a source whose config does not
 /// belong to its weights proves nothing, so it is an error (exit 2) naming the tensor, not a failed check.
 fn check_source(source: &Checkpoint, dir: &std::path::Path) -> Result<(), IoError> {
     let Some(json) = source.config() else { return Ok(()) };
     let named = |problem: String| IoError::folder(format!("--source {}", dir.display()), problem);
     let config = crate::model::ModelConfig::from_json(json).map_err(|error| named(error.to_string()))?;
-    crate::model::validate::check_source(source, &config).map_err(|error| named(error.to_string()))
+    crate::load::validate::check_source(source, &config).map_err(|error| named(error.to_string()))
 }
 
 /// Compares one source item with what the output holds for it.

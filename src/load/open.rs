@@ -24,7 +24,7 @@ pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeE
             config.routing.scoring_func
         )));
     }
-    if let Some(problem) = crate::model::validate::describe(&checkpoint, &config) {
+    if let Some(problem) = crate::load::validate::describe(&checkpoint, &config) {
         return Err(RuntimeError::Input(problem));
     }
     Ok((checkpoint, config))

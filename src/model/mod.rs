@@ -1,12 +1,10 @@
-//! Model knowledge: `config.json` parsing, the tensors each architecture has, checkpoints checked against them,
-//! tensor classes, and the built-in presets (public `config.json`s for `report`).
+//! Model knowledge: `config.json` parsing, the tensors each architecture has, tensor classes, and the built-in presets (public `config.json`s for `report`).
 
 pub mod config;
 pub mod presets;
 pub mod tensor_class;
 pub mod tensors;
 pub mod tokenizer;
-pub mod validate;
 
 pub use config::{Architecture, Attention, ConfigError, ModelConfig};
 pub use tensor_class::TensorClass;

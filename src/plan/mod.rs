@@ -2,7 +2,7 @@
 //! (names, dtypes, shapes: the one source of output sizes) and the shard it lands in.
 //!
 //! Shared by the jobs that convert (`quantize`) and that size a conversion (`report`): the source opened and
-//! planned ([`prepare`], its shapes checked against the config by [`crate::model::validate::check_source`]), the
+//! planned ([`prepare`], its shapes checked against the config by [`crate::load::validate::check_source`]), the
 //! per-item transform that computes an item's output bytes ([`transform`]), and what a calibrated method hands that
 //! transform ([`calibration`], with GPTQ's quantized experts kept on disk: [`expert_spill`]).
 

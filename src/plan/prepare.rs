@@ -75,7 +75,7 @@ pub fn prepare(
     let recipe = Recipe::load(&recipe_name)?.with_overrides(group_size, scale_rule)?;
     let items = fp8_block::items_from_checkpoint(&checkpoint)?;
     if let Some(config) = &config {
-        crate::model::validate::check_source(&checkpoint, config)?;
+        crate::load::validate::check_source(&checkpoint, config)?;
     }
     fp8_block::validate_scales(&checkpoint, &items)?;
     let plan = super::build(items, &recipe, config.as_ref().map(|c| c.num_hidden_layers), max_shard_bytes)?;

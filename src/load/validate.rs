@@ -11,11 +11,11 @@
 
 use std::collections::BTreeSet;
 
-use super::tensors::tensor_specs;
-use super::ModelConfig;
 use crate::format::compressed_tensors::{packed_name, read_shape, shape_name};
 use crate::io::dtype::Dtype;
 use crate::io::{Checkpoint, IoError};
+use crate::model::tensor_specs;
+use crate::model::ModelConfig;
 
 /// Problems listed in one error before "and N more".
 const SHOWN: usize = 5;
