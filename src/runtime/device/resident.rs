@@ -4,8 +4,9 @@
 //! The buffers come from the device's stream-ordered memory pool (`cuMemAllocAsync` on the copy stream, complete
 //! once the upload has synchronized that stream) and go back to it with `cuMemFreeAsync` on stream 0: the memory is
 //! reused only after every kernel queued there before the free, so a kernel still reading an evicted weight is never
-//! left with freed memory, and dropping a layer's weights waits for nothing on the host. (The synchronous
-//! `cuMemAlloc`/`cuMemFree` pair cost about 0.5 s per GLM-5-shaped layer on an H200: each free waited for the GPU.)
+//! left with freed memory, and dropping a layer's weights waits for nothing on the host. (With the synchronous
+//! `cuMemAlloc`/`cuMemFree` pair, each free waiting for the GPU, and the pool releasing memory at every
+//! synchronization, one more streamed GLM-5-shaped layer cost 186 ms of compute on an H200; 24 ms after.)
 
 use std::sync::{Arc, Mutex};
 
