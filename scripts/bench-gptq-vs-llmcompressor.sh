@@ -5,7 +5,9 @@
 # --experts 32 --moe-intermediate 512` by default). Rows: squeeze `--method gptq` (experts see their routed tokens),
 # llm-compressor (every expert sees every token: its MoE calibration default), squeeze `--method gptq
 # --force-route-all` (the same statistics as llm-compressor). Wall, user CPU and peak RSS from /usr/bin/time per
-# process. Prints a table; asserts nothing. Outside CI: needs the llm-compressor venv
+# process. Where the model has an MTP layer (`--arch glm5`), squeeze keeps its experts BF16 (the detected recipe
+# with `mtp = "bf16"`): transformers' model, which llm-compressor calibrates, has no MTP layer, so quantizing it
+# would be work llm-compressor does not do. Prints a table; asserts nothing. Outside CI: needs the llm-compressor venv
 # (scripts/oracle/gptq/setup.sh, or LLMC_PYTHON=path/to/python of a venv with llmcompressor 0.14).
 #
 #   scripts/bench-gptq-vs-llmcompressor.sh [--rounds 3] [--samples 32] [--seq-len 256] [--layers 4] [--hidden 1024]
@@ -65,6 +67,13 @@ if [ "$llmc" = 1 ]; then
   "$python" scripts/llmcompressor_gptq.py "$src" "$ids" "$work/llmc" --prepare
 fi
 calibration=(--method gptq --calibration "$ids" --samples "$samples" --engine none --force)
+mtp_layers=$(python3 -c "import json; print(json.load(open('$src/config.json')).get('num_nextn_predict_layers', 0))")
+if [ "$mtp_layers" != 0 ]; then
+  recipe=$("$squeeze" quantize "$src" "$work/dry-run" --dry-run 2>&1 | sed -n 's/.* with recipe \([^:]*\):.*/\1/p' | head -1)
+  { echo 'mtp = "bf16"'; cat "recipes/$recipe.toml"; } >"$work/recipe-no-mtp.toml"
+  calibration+=(--recipe "$work/recipe-no-mtp.toml")
+  echo "squeeze: recipe $recipe with the MTP layer's experts kept BF16 (llm-compressor's model has no MTP layer)"
+fi
 printf '%-44s %5s %8s %8s %12s\n' run round wall_s user_s peak_RSS
 for round in $(seq 1 "$rounds"); do
   measure "squeeze --method gptq" "$squeeze" quantize "$src" "$work/out-default" "${calibration[@]}"

@@ -52,7 +52,7 @@ fn check(arch: &str) -> Vec<Vec<f32>> {
     batch[1].truncate(TRUNCATED);
     let mut got: Vec<Vec<f32>> = vec![Vec::new(); sequences];
     let stats = model
-        .forward(&Cpu, &batch, &Silent, &mut |index, logits| {
+        .forward(&Cpu::default(), &batch, &Silent, &mut |index, logits| {
             got[index] = logits.to_vec();
             Ok(())
         })
@@ -125,7 +125,7 @@ fn check_mtp(arch: &str, file: &str) {
     let mut got: Vec<Vec<f32>> = vec![Vec::new(); sequences];
     model
         .forward_with_drafts(
-            &Cpu,
+            &Cpu::default(),
             &batch,
             &Silent,
             &mut |_, _| Ok(()),

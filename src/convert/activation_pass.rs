@@ -19,6 +19,7 @@ use crate::plan::calibration::{CalibrationError, CalibrationOptions, Calibration
 use crate::plan::Plan;
 
 use super::calibrated::{expert_statistics_pass, ExpertStatistics, PassResult};
+use crate::runtime::cpu::Products;
 
 /// Runs the pass; returns every planned expert's input absmaxes, and the layers' coverage (`fallback`: the experts
 /// no token reached, which took the layer's largest).
@@ -29,10 +30,12 @@ pub fn calibrate(
     plan: &Plan,
     reporter: &dyn Reporter,
 ) -> Result<PassResult, CalibrationError> {
-    // Per expert: tokens seen, absmax of its gate/up input, absmax of its down input.
+    // Per expert: tokens seen, absmax of its gate/up input, absmax of its down input. The runtime's exact products:
+    // the scales are bytes vLLM was checked to load and score (tests/golden/vllm, nvfp4-w4a4), and one forward with
+    // no GPTQ after it costs little either way.
     expert_statistics_pass(
         dir,
-        options,
+        (options, Products::Exact),
         set,
         plan,
         reporter,

@@ -49,6 +49,7 @@ use crate::progress::Reporter;
 use crate::quant::gptq::{self, GptqSettings, Hessian, InverseFactor, Quantized};
 use crate::quant::ScaleRule;
 use crate::runtime::backend::Backend;
+use crate::runtime::cpu::Products;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::RuntimeError;
 
@@ -115,7 +116,7 @@ pub fn calibrate(
     let mut layers_reused = 0;
     // Progress: one unit per layer and one per planned expert.
     reporter.begin("gptq", (pass_layers(plan, &config) + targets.len()) as u64);
-    let layers = run_pass(dir, options, set, plan, reporter, &mut |run, hidden| {
+    let layers = run_pass(dir, (options, Products::Blocked), set, plan, reporter, &mut |run, hidden| {
         if !run.moe {
             run.forward(hidden, None)?;
             return Ok(None);

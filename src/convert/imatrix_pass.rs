@@ -22,6 +22,7 @@ use crate::plan::calibration::{CalibrationError, CalibrationOptions, Calibration
 use crate::plan::Plan;
 
 use super::calibrated::{expert_statistics_pass, ExpertStatistics, PassResult};
+use crate::runtime::cpu::Products;
 
 /// Runs the pass; returns the importance of every planned expert with enough tokens, and the layers' coverage.
 pub fn calibrate(
@@ -35,7 +36,7 @@ pub fn calibrate(
     let (width, inner) = (config.hidden_size, config.moe_intermediate_size);
     expert_statistics_pass(
         dir,
-        options,
+        (options, Products::Blocked),
         set,
         plan,
         reporter,

@@ -89,7 +89,7 @@ pub fn linear_f32(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
         for bias in [None, Some(bias.as_slice())] {
             let (got, want) = (
                 Host::new(backend).linear(&x, tokens, &weight, bias),
-                Host::new(&Cpu).linear(&x, tokens, &weight, bias),
+                Host::new(&Cpu::default()).linear(&x, tokens, &weight, bias),
             );
             let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias {}", bias.is_some());
             rows.push(row("linear f32", shape, &got, &want, 0, DOT_ORDER_REL_L2));
@@ -108,7 +108,7 @@ pub fn linear_bf16_weights(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<S
         let rounded = Matrix::new(out, inner, bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect());
         let input = rng.values(tokens * inner, 2.0);
         let bias = rng.values(out, 1.0);
-        let want = Host::new(&Cpu).linear(&input, tokens, &rounded, Some(&bias));
+        let want = Host::new(&Cpu::default()).linear(&input, tokens, &rounded, Some(&bias));
         let (x, weight, bias) = (device.upload(&input)?, device.upload(&bits)?, device.upload(&bias)?);
         let y = device.alloc_for::<f32>(tokens * out)?;
         linear_bf16(device, &x, &weight, Some(&bias), &y, LinearShape::new(tokens, inner, out))?;
@@ -136,7 +136,12 @@ pub fn linear_bf16_split_gemm(backend: &CudaBackend, rng: &mut Rng) -> Result<Ve
         let bias_values = rng.values(out, 1.0);
         let (x, weight, bias) = (device.upload(&input)?, device.upload(&bits)?, device.upload(&bias_values)?);
         for with_bias in [false, true] {
-            let want = Host::new(&Cpu).linear(&input, tokens, &rounded, with_bias.then_some(bias_values.as_slice()));
+            let want = Host::new(&Cpu::default()).linear(
+                &input,
+                tokens,
+                &rounded,
+                with_bias.then_some(bias_values.as_slice()),
+            );
             let y = device.alloc_for::<f32>(tokens * out)?;
             linear_bf16_gemm(
                 device,
@@ -154,7 +159,7 @@ pub fn linear_bf16_split_gemm(backend: &CudaBackend, rng: &mut Rng) -> Result<Ve
         let dense = Matrix::new(out, inner, rng.values(out * inner, 0.5));
         let pair = split(device, &device.upload(dense.values())?, out * inner)?;
         for tokens in [5, tokens] {
-            let want = Host::new(&Cpu).linear(&input[..tokens * inner], tokens, &dense, Some(&bias_values));
+            let want = Host::new(&Cpu::default()).linear(&input[..tokens * inner], tokens, &dense, Some(&bias_values));
             let y = device.alloc_for::<f32>(tokens * out)?;
             linear_bf16_pair(device, &x, &pair, Some(&bias), &y, LinearShape::new(tokens, inner, out))?;
             let got = device.download::<f32>(&y, tokens * out)?;
@@ -180,7 +185,7 @@ pub fn linear_w4a16(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
             for bias in [None, Some(bias.as_slice())] {
                 let (got, want) = (
                     Host::new(backend).linear(&x, tokens, &packed, bias),
-                    Host::new(&Cpu).linear(&x, tokens, &dense, bias),
+                    Host::new(&Cpu::default()).linear(&x, tokens, &dense, bias),
                 );
                 let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ g{group_size} bias {}", bias.is_some());
                 rows.push(row("linear w4a16", shape, &got, &want, 0, DOT_ORDER_REL_L2));
@@ -198,11 +203,11 @@ pub fn norms(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
         let (weight, bias) = (rng.values(width, 1.0), rng.values(width, 0.5));
         let (mut got, mut want) = (data.clone(), data.clone());
         Host::new(backend).rms_norm(&mut got, width, &weight, 1e-6);
-        Host::new(&Cpu).rms_norm(&mut want, width, &weight, 1e-6);
+        Host::new(&Cpu::default()).rms_norm(&mut want, width, &weight, 1e-6);
         rows.push(row("rms_norm", format!("[{count}, {width}]"), &got, &want, 0, NORM_REL_L2));
         let (mut got, mut want) = (data.clone(), data);
         Host::new(backend).layer_norm(&mut got, width, &weight, &bias, 1e-5);
-        Host::new(&Cpu).layer_norm(&mut want, width, &weight, &bias, 1e-5);
+        Host::new(&Cpu::default()).layer_norm(&mut want, width, &weight, &bias, 1e-5);
         rows.push(row("layer_norm", format!("[{count}, {width}]"), &got, &want, 0, NORM_REL_L2));
     }
     rows
@@ -240,7 +245,7 @@ pub fn rope(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
             let got_table = table();
             Host::new(backend).rope(&mut got, row_width, &call(&got_table));
             let want_table = table();
-            Host::new(&Cpu).rope(&mut want, row_width, &call(&want_table));
+            Host::new(&Cpu::default()).rope(&mut want, row_width, &call(&want_table));
             let mismatches = metrics::bit_mismatches(&got, &want);
             let shape = format!("[{tokens}, {heads}, {head_dim}] offset {offset} rotary {rotary}");
             rows.push(row(&format!("rope {style:?}"), shape, &got, &want, mismatches, EXACT));
@@ -253,7 +258,7 @@ pub fn rope(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
 pub fn silu_mul(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
     let count = 1000 * 3 + 17;
     let (gate, up) = (rng.values(count, 6.0), rng.values(count, 2.0));
-    let (got, want) = (Host::new(backend).silu_mul(&gate, &up), Host::new(&Cpu).silu_mul(&gate, &up));
+    let (got, want) = (Host::new(backend).silu_mul(&gate, &up), Host::new(&Cpu::default()).silu_mul(&gate, &up));
     vec![row("silu_mul", format!("[{count}]"), &got, &want, 0, ELEMENTWISE_REL_L2)]
 }
 
@@ -279,7 +284,7 @@ pub fn attention(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
             let mask: Option<Vec<bool>> =
                 masked.then(|| (0..tokens * tokens).map(|i| i / tokens == i % tokens || rng.below(3) > 0).collect());
             let got = Host::new(backend).attention(&q, &k, &v, &shape, mask.as_deref());
-            let want = Host::new(&Cpu).attention(&q, &k, &v, &shape, mask.as_deref());
+            let want = Host::new(&Cpu::default()).attention(&q, &k, &v, &shape, mask.as_deref());
             let name = if masked { "attention causal+mask" } else { "attention causal" };
             let shape = format!("{tokens} tokens, 4/{kv_heads} heads, qk {qk_dim}, v {v_dim}");
             rows.push(row(name, shape, &got, &want, 0, DOT_ORDER_REL_L2));
@@ -323,7 +328,7 @@ pub fn route(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
             }
             let (got, want) = (
                 Host::new(backend).route(&logits, tokens, &bias, &shape),
-                Host::new(&Cpu).route(&logits, tokens, &bias, &shape),
+                Host::new(&Cpu::default()).route(&logits, tokens, &bias, &shape),
             );
             let (got, want) = match (got, want) {
                 (Ok(got), Ok(want)) => (got, want),
@@ -361,7 +366,7 @@ pub fn indexer_top_k(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
         let q = rng.values(tokens * heads * head_dim, 1.0);
         let k = rng.values(tokens * head_dim, 1.0);
         let head_weights = rng.values(tokens * heads, 1.0);
-        let want = Host::new(&Cpu).indexer_top_k(&q, &k, &head_weights, &shape);
+        let want = Host::new(&Cpu::default()).indexer_top_k(&q, &k, &head_weights, &shape);
         let got = Host::new(backend).indexer_top_k(&q, &k, &head_weights, &shape);
         let kept = want.mask.iter().filter(|&&m| m).count();
         let expected: usize = (0..tokens).map(|t| (t + 1).min(top_k)).sum();

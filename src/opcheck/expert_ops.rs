@@ -85,7 +85,7 @@ fn check_batch(
     let x = rng.values(tokens * hidden, 2.0);
     let start = rng.values(tokens * hidden, 0.5);
     let mut want = start.clone();
-    Host::new(&Cpu).routed_experts(&x, hidden, &batch(experts.iter().map(|e| &e.cpu), assigned), &mut want);
+    Host::new(&Cpu::default()).routed_experts(&x, hidden, &batch(experts.iter().map(|e| &e.cpu), assigned), &mut want);
     let mut got = start.clone();
     Host::new(backend).routed_experts(&x, hidden, &batch(experts.iter().map(|e| &e.device), assigned), &mut got);
     let unchanged = usize::from(want == start);
@@ -145,7 +145,12 @@ pub fn w4a16_grouped_experts(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec
     let mut want = Vec::new();
     for (segment, weight) in weights.iter().enumerate() {
         let (start, end) = (segment_start[segment], segment_start[segment + 1]);
-        want.extend(Host::new(&Cpu).linear(&input[start * in_features..end * in_features], end - start, weight, None));
+        want.extend(Host::new(&Cpu::default()).linear(
+            &input[start * in_features..end * in_features],
+            end - start,
+            weight,
+            None,
+        ));
     }
     let x = device.upload(&input)?;
     let packed = device.upload(&packed)?;

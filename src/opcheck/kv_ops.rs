@@ -299,7 +299,7 @@ pub fn paged_select(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<Selftest
     let seed = rng.next_u64();
     let failed =
         |error: RuntimeError| CudaError::Unsupported { tensor: "paged_select".into(), problem: error.to_string() };
-    let (want_mask, want) = dsa_decode_step(&Cpu, seed).map_err(failed)?;
+    let (want_mask, want) = dsa_decode_step(&Cpu::default(), seed).map_err(failed)?;
     let (mask, got) = dsa_decode_step(backend, seed).map_err(failed)?;
     let differing = mask.iter().zip(&want_mask).filter(|(a, b)| a != b).count() + mask.len().abs_diff(want_mask.len());
     let kept: Vec<usize> = mask.chunks(17).map(|row| row.iter().filter(|&&v| v != 0.0).count()).collect();

@@ -272,16 +272,16 @@ fn cpu_batches_split_anywhere_sum_to_the_same_bits() {
     let assigned = routes(&mut rng, tokens, count, 3, &[]);
     let x = rng.values(tokens * hidden, 2.0);
     let all = batch(experts.iter().map(|e| &e.cpu), &assigned);
-    let x = Cpu.upload(&x, hidden).unwrap();
-    let mut whole = Cpu.zeros(tokens, hidden).unwrap();
-    Cpu.routed_experts(&x, &all, &mut whole).unwrap();
-    let whole = Cpu.download(&whole).unwrap();
+    let x = Cpu::default().upload(&x, hidden).unwrap();
+    let mut whole = Cpu::default().zeros(tokens, hidden).unwrap();
+    Cpu::default().routed_experts(&x, &all, &mut whole).unwrap();
+    let whole = Cpu::default().download(&whole).unwrap();
     for per_batch in [1, 2, 3, 6] {
-        let mut split = Cpu.zeros(tokens, hidden).unwrap();
+        let mut split = Cpu::default().zeros(tokens, hidden).unwrap();
         for chunk in all.chunks(per_batch) {
-            Cpu.routed_experts(&x, chunk, &mut split).unwrap();
+            Cpu::default().routed_experts(&x, chunk, &mut split).unwrap();
         }
-        let split = Cpu.download(&split).unwrap();
+        let split = Cpu::default().download(&split).unwrap();
         let differ = split.iter().zip(&whole).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         assert_eq!(differ, 0, "batches of {per_batch}: {differ} values differ from one batch");
     }

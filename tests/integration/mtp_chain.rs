@@ -24,15 +24,15 @@ fn check(arch: SynthArch) {
     let tokens: Vec<u32> = (0..13u32).map(|i| (i * 41 + 3) % 250).collect();
     let depth = 3;
     let decoder = PagedModel::open(&out, 32).unwrap().with_mtp().unwrap().expect("an MTP layer");
-    let normed = decoder.prefill(&Cpu, &tokens).unwrap().normed;
+    let normed = decoder.prefill(&Cpu::default(), &tokens).unwrap().normed;
     let (checkpoint, config) = open_checkpoint(&out).unwrap();
     let reader = WeightReader::new(&checkpoint);
     let mtp = MtpLayer::load(&reader, &config).unwrap().unwrap();
     let (table, mla_scale) = rope_setup(&config, tokens.len());
-    let context = LayerContext { backend: &Cpu, reader: &reader, config: &config, table: &table, mla_scale };
+    let context = LayerContext { backend: &Cpu::default(), reader: &reader, config: &config, table: &table, mla_scale };
     let width = config.hidden_size;
     let spans = Spans::new(&[tokens.len()]);
-    let host = Cpu.upload(&normed, width).unwrap();
+    let host = Cpu::default().upload(&normed, width).unwrap();
     let chains = chained_drafts(&context, &mtp, &host, std::slice::from_ref(&tokens), &spans, depth).unwrap();
     let chain = &chains[0];
     assert_eq!(chain.len(), chain_starts(tokens.len(), depth) * depth);
@@ -44,17 +44,24 @@ fn check(arch: SynthArch) {
         for _ in 0..depth {
             let rows = next.len();
             let first: Vec<bool> = (0..rows).map(|row| row == 0).collect();
-            let input = mtp.input(&Cpu, &reader, &config, &next, &first, &Cpu.upload(&previous, width).unwrap());
+            let input = mtp.input(
+                &Cpu::default(),
+                &reader,
+                &config,
+                &next,
+                &first,
+                &Cpu::default().upload(&previous, width).unwrap(),
+            );
             let mut hidden = input.unwrap();
             let mut state = LayerState::default();
             let (spans, times) = (Spans::new(&[rows]), ExpertTimes::default());
             let residual = Residual { hidden: &mut hidden, spans: &spans, state: &mut state };
             mtp.layer().forward(&context, residual, KvSource::Own, &times, None).unwrap();
-            let last = (&Cpu as &dyn Backend).row_range(&hidden, rows - 1..rows).unwrap();
-            let token = argmax(&mtp.head_logits(&Cpu, &config, &last).unwrap());
+            let last = (&Cpu::default() as &dyn Backend).row_range(&hidden, rows - 1..rows).unwrap();
+            let token = argmax(&mtp.head_logits(&Cpu::default(), &config, &last).unwrap());
             drafted.push(token);
             next.push(token);
-            previous.extend_from_slice(&Cpu.download(&last).unwrap());
+            previous.extend_from_slice(&Cpu::default().download(&last).unwrap());
         }
         assert_eq!(&chain[t * depth..][..depth], &drafted[..], "{arch:?}: the chain from position {t}");
     }

@@ -26,7 +26,7 @@ fn check(arch: SynthArch) {
     let vocab = model.config().vocab_size;
     let mut full = Vec::new();
     model
-        .forward(&Cpu, std::slice::from_ref(&tokens), &Silent, &mut |_, logits| {
+        .forward(&Cpu::default(), std::slice::from_ref(&tokens), &Silent, &mut |_, logits| {
             full = logits.to_vec();
             Ok(())
         })
@@ -35,12 +35,12 @@ fn check(arch: SynthArch) {
     let prompt = 5;
     for (dtype, tolerance) in [(KvDtype::F32, DECODE_VS_FULL_MAX_ABS), (KvDtype::Bf16, BF16_CACHE_MAX_ABS)] {
         let mut pool = pool_for(&decoder, dtype, 3, 8);
-        let prefilled = decoder.prefill(&Cpu, &tokens[..prompt]).unwrap();
-        PagedModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
+        let prefilled = decoder.prefill(&Cpu::default(), &tokens[..prompt]).unwrap();
+        PagedModel::hand_over(&Cpu::default(), &mut pool, 1, &prefilled).unwrap();
         let mut worst = max_abs(&prefilled.logits, &full[(prompt - 1) * vocab..][..vocab]);
         for position in prompt..tokens.len() {
             let item = DecodeItem { request: 1, token: tokens[position], position };
-            let logits = decoder.decode(&Cpu, &mut pool, &[item], true).unwrap().logits.remove(0).unwrap();
+            let logits = decoder.decode(&Cpu::default(), &mut pool, &[item], true).unwrap().logits.remove(0).unwrap();
             worst = worst.max(max_abs(&logits, &full[position * vocab..][..vocab]));
         }
         assert!(worst <= tolerance, "{arch:?} {dtype:?}: max |Δlogit| {worst} > {tolerance}");
@@ -56,7 +56,7 @@ fn check_drafts(arch: SynthArch) {
     let mut expected = Vec::new();
     model
         .forward_with_drafts(
-            &Cpu,
+            &Cpu::default(),
             std::slice::from_ref(&tokens),
             &Silent,
             &mut |_, _| Ok(()),
@@ -70,8 +70,8 @@ fn check_drafts(arch: SynthArch) {
     let decoder = PagedModel::open(&out, 32).unwrap().with_mtp().unwrap().expect("an MTP layer");
     let width = decoder.config().hidden_size;
     let mut pool = pool_for(&decoder, KvDtype::F32, 4, 16);
-    let prefilled = decoder.prefill(&Cpu, &tokens).unwrap();
-    PagedModel::hand_over(&Cpu, &mut pool, 1, &prefilled).unwrap();
+    let prefilled = decoder.prefill(&Cpu::default(), &tokens).unwrap();
+    PagedModel::hand_over(&Cpu::default(), &mut pool, 1, &prefilled).unwrap();
     let item = |position: usize| DraftItem {
         request: 1,
         next: tokens[position + 1],
@@ -79,7 +79,7 @@ fn check_drafts(arch: SynthArch) {
         previous: prefilled.normed[position * width..][..width].to_vec(),
     };
     let all: Vec<DraftItem> = (0..tokens.len() - 1).map(item).collect();
-    let drafts = decoder.draft(&Cpu, &mut pool, &all, true).unwrap();
+    let drafts = decoder.draft(&Cpu::default(), &mut pool, &all, true).unwrap();
     let vocab = decoder.config().vocab_size;
     let mut worst = 0f32;
     for (position, draft) in drafts.into_iter().enumerate() {
@@ -87,7 +87,7 @@ fn check_drafts(arch: SynthArch) {
     }
     // Again one position at a time, over the rows the catch-up cached: the same drafts.
     for position in [0, 5, tokens.len() - 2] {
-        let draft = decoder.draft(&Cpu, &mut pool, &[item(position)], true).unwrap().remove(0).unwrap();
+        let draft = decoder.draft(&Cpu::default(), &mut pool, &[item(position)], true).unwrap().remove(0).unwrap();
         worst = worst.max(max_abs(&draft.logits, &expected[position * vocab..][..vocab]));
     }
     assert!(worst <= DECODE_VS_FULL_MAX_ABS, "{arch:?}: max |Δ draft logit| {worst}");

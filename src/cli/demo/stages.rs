@@ -192,7 +192,7 @@ pub fn eval_model(model: &Path, text: &Path) -> anyhow::Result<EvalReport> {
         mtp_depth: 1,
         allow_long_context: false,
     };
-    evaluate(&options, &Cpu, &Silent).with_context(|| format!("evaluating {}", model.display()))
+    evaluate(&options, &Cpu::default(), &Silent).with_context(|| format!("evaluating {}", model.display()))
 }
 
 /// `squeeze calibrate-kv MODEL --data TEXT --seq-len 256 --samples 8`: the scales are written into MODEL.
@@ -208,8 +208,8 @@ pub fn calibrate_kv(model: &Path, text: &Path) -> anyhow::Result<CalibReport> {
         save_stats: None,
         allow_long_context: false,
     };
-    let mut report =
-        calibrate(&options, &Cpu, &Silent).with_context(|| format!("calibrating KV scales of {}", model.display()))?;
+    let mut report = calibrate(&options, &Cpu::default(), &Silent)
+        .with_context(|| format!("calibrating KV scales of {}", model.display()))?;
     let written = write_scales(&report, model, None, None)?;
     report.written = written.files.iter().map(|p| p.display().to_string()).collect();
     Ok(report)
@@ -233,7 +233,7 @@ pub fn parity(reference: &Path, candidate: &Path, text: &Path) -> anyhow::Result
         mtp_depth: 1,
         allow_long_context: false,
     };
-    evaluate_parity(&options, &Cpu, &Silent)
+    evaluate_parity(&options, &Cpu::default(), &Silent)
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))
 }
 
@@ -255,7 +255,7 @@ pub fn serve(model: &Path, prefill: Option<&Path>, kv_dtype: KvDtype) -> anyhow:
         speculative: None,
         allow_long_context: false,
     };
-    serve_test(&Cpu, &options, &Silent).with_context(|| format!("serve-test on {}", model.display()))
+    serve_test(&Cpu::default(), &options, &Silent).with_context(|| format!("serve-test on {}", model.display()))
 }
 
 /// `squeeze report` exactly as the subcommand's arguments parse (same defaults).

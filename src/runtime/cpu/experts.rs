@@ -2,12 +2,13 @@
 
 use rayon::prelude::*;
 
-use super::{activation, linear};
+use super::activation;
+use super::linear::{self, Products};
 use crate::quant::fp4::nvfp4_fake_quantize_activations;
 use crate::runtime::backend::{ExpertInputs, RoutedExpert};
 
 /// [`crate::runtime::Backend::routed_experts`]: the experts run in parallel, their outputs are added in slice order.
-pub fn apply(x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32]) {
+pub fn apply(x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mut [f32], products: Products) {
     let outs: Vec<Vec<f32>> = experts
         .par_iter()
         .map(|expert| {
@@ -22,13 +23,13 @@ pub fn apply(x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mu
             if let ExpertInputs::Nvfp4 { gate_up, .. } = expert.inputs {
                 nvfp4_fake_quantize_activations(&mut gathered, gate_up);
             }
-            let gate = linear::linear(&gathered, rows, expert.gate, None);
-            let up = linear::linear(&gathered, rows, expert.up, None);
+            let gate = linear::linear(&gathered, rows, expert.gate, None, products);
+            let up = linear::linear(&gathered, rows, expert.up, None, products);
             let mut intermediate = activation::silu_mul(&gate, &up);
             if let ExpertInputs::Nvfp4 { down, .. } = expert.inputs {
                 nvfp4_fake_quantize_activations(&mut intermediate, down);
             }
-            linear::linear(&intermediate, rows, expert.down, None)
+            linear::linear(&intermediate, rows, expert.down, None, products)
         })
         .collect();
     for (expert, out) in experts.iter().zip(&outs) {

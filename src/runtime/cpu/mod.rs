@@ -15,6 +15,8 @@ mod routing;
 
 use std::ops::Range;
 
+pub use linear::Products;
+
 use super::backend::{
     AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeCall, RoutedExpert, Routes, RoutingShape,
 };
@@ -25,7 +27,11 @@ use super::RuntimeError;
 
 /// The CPU backend.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Cpu;
+pub struct Cpu {
+    /// How its linear layers multiply: [`Products::Exact`] (the default) for the runtime's commands,
+    /// [`Products::Blocked`] for the calibration passes.
+    pub products: Products,
+}
 
 /// The CPU's prefetch: the f32 values of the next layer's (or expert batch's) INT4 weights made on the loader
 /// thread, so compute never waits for them. Block-FP8 weights stay coded: the linear layers decode them block by
@@ -118,7 +124,7 @@ impl Backend for Cpu {
 
     fn linear(&self, x: &Tensor, weight: &Matrix, bias: Option<&Matrix>) -> Result<Tensor, RuntimeError> {
         let bias = bias.map(|bias| bias.values());
-        Ok(Tensor::host(linear::linear(values(x), x.rows(), weight, bias), weight.rows))
+        Ok(Tensor::host(linear::linear(values(x), x.rows(), weight, bias, self.products), weight.rows))
     }
 
     fn rms_norm(&self, x: &mut Tensor, width: usize, weight: &Matrix, eps: f32) -> Result<(), RuntimeError> {
@@ -207,7 +213,7 @@ impl Backend for Cpu {
         experts: &[RoutedExpert<'_>],
         output: &mut Tensor,
     ) -> Result<(), RuntimeError> {
-        experts::apply(values(x), x.columns(), experts, values_mut(output));
+        experts::apply(values(x), x.columns(), experts, values_mut(output), self.products);
         Ok(())
     }
 }

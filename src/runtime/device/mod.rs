@@ -26,7 +26,7 @@ pub use counted::{Counted, DeviceCounters, Direction, Traffic, Transfers};
 pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use gpu::Gpu;
-pub use select::{open_backend, probe, select, DeviceChoice, DeviceSelection, BUILT_WITH_CUDA};
+pub use select::{open_backend, open_backend_with, probe, select, DeviceChoice, DeviceSelection, BUILT_WITH_CUDA};
 #[cfg(not(feature = "cuda"))]
 pub use stub::Gpu;
 

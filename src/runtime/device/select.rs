@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::emulated::Emulator;
 use super::{CudaError, Device, DeviceInfo, Gpu};
 use crate::runtime::backend::Backend;
-use crate::runtime::cpu::Cpu;
+use crate::runtime::cpu::{Cpu, Products};
 use crate::runtime::cuda::CudaBackend;
 
 /// Whether this binary was built with the `cuda` feature.
@@ -101,12 +101,21 @@ pub fn select(choice: DeviceChoice) -> Result<DeviceSelection, CudaError> {
 
 /// The runtime backend `choice` names; `auto` falls back to the CPU with a one-line notice (returned, for stderr).
 pub fn open_backend(choice: DeviceChoice) -> Result<(Box<dyn Backend>, Option<String>), CudaError> {
+    open_backend_with(choice, Products::Exact)
+}
+
+/// [`open_backend`] whose CPU backend multiplies as `products` says (the GPU's is unaffected).
+pub fn open_backend_with(
+    choice: DeviceChoice,
+    products: Products,
+) -> Result<(Box<dyn Backend>, Option<String>), CudaError> {
     let selection = select(choice)?;
+    let cpu = Cpu { products };
     if let DeviceSelection::CpuFallback(reason) = &selection {
-        return Ok((Box::new(Cpu), Some(format!("no usable GPU ({reason}); running on the CPU"))));
+        return Ok((Box::new(cpu), Some(format!("no usable GPU ({reason}); running on the CPU"))));
     }
     Ok(match selection.into_device() {
         Some(device) => (Box::new(CudaBackend::new(device)), None),
-        None => (Box::new(Cpu), None),
+        None => (Box::new(cpu), None),
     })
 }
