@@ -135,10 +135,10 @@ fn add_bias(out: &mut [f32], bias: Option<&[f32]>) {
 
 /// `out = input · weightᵀ` `[rows, features]` by faer's GEMM, a block-FP8 weight decoded [`BLOCKED_FEATURES`] rows
 /// at a time (the values [`Matrix::values`] would make, bit for bit). The threads take tiles of
-/// [`BLOCKED_TILE`] rows × features, each one sequential GEMM: faer's own parallel GEMM, called from inside the
-/// rayon tasks of the routed experts, corrupted memory (its tasks, stolen by a thread already inside a GEMM,
-/// share that thread's buffers). Each output's sum runs over the whole width in faer's order for this machine,
-/// whatever the tiles and threads.
+/// [`BLOCKED_TILE`] rows × features, each one sequential GEMM: faer's own parallel f32 GEMM, called from inside the
+/// rayon tasks of the routed experts, aborted a GLM-5-width run with "double free or corruption" (cause not
+/// pinned down; the sequential GEMM per tile has not failed). Each output's sum runs over the whole width in
+/// faer's order for this machine, whatever the tiles and threads.
 fn blocked(input: &[f32], rows: usize, weight: &Matrix, out: &mut [f32]) {
     let (features, width) = (weight.rows, weight.columns);
     let fp8 = weight.fp8();
