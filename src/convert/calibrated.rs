@@ -96,8 +96,8 @@ pub fn pass_layers(plan: &Plan, config: &ModelConfig) -> usize {
 /// quantizes the MTP layer's experts, the MTP layer runs last, as the engines run it: over the main model's final
 /// hidden states (after its norm, from the layers as `work` left them) and each next token ([`MtpLayer::inputs`]).
 /// The reporter's phase (begun by the caller with [`pass_layers`] units at least) advances one unit per layer.
-/// On the CPU the forward multiplies as `products` says ([`Products::Blocked`]: several times faster on thousands of
-/// rows, rounding differently from the runtime's commands).
+/// On the CPU the forward multiplies as `products` says ([`Products::Blocked`]: 1.7–2.6× the kernel's rate on
+/// thousands of rows at GLM-5 width, rounding differently from the runtime's commands).
 pub fn run_pass(
     dir: &Path,
     (options, products): (&CalibrationOptions, Products),
