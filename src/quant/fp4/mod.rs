@@ -174,6 +174,7 @@ fn nvfp4_quantize_row_packed_portable(weights: &[f32], global: f32, packed: &mut
 }
 
 mod activations;
+pub mod cast;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
