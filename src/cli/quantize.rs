@@ -63,6 +63,14 @@ pub struct Args {
     /// Carry NaN or infinite source weights into the output (default: refuse, naming the tensor and element).
     #[arg(long)]
     pub allow_nonfinite: bool,
+    /// Cast MXFP4 groups NVFP4 cannot hold exactly by re-encoding them (lossy) instead of refusing.
+    ///
+    /// MXFP4 → NVFP4 keeps every E2M1 code of a group whose E8M0 exponent lies within 17 of the weight's largest
+    /// (the range of E4M3's powers of two); a group further down cannot be scaled exactly. Default: refuse, naming
+    /// the tensor and its first such group. With this flag such a group gets E4M3's smallest scale and each value
+    /// the nearest E2M1 code at that step; every other group stays bit-exact.
+    #[arg(long)]
+    pub allow_inexact_cast: bool,
     /// Print one JSON report on stdout.
     #[arg(long)]
     pub json: bool,
@@ -226,6 +234,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         part: args.part,
         calibration,
         allow_nonfinite: args.allow_nonfinite,
+        allow_inexact_cast: args.allow_inexact_cast,
         input: args.input.clone(),
         output: args.output.clone(),
         recipe: args.recipe.clone(),

@@ -45,6 +45,8 @@ pub struct QuantizeOptions {
     pub device: DeviceChoice,
     /// Carry NaN/infinite source elements into the output instead of refusing.
     pub allow_nonfinite: bool,
+    /// Cast the MXFP4 groups NVFP4 cannot hold exactly by the stated rule instead of refusing them.
+    pub allow_inexact_cast: bool,
     /// Whose load rules the plan must pass before anything is written (`none`: skip them).
     pub engine: EngineChoice,
     /// Tensor-parallel size for the rules; `None`: `lint::default_tp` of the model.
@@ -444,6 +446,7 @@ fn run(
             scale_rule: options.scale_rule,
             max_shard_bytes: options.max_shard_bytes,
             allow_nonfinite: options.allow_nonfinite,
+            allow_inexact_cast: options.allow_inexact_cast,
         },
         config: output_config.as_ref().map(|(config, _)| config.clone()),
         companions: Vec::new(),
@@ -459,6 +462,7 @@ fn run(
     let compute = transform::Compute {
         device: opened.device.as_deref(),
         allow_nonfinite: options.allow_nonfinite,
+        allow_inexact_cast: options.allow_inexact_cast,
         calibration,
         absmax: Some(&absmax),
     };

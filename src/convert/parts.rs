@@ -75,6 +75,9 @@ pub struct PartOptions {
     pub scale_rule: Option<ScaleRule>,
     pub max_shard_bytes: u64,
     pub allow_nonfinite: bool,
+    /// `--allow-inexact-cast` (absent from the manifests of runs without it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_inexact_cast: bool,
 }
 
 impl PartOptions {
@@ -87,6 +90,7 @@ impl PartOptions {
             ("--scale-rule", format!("{:?}", self.scale_rule), format!("{:?}", other.scale_rule)),
             ("--max-shard-size", self.max_shard_bytes.to_string(), other.max_shard_bytes.to_string()),
             ("--allow-nonfinite", self.allow_nonfinite.to_string(), other.allow_nonfinite.to_string()),
+            ("--allow-inexact-cast", self.allow_inexact_cast.to_string(), other.allow_inexact_cast.to_string()),
         ];
         fields
             .into_iter()

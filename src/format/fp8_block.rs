@@ -19,6 +19,8 @@ use super::compressed_tensors::{
     check_int4_conventions, int4_group_size, int4_tensors, packed_name, read_shape, Int4Args,
 };
 use super::compressed_tensors::{scale_name as int4_scale_name, shape_name};
+use super::mxfp4_source::{first_nan_exponent, is_e8m0, mxfp4_shape, nan_exponent_error, Mxfp4Naming};
+use crate::quant::fp4::{self as fp4, MXFP4_GROUP};
 
 /// How a source item is stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +31,9 @@ pub enum SourceKind {
     /// `group_size`, `weight_shape`), conventions checked. The item is named `<module>.weight`, which is not
     /// stored, and has the weight's `[out, in]` shape.
     Int4 { group_size: usize },
+    /// An MXFP4 module (E2M1 codes, an E8M0 scale per 32) as the FP4-native releases ship it
+    /// ([`super::mxfp4_source`]). Named `<module>.weight`, of the weight's logical `[out, in]` shape.
+    Mxfp4 { naming: Mxfp4Naming, packed: Dtype, scales: Dtype },
     /// Any other tensor, used as stored.
     Plain,
 }
@@ -54,6 +59,10 @@ impl SourceItem {
                 .iter()
                 .map(|tensor| tensor.bytes())
                 .sum(),
+            SourceKind::Mxfp4 { .. } => {
+                let elements = self.shape.iter().product::<usize>() as u64;
+                elements / 2 + elements / MXFP4_GROUP as u64
+            }
             SourceKind::Plain => tensor_bytes(self.dtype, &self.shape),
         }
     }
@@ -75,6 +84,7 @@ impl SourceItem {
                 let module = self.module();
                 vec![packed_name(module), int4_scale_name(module), shape_name(module)]
             }
+            SourceKind::Mxfp4 { naming, .. } => naming.stored_names(self.module()).to_vec(),
             SourceKind::Plain => vec![self.name.clone()],
         }
     }
@@ -127,6 +137,32 @@ pub fn int4_item(checkpoint: &Checkpoint, module: &str, declared: Option<usize>)
         shape: vec![rows, columns],
         kind: SourceKind::Int4 { group_size },
     })
+}
+
+/// The MXFP4 item of `module` stored as `naming`, its conventions checked ([`mxfp4_shape`]).
+pub fn mxfp4_item(checkpoint: &Checkpoint, module: &str, naming: Mxfp4Naming) -> Result<SourceItem, IoError> {
+    let shape = mxfp4_shape(checkpoint, module, naming)?;
+    let [packed, scales] = naming.stored_names(module).map(|name| checkpoint.get(&name).map_or(Dtype::U8, |t| t.dtype));
+    Ok(SourceItem {
+        name: format!("{module}.weight"),
+        dtype: Dtype::U8,
+        shape: shape.to_vec(),
+        kind: SourceKind::Mxfp4 { naming, packed, scales },
+    })
+}
+
+/// The MXFP4 naming of a stored tensor, if it is an MXFP4 module's codes: a U8 `weight_packed` whose
+/// `weight_scale` holds E8M0 bytes (NVFP4's are F8_E4M3), or a one-byte or F4 `weight` with a DeepSeek `scale`
+/// sibling holding E8M0 bytes (an FP8 weight's codes are F8_E4M3).
+fn mxfp4_naming(checkpoint: &Checkpoint, name: &str, dtype: Dtype) -> Option<(String, Mxfp4Naming)> {
+    let e8m0 = |scale: String| checkpoint.get(&scale).is_some_and(|scale| is_e8m0(scale.dtype));
+    if let Some(module) = name.strip_suffix(".weight_packed") {
+        return (dtype == Dtype::U8 && e8m0(format!("{module}.weight_scale")))
+            .then(|| (module.to_string(), Mxfp4Naming::CompressedTensors));
+    }
+    let module = name.strip_suffix(".weight")?;
+    (matches!(dtype, Dtype::I8 | Dtype::U8 | Dtype::F4) && e8m0(format!("{module}.scale")))
+        .then(|| (module.to_string(), Mxfp4Naming::Deepseek))
 }
 
 /// How FP8 scales are laid out, from `quantization_config`.
@@ -184,6 +220,15 @@ fn is_scale_name(name: &str) -> bool {
     name.ends_with(".weight_scale_inv") || name.ends_with(".weight_scale")
 }
 
+/// The weight a scale tensor belongs to: `X.weight` of `X.weight_scale_inv`, `X.weight_scale` or DeepSeek's
+/// `X.scale`.
+fn scaled_weight(name: &str) -> Option<String> {
+    if is_scale_name(name) {
+        return Some(name.trim_end_matches("_scale_inv").trim_end_matches("_scale").to_string());
+    }
+    name.strip_suffix(".scale").map(|module| format!("{module}.weight"))
+}
+
 /// Groups a checkpoint's tensors into items in file order, validating FP8 scales' presence, dtype and shape.
 pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>, IoError> {
     let layout = scale_layout(checkpoint.config());
@@ -192,6 +237,11 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
     for name in checkpoint.names_in_file_order() {
         let shard = checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_default();
         let Some(tensor) = checkpoint.get(name) else { continue };
+        // An MXFP4 module is one item at its codes; its scales belong to it.
+        if let Some((module, naming)) = mxfp4_naming(checkpoint, name, tensor.dtype) {
+            items.push(mxfp4_item(checkpoint, &module, naming)?);
+            continue;
+        }
         // An INT4 `pack-quantized` module is one item at its `weight_packed`; its scale and shape belong to it.
         if let Some(module) = name.strip_suffix(".weight_packed") {
             if tensor.dtype != Dtype::I32 {
@@ -199,8 +249,8 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
                     shard,
                     name,
                     format!(
-                        "is {} (an FP4 module, or none compressed-tensors writes): quantize converts FP8, BF16 and \
-                         INT4 pack-quantized sources",
+                        "is {} (an NVFP4 module, or none compressed-tensors writes): quantize converts FP8, BF16, \
+                         MXFP4 and INT4 pack-quantized sources",
                         tensor.dtype
                     ),
                 ));
@@ -212,12 +262,13 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
         if module_of_metadata.is_some_and(|module| checkpoint.contains(&packed_name(module))) {
             continue;
         }
-        if is_scale_name(name) {
-            let weight = name.trim_end_matches("_scale_inv").trim_end_matches("_scale");
-            if !checkpoint.contains(weight) {
+        if let Some(weight) = scaled_weight(name) {
+            if checkpoint.contains(&weight) {
+                continue;
+            }
+            if is_scale_name(name) {
                 return Err(IoError::tensor(shard, name, format!("is a scale without its weight `{weight}`")));
             }
-            continue;
         }
         let one_byte = element_bytes(tensor.dtype) == 1 && tensor.dtype != Dtype::BOOL;
         if !one_byte {
@@ -229,8 +280,13 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
             });
             continue;
         }
-        // A one-byte weight: FP8 e4m3 with a scale sibling.
-        let scale = scale_name(name, layout);
+        // A one-byte weight: FP8 e4m3 with a scale sibling (the declared name, or DeepSeek-V4's `.scale`).
+        let declared = scale_name(name, layout);
+        let deepseek = name.strip_suffix(".weight").map(|module| format!("{module}.scale"));
+        let scale = match deepseek {
+            Some(deepseek) if !checkpoint.contains(&declared) && checkpoint.contains(&deepseek) => deepseek,
+            _ => declared,
+        };
         let Some(scale_tensor) = checkpoint.get(&scale) else {
             return Err(IoError::tensor(
                 shard,
@@ -261,11 +317,11 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
             ScaleLayout::CompressedTensors(CtStrategy::Tensor) => BlockGrid::new(rows, columns, rows, columns),
         };
         let scale_shard = checkpoint.shard_of(&scale).map(|s| s.path().to_path_buf()).unwrap_or_default();
-        if scale_tensor.dtype != Dtype::F32 && scale_tensor.dtype != Dtype::BF16 {
+        if !matches!(scale_tensor.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F8_E8M0) {
             return Err(IoError::tensor(
                 scale_shard,
                 &scale,
-                format!("has dtype {}; FP8 scales must be F32 or BF16", scale_tensor.dtype),
+                format!("has dtype {}; FP8 scales must be F32, BF16 or E8M0 (F8_E8M0)", scale_tensor.dtype),
             ));
         }
         let expected = grid.scale_shape();
@@ -295,6 +351,8 @@ pub fn read_scales(checkpoint: &Checkpoint, scale_name: &str) -> Option<Vec<f32>
     let tensor = checkpoint.get(scale_name)?;
     Some(match tensor.dtype {
         Dtype::BF16 => tensor.bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        // E8M0: 2^(e − 127), exactly (255, NaN, comes back infinite and is refused by `validate_scales`).
+        Dtype::F8_E8M0 | Dtype::U8 => tensor.bytes.iter().map(|&e| fp4::mxfp4_scale(e)).collect(),
         _ => tensor.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
     })
 }
@@ -303,7 +361,22 @@ pub fn read_scales(checkpoint: &Checkpoint, scale_name: &str) -> Option<Vec<f32>
 pub fn validate_scales(checkpoint: &Checkpoint, items: &[SourceItem]) -> Result<(), IoError> {
     use rayon::prelude::*;
     items.par_iter().try_for_each(|item| {
+        if let SourceKind::Mxfp4 { naming, .. } = &item.kind {
+            let [_, scale_name] = naming.stored_names(item.module());
+            let exponents = checkpoint.get(&scale_name).map_or(&[][..], |scale| scale.bytes);
+            return match first_nan_exponent(exponents, item.shape[1] / MXFP4_GROUP) {
+                Some(at) => Err(nan_exponent_error(checkpoint, &scale_name, at)),
+                None => Ok(()),
+            };
+        }
         let SourceKind::Fp8 { scale_name, .. } = &item.kind else { return Ok(()) };
+        if checkpoint.get(scale_name).is_some_and(|scale| is_e8m0(scale.dtype)) {
+            let exponents = checkpoint.get(scale_name).map_or(&[][..], |scale| scale.bytes);
+            let columns = checkpoint.get(scale_name).and_then(|scale| scale.shape.last().copied()).unwrap_or(1);
+            if let Some(at) = first_nan_exponent(exponents, columns) {
+                return Err(nan_exponent_error(checkpoint, scale_name, at));
+            }
+        }
         let scales = read_scales(checkpoint, scale_name).unwrap_or_default();
         if let Some((index, bad)) = scales.iter().enumerate().find(|(_, s)| !(s.is_finite() && **s > 0.0)) {
             let shard = checkpoint.shard_of(scale_name).map(|s| s.path().to_path_buf()).unwrap_or_default();
@@ -358,6 +431,12 @@ pub fn stored_item(checkpoint: &Checkpoint, name: &str, block: [usize; 2]) -> Re
         checkpoint.shard_of(name).map(|s| s.path().to_path_buf()).unwrap_or_else(|| checkpoint.dir().to_path_buf())
     };
     let module = name.strip_suffix(".weight").unwrap_or(name);
+    for stored in [packed_name(module), name.to_string()] {
+        if let Some((module, naming)) = checkpoint.get(&stored).and_then(|t| mxfp4_naming(checkpoint, &stored, t.dtype))
+        {
+            return mxfp4_item(checkpoint, &module, naming);
+        }
+    }
     if !checkpoint.contains(name) && checkpoint.contains(&packed_name(module)) {
         return int4_item(checkpoint, module, int4_group_size(checkpoint.config()));
     }
@@ -370,7 +449,7 @@ pub fn stored_item(checkpoint: &Checkpoint, name: &str, block: [usize; 2]) -> Re
         other => (1, other.iter().product()),
     };
     let kind = if tensor.dtype == Dtype::F8_E4M3 {
-        let candidates = [format!("{name}_scale_inv"), format!("{module}.weight_scale")];
+        let candidates = [format!("{name}_scale_inv"), format!("{module}.weight_scale"), format!("{module}.scale")];
         let scale_name =
             candidates.iter().find(|candidate| checkpoint.contains(candidate)).cloned().ok_or_else(|| {
                 IoError::tensor(shard(name), name, "is FP8 but has neither `weight_scale_inv` nor `weight_scale`")
@@ -438,17 +517,19 @@ pub struct RowReader<'a> {
     bytes: &'a [u8],
     pub rows: usize,
     pub columns: usize,
-    decode: Decode,
+    decode: Decode<'a>,
 }
 
 /// How a [`RowReader`]'s bytes become values.
-enum Decode {
+enum Decode<'a> {
     /// BF16, F16 or F32, as stored.
     Float(Dtype),
     /// FP8 e4m3 codes times their block's multiplier.
     Fp8 { grid: BlockGrid, scales: Vec<f32> },
     /// INT4 codes (eight per little-endian word) times their group's BF16 scale, in f32.
     Int4 { group_size: usize, scales: Vec<bf16> },
+    /// E2M1 codes (two per byte, the even element low) times their group's E8M0 power of two: exact in f32.
+    Mxfp4 { exponents: &'a [u8] },
 }
 
 impl<'a> RowReader<'a> {
@@ -472,6 +553,13 @@ impl<'a> RowReader<'a> {
                 let scales = scale.bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect();
                 Decode::Int4 { group_size: *group_size, scales }
             }
+            SourceKind::Mxfp4 { naming, .. } => {
+                let [_, scale_name] = naming.stored_names(item.module());
+                let scale = checkpoint
+                    .get(&scale_name)
+                    .ok_or_else(|| IoError::tensor(&shard, &scale_name, "scale tensor missing"))?;
+                Decode::Mxfp4 { exponents: scale.bytes }
+            }
             SourceKind::Plain => {
                 if !matches!(tensor.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
                     return Err(IoError::tensor(
@@ -494,6 +582,14 @@ impl<'a> RowReader<'a> {
     pub fn fp8_parts(&self) -> Option<(&'a [u8], BlockGrid, &[f32])> {
         match &self.decode {
             Decode::Fp8 { grid, scales } => Some((&self.bytes[..self.rows * self.columns], *grid, scales.as_slice())),
+            _ => None,
+        }
+    }
+
+    /// An MXFP4 module's packed codes `[rows, columns/2]` and E8M0 exponents `[rows, columns/32]`, as stored.
+    pub fn mxfp4_parts(&self) -> Option<(&'a [u8], &'a [u8])> {
+        match &self.decode {
+            Decode::Mxfp4 { exponents } => Some((&self.bytes[..self.rows * self.columns / 2], exponents)),
             _ => None,
         }
     }
@@ -528,6 +624,16 @@ impl<'a> RowReader<'a> {
                     codes.chunks(*group_size).zip(scales).fold(0f32, |max, (group, scale)| {
                         let top = group.iter().map(|q| q.unsigned_abs()).max().unwrap_or(0);
                         max.max(top as f32 * scale.to_f32())
+                    })
+                })
+                .reduce(|| 0.0, f32::max),
+            Decode::Mxfp4 { exponents } => rows
+                .map(|row| {
+                    let packed = &self.bytes[row * width / 2..][..width / 2];
+                    let exponents = &exponents[row * width / MXFP4_GROUP..][..width / MXFP4_GROUP];
+                    packed.chunks(MXFP4_GROUP / 2).zip(exponents).fold(0f32, |max, (group, &exponent)| {
+                        let top = group.iter().map(|byte| (byte & 7).max((byte >> 4) & 7)).max().unwrap_or(0);
+                        max.max(fp4::decode(top) * fp4::mxfp4_scale(exponent))
                     })
                 })
                 .reduce(|| 0.0, f32::max),
@@ -566,6 +672,18 @@ impl<'a> RowReader<'a> {
                     for (position, value) in values.iter_mut().enumerate() {
                         let column = word_index * 8 + position;
                         *value = pack::code(word, position) as f32 * scales[column / group_size].to_f32();
+                    }
+                }
+            }
+            Decode::Mxfp4 { exponents } => {
+                let packed = &self.bytes[row * width / 2..][..width / 2];
+                let exponents = &exponents[row * width / MXFP4_GROUP..][..width / MXFP4_GROUP];
+                let groups = out.chunks_mut(MXFP4_GROUP).zip(packed.chunks(MXFP4_GROUP / 2)).zip(exponents);
+                for ((values, group), &exponent) in groups {
+                    let scale = fp4::mxfp4_scale(exponent);
+                    for (pair, byte) in values.chunks_exact_mut(2).zip(group) {
+                        pair[0] = fp4::decode(byte & 0xF) * scale;
+                        pair[1] = fp4::decode(byte >> 4) * scale;
                     }
                 }
             }

@@ -86,7 +86,8 @@ pub fn element_count(shape: &[usize]) -> usize {
 
 /// Bytes of a tensor of `dtype` and `shape`.
 pub fn tensor_bytes(dtype: Dtype, shape: &[usize]) -> u64 {
-    (element_count(shape) * element_bytes(dtype)) as u64
+    // Bits, not bytes: an F4 tensor's shape counts 4-bit elements (two per byte).
+    (element_count(shape) * dtype.bitsize()).div_ceil(8) as u64
 }
 
 /// The safetensors name of a dtype (`"F8_E4M3"`, `"BF16"`, ...).

@@ -21,6 +21,7 @@ use crate::io::dtype::Dtype;
 use crate::io::writer::{file_bytes, PlannedTensor};
 use crate::model::tensor_class::is_routed_expert;
 use crate::model::TensorClass;
+use crate::quant::fp4::MXFP4_GROUP;
 use crate::quant::ScaleRule;
 use crate::recipe::{MtpExperts, Recipe, Scheme, Unselected};
 
@@ -128,6 +129,15 @@ pub fn outputs_for(item: &SourceItem, action: Action) -> Vec<PlannedTensor> {
         }
         Action::Copy => match item.kind {
             SourceKind::Int4 { group_size } => int4_tensors(module, item.shape[0], item.shape[1], group_size),
+            SourceKind::Mxfp4 { naming, packed, scales } => {
+                let [rows, columns] = [item.shape[0], item.shape[1]];
+                let [packed_name, scale_name] = naming.stored_names(module);
+                let packed_columns = if packed == Dtype::F4 { columns } else { columns / 2 };
+                vec![
+                    PlannedTensor::new(packed_name, packed, vec![rows, packed_columns]),
+                    PlannedTensor::new(scale_name, scales, vec![rows, columns / MXFP4_GROUP]),
+                ]
+            }
             _ => vec![PlannedTensor::new(item.name.clone(), item.dtype, item.shape.clone())],
         },
     }
@@ -141,7 +151,7 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe, class: TensorClass) -> Res
         && item.name.strip_suffix(".weight").is_some_and(is_routed_expert);
     if let Some(rule) = recipe.rule_for(&item.name).filter(|_| !mtp_kept) {
         let float = matches!(item.dtype, Dtype::F8_E4M3 | Dtype::BF16 | Dtype::F16 | Dtype::F32)
-            || matches!(item.kind, SourceKind::Int4 { .. });
+            || matches!(item.kind, SourceKind::Int4 { .. } | SourceKind::Mxfp4 { .. });
         if item.shape.len() != 2 || !float {
             return Err(error(format!(
                 "recipe rule `{}` selects it, but {} needs a 2-D float weight (got {})",
@@ -178,7 +188,7 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe, class: TensorClass) -> Res
     Ok(match (&item.kind, recipe.file.unselected) {
         (SourceKind::Fp8 { .. }, Unselected::Bf16) => Action::Bf16,
         (SourceKind::Fp8 { .. }, Unselected::Fp8Block) => Action::Fp8Block,
-        (SourceKind::Int4 { .. } | SourceKind::Plain, _) => Action::Copy,
+        (SourceKind::Int4 { .. } | SourceKind::Mxfp4 { .. } | SourceKind::Plain, _) => Action::Copy,
     })
 }
 

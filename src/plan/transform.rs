@@ -8,6 +8,7 @@ use crate::format::compressed_tensors::{fused_partner, packed_name, Fp4Kind};
 use crate::format::fp8_block::{read_scales, stored_item, RowReader, SourceKind};
 use crate::io::dtype::{bf16_bits, first_nonfinite};
 use crate::io::{Checkpoint, IoError};
+use crate::quant::fp4::{MXFP4_GROUP, NVFP4_GROUP};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{fp4, imatrix, int4, pack};
 use crate::runtime::device::Device;
@@ -27,6 +28,8 @@ pub struct Compute<'a> {
     pub device: Option<&'a dyn Device>,
     /// Carry NaN/infinite source elements through instead of refusing them.
     pub allow_nonfinite: bool,
+    /// Cast MXFP4 groups that NVFP4 cannot hold exactly by [`fp4::cast`]'s rule instead of refusing them.
+    pub allow_inexact_cast: bool,
     /// `--method imatrix|gptq`: routed experts' INT4 scales from their importance (on the CPU) or their codes and
     /// scales from the GPTQ pass, or `mse` as fallback.
     pub calibration: Option<&'a Calibration>,
@@ -53,7 +56,7 @@ impl AbsmaxCache {
 /// Produces the bytes of every output tensor of `item`, in planned order. A NaN or infinite source element is an
 /// error naming the tensor and its first bad element, unless `compute.allow_nonfinite`.
 pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) -> Result<Vec<Vec<u8>>, IoError> {
-    let Compute { device, allow_nonfinite, calibration, absmax: cache } = compute;
+    let Compute { device, allow_nonfinite, allow_inexact_cast, calibration, absmax: cache } = compute;
     let name = &item.source.name;
     let expert_rule = calibration.and_then(|calibration| calibration.rule_for(name));
     let stored = item.source.stored_names();
@@ -85,8 +88,41 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
         }
         _ => None,
     };
+    let mxfp4 = matches!(item.source.kind, SourceKind::Mxfp4 { .. });
     let outputs = match item.action {
         _ if device_outputs.is_some() => device_outputs.unwrap_or_default(),
+        // An MXFP4 source kept MXFP4: its codes and E8M0 scales, byte for byte.
+        Action::Fp4 { kind: Fp4Kind::Mxfp4, fp4_activations: false } if mxfp4 => {
+            copy_stored(checkpoint, &stored, &shard, name)?
+        }
+        Action::Fp4 { kind: Fp4Kind::Nvfp4, fp4_activations: false } if mxfp4 => {
+            let log2 = cast_global_log2(checkpoint, item, &shard, cache)?;
+            let source = reader()?;
+            let (packed, scales, inexact) = cast_rows(&source, log2);
+            if let Some(&(row, group)) = inexact.first().filter(|_| !allow_inexact_cast) {
+                return Err(IoError::tensor(
+                    &shard,
+                    name,
+                    format!(
+                        "{} of its {} MXFP4 groups (the first at row {row}, columns {}..{}) have an E8M0 exponent \
+                         more than 17 below the largest{} and cannot be cast to NVFP4 without loss (E4M3 holds 2^-9 \
+                         to 2^8); pass --allow-inexact-cast to re-encode those groups at E4M3's smallest scale \
+                         (rounded to the nearest E2M1 code, the only lossy values; counted in the report), or \
+                         convert to -mxfp4 or -int4 instead",
+                        inexact.len(),
+                        source.rows * source.columns / MXFP4_GROUP,
+                        group * MXFP4_GROUP,
+                        (group + 1) * MXFP4_GROUP,
+                        if fused_partner(name).is_some() {
+                            " (of this weight and its fused gate/up partner, which share one global scale)"
+                        } else {
+                            ""
+                        },
+                    ),
+                ));
+            }
+            vec![packed, scales, fp4::cast::global_scale(log2).to_le_bytes().to_vec()]
+        }
         Action::Int4 { group_size, .. } if matches!(expert_rule, Some(ExpertRule::Quantized(_))) => {
             let Some(ExpertRule::Quantized(entry)) = &expert_rule else { unreachable!("matched above") };
             let grid = (item.source.shape.first().copied(), item.source.shape.get(1).copied());
@@ -217,12 +253,8 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
             let scales = read_scales(checkpoint, scale_name).unwrap_or_default();
             vec![tensor.bytes.to_vec(), scales.iter().flat_map(|s| s.to_le_bytes()).collect()]
         }
-        // An INT4 module left as it is: its three tensors.
-        Action::Copy if matches!(item.source.kind, SourceKind::Int4 { .. }) => stored
-            .iter()
-            .map(|name| checkpoint.get(name).map(|tensor| tensor.bytes.to_vec()))
-            .collect::<Option<_>>()
-            .ok_or_else(|| IoError::tensor(&shard, name, "an INT4 module's tensor disappeared from the checkpoint"))?,
+        // An INT4 or MXFP4 module left as it is: its tensors.
+        Action::Copy if stored.len() > 1 => copy_stored(checkpoint, &stored, &shard, name)?,
         Action::Copy => vec![tensor.bytes.to_vec()],
     };
     for name in &stored {
@@ -231,6 +263,77 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
         }
     }
     Ok(outputs)
+}
+
+/// The bytes of a module's stored tensors, as stored.
+fn copy_stored(
+    checkpoint: &Checkpoint,
+    stored: &[String],
+    shard: &std::path::Path,
+    name: &str,
+) -> Result<Vec<Vec<u8>>, IoError> {
+    stored
+        .iter()
+        .map(|name| checkpoint.get(name).map(|tensor| tensor.bytes.to_vec()))
+        .collect::<Option<_>>()
+        .ok_or_else(|| IoError::tensor(shard, name, "one of the module's tensors disappeared from the checkpoint"))
+}
+
+/// log2 of the NVFP4 global scale that casts an MXFP4 item losslessly ([`fp4::cast::global_log2`]), from the
+/// largest exponent of the item and of its fused partner (gate ↔ up share one global, as vLLM's `w13` needs).
+fn cast_global_log2(
+    checkpoint: &Checkpoint,
+    item: &PlannedItem,
+    shard: &std::path::Path,
+    cache: Option<&AbsmaxCache>,
+) -> Result<i32, IoError> {
+    // The cache holds f32s: an exponent byte is one exactly (−1 for a weight whose groups are all zero).
+    let measure = |name: &str| -> Result<f32, IoError> {
+        let source = stored_item(checkpoint, name, [128, 128])
+            .map_err(|e| IoError::tensor(shard, name, format!("its MXFP4 exponents: {e}")))?;
+        let reader = RowReader::new(checkpoint, &source)?;
+        let Some((packed, exponents)) = reader.mxfp4_parts() else {
+            return Err(IoError::tensor(
+                shard,
+                name,
+                "is the fused gate/up partner of an MXFP4 weight cast to NVFP4 but is not MXFP4 itself; both \
+                 halves must share a format",
+            ));
+        };
+        Ok(fp4::cast::max_exponent(packed, exponents).map_or(-1.0, f32::from))
+    };
+    let cached = |name: &str| match cache {
+        Some(cache) => cache.get(&format!("{name}#e8m0"), || measure(name)),
+        None => measure(name),
+    };
+    let mut largest = cached(&item.source.name)?;
+    let stored = |partner: &String| {
+        checkpoint.contains(partner) || checkpoint.contains(&packed_name(partner.trim_end_matches(".weight")))
+    };
+    if let Some(partner) = fused_partner(&item.source.name).filter(stored) {
+        largest = largest.max(cached(&partner)?);
+    }
+    Ok(fp4::cast::global_log2((largest >= 0.0).then_some(largest as u8)))
+}
+
+/// The lossless cast of an MXFP4 source's rows under global 2^`log2`: packed codes `[rows, columns/2]`, E4M3 scales
+/// `[rows, columns/16]`, and the `(row, group)` of every group that could not be cast exactly.
+fn cast_rows(source: &RowReader, log2: i32) -> (Vec<u8>, Vec<u8>, Vec<(usize, usize)>) {
+    let (rows, columns) = (source.rows, source.columns);
+    let (codes, exponents) = source.mxfp4_parts().unwrap_or_default();
+    let mut packed = vec![0u8; rows * columns / 2];
+    let mut scales = vec![0u8; rows * columns / NVFP4_GROUP];
+    let inexact = packed
+        .par_chunks_mut(columns / 2)
+        .zip(scales.par_chunks_mut(columns / NVFP4_GROUP))
+        .zip(codes.par_chunks(columns / 2).zip(exponents.par_chunks(columns / MXFP4_GROUP)))
+        .enumerate()
+        .flat_map_iter(|(row, ((packed_out, scales_out), (codes, exponents)))| {
+            let inexact = fp4::cast::mxfp4_to_nvfp4_row(codes, exponents, log2, packed_out, scales_out);
+            inexact.into_iter().map(move |group| (row, group))
+        })
+        .collect();
+    (packed, scales, inexact)
 }
 
 /// The absmax of an NVFP4 item's fused partner (gate ↔ up, [`fused_partner`]), 0 when it has none: both are
@@ -252,7 +355,7 @@ fn partner_absmax(
     }
     let block = match &item.source.kind {
         SourceKind::Fp8 { grid, .. } => [grid.block_rows, grid.block_columns],
-        SourceKind::Int4 { .. } | SourceKind::Plain => [128, 128],
+        SourceKind::Int4 { .. } | SourceKind::Mxfp4 { .. } | SourceKind::Plain => [128, 128],
     };
     let source = stored_item(checkpoint, &partner, block)
         .map_err(|e| IoError::tensor(shard, &partner, format!("its fused partner's global scale: {e}")))?;

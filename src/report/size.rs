@@ -75,10 +75,12 @@ impl Sizes {
     }
 }
 
-/// Bytes of an item's tensor in BF16 (FP8 and INT4 weights lose their scales; other tensors are unchanged).
+/// Bytes of an item's tensor in BF16 (FP8, INT4 and MXFP4 weights lose their scales; other tensors are unchanged).
 pub fn bf16_bytes(item: &PlannedItem) -> u64 {
     match item.source.kind {
-        SourceKind::Fp8 { .. } | SourceKind::Int4 { .. } => 2 * item.source.shape.iter().product::<usize>() as u64,
+        SourceKind::Fp8 { .. } | SourceKind::Int4 { .. } | SourceKind::Mxfp4 { .. } => {
+            2 * item.source.shape.iter().product::<usize>() as u64
+        }
         SourceKind::Plain => item.source.bytes(),
     }
 }

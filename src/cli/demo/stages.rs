@@ -125,6 +125,7 @@ pub fn quantize_source(source: &Path, output: &Path) -> anyhow::Result<Quantized
         dry_run: false,
         device: crate::runtime::device::DeviceChoice::Cpu,
         allow_nonfinite: false,
+        allow_inexact_cast: false,
         engine: crate::engines::EngineChoice::All,
         tp: None,
         calibration: None,

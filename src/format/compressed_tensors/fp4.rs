@@ -95,14 +95,17 @@ pub fn fp4_tensors(
     tensors
 }
 
-/// The weight whose NVFP4 global scale `name` (`….gate_proj.weight` / `….up_proj.weight`) must share: the other
-/// half of the fused gate/up projection.
+/// The weight whose NVFP4 global scale `name` (`….gate_proj.weight` / `….up_proj.weight`, or the vendors'
+/// `….w1.weight` / `….w3.weight` of Kimi K3 and DeepSeek-V4, w1 the gate) must share: the other half of the fused
+/// gate/up projection.
 pub fn fused_partner(name: &str) -> Option<String> {
-    if let Some(prefix) = name.strip_suffix(".gate_proj.weight") {
-        Some(format!("{prefix}.up_proj.weight"))
-    } else {
-        name.strip_suffix(".up_proj.weight").map(|prefix| format!("{prefix}.gate_proj.weight"))
-    }
+    const PAIRS: [(&str, &str); 4] = [
+        (".gate_proj.weight", ".up_proj.weight"),
+        (".up_proj.weight", ".gate_proj.weight"),
+        (".w1.weight", ".w3.weight"),
+        (".w3.weight", ".w1.weight"),
+    ];
+    PAIRS.iter().find_map(|(own, other)| name.strip_suffix(own).map(|prefix| format!("{prefix}{other}")))
 }
 
 /// The FP4 modules of a checkpoint (a U8 `weight_packed`), in file order, by the text model's names.

@@ -174,9 +174,9 @@ fn nvfp4_quantize_row_packed_portable(weights: &[f32], global: f32, packed: &mut
 }
 
 mod activations;
-pub mod cast;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+pub mod cast;
 
 pub use activations::{engine_activation_global, nvfp4_fake_quantize_activations};
 
