@@ -1,6 +1,8 @@
 //! Model knowledge: `config.json` parsing, the tensors each architecture has, tensor classes, and the built-in presets (public `config.json`s for `report`).
 
 pub mod config;
+pub mod deepseek_v4;
+pub mod kimi_linear;
 pub mod presets;
 pub mod tensor_class;
 pub mod tensors;

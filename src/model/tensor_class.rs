@@ -60,7 +60,15 @@ impl TensorClass {
                 return TensorClass::Mtp;
             }
         }
-        if name.contains(".mlp.experts.") {
+        // DeepSeek-V4's own names: draft layers `mtp.N.`, `attn.`, `ffn.`, `embed`/`head`, mHC `hc_*`; Kimi's MoE
+        // `block_sparse_moe.`.
+        if name.starts_with("mtp.") {
+            return TensorClass::Mtp;
+        }
+        let moe = |part: &str| {
+            [".mlp.", ".ffn.", ".block_sparse_moe."].iter().any(|at| name.contains(&format!("{at}{part}")))
+        };
+        if moe("experts.") {
             TensorClass::RoutedExperts
         } else if name.contains(".shared_experts.") {
             TensorClass::SharedExperts
@@ -69,14 +77,20 @@ impl TensorClass {
         } else if name.contains("norm.")
             || name.contains("norm_")
             || name.ends_with("norm")
-            || name.contains(".mlp.gate.")
+            || moe("gate.")
+            || name.contains("hc_")
+            || name.contains("_res_proj")
         {
             TensorClass::NormsRouter
-        } else if name.contains(".self_attn.") {
+        } else if name.contains(".self_attn.") || name.contains(".attn.") {
             TensorClass::Attention
-        } else if name.contains(".mlp.") {
+        } else if name.contains(".mlp.") || name.contains(".ffn.") || name.contains(".block_sparse_moe.") {
             TensorClass::DenseMlp
-        } else if name.contains("embed_tokens") || name.starts_with("lm_head") {
+        } else if name.contains("embed_tokens")
+            || name.starts_with("lm_head")
+            || name == "embed.weight"
+            || name == "head.weight"
+        {
             TensorClass::Embeddings
         } else {
             TensorClass::Other
@@ -96,13 +110,14 @@ pub fn layer_index(name: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
-/// `…mlp.experts.E.{gate,up,down}_proj`.
+/// `…mlp.experts.E.{gate,up,down}_proj`, or the vendors' `…ffn.experts.E.w{1,2,3}` (DeepSeek-V4) and
+/// `…block_sparse_moe.experts.E.w{1,2,3}` (Kimi-Linear, K3).
 pub fn is_routed_expert(module: &str) -> bool {
     let Some((prefix, projection)) = module.rsplit_once('.') else { return false };
     let Some((experts, expert)) = prefix.rsplit_once('.') else { return false };
-    experts.ends_with(".mlp.experts")
+    [".mlp.experts", ".ffn.experts", ".block_sparse_moe.experts"].iter().any(|at| experts.ends_with(at))
         && expert.parse::<usize>().is_ok()
-        && matches!(projection, "gate_proj" | "up_proj" | "down_proj")
+        && matches!(projection, "gate_proj" | "up_proj" | "down_proj" | "w1" | "w2" | "w3")
 }
 
 #[cfg(test)]
@@ -123,5 +138,22 @@ mod tests {
         case("lm_head.weight", TensorClass::Embeddings);
         case("model.norm.weight", TensorClass::NormsRouter);
         case("model.layers.61.eh_proj.weight", TensorClass::Mtp);
+        // DeepSeek-V4 and Kimi K3 names.
+        case("layers.3.ffn.experts.17.w1.weight", TensorClass::RoutedExperts);
+        case("layers.3.ffn.shared_experts.w2.weight", TensorClass::SharedExperts);
+        case("layers.3.ffn.gate.tid2eid", TensorClass::NormsRouter);
+        case("layers.3.attn.wq_a.weight", TensorClass::Attention);
+        case("layers.3.attn.compressor.wkv.weight", TensorClass::Attention);
+        case("layers.3.attn.indexer.weights_proj.weight", TensorClass::Indexer);
+        case("layers.3.hc_attn_fn", TensorClass::NormsRouter);
+        case("mtp.0.ffn.experts.0.w1.weight", TensorClass::Mtp);
+        case("embed.weight", TensorClass::Embeddings);
+        case("head.weight", TensorClass::Embeddings);
+        case("language_model.model.layers.2.block_sparse_moe.experts.5.w3.weight", TensorClass::RoutedExperts);
+        case("language_model.model.layers.2.block_sparse_moe.routed_expert_down_proj.weight", TensorClass::DenseMlp);
+        case("language_model.model.layers.2.self_attn.q_conv1d.weight", TensorClass::Attention);
+        assert!(is_routed_expert("layers.1.ffn.experts.0.w2"));
+        assert!(is_routed_expert("model.layers.1.block_sparse_moe.experts.3.w1"));
+        assert!(!is_routed_expert("layers.1.ffn.shared_experts.w2"));
     }
 }

@@ -18,6 +18,12 @@ pub enum TensorRole {
     Bias,
     /// Router `e_score_correction_bias` (F32).
     RouterBias,
+    /// A routed expert shipped as MXFP4 (E2M1 codes, E8M0 scale per 32): DeepSeek-V4 and Kimi K3.
+    ExpertMxfp4,
+    /// An F32 parameter that is no linear (mHC `hc_*`, attention sinks, compressor position biases, KDA `A_log`).
+    Float32,
+    /// An I32 lookup table (DeepSeek-V4's hash router `tid2eid`: token id → expert ids).
+    TokenTable,
 }
 
 /// One stored tensor.
@@ -35,6 +41,9 @@ fn push(specs: &mut Vec<TensorSpec>, name: String, shape: Vec<usize>, role: Tens
 /// Every tensor of the checkpoint described by `config`, in a stable order (embeddings, layers, head).
 pub fn tensor_specs(config: &ModelConfig) -> Vec<TensorSpec> {
     use TensorRole::*;
+    if let Some(layout) = &config.layout {
+        return layout.tensor_specs(config);
+    }
     let hidden = config.hidden_size;
     let mut specs = Vec::new();
     push(&mut specs, "model.embed_tokens.weight".into(), vec![config.vocab_size, hidden], Embedding);

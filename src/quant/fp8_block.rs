@@ -94,6 +94,22 @@ pub fn quantize_matrix(grid: &BlockGrid, weights: &[f32]) -> (Vec<u8>, Vec<f32>)
     for scale in scales.iter_mut() {
         *scale = if *scale > 0.0 { *scale / super::fp8::E4M3_MAX } else { 1.0 };
     }
+    let codes = encode_blocks(grid, weights, &scales);
+    (codes, scales)
+}
+
+/// [`quantize_matrix`] with power-of-two block scales, as E8M0 bytes (DeepSeek-V4's `scale_fmt: ue8m0`): each
+/// block's absmax / 448 rounded up to a power of two, so no code saturates.
+pub fn quantize_matrix_e8m0(grid: &BlockGrid, weights: &[f32]) -> (Vec<u8>, Vec<u8>) {
+    let (_, scales) = quantize_matrix(grid, weights);
+    let exponents: Vec<u8> = scales.iter().map(|s| (s.log2().ceil() as i32 + 127).clamp(1, 254) as u8).collect();
+    let powers: Vec<f32> = exponents.iter().map(|&e| f32::from_bits(u32::from(e) << 23)).collect();
+    (encode_blocks(grid, weights, &powers), exponents)
+}
+
+/// The e4m3 codes of `weights` divided by their block's scale.
+fn encode_blocks(grid: &BlockGrid, weights: &[f32], scales: &[f32]) -> Vec<u8> {
+    let scale_columns = grid.scale_shape()[1];
     let mut codes = vec![0u8; weights.len()];
     for (row, (values, out)) in weights.chunks(grid.columns).zip(codes.chunks_mut(grid.columns)).enumerate() {
         let scale_row = &scales[(row / grid.block_rows) * scale_columns..][..scale_columns];
@@ -105,7 +121,7 @@ pub fn quantize_matrix(grid: &BlockGrid, weights: &[f32]) -> (Vec<u8>, Vec<f32>)
             }
         }
     }
-    (codes, scales)
+    codes
 }
 
 #[cfg(test)]

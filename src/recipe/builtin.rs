@@ -1,6 +1,6 @@
 //! The recipes shipped in `recipes/`, embedded in the binary by name.
 
-pub const BUILTIN_NAMES: [&str; 22] = [
+pub const BUILTIN_NAMES: [&str; 28] = [
     "kimi-k2-int4",
     "glm5-int4",
     "glm45-int4",
@@ -23,6 +23,12 @@ pub const BUILTIN_NAMES: [&str; 22] = [
     "kimi-k2-nvfp4-mlp",
     "glm5-nvfp4-mlp",
     "glm45-nvfp4-mlp",
+    "kimi-k3-nvfp4",
+    "kimi-k3-mxfp4",
+    "kimi-k3-int4",
+    "deepseek-v4-nvfp4",
+    "deepseek-v4-mxfp4",
+    "deepseek-v4-int4",
 ];
 
 /// Other names of built-ins: GLM-5.2 (and 5.1) convert with GLM-5's recipes (the same tensors; a shared indexer
@@ -62,6 +68,12 @@ pub fn builtin(name: &str) -> Option<&'static str> {
         "kimi-k2-nvfp4-mlp" => Some(include_str!("../../recipes/kimi-k2-nvfp4-mlp.toml")),
         "glm5-nvfp4-mlp" => Some(include_str!("../../recipes/glm5-nvfp4-mlp.toml")),
         "glm45-nvfp4-mlp" => Some(include_str!("../../recipes/glm45-nvfp4-mlp.toml")),
+        "kimi-k3-nvfp4" => Some(include_str!("../../recipes/kimi-k3-nvfp4.toml")),
+        "kimi-k3-mxfp4" => Some(include_str!("../../recipes/kimi-k3-mxfp4.toml")),
+        "kimi-k3-int4" => Some(include_str!("../../recipes/kimi-k3-int4.toml")),
+        "deepseek-v4-nvfp4" => Some(include_str!("../../recipes/deepseek-v4-nvfp4.toml")),
+        "deepseek-v4-mxfp4" => Some(include_str!("../../recipes/deepseek-v4-mxfp4.toml")),
+        "deepseek-v4-int4" => Some(include_str!("../../recipes/deepseek-v4-int4.toml")),
         _ => None,
     }
 }

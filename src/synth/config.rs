@@ -18,6 +18,14 @@ pub enum SynthArch {
     /// GLM-5.2: GLM-5 with a shared DSA indexer (`indexer_types`), 1 M context, RoPE θ 8e6, an F32 router.
     Glm52,
     Glm45,
+    /// Kimi K3 as Moonshot ships it: a `kimi_linear` text model (KDA and NoPE-MLA layers, latent MoE, attention
+    /// residuals) with MXFP4 routed experts (compressed-tensors `mxfp4-pack-quantized`, everything else BF16) inside
+    /// the `kimi_k3` vision-language wrapper.
+    KimiK3,
+    /// DeepSeek-V4 (Flash layout) as DeepSeek ships it: native names, FP8 with E8M0 128×128 block scales, MXFP4
+    /// routed experts (`weight` I8 + `scale` E8M0), all three attention kinds, hash-routed first layer, mHC, an
+    /// MTP layer.
+    DeepseekV4,
 }
 
 impl SynthArch {
@@ -28,6 +36,8 @@ impl SynthArch {
             SynthArch::Glm5 => "glm5",
             SynthArch::Glm52 => "glm5.2",
             SynthArch::Glm45 => "glm45",
+            SynthArch::KimiK3 => "kimi-k3",
+            SynthArch::DeepseekV4 => "deepseek-v4",
         }
     }
 }
@@ -41,7 +51,11 @@ impl FromStr for SynthArch {
             "glm5" => Ok(SynthArch::Glm5),
             "glm5.2" => Ok(SynthArch::Glm52),
             "glm45" => Ok(SynthArch::Glm45),
-            _ => Err(format!("unknown architecture `{text}`; known: kimi-k2, kimi-k2.6, glm5, glm5.2, glm45")),
+            "kimi-k3" => Ok(SynthArch::KimiK3),
+            "deepseek-v4" => Ok(SynthArch::DeepseekV4),
+            _ => Err(format!(
+                "unknown architecture `{text}`; known: kimi-k2, kimi-k2.6, glm5, glm5.2, glm45, kimi-k3, deepseek-v4"
+            )),
         }
     }
 }
@@ -90,6 +104,12 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
         "attention_dropout": 0.0,
         "use_cache": true,
     });
+    if arch == SynthArch::KimiK3 {
+        return kimi_k3(common, size);
+    }
+    if arch == SynthArch::DeepseekV4 {
+        return deepseek_v4(common, size);
+    }
     let fp8_deepseek = json!({ "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128] });
     let specific = match arch {
         SynthArch::KimiK2 | SynthArch::KimiK26 => json!({
@@ -131,6 +151,7 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
             "rope_parameters": { "rope_theta": 1000000.0, "rope_type": "default" },
             "quantization_config": fp8_deepseek,
         }),
+        SynthArch::KimiK3 | SynthArch::DeepseekV4 => unreachable!("written by kimi_k3 and deepseek_v4"),
         SynthArch::Glm45 => json!({
             "architectures": ["Glm4MoeForCausalLM"],
             "model_type": "glm4_moe",
@@ -289,4 +310,123 @@ fn glm52_keys(layers: usize) -> Value {
         "rope_parameters": { "rope_theta": 8_000_000.0, "rope_type": "default" },
         "moe_router_dtype": "float32",
     })
+}
+
+/// `common` with `extra`'s keys added (replacing those it has).
+fn merge(mut common: Value, extra: Value) -> Value {
+    if let (Some(target), Some(extra)) = (common.as_object_mut(), extra.as_object()) {
+        for (key, value) in extra {
+            target.insert(key.clone(), value.clone());
+        }
+    }
+    common
+}
+
+/// Kimi K3's `config.json`: the `kimi_k3` wrapper around a `kimi_linear` text config with K3's keys (full-rank
+/// KDA gate, NoPE MLA with output gate and a query LoRA, latent MoE of half the width with its norm, attention
+/// residuals, SiTU) at tiny sizes; every 4th layer MLA and the last one too, as K3 lists them (1-indexed); the
+/// compressed-tensors MXFP4 config inside `text_config`, ignoring the shared experts as Moonshot's does.
+fn kimi_k3(common: Value, size: &SynthSize) -> Value {
+    let layers = size.layers;
+    let full: Vec<usize> = (1..=layers).filter(|n| n % 4 == 0 || *n == layers).collect();
+    let kda: Vec<usize> = (1..=layers).filter(|n| !full.contains(n)).collect();
+    let quantization = json!({
+        "quant_method": "compressed-tensors",
+        "format": "mxfp4-pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": { "group_0": {
+            "targets": ["Linear"],
+            "format": "mxfp4-pack-quantized",
+            "weights": { "num_bits": 4, "type": "float", "symmetric": true, "strategy": "group",
+                         "group_size": 32, "scale_dtype": "torch.uint8", "dynamic": false },
+            "input_activations": null,
+            "output_activations": null
+        }},
+        "ignore": ["lm_head", "re:.*shared_experts.*", "re:.*self_attn.*", "re:.*mlp\\.(gate|up|down)_proj.*",
+                   "re:.*routed_expert_(down|up)_proj.*", "re:.*_res_proj.*", "re:.*vision_tower.*",
+                   "re:.*mm_projector.*"],
+        "kv_cache_scheme": null
+    });
+    let text = merge(
+        common,
+        json!({
+            "architectures": ["KimiLinearForCausalLM"],
+            "model_type": "kimi_linear",
+            "num_experts": size.experts,
+            "num_experts_per_token": 2.min(size.experts),
+            "num_shared_experts": 1,
+            "moe_layer_freq": 1,
+            "q_lora_rank": 96,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 32,
+            "qk_rope_head_dim": 0,
+            "v_head_dim": 32,
+            "mla_use_nope": true,
+            "mla_use_output_gate": true,
+            "routed_expert_hidden_size": size.hidden / 2 / 32 * 32,
+            "latent_moe_use_norm": true,
+            "attn_res_block_size": 2,
+            "hidden_act": "situ",
+            "activation_situ_beta": 4.0,
+            "activation_situ_linear_beta": 25.0,
+            "moe_router_activation_func": "sigmoid",
+            "moe_renormalize": true,
+            "routed_scaling_factor": 1.0,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 50000.0,
+            "linear_attn_config": {
+                "num_heads": 4, "head_dim": 32, "short_conv_kernel_size": 4, "gate_lower_bound": -5.0,
+                "use_full_rank_gate": true, "kda_layers": kda, "full_attn_layers": full,
+            },
+        }),
+    );
+    let text = merge(text, json!({ "quantization_config": quantization }));
+    json!({
+        "architectures": ["KimiK3ForConditionalGeneration"],
+        "model_type": "kimi_k3",
+        "media_placeholder_token_id": 258,
+        "pad_token_id": 259,
+        "text_config": text,
+        "vision_config": VISION.config(),
+        "torch_dtype": "bfloat16",
+    })
+}
+
+/// DeepSeek-V4's `config.json` (the Flash layout's keys) at tiny sizes: layers cycle through sliding-window only,
+/// CSA (ratio 4) and HCA (ratio 128), the MTP layer's ratio last as DeepSeek lists it; the first layer hash-routed;
+/// FP8 with E8M0 128×128 block scales and FP4 experts.
+fn deepseek_v4(common: Value, size: &SynthSize) -> Value {
+    let ratios: Vec<usize> = (0..size.layers).map(|layer| [0, 4, 128][layer % 3]).chain([0]).collect();
+    merge(
+        common,
+        json!({
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "model_type": "deepseek_v4",
+            "num_key_value_heads": 1,
+            "head_dim": 64,
+            "qk_rope_head_dim": 16,
+            "q_lora_rank": 96,
+            "o_lora_rank": 32,
+            "o_groups": 2,
+            "sliding_window": 16,
+            "compress_ratios": ratios,
+            "index_n_heads": 4,
+            "index_head_dim": 32,
+            "index_topk": 8,
+            "num_hash_layers": 1,
+            "hc_mult": 4,
+            "hc_sinkhorn_iters": 20,
+            "hc_eps": 1e-6,
+            "scoring_func": "sqrtsoftplus",
+            "swiglu_limit": 10.0,
+            "routed_scaling_factor": 1.5,
+            "num_nextn_predict_layers": 1,
+            "expert_dtype": "fp4",
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "compress_rope_theta": 160000.0,
+            "quantization_config": { "quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                                     "activation_scheme": "dynamic", "weight_block_size": [128, 128] },
+        }),
+    )
 }

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::format::compressed_tensors::int4_tensors;
+use crate::format::mxfp4_source::Mxfp4Naming;
 use crate::io::atomic::write_json;
 use crate::io::checkpoint::INDEX_FILE;
 use crate::io::composite::{stored_name, NameStyle};
@@ -19,7 +20,8 @@ use crate::io::dtype::Dtype;
 use crate::io::writer::{PlannedTensor, ShardWriter};
 use crate::io::IoError;
 use crate::model::{tensor_specs, ModelConfig, TensorClass, TensorRole};
-use crate::quant::fp8_block::{quantize_matrix, BlockGrid};
+use crate::quant::fp4::{self, MXFP4_GROUP};
+use crate::quant::fp8_block::{quantize_matrix, quantize_matrix_e8m0, BlockGrid};
 use crate::quant::{int4, pack, ScaleRule};
 use half::bf16;
 
@@ -53,6 +55,40 @@ pub enum SynthError {
     Invalid(String),
 }
 
+/// How a release stores what `tensor_specs` lists.
+struct Release {
+    /// Inside a vision-language wrapper (`language_model.` names, a vision tower carried).
+    wrapped: bool,
+    fp8_scales: Fp8Scales,
+    /// How MXFP4 experts are named (`ExpertMxfp4` specs).
+    mxfp4: Mxfp4Naming,
+    /// Routed experts per MoE layer (the ids a hash router's table may hold).
+    experts: usize,
+}
+
+/// The scales of FP8 linears.
+#[derive(Clone, Copy, PartialEq)]
+enum Fp8Scales {
+    /// F32 multipliers under `<module>.<suffix>` (`weight_scale_inv`, or compressed-tensors' `weight_scale`).
+    F32(&'static str),
+    /// DeepSeek-V4's E8M0 powers of two under `<module>.scale`.
+    E8m0,
+}
+
+impl Release {
+    fn of(arch: SynthArch, experts: usize) -> Self {
+        let (wrapped, fp8_scales, mxfp4) = match arch {
+            SynthArch::Glm45 => (false, Fp8Scales::F32("weight_scale"), Mxfp4Naming::CompressedTensors),
+            SynthArch::KimiK26 | SynthArch::KimiK3 => {
+                (true, Fp8Scales::F32("weight_scale_inv"), Mxfp4Naming::CompressedTensors)
+            }
+            SynthArch::DeepseekV4 => (false, Fp8Scales::E8m0, Mxfp4Naming::Deepseek),
+            _ => (false, Fp8Scales::F32("weight_scale_inv"), Mxfp4Naming::CompressedTensors),
+        };
+        Self { wrapped, fp8_scales, mxfp4, experts }
+    }
+}
+
 /// Writes the synthetic checkpoint.
 pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
     let out = &options.out;
@@ -73,12 +109,9 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
     fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
     let config_json = config::config_json(options.arch, &options.size);
     let config = ModelConfig::from_json(&config_json).map_err(|e| SynthError::Invalid(e.to_string()))?;
-    let fp8_scale_suffix = match options.arch {
-        SynthArch::Glm45 => "weight_scale",
-        _ => "weight_scale_inv",
-    };
+    let release = Release::of(options.arch, config.n_routed_experts);
     let native_int4 = options.arch == SynthArch::KimiK26;
-    let style = if native_int4 { NameStyle::Moonshot } else { NameStyle::Plain };
+    let style = if release.wrapped { NameStyle::Moonshot } else { NameStyle::Plain };
 
     // Lay out every stored tensor (FP8 weights followed by their scales; natively INT4 releases: routed experts
     // as their three INT4 tensors, other linears BF16, then the vision tower) and split into shards by bytes.
@@ -92,7 +125,7 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
             spec.role = TensorRole::LinearBf16;
         }
     }
-    if native_int4 {
+    if release.wrapped {
         for (name, shape) in config::VISION.tensors(config.hidden_size) {
             let role = if shape.len() == 1 { TensorRole::Norm } else { TensorRole::Embedding };
             specs.push(crate::model::TensorSpec { name, shape, role });
@@ -115,13 +148,28 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
                 let grid = BlockGrid::new(spec.shape[0], spec.shape[1], 128, 128);
                 let module = spec.name.trim_end_matches(".weight");
                 layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F8_E4M3, spec.shape.clone())));
-                layout.push((
-                    index,
-                    PlannedTensor::new(format!("{module}.{fp8_scale_suffix}"), Dtype::F32, grid.scale_shape().to_vec()),
-                ));
+                let (scale_name, scale_dtype) = match release.fp8_scales {
+                    Fp8Scales::F32(suffix) => (format!("{module}.{suffix}"), Dtype::F32),
+                    Fp8Scales::E8m0 => (format!("{module}.scale"), Dtype::F8_E8M0),
+                };
+                layout.push((index, PlannedTensor::new(scale_name, scale_dtype, grid.scale_shape().to_vec())));
             }
-            TensorRole::RouterBias => {
+            TensorRole::ExpertMxfp4 => {
+                let [rows, columns] = [spec.shape[0], spec.shape[1]];
+                let module = spec.name.trim_end_matches(".weight");
+                let [packed, scales] = release.mxfp4.stored_names(module);
+                let (packed_dtype, scale_dtype) = match release.mxfp4 {
+                    Mxfp4Naming::CompressedTensors => (Dtype::U8, Dtype::U8),
+                    Mxfp4Naming::Deepseek => (Dtype::I8, Dtype::F8_E8M0),
+                };
+                layout.push((index, PlannedTensor::new(packed, packed_dtype, vec![rows, columns / 2])));
+                layout.push((index, PlannedTensor::new(scales, scale_dtype, vec![rows, columns / MXFP4_GROUP])));
+            }
+            TensorRole::RouterBias | TensorRole::Float32 => {
                 layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F32, spec.shape.clone())))
+            }
+            TensorRole::TokenTable => {
+                layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::I32, spec.shape.clone())))
             }
             _ => layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::BF16, spec.shape.clone()))),
         }
@@ -157,7 +205,7 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
         let mut next = 0;
         for batch in spec_indices.chunks(16) {
             let generated: Vec<Vec<Vec<u8>>> =
-                batch.par_iter().map(|&s| generate(&specs[s], options.seed, native_int4)).collect();
+                batch.par_iter().map(|&s| generate(&specs[s], options.seed, &release, native_int4)).collect();
             for pieces in generated {
                 for bytes in pieces {
                     let name = tensors[next].name.clone();
@@ -192,9 +240,42 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
 /// The stored bytes of one spec: FP8 codes and scales for linears (`native_int4`: INT4 `weight_packed`, BF16
 /// `weight_scale` with 15-level codes as quantization-aware training leaves them, I32 `weight_shape`), BF16/F32
 /// otherwise.
-fn generate(spec: &crate::model::TensorSpec, seed: u64, native_int4: bool) -> Vec<Vec<u8>> {
+fn generate(spec: &crate::model::TensorSpec, seed: u64, release: &Release, native_int4: bool) -> Vec<Vec<u8>> {
     let mut rng = random::Rng::for_name(seed, &spec.name);
     match spec.role {
+        TensorRole::Linear if release.fp8_scales == Fp8Scales::E8m0 => {
+            let (rows, columns) = (spec.shape[0], spec.shape[1]);
+            let weights = random::linear_weights(&mut rng, rows, columns);
+            let (codes, exponents) = quantize_matrix_e8m0(&BlockGrid::new(rows, columns, 128, 128), &weights);
+            vec![codes, exponents]
+        }
+        TensorRole::ExpertMxfp4 => {
+            // As quantization-aware training leaves them: MXFP4 of trained-looking weights.
+            let (rows, columns) = (spec.shape[0], spec.shape[1]);
+            let weights = random::linear_weights(&mut rng, rows, columns);
+            let (mut codes, mut packed) = (vec![0u8; columns], vec![0u8; rows * columns / 2]);
+            let mut exponents = vec![0u8; rows * columns / MXFP4_GROUP];
+            for (row, values) in weights.chunks(columns).enumerate() {
+                fp4::mxfp4_quantize_row(
+                    values,
+                    &mut codes,
+                    &mut exponents[row * columns / MXFP4_GROUP..][..columns / MXFP4_GROUP],
+                );
+                fp4::pack(&codes, &mut packed[row * columns / 2..][..columns / 2]);
+            }
+            vec![packed, exponents]
+        }
+        TensorRole::Float32 => {
+            let values: Vec<f32> = (0..spec.shape.iter().product::<usize>()).map(|_| rng.normal() * 0.1).collect();
+            vec![values.iter().flat_map(|v| v.to_le_bytes()).collect()]
+        }
+        TensorRole::TokenTable => {
+            // Hash routing: each token's experts, distinct within a row (the width is the router's top-k).
+            let (tokens, top_k) = (spec.shape[0], spec.shape[1]);
+            let experts = release.experts.max(top_k).max(1);
+            let ids: Vec<i32> = (0..tokens * top_k).map(|i| ((i / top_k * 7 + i % top_k) % experts) as i32).collect();
+            vec![ids.iter().flat_map(|v| v.to_le_bytes()).collect()]
+        }
         TensorRole::Linear if native_int4 => {
             let (rows, columns) = (spec.shape[0], spec.shape[1]);
             let weights = random::linear_weights(&mut rng, rows, columns);

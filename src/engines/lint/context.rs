@@ -71,7 +71,8 @@ impl<'a> Context<'a> {
         for tensor in &output.tensors {
             let Some((module, suffix)) = module_name(&tensor.name) else { continue };
             // vLLM and SGLang build a wrapper's vision tower and projector without the quantization config.
-            if module.ends_with("embed_tokens") || crate::io::composite::is_carried(module) {
+            // DeepSeek-V4's `embed` is vLLM's `embed_tokens` (`_make_deepseek_v4_weights_mapper`).
+            if module.ends_with("embed_tokens") || module == "embed" || crate::io::composite::is_carried(module) {
                 continue;
             }
             match suffix {
@@ -122,6 +123,10 @@ impl<'a> Context<'a> {
         // Inside a wrapper an entry written for the text model's name (Moonshot's `lm_head` for
         // `language_model.lm_head`) covers the module too.
         if let Some(entry) = crate::io::composite::text_name(module).and_then(|text| self.ignore.first_match(&text)) {
+            return ConfigView::Ignored(entry.to_string());
+        }
+        // DeepSeek-V4's output head `head` is the module vLLM names `lm_head` (its weights mapper renames it).
+        if let Some(entry) = (module == "head").then(|| self.ignore.first_match("lm_head")).flatten() {
             return ConfigView::Ignored(entry.to_string());
         }
         match self.groups.iter().position(|group| group.targets.first_match(module).is_some()) {
