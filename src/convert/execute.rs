@@ -205,6 +205,9 @@ fn check(options: &QuantizeOptions) -> Result<Checked, ConvertError> {
     )?;
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
     check_int4_source(plan, recipe, &options.input)?;
+    if !options.allow_inexact_cast {
+        crate::plan::transform::check_casts(checkpoint, plan)?;
+    }
     check_activation_calibration(plan, recipe, options.calibration.as_ref())?;
     if let (Some(calibration), Some(fp4)) = (
         options.calibration.as_ref().filter(|calibration| calibration.method != Method::Rtn),

@@ -91,6 +91,23 @@ impl PlannedItem {
         matches!(self.source.kind, SourceKind::Int4 { .. })
             && matches!(self.action, Action::Fp4 { .. } | Action::Int4 { fp8_activations: true, .. })
     }
+
+    /// Whether it converts a natively 4-bit source module (INT4, or MXFP4 cast to NVFP4 or converted to INT4) into
+    /// another 4-bit format, whose weight error `report` estimates; MXFP4 kept MXFP4 is its bytes.
+    pub fn requantizes_source(&self) -> bool {
+        self.requantizes_int4()
+            || matches!(self.source.kind, SourceKind::Mxfp4 { .. })
+                && matches!(self.action, Action::Int4 { .. } | Action::Fp4 { kind: Fp4Kind::Nvfp4, .. })
+    }
+
+    /// The group size of a natively 4-bit source module (INT4's, or MXFP4's 32).
+    pub fn source_group_size(&self) -> Option<usize> {
+        match self.source.kind {
+            SourceKind::Int4 { group_size } => Some(group_size),
+            SourceKind::Mxfp4 { .. } => Some(MXFP4_GROUP),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -99,27 +99,8 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
             let log2 = cast_global_log2(checkpoint, item, &shard, cache)?;
             let source = reader()?;
             let (packed, scales, inexact) = cast_rows(&source, log2);
-            if let Some(&(row, group)) = inexact.first().filter(|_| !allow_inexact_cast) {
-                return Err(IoError::tensor(
-                    &shard,
-                    name,
-                    format!(
-                        "{} of its {} MXFP4 groups (the first at row {row}, columns {}..{}) have an E8M0 exponent \
-                         more than 17 below the largest{} and cannot be cast to NVFP4 without loss (E4M3 holds 2^-9 \
-                         to 2^8); pass --allow-inexact-cast to re-encode those groups at E4M3's smallest scale \
-                         (rounded to the nearest E2M1 code, the only lossy values; counted in the report), or \
-                         convert to -mxfp4 or -int4 instead",
-                        inexact.len(),
-                        source.rows * source.columns / MXFP4_GROUP,
-                        group * MXFP4_GROUP,
-                        (group + 1) * MXFP4_GROUP,
-                        if fused_partner(name).is_some() {
-                            " (of this weight and its fused gate/up partner, which share one global scale)"
-                        } else {
-                            ""
-                        },
-                    ),
-                ));
+            if !allow_inexact_cast && !inexact.is_empty() {
+                return Err(inexact_cast_error(&shard, name, &source, &inexact));
             }
             vec![packed, scales, fp4::cast::global_scale(log2).to_le_bytes().to_vec()]
         }
@@ -263,6 +244,66 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
         }
     }
     Ok(outputs)
+}
+
+/// The error for an MXFP4 weight whose groups `inexact` NVFP4 cannot hold exactly.
+fn inexact_cast_error(shard: &std::path::Path, name: &str, source: &RowReader, inexact: &[(usize, usize)]) -> IoError {
+    let (row, group) = inexact[0];
+    let shared = if fused_partner(name).is_some() {
+        " (of this weight and its fused gate/up partner, which share one global scale)"
+    } else {
+        ""
+    };
+    IoError::tensor(
+        shard,
+        name,
+        format!(
+            "{} of its {} MXFP4 groups (the first at row {row}, columns {}..{}) have an E8M0 exponent more than 17 \
+             below the largest{shared} and cannot be cast to NVFP4 without loss (E4M3 holds 2^-9 to 2^8); pass \
+             --allow-inexact-cast to re-encode those groups at E4M3's smallest scale (each value rounded to the \
+             nearest E2M1 code at that step; every other group stays bit-exact), or convert with the -mxfp4 or \
+             -int4 recipe instead",
+            inexact.len(),
+            source.rows * source.columns / MXFP4_GROUP,
+            group * MXFP4_GROUP,
+            (group + 1) * MXFP4_GROUP,
+        ),
+    )
+}
+
+/// Refuses, before anything is written, an MXFP4 weight the plan casts to NVFP4 that has groups the cast cannot
+/// hold exactly (the error names it and its first such group). Reads only the E8M0 scales where a weight's (and
+/// its fused partner's) exponents all lie within 17 of each other (exact whatever the codes); reads the codes of
+/// the others to find the groups that are not zero.
+pub fn check_casts(checkpoint: &Checkpoint, plan: &super::Plan) -> Result<(), IoError> {
+    let exponents = |name: &str| -> Option<(u8, u8)> {
+        let item = stored_item(checkpoint, name, [128, 128]).ok()?;
+        let SourceKind::Mxfp4 { naming, .. } = item.kind else { return None };
+        let [_, scale_name] = naming.stored_names(item.module());
+        let bytes = checkpoint.get(&scale_name)?.bytes;
+        Some((bytes.iter().copied().min()?, bytes.iter().copied().max()?))
+    };
+    plan.items.par_iter().try_for_each(|item| {
+        let cast = matches!(item.action, Action::Fp4 { kind: Fp4Kind::Nvfp4, fp4_activations: false });
+        if !cast || !matches!(item.source.kind, SourceKind::Mxfp4 { .. }) {
+            return Ok(());
+        }
+        let name = &item.source.name;
+        let spans = std::iter::once(name.clone()).chain(fused_partner(name)).filter_map(|n| exponents(&n));
+        let (low, high) = spans.fold((u8::MAX, 0), |(low, high), (l, h)| (low.min(l), high.max(h)));
+        if i32::from(high) - i32::from(low) <= 17 {
+            return Ok(());
+        }
+        let shard = checkpoint.shard_of(&item.source.stored_names()[0]).map(|s| s.path().to_path_buf());
+        let shard = shard.unwrap_or_default();
+        let log2 = cast_global_log2(checkpoint, item, &shard, None)?;
+        let source = RowReader::new(checkpoint, &item.source)?;
+        let (_, _, inexact) = cast_rows(&source, log2);
+        match inexact.is_empty() {
+            true => Ok(()),
+            false => Err(inexact_cast_error(&shard, name, &source, &inexact)),
+        }
+    })
 }
 
 /// The bytes of a module's stored tensors, as stored.

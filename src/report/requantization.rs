@@ -1,4 +1,5 @@
-//! What requantizing a natively INT4 release costs in weight error (Kimi K2.5/K2.6 → NVFP4, MXFP4 or W4A8): a
+//! What requantizing a natively 4-bit release costs in weight error (Kimi K2.5/K2.6 INT4 → NVFP4, MXFP4 or W4A8;
+//! Kimi K3 and DeepSeek-V4 MXFP4 → INT4, or → NVFP4 where the cast is exact but for the groups it names): a
 //! sample of the plan's requantized tensors is converted exactly as `quantize` would (round to nearest, the recipe's
 //! rule) and compared with the source's own dequantized values. `verify OUT --source SRC` measures every tensor of
 //! a finished conversion; `eval --reference SRC --candidate OUT` measures the effect on the logits.
@@ -7,7 +8,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::format::compressed_tensors::{Fp4Module, Int4Module};
-use crate::format::fp8_block::{RowReader, SourceKind};
+use crate::format::fp8_block::RowReader;
 use crate::io::IoError;
 use crate::plan::prepare::Prepared;
 use crate::plan::transform::{transform, Compute};
@@ -19,7 +20,7 @@ pub const SAMPLE: usize = 8;
 /// The weight error of requantizing an INT4 source, on a sample of its tensors.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Requantization {
-    /// The source's INT4 group size.
+    /// The source's 4-bit group size (INT4's; MXFP4's 32).
     pub source_group_size: usize,
     /// The output scheme (`nvfp4`, `mxfp4`, `w4a8-fp8`).
     pub scheme: String,
@@ -35,15 +36,17 @@ pub struct Requantization {
 
 /// The estimate for a plan that requantizes INT4 source tensors; `None` when it requantizes none.
 pub fn estimate(prepared: &Prepared) -> Result<Option<Requantization>, IoError> {
-    let requantized: Vec<&PlannedItem> = prepared.plan.items.iter().filter(|item| item.requantizes_int4()).collect();
+    let requantized: Vec<&PlannedItem> = prepared.plan.items.iter().filter(|item| item.requantizes_source()).collect();
     let Some(first) = requantized.first() else { return Ok(None) };
-    let SourceKind::Int4 { group_size: source_group_size } = first.source.kind else { unreachable!("filtered above") };
+    let source_group_size = first.source_group_size().unwrap_or_default();
     let count = requantized.len().min(SAMPLE);
     let sample: Vec<&PlannedItem> = (0..count).map(|i| requantized[i * requantized.len() / count]).collect();
     let errors: Vec<(f64, &str)> = sample
         .par_iter()
         .map(|item| {
-            let outputs = transform(&prepared.checkpoint, item, Compute::default())?;
+            // Inexact cast groups are measured, not refused: the estimate says what they cost.
+            let compute = Compute { allow_inexact_cast: true, ..Compute::default() };
+            let outputs = transform(&prepared.checkpoint, item, compute)?;
             let source = RowReader::new(&prepared.checkpoint, &item.source)?.read_all();
             Ok((crate::metrics::rel_l2(&dequantize(item, &outputs), &source), item.module()))
         })

@@ -14,6 +14,7 @@ mod device_ops;
 mod eval;
 mod eval_parts;
 mod formats;
+mod fp4_sources;
 mod golden;
 mod gptq;
 mod hub;

@@ -19,6 +19,9 @@ pub fn router_fixes<'a>(config: &mut Value, tensor_names: impl IntoIterator<Item
     let Some(bias) = tensor_names.into_iter().find(|name| name.ends_with(".e_score_correction_bias")) else {
         return Vec::new();
     };
+    if routes_elsewhere(config) {
+        return Vec::new();
+    }
     let Some(object) = config.as_object_mut() else { return Vec::new() };
     let mut fixes = Vec::new();
     for (key, value, why) in [
@@ -35,6 +38,13 @@ pub fn router_fixes<'a>(config: &mut Value, tensor_names: impl IntoIterator<Item
         }
     }
     fixes
+}
+
+/// Whether the text model routes outside vLLM's `deepseek_v2.py` and needs none of its keys: Kimi-Linear and
+/// Kimi K3 (`kimi_linear.py`, `models/kimi_k3/`: `moe_router_activation_func`, the bias always built).
+pub fn routes_elsewhere(config: &Value) -> bool {
+    let text = crate::io::composite::text_config(config);
+    text.get("model_type").and_then(Value::as_str) == Some("kimi_linear")
 }
 
 /// Adds `index_topk_pattern` (`F`/`S` per layer) when `indexer_types` marks shared layers, no pattern is given and

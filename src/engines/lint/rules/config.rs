@@ -545,6 +545,12 @@ pub fn router_topk(context: &Context, _: Engine) -> Outcome {
     if biases.is_empty() {
         return Outcome::skipped("no e_score_correction_bias tensors");
     }
+    if crate::engines::lint::fixes::routes_elsewhere(context.config) {
+        return Outcome::skipped(
+            "Kimi-Linear / Kimi K3 route by moe_router_activation_func and always build the bias (vLLM \
+             kimi_linear.py, models/kimi_k3/)",
+        );
+    }
     let architecture = context.architecture();
     let strict = architecture.is_none_or(|a| DEEPSEEK_V2_FAMILY.contains(&a));
     let caveat = if strict {
