@@ -333,7 +333,26 @@ pub fn print_human(report: &Report) {
         report.kv.bf16.layers,
         count(report.kv.bf16.bytes_per_token),
         count(report.kv.fp8.bytes_per_token),
-        if report.kv.bf16.indexer_bytes_per_layer > 0 {
+        if report.kv.bf16.state_bytes_per_request > 0 {
+            format!(
+                " at length ({}), plus per request whatever its length: {} (bf16 cache) / {} (fp8 cache){}",
+                if report.kv.bf16.indexer_layers > 0 {
+                    format!(
+                        "one entry per 4 or 128 tokens, CSA layers with their indexer's {} B FP8 key",
+                        report.kv.bf16.indexer_bytes_per_layer
+                    )
+                } else {
+                    "the MLA layers' rows".to_string()
+                },
+                human(report.kv.bf16.state_bytes_per_request),
+                human(report.kv.fp8.state_bytes_per_request),
+                if report.kv.bf16.indexer_layers > 0 {
+                    " for the last sliding-window tokens of every layer"
+                } else {
+                    " of KDA recurrent state and convolution tail (F32)"
+                },
+            )
+        } else if report.kv.bf16.indexer_bytes_per_layer > 0 {
             format!(
                 " (each includes the DSA indexer's {} B FP8 key row in the {} of {} layers that run an indexer)",
                 report.kv.bf16.indexer_bytes_per_layer, report.kv.bf16.indexer_layers, report.kv.bf16.layers

@@ -392,9 +392,14 @@ pub fn validate_scales(checkpoint: &Checkpoint, items: &[SourceItem]) -> Result<
     })
 }
 
-/// The items a vendor FP8 release of `config` holds (for `report` from a config alone).
+/// The items a vendor release of `config` holds (for `report` from a config alone): linears block FP8 (DeepSeek-V4's
+/// E8M0 scales counted as F32), MXFP4 experts in their release's naming, the other tensors BF16, F32 or I32.
 pub fn items_from_config(config: &ModelConfig) -> Vec<SourceItem> {
     let block = config.weight_block_size.unwrap_or([128, 128]);
+    let (naming, packed, scales) = match config.architecture {
+        crate::model::Architecture::DeepseekV4 => (Mxfp4Naming::Deepseek, Dtype::I8, Dtype::F8_E8M0),
+        _ => (Mxfp4Naming::CompressedTensors, Dtype::U8, Dtype::U8),
+    };
     tensor_specs(config)
         .into_iter()
         .map(|spec| {
@@ -404,7 +409,9 @@ pub fn items_from_config(config: &ModelConfig) -> Vec<SourceItem> {
                     let scale_name = scale_name(&spec.name, ScaleLayout::DeepseekBlock(block));
                     (Dtype::F8_E4M3, SourceKind::Fp8 { scale_name, grid })
                 }
-                TensorRole::RouterBias => (Dtype::F32, SourceKind::Plain),
+                TensorRole::ExpertMxfp4 => (Dtype::U8, SourceKind::Mxfp4 { naming, packed, scales }),
+                TensorRole::RouterBias | TensorRole::Float32 => (Dtype::F32, SourceKind::Plain),
+                TensorRole::TokenTable => (Dtype::I32, SourceKind::Plain),
                 _ => (Dtype::BF16, SourceKind::Plain),
             };
             SourceItem { name: spec.name, dtype, shape: spec.shape, kind }

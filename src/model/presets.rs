@@ -1,14 +1,20 @@
 //! Built-in model presets: the public `config.json` values of Kimi K2, Kimi K2.6 (natively INT4 inside its
-//! vision-language wrapper), GLM-5, GLM-5.2 and GLM-4.5, embedded from
+//! vision-language wrapper), GLM-5, GLM-5.2 (and GLM-5.3, its post-trained successor: the same architecture and
+//! config), GLM-4.5, and the FP4-native releases Kimi K3 (MXFP4 experts inside `kimi_k3`) and DeepSeek-V4 Flash and
+//! Pro (MXFP4 experts, E8M0-scaled FP8), embedded from
 //! `src/model/presets/` so that `squeeze report kimi-k2` works before anything is downloaded.
 
 /// Preset name and its `config.json` text.
-const PRESETS: [(&str, &str); 5] = [
+const PRESETS: [(&str, &str); 9] = [
     ("kimi-k2", include_str!("presets/kimi-k2.json")),
     ("kimi-k2.6", include_str!("presets/kimi-k2.6.json")),
     ("glm-5", include_str!("presets/glm-5.json")),
     ("glm-5.2", include_str!("presets/glm-5.2.json")),
     ("glm-4.5", include_str!("presets/glm-4.5.json")),
+    ("glm-5.3", include_str!("presets/glm-5.3.json")),
+    ("kimi-k3", include_str!("presets/kimi-k3.json")),
+    ("deepseek-v4-flash", include_str!("presets/deepseek-v4-flash.json")),
+    ("deepseek-v4-pro", include_str!("presets/deepseek-v4-pro.json")),
 ];
 
 /// The preset names, in the order the help and the errors list them.
@@ -52,6 +58,10 @@ mod tests {
         assert_eq!(architecture("glm-5"), Architecture::GlmMoeDsa);
         assert_eq!(architecture("glm-5.2"), Architecture::GlmMoeDsa);
         assert_eq!(architecture("glm-4.5"), Architecture::Glm4Moe);
+        assert_eq!(architecture("glm-5.3"), Architecture::GlmMoeDsa);
+        assert_eq!(architecture("kimi-k3"), Architecture::KimiLinear);
+        assert_eq!(architecture("deepseek-v4-flash"), Architecture::DeepseekV4);
+        assert_eq!(architecture("deepseek-v4-pro"), Architecture::DeepseekV4);
         assert!(config_text("glm-6").is_none());
     }
 }

@@ -138,6 +138,8 @@ pub fn node(
     };
     let groups = (layout.attention_dp() * layout.replicas()) as u64;
     let kv_capacity_tokens_per_gpu = kv_pool_bytes_per_gpu / kv.bytes_per_token.max(1);
+    // A request also holds its fixed state (KDA's recurrent state, DeepSeek-V4's sliding window) beside its tokens.
+    let request_bytes = kv.bytes_per_token * layout.context + kv.state_bytes_per_request;
     Ok(NodeBudget {
         weights: weights.to_string(),
         weight_bytes,
@@ -148,7 +150,10 @@ pub fn node(
         kv_pool_bytes_per_gpu,
         kv_capacity_tokens_per_gpu,
         kv_capacity_tokens: kv_capacity_tokens_per_gpu * groups,
-        max_concurrency: kv_capacity_tokens_per_gpu / layout.context * groups,
+        max_concurrency: match kv.state_bytes_per_request {
+            0 => kv_capacity_tokens_per_gpu / layout.context * groups,
+            _ => kv_pool_bytes_per_gpu / request_bytes.max(1) * groups,
+        },
         context: layout.context,
     })
 }

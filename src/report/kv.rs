@@ -2,6 +2,8 @@
 //! per layer and over the decoder layers, for a BF16 or FP8 cache.
 
 use crate::format::kv_scales::KvDtype;
+use crate::model::config::Layout;
+use crate::model::kimi_linear::KimiLinear;
 use crate::model::{Attention, ModelConfig};
 
 /// Elements per FP32 scale in the DSA indexer's FP8 key cache (vLLM `DeepseekV32IndexerCache`, SGLang NSA).
@@ -25,8 +27,25 @@ pub struct KvPerToken {
     pub indexer_layers: usize,
     /// `elements_per_layer × dtype bytes + indexer_bytes_per_layer` (a layer with an indexer).
     pub bytes_per_layer: u64,
-    /// `elements_per_layer × dtype bytes × layers + indexer_bytes_per_layer × indexer_layers`.
+    /// `elements_per_layer × dtype bytes × layers + indexer_bytes_per_layer × indexer_layers`; DeepSeek-V4: what
+    /// each context token adds at length, `Σ row bytes / ratio` over its compressed layers plus the CSA indexer's
+    /// key per compressed entry (rounded up).
     pub bytes_per_token: u64,
+    /// Bytes each request holds whatever its length (absent when 0): KDA's recurrent state and convolution tail
+    /// per linear-attention layer (F32), DeepSeek-V4's sliding window of `sliding_window` tokens in every layer.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub state_bytes_per_request: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+/// KDA's per-request state per layer in elements: the `heads × head_dim × head_dim` recurrent state and the last
+/// `kernel − 1` inputs of the q, k and v convolutions (vLLM `kda.py`: `MambaStateShapeCalculator`'s KDA shapes).
+fn kda_state_elements(kimi: &KimiLinear) -> usize {
+    let width = kimi.kda_heads * kimi.kda_head_dim;
+    kimi.kda_heads * kimi.kda_head_dim * kimi.kda_head_dim + 3 * width * kimi.conv_kernel.saturating_sub(1)
 }
 
 /// KV heads each GPU holds under `attention_tp`-way tensor-parallel attention: heads are split, and a rank
@@ -50,6 +69,44 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
         .map(|indexer| (indexer.index_head_dim + indexer.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64)
         .unwrap_or(0);
     let row_bytes = (elements_per_layer * dtype.bytes()) as u64;
+    match &config.layout {
+        Some(Layout::KimiLinear(kimi)) => {
+            // Only the MLA layers cache keys and values; a KDA layer keeps a fixed state per request.
+            let layers = kimi.kda_layers.iter().filter(|kda| !**kda).count();
+            let kda_layers = kimi.kda_layers.len() - layers;
+            return KvPerToken {
+                dtype,
+                layers,
+                elements_per_layer,
+                indexer_bytes_per_layer: 0,
+                indexer_layers: 0,
+                bytes_per_layer: row_bytes,
+                bytes_per_token: row_bytes * layers as u64,
+                state_bytes_per_request: (kda_state_elements(kimi) * 4 * kda_layers) as u64,
+            };
+        }
+        Some(Layout::DeepseekV4(v4)) => {
+            // One `head_dim` row per cached entry: every layer the last `sliding_window` tokens, compressed layers
+            // one more entry per `ratio` tokens (CSA with its indexer's FP8 key).
+            let ratios = &v4.compress_ratios[..config.num_hidden_layers.min(v4.compress_ratios.len())];
+            let compressed: Vec<usize> = ratios.iter().copied().filter(|&ratio| ratio > 0).collect();
+            let indexer_bytes_per_layer = (v4.index_head_dim + v4.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64;
+            let csa_layers = compressed.iter().filter(|&&ratio| ratio == 4).count();
+            let growth: f64 = compressed.iter().map(|&ratio| row_bytes as f64 / ratio as f64).sum::<f64>()
+                + csa_layers as f64 * indexer_bytes_per_layer as f64 / 4.0;
+            return KvPerToken {
+                dtype,
+                layers: compressed.len(),
+                elements_per_layer,
+                indexer_bytes_per_layer,
+                indexer_layers: csa_layers,
+                bytes_per_layer: row_bytes,
+                bytes_per_token: growth.ceil() as u64,
+                state_bytes_per_request: row_bytes * (v4.sliding_window * ratios.len()) as u64,
+            };
+        }
+        None => {}
+    }
     let layers = config.num_hidden_layers;
     let indexer_layers = (0..layers).filter(|&layer| config.runs_indexer(layer)).count();
     KvPerToken {
@@ -60,6 +117,7 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
         indexer_layers,
         bytes_per_layer: row_bytes + indexer_bytes_per_layer,
         bytes_per_token: row_bytes * layers as u64 + indexer_bytes_per_layer * indexer_layers as u64,
+        state_bytes_per_request: 0,
     }
 }
 

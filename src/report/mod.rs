@@ -178,7 +178,7 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
     // its own recipe's output).
     let fp8_source =
         sizes.bf16.bytes != sizes.source_tensors.bytes && sizes.source_tensors.bytes != sizes.output_tensors.bytes;
-    let source_name = if fp8_source { "fp8 source" } else { "source" };
+    let source_name = if fp8_source && config.layout.is_none() { "fp8 source" } else { "source" };
     let prefill = budget::node(&config, layout, source_name, sizes.source_tensors.bytes, KvDtype::Bf16);
     let decode = budget::node(&config, layout, &recipe, sizes.output_tensors.bytes, KvDtype::Fp8);
     let (prefill, decode) = match (prefill, decode) {
@@ -197,9 +197,11 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
             )));
         }
     };
-    let attention = match config.attention {
-        crate::model::Attention::Mla { .. } => "mla",
-        crate::model::Attention::Gqa { .. } => "gqa",
+    let attention = match (&config.layout, &config.attention) {
+        (Some(crate::model::config::Layout::KimiLinear(_)), _) => "mla layers beside kda",
+        (Some(crate::model::config::Layout::DeepseekV4(_)), _) => "compressed csa/hca layers, sliding window",
+        (None, crate::model::Attention::Mla { .. }) => "mla",
+        (None, crate::model::Attention::Gqa { .. }) => "gqa",
     };
     let kv = KvSummary {
         attention,
