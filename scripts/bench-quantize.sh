@@ -6,7 +6,10 @@
 #   scripts/bench-quantize.sh [--ref BIN] [--sizes "0.1gb 2gb 8gb"] [--rules "ct-minmax mse"] [--rounds N] [WORKDIR]
 #
 # WORKDIR defaults to /tmp/squeeze-bench (needs ~25 GB free for the 8gb size). Sizes: 0.1gb (91 MB: 3 layers of
-# 16 experts of [512, 1024]), 2gb, 8gb (default "2gb 8gb"). With --ref, every quantize also runs with BIN (another
+# 16 experts of [512, 1024]), 2gb, 8gb (default "2gb 8gb"); k3-2gb and k3-8gb are Kimi K3-shaped sources
+# (`synth --arch kimi-k3`: MXFP4 experts of K3's [3072, 3584] / [3584, 3072], hidden 7168) whose rules nvfp4 (the
+# lossless cast), mxfp4 (bytes passed through) and int4 run the kimi-k3-* recipes (`--sizes k3-2gb --rules
+# "nvfp4 mxfp4 int4"`). With --ref, every quantize also runs with BIN (another
 # squeeze binary, e.g. one built from main), interleaved with this tree's binary in each round, and the summary
 # gives the speed ratio of the two per rule, and each binary's mse / ct-minmax time ratio, from the same run.
 #
@@ -41,15 +44,18 @@ binaries=("$bin")
 # name layers experts hidden intermediate: 1 dense layer + (layers-1) MoE layers + 1 MTP layer (also MoE) of
 # `experts` experts; 2gb / 8gb are GLM-5-shaped ([2048, 6144] gate/up, [6144, 2048] down, 37.7 MB of FP8 each):
 # 2.6 GB and 8.5 GB of shards.
-declare -A shape=(["0.1gb"]="3 16 1024 512" ["2gb"]="2 26 6144 2048" ["8gb"]="4 52 6144 2048")
+declare -A shape=(["0.1gb"]="3 16 1024 512" ["2gb"]="2 26 6144 2048" ["8gb"]="4 52 6144 2048"
+                  ["k3-2gb"]="3 64 7168 3072" ["k3-8gb"]="5 112 7168 3072")
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB RAM, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
 results=$(mktemp)
 printf '%-6s %-9s %-6s %-5s %9s %9s %10s %7s %8s %8s %9s\n' size rule binary round input_GB q_GB/s floor_GB/s ratio seconds user_s peak_RSS
 for name in $sizes; do
   read -r layers experts hidden intermediate <<<"${shape[$name]}"
   src="$work/src-$name"
+  arch=glm5
+  case $name in k3-*) arch=kimi-k3 ;; esac
   if [ ! -f "$src/config.json" ]; then
-    "$bin" synth --arch glm5 "$src" --layers "$layers" --experts "$experts" --hidden "$hidden" \
+    "$bin" synth --arch "$arch" "$src" --layers "$layers" --experts "$experts" --hidden "$hidden" \
       --moe-intermediate "$intermediate" --vocab 4096 --shards 8 --force >/dev/null
   fi
   input_bytes=$(cat "$src"/*.safetensors | wc -c)
@@ -60,8 +66,9 @@ for name in $sizes; do
         [ "$binary" = "$bin" ] || label=ref
         out="$work/out-$name-$rule"
         rm -rf "$out"
-        case $rule in
-          nvfp4|mxfp4) how=(--recipe "glm5-$rule" --engine vllm) ;;
+        case $arch:$rule in
+          kimi-k3:*) how=(--recipe "kimi-k3-$rule" --engine vllm) ;;
+          *:nvfp4|*:mxfp4) how=(--recipe "glm5-$rule" --engine vllm) ;;
           *) how=(--scale-rule "$rule") ;;
         esac
         planned=$("$binary" quantize "$src" "$out" "${how[@]}" --dry-run --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_bytes"])')

@@ -73,7 +73,7 @@ enum Command {
     Inspect(inspect::Args),
     /// Re-check an output against its manifest, the compressed-tensors conventions and (optionally) its source.
     Verify(verify::Args),
-    /// Write a tiny random checkpoint of a real architecture in the vendor's FP8 format.
+    /// Write a tiny random checkpoint of a real architecture in the vendor's format (FP8, INT4 or MXFP4).
     Synth(synth::Args),
     /// Run every stage on a built-in tiny model in a temporary folder.
     Demo(demo::Args),

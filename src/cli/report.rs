@@ -299,9 +299,10 @@ pub fn print_human(report: &Report) {
     }
     if let Some(requantization) = &report.requantization {
         println!(
-            "requantization of the shipped INT4 (group {}) to {}: relative L2 error {:.4} mean, {:.4} max (`{}`) over \
+            "requantization of the shipped {} (group {}) to {}: relative L2 error {:.4} mean, {:.4} max (`{}`) over \
              {} of {} requantized tensors, round to nearest; every tensor: `squeeze verify OUT --source SRC`, the \
              logits: `squeeze eval --reference SRC --candidate OUT`",
+            requantization.source_format.to_uppercase(),
             requantization.source_group_size,
             requantization.scheme,
             requantization.mean_relative_l2,

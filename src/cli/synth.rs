@@ -9,7 +9,8 @@ use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Architecture: kimi-k2, glm5, glm5.2 (shared DSA indexer) or glm45.
+    /// Architecture: kimi-k2, kimi-k2.6 (native INT4), glm5, glm5.2 (shared DSA indexer), glm45, kimi-k3 (MXFP4
+    /// experts, KDA) or deepseek-v4 (MXFP4 experts, E8M0-scaled FP8, compressed attention).
     #[arg(long)]
     pub arch: SynthArch,
     /// Output folder.

@@ -306,21 +306,44 @@ mod tests {
 
     #[test]
     fn builtins_parse_and_select_their_mlps() {
+        // Each family's names: routed expert, shared expert, router, dense MLP (none in DeepSeek-V4), attention.
+        let names = |recipe: &str| match recipe {
+            r if r.starts_with("kimi-k3") => [
+                "language_model.model.layers.5.block_sparse_moe.experts.12.w2.weight",
+                "language_model.model.layers.5.block_sparse_moe.shared_experts.down_proj.weight",
+                "language_model.model.layers.5.block_sparse_moe.gate.weight",
+                "language_model.model.layers.0.mlp.down_proj.weight",
+                "language_model.model.layers.5.self_attn.o_proj.weight",
+            ],
+            r if r.starts_with("deepseek-v4") => [
+                "layers.5.ffn.experts.12.w2.weight",
+                "layers.5.ffn.shared_experts.w2.weight",
+                "layers.5.ffn.gate.weight",
+                "",
+                "layers.5.attn.wo_b.weight",
+            ],
+            _ => [
+                "model.layers.5.mlp.experts.12.down_proj.weight",
+                "model.layers.5.mlp.shared_experts.down_proj.weight",
+                "model.layers.5.mlp.gate.weight",
+                "model.layers.0.mlp.down_proj.weight",
+                "model.layers.5.self_attn.o_proj.weight",
+            ],
+        };
         for name in BUILTIN_NAMES.into_iter().chain(ALIASES.map(|(alias, _)| alias)) {
             let recipe = Recipe::load(name).unwrap();
+            let [expert, shared, router, dense, attention] = names(name);
             // The `-mlp` recipes select the shared experts and the dense MLP too; every other one routed experts only.
             let all_mlps = name.ends_with("-mlp");
-            assert!(recipe.rule_for("model.layers.5.mlp.experts.12.down_proj.weight").is_some(), "{name}");
-            assert_eq!(
-                recipe.rule_for("model.layers.5.mlp.shared_experts.down_proj.weight").is_some(),
-                all_mlps,
-                "{name}"
-            );
-            assert!(recipe.rule_for("model.layers.5.mlp.gate.weight").is_none(), "{name}");
-            assert_eq!(recipe.rule_for("model.layers.0.mlp.down_proj.weight").is_some(), all_mlps, "{name}");
-            assert!(recipe.rule_for("model.layers.5.self_attn.o_proj.weight").is_none(), "{name}");
-            assert!(recipe.config_ignores("model.layers.5.self_attn.o_proj"));
-            assert!(!recipe.config_ignores("model.layers.5.mlp.experts.12.down_proj"));
+            assert!(recipe.rule_for(expert).is_some(), "{name}");
+            assert_eq!(recipe.rule_for(shared).is_some(), all_mlps, "{name}");
+            assert!(recipe.rule_for(router).is_none(), "{name}");
+            if !dense.is_empty() {
+                assert_eq!(recipe.rule_for(dense).is_some(), all_mlps, "{name}");
+            }
+            assert!(recipe.rule_for(attention).is_none(), "{name}");
+            assert!(recipe.config_ignores(attention.trim_end_matches(".weight")), "{name}");
+            assert!(!recipe.config_ignores(expert.trim_end_matches(".weight")), "{name}");
         }
     }
 

@@ -20,7 +20,8 @@ pub const SAMPLE: usize = 8;
 /// The weight error of requantizing an INT4 source, on a sample of its tensors.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Requantization {
-    /// The source's 4-bit group size (INT4's; MXFP4's 32).
+    /// The source's 4-bit format (`int4`, `mxfp4`) and group size.
+    pub source_format: &'static str,
     pub source_group_size: usize,
     /// The output scheme (`nvfp4`, `mxfp4`, `w4a8-fp8`).
     pub scheme: String,
@@ -53,7 +54,9 @@ pub fn estimate(prepared: &Prepared) -> Result<Option<Requantization>, IoError> 
         .collect::<Result<_, IoError>>()?;
     let (max_relative_l2, worst) =
         errors.iter().copied().fold((f64::NEG_INFINITY, ""), |a, b| if b.0 > a.0 { b } else { a });
+    let mxfp4 = matches!(first.source.kind, crate::format::fp8_block::SourceKind::Mxfp4 { .. });
     Ok(Some(Requantization {
+        source_format: if mxfp4 { "mxfp4" } else { "int4" },
         source_group_size,
         scheme: first.action.name().to_string(),
         sampled: count,
