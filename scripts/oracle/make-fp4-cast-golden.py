@@ -16,7 +16,11 @@ decompress
     squeeze's NVFP4 cast     NVFP4PackedCompressor.decompress (weight_packed, weight_scale F8_E4M3,
                              weight_global_scale)
 and the script requires the two to be equal bit for bit (every group of these synthetic experts is within E4M3's
-range, so every value must survive). The golden keeps the source bytes (the CI test checks that `synth` still
+range, so every value must survive). With --modelopt PATH (NVIDIA ModelOpt's
+`modelopt/torch/quantization/utils/numeric_utils.py`, pure torch: `pip download nvidia-modelopt==0.47.0 --no-deps`
+and unzip that one file) it also requires squeeze's global scale to be 448 * 6 / ModelOpt's
+`mxfp4_to_nvfp4_global_amax` (over w1 and w3 together for the shared one) and every E4M3 block scale to be
+global * ModelOpt's `mxfp4_to_nvfp4_per_block_amax` / 6, exactly. The golden keeps the source bytes (the CI test checks that `synth` still
 makes them), the cast's bytes that compressed-tensors judged (squeeze's output must still equal them) and the
 decoded values (squeeze's MXFP4 reader must equal them).
 """
@@ -67,7 +71,14 @@ def main() -> None:
     parser.add_argument("dsv4", type=pathlib.Path)
     parser.add_argument("dsv4_nvfp4", type=pathlib.Path)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("tests/golden/ct_fp4_cast.safetensors"))
+    parser.add_argument("--modelopt", type=pathlib.Path, help="ModelOpt's numeric_utils.py, a second oracle")
     args = parser.parse_args()
+    modelopt = None
+    if args.modelopt:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("modelopt_numeric_utils", args.modelopt)
+        modelopt = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modelopt)
     import compressed_tensors
     from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
@@ -92,6 +103,20 @@ def main() -> None:
                   f"global {nv_parts['weight_global_scale'].item()}")
             if differ:
                 sys.exit(f"{release} {module}: the cast changed {differ} values")
+            if modelopt is not None:
+                partner = {"w1": "w3", "w3": "w1"}.get(proj)
+                scales = [exponents] + ([as_u8(read(source, f"{module_prefix}.{partner}.{scale_suffix}"))]
+                                        if partner else [])
+                global_amax, info = modelopt.mxfp4_to_nvfp4_global_amax(torch.cat([s.flatten() for s in scales]))
+                want_global = torch.tensor(448.0 * 6.0 / global_amax, dtype=torch.float32)
+                got_global = nv_parts["weight_global_scale"].to(torch.float32).reshape(())
+                blocks = packed.reshape(packed.shape[0], -1, 16)
+                amax = modelopt.mxfp4_to_nvfp4_per_block_amax(blocks, exponents)
+                want_scales = (want_global * amax / 6.0).to(torch.float8_e4m3fn).to(torch.float32)
+                got_scales = nv_parts["weight_scale"].to(torch.float32)
+                if got_global != want_global or not torch.equal(got_scales, want_scales):
+                    sys.exit(f"{release} {module}: squeeze's scales differ from ModelOpt's cast ({info})")
+                print(f"  ModelOpt: global and {got_scales.numel()} block scales equal ({info['pct_lossless']}% lossless)")
             tensors[f"{release}.{proj}.source_packed"] = packed.contiguous()
             tensors[f"{release}.{proj}.source_scale"] = exponents.contiguous()
             tensors[f"{release}.{proj}.decoded"] = source_values.contiguous()
