@@ -167,6 +167,14 @@ pub fn action_for(item: &SourceItem, recipe: &Recipe, class: TensorClass) -> Res
         && class == TensorClass::Mtp
         && item.name.strip_suffix(".weight").is_some_and(is_routed_expert);
     if let Some(rule) = recipe.rule_for(&item.name).filter(|_| !mtp_kept) {
+        if class == TensorClass::Vision {
+            return Err(error(format!(
+                "recipe rule `{}` selects it, but it belongs to the vision tower or projector, which vLLM and SGLang \
+                 build without a quantization config (vLLM kimi_k25.py / models/kimi_k3 `_maybe_ignore_quant_config`): \
+                 narrow the rule's `match` to the text model, or add the tower's prefix to the recipe's `keep`",
+                rule.name
+            )));
+        }
         let float = matches!(item.dtype, Dtype::F8_E4M3 | Dtype::BF16 | Dtype::F16 | Dtype::F32)
             || matches!(item.kind, SourceKind::Int4 { .. } | SourceKind::Mxfp4 { .. });
         if item.shape.len() != 2 || !float {

@@ -193,6 +193,29 @@ fn bad_fp4_sources_are_refused_naming_the_tensor_or_key_and_nothing_is_written()
 }
 
 #[test]
+fn fused_groups_must_share_a_scheme_and_vllm_s_unquantized_modules_stay_so() {
+    let temp = tempfile::tempdir().unwrap();
+    let cases = [
+        // K3's KDA projections fuse into vLLM's in_proj_qkvgfab: q alone quantized is refused.
+        ("kimi-k3", r"\.self_attn\.q_proj\.weight$", "self_attn.b_proj + "),
+        // DeepSeek-V4's compressor projections must stay BF16 in vLLM's compressed-tensors path (#41276).
+        ("deepseek-v4", r"\.attn\.compressor\.w(kv|gate)\.weight$", "NotImplementedError"),
+    ];
+    for (arch, pattern, mention) in cases {
+        let source = synth(temp.path(), arch, arch, &[]);
+        let recipe = temp.path().join(format!("{arch}.toml"));
+        let text = format!(
+            "name = \"bad\"\nunselected = \"bf16\"\n[[rules]]\nname = \"r\"\nmatch = '{pattern}'\nscheme = \"nvfp4\"\n\
+             group_size = 16\nscale_rule = \"ct-minmax\"\n"
+        );
+        std::fs::write(&recipe, text).unwrap();
+        let out = temp.path().join(format!("{arch}-out"));
+        let run = squeeze(&["quantize", path_str(&source), path_str(&out), "--recipe", path_str(&recipe), "--engine", "vllm"]);
+        expect_exit_2(&run, &["fused-pairs", mention]);
+    }
+}
+
+#[test]
 fn groups_nvfp4_cannot_hold_are_refused_and_cast_by_the_stated_rule_when_allowed() {
     let temp = tempfile::tempdir().unwrap();
     let source = synth(temp.path(), "k3", "kimi-k3", &[]);

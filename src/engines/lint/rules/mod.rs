@@ -73,7 +73,9 @@ pub const RULES: [Rule; 18] = [
     Rule {
         id: "fused-pairs",
         title: "fused pairs all ignored or all quantized",
-        vllm: "vLLM deepseek_v2.py (q_a_proj+kv_a_proj_with_mqa fused), compressed_tensors.py",
+        vllm: "vLLM deepseek_v2.py (q_a_proj+kv_a_proj_with_mqa fused), models/kimi_k3/nvidia/kda.py \
+               (in_proj_qkvgfab), models/deepseek_v4/nvidia/model.py (fused_wqa_wkv, fused_wkv_wgate; #41276), \
+               compressed_tensors.py",
         sglang: NOT_READ_SGLANG,
         check: modules::fused_pairs,
     },

@@ -84,11 +84,27 @@ pub fn ignore_coverage(context: &Context, _: Engine) -> Outcome {
 }
 
 /// Module pairs the engines fuse into one layer (suffixes after the common prefix).
-pub const FUSED_PAIRS: [(&str, &str); 3] = [
+pub const FUSED_PAIRS: [(&str, &str); 11] = [
     ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"),
     ("gate_proj", "up_proj"),
     ("self_attn.indexer.wk", "self_attn.indexer.weights_proj"),
+    // Kimi-Linear / K3 KDA: vLLM fuses q, k, v, (g), b, f_a into `in_proj_qkvgfab` (models/kimi_k3/nvidia/kda.py,
+    // model.py packed_modules_mapping); `b_proj` exists only in KDA layers, so the pairs hang off it.
+    ("self_attn.b_proj", "self_attn.q_proj"),
+    ("self_attn.b_proj", "self_attn.k_proj"),
+    ("self_attn.b_proj", "self_attn.v_proj"),
+    ("self_attn.b_proj", "self_attn.g_proj"),
+    ("self_attn.b_proj", "self_attn.f_a_proj"),
+    // DeepSeek-V4: vLLM's `fused_wqa_wkv`, `compressor.fused_wkv_wgate` and the shared experts' `gate_up_proj`
+    // (models/deepseek_v4/nvidia/model.py).
+    ("attn.wq_a", "attn.wkv"),
+    ("compressor.wkv", "compressor.wgate"),
+    ("shared_experts.w1", "shared_experts.w3"),
 ];
+
+/// Modules vLLM refuses to see quantized under compressed-tensors: DeepSeek-V4's compressor projections and indexer
+/// weights (vLLM #41276 ignores them and raises NotImplementedError when a config quantizes them).
+const NEVER_QUANTIZED: [&str; 3] = ["compressor.wkv", "compressor.wgate", "indexer.weights_proj"];
 
 pub fn fused_pairs(context: &Context, _: Engine) -> Outcome {
     let mut findings = Vec::new();
@@ -120,6 +136,17 @@ pub fn fused_pairs(context: &Context, _: Engine) -> Outcome {
                     "quantize both or ignore both",
                 ));
             }
+        }
+        let deepseek_v4 = context.architecture() == Some("DeepseekV4ForCausalLM");
+        if deepseek_v4 && NEVER_QUANTIZED.iter().any(|suffix| module.ends_with(suffix)) && context.quantized_by_config(module)
+        {
+            findings.push(Finding::failed(
+                module,
+                "is quantized by the config, but vLLM's DeepSeek-V4 compressed-tensors path keeps the compressors and \
+                 the indexer's weights_proj unquantized and raises NotImplementedError otherwise (vLLM #41276)"
+                    .to_string(),
+                "keep it BF16 and list it in quantization_config.ignore (the deepseek-v4-* recipes do)",
+            ));
         }
     }
     Outcome::from_findings(format!("{pairs} fused pairs"), findings)
