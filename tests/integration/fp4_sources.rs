@@ -210,7 +210,15 @@ fn fused_groups_must_share_a_scheme_and_vllm_s_unquantized_modules_stay_so() {
         );
         std::fs::write(&recipe, text).unwrap();
         let out = temp.path().join(format!("{arch}-out"));
-        let run = squeeze(&["quantize", path_str(&source), path_str(&out), "--recipe", path_str(&recipe), "--engine", "vllm"]);
+        let run = squeeze(&[
+            "quantize",
+            path_str(&source),
+            path_str(&out),
+            "--recipe",
+            path_str(&recipe),
+            "--engine",
+            "vllm",
+        ]);
         expect_exit_2(&run, &["fused-pairs", mention]);
     }
 }

@@ -138,7 +138,9 @@ pub fn fused_pairs(context: &Context, _: Engine) -> Outcome {
             }
         }
         let deepseek_v4 = context.architecture() == Some("DeepseekV4ForCausalLM");
-        if deepseek_v4 && NEVER_QUANTIZED.iter().any(|suffix| module.ends_with(suffix)) && context.quantized_by_config(module)
+        if deepseek_v4
+            && NEVER_QUANTIZED.iter().any(|suffix| module.ends_with(suffix))
+            && context.quantized_by_config(module)
         {
             findings.push(Finding::failed(
                 module,
