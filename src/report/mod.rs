@@ -23,7 +23,7 @@ pub use size::Sizes;
 
 use crate::format::fp8_block;
 use crate::format::kv_scales::KvDtype;
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, TensorClass};
 use crate::plan::prepare::{check_int4_source, prepare};
 use crate::plan::{self, Action, Plan};
 use crate::quant::ScaleRule;
@@ -189,7 +189,21 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
                 problems.push(does_not_fit("prefill", source_name, sizes.source_tensors.bytes, shortfall, layout));
             }
             if let Err(shortfall) = &decode {
-                problems.push(does_not_fit("decode", &recipe, sizes.output_tensors.bytes, shortfall, layout));
+                let mut problem = does_not_fit("decode", &recipe, sizes.output_tensors.bytes, shortfall, layout);
+                // What would fit on these GPUs: the routed experts' bits per weight (scales included) that leave
+                // the rest of the output as it is.
+                if let Some(experts) = sizes.classes.get(TensorClass::RoutedExperts.name()) {
+                    let free = shortfall.available_bytes_per_gpu * layout.tp as u64;
+                    let rest = sizes.output_tensors.bytes.saturating_sub(experts.output_bytes);
+                    let bits = free.saturating_sub(rest) as f64 * 8.0 / experts.parameters.max(1) as f64;
+                    problem.push_str(&format!(
+                        "; on these {} GPUs the routed experts would fit at {bits:.2} bits per weight, scales \
+                         included (this recipe: {:.2}), the rest as the recipe leaves it",
+                        layout.tp,
+                        experts.output_bytes as f64 * 8.0 / experts.parameters.max(1) as f64
+                    ));
+                }
+                problems.push(problem);
             }
             return Err(ReportError::DoesNotFit(format!(
                 "{}; use more GPUs (--gpus with --tp), a larger --gpu-memory, a higher --mem-fraction or a smaller --reserve",

@@ -17,6 +17,8 @@ const RELEASES: [(&str, &str, &str, &str, &str); 2] = [
     ("deepseek-v4", "deepseek-v4", "layers.1.ffn.experts.0", "weight", "scale"),
 ];
 
+const SONNETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt");
+
 fn golden() -> ShardFile {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/ct_fp4_cast.safetensors");
     ShardFile::open(&path).expect("golden file")
@@ -130,7 +132,19 @@ fn inspect_and_report_read_the_fp4_native_layouts() {
         }
         let report = squeeze(&["report", path_str(&source), "--json"]).ok().json();
         assert!(report["sizes"]["output_tensors"]["bytes"].as_u64().unwrap() > 0, "{arch}: {report}");
+        // The runtime does not run these layers yet: the measuring commands refuse, naming what does work.
+        let eval = squeeze(&["eval", path_str(&source), "--data", path_str(Path::new(SONNETS)), "--ctx", "16"]);
+        expect_exit_2(&eval, &["does not run its layers yet", "squeeze verify OUT --source"]);
     }
+    // The presets as shipped: K3 needs more than one 8 x H200 node (the answer says by how much and what would
+    // fit); DeepSeek-V4-Flash fits with room for its compressed KV cache.
+    let k3 = squeeze(&["report", "kimi-k3", "--gpu-memory", "h200-141g", "--gpus", "8"]);
+    expect_exit_2(&k3, &["weights do not fit", "short by", "routed experts would fit at", "bits per weight"]);
+    let flash = squeeze(&["report", "deepseek-v4-flash", "--gpu-memory", "h200-141g", "--gpus", "8", "--json"]).ok();
+    let flash = flash.json();
+    assert_eq!(flash["sizes"]["source"]["bytes"].as_u64().unwrap() / 100_000_000, 1596, "V4-Flash ships 159.6 GB");
+    let kv = &flash["kv"]["fp8"];
+    assert!(kv["state_bytes_per_request"].as_u64().unwrap() > 0 && kv["layers"] == 41, "{kv}");
 }
 
 /// Rewrites the bytes of tensor `name` of a folder in place.
