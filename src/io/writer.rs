@@ -61,6 +61,9 @@ pub fn file_bytes(tensors: &[PlannedTensor]) -> u64 {
     header_bytes(tensors).len() as u64 + tensors.iter().map(PlannedTensor::bytes).sum::<u64>()
 }
 
+/// Pieces from this size up are hashed beside their write ([`ShardWriter::put`]).
+const PARALLEL_HASH_BYTES: usize = 1 << 20;
+
 /// A shard being written: tensors must be appended in plan order with their exact sizes.
 pub struct ShardWriter {
     path: PathBuf,
@@ -118,10 +121,24 @@ impl ShardWriter {
         self.put(bytes)
     }
 
+    /// Hashes and writes `bytes`; a large piece is hashed on a second thread while this one writes it, so that a
+    /// conversion with little to compute (an MXFP4 pass-through or cast) costs the longer of the two, not their sum
+    /// (SHA-256 was 58 % of such a run's CPU time, the writes waiting on it). The same bytes in the same order: the
+    /// same digest.
     fn put(&mut self, bytes: &[u8]) -> Result<(), IoError> {
-        self.hasher.update(bytes);
         self.written += bytes.len() as u64;
-        self.out.write_all(bytes).map_err(|e| IoError::file(&self.temporary, e))
+        let (hasher, out) = (&mut self.hasher, &mut self.out);
+        let written = if bytes.len() >= PARALLEL_HASH_BYTES {
+            std::thread::scope(|scope| {
+                let hashing = scope.spawn(|| hasher.update(bytes));
+                let written = out.write_all(bytes);
+                hashing.join().map_err(|_| std::io::Error::other("the hashing thread panicked")).and(written)
+            })
+        } else {
+            hasher.update(bytes);
+            out.write_all(bytes)
+        };
+        written.map_err(|e| IoError::file(&self.temporary, e))
     }
 
     /// Flushes, syncs and renames the file into place.
