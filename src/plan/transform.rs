@@ -348,10 +348,7 @@ fn cast_global_log2(
         None => measure(name),
     };
     let mut largest = cached(&item.source.name)?;
-    let stored = |partner: &String| {
-        checkpoint.contains(partner) || checkpoint.contains(&packed_name(partner.trim_end_matches(".weight")))
-    };
-    if let Some(partner) = fused_partner(&item.source.name).filter(stored) {
+    if let Some(partner) = stored_partner(checkpoint, &item.source.name) {
         largest = largest.max(cached(&partner)?);
     }
     Ok(fp4::cast::global_log2((largest >= 0.0).then_some(largest as u8)))
@@ -377,6 +374,14 @@ fn cast_rows(source: &RowReader, log2: i32) -> (Vec<u8>, Vec<u8>, Vec<(usize, us
     (packed, scales, inexact)
 }
 
+/// The fused gate/up partner of weight `name` ([`fused_partner`]) when the checkpoint stores it (as a weight, or as
+/// a packed module's `weight_packed`).
+fn stored_partner(checkpoint: &Checkpoint, name: &str) -> Option<String> {
+    fused_partner(name).filter(|partner| {
+        checkpoint.contains(partner) || checkpoint.contains(&packed_name(partner.trim_end_matches(".weight")))
+    })
+}
+
 /// The absmax of an NVFP4 item's fused partner (gate ↔ up, [`fused_partner`]), 0 when it has none: both are
 /// quantized under the global scale of the larger absmax, which vLLM needs (it keeps one for the fused `w13`).
 fn partner_absmax(
@@ -385,10 +390,7 @@ fn partner_absmax(
     shard: &std::path::Path,
     cache: Option<&AbsmaxCache>,
 ) -> Result<f32, IoError> {
-    let stored = |partner: &String| {
-        checkpoint.contains(partner) || checkpoint.contains(&packed_name(partner.trim_end_matches(".weight")))
-    };
-    let Some(partner) = fused_partner(&item.source.name).filter(stored) else {
+    let Some(partner) = stored_partner(checkpoint, &item.source.name) else {
         return Ok(0.0);
     };
     if let Some(cache) = cache {
