@@ -6,3 +6,4 @@ pub mod compressed_tensors;
 pub mod fp8_block;
 pub mod kv_scales;
 pub mod mxfp4_source;
+pub mod row_reader;

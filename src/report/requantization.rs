@@ -8,7 +8,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::format::compressed_tensors::{Fp4Module, Int4Module};
-use crate::format::fp8_block::RowReader;
+use crate::format::row_reader::RowReader;
 use crate::io::IoError;
 use crate::plan::prepare::Prepared;
 use crate::plan::transform::{transform, Compute};
