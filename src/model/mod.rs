@@ -3,6 +3,7 @@
 pub mod config;
 pub mod deepseek_v4;
 pub mod kimi_linear;
+pub mod layout;
 pub mod presets;
 pub mod tensor_class;
 pub mod tensors;
