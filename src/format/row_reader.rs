@@ -249,6 +249,9 @@ impl<'a> RowReader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::compressed_tensors::{int4_tensors, Int4Args};
+    use crate::format::fp8_block::{items_from_checkpoint, stored_item};
+    use crate::io::writer::{PlannedTensor, ShardWriter};
 
     /// `top_code` equals the plain definition (the largest low-seven-bit magnitude, NaN codes as 0) on every single
     /// byte, on blocks mixing NaN codes with others, and on random blocks of several lengths.
@@ -267,6 +270,72 @@ mod tests {
                 let codes: Vec<u8> = (0..length).map(|_| rng.below(256) as u8).collect();
                 assert_eq!(top_code(&codes), plain(&codes).unwrap(), "{codes:?}");
             }
+        }
+    }
+
+    /// A folder with an FP8 weight `f.weight` [5, 7] in 2×4 blocks (NaN codes included), an INT4 module `q`
+    /// [3, 20] in groups of 10 (every code, −8 included; a partial last word) and a BF16 `b.weight` [2, 3].
+    fn folder() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fp8_codes: Vec<u8> = (0..35u8).map(|i| i.wrapping_mul(73)).collect();
+        (fp8_codes[3], fp8_codes[20]) = (0x7F, 0xFF);
+        let fp8_scales: Vec<f32> = vec![0.5, 1.0e-3, 3.0, 7.25e-2, 1.0e5, 2.0e-7];
+        let q: Vec<i8> = (0..60).map(|i| ((i * 7 + 3) % 16) as i8 - 8).collect();
+        let mut words = vec![0u32; 3 * packed_columns(20)];
+        for (row, out) in words.chunks_mut(packed_columns(20)).enumerate() {
+            pack::pack_row(&q[row * 20..][..20], out);
+        }
+        let int4_scales: Vec<bf16> = (0..6).map(|i| bf16::from_f32(0.03 + i as f32 * 0.11)).collect();
+        let mut tensors = vec![
+            PlannedTensor::new("f.weight", Dtype::F8_E4M3, vec![5, 7]),
+            PlannedTensor::new("f.weight_scale_inv", Dtype::F32, vec![3, 2]),
+            PlannedTensor::new("b.weight", Dtype::BF16, vec![2, 3]),
+        ];
+        tensors.extend(int4_tensors("q", 3, 20, 10));
+        let bytes: Vec<(&str, Vec<u8>)> = vec![
+            ("f.weight", fp8_codes),
+            ("f.weight_scale_inv", fp8_scales.iter().flat_map(|s| s.to_le_bytes()).collect()),
+            (
+                "b.weight",
+                [-2.5f32, 0.1, 3.0, -7.75, 0.0, 1.0].iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
+            ),
+            ("q.weight_packed", words.iter().flat_map(|w| w.to_le_bytes()).collect()),
+            ("q.weight_scale", int4_scales.iter().flat_map(|s| s.to_le_bytes()).collect()),
+            ("q.weight_shape", [3i64, 20].iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ];
+        let mut writer = ShardWriter::create(&dir.path().join("model.safetensors"), tensors).unwrap();
+        for (name, bytes) in &bytes {
+            writer.write_tensor(name, bytes).unwrap();
+        }
+        writer.finish().unwrap();
+        let config = serde_json::json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [2, 4]}});
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        dir
+    }
+
+    /// The INT4 module is one item named by its weight, read as code × scale in f32; every reader's `absmax` from
+    /// codes equals the largest magnitude of its decoded values.
+    #[test]
+    fn int4_modules_read_exactly_and_absmax_from_codes_equals_the_decoded_one() {
+        let dir = folder();
+        let checkpoint = Checkpoint::open(dir.path()).unwrap();
+        let items = items_from_checkpoint(&checkpoint).unwrap();
+        let names: Vec<&str> = items.iter().map(|item| item.name.as_str()).collect();
+        assert_eq!(names, ["f.weight", "b.weight", "q.weight"]);
+        let int4 = &items[2];
+        assert_eq!((&int4.shape, &int4.kind), (&vec![3, 20], &SourceKind::Int4 { group_size: 10 }));
+        assert_eq!(int4.stored_names(), ["q.weight_packed", "q.weight_scale", "q.weight_shape"]);
+        let module =
+            crate::format::compressed_tensors::Int4Module::read(&checkpoint, "q", &Int4Args::group(10)).unwrap();
+        let values = RowReader::new(&checkpoint, int4).unwrap().read_all();
+        let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&values), bits(&module.dequantize()));
+        assert_eq!(stored_item(&checkpoint, "q.weight", [128, 128]).unwrap(), *int4);
+        for item in &items {
+            let reader = RowReader::new(&checkpoint, item).unwrap();
+            let decoded = reader.read_all().iter().fold(0f32, |max, v| max.max(v.abs()));
+            assert!(decoded > 0.0, "{}", item.name);
+            assert_eq!(reader.absmax().to_bits(), decoded.to_bits(), "{}", item.name);
         }
     }
 }

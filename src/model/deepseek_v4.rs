@@ -14,8 +14,8 @@
 
 use serde_json::Value;
 
-use super::config::ConfigError;
-use super::tensors::{TensorRole, TensorSpec};
+use super::config_error::ConfigError;
+use super::tensor_spec::{TensorRole, TensorSpec};
 
 /// The DeepSeek-V4 keys beside the common ones.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

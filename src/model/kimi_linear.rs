@@ -21,8 +21,8 @@
 
 use serde_json::Value;
 
-use super::config::ConfigError;
-use super::tensors::{TensorRole, TensorSpec};
+use super::config_error::ConfigError;
+use super::tensor_spec::{TensorRole, TensorSpec};
 
 /// The Kimi-Linear / K3 keys beside the common ones.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -1,38 +1,8 @@
 //! The tensors each architecture stores, with their shapes and roles, derived from the config alone.
 //! `synth` writes them, `quantize` checks checkpoints against them and `report` sizes checkpoints from them.
 
-use super::config::{Attention, ModelConfig};
-
-/// What a tensor is, which decides its dtype in a vendor FP8 release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TensorRole {
-    /// A linear projection stored as block FP8 in the vendor release.
-    Linear,
-    /// A linear projection the vendor keeps in BF16 (router gate, indexer `weights_proj`, MTP `eh_proj`).
-    LinearBf16,
-    /// Embedding table or output head (BF16).
-    Embedding,
-    /// Norm weight or bias (BF16).
-    Norm,
-    /// Projection bias (BF16).
-    Bias,
-    /// Router `e_score_correction_bias` (F32).
-    RouterBias,
-    /// A routed expert shipped as MXFP4 (E2M1 codes, E8M0 scale per 32): DeepSeek-V4 and Kimi K3.
-    ExpertMxfp4,
-    /// An F32 parameter that is no linear (mHC `hc_*`, attention sinks, compressor position biases, KDA `A_log`).
-    Float32,
-    /// An I32 lookup table (DeepSeek-V4's hash router `tid2eid`: token id → expert ids).
-    TokenTable,
-}
-
-/// One stored tensor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub role: TensorRole,
-}
+use super::config::{Attention, Layout, ModelConfig};
+use super::tensor_spec::{TensorRole, TensorSpec};
 
 fn push(specs: &mut Vec<TensorSpec>, name: String, shape: Vec<usize>, role: TensorRole) {
     specs.push(TensorSpec { name, shape, role });
@@ -42,7 +12,7 @@ fn push(specs: &mut Vec<TensorSpec>, name: String, shape: Vec<usize>, role: Tens
 pub fn tensor_specs(config: &ModelConfig) -> Vec<TensorSpec> {
     use TensorRole::*;
     if let Some(layout) = &config.layout {
-        return layout.tensor_specs(config);
+        return layout_specs(layout, config);
     }
     let hidden = config.hidden_size;
     let mut specs = Vec::new();
@@ -153,5 +123,48 @@ fn mlp_specs(config: &ModelConfig, layer: usize, prefix: &str, specs: &mut Vec<T
     }
     if config.n_shared_experts > 0 {
         gated(specs, format!("{prefix}.mlp.shared_experts"), config.moe_intermediate_size * config.n_shared_experts);
+    }
+}
+
+/// The tensors of an FP4-native generation's checkpoint, listed by its own module.
+fn layout_specs(layout: &Layout, config: &ModelConfig) -> Vec<TensorSpec> {
+    match layout {
+        Layout::DeepseekV4(v4) => {
+            let dims = super::deepseek_v4::Dims {
+                hidden: config.hidden_size,
+                heads: config.num_attention_heads,
+                vocab: config.vocab_size,
+                experts: config.n_routed_experts,
+                top_k: config.num_experts_per_tok,
+                moe_intermediate: config.moe_intermediate_size,
+                shared_experts: config.n_shared_experts,
+                num_hidden_layers: config.num_hidden_layers,
+                stored_layers: config.stored_layers(),
+            };
+            super::deepseek_v4::tensor_specs(v4, &dims)
+        }
+        Layout::KimiLinear(kimi) => {
+            let Attention::Mla { q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } =
+                config.attention
+            else {
+                unreachable!("a Kimi-Linear config is parsed with MLA")
+            };
+            let dims = super::kimi_linear::Dims {
+                hidden: config.hidden_size,
+                vocab: config.vocab_size,
+                heads: config.num_attention_heads,
+                q_lora_rank,
+                kv_lora_rank,
+                qk_nope_head_dim,
+                qk_rope_head_dim,
+                v_head_dim,
+                experts: config.n_routed_experts,
+                moe_intermediate: config.moe_intermediate_size,
+                shared_experts: config.n_shared_experts,
+                intermediate: config.intermediate_size,
+                tie_word_embeddings: config.tie_word_embeddings,
+            };
+            super::kimi_linear::tensor_specs(kimi, &dims, &|layer| config.runs_moe(layer))
+        }
     }
 }

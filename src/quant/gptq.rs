@@ -23,7 +23,8 @@ use half::bf16;
 use rayon::prelude::*;
 
 use super::gptq_linalg::{add_outer_products, all_threads, inverse_upper_factor, subtract_feedback, BlockErrors};
-use super::int4::{code, q_min, quantize_group};
+use super::int4::{q_min, quantize_group};
+use super::int4_code::code;
 use super::ScaleRule;
 
 /// Sum of `x xᵀ` over calibration inputs of one linear layer, in f64. Memory: `columns² · 8` bytes.

@@ -10,7 +10,7 @@
 
 use half::bf16;
 
-use super::int4::{absmax, code, stored_scale};
+use super::int4_code::{absmax, code, stored_scale};
 use super::scale_rule::MseSearch;
 
 /// Mean of `x²` per input channel, accumulated over calibration inputs.
@@ -165,8 +165,8 @@ fn weighted_error(group: &[f32], importance: &[f32], scale: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::int4;
     use crate::quant::ScaleRule;
+    use crate::quant::{int4, int4_code};
     use crate::rng::Rng;
 
     /// The weighted error as first written (one loop, `lanes[j % 8]`), kept as the oracle.
@@ -224,7 +224,7 @@ mod tests {
             let chosen = quantize_group(&group, &importance, MseSearch::default(), &mut q).to_f32();
             let minmax = int4::quantize_group(&group, ScaleRule::CtMinmax, &mut [0i8; 32]).to_f32();
             assert!(weighted_error(&group, &importance, chosen) <= weighted_error(&group, &importance, minmax));
-            assert!(q.iter().zip(&group).all(|(&c, &w)| c == int4::code(w, chosen, -8)));
+            assert!(q.iter().zip(&group).all(|(&c, &w)| c == int4_code::code(w, chosen, -8)));
         }
     }
 
@@ -243,7 +243,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .filter(|(j, _)| *j != 5)
-                .map(|(_, &w)| (w - int4::code(w, s, -8) as f32 * s).powi(2))
+                .map(|(_, &w)| (w - int4_code::code(w, s, -8) as f32 * s).powi(2))
                 .sum::<f32>()
         };
         assert!(rest(weighted) <= rest(plain));

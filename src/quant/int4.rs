@@ -3,10 +3,8 @@
 
 use half::bf16;
 
+use super::int4_code::{absmax, round_clamped, stored_scale};
 use super::scale_rule::{MseSearch, ScaleRule};
-
-/// compressed-tensors replaces a zero scale by this (float32 machine epsilon) so that q stays 0.
-pub const ZERO_GROUP_SCALE: f32 = f32::EPSILON;
 
 /// Quantizes one row `weights` into `q` (same length) and `scales` (one per group). Uses AVX-512 or AVX2 (each
 /// with FMA) when the CPU has them: the same IEEE operations in the same order, so the result is bit-identical
@@ -75,41 +73,6 @@ pub fn q_min(rule: ScaleRule) -> i8 {
     }
 }
 
-/// One weight's code under a stored scale: `round_half_even(clamp(w / scale, q_min, 7))`, as [`quantize_group`]
-/// computes it.
-#[inline(always)]
-pub fn code(value: f32, scale: f32, q_min: i8) -> i8 {
-    round_clamped(value / scale, q_min as f32) as i8
-}
-
-/// Rounds a candidate scale to BF16, replacing zero by [`ZERO_GROUP_SCALE`].
-pub(crate) fn stored_scale(scale: f32) -> bf16 {
-    let scale = if scale > 0.0 { scale } else { ZERO_GROUP_SCALE };
-    bf16::from_f32(scale)
-}
-
-/// Largest magnitude in a group (NaN ignored), in eight independent lanes so that it vectorizes.
-#[inline(always)]
-pub fn absmax(group: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let chunks = group.chunks_exact(8);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        for (lane, value) in lanes.iter_mut().zip(chunk) {
-            let magnitude = value.abs();
-            *lane = if magnitude > *lane { magnitude } else { *lane };
-        }
-    }
-    let mut result = tail.iter().fold(0.0f32, |acc, v| if v.abs() > acc { v.abs() } else { acc });
-    for lane in lanes {
-        result = if lane > result { lane } else { result };
-    }
-    result
-}
-
-/// 1.5·2^23: see [`round_clamped`].
-const ROUNDING_MAGIC: f32 = 12_582_912.0;
-
 /// `q = round_half_even(clamp(w / scale, q_min, 7))`, which equals clamping after rounding because the bounds
 /// are integers (compressed-tensors clamps first, too). A NaN weight gives q = 0. The rounded value is read
 /// straight from the bits of `clamped + 1.5·2^23`, whose low mantissa bits hold the integer.
@@ -119,24 +82,6 @@ fn round_group(group: &[f32], scale: f32, q_min: i8, q: &mut [i8]) {
     for (value, out) in group.iter().zip(q.iter_mut()) {
         *out = round_clamped(value / scale, low) as i8;
     }
-}
-
-/// `round_half_even(clamp(ratio, low, 7))` (NaN gives 0): adding 1.5·2^23 moves
-/// the value where the float spacing is 1, so the addition itself rounds, ties to even; the integer is then read
-/// from the low mantissa bits. Equal to clamping after rounding because the bounds are integers
-/// (compressed-tensors clamps first, too).
-#[inline(always)]
-pub(crate) fn round_clamped(ratio: f32, low: f32) -> i32 {
-    let clamped = if ratio < low {
-        low
-    } else if ratio > 7.0 {
-        7.0
-    } else if ratio.is_nan() {
-        0.0
-    } else {
-        ratio
-    };
-    (clamped + ROUNDING_MAGIC).to_bits() as i32 - ROUNDING_MAGIC.to_bits() as i32
 }
 
 /// Dequantizes one row: `w = q · scale` per group.

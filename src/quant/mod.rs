@@ -10,6 +10,7 @@ mod gptq_golden;
 mod gptq_linalg;
 pub mod imatrix;
 pub mod int4;
+pub mod int4_code;
 pub mod mse;
 pub mod pack;
 pub mod pow;

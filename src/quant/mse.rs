@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 
 use half::bf16;
 
-use super::int4::{round_clamped, stored_scale};
+use super::int4_code::{round_clamped, stored_scale};
 use super::pow::abs_pow_2_4;
 use super::scale_rule::MseSearch;
 
@@ -327,7 +327,7 @@ fn screened_search(group: &[f32], absmax: f32, search: MseSearch) -> Option<bf16
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::int4::absmax;
+    use crate::quant::int4_code::absmax;
     use crate::rng::Rng;
     use proptest::prelude::*;
 

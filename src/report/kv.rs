@@ -2,8 +2,8 @@
 //! per layer and over the decoder layers, for a BF16 or FP8 cache.
 
 use crate::format::kv_scales::KvDtype;
+use crate::model::config::Layout;
 use crate::model::kimi_linear::KimiLinear;
-use crate::model::layout::Layout;
 use crate::model::{Attention, ModelConfig};
 
 /// Elements per FP32 scale in the DSA indexer's FP8 key cache (vLLM `DeepseekV32IndexerCache`, SGLang NSA).

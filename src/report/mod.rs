@@ -212,8 +212,8 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
         }
     };
     let attention = match (&config.layout, &config.attention) {
-        (Some(crate::model::layout::Layout::KimiLinear(_)), _) => "mla layers beside kda",
-        (Some(crate::model::layout::Layout::DeepseekV4(_)), _) => "compressed csa/hca layers, sliding window",
+        (Some(crate::model::config::Layout::KimiLinear(_)), _) => "mla layers beside kda",
+        (Some(crate::model::config::Layout::DeepseekV4(_)), _) => "compressed csa/hca layers, sliding window",
         (None, crate::model::Attention::Mla { .. }) => "mla",
         (None, crate::model::Attention::Gqa { .. }) => "gqa",
     };

@@ -2,7 +2,7 @@
 //! the portable code's, lane by lane, so that the bytes are the same:
 //!
 //! ```text
-//! absmax   |w| lane by lane, max_ps(|w|, m) keeping m where |w| is NaN (int4::absmax's `|w| > m`), then the eight
+//! absmax   |w| lane by lane, max_ps(|w|, m) keeping m where |w| is NaN (int4_code::absmax's `|w| > m`), then the eight
 //!          groups' lanes reduced into one vector (max of non-negative numbers: any order gives the same value)
 //! scale    e4m3(global · (absmax / 6)) for 8 groups at once ([`encode_e4m3`], fp8::encode's rounding from the
 //!          bits), decoded by gathering from fp8::DECODE, 0 → encode(0.125); step = scale / global, one division

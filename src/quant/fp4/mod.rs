@@ -104,7 +104,7 @@ pub fn unpack(packed: &[u8], out: &mut [u8]) {
 /// The largest magnitude of `values`, NaN ignored (what [`nvfp4_global_scale`] and each group's scale take).
 #[inline(always)]
 pub fn absmax(values: &[f32]) -> f32 {
-    super::int4::absmax(values)
+    super::int4_code::absmax(values)
 }
 
 /// NVFP4's global scale for a tensor (or fused partners) whose largest magnitude is `absmax`: 448 · 6 / absmax as

@@ -1,0 +1,9 @@
+//! What parsing a `config.json` fails with: the key that is missing or whose value squeeze does not support.
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config.json: missing key `{0}` (needed for this architecture); add it or use a complete config")]
+    Missing(String),
+    #[error("config.json: key `{key}` has an unsupported value {value}: {hint}")]
+    Unsupported { key: String, value: String, hint: String },
+}
