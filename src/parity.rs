@@ -1,6 +1,6 @@
 //! Parity's vocabulary, shared by the job that measures it (`squeeze eval --reference REF --candidate CAND`:
 //! [`crate::eval::parity`], whose module docs describe the modes) and the model card that shows its results
-//! ([`crate::card`]): the evaluation modes and the pass/fail gates.
+//! ([`crate::card`]): the evaluation modes, the pass/fail gates and a gate that failed.
 
 use serde::{Deserialize, Serialize};
 
@@ -39,4 +39,13 @@ pub struct Gates {
     /// Percent.
     pub min_same_top: f64,
     pub max_ppl_ratio: f64,
+}
+
+/// A failed gate.
+#[derive(Debug, Clone, Serialize)]
+pub struct GateFailure {
+    pub gate: String,
+    pub mode: String,
+    pub value: f64,
+    pub limit: f64,
 }

@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::layer::{Layer, LayerContext, LayerState, Residual, Stage};
+use super::context::{LayerContext, LayerState, Residual};
+use super::embedding::{embed, head_name};
+use super::layer::{Layer, Stage};
 use super::moe::ExpertTimes;
 use super::mtp::MtpLayer;
 use super::mtp_chain::chained_drafts;
@@ -59,20 +61,6 @@ pub struct ForwardStats {
     /// Router and DSA top-k decisions whose boundary margin is within the backend's near-tie margins (may flip
     /// between implementations without either being wrong).
     pub near_ties: usize,
-}
-
-/// The name of the output head's weight (`lm_head.weight`, or the embedding when tied and absent).
-pub fn head_name(config: &ModelConfig, reader: &WeightReader) -> &'static str {
-    if config.tie_word_embeddings && !reader.contains("lm_head.weight") {
-        "model.embed_tokens.weight"
-    } else {
-        "lm_head.weight"
-    }
-}
-
-/// The embeddings `[tokens, hidden]` of `ids`.
-pub fn embed(reader: &WeightReader, config: &ModelConfig, ids: &[u32]) -> Result<Vec<f32>, RuntimeError> {
-    reader.rows("model.embed_tokens.weight", config.hidden_size, ids)
 }
 
 /// The one layer-streamed loop: the decoder layers of `models` (one model, or several of the same shape advanced

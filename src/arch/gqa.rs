@@ -2,7 +2,7 @@
 //! RoPE on the first `partial_rotary_factor` of each head; over whole sequences, or as the decode step's cache rows
 //! and queries at their positions.
 
-use super::layer::LayerContext;
+use super::context::LayerContext;
 use super::tap::{KvSource, KvTap};
 use crate::load::weights::WeightReader;
 use crate::model::config::Attention;

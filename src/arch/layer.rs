@@ -2,8 +2,9 @@
 //! together, and the pre-norm residual forward `h += attn(norm(h)); h += mlp(norm(h))` — over whole sequences, or
 //! as the decode step around the paged attention.
 
+use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
-use super::indexer::{DsaMasks, IndexQueries};
+use super::indexer::IndexQueries;
 use super::mla::MlaWeights;
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::tap::{KvSource, LayerTap};
@@ -16,7 +17,7 @@ use crate::runtime::kv_cache::{KeyChoice, PagedLayout};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
-use crate::runtime::{RuntimeError, Spans};
+use crate::runtime::RuntimeError;
 
 enum AttentionWeights {
     Mla(Box<MlaWeights>),
@@ -76,15 +77,6 @@ pub struct Layer {
     mlp: Mlp,
 }
 
-/// What a layer's forward needs besides its weights.
-pub struct LayerContext<'a> {
-    pub backend: &'a dyn Backend,
-    pub reader: &'a WeightReader<'a>,
-    pub config: &'a ModelConfig,
-    pub table: &'a RopeTable,
-    pub mla_scale: f32,
-}
-
 /// What a probed forward ([`Layer::forward_probed`]) shows its probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -98,23 +90,6 @@ pub enum Stage {
 
 /// Looks at a tensor of a probed forward; an error stops the forward.
 pub type Probe<'a> = dyn FnMut(Stage, &Tensor) -> Result<(), RuntimeError> + 'a;
-
-/// A batch of sequences as it passes through the layers: its residual stream `[tokens, hidden]` (advanced in place
-/// by each layer), where each sequence lies in it, and what it carries from one layer to the next.
-pub struct Residual<'a> {
-    pub hidden: &'a mut Tensor,
-    pub spans: &'a Spans,
-    pub state: &'a mut LayerState,
-}
-
-/// What a batch of sequences carries from one layer to the next besides its residual stream.
-#[derive(Default)]
-pub struct LayerState {
-    /// The DSA top-k of the last layer with an indexer (reused by the `shared` layers after it).
-    pub selection: Option<DsaMasks>,
-    /// Router and DSA top-k decisions within a near-tie margin so far.
-    pub near_ties: usize,
-}
 
 impl StreamedLayer for Layer {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {

@@ -4,8 +4,8 @@
 
 use std::sync::OnceLock;
 
+use super::context::{LayerContext, LayerState};
 use super::indexer::{IndexQueries, IndexerWeights};
-use super::layer::{LayerContext, LayerState};
 use super::tap::{KvSource, KvTap};
 use crate::load::weights::WeightReader;
 use crate::model::config::Attention;

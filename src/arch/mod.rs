@@ -25,6 +25,8 @@
 //! one layer. The checkpoint itself stays memory-mapped (page cache, not process memory).
 
 pub mod causal_lm;
+pub mod context;
+pub mod embedding;
 #[cfg(test)]
 mod golden;
 pub mod gqa;
@@ -38,7 +40,9 @@ pub mod paged;
 pub mod rope;
 pub mod tap;
 
-pub use causal_lm::{embed, head_name, run_layers, DraftSink, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
-pub use layer::{Layer, LayerContext, LayerState, Residual};
+pub use causal_lm::{run_layers, DraftSink, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
+pub use context::{LayerContext, LayerState, Residual};
+pub use embedding::{embed, head_name};
+pub use layer::Layer;
 pub use moe::ExpertTimes;
 pub use tap::{CachedKv, ExpertActivations, ExpertObserver, ExpertTap, KvFp8, KvObserver, KvSource, KvTap, LayerTap};

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::layer::LayerContext;
+use super::context::LayerContext;
 use super::tap::{ExpertActivations, ExpertTap};
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;

@@ -20,8 +20,9 @@
 
 use std::ops::Range;
 
-use super::head_name;
-use super::layer::{Layer, LayerContext, LayerState, Residual};
+use super::context::{LayerContext, LayerState, Residual};
+use super::embedding::head_name;
+use super::layer::Layer;
 use super::moe::ExpertTimes;
 use super::tap::KvSource;
 use crate::load::layer_stream::StreamedLayer;

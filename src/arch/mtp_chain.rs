@@ -15,7 +15,7 @@
 //! Draft `j` from position `t` proposes token `t + j + 1`; the main model's greedy choice for it is its argmax at
 //! row `t + j`. Chains start at every `t` whose `K` drafts all have such a row (`t + K ≤ len − 1`).
 
-use super::layer::LayerContext;
+use super::context::LayerContext;
 use super::mtp::MtpLayer;
 use super::paged::{DraftItem, Stepping};
 use crate::metrics::argmax;

@@ -13,9 +13,11 @@
 
 use std::path::Path;
 
+use super::context::LayerContext;
+use super::embedding::head_name;
+use super::layer::Layer;
 use super::mtp::MtpLayer;
 use super::rope::rope_setup;
-use super::{head_name, Layer, LayerContext};
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
 use crate::load::layer_stream::StreamedLayer;

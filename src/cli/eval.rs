@@ -9,7 +9,8 @@ use crate::runtime::device::{DeviceChoice, DeviceCounters};
 
 use crate::chunks::EvalInput;
 use crate::engines::Engine;
-use crate::eval::parity::{evaluate_parity, plot, KvScaleChoice, ParityOptions, ParityReport};
+use crate::eval::parity::{plot, KvScaleChoice, ParityOptions, ParityReport};
+use crate::eval::parity_pass::evaluate_parity;
 use crate::eval::{evaluate, EvalOptions};
 use crate::parity::{Gates, Mode};
 
@@ -368,7 +369,7 @@ pub(super) fn print_parity(report: &ParityReport) {
     let percentile = |map: &serde_json::Map<String, serde_json::Value>, key: &str| {
         map.get(key).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN)
     };
-    type Cell = Box<dyn Fn(&crate::eval::parity::Summary) -> String>;
+    type Cell = Box<dyn Fn(&crate::eval::kld_stats::Summary) -> String>;
     let rows: Vec<(&str, Cell)> = vec![
         ("Mean PPL(Q)", Box::new(|s| format!("{:.4} ± {:.4}", s.ppl, s.ppl_stderr))),
         ("Mean PPL(base)", Box::new(|s| format!("{:.4} ± {:.4}", s.ppl_base, s.ppl_base_stderr))),

@@ -16,8 +16,7 @@ use crate::arch::{
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::plan::calibration::{
-    routed_expert, Calibration, CalibrationError, CalibrationOptions, CalibrationSet, ExpertCoverage, ExpertResult,
-    LayerCoverage, Method,
+    routed_expert, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, LayerCoverage,
 };
 use crate::plan::{Action, Plan};
 use crate::progress::Reporter;
@@ -247,79 +246,6 @@ pub fn planned_experts(plan: &Plan) -> BTreeSet<(usize, usize)> {
         .filter(|item| matches!(item.action, Action::Int4 { .. } | Action::Fp4 { fp4_activations: true, .. }))
         .filter_map(|item| routed_expert(&item.source.name).map(|(layer, expert, _)| (layer, expert)))
         .collect()
-}
-
-/// The coverage over the experts the plan quantizes to INT4, from the pass's layers; `calibrated` experts got
-/// their method's rule.
-pub fn coverage(
-    options: &CalibrationOptions,
-    set: &CalibrationSet,
-    config: &ModelConfig,
-    plan: &Plan,
-    mut layers: Vec<LayerCoverage>,
-    calibrated: usize,
-) -> ExpertCoverage {
-    let planned = planned_experts(plan);
-    let run: BTreeSet<usize> = layers.iter().map(|layer| layer.layer).collect();
-    let uncalibrated_layers: Vec<usize> = planned
-        .iter()
-        .map(|(layer, _)| *layer)
-        .filter(|layer| !run.contains(layer))
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    for layer in &mut layers {
-        layer.fallback.retain(|expert| planned.contains(&(layer.layer, *expert)));
-    }
-    ExpertCoverage {
-        method: options.method,
-        sequences: set.sequences.len(),
-        tokens: set.sequences.iter().map(|s| s.len() as u64).sum(),
-        top_k: config.num_experts_per_tok,
-        min_expert_tokens: options.min_expert_tokens,
-        force_route_all: options.route_all,
-        experts: planned.len(),
-        calibrated,
-        fell_back: planned.len() - calibrated,
-        layers,
-        uncalibrated_layers,
-    }
-}
-
-/// Runs the method's calibration pass over the model in `dir`; `plan` says which experts have INT4 tensors (the
-/// coverage counts those), `out` is the output folder (GPTQ keeps its quantized experts there until they are
-/// written), `plan_sha256` the run's plan digest (a resumed GPTQ run reuses the layers it finished).
-pub fn calibrate(
-    dir: &Path,
-    options: &CalibrationOptions,
-    set: &CalibrationSet,
-    plan: &Plan,
-    output: CalibrationOutput,
-    reporter: &dyn Reporter,
-) -> Result<Calibration, CalibrationError> {
-    let model = Model::open(dir)?;
-    let config = model.config().clone();
-    let PassResult { experts, layers, layers_reused } = match options.method {
-        Method::Gptq => super::gptq_pass::calibrate(dir, options, set, plan, output, reporter)?,
-        Method::Imatrix => super::imatrix_pass::calibrate(dir, options, set, plan, reporter)?,
-        Method::Rtn => super::activation_pass::calibrate(dir, options, set, plan, reporter)?,
-    };
-    // W4A4's pass gives every planned expert a scale; those no token reached took their layer's (`fallback`).
-    let planned = planned_experts(plan);
-    let unreached = match options.method {
-        Method::Rtn => layers
-            .iter()
-            .map(|layer| layer.fallback.iter().filter(|e| planned.contains(&(layer.layer, **e))).count())
-            .sum(),
-        _ => 0,
-    };
-    let calibrated = experts.len() - unreached;
-    Ok(Calibration {
-        experts,
-        coverage: coverage(options, set, &config, plan, layers, calibrated),
-        digest: set.digest.clone(),
-        layers_reused,
-    })
 }
 
 /// Where a calibrated run may keep files and whether it resumes.

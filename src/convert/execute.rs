@@ -8,76 +8,26 @@ use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 use crate::engines::lint::{ConfigFix, LintReport};
-use crate::engines::EngineChoice;
 use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord};
 use crate::io::writer::{sha256_file, ShardWriter};
 use crate::io::{Checkpoint, IoError};
 use crate::plan::calibration::{
-    routed_expert, Calibration, CalibrationError, CalibrationOptions, CalibrationSet, ExpertCoverage, Method,
+    routed_expert, Calibration, CalibrationOptions, CalibrationSet, ExpertCoverage, Method,
 };
-use crate::plan::prepare::{check_int4_source, prepare, PrepareError, Prepared};
+use crate::plan::prepare::{check_int4_source, prepare, Prepared};
 use crate::plan::{transform, Action, ClassSummary, Plan, PlannedItem};
 use crate::progress::{peak_rss_bytes, Reporter};
-use crate::quant::ScaleRule;
 use crate::recipe::{Recipe, RecipeError};
-use crate::runtime::device::{select, CudaError, DeviceChoice, DeviceSelection};
+use crate::runtime::device::{select, DeviceSelection};
 
+use super::calibrate;
 use super::calibrated::{self, CalibrationOutput};
+use super::options::{ConvertError, QuantizeOptions};
 use super::output_folder::{
     check_output, prepare_output, prepare_part_output, remove_leftover_temporaries, remove_own_temporaries,
 };
-use super::parts::{Part, PartManifest, PartOptions};
+use super::parts::{PartManifest, PartOptions};
 use super::{engine_check, output_files, quant_config};
-
-#[derive(Debug, Clone)]
-pub struct QuantizeOptions {
-    pub input: PathBuf,
-    pub output: PathBuf,
-    /// Built-in recipe name or TOML path; `None` picks the architecture's default.
-    pub recipe: Option<String>,
-    pub group_size: Option<usize>,
-    pub scale_rule: Option<ScaleRule>,
-    pub max_shard_bytes: u64,
-    pub resume: bool,
-    pub force: bool,
-    pub dry_run: bool,
-    /// Where INT4 quantization runs (`auto`: the GPU when usable, else the CPU with a notice).
-    pub device: DeviceChoice,
-    /// Carry NaN/infinite source elements into the output instead of refusing.
-    pub allow_nonfinite: bool,
-    /// Cast the MXFP4 groups NVFP4 cannot hold exactly by the stated rule instead of refusing them.
-    pub allow_inexact_cast: bool,
-    /// Whose load rules the plan must pass before anything is written (`none`: skip them).
-    pub engine: EngineChoice,
-    /// Tensor-parallel size for the rules; `None`: `lint::default_tp` of the model.
-    pub tp: Option<usize>,
-    /// `--method imatrix|gptq`: the calibration pass (`None`: round to nearest, `--method rtn`).
-    pub calibration: Option<CalibrationOptions>,
-    /// `--part I/N`: write only part I's shards and its part manifest, for `squeeze merge`.
-    pub part: Option<Part>,
-    /// `--base-model ORG/NAME`: the model card's `base_model` (`None`: guessed, [`crate::card::facts::base_model`]).
-    pub base_model: Option<String>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConvertError {
-    #[error(transparent)]
-    Io(#[from] IoError),
-    /// Opening and planning the source ([`crate::plan::prepare`]).
-    #[error(transparent)]
-    Prepare(#[from] PrepareError),
-    #[error(transparent)]
-    Recipe(#[from] RecipeError),
-    #[error("{}: {problem}", path.display())]
-    Output { path: PathBuf, problem: String },
-    #[error("--device")]
-    Device(#[from] CudaError),
-    /// An engine load rule failed on the plan (the message names each rule and its remedy).
-    #[error("{0}")]
-    EngineRules(String),
-    #[error(transparent)]
-    Calibration(#[from] CalibrationError),
-}
 
 /// The result of `quantize` (or its dry run).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -346,7 +296,7 @@ fn calibrate(options: &QuantizeOptions, checked: &Checked, reporter: &dyn Report
     let calibration = match (&options.calibration, &calibration_set) {
         (Some(calibration), Some(set)) => {
             let output = CalibrationOutput { dir: out, plan_sha256: &plan_sha256, resume: options.resume };
-            Some(calibrated::calibrate(&options.input, calibration, set, plan, output, reporter)?)
+            Some(calibrate::calibrate(&options.input, calibration, set, plan, output, reporter)?)
         }
         _ => None,
     };

@@ -2,15 +2,18 @@
 //! folder with config, index, companions and manifest.
 
 pub mod activation_pass;
+pub mod calibrate;
 pub mod calibrated;
 pub mod engine_check;
 pub mod execute;
 pub mod gptq_pass;
 pub mod imatrix_pass;
 pub mod merge;
+pub mod options;
 pub mod output_files;
 pub mod output_folder;
 pub mod parts;
 pub mod quant_config;
 
-pub use execute::{quantize, QuantizeOptions, QuantizeReport};
+pub use execute::{quantize, QuantizeReport};
+pub use options::{ConvertError, QuantizeOptions};

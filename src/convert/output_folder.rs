@@ -10,7 +10,7 @@ use crate::io::lock::{FolderLock, LOCK_FILE};
 use crate::io::manifest::Manifest;
 use crate::io::IoError;
 
-use super::execute::{ConvertError, QuantizeOptions};
+use super::options::{ConvertError, QuantizeOptions};
 use super::parts::{Part, PartManifest};
 
 /// The checks of the output folder that need no plan digest, run before any long work (the calibration pass): not

@@ -1,10 +1,12 @@
 //! `squeeze eval MODEL`: perplexity of one model on token chunks (from a text file through the model's tokenizer,
 //! or a safetensors `input_ids` tensor), computed by the layer-streamed reference runtime.
 
+pub mod kld_stats;
 mod logits_file;
 pub mod mtp;
 mod nll;
 pub mod parity;
+pub mod parity_pass;
 pub mod part_stats;
 
 use std::path::PathBuf;

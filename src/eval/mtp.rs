@@ -4,7 +4,7 @@
 //! model's own prediction of that token is its logits at `t + 1`. A greedy draft is accepted when both argmaxes
 //! agree; the report gives that share, the KLD of the draft distribution from the main model's, and both models'
 //! perplexity on the true token `t + 2` — llama.cpp's statistics (same top-1 = acceptance) through
-//! [`crate::eval::parity::Summary`].
+//! [`crate::eval::kld_stats::Summary`].
 //!
 //! With `--mtp-depth K` above 1 the layer also drafts `K` tokens in a chain from every position, as the engines
 //! chain it ([`crate::arch::mtp_chain`]), and the report gives the mean accepted length per step of greedy
@@ -15,8 +15,9 @@
 
 use serde::Serialize;
 
-use super::parity::{GateFailure, Summary, TokenSamples};
+use super::kld_stats::{Summary, TokenSamples};
 use crate::metrics::argmax;
+use crate::parity::GateFailure;
 
 /// The MTP layer's drafts against the main model.
 #[derive(Debug, Clone, Serialize)]

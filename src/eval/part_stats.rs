@@ -9,10 +9,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::kld_stats::TokenSamples;
 use super::mtp::{report_of, DraftParity, DraftStats};
-use super::parity::{
-    summarize, KvScalesUsed, LayerSums, ModeStats, ParityReport, ParityStats, Summaries, TokenSamples,
-};
+use super::parity::{summarize, KvScalesUsed, LayerSums, ModeStats, ParityReport, ParityStats, Summaries};
 use super::{EvalReport, NllStats};
 use crate::io::stats_file::StatsFile;
 use crate::io::IoError;

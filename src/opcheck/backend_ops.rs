@@ -22,6 +22,7 @@ use crate::runtime::matrix::{Int4Weight, Matrix};
 use crate::runtime::rope_table::RopeTable;
 
 use super::host::Host;
+use super::timing::time_launches;
 use super::SelftestRow;
 
 /// Dot products of up to ~400 terms (and attention's softmax sums) summed in another order than the CPU's (32 lanes
@@ -378,27 +379,6 @@ pub fn indexer_top_k(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
         rows.push(row("indexer top-k", label, &[], &[], mismatches, EXACT));
     }
     rows
-}
-
-/// Seconds per call of `launch` (best of 3 rounds of `repeats` calls), with the device drained around each round.
-pub(super) fn time_launches(
-    device: &dyn Device,
-    fence: &DeviceBuffer,
-    repeats: usize,
-    mut launch: impl FnMut() -> Result<(), CudaError>,
-) -> Result<f64, CudaError> {
-    let mut best = f64::INFINITY;
-    launch()?; // warm-up (module load, caches)
-    for _ in 0..3 {
-        device.download::<u8>(fence, 1)?;
-        let started = Instant::now();
-        for _ in 0..repeats {
-            launch()?;
-        }
-        device.download::<u8>(fence, 1)?;
-        best = best.min(started.elapsed().as_secs_f64() / repeats as f64);
-    }
-    Ok(best)
 }
 
 fn bench_row(op: String, shape: String, seconds: f64, bytes: usize, copy_gb_per_s: f64, note: String) -> SelftestRow {

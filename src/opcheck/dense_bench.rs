@@ -8,7 +8,7 @@ use crate::rng::Rng;
 use crate::runtime::cuda::linear::{linear_bf16, linear_bf16_gemm, linear_bf16_pair, LinearShape, GEMM_MIN_ROWS};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer, GemmBf16};
 
-use super::backend_ops::time_launches;
+use super::timing::time_launches;
 use super::SelftestRow;
 
 /// GLM-5 (hidden 6144, 64 heads, q LoRA 2048, KV LoRA 512 + RoPE 64, q/k head 192 + 64, v head 256) dense weights

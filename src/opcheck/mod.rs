@@ -11,6 +11,7 @@ pub mod fp4_ops;
 mod host;
 pub mod kv_ops;
 pub mod quantize_kernels;
+mod timing;
 
 use crate::rng::Rng;
 use crate::runtime::cuda::CudaBackend;

@@ -13,7 +13,7 @@ use crate::runtime::kv_cache::{inject, FaultKind, InjectedFault, KvPool, Request
 use crate::runtime::Backend;
 
 use super::sampling::Rng;
-use super::speculate::{Pending, SpeculationStats};
+use super::speculation::{Pending, SpeculationStats};
 use super::{ServeError, ServeOptions};
 
 /// How a request ended.

@@ -11,6 +11,7 @@ pub mod prompts;
 mod report;
 pub mod sampling;
 mod speculate;
+mod speculation;
 
 use std::path::PathBuf;
 

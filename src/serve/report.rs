@@ -13,7 +13,7 @@ use crate::runtime::device::DeviceCounters;
 use crate::runtime::kv_cache::{InjectedFault, KvPool, PoolShape, RequestId};
 
 use super::batch::{Finish, Finished};
-use super::speculate::SpeculationStats;
+use super::speculation::SpeculationStats;
 use super::ServeOptions;
 
 #[derive(Debug, Clone, Serialize)]

@@ -1,7 +1,7 @@
 //! `eval --mtp-depth K`'s chained drafts (`arch::mtp_chain`) against chains recomputed by the full-sequence MTP
 //! layer on synthetic models.
 
-use squeeze::arch::layer::{LayerContext, LayerState, Residual};
+use squeeze::arch::context::{LayerContext, LayerState, Residual};
 use squeeze::arch::moe::ExpertTimes;
 use squeeze::arch::mtp::MtpLayer;
 use squeeze::arch::mtp_chain::{chain_starts, chained_drafts};

@@ -7,11 +7,12 @@ use clap::Parser;
 
 use crate::calib::{calibrate, write_scales, CalibOptions, CalibReport, Strategy};
 use crate::chunks::EvalInput;
-use crate::convert::execute::ConvertError;
+use crate::convert::options::ConvertError;
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
 use crate::demo_model::{write_checkpoint, Unpacked};
 use crate::engines::Engine;
-use crate::eval::parity::{evaluate_parity, KvScaleChoice, ParityOptions, ParityReport};
+use crate::eval::parity::{KvScaleChoice, ParityOptions, ParityReport};
+use crate::eval::parity_pass::evaluate_parity;
 use crate::eval::{evaluate, EvalOptions, EvalReport};
 use crate::inspect::{inspect, InspectReport};
 use crate::parity::{Gates, Mode};

@@ -6,13 +6,15 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::Map;
 
+use crate::job_error::JobError;
+
 use crate::chunks::EvalInput;
 use crate::engines::kv_scales::{CacheLayout, ScaleUse};
 use crate::engines::Engine;
-use crate::parity::{Gates, Mode};
+use crate::parity::{GateFailure, Gates, Mode};
 use crate::part::Part;
 
-use super::stats::{Summary, TokenSamples};
+use crate::eval::kld_stats::{Summary, TokenSamples};
 
 /// Which scales the FP8-KV modes (`kv`, `split`) cache with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -78,15 +80,6 @@ pub struct ModeReport {
     /// Sorted per-token KLD (for the plot; not serialized).
     #[serde(skip)]
     pub kld_sorted: Vec<f64>,
-}
-
-/// A failed gate.
-#[derive(Debug, Clone, Serialize)]
-pub struct GateFailure {
-    pub gate: String,
-    pub mode: String,
-    pub value: f64,
-    pub limit: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -157,4 +150,64 @@ pub struct ParityStats {
     pub rows_per_chunk: u64,
     /// Per decoder layer, whether it routes (its agreement is reported).
     pub moe_layers: Vec<bool>,
+}
+
+/// Each requested mode's report (sorted by mode), the same as JSON by mode name, and the failed gates.
+pub(crate) struct Summaries {
+    pub mode_reports: Vec<(Mode, ModeReport)>,
+    pub json_modes: Map<String, serde_json::Value>,
+    pub failures: Vec<GateFailure>,
+}
+
+pub(crate) fn summarize(stats: &ParityStats, modes: &[Mode], gates: &Gates) -> Result<Summaries, JobError> {
+    let mut mode_reports = Vec::new();
+    let mut json_modes = Map::new();
+    let mut failures = Vec::new();
+    for stream in &stats.streams {
+        if !modes.contains(&stream.mode) {
+            continue;
+        }
+        let sample = &stream.samples;
+        let summary = Summary::of(sample);
+        let mut kld_sorted = sample.kld.clone();
+        kld_sorted.sort_by(f64::total_cmp);
+        let layers = stream
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(layer, sums)| {
+                let rows = stats.rows_per_chunk * sums.difference.len() as u64;
+                sums.error(layer, rows, stats.moe_layers.get(layer).copied().unwrap_or(false))
+            })
+            .collect();
+        let report = ModeReport { summary, layers, kld_sorted };
+        if stream.mode != Mode::Reference {
+            failures.extend(check_gates(stream.mode, &report.summary, gates));
+        }
+        json_modes.insert(
+            stream.mode.name().into(),
+            serde_json::to_value(&report).map_err(|e| JobError::Input(e.to_string()))?,
+        );
+        mode_reports.push((stream.mode, report));
+    }
+    mode_reports.sort_by_key(|(mode, _)| *mode);
+    Ok(Summaries { mode_reports, json_modes, failures })
+}
+
+fn check_gates(mode: Mode, summary: &Summary, gates: &Gates) -> Vec<GateFailure> {
+    let mut failures = Vec::new();
+    let mut fail = |gate: &str, value: f64, limit: f64| {
+        failures.push(GateFailure { gate: gate.into(), mode: mode.name().into(), value, limit })
+    };
+    // NaN statistics fail every gate.
+    if summary.mean_kld.is_nan() || summary.mean_kld > gates.max_mean_kld {
+        fail("max-mean-kld", summary.mean_kld, gates.max_mean_kld);
+    }
+    if summary.same_top.is_nan() || summary.same_top < gates.min_same_top {
+        fail("min-same-top", summary.same_top, gates.min_same_top);
+    }
+    if summary.ppl_ratio.is_nan() || summary.ppl_ratio > gates.max_ppl_ratio {
+        fail("max-ppl-ratio", summary.ppl_ratio, gates.max_ppl_ratio);
+    }
+    failures
 }
