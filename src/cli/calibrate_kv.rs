@@ -11,9 +11,9 @@ use crate::chunks::EvalInput;
 use crate::engines::kv_scales::ScaleUse;
 use crate::engines::EngineChoice;
 
+use super::output::{print_json, Outcome};
 use super::progress::Bar;
 use super::table::Table;
-use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -137,7 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         Some(open_for_edit(&target).with_context(|| format!("opening {} for the scales", target.display()))?)
     };
     let bar = Bar::new(false);
-    let mut report = calibrate(&options, super::open_backend(args.device)?.as_ref(), &bar)
+    let mut report = calibrate(&options, super::output::open_backend(args.device)?.as_ref(), &bar)
         .with_context(|| format!("calibrating KV scales of {}", args.model.display()))?;
     if writes {
         let written = write_scales(&report, &args.model, args.out.as_deref(), args.sglang_json.as_deref())

@@ -6,7 +6,7 @@ use anyhow::Context;
 
 use crate::card::{refresh, CardOptions, CardReport};
 
-use super::{print_json, Outcome};
+use super::output::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -14,9 +14,9 @@ use crate::eval::parity_pass::evaluate_parity;
 use crate::eval::{evaluate, EvalOptions};
 use crate::parity::{Gates, Mode};
 
+use super::output::{print_json, Outcome};
 use super::progress::Bar;
 use super::table::Table;
-use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -195,7 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         mtp_depth: args.mtp_depth,
         allow_long_context: args.allow_long_context,
     };
-    let backend = super::open_backend(args.device)?;
+    let backend = super::output::open_backend(args.device)?;
     let report = evaluate(&options, backend.as_ref(), &Bar::new(false))
         .with_context(|| format!("evaluating {}", model.display()))?;
     if args.json {
@@ -294,7 +294,7 @@ fn run_parity(args: &Args, reference: PathBuf, candidate: PathBuf, input: EvalIn
         mtp_depth: args.mtp_depth,
         allow_long_context: args.allow_long_context,
     };
-    let backend = super::open_backend(args.device)?;
+    let backend = super::output::open_backend(args.device)?;
     let report = evaluate_parity(&options, backend.as_ref(), &Bar::new(false))
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))?;
     if let Some(path) = &args.plot {

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use crate::inspect::{inspect, InspectReport};
 use crate::units::{both_units, human};
 
+use super::output::{print_json, Outcome};
 use super::table::Table;
-use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -7,7 +7,7 @@ use anyhow::Context;
 use crate::convert::merge::{merge, MergeReport};
 use crate::units::both_units;
 
-use super::{print_json, Outcome};
+use super::output::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

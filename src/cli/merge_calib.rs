@@ -8,7 +8,7 @@ use anyhow::Context;
 use crate::calib::part_stats::merge;
 use crate::calib::{open_for_edit, write_scales};
 
-use super::{print_json, Outcome};
+use super::output::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

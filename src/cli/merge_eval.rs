@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::eval::part_stats::{merge, Merged};
 
-use super::{print_json, Outcome};
+use super::output::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -5,10 +5,10 @@
 /// of panicking. Jobs print only after their folder is complete, so nothing is left half-written.
 macro_rules! println {
     () => {
-        $crate::cli::print_line(format_args!(""))
+        $crate::cli::output::print_line(format_args!(""))
     };
     ($($arg:tt)*) => {
-        $crate::cli::print_line(format_args!($($arg)*))
+        $crate::cli::output::print_line(format_args!($($arg)*))
     };
 }
 
@@ -21,6 +21,7 @@ mod inspect;
 mod merge;
 mod merge_calib;
 mod merge_eval;
+mod output;
 mod progress;
 mod quantize;
 mod report;
@@ -33,12 +34,7 @@ mod verify;
 
 use clap::{Parser, Subcommand};
 
-/// What a subcommand concluded.
-pub enum Outcome {
-    Success,
-    /// A check the user asked for failed (verify mismatch, eval gate, integrity fault).
-    GateFailed,
-}
+use output::Outcome;
 
 #[derive(Parser)]
 #[command(name = "squeeze", disable_version_flag = true, about = "FP8 MoE checkpoints (Kimi K2, GLM-5, GLM-4.5) → INT4 compressed-tensors for SGLang and vLLM", long_about = None)]
@@ -187,17 +183,6 @@ fn without_restated_summary(arg: clap::Arg) -> clap::Arg {
     }
 }
 
-/// The runtime backend for `--device`, printing the CPU-fallback notice of `auto` to stderr.
-pub(crate) fn open_backend(
-    choice: crate::runtime::device::DeviceChoice,
-) -> anyhow::Result<Box<dyn crate::runtime::Backend>> {
-    let (backend, notice) = crate::runtime::device::open_backend(choice)?;
-    if let Some(notice) = notice {
-        eprintln!("note: {notice}");
-    }
-    Ok(backend)
-}
-
 /// `--version [--verbose]`: the version, and with --verbose the CUDA build and what the device probe finds.
 fn print_version(verbose: bool) {
     println!("squeeze {}", env!("CARGO_PKG_VERSION"));
@@ -214,24 +199,4 @@ fn print_version(verbose: bool) {
         Err(crate::runtime::device::CudaError::BuiltWithoutCuda) => println!("device: cpu only"),
         Err(reason) => println!("device: none usable ({reason})"),
     }
-}
-
-/// Writes one line to stdout; on a closed pipe exits 0 (the reader has what it wanted), on another write error
-/// exits 2 naming it.
-pub(crate) fn print_line(line: std::fmt::Arguments) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    if let Err(error) = out.write_fmt(line).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush()) {
-        if error.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
-        }
-        eprintln!("error: writing to stdout: {error}");
-        std::process::exit(2);
-    }
-}
-
-/// Prints a serializable report as pretty JSON on stdout.
-fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
-    Ok(())
 }

@@ -15,9 +15,9 @@ use crate::runtime::device::DeviceChoice;
 use crate::units::{both_units, human, parse_bytes};
 
 use super::engine_rules::{parse_tp, print_fixes, print_rules, print_warnings};
+use super::output::{print_json, Outcome};
 use super::progress::Bar;
 use super::table::Table;
-use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -9,8 +9,8 @@ use crate::report::{
 };
 use crate::units::{both_units, human, parse_bytes};
 
+use super::output::{print_json, Outcome};
 use super::table::Table;
-use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -10,8 +10,8 @@ use crate::runtime::device::emulated::Emulator;
 use crate::runtime::device::{select, Device, DeviceChoice, DeviceSelection};
 use crate::runtime::Backend;
 
+use super::output::{print_json, Outcome};
 use super::table::Table;
-use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

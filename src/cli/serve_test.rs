@@ -11,7 +11,7 @@ use crate::serve::prompts::read_prompts;
 use crate::serve::sampling::Sampling;
 use crate::serve::{serve_test, ServeOptions};
 
-use super::{print_json, Outcome};
+use super::output::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -147,7 +147,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         speculative: args.speculative,
         allow_long_context: args.allow_long_context,
     };
-    let report = serve_test(super::open_backend(args.device)?.as_ref(), &options, &super::progress::Bar::new(false))?;
+    let report =
+        serve_test(super::output::open_backend(args.device)?.as_ref(), &options, &super::progress::Bar::new(false))?;
     if args.json {
         print_json(&report)?;
     } else {

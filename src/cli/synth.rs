@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::synth::{synth, SynthArch, SynthOptions, SynthSize};
 use crate::units::both_units;
 
-use super::{print_json, Outcome};
+use super::output::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

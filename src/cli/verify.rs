@@ -6,8 +6,8 @@ use crate::engines::EngineChoice;
 use crate::verify::{verify, VerifyOptions, VerifyReport, DEFAULT_MAX_INT4_ERROR};
 
 use super::engine_rules::{parse_tp, print_rules};
+use super::output::{print_json, Outcome};
 use super::table::Table;
-use super::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {

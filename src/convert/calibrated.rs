@@ -107,7 +107,7 @@ pub fn run_pass(
 ) -> Result<Vec<LayerCoverage>, CalibrationError> {
     let model = Model::open(dir)?;
     let config = model.config();
-    let (backend, notice) = crate::runtime::device::open_backend_with(options.device, products)
+    let (backend, notice) = crate::runtime::open_backend::open_backend_with(options.device, products)
         .map_err(|e| CalibrationError::Device(e.to_string()))?;
     if let Some(notice) = notice {
         reporter.warn(&format!("calibration: {notice}"));

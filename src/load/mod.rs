@@ -5,6 +5,7 @@
 //! [`crate::runtime::Matrix`] ([`weights`]: f32, packed INT4, block FP8, FP4, W4A8), and the decoder layers streamed
 //! one at a time, layer `i + 1` read while layer `i` runs ([`layer_stream`]).
 
+pub mod error;
 pub mod layer_stream;
 pub mod open;
 pub mod validate;

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use super::error::tensor_error;
 use crate::format::compressed_tensors::{
     fp4_modules, int4_args, int4_modules, Fp4Layout, Fp4Module, Int4Args, Int4Module,
 };
@@ -91,7 +92,7 @@ impl<'a> WeightReader<'a> {
             let args = match &self.int4_args {
                 Ok(Some(args)) => *args,
                 Ok(None) => {
-                    return Err(RuntimeError::tensor(
+                    return Err(tensor_error(
                         self.shard(name),
                         name,
                         "is INT4 packed but config.json has no compressed-tensors INT4 group",
@@ -107,7 +108,7 @@ impl<'a> WeightReader<'a> {
             })?;
             // |q − z| ≤ 15: every value is finite when 16 × each scale is.
             if let Some(position) = int4.scales.iter().position(|scale| !(scale * 16.0).is_finite()) {
-                return Err(RuntimeError::tensor(
+                return Err(tensor_error(
                     self.shard(name),
                     format!("{module}.weight_scale"),
                     format!(
@@ -118,8 +119,7 @@ impl<'a> WeightReader<'a> {
             }
             let (rows, columns) = (int4.rows, int4.columns);
             if args.fp8_activations {
-                let values =
-                    w4a8_values(&int4).map_err(|problem| RuntimeError::tensor(self.shard(name), name, problem))?;
+                let values = w4a8_values(&int4).map_err(|problem| tensor_error(self.shard(name), name, problem))?;
                 return self.checked(name, Matrix::new(rows, columns, values).with_fp8_token_inputs(), expected);
             }
             // Another writer's layout (F16/F32 scales, zero points, g_idx, one scale per row): dequantized on read,
@@ -158,7 +158,9 @@ impl<'a> WeightReader<'a> {
             // Codes only: a device backend dequantizes them on the device, the CPU's first `values()` on the host.
             // In place when the checkpoint's mapping holds them (the usual case): no copy of every expert's codes.
             let codes = match self.checkpoint.mapped(&item.name) {
-                Some(mapped) if mapped.as_ptr() == codes.as_ptr() => Fp8Codes::Mapped(mapped.prefix(codes.len())),
+                Some(mapped) if mapped.as_ptr() == codes.as_ptr() => {
+                    Fp8Codes::Mapped(std::sync::Arc::new(mapped.prefix(codes.len())))
+                }
                 _ => Fp8Codes::Owned(codes.to_vec()),
             };
             let fp8 = Fp8Weight { codes, scales: scales.to_vec(), grid };
@@ -182,7 +184,7 @@ impl<'a> WeightReader<'a> {
 
     fn checked(&self, name: &str, matrix: Matrix, expected: [usize; 2]) -> Result<Matrix, RuntimeError> {
         if [matrix.rows, matrix.columns] != expected {
-            return Err(RuntimeError::tensor(
+            return Err(tensor_error(
                 self.shard(name),
                 name,
                 format!("has shape [{}, {}] but config.json implies {expected:?}; the config does not belong to these weights", matrix.rows, matrix.columns),
@@ -196,7 +198,7 @@ impl<'a> WeightReader<'a> {
         }
         // Found non-finite (or a plain matrix): the values say which element.
         if let Some(position) = matrix.values().iter().position(|v| !v.is_finite()) {
-            return Err(RuntimeError::tensor(
+            return Err(tensor_error(
                 self.shard(name),
                 name,
                 format!("element {position} dequantizes to {}; the checkpoint is corrupt", matrix.values()[position]),
@@ -210,9 +212,9 @@ impl<'a> WeightReader<'a> {
         let tensor = self
             .checkpoint
             .get(name)
-            .ok_or_else(|| RuntimeError::tensor(self.checkpoint.dir(), name, "is missing from the checkpoint"))?;
+            .ok_or_else(|| tensor_error(self.checkpoint.dir(), name, "is missing from the checkpoint"))?;
         if tensor.shape.len() != 2 || tensor.shape[1] != columns {
-            return Err(RuntimeError::tensor(
+            return Err(tensor_error(
                 self.shard(name),
                 name,
                 format!("has shape {:?} but config.json implies [vocab, {columns}]", tensor.shape),

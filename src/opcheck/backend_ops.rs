@@ -12,9 +12,10 @@ use crate::rng::Rng;
 use crate::runtime::backend::{AttentionShape, IndexerShape, RopeCall, RopeStyle, RoutingShape};
 use crate::runtime::cpu::Cpu;
 use crate::runtime::cuda::linear::{
-    linear_bf16, linear_bf16_gemm, linear_bf16_pair, split, w4a16_linear, LinearShape, W4a16Weight, GEMM_MIN_ROWS,
+    linear_bf16, linear_bf16_gemm, linear_bf16_pair, w4a16_linear, LinearShape, W4a16Weight, GEMM_MIN_ROWS,
 };
 use crate::runtime::cuda::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
+use crate::runtime::cuda::split::split;
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 use crate::runtime::kv_cache::{KvDtype, KvPool, Mapping, PagedLayout, PoolError, PoolShape};

@@ -6,11 +6,11 @@
 
 use std::ops::Range;
 
+use super::error::RuntimeError;
 use super::kv_cache::{KvPool, KvRows, PagedDecode, PagedStep};
 use super::matrix::Matrix;
 use super::rope_table::RopeTable;
 use super::tensor::{Block, Tensor};
-use super::RuntimeError;
 
 /// Rotation style of RoPE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,8 +3,9 @@
 //! device backend keeps of it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use super::cuda::DeviceWeight;
+use super::device::DeviceWeight;
 
 /// A weight matrix `[rows, columns]` (f32, row-major), or, read from a compressed-tensors INT4 checkpoint, its
 /// packed INT4 form only: the CUDA backend multiplies by that directly (W4A16), and the f32 values are made from it
@@ -64,20 +65,25 @@ pub struct Fp8Weight {
     pub grid: crate::quant::fp8_block::BlockGrid,
 }
 
-/// An FP8 weight's codes: read in place from the checkpoint's mapping (no copy: the CPU decodes them block by
-/// block as it multiplies), or owned.
+/// An FP8 weight's codes: read in place from bytes the loader keeps alive (a checkpoint's mapping: no copy, the CPU
+/// decodes them block by block as it multiplies), or owned.
 #[derive(Debug, Clone)]
 pub enum Fp8Codes {
-    Mapped(crate::io::MappedBytes),
+    Mapped(Arc<dyn SharedBytes>),
     Owned(Vec<u8>),
 }
+
+/// Bytes the runtime reads in place without owning them (the loader's mapping of a checkpoint file).
+pub trait SharedBytes: std::ops::Deref<Target = [u8]> + std::fmt::Debug + Send + Sync {}
+
+impl<T: std::ops::Deref<Target = [u8]> + std::fmt::Debug + Send + Sync> SharedBytes for T {}
 
 impl std::ops::Deref for Fp8Codes {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
         match self {
-            Self::Mapped(bytes) => bytes,
+            Self::Mapped(bytes) => bytes.as_ref(),
             Self::Owned(bytes) => bytes,
         }
     }

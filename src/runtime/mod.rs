@@ -9,64 +9,16 @@ pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
+pub mod error;
 pub mod kv_cache;
 pub mod matrix;
+pub mod open_backend;
 pub mod rope_table;
+pub mod spans;
 pub mod tensor;
-
-use std::path::PathBuf;
-
 pub use backend::{AttentionShape, Backend, RopeStyle};
 pub use cpu::Cpu;
+pub use error::RuntimeError;
 pub use matrix::Matrix;
+pub use spans::Spans;
 pub use tensor::{Block, Tensor};
-
-use crate::io::IoError;
-
-/// Errors of the runtime: each names the file and tensor or the input at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
-    #[error(transparent)]
-    Io(#[from] IoError),
-    #[error("{0}")]
-    Input(String),
-    #[error("{0}")]
-    Output(String),
-    #[error("the device failed: {0}; rerun with --device cpu")]
-    Device(String),
-    #[error("kv cache: {0}")]
-    Kv(#[from] kv_cache::PoolError),
-}
-
-impl RuntimeError {
-    pub fn tensor(path: impl Into<PathBuf>, tensor: impl Into<String>, problem: impl Into<String>) -> Self {
-        RuntimeError::Io(IoError::tensor(path, tensor, problem))
-    }
-}
-
-/// Token positions of each sequence inside the flat `[tokens, width]` activations of a batch.
-#[derive(Debug, Clone)]
-pub struct Spans {
-    pub starts: Vec<usize>,
-    pub lengths: Vec<usize>,
-}
-
-impl Spans {
-    pub fn new(lengths: &[usize]) -> Self {
-        let mut starts = Vec::with_capacity(lengths.len());
-        let mut next = 0;
-        for length in lengths {
-            starts.push(next);
-            next += length;
-        }
-        Self { starts, lengths: lengths.to_vec() }
-    }
-
-    pub fn total(&self) -> usize {
-        self.lengths.iter().sum()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.starts.iter().copied().zip(self.lengths.iter().copied())
-    }
-}

@@ -1,8 +1,8 @@
 //! RoPE tables: `cos`/`sin` of every position and rotary frequency, computed in f64 and stored as f32 like torch's
 //! buffers. The frequencies come from the model's config ([`crate::arch::rope`]: default and YaRN).
 
+use super::error::RuntimeError;
 use super::matrix::Matrix;
-use super::RuntimeError;
 
 /// `cos`/`sin` for positions `0..positions`, `[positions, rotary_dim/2]`, scaled by YaRN's attention factor.
 #[derive(Debug, Clone)]

@@ -13,7 +13,7 @@ use crate::demo_model::{heldout_dialogue, SONNETS};
 use crate::runtime::kv_cache::KvDtype;
 use crate::synth::SynthArch;
 
-use super::{print_json, Outcome};
+use super::output::{print_json, Outcome};
 use report::{Clock, DemoReport, EvalPair, ServePair};
 use stages::{Folders, Weights};
 

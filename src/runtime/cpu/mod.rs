@@ -23,7 +23,7 @@ use super::backend::{
 use super::kv_cache::{KeyChoice, KvPool, KvRows, PagedDecode, PagedStep};
 use super::matrix::Matrix;
 use super::tensor::{copy_block, Block, Storage, Tensor};
-use super::RuntimeError;
+use crate::runtime::error::RuntimeError;
 
 /// The CPU backend.
 #[derive(Debug, Default, Clone, Copy)]

@@ -5,8 +5,8 @@ use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
+use super::state::CudaBackend;
 use super::tensor::{alloc, buffer};
-use super::CudaBackend;
 
 /// Threads per block of the elementwise kernels.
 const THREADS: u32 = 256;

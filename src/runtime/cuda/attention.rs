@@ -9,8 +9,8 @@ use std::ops::Range;
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
+use super::state::CudaBackend;
 use super::tensor::{alloc, buffer, sequence_inputs};
-use super::CudaBackend;
 
 /// Threads per block of `attention_causal`: 4 warps, one (query, head) pair each.
 const THREADS: u32 = 128;

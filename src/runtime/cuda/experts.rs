@@ -20,8 +20,9 @@ use crate::runtime::tensor::Tensor;
 use super::activation::silu_mul_f32;
 use super::checks::unsupported;
 use super::linear::{dense_bf16, linear_bf16_pair, linear_f32, w4a16_grouped, GroupedInt4, LinearShape, Segments};
+use super::state::CudaBackend;
 use super::tensor::{accumulate_rows, alloc, buffer, gather_rows, DecisionPack};
-use super::{CudaBackend, DeviceWeight};
+use crate::runtime::device::DeviceWeight;
 
 /// [`crate::runtime::Backend::routed_experts`] on the device.
 pub fn routed_experts(

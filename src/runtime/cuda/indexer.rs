@@ -12,8 +12,8 @@ use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
 use super::paged::{DecodeBatch, DevicePool};
+use super::state::CudaBackend;
 use super::tensor::{alloc, buffer, download_decisions, row_range, sequence_inputs, words};
-use super::CudaBackend;
 
 /// Threads per block of both kernels (one block per query).
 const THREADS: u32 = 256;

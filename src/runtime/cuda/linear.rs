@@ -12,8 +12,10 @@ use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
+use super::split::{grid_stride, holds, split};
+use super::state::CudaBackend;
 use super::tensor::{alloc, buffer};
-use super::{CudaBackend, DeviceWeight};
+use crate::runtime::device::DeviceWeight;
 
 /// Threads per block of the matrix kernels: 8 warps, one output feature each.
 const THREADS: u32 = 256;
@@ -25,21 +27,10 @@ const ROW_TILE: usize = 16;
 /// read once) instead of the matrix-vector kernel (CUDA cores, the weight read once per 16 rows). Two row tiles:
 /// below it the kernel reads the weight no more often than the GEMM does.
 pub const GEMM_MIN_ROWS: usize = 2 * ROW_TILE;
-/// Grid-stride kernels (split, join) launch at most this many blocks.
-const MAX_BLOCKS: usize = 1 << 16;
 
 /// `value` as a kernel `int`.
 fn int(tensor: &str, what: &str, value: usize) -> Result<i32, CudaError> {
     i32::try_from(value).map_err(|_| unsupported(tensor, format!("{what} {value} does not fit a 32-bit kernel index")))
-}
-
-/// Fails unless `buffer` holds at least `count` elements of `element_bytes` bytes.
-fn holds(tensor: &str, what: &str, buffer: &DeviceBuffer, count: usize, element_bytes: usize) -> Result<(), CudaError> {
-    let need = count.checked_mul(element_bytes).ok_or_else(|| unsupported(tensor, format!("{what} size overflows")))?;
-    if buffer.bytes() < need {
-        return Err(unsupported(tensor, format!("{what} buffer has {} bytes, needs {need}", buffer.bytes())));
-    }
-    Ok(())
 }
 
 /// The grid of a matrix kernel: output features over x, row tiles (or segments) over y.
@@ -314,22 +305,6 @@ fn checked_dense(
         holds(kernel, "bias", bias, out_features, 4)?;
     }
     Ok(rows > 0 && out_features > 0)
-}
-
-fn grid_stride(count: usize) -> LaunchShape {
-    LaunchShape::linear(count.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32, THREADS)
-}
-
-/// `count` f32 values as BF16 halves (kernels/linear.cu `split_bf16`): u16 `[2, count]`, hi then lo.
-pub(crate) fn split(device: &dyn Device, values: &DeviceBuffer, count: usize) -> Result<DeviceBuffer, CudaError> {
-    holds("split_bf16", "values", values, count, 4)?;
-    let halves = device.alloc_for::<u16>((2 * count).max(1))?;
-    device.launch(
-        "split_bf16",
-        grid_stride(count),
-        &[Arg::Buffer(values), Arg::Buffer(&halves), Arg::I64(count as i64)],
-    )?;
-    Ok(halves)
 }
 
 /// Where a split form's partial products lie (kernels/linear.cu `join_products_f32`): row stride `ld`, the second

@@ -22,52 +22,24 @@ pub mod paged;
 mod paged_decode;
 pub mod rope;
 pub mod routing;
+pub mod split;
+mod state;
 mod tensor;
 mod weights;
 
-pub(crate) use paged_decode::ResidentPool;
-pub(crate) use weights::DeviceWeight;
-use weights::WeightStore;
+pub use state::CudaBackend;
 
 use std::sync::Arc;
 
-use crate::runtime::device::{Counted, CudaError, Device, DeviceCounters};
+use crate::runtime::device::{CudaError, Device, DeviceCounters};
 
 use std::ops::Range;
 
 use super::backend::{AttentionShape, Backend, IndexerShape, KeySelection, Prefetch, RopeCall, Routes, RoutingShape};
 use super::matrix::Matrix;
 use super::tensor::{Block, Tensor};
-use super::RuntimeError;
 use crate::runtime::device::{Arg, LaunchShape};
-
-/// The CUDA backend over a device.
-pub struct CudaBackend {
-    device: Arc<Counted>,
-    weights: Arc<WeightStore>,
-}
-
-impl CudaBackend {
-    pub fn new(device: Arc<dyn Device>) -> Self {
-        let device = Arc::new(Counted::new(device));
-        Self { weights: Arc::new(WeightStore::new(device.clone())), device }
-    }
-
-    /// The device every op runs on (counting its copies and launches).
-    pub fn device(&self) -> &dyn Device {
-        self.device.as_ref()
-    }
-
-    /// The same device, for copies of a stated kind ([`Counted::upload_as`]).
-    pub(crate) fn counted(&self) -> &Counted {
-        &self.device
-    }
-
-    /// The device copy of `matrix`, uploading it on first use (packed when it carries its INT4 form).
-    pub(crate) fn weight(&self, matrix: &Matrix) -> Result<Arc<DeviceWeight>, CudaError> {
-        self.weights.get(matrix)
-    }
-}
+use crate::runtime::error::RuntimeError;
 
 impl CudaBackend {
     /// A device error as the runtime's error, naming the device.

@@ -6,8 +6,9 @@ use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
+use super::state::CudaBackend;
 use super::tensor::buffer;
-use super::{CudaBackend, DeviceWeight};
+use crate::runtime::device::DeviceWeight;
 
 /// Threads per block: one block per row.
 const THREADS: u32 = 256;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use super::checks::unsupported;
 use super::indexer;
 use super::paged::{self, AllowedKeys, DecodeBatch, DecodeRequest, DevicePool};
+use super::state::CudaBackend;
 use super::tensor::{alloc, buffer};
-use super::CudaBackend;
 use crate::runtime::backend::IndexerShape;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
 use crate::runtime::kv_cache::{
@@ -52,7 +52,8 @@ fn device_key(backend: &CudaBackend) -> usize {
 fn resident(backend: &CudaBackend, pool: &mut KvPool) -> Result<ResidentPool, CudaError> {
     let decisions = backend.counted().decisions();
     let shape = pool.shape();
-    let kept = pool.take_resident().map(|kept| *kept);
+    // A copy another backend kept is not this backend's: it is dropped and made anew.
+    let kept = pool.take_resident().and_then(|kept| kept.downcast::<ResidentPool>().ok()).map(|kept| *kept);
     let kept = kept.filter(|kept| {
         let same = kept.pool.shape();
         kept.device == device_key(backend)

@@ -6,8 +6,9 @@ use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
+use super::state::CudaBackend;
 use super::tensor::buffer;
-use super::{CudaBackend, DeviceWeight};
+use crate::runtime::device::DeviceWeight;
 
 /// Threads per block: 8 warps, one (token, head) each.
 const THREADS: u32 = 256;

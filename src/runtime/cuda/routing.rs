@@ -9,8 +9,9 @@ use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
+use super::state::CudaBackend;
 use super::tensor::{buffer, download_decisions, words};
-use super::{CudaBackend, DeviceWeight};
+use crate::runtime::device::DeviceWeight;
 
 /// Tokens per block: one warp each (the kernel's `kRouteWarps`).
 const TOKENS_PER_BLOCK: usize = 4;

@@ -5,7 +5,7 @@ use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape, 
 use crate::runtime::tensor::{Block, Storage, Tensor};
 
 use super::checks::unsupported;
-use super::CudaBackend;
+use super::state::CudaBackend;
 
 const THREADS: u32 = 256;
 /// Grid-stride kernels launch at most this many blocks.

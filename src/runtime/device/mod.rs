@@ -21,14 +21,16 @@ mod resident;
 pub mod select;
 #[cfg(not(feature = "cuda"))]
 mod stub;
+mod weight;
 
 pub use counted::{Counted, DeviceCounters, Direction, Traffic, Transfers};
 pub use error::CudaError;
 #[cfg(feature = "cuda")]
 pub use gpu::Gpu;
-pub use select::{open_backend, open_backend_with, probe, select, DeviceChoice, DeviceSelection, BUILT_WITH_CUDA};
+pub use select::{probe, select, DeviceChoice, DeviceSelection, BUILT_WITH_CUDA};
 #[cfg(not(feature = "cuda"))]
 pub use stub::Gpu;
+pub use weight::DeviceWeight;
 
 use std::any::Any;
 

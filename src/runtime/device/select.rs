@@ -1,6 +1,5 @@
-//! `--device`: the choice, the driver probe, and what a choice resolves to — a device for the quantize command, a
-//! runtime backend for eval, calibrate-kv and serve-test (the CPU backend, or the CUDA backend on the GPU or on the
-//! emulated device).
+//! `--device`: the choice, the driver probe, and the device a choice resolves to (the GPU, the emulated device, or
+//! none); the runtime backend on it is [`crate::runtime::open_backend`]'s.
 
 use std::fmt;
 use std::str::FromStr;
@@ -8,9 +7,6 @@ use std::sync::Arc;
 
 use super::emulated::Emulator;
 use super::{CudaError, Device, DeviceInfo, Gpu};
-use crate::runtime::backend::Backend;
-use crate::runtime::cpu::{Cpu, Products};
-use crate::runtime::cuda::CudaBackend;
 
 /// Whether this binary was built with the `cuda` feature.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
@@ -97,25 +93,4 @@ pub fn select(choice: DeviceChoice) -> Result<DeviceSelection, CudaError> {
             Err(reason) => DeviceSelection::CpuFallback(reason),
         }),
     }
-}
-
-/// The runtime backend `choice` names; `auto` falls back to the CPU with a one-line notice (returned, for stderr).
-pub fn open_backend(choice: DeviceChoice) -> Result<(Box<dyn Backend>, Option<String>), CudaError> {
-    open_backend_with(choice, Products::Exact)
-}
-
-/// [`open_backend`] whose CPU backend multiplies as `products` says (the GPU's is unaffected).
-pub fn open_backend_with(
-    choice: DeviceChoice,
-    products: Products,
-) -> Result<(Box<dyn Backend>, Option<String>), CudaError> {
-    let selection = select(choice)?;
-    let cpu = Cpu { products };
-    if let DeviceSelection::CpuFallback(reason) = &selection {
-        return Ok((Box::new(cpu), Some(format!("no usable GPU ({reason}); running on the CPU"))));
-    }
-    Ok(match selection.into_device() {
-        Some(device) => (Box::new(CudaBackend::new(device)), None),
-        None => (Box::new(cpu), None),
-    })
 }

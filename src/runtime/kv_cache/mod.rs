@@ -20,9 +20,8 @@ mod fault;
 mod step;
 mod storage;
 
+use std::any::Any;
 use std::collections::BTreeMap;
-
-use super::cuda::ResidentPool;
 
 /// The pool's element type (an on-disk convention shared with the KV-scale files and `report`).
 pub use crate::format::kv_scales::KvDtype;
@@ -138,9 +137,9 @@ pub struct KvPool {
     /// copy compares them with what it has mirrored.
     writes: u64,
     tag_version: u64,
-    /// The CUDA backend's copy of this pool where it computes (its device pages and tags), kept with the pool so
-    /// that it lives and dies with it.
-    resident: Option<Box<ResidentPool>>,
+    /// A device backend's copy of this pool where it computes (its device pages and tags), kept with the pool so
+    /// that it lives and dies with it; the backend owns what it is (the pool names no backend).
+    resident: Option<Box<dyn Any + Send>>,
 }
 
 impl KvPool {
@@ -227,12 +226,12 @@ impl KvPool {
     }
 
     /// Takes the backend copy kept with the pool (see [`KvPool::keep_resident`]).
-    pub(crate) fn take_resident(&mut self) -> Option<Box<ResidentPool>> {
+    pub(crate) fn take_resident(&mut self) -> Option<Box<dyn Any + Send>> {
         self.resident.take()
     }
 
     /// Keeps the device backend's copy of the pool with it until taken back.
-    pub(crate) fn keep_resident(&mut self, resident: Box<ResidentPool>) {
+    pub(crate) fn keep_resident(&mut self, resident: Box<dyn Any + Send>) {
         self.resident = Some(resident);
     }
 

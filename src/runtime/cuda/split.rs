@@ -1,0 +1,42 @@
+//! The BF16 split of f32 values on the device (`W = W_hi + W_lo`), which the split-activation linear kernels and the
+//! weight store's dequantized FP8 weights both use, with the grid-stride launch shape and buffer check it needs.
+
+use super::checks::unsupported;
+use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
+
+/// Threads per block of the grid-stride kernels (split, join).
+const THREADS: u32 = 256;
+/// Grid-stride kernels (split, join) launch at most this many blocks.
+const MAX_BLOCKS: usize = 1 << 16;
+
+/// Fails unless `buffer` holds at least `count` elements of `element_bytes` bytes.
+pub(super) fn holds(
+    tensor: &str,
+    what: &str,
+    buffer: &DeviceBuffer,
+    count: usize,
+    element_bytes: usize,
+) -> Result<(), CudaError> {
+    let need = count.checked_mul(element_bytes).ok_or_else(|| unsupported(tensor, format!("{what} size overflows")))?;
+    if buffer.bytes() < need {
+        return Err(unsupported(tensor, format!("{what} buffer has {} bytes, needs {need}", buffer.bytes())));
+    }
+    Ok(())
+}
+
+/// A grid-stride launch over `count` elements.
+pub(super) fn grid_stride(count: usize) -> LaunchShape {
+    LaunchShape::linear(count.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32, THREADS)
+}
+
+/// `count` f32 values as BF16 halves (kernels/linear.cu `split_bf16`): u16 `[2, count]`, hi then lo.
+pub fn split(device: &dyn Device, values: &DeviceBuffer, count: usize) -> Result<DeviceBuffer, CudaError> {
+    holds("split_bf16", "values", values, count, 4)?;
+    let halves = device.alloc_for::<u16>((2 * count).max(1))?;
+    device.launch(
+        "split_bf16",
+        grid_stride(count),
+        &[Arg::Buffer(values), Arg::Buffer(&halves), Arg::I64(count as i64)],
+    )?;
+    Ok(halves)
+}
