@@ -3,7 +3,7 @@
 // Layout (row-major): packed u8 [rows, columns / 2], the even element in the low nibble; NVFP4: scales e4m3 u8
 // [rows, columns / 16] and one f32 global scale (a divisor); MXFP4: scales E8M0 u8 [rows, columns / 32].
 // Equations: NVFP4 w[i][j] = e2m1(q) · (e4m3(s[i][j / 16]) / global); MXFP4 w[i][j] = e2m1(q) · 2^(s[i][j / 32] − 127)
-// (exponent 0 is the subnormal 2^−127). Matches src/quant/fp4.rs `nvfp4_dequantize_row` / `mxfp4_dequantize_row`
+// (exponent 0 is the subnormal 2^−127). Matches src/quant/fp4/mod.rs `nvfp4_dequantize_row` / `mxfp4_dequantize_row`
 // bit for bit: the group's step is one correctly rounded division, then one product.
 // Index legend: e = flat element index, i = row, j = column.
 #include "common.cuh"

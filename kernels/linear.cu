@@ -1,5 +1,5 @@
 // Dense linear layers: y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ bias[out]), x and y f32 row-major, W f32
-// (linear_f32) or BF16 bits (linear_bf16, w = bits << 16 as f32). Matches src/runtime/cpu/matmul.rs `linear` up to
+// (linear_f32) or BF16 bits (linear_bf16, w = bits << 16 as f32). Matches src/runtime/cpu/linear.rs `linear` up to
 // the summation order of each dot product (the CPU sums 16 strided lanes of fused multiply-adds, src/runtime/cpu/
 // dots.rs; here 32 lanes × 4 or 8 then a butterfly), both with fused multiply-adds.
 //

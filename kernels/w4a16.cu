@@ -2,7 +2,7 @@
 //   weight_packed u32 [out, in / 8]: element j of a row is nibble j % 8 (bits 4·(j % 8)) of word j / 8, holding q + 8;
 //   weight_scale BF16 bits [out, in / group_size];  w[o, j] = q · scale[o, j / group_size]  (exact in f32);
 //   y[rows, out] = x[rows, in] · Wᵀ (+ bias[out]), x and y f32 row-major.
-// Matches src/runtime/cpu/matmul.rs `linear` on the dequantized matrix (src/quant/int4.rs `dequantize_row`) up to
+// Matches src/runtime/cpu/linear.rs `linear` on the dequantized matrix (src/quant/int4.rs `dequantize_row`) up to
 // the summation order (and fused multiply-adds): the weights themselves are the CPU's bit
 // for bit. group_size is a multiple of 8 (a word never straddles two groups) and divides `in`; the Rust wrappers
 // check both.

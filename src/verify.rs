@@ -12,8 +12,8 @@ use crate::engines::EngineChoice;
 use crate::format::compressed_tensors::{
     check_int4_conventions, fp4_modules, int4_args, int4_modules, Fp4Module, Int4Args, Int4Module,
 };
-use crate::format::fp8_block::{items_from_checkpoint, SourceItem, SourceKind};
 use crate::format::row_reader::RowReader;
+use crate::format::vendor_source::{items_from_checkpoint, SourceItem, SourceKind};
 use crate::io::dtype::{first_nonfinite, Dtype};
 use crate::io::manifest::Manifest;
 use crate::io::writer::sha256_file;

@@ -19,8 +19,8 @@ use crate::io::{Checkpoint, IoError};
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 
-use super::fp8_block::{SourceItem, SourceKind};
 use super::row_reader::RowReader;
+use super::vendor_source::{SourceItem, SourceKind};
 
 /// The element type of a KV cache: F32 (exact, for tests), BF16, or FP8 e4m3 with the layer's scale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

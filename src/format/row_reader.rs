@@ -14,7 +14,7 @@ use crate::quant::fp8_block::{dequantize_row, BlockGrid};
 use crate::quant::pack::{self, packed_columns};
 
 use super::compressed_tensors::scale_name as int4_scale_name;
-use super::fp8_block::{read_scales, SourceItem, SourceKind};
+use super::vendor_source::{read_scales, SourceItem, SourceKind};
 
 /// The largest magnitude code among e4m3fn bytes, NaN codes (`0x7F`, `0xFF`: e4m3fn has no infinity) counted as 0:
 /// |code| is a byte's low seven bits; one more, wrapped to seven bits, is 0 for NaN and |code| + 1 otherwise, so the
@@ -250,7 +250,7 @@ impl<'a> RowReader<'a> {
 mod tests {
     use super::*;
     use crate::format::compressed_tensors::{int4_tensors, Int4Args};
-    use crate::format::fp8_block::{items_from_checkpoint, stored_item};
+    use crate::format::vendor_source::{items_from_checkpoint, stored_item};
     use crate::io::writer::{PlannedTensor, ShardWriter};
 
     /// `top_code` equals the plain definition (the largest low-seven-bit magnitude, NaN codes as 0) on every single

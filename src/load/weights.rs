@@ -8,8 +8,8 @@ use super::error::tensor_error;
 use crate::format::compressed_tensors::{
     fp4_modules, int4_args, int4_modules, Fp4Layout, Fp4Module, Int4Args, Int4Module,
 };
-use crate::format::fp8_block::{declared_block, stored_item, SourceItem, SourceKind};
 use crate::format::row_reader::RowReader;
+use crate::format::vendor_source::{declared_block, stored_item, SourceItem, SourceKind};
 use crate::io::{Checkpoint, Dtype};
 use crate::quant::w4a8;
 

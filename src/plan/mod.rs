@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 use crate::format::compressed_tensors::{fp4_tensors, fp8_block_tensors, int4_tensors, Fp4Kind};
-use crate::format::fp8_block::{SourceItem, SourceKind};
+use crate::format::vendor_source::{SourceItem, SourceKind};
 use crate::io::dtype::Dtype;
 use crate::io::writer::{file_bytes, PlannedTensor};
 use crate::model::tensor_class::is_routed_expert;

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::format::fp8_block::{self, SourceKind};
+use crate::format::vendor_source::{self, SourceKind};
 use crate::io::checkpoint::CONFIG_FILE;
 use crate::io::{Checkpoint, IoError};
 use crate::model::{ConfigError, ModelConfig};
@@ -73,11 +73,11 @@ pub fn prepare(
         }
     };
     let recipe = Recipe::load(&recipe_name)?.with_overrides(group_size, scale_rule)?;
-    let items = fp8_block::items_from_checkpoint(&checkpoint)?;
+    let items = vendor_source::items_from_checkpoint(&checkpoint)?;
     if let Some(config) = &config {
         crate::load::validate::check_source(&checkpoint, config)?;
     }
-    fp8_block::validate_scales(&checkpoint, &items)?;
+    vendor_source::validate_scales(&checkpoint, &items)?;
     let plan = super::build(items, &recipe, config.as_ref().map(|c| c.num_hidden_layers), max_shard_bytes)?;
     Ok(Prepared { checkpoint, config, recipe, plan })
 }

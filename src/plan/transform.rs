@@ -5,8 +5,8 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::format::compressed_tensors::{fused_partner, packed_name, Fp4Kind};
-use crate::format::fp8_block::{read_scales, stored_item, SourceKind};
 use crate::format::row_reader::RowReader;
+use crate::format::vendor_source::{read_scales, stored_item, SourceKind};
 use crate::io::dtype::{bf16_bits, first_nonfinite};
 use crate::io::{Checkpoint, IoError};
 use crate::quant::fp4::{MXFP4_GROUP, NVFP4_GROUP};

@@ -21,8 +21,8 @@ pub use kv::KvPerToken;
 pub use requantization::Requantization;
 pub use size::Sizes;
 
-use crate::format::fp8_block;
 use crate::format::kv_scales::KvDtype;
+use crate::format::vendor_source;
 use crate::model::{ModelConfig, TensorClass};
 use crate::plan::prepare::{check_int4_source, prepare};
 use crate::plan::{self, Action, Plan};
@@ -144,7 +144,7 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
                 options.recipe.clone().unwrap_or_else(|| config.architecture.default_recipe().to_string());
             let recipe = Recipe::load(&recipe_name)?.with_overrides(options.group_size, options.scale_rule)?;
             let plan = plan::build(
-                fp8_block::items_from_config(&config),
+                vendor_source::items_from_config(&config),
                 &recipe,
                 Some(config.num_hidden_layers),
                 options.max_shard_bytes,

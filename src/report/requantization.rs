@@ -54,7 +54,7 @@ pub fn estimate(prepared: &Prepared) -> Result<Option<Requantization>, IoError> 
         .collect::<Result<_, IoError>>()?;
     let (max_relative_l2, worst) =
         errors.iter().copied().fold((f64::NEG_INFINITY, ""), |a, b| if b.0 > a.0 { b } else { a });
-    let mxfp4 = matches!(first.source.kind, crate::format::fp8_block::SourceKind::Mxfp4 { .. });
+    let mxfp4 = matches!(first.source.kind, crate::format::vendor_source::SourceKind::Mxfp4 { .. });
     Ok(Some(Requantization {
         source_format: if mxfp4 { "mxfp4" } else { "int4" },
         source_group_size,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::format::fp8_block::SourceKind;
+use crate::format::vendor_source::SourceKind;
 use crate::model::tensor_class::is_routed_expert;
 use crate::model::TensorClass;
 use crate::plan::{Action, Plan, PlannedItem};
@@ -130,7 +130,7 @@ pub fn from_plan(plan: &Plan, source_file_bytes: Option<u64>) -> Sizes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::fp8_block;
+    use crate::format::vendor_source;
     use crate::model::ModelConfig;
     use crate::plan;
     use crate::recipe::Recipe;
@@ -141,7 +141,7 @@ mod tests {
         let config = ModelConfig::from_json(&json).unwrap();
         let recipe = Recipe::load(recipe).unwrap();
         let plan =
-            plan::build(fp8_block::items_from_config(&config), &recipe, Some(config.num_hidden_layers), 5_000_000_000)
+            plan::build(vendor_source::items_from_config(&config), &recipe, Some(config.num_hidden_layers), 5_000_000_000)
                 .unwrap();
         from_plan(&plan, None)
     }

@@ -7,8 +7,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use squeeze::format::fp8_block::stored_item;
 use squeeze::format::row_reader::RowReader;
+use squeeze::format::vendor_source::stored_item;
 use squeeze::io::{Checkpoint, ShardFile};
 
 use crate::common::{expect_exit_2, path_str, read_json, squeeze, synth, tensor_bytes, tensor_names};
