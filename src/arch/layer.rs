@@ -12,7 +12,7 @@ use crate::load::layer_stream::StreamedLayer;
 use crate::load::weights::WeightReader;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{Backend, KeySelection};
+use crate::runtime::backend::{AttentionShape, Backend, KeySelection};
 use crate::runtime::kv_cache::{KeyChoice, PagedLayout};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
@@ -91,6 +91,15 @@ pub enum Stage {
 /// Looks at a tensor of a probed forward; an error stops the forward.
 pub type Probe<'a> = dyn FnMut(Stage, &Tensor) -> Result<(), RuntimeError> + 'a;
 
+/// How the MLP runs in a layer's forward: on all rows or the rows listed in `only` (split: the decoded rows), timing
+/// its routed experts, counting router near-ties and tapped.
+struct MlpRows<'a, 'b> {
+    only: Option<&'a [usize]>,
+    times: &'a ExpertTimes,
+    near_ties: &'a mut usize,
+    tap: &'a mut LayerTap<'b>,
+}
+
 impl StreamedLayer for Layer {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
         let attention = match config.attention {
@@ -151,7 +160,7 @@ impl Layer {
         kv: KvSource<Layer>,
         times: &ExpertTimes,
         tap: Option<&mut LayerTap>,
-        mut probe: Option<&mut Probe>,
+        probe: Option<&mut Probe>,
     ) -> Result<(), RuntimeError> {
         let LayerContext { backend, config, .. } = *context;
         let Residual { hidden, spans, state } = residual;
@@ -190,13 +199,6 @@ impl Layer {
                 ))
             }
         };
-        if let Some(probe) = probe.as_mut() {
-            probe(Stage::Attention, &attended)?;
-        }
-        backend.add(hidden, &attended)?;
-        if let Some(probe) = probe.as_mut() {
-            probe(Stage::AttentionResidual, hidden)?;
-        }
         // Split: only the decoded rows go through the decode node's MLP.
         let decoded = split.map(|(_, _, prompt)| {
             let mut decoded = Vec::new();
@@ -205,7 +207,29 @@ impl Layer {
             }
             decoded
         });
-        self.mlp_residual(context, hidden, decoded.as_deref(), times, &mut state.near_ties, tap)?;
+        let mlp = MlpRows { only: decoded.as_deref(), times, near_ties: &mut state.near_ties, tap };
+        self.residual(context, hidden, &attended, mlp, probe)
+    }
+
+    /// The layer after its attention, the same for every use of the layer (sequence forward, paged prefill, decode
+    /// step): `hidden += attended` (the attention's output after `o_proj`), then `hidden += mlp(norm(hidden))`,
+    /// showing `probe` each [`Stage`].
+    fn residual(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        attended: &Tensor,
+        mlp: MlpRows,
+        mut probe: Option<&mut Probe>,
+    ) -> Result<(), RuntimeError> {
+        if let Some(probe) = probe.as_mut() {
+            probe(Stage::Attention, attended)?;
+        }
+        context.backend.add(hidden, attended)?;
+        if let Some(probe) = probe.as_mut() {
+            probe(Stage::AttentionResidual, hidden)?;
+        }
+        self.mlp_residual(context, hidden, mlp)?;
         match probe {
             Some(probe) => probe(Stage::MlpResidual, hidden),
             None => Ok(()),
@@ -214,15 +238,8 @@ impl Layer {
 
     /// `hidden += mlp(norm(hidden))` on all rows or on the rows listed in `only`; records the routed experts of
     /// each row (an empty list for rows not run or a dense layer) and shows the routed experts' inputs to the tap.
-    fn mlp_residual(
-        &self,
-        context: &LayerContext,
-        hidden: &mut Tensor,
-        only: Option<&[usize]>,
-        times: &ExpertTimes,
-        near_ties: &mut usize,
-        tap: &mut LayerTap,
-    ) -> Result<(), RuntimeError> {
+    fn mlp_residual(&self, context: &LayerContext, hidden: &mut Tensor, mlp: MlpRows) -> Result<(), RuntimeError> {
+        let MlpRows { only, times, near_ties, tap } = mlp;
         let LayerTap { routes, experts, .. } = tap;
         let (routes, experts) = (routes.as_deref_mut(), experts.as_mut());
         let LayerContext { backend, config, .. } = *context;
@@ -355,17 +372,60 @@ impl Layer {
 
     /// The rest of the layer after the paged attention: `hidden += o_proj(attended)`, then `hidden += mlp(norm(hidden))`.
     pub fn finish(&self, context: &LayerContext, hidden: &mut Tensor, attended: &Tensor) -> Result<(), RuntimeError> {
-        let LayerContext { backend, config, .. } = *context;
         let projected = match &self.attention {
-            AttentionWeights::Mla(mla) => mla.output(backend, attended)?,
-            AttentionWeights::Gqa(gqa) => gqa.output(backend, attended)?,
+            AttentionWeights::Mla(mla) => mla.output(context.backend, attended)?,
+            AttentionWeights::Gqa(gqa) => gqa.output(context.backend, attended)?,
         };
-        backend.add(hidden, &projected)?;
-        let x = normed(backend, config, hidden, &self.post_norm)?;
-        let mixed = match &self.mlp {
-            Mlp::Dense(mlp) => mlp.forward(backend, &x)?,
-            Mlp::Moe(moe) => moe.forward(context, &x, &ExpertTimes::default(), &mut 0, None)?,
-        };
-        backend.add(hidden, &mixed)
+        let mlp =
+            MlpRows { only: None, times: &ExpertTimes::default(), near_ties: &mut 0, tap: &mut LayerTap::default() };
+        self.residual(context, hidden, &projected, mlp, None)
     }
+
+    /// A prompt's paged prefill through the layer: its rows for the cache (`[tokens, row_width]`, and the indexer
+    /// keys `[tokens, aux_width]`), its attention over them causally as the paged cache layout reads them (the
+    /// f32 rows, before a hand-over rounds them) with `selection` the DSA mask of the last indexer layer (updated
+    /// by this layer's own indexer), then the layer's [`Layer::finish`]. Returns the rows, for the hand-over.
+    pub fn prefill(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        (positions, aux_width): (&[usize], usize),
+        selection: &mut Option<Vec<bool>>,
+    ) -> Result<(Tensor, Tensor), RuntimeError> {
+        let LayerContext { backend, config, table, mla_scale, .. } = *context;
+        let count = positions.len();
+        let layout = Self::layout(config, mla_scale);
+        let shape = AttentionShape {
+            tokens: count,
+            heads: layout.heads,
+            kv_heads: layout.kv_heads,
+            qk_dim: layout.qk_dim,
+            v_dim: layout.v_dim,
+            scale: layout.scale,
+        };
+        let (rows, aux, queries) = self.project(backend, config, table, hidden, positions, aux_width)?;
+        let q = self.attention_queries(backend, config, &queries)?;
+        if let Some(chosen) = Self::select_prompt(backend, config, &queries, &aux)? {
+            *selection = Some(chosen.mask);
+        }
+        let (k, v) = keys_and_values(backend, &layout, &rows)?;
+        let attended = backend.attention(&q, &k, &v, 0..count, &shape, selection.as_deref())?;
+        let attended = self.attention_values(backend, config, attended)?;
+        self.finish(context, hidden, &attended)?;
+        Ok((rows, aux))
+    }
+}
+
+/// The keys `[tokens, kv_heads · qk_dim]` and values `[tokens, kv_heads · v_dim]` that `layout` reads in cache rows
+/// `rows`: GQA's K and V halves, MLA's whole absorbed row and its latent.
+fn keys_and_values(
+    backend: &dyn Backend,
+    layout: &PagedLayout,
+    rows: &Tensor,
+) -> Result<(Tensor, Tensor), RuntimeError> {
+    let PagedLayout { kv_heads, qk_dim, v_dim, k_stride, v_base, v_stride, .. } = *layout;
+    if kv_heads > 1 && (k_stride != qk_dim || v_stride != v_dim) {
+        return Err(RuntimeError::Input(format!("a cache layout of {kv_heads} interleaved heads cannot be prefilled")));
+    }
+    Ok((backend.columns(rows, 0, kv_heads * qk_dim)?, backend.columns(rows, v_base, kv_heads * v_dim)?))
 }

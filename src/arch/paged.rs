@@ -24,8 +24,8 @@ use crate::load::layer_stream::StreamedLayer;
 use crate::load::open::open_checkpoint;
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
-use crate::runtime::backend::{AttentionShape, Backend};
-use crate::runtime::kv_cache::{KvAt, KvPool, KvRows, PagedLayout, PagedStep, PoolError, RequestId};
+use crate::runtime::backend::Backend;
+use crate::runtime::kv_cache::{KvAt, KvPool, KvRows, PagedStep, PoolError, RequestId};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::{RuntimeError, Tensor};
@@ -191,34 +191,15 @@ impl PagedModel {
         let (mut all_rows, mut all_aux) = (Vec::new(), Vec::new());
         // The last DSA selection `[count, count]` (shared layers reuse the last indexer layer's).
         let mut selection: Option<Vec<bool>> = None;
-        let layout = Layer::layout(&self.config, self.mla_scale);
-        let shape = AttentionShape {
-            tokens: count,
-            heads: layout.heads,
-            kv_heads: layout.kv_heads,
-            qk_dim: layout.qk_dim,
-            v_dim: layout.v_dim,
-            scale: layout.scale,
+        let context = LayerContext {
+            backend,
+            reader: &reader,
+            config: &self.config,
+            table: &self.table,
+            mla_scale: self.mla_scale,
         };
         for layer in &self.layers {
-            let (rows, aux, queries) =
-                layer.project(backend, &self.config, &self.table, &hidden, &positions, self.aux_width())?;
-            let q = layer.attention_queries(backend, &self.config, &queries)?;
-            if let Some(chosen) = Layer::select_prompt(backend, &self.config, &queries, &aux)? {
-                selection = Some(chosen.mask);
-            }
-            // The prompt attends its own f32 rows, as the cache layout reads them, before the handoff rounds them.
-            let (k, v) = keys_and_values(backend, &layout, &rows)?;
-            let attended = backend.attention(&q, &k, &v, 0..count, &shape, selection.as_deref())?;
-            let attended = layer.attention_values(backend, &self.config, attended)?;
-            let context = LayerContext {
-                backend,
-                reader: &reader,
-                config: &self.config,
-                table: &self.table,
-                mla_scale: self.mla_scale,
-            };
-            layer.finish(&context, &mut hidden, &attended)?;
+            let (rows, aux) = layer.prefill(&context, &mut hidden, (&positions, self.aux_width()), &mut selection)?;
             all_rows.push(rows);
             all_aux.push(aux);
         }
@@ -497,18 +478,4 @@ impl Step {
             })
             .collect()
     }
-}
-
-/// The keys `[tokens, kv_heads · qk_dim]` and values `[tokens, kv_heads · v_dim]` that `layout` reads in cache rows
-/// `rows`: GQA's K and V halves, MLA's whole absorbed row and its latent.
-fn keys_and_values(
-    backend: &dyn Backend,
-    layout: &PagedLayout,
-    rows: &Tensor,
-) -> Result<(Tensor, Tensor), RuntimeError> {
-    let PagedLayout { kv_heads, qk_dim, v_dim, k_stride, v_base, v_stride, .. } = *layout;
-    if kv_heads > 1 && (k_stride != qk_dim || v_stride != v_dim) {
-        return Err(RuntimeError::Input(format!("a cache layout of {kv_heads} interleaved heads cannot be prefilled")));
-    }
-    Ok((backend.columns(rows, 0, kv_heads * qk_dim)?, backend.columns(rows, v_base, kv_heads * v_dim)?))
 }

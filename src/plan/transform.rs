@@ -1,6 +1,8 @@
 //! Computing one planned item's output bytes from its source: INT4 or FP4 quantize + pack, FP8 → BF16, FP8
 //! passthrough, copy. Rows are processed in parallel; results are bit-identical for any thread count.
 
+use std::path::Path;
+
 use half::bf16;
 use rayon::prelude::*;
 
@@ -8,13 +10,14 @@ use crate::format::compressed_tensors::{fused_partner, packed_name, Fp4Kind};
 use crate::format::row_reader::RowReader;
 use crate::format::vendor_source::{read_scales, stored_item, SourceKind};
 use crate::io::dtype::{bf16_bits, first_nonfinite};
-use crate::io::{Checkpoint, IoError};
+use crate::io::{Checkpoint, IoError, TensorRef};
 use crate::quant::fp4::{MXFP4_GROUP, NVFP4_GROUP};
 use crate::quant::scale_rule::{MseSearch, ScaleRule};
 use crate::quant::{fp4, imatrix, int4, pack};
 use crate::runtime::device::Device;
 
 use super::calibration::{Calibration, ExpertRule};
+use super::expert_spill::SpillEntry;
 use super::{Action, PlannedItem};
 use crate::runtime::cuda::int4_quantize::{check_int4_shape, quantize_int4, Fp8Tensor, Int4Settings, Source};
 
@@ -66,19 +69,7 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
         .get(&stored[0])
         .ok_or_else(|| IoError::tensor(&shard, &stored[0], "disappeared from the checkpoint"))?;
     if !allow_nonfinite {
-        if let Some(index) = first_nonfinite(tensor.dtype, tensor.bytes) {
-            let columns = tensor.shape.last().copied().unwrap_or(1).max(1);
-            return Err(IoError::tensor(
-                &shard,
-                name,
-                format!(
-                    "element {index} (row {}, column {}) is NaN or infinite; fix the source, or pass \
-                     --allow-nonfinite to carry such values into the output",
-                    index / columns,
-                    index % columns
-                ),
-            ));
-        }
+        check_finite(&tensor, &shard, name)?;
     }
     let reader = || RowReader::new(checkpoint, &item.source);
     let device_outputs = match (device, item.action) {
@@ -107,81 +98,9 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
         }
         Action::Int4 { group_size, .. } if matches!(expert_rule, Some(ExpertRule::Quantized(_))) => {
             let Some(ExpertRule::Quantized(entry)) = &expert_rule else { unreachable!("matched above") };
-            let grid = (item.source.shape.first().copied(), item.source.shape.get(1).copied());
-            if grid != (Some(entry.rows), Some(entry.columns)) || entry.group_size != group_size {
-                return Err(IoError::tensor(
-                    &shard,
-                    name,
-                    format!(
-                        "the GPTQ pass quantized it as [{}, {}] in groups of {}, the plan wants {:?} in groups of \
-                         {group_size}; rerun without --resume",
-                        entry.rows, entry.columns, entry.group_size, item.source.shape
-                    ),
-                ));
-            }
-            let (packed, scales) = entry.read()?;
-            let shape: Vec<u8> =
-                [entry.rows as i64, entry.columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
-            vec![packed, scales, shape]
+            gptq_outputs(entry, item, &shard, group_size)?
         }
-        Action::Int4 { group_size, scale_rule, .. } => {
-            let source = reader()?;
-            let (rows, columns) = (source.rows, source.columns);
-            let words_per_row = pack::packed_columns(columns);
-            let groups_per_row = columns / group_size;
-            // The output bytes are written in the row tasks (each row packed into a task-local buffer and copied
-            // while in cache), so no serial pass over the whole tensor follows.
-            let mut packed = vec![0u8; rows * words_per_row * 4];
-            let mut scales = vec![0u8; rows * groups_per_row * 2];
-            packed
-                .par_chunks_mut(words_per_row * 4 * ROWS_PER_TASK)
-                .zip(scales.par_chunks_mut(groups_per_row * 2 * ROWS_PER_TASK))
-                .enumerate()
-                .for_each_init(
-                    || {
-                        (
-                            vec![0f32; columns],
-                            vec![0i8; columns],
-                            vec![0u32; words_per_row],
-                            vec![bf16::ZERO; groups_per_row],
-                        )
-                    },
-                    |(weights, q, packed_row, scale_row), (task, (packed_rows, scale_rows))| {
-                        for (local, (packed_bytes, scale_bytes)) in packed_rows
-                            .chunks_mut(words_per_row * 4)
-                            .zip(scale_rows.chunks_mut(groups_per_row * 2))
-                            .enumerate()
-                        {
-                            source.read(task * ROWS_PER_TASK + local, weights);
-                            match &expert_rule {
-                                None | Some(ExpertRule::InputAbsmax(_)) => {
-                                    int4::quantize_row(weights, group_size, scale_rule, q, scale_row)
-                                }
-                                Some(ExpertRule::Fallback) | Some(ExpertRule::Quantized(_)) => {
-                                    int4::quantize_row(weights, group_size, ScaleRule::Mse, q, scale_row)
-                                }
-                                Some(ExpertRule::Importance(importance)) => imatrix::quantize_row(
-                                    weights,
-                                    importance,
-                                    group_size,
-                                    MseSearch::default(),
-                                    q,
-                                    scale_row,
-                                ),
-                            }
-                            pack::pack_row(q, packed_row);
-                            for (slot, word) in packed_bytes.chunks_exact_mut(4).zip(packed_row.iter()) {
-                                slot.copy_from_slice(&word.to_le_bytes());
-                            }
-                            for (slot, scale) in scale_bytes.chunks_exact_mut(2).zip(scale_row.iter()) {
-                                slot.copy_from_slice(&scale.to_le_bytes());
-                            }
-                        }
-                    },
-                );
-            let shape: Vec<u8> = [rows as i64, columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
-            vec![packed, scales, shape]
-        }
+        Action::Int4 { group_size, scale_rule, .. } => int4_outputs(&reader()?, group_size, scale_rule, &expert_rule),
         Action::Fp4 { kind, fp4_activations } => {
             let source = reader()?;
             let global = match kind {
@@ -200,36 +119,11 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
                 outputs.push(global.to_le_bytes().to_vec());
             }
             if fp4_activations {
-                let Some(ExpertRule::InputAbsmax(absmax)) = expert_rule else {
-                    return Err(IoError::tensor(
-                        &shard,
-                        name,
-                        "a W4A4 NVFP4 rule selects it, but the calibration pass measured no input for it (W4A4 \
-                         calibrates routed experts only): pass --calibration FILE, and keep other tensors out of \
-                         nvfp4-w4a4 rules",
-                    ));
-                };
-                outputs.push(fp4::nvfp4_global_scale(absmax).to_le_bytes().to_vec());
+                outputs.push(activation_global(&expert_rule, &shard, name)?);
             }
             outputs
         }
-        Action::Bf16 => {
-            let source = reader()?;
-            let (rows, columns) = (source.rows, source.columns);
-            let mut out = vec![0u8; rows * columns * 2];
-            out.par_chunks_mut(columns * 2 * ROWS_PER_TASK).enumerate().for_each_init(
-                || vec![0f32; columns],
-                |row_buffer, (task, bytes)| {
-                    for (local, row_bytes) in bytes.chunks_mut(columns * 2).enumerate() {
-                        source.read(task * ROWS_PER_TASK + local, row_buffer);
-                        for (slot, value) in row_bytes.chunks_exact_mut(2).zip(row_buffer.iter()) {
-                            slot.copy_from_slice(&bf16_bits(*value).to_le_bytes());
-                        }
-                    }
-                },
-            );
-            vec![out]
-        }
+        Action::Bf16 => vec![bf16_rows(&reader()?)],
         Action::Fp8Block => {
             let SourceKind::Fp8 { scale_name, .. } = &item.source.kind else { unreachable!("planned only for FP8") };
             let scales = read_scales(checkpoint, scale_name).unwrap_or_default();
@@ -245,6 +139,129 @@ pub fn transform(checkpoint: &Checkpoint, item: &PlannedItem, compute: Compute) 
         }
     }
     Ok(outputs)
+}
+
+/// Refuses a source tensor with a NaN or infinite element, naming the first.
+fn check_finite(tensor: &TensorRef, shard: &Path, name: &str) -> Result<(), IoError> {
+    let Some(index) = first_nonfinite(tensor.dtype, tensor.bytes) else { return Ok(()) };
+    let columns = tensor.shape.last().copied().unwrap_or(1).max(1);
+    Err(IoError::tensor(
+        shard,
+        name,
+        format!(
+            "element {index} (row {}, column {}) is NaN or infinite; fix the source, or pass \
+             --allow-nonfinite to carry such values into the output",
+            index / columns,
+            index % columns
+        ),
+    ))
+}
+
+/// A routed expert's INT4 tensors as the GPTQ pass left them (packed, scales, shape), checked against the plan.
+fn gptq_outputs(
+    entry: &SpillEntry,
+    item: &PlannedItem,
+    shard: &Path,
+    group_size: usize,
+) -> Result<Vec<Vec<u8>>, IoError> {
+    let grid = (item.source.shape.first().copied(), item.source.shape.get(1).copied());
+    if grid != (Some(entry.rows), Some(entry.columns)) || entry.group_size != group_size {
+        return Err(IoError::tensor(
+            shard,
+            &item.source.name,
+            format!(
+                "the GPTQ pass quantized it as [{}, {}] in groups of {}, the plan wants {:?} in groups of \
+                 {group_size}; rerun without --resume",
+                entry.rows, entry.columns, entry.group_size, item.source.shape
+            ),
+        ));
+    }
+    let (packed, scales) = entry.read()?;
+    let shape: Vec<u8> = [entry.rows as i64, entry.columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
+    Ok(vec![packed, scales, shape])
+}
+
+/// A weight's INT4 tensors (packed, scales, shape) quantized on the rayon pool, each row by the scale rule or the
+/// calibrated method's rule for it.
+fn int4_outputs(
+    source: &RowReader,
+    group_size: usize,
+    scale_rule: ScaleRule,
+    expert_rule: &Option<ExpertRule>,
+) -> Vec<Vec<u8>> {
+    let (rows, columns) = (source.rows, source.columns);
+    let words_per_row = pack::packed_columns(columns);
+    let groups_per_row = columns / group_size;
+    // The output bytes are written in the row tasks (each row packed into a task-local buffer and copied
+    // while in cache), so no serial pass over the whole tensor follows.
+    let mut packed = vec![0u8; rows * words_per_row * 4];
+    let mut scales = vec![0u8; rows * groups_per_row * 2];
+    packed
+        .par_chunks_mut(words_per_row * 4 * ROWS_PER_TASK)
+        .zip(scales.par_chunks_mut(groups_per_row * 2 * ROWS_PER_TASK))
+        .enumerate()
+        .for_each_init(
+            || (vec![0f32; columns], vec![0i8; columns], vec![0u32; words_per_row], vec![bf16::ZERO; groups_per_row]),
+            |(weights, q, packed_row, scale_row), (task, (packed_rows, scale_rows))| {
+                for (local, (packed_bytes, scale_bytes)) in
+                    packed_rows.chunks_mut(words_per_row * 4).zip(scale_rows.chunks_mut(groups_per_row * 2)).enumerate()
+                {
+                    source.read(task * ROWS_PER_TASK + local, weights);
+                    match &expert_rule {
+                        None | Some(ExpertRule::InputAbsmax(_)) => {
+                            int4::quantize_row(weights, group_size, scale_rule, q, scale_row)
+                        }
+                        Some(ExpertRule::Fallback) | Some(ExpertRule::Quantized(_)) => {
+                            int4::quantize_row(weights, group_size, ScaleRule::Mse, q, scale_row)
+                        }
+                        Some(ExpertRule::Importance(importance)) => {
+                            imatrix::quantize_row(weights, importance, group_size, MseSearch::default(), q, scale_row)
+                        }
+                    }
+                    pack::pack_row(q, packed_row);
+                    for (slot, word) in packed_bytes.chunks_exact_mut(4).zip(packed_row.iter()) {
+                        slot.copy_from_slice(&word.to_le_bytes());
+                    }
+                    for (slot, scale) in scale_bytes.chunks_exact_mut(2).zip(scale_row.iter()) {
+                        slot.copy_from_slice(&scale.to_le_bytes());
+                    }
+                }
+            },
+        );
+    let shape: Vec<u8> = [rows as i64, columns as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
+    vec![packed, scales, shape]
+}
+
+/// The global scale of a W4A4 expert's input (NVFP4 activations), from the calibration pass's input absmax.
+fn activation_global(expert_rule: &Option<ExpertRule>, shard: &Path, name: &str) -> Result<Vec<u8>, IoError> {
+    let Some(ExpertRule::InputAbsmax(absmax)) = expert_rule else {
+        return Err(IoError::tensor(
+            shard,
+            name,
+            "a W4A4 NVFP4 rule selects it, but the calibration pass measured no input for it (W4A4 \
+             calibrates routed experts only): pass --calibration FILE, and keep other tensors out of \
+             nvfp4-w4a4 rules",
+        ));
+    };
+    Ok(fp4::nvfp4_global_scale(*absmax).to_le_bytes().to_vec())
+}
+
+/// A weight's BF16 bytes, converted on the rayon pool.
+fn bf16_rows(source: &RowReader) -> Vec<u8> {
+    let (rows, columns) = (source.rows, source.columns);
+    let mut out = vec![0u8; rows * columns * 2];
+    out.par_chunks_mut(columns * 2 * ROWS_PER_TASK).enumerate().for_each_init(
+        || vec![0f32; columns],
+        |row_buffer, (task, bytes)| {
+            for (local, row_bytes) in bytes.chunks_mut(columns * 2).enumerate() {
+                source.read(task * ROWS_PER_TASK + local, row_buffer);
+                for (slot, value) in row_bytes.chunks_exact_mut(2).zip(row_buffer.iter()) {
+                    slot.copy_from_slice(&bf16_bits(*value).to_le_bytes());
+                }
+            }
+        },
+    );
+    out
 }
 
 /// The error for an MXFP4 weight whose groups `inexact` NVFP4 cannot hold exactly.

@@ -5,8 +5,6 @@ pub mod fp4;
 pub mod fp8;
 pub mod fp8_block;
 pub mod gptq;
-#[cfg(test)]
-mod gptq_golden;
 mod gptq_linalg;
 pub mod imatrix;
 pub mod int4;

@@ -140,9 +140,13 @@ mod tests {
             serde_json::from_str(crate::model::presets::config_text(preset).unwrap()).unwrap();
         let config = ModelConfig::from_json(&json).unwrap();
         let recipe = Recipe::load(recipe).unwrap();
-        let plan =
-            plan::build(vendor_source::items_from_config(&config), &recipe, Some(config.num_hidden_layers), 5_000_000_000)
-                .unwrap();
+        let plan = plan::build(
+            vendor_source::items_from_config(&config),
+            &recipe,
+            Some(config.num_hidden_layers),
+            5_000_000_000,
+        )
+        .unwrap();
         from_plan(&plan, None)
     }
 

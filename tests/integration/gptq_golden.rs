@@ -13,11 +13,11 @@ use std::path::PathBuf;
 
 use half::bf16;
 
-use super::gptq::{quantize, quantize_with_scales, GptqSettings, Hessian, Quantized};
-use super::int4::quantize_row;
-use super::ScaleRule;
-use crate::io::dtype::Dtype;
-use crate::io::ShardFile;
+use squeeze::io::dtype::Dtype;
+use squeeze::io::ShardFile;
+use squeeze::quant::gptq::{quantize, quantize_with_scales, GptqSettings, Hessian, Quantized};
+use squeeze::quant::int4::quantize_row;
+use squeeze::quant::ScaleRule;
 
 /// Share of live-column codes equal to the F32 model's when squeeze runs with its scales: the same algorithm and
 /// the same feedback convention, f32 torch against f64 here. llm-compressor itself agrees with an f64 run of its own
