@@ -131,63 +131,9 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
             specs.push(crate::model::TensorSpec { name, shape, role });
         }
     }
-    let mut layout: Vec<(usize, PlannedTensor)> = Vec::new();
-    for (index, spec) in specs.iter().enumerate() {
-        match spec.role {
-            TensorRole::Linear if native_int4 => {
-                let module = spec.name.trim_end_matches(".weight");
-                for mut tensor in int4_tensors(module, spec.shape[0], spec.shape[1], config::KIMI_INT4_GROUP) {
-                    if tensor.name.ends_with(".weight_shape") {
-                        tensor = PlannedTensor::new(tensor.name, Dtype::I32, vec![2]);
-                        // as Moonshot's shards store it
-                    }
-                    layout.push((index, tensor));
-                }
-            }
-            TensorRole::Linear => {
-                let grid = BlockGrid::new(spec.shape[0], spec.shape[1], 128, 128);
-                let module = spec.name.trim_end_matches(".weight");
-                layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F8_E4M3, spec.shape.clone())));
-                let (scale_name, scale_dtype) = match release.fp8_scales {
-                    Fp8Scales::F32(suffix) => (format!("{module}.{suffix}"), Dtype::F32),
-                    Fp8Scales::E8m0 => (format!("{module}.scale"), Dtype::F8_E8M0),
-                };
-                layout.push((index, PlannedTensor::new(scale_name, scale_dtype, grid.scale_shape().to_vec())));
-            }
-            TensorRole::ExpertMxfp4 => {
-                let [rows, columns] = [spec.shape[0], spec.shape[1]];
-                let module = spec.name.trim_end_matches(".weight");
-                let [packed, scales] = release.mxfp4.stored_names(module);
-                let (packed_dtype, scale_dtype) = match release.mxfp4 {
-                    Mxfp4Naming::CompressedTensors => (Dtype::U8, Dtype::U8),
-                    Mxfp4Naming::Deepseek => (Dtype::I8, Dtype::F8_E8M0),
-                };
-                layout.push((index, PlannedTensor::new(packed, packed_dtype, vec![rows, columns / 2])));
-                layout.push((index, PlannedTensor::new(scales, scale_dtype, vec![rows, columns / MXFP4_GROUP])));
-            }
-            TensorRole::RouterBias | TensorRole::Float32 => {
-                layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F32, spec.shape.clone())))
-            }
-            TensorRole::TokenTable => {
-                layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::I32, spec.shape.clone())))
-            }
-            _ => layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::BF16, spec.shape.clone()))),
-        }
-    }
+    let layout = stored_tensors(&specs, &release, native_int4);
     let total: u64 = layout.iter().map(|(_, t)| t.bytes()).sum();
-    let per_shard = total.div_ceil(options.shards as u64).max(1);
-    let mut shard_of = Vec::with_capacity(layout.len());
-    let mut running = 0u64;
-    for (index, (spec_index, tensor)) in layout.iter().enumerate() {
-        // Keep a weight and its scale together: a scale follows its weight's shard.
-        let shard = if index > 0 && layout[index - 1].0 == *spec_index {
-            shard_of[index - 1]
-        } else {
-            ((running / per_shard) as usize).min(options.shards - 1)
-        };
-        running += tensor.bytes();
-        shard_of.push(shard);
-    }
+    let shard_of = shard_assignment(&layout, total, options.shards);
     let shard_count = shard_of.last().map(|s| s + 1).unwrap_or(1);
     let file_name = |shard: usize| format!("model-{:05}-of-{:05}.safetensors", shard + 1, shard_count);
 
@@ -235,6 +181,78 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
         bytes: total,
         shards: shard_count,
     })
+}
+
+/// Every stored tensor of `specs` with the index of its spec, as the release stores it: FP8 weights followed by
+/// their scales (F32 or E8M0), natively INT4 routed experts as their three INT4 tensors, MXFP4 experts as codes and
+/// E8M0 scales, the rest in their role's dtype.
+fn stored_tensors(
+    specs: &[crate::model::TensorSpec],
+    release: &Release,
+    native_int4: bool,
+) -> Vec<(usize, PlannedTensor)> {
+    let mut layout: Vec<(usize, PlannedTensor)> = Vec::new();
+    for (index, spec) in specs.iter().enumerate() {
+        match spec.role {
+            TensorRole::Linear if native_int4 => {
+                let module = spec.name.trim_end_matches(".weight");
+                for mut tensor in int4_tensors(module, spec.shape[0], spec.shape[1], config::KIMI_INT4_GROUP) {
+                    if tensor.name.ends_with(".weight_shape") {
+                        tensor = PlannedTensor::new(tensor.name, Dtype::I32, vec![2]);
+                        // as Moonshot's shards store it
+                    }
+                    layout.push((index, tensor));
+                }
+            }
+            TensorRole::Linear => {
+                let grid = BlockGrid::new(spec.shape[0], spec.shape[1], 128, 128);
+                let module = spec.name.trim_end_matches(".weight");
+                layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F8_E4M3, spec.shape.clone())));
+                let (scale_name, scale_dtype) = match release.fp8_scales {
+                    Fp8Scales::F32(suffix) => (format!("{module}.{suffix}"), Dtype::F32),
+                    Fp8Scales::E8m0 => (format!("{module}.scale"), Dtype::F8_E8M0),
+                };
+                layout.push((index, PlannedTensor::new(scale_name, scale_dtype, grid.scale_shape().to_vec())));
+            }
+            TensorRole::ExpertMxfp4 => {
+                let [rows, columns] = [spec.shape[0], spec.shape[1]];
+                let module = spec.name.trim_end_matches(".weight");
+                let [packed, scales] = release.mxfp4.stored_names(module);
+                let (packed_dtype, scale_dtype) = match release.mxfp4 {
+                    Mxfp4Naming::CompressedTensors => (Dtype::U8, Dtype::U8),
+                    Mxfp4Naming::Deepseek => (Dtype::I8, Dtype::F8_E8M0),
+                };
+                layout.push((index, PlannedTensor::new(packed, packed_dtype, vec![rows, columns / 2])));
+                layout.push((index, PlannedTensor::new(scales, scale_dtype, vec![rows, columns / MXFP4_GROUP])));
+            }
+            TensorRole::RouterBias | TensorRole::Float32 => {
+                layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::F32, spec.shape.clone())))
+            }
+            TensorRole::TokenTable => {
+                layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::I32, spec.shape.clone())))
+            }
+            _ => layout.push((index, PlannedTensor::new(spec.name.clone(), Dtype::BF16, spec.shape.clone()))),
+        }
+    }
+    layout
+}
+
+/// The shard of each stored tensor: `shards` runs of about equal bytes (`total` in all), a scale in its weight's.
+fn shard_assignment(layout: &[(usize, PlannedTensor)], total: u64, shards: usize) -> Vec<usize> {
+    let per_shard = total.div_ceil(shards as u64).max(1);
+    let mut shard_of = Vec::with_capacity(layout.len());
+    let mut running = 0u64;
+    for (index, (spec_index, tensor)) in layout.iter().enumerate() {
+        // Keep a weight and its scale together: a scale follows its weight's shard.
+        let shard = if index > 0 && layout[index - 1].0 == *spec_index {
+            shard_of[index - 1]
+        } else {
+            ((running / per_shard) as usize).min(shards - 1)
+        };
+        running += tensor.bytes();
+        shard_of.push(shard);
+    }
+    shard_of
 }
 
 /// The stored bytes of one spec: FP8 codes and scales for linears (`native_int4`: INT4 `weight_packed`, BF16

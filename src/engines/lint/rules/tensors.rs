@@ -43,49 +43,7 @@ pub fn int4_tensors(context: &Context, engine: Engine) -> Outcome {
         let tensor = |suffix: &str| context.tensors.get(format!("{module}.{suffix}").as_str()).copied();
         let name = |suffix: &str| format!("{module}.{suffix}");
         let requantize = "requantize the module with squeeze quantize";
-        // weight_shape: [out, in]
-        let Some(shape) = tensor("weight_shape") else {
-            findings.push(Finding::failed(name("weight_shape"), "missing", requantize));
-            continue;
-        };
-        match shape.dtype {
-            Dtype::I64 => {}
-            Dtype::I32 => findings.push(Finding::warning(
-                name("weight_shape"),
-                "is I32; vLLM declares it int64 (I32 loads, transformers 5.24 reads it cleanly)",
-                "write I64 (squeeze quantize does)",
-            )),
-            other => {
-                findings.push(Finding::failed(name("weight_shape"), format!("is {other}, expected I64"), requantize));
-                continue;
-            }
-        }
-        if shape.shape != [2] {
-            findings.push(Finding::failed(
-                name("weight_shape"),
-                format!("has shape {:?}, expected [2] = [out, in]", shape.shape),
-                requantize,
-            ));
-            continue;
-        }
-        let dims = match &shape.values {
-            Some(Values::Ints(values)) if values.len() == 2 && values.iter().all(|v| *v > 0) => {
-                [values[0] as usize, values[1] as usize]
-            }
-            Some(values) => {
-                findings.push(Finding::failed(
-                    name("weight_shape"),
-                    format!("holds {values:?}, expected two positive sizes"),
-                    requantize,
-                ));
-                continue;
-            }
-            None => {
-                findings.push(Finding::failed(name("weight_shape"), "values unknown", requantize));
-                continue;
-            }
-        };
-        let [rows, columns] = dims;
+        let Some([rows, columns]) = module_dims(context, module, &mut findings) else { continue };
         // weight_packed: I32 [out, ceil(in/8)]
         match tensor("weight_packed") {
             Some(packed) if packed.dtype == Dtype::I32 && packed.shape == [rows, packed_columns(columns)] => {}
@@ -102,35 +60,7 @@ pub fn int4_tensors(context: &Context, engine: Engine) -> Outcome {
             None => findings.push(Finding::failed(name("weight_packed"), "missing", requantize)),
         }
         // weight_scale: BF16 [out, ceil(in/g)], finite and positive
-        match tensor("weight_scale") {
-            None => findings.push(Finding::failed(name("weight_scale"), "missing", requantize)),
-            Some(scale) => {
-                let expected_shape = group.map(|g| vec![rows, columns.div_ceil(g)]);
-                let dtype_loads = matches!(scale.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
-                if !dtype_loads || expected_shape.as_ref().is_some_and(|s| *s != scale.shape) {
-                    findings.push(Finding::failed(
-                        name("weight_scale"),
-                        format!(
-                            "is {} {:?}, expected BF16/F16/F32 {}",
-                            scale.dtype,
-                            scale.shape,
-                            expected_shape.map_or("[out, in/group_size]".to_string(), |s| format!("{s:?}"))
-                        ),
-                        requantize,
-                    ));
-                }
-                if let Some(Values::Floats { first_bad, .. }) = &scale.values {
-                    values_checked = true;
-                    if let Some((index, value)) = first_bad {
-                        findings.push(Finding::failed(
-                            name("weight_scale"),
-                            format!("scale {index} is {value}, expected finite and > 0"),
-                            requantize,
-                        ));
-                    }
-                }
-            }
-        }
+        values_checked |= check_weight_scale(context, module, [rows, columns], group, &mut findings);
         // (A leftover `weight_scale_inv` is reported by the output-wide check above.)
         if let Some(zero_point) = tensor("weight_zero_point") {
             if !asymmetric {
@@ -165,6 +95,99 @@ pub fn int4_tensors(context: &Context, engine: Engine) -> Outcome {
     }
     let values = if values_checked { "values checked" } else { "values not known before writing" };
     Outcome::from_findings(format!("{} INT4 modules ({values})", modules.len()), findings)
+}
+
+/// An INT4 module's `[out, in]` from its `weight_shape` (I64 `[2]`, positive), or `None` with the finding that
+/// says why not.
+fn module_dims(context: &Context, module: &str, findings: &mut Vec<Finding>) -> Option<[usize; 2]> {
+    let name = |suffix: &str| format!("{module}.{suffix}");
+    let requantize = "requantize the module with squeeze quantize";
+    let Some(shape) = context.tensors.get(name("weight_shape").as_str()).copied() else {
+        findings.push(Finding::failed(name("weight_shape"), "missing", requantize));
+        return None;
+    };
+    match shape.dtype {
+        Dtype::I64 => {}
+        Dtype::I32 => findings.push(Finding::warning(
+            name("weight_shape"),
+            "is I32; vLLM declares it int64 (I32 loads, transformers 5.24 reads it cleanly)",
+            "write I64 (squeeze quantize does)",
+        )),
+        other => {
+            findings.push(Finding::failed(name("weight_shape"), format!("is {other}, expected I64"), requantize));
+            return None;
+        }
+    }
+    if shape.shape != [2] {
+        findings.push(Finding::failed(
+            name("weight_shape"),
+            format!("has shape {:?}, expected [2] = [out, in]", shape.shape),
+            requantize,
+        ));
+        return None;
+    }
+    Some(match &shape.values {
+        Some(Values::Ints(values)) if values.len() == 2 && values.iter().all(|v| *v > 0) => {
+            [values[0] as usize, values[1] as usize]
+        }
+        Some(values) => {
+            findings.push(Finding::failed(
+                name("weight_shape"),
+                format!("holds {values:?}, expected two positive sizes"),
+                requantize,
+            ));
+            return None;
+        }
+        None => {
+            findings.push(Finding::failed(name("weight_shape"), "values unknown", requantize));
+            return None;
+        }
+    })
+}
+
+/// Checks an INT4 module's `weight_scale` (a dtype the engines load, `[out, in/group]`, finite and positive values);
+/// returns whether its values were known.
+fn check_weight_scale(
+    context: &Context,
+    module: &str,
+    [rows, columns]: [usize; 2],
+    group: Option<usize>,
+    findings: &mut Vec<Finding>,
+) -> bool {
+    let tensor = |suffix: &str| context.tensors.get(format!("{module}.{suffix}").as_str()).copied();
+    let name = |suffix: &str| format!("{module}.{suffix}");
+    let requantize = "requantize the module with squeeze quantize";
+    let mut values_checked = false;
+    match tensor("weight_scale") {
+        None => findings.push(Finding::failed(name("weight_scale"), "missing", requantize)),
+        Some(scale) => {
+            let expected_shape = group.map(|g| vec![rows, columns.div_ceil(g)]);
+            let dtype_loads = matches!(scale.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
+            if !dtype_loads || expected_shape.as_ref().is_some_and(|s| *s != scale.shape) {
+                findings.push(Finding::failed(
+                    name("weight_scale"),
+                    format!(
+                        "is {} {:?}, expected BF16/F16/F32 {}",
+                        scale.dtype,
+                        scale.shape,
+                        expected_shape.map_or("[out, in/group_size]".to_string(), |s| format!("{s:?}"))
+                    ),
+                    requantize,
+                ));
+            }
+            if let Some(Values::Floats { first_bad, .. }) = &scale.values {
+                values_checked = true;
+                if let Some((index, value)) = first_bad {
+                    findings.push(Finding::failed(
+                        name("weight_scale"),
+                        format!("scale {index} is {value}, expected finite and > 0"),
+                        requantize,
+                    ));
+                }
+            }
+        }
+    }
+    values_checked
 }
 
 /// The layout of the config's KV cache, as [`crate::engines`] distinguishes them.
