@@ -7,7 +7,10 @@
 # With each binary in turn, in the same folder (so every path a binary records — manifest `source`, report
 # `model`/`input`/`output`, `logits_file`, demo `folder` — is the same string and is compared, not ignored):
 #   synth      kimi-k2, glm5, glm45 (default dims, seeds 1–3) and a small glm45 with other dims (seed 11); each
-#              synthesized twice and compared with cmp (synth must be deterministic), the second copy removed
+#              synthesized twice and compared with cmp (synth must be deterministic), the second copy removed;
+#              kimi-k3 and deepseek-v4 (seed 4), each quantized with its nvfp4, mxfp4 and int4 recipes (--engine
+#              vllm), inspected and verified against its source; `report kimi-k3` (16 × B200) and
+#              `report deepseek-v4-flash`
 #   quantize   every synth model with --scale-rule ct-minmax, absmax7 and mse; kimi-k2 with --group-size 16 and
 #              --max-shard-size 1MB; kimi-k2, glm45 and glm5 with the fp8-block recipes of scripts/oracle/vllm/recipes
 #              (--engine none); the embedded tiny Shakespeare model (eval/tiny-shakespeare-fp8); one --dry-run
@@ -148,6 +151,18 @@ run_all() {
   step quantize-glm45-fp8block "$sq" quantize src-glm45 q-glm45-fp8block \
     --recipe "$recipes/glm45-int4-fp8block.toml" --engine none --device cpu --json
   step quantize-shakespeare "$sq" quantize "$inputs/tiny-shakespeare-fp8" q-shakespeare --device cpu --json
+  # The FP4-native generation as a source (Kimi K3, DeepSeek-V4): each recipe, then inspect and verify --source.
+  for arch in kimi-k3 deepseek-v4; do
+    step "synth-$arch" "$sq" synth --arch "$arch" "src-$arch" --seed 4 --json
+    for rule in nvfp4 mxfp4 int4; do
+      step "quantize-$arch-$rule" "$sq" quantize "src-$arch" "q-$arch-$rule" --recipe "$arch-$rule" --engine vllm \
+        --device cpu --json
+      step "inspect-$arch-$rule" "$sq" inspect "q-$arch-$rule" --json
+      step "verify-$arch-$rule" "$sq" verify "q-$arch-$rule" --source "src-$arch" --json
+    done
+  done
+  step report-kimi-k3 "$sq" report kimi-k3 --gpus 16 --gpu-memory b200-180g --json
+  step report-deepseek-v4-flash "$sq" report deepseek-v4-flash --json
 
   for name in kimi glm5 glm45 glm45small; do
     step "inspect-$name" "$sq" inspect "q-$name-ct-minmax" --json
