@@ -278,13 +278,21 @@ impl Layer {
 }
 
 /// A decode step's queries of its new tokens: `[tokens, heads, qk]` post-RoPE, and the DSA indexer's.
-pub struct Queries {
+struct Queries {
     q: Tensor,
     index: Option<IndexQueries>,
 }
 
-/// The decode step: the layer around the paged attention, which the caller runs between [`Layer::project`] and
-/// [`Layer::finish`].
+/// What a decode step's paged attention takes from the layer: the new tokens' queries `[tokens, heads,
+/// layout.qk_dim]`, their cache rows and indexer keys, and how their keys are chosen on a DSA model.
+pub struct PagedInputs<'a> {
+    pub q: &'a Tensor,
+    pub rows: &'a Tensor,
+    pub aux: &'a Tensor,
+    pub keys: Option<KeyChoice<'a>>,
+}
+
+/// The paged uses of the layer: a prompt's prefill and the decode step around the paged attention.
 impl Layer {
     /// How the paged attention reads a layer's cached rows: GQA heads over `[K | V]`, MLA in the absorbed form.
     pub fn layout(config: &ModelConfig, mla_scale: f32) -> PagedLayout {
@@ -296,7 +304,7 @@ impl Layer {
 
     /// Cache rows `[tokens, row_width]` and indexer keys `[tokens, aux_width]` of the residual stream `hidden` at
     /// `positions` (normed by the layer's input norm), and the queries of the same tokens.
-    pub fn project(
+    fn project(
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
@@ -320,7 +328,7 @@ impl Layer {
 
     /// A prompt's DSA selection by this layer's indexer (`None` for a layer without one): its queries over the
     /// prompt's own indexer keys `keys` `[tokens, index_dim]`, causal, as the full-sequence forward selects.
-    pub fn select_prompt(
+    fn select_prompt(
         backend: &dyn Backend,
         config: &ModelConfig,
         queries: &Queries,
@@ -332,7 +340,7 @@ impl Layer {
 
     /// How this layer's paged attention picks its keys on a DSA model: its own indexer's selection, or `earlier`
     /// (the last indexer layer's mask in this step) reused; `None` where every key is attended.
-    pub fn key_choice<'a>(
+    fn key_choice<'a>(
         config: &ModelConfig,
         queries: &'a Queries,
         earlier: Option<&'a Tensor>,
@@ -344,7 +352,7 @@ impl Layer {
     }
 
     /// The queries the paged attention takes, `[tokens, heads, layout.qk_dim]`: GQA as projected; MLA absorbed.
-    pub fn attention_queries(
+    fn attention_queries(
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
@@ -358,7 +366,7 @@ impl Layer {
 
     /// The attention outputs `[tokens, heads · v_dim]` that `o_proj` takes, from the paged attention's
     /// `[tokens, heads · layout.v_dim]`: GQA as they are; MLA each head's attended latent through `W_UV_h`.
-    pub fn attention_values(
+    fn attention_values(
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
@@ -371,7 +379,7 @@ impl Layer {
     }
 
     /// The rest of the layer after the paged attention: `hidden += o_proj(attended)`, then `hidden += mlp(norm(hidden))`.
-    pub fn finish(&self, context: &LayerContext, hidden: &mut Tensor, attended: &Tensor) -> Result<(), RuntimeError> {
+    fn finish(&self, context: &LayerContext, hidden: &mut Tensor, attended: &Tensor) -> Result<(), RuntimeError> {
         let projected = match &self.attention {
             AttentionWeights::Mla(mla) => mla.output(context.backend, attended)?,
             AttentionWeights::Gqa(gqa) => gqa.output(context.backend, attended)?,
@@ -413,6 +421,29 @@ impl Layer {
         let attended = self.attention_values(backend, config, attended)?;
         self.finish(context, hidden, &attended)?;
         Ok((rows, aux))
+    }
+
+    /// The decode step through the layer: the new tokens' cache rows and queries from the residual stream `hidden`
+    /// at `positions` (the keys chosen by this layer's indexer, or `earlier`: the last indexer layer's selection in
+    /// this step), `attend` (the paged attention over the pool, which may drop rows of `hidden` whose requests
+    /// faulted; it returns the attended rows of those left, `None` when none is left), then [`Layer::finish`].
+    pub fn decode(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        (positions, aux_width): (&[usize], usize),
+        earlier: Option<&Tensor>,
+        attend: impl FnOnce(&mut Tensor, PagedInputs) -> Result<Option<Tensor>, RuntimeError>,
+    ) -> Result<(), RuntimeError> {
+        let LayerContext { backend, config, table, .. } = *context;
+        let (rows, aux, queries) = self.project(backend, config, table, hidden, positions, aux_width)?;
+        let q = self.attention_queries(backend, config, &queries)?;
+        let keys = Self::key_choice(config, &queries, earlier);
+        let Some(attended) = attend(hidden, PagedInputs { q: &q, rows: &rows, aux: &aux, keys })? else {
+            return Ok(());
+        };
+        let attended = self.attention_values(backend, config, attended)?;
+        self.finish(context, hidden, &attended)
     }
 }
 

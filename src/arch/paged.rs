@@ -15,7 +15,7 @@ use std::path::Path;
 
 use super::context::LayerContext;
 use super::embedding::head_name;
-use super::layer::Layer;
+use super::layer::{Layer, PagedInputs};
 use super::mtp::MtpLayer;
 use super::rope::rope_setup;
 use crate::format::kv_scales::{KvLayout, KvScales};
@@ -410,45 +410,45 @@ impl Stepping<'_> {
         }
         let layout = Layer::layout(self.config, self.mla_scale);
         let positions: Vec<usize> = step.live.iter().map(|&i| step.at[i].position).collect();
-        let (new_rows, new_aux, queries) =
-            layer.project(backend, self.config, self.table, &step.hidden, &positions, self.aux_width())?;
-        let q = layer.attention_queries(backend, self.config, &queries)?;
         let requests: Vec<KvAt> = step.live.iter().map(|&i| step.at[i]).collect();
-        let paged = PagedStep {
-            layer: index,
-            layout,
-            verify,
-            q: &q,
-            rows: &new_rows,
-            aux: &new_aux,
-            requests: &requests,
-            keys: Layer::key_choice(self.config, &queries, step.keys.as_ref()),
-        };
-        let decoded = backend.paged_decode(pool, &paged)?;
-        step.verify_seconds += decoded.verify_seconds;
-        let mut attended = decoded.out;
-        if decoded.keys.is_some() {
-            step.keys = decoded.keys;
-        }
-        if decoded.faults.iter().any(Option::is_some) {
-            let kept: Vec<usize> = (0..step.live.len()).filter(|&t| decoded.faults[t].is_none()).collect();
-            for (t, fault) in decoded.faults.into_iter().enumerate() {
-                if let Some(fault) = fault {
-                    step.faults[step.live[t]] = Some(fault);
-                }
-            }
-            step.live = kept.iter().map(|&t| step.live[t]).collect();
-            if step.live.is_empty() {
-                return Ok(());
-            }
-            step.hidden = backend.gather_rows(&step.hidden, &kept)?;
-            attended = backend.gather_rows(&attended, &kept)?;
-            step.keys = step.keys.take().map(|keys| backend.gather_rows(&keys, &kept)).transpose()?;
-        }
-        let attended = layer.attention_values(backend, self.config, attended)?;
         let context =
             LayerContext { backend, reader, config: self.config, table: self.table, mla_scale: self.mla_scale };
-        layer.finish(&context, &mut step.hidden, &attended)
+        // What the paged attention hands back besides its rows: the layer's DSA selection, and the rows kept when
+        // some requests faulted.
+        let (mut selected, mut kept) = (None, None);
+        let (live, faults, verify_seconds) = (&mut step.live, &mut step.faults, &mut step.verify_seconds);
+        let attend = |hidden: &mut Tensor, inputs: PagedInputs| -> Result<Option<Tensor>, RuntimeError> {
+            let PagedInputs { q, rows, aux, keys } = inputs;
+            let paged = PagedStep { layer: index, layout, verify, q, rows, aux, requests: &requests, keys };
+            let decoded = backend.paged_decode(pool, &paged)?;
+            *verify_seconds += decoded.verify_seconds;
+            let mut attended = decoded.out;
+            selected = decoded.keys;
+            if decoded.faults.iter().any(Option::is_some) {
+                let rows: Vec<usize> = (0..live.len()).filter(|&t| decoded.faults[t].is_none()).collect();
+                for (t, fault) in decoded.faults.into_iter().enumerate() {
+                    if let Some(fault) = fault {
+                        faults[live[t]] = Some(fault);
+                    }
+                }
+                *live = rows.iter().map(|&t| live[t]).collect();
+                if live.is_empty() {
+                    return Ok(None);
+                }
+                *hidden = backend.gather_rows(hidden, &rows)?;
+                attended = backend.gather_rows(&attended, &rows)?;
+                kept = Some(rows);
+            }
+            Ok(Some(attended))
+        };
+        layer.decode(&context, &mut step.hidden, (&positions, self.aux_width()), step.keys.as_ref(), attend)?;
+        if selected.is_some() {
+            step.keys = selected;
+        }
+        if let (Some(rows), false) = (kept, step.live.is_empty()) {
+            step.keys = step.keys.take().map(|keys| backend.gather_rows(&keys, &rows)).transpose()?;
+        }
+        Ok(())
     }
 }
 
