@@ -4,11 +4,13 @@
 //! K2.5/K2.6/K2.7), an MXFP4 module ([`super::mxfp4_source`]: Kimi K3, DeepSeek-V4), or a plain tensor. Items are
 //! decoded to f32 by [`super::row_reader`].
 
+use std::path::Path;
+
 use half::bf16;
 use serde_json::Value;
 
 use crate::io::dtype::{element_bytes, tensor_bytes, Dtype};
-use crate::io::{Checkpoint, IoError};
+use crate::io::{Checkpoint, IoError, TensorRef};
 use crate::model::{tensor_specs, ModelConfig, TensorRole};
 use crate::quant::fp8_block::BlockGrid;
 
@@ -277,70 +279,81 @@ pub fn items_from_checkpoint(checkpoint: &Checkpoint) -> Result<Vec<SourceItem>,
             });
             continue;
         }
-        // A one-byte weight: FP8 e4m3 with a scale sibling (the declared name, or DeepSeek-V4's `.scale`).
-        let declared = scale_name(name, layout);
-        let deepseek = name.strip_suffix(".weight").map(|module| format!("{module}.scale"));
-        let scale = match deepseek {
-            Some(deepseek) if !checkpoint.contains(&declared) && checkpoint.contains(&deepseek) => deepseek,
-            _ => declared,
-        };
-        let Some(scale_tensor) = checkpoint.get(&scale) else {
-            return Err(IoError::tensor(
-                shard,
-                name,
-                format!("is FP8 ({}) but its scale `{scale}` is missing; the checkpoint is incomplete or its quantization_config does not match the files", tensor.dtype),
-            ));
-        };
-        if tensor.dtype != Dtype::F8_E4M3 {
-            return Err(IoError::tensor(
-                shard,
-                name,
-                format!("has a scale but dtype {}; only F8_E4M3 FP8 weights are supported", tensor.dtype),
-            ));
-        }
-        if tensor.shape.len() != 2 {
-            return Err(IoError::tensor(
-                shard,
-                name,
-                format!("is FP8 with shape {:?}; only 2-D weights are supported", tensor.shape),
-            ));
-        }
-        let (rows, columns) = (tensor.shape[0], tensor.shape[1]);
-        let grid = match layout {
-            ScaleLayout::DeepseekBlock([br, bc]) | ScaleLayout::CompressedTensors(CtStrategy::Block([br, bc])) => {
-                BlockGrid::new(rows, columns, br, bc)
-            }
-            ScaleLayout::CompressedTensors(CtStrategy::Channel) => BlockGrid::new(rows, columns, 1, columns),
-            ScaleLayout::CompressedTensors(CtStrategy::Tensor) => BlockGrid::new(rows, columns, rows, columns),
-        };
-        let scale_shard = checkpoint.shard_of(&scale).map(|s| s.path().to_path_buf()).unwrap_or_default();
-        if !matches!(scale_tensor.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F8_E8M0) {
-            return Err(IoError::tensor(
-                scale_shard,
-                &scale,
-                format!("has dtype {}; FP8 scales must be F32, BF16 or E8M0 (F8_E8M0)", scale_tensor.dtype),
-            ));
-        }
-        let expected = grid.scale_shape();
-        let elements: usize = scale_tensor.shape.iter().product();
-        if elements != expected[0] * expected[1] || (scale_tensor.shape.len() == 2 && scale_tensor.shape != expected) {
-            return Err(IoError::tensor(
-                scale_shard,
-                &scale,
-                format!(
-                    "has shape {:?} but weight {:?} with blocks {}x{} needs {:?}",
-                    scale_tensor.shape, tensor.shape, grid.block_rows, grid.block_columns, expected
-                ),
-            ));
-        }
-        items.push(SourceItem {
-            name: name.to_string(),
-            dtype: tensor.dtype,
-            shape: tensor.shape.to_vec(),
-            kind: SourceKind::Fp8 { scale_name: scale, grid },
-        });
+        items.push(fp8_item(checkpoint, name, &tensor, &shard, layout)?);
     }
     Ok(items)
+}
+
+/// A one-byte weight as an FP8 item: e4m3 with a scale sibling (the declared name, or DeepSeek-V4's `.scale`) of a
+/// dtype and shape that fit the declared block layout.
+fn fp8_item(
+    checkpoint: &Checkpoint,
+    name: &str,
+    tensor: &TensorRef,
+    shard: &Path,
+    layout: ScaleLayout,
+) -> Result<SourceItem, IoError> {
+    let declared = scale_name(name, layout);
+    let deepseek = name.strip_suffix(".weight").map(|module| format!("{module}.scale"));
+    let scale = match deepseek {
+        Some(deepseek) if !checkpoint.contains(&declared) && checkpoint.contains(&deepseek) => deepseek,
+        _ => declared,
+    };
+    let Some(scale_tensor) = checkpoint.get(&scale) else {
+        return Err(IoError::tensor(
+            shard,
+            name,
+            format!("is FP8 ({}) but its scale `{scale}` is missing; the checkpoint is incomplete or its quantization_config does not match the files", tensor.dtype),
+        ));
+    };
+    if tensor.dtype != Dtype::F8_E4M3 {
+        return Err(IoError::tensor(
+            shard,
+            name,
+            format!("has a scale but dtype {}; only F8_E4M3 FP8 weights are supported", tensor.dtype),
+        ));
+    }
+    if tensor.shape.len() != 2 {
+        return Err(IoError::tensor(
+            shard,
+            name,
+            format!("is FP8 with shape {:?}; only 2-D weights are supported", tensor.shape),
+        ));
+    }
+    let (rows, columns) = (tensor.shape[0], tensor.shape[1]);
+    let grid = match layout {
+        ScaleLayout::DeepseekBlock([br, bc]) | ScaleLayout::CompressedTensors(CtStrategy::Block([br, bc])) => {
+            BlockGrid::new(rows, columns, br, bc)
+        }
+        ScaleLayout::CompressedTensors(CtStrategy::Channel) => BlockGrid::new(rows, columns, 1, columns),
+        ScaleLayout::CompressedTensors(CtStrategy::Tensor) => BlockGrid::new(rows, columns, rows, columns),
+    };
+    let scale_shard = checkpoint.shard_of(&scale).map(|s| s.path().to_path_buf()).unwrap_or_default();
+    if !matches!(scale_tensor.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F8_E8M0) {
+        return Err(IoError::tensor(
+            scale_shard,
+            &scale,
+            format!("has dtype {}; FP8 scales must be F32, BF16 or E8M0 (F8_E8M0)", scale_tensor.dtype),
+        ));
+    }
+    let expected = grid.scale_shape();
+    let elements: usize = scale_tensor.shape.iter().product();
+    if elements != expected[0] * expected[1] || (scale_tensor.shape.len() == 2 && scale_tensor.shape != expected) {
+        return Err(IoError::tensor(
+            scale_shard,
+            &scale,
+            format!(
+                "has shape {:?} but weight {:?} with blocks {}x{} needs {:?}",
+                scale_tensor.shape, tensor.shape, grid.block_rows, grid.block_columns, expected
+            ),
+        ));
+    }
+    Ok(SourceItem {
+        name: name.to_string(),
+        dtype: tensor.dtype,
+        shape: tensor.shape.to_vec(),
+        kind: SourceKind::Fp8 { scale_name: scale, grid },
+    })
 }
 
 /// Reads an FP8 item's scales as f32 (F32 or BF16 on disk).
