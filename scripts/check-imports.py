@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The import rules of docs/layout.md ("Where a type lives"), checked over src/.
 
-    scripts/check-imports.py [--verbose]
+    scripts/check-imports.py [--verbose] [--src DIR]
+    scripts/check-imports.py --self-test      the rules on a small made-up tree that breaks each of them once
 
 Reads every `use` tree and every inline path of src/**/*.rs (comments and string literals removed) that starts
 with `crate::`, `super::`, `self::` or the name of a child module the file declares, and resolves it to the file
@@ -300,9 +301,75 @@ def name(mods, p):
     return mods[p].file if p in mods else "::".join(p)
 
 
+SELF_TEST_TREE = {
+    "lib.rs": "pub mod a;\npub mod io;\npub mod runtime;\npub mod big;\n",
+    # Rule 1: x.rs and y.rs import each other; z.rs only imports x.rs (no circle), its test module y.rs (left out).
+    "a/mod.rs": "pub mod x;\npub mod y;\npub mod z;\n",
+    "a/x.rs": "use super::y::Y;\npub struct X(Y);\n",
+    "a/y.rs": "use crate::a::x::X;\npub struct Y;\npub fn f(_: &X) {}\n",
+    "a/z.rs": "use super::x::X;\n#[cfg(test)]\nmod tests {\n    use super::super::y::Y;\n}\n",
+    "io/mod.rs": "pub struct File;\n",
+    # Rule 3: the runtime names an io type.
+    "runtime/mod.rs": "pub mod m;\n",
+    "runtime/m.rs": "pub fn g(_: &crate::io::File) {}\n",
+}
+
+
+def self_test():
+    """The rules on SELF_TEST_TREE (plus a folder of 11 files that import a type of their mod.rs, which re-exports
+    theirs), which breaks each rule once: the check must report each and nothing else."""
+    import tempfile
+    tree = dict(SELF_TEST_TREE)
+    names = ["f%d" % i for i in range(11)]
+    tree["big/mod.rs"] = "pub struct Shared;\n" + "".join("mod %s;\npub use %s::T%s;\n" % (n, n, n[1:]) for n in names)
+    for i, n in enumerate(names):
+        tree["big/%s.rs" % n] = "use super::Shared;\npub struct T%d(Shared);\n" % i
+    with tempfile.TemporaryDirectory() as root:
+        for rel, text in tree.items():
+            os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+            with open(os.path.join(root, rel), "w", encoding="utf-8") as fh:
+                fh.write(text)
+        failures, _ = check(root)
+    expected = [
+        ("circle between siblings in src/a: x, y", True),
+        ("circle of 12 files through re-exports", True),
+        ("runtime imports a loader type: runtime/m.rs imports io/mod.rs", True),
+        ("src/a: x, y, z", False),
+        ("src/big", False),
+    ]
+    wrong = [(text, want) for text, want in expected if any(text in line for line in failures) != want]
+    for text, want in wrong:
+        print("self-test: %s %r" % ("missing" if want else "unexpected", text))
+    if wrong:
+        print("\n".join(failures))
+        return 1
+    print("check-imports self-test: each rule broken once, each reported, nothing else")
+    return 0
+
+
 def main():
+    if "--self-test" in sys.argv:
+        return self_test()
+    if "--src" in sys.argv:
+        global SRC
+        SRC = sys.argv[sys.argv.index("--src") + 1]
     verbose = "--verbose" in sys.argv
+    failures, summary = check(SRC, verbose)
+    if failures:
+        print("\n".join(failures))
+        print(summary)
+        return 1
+    print(summary)
+    return 0
+
+
+def check(src, verbose=False):
+    """The three rules over the tree at `src`: (violation lines, one-line summary)."""
+    global SRC
+    SRC = src
     mods = load_modules()
+    if not mods:
+        return ["no .rs files under %s" % src], "check-imports: nothing to check"
     collect(mods)
     failures = []
 
@@ -378,14 +445,11 @@ def main():
                 failures.append("runtime imports a loader type: %s imports %s" % (m.file, name(mods, t)))
 
     if failures:
-        print("\n".join(failures))
-        print("check-imports: %d sibling circle(s); largest re-export circle %d files; %d violation line(s)" % (
-            circles, largest, len(failures)))
-        return 1
-    print("check-imports: %d files, no circle between sibling files, largest circle through re-exports %d files "
-          "(at most %d), the runtime imports nothing of io/, load/, model/, arch/" % (
-              len(mods), largest, MAX_REEXPORT_CIRCLE))
-    return 0
+        return failures, "check-imports: %d sibling circle(s); largest re-export circle %d files; %d violation line(s)" % (
+            circles, largest, len(failures))
+    return failures, ("check-imports: %d files, no circle between sibling files, largest circle through re-exports "
+                      "%d files (at most %d), the runtime imports nothing of io/, load/, model/, arch/" % (
+                          len(mods), largest, MAX_REEXPORT_CIRCLE))
 
 
 if __name__ == "__main__":
