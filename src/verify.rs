@@ -219,7 +219,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
 fn check_source(source: &Checkpoint, dir: &std::path::Path) -> Result<(), IoError> {
     let Some(json) = source.config() else { return Ok(()) };
     let named = |problem: String| IoError::folder(format!("--source {}", dir.display()), problem);
-    let config = crate::model::ModelConfig::from_json(json).map_err(|error| named(error.to_string()))?;
+    let config = crate::model::ModelConfig::from_json(json).map_err(|error| named(format!("config.json: {error}")))?;
     crate::load::validate::check_source(source, &config).map_err(|error| named(error.to_string()))
 }
 

@@ -15,7 +15,7 @@ use crate::parity::{Gates, Mode};
 
 use super::progress::Bar;
 use super::table::Table;
-use super::{print_json, Outcome};
+use super::{print_json, ContextUnlessNamed, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -196,7 +196,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     };
     let backend = super::open_backend(args.device)?;
     let report = evaluate(&options, backend.as_ref(), &Bar::new(false))
-        .with_context(|| format!("evaluating {}", model.display()))?;
+        .context_unless_named(&model.display().to_string(), || format!("evaluating {}", model.display()))?;
     if args.json {
         print_json(&report)?;
         return Ok(Outcome::Success);

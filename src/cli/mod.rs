@@ -187,6 +187,27 @@ fn without_restated_summary(arg: clap::Arg) -> clap::Arg {
     }
 }
 
+/// `with_context` for a job's error that names its own folder or file: the context (`quantize DIR`) is added only
+/// where the error's chain does not already name `subject` (as `SUBJECT:` or `SUBJECT/…`), so that a chain says
+/// each fact once ("quantize DIR: DIR: is not a model folder" otherwise).
+pub(crate) trait ContextUnlessNamed<T> {
+    fn context_unless_named(self, subject: &str, context: impl FnOnce() -> String) -> anyhow::Result<T>;
+}
+
+impl<T, E: std::error::Error + Send + Sync + 'static> ContextUnlessNamed<T> for Result<T, E> {
+    fn context_unless_named(self, subject: &str, context: impl FnOnce() -> String) -> anyhow::Result<T> {
+        self.map_err(|error| {
+            let error = anyhow::Error::new(error);
+            let text = format!("{error:#}");
+            if text.contains(&format!("{subject}:")) || text.contains(&format!("{subject}/")) {
+                error
+            } else {
+                error.context(context())
+            }
+        })
+    }
+}
+
 /// The runtime backend for `--device`, printing the CPU-fallback notice of `auto` to stderr.
 pub(crate) fn open_backend(
     choice: crate::runtime::device::DeviceChoice,

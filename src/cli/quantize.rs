@@ -2,8 +2,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
-
 use crate::chunks::EvalInput;
 use crate::convert::calibrated::{DEFAULT_MIN_EXPERT_TOKENS, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN};
 use crate::convert::parts::Part;
@@ -17,7 +15,7 @@ use crate::units::{both_units, human, parse_bytes};
 use super::engine_rules::{parse_tp, print_fixes, print_rules, print_warnings};
 use super::progress::Bar;
 use super::table::Table;
-use super::{print_json, Outcome};
+use super::{print_json, ContextUnlessNamed, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -248,7 +246,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         engine: args.engine,
         tp: args.tp,
     };
-    let report = quantize(&options, &Bar::new(true)).with_context(|| format!("quantize {}", args.input.display()))?;
+    let input = args.input.display().to_string();
+    let report = quantize(&options, &Bar::new(true)).context_unless_named(&input, || format!("quantize {input}"))?;
     print_fixes(&report.config_fixes, report.dry_run);
     if let Some(rules) = &report.engine_rules {
         print_warnings(rules);

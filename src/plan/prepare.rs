@@ -20,8 +20,9 @@ pub enum PrepareError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Recipe(#[from] RecipeError),
-    #[error("{}: {source}", path.display())]
-    Config { path: PathBuf, source: ConfigError },
+    /// `config.json` named once, with its problem in the message (not a `source()`, which `{:#}` would repeat).
+    #[error("{}: {error}", path.display())]
+    Config { path: PathBuf, error: ConfigError },
     /// No `config.json`, so no default recipe.
     #[error("{}: {problem}", path.display())]
     Output { path: PathBuf, problem: String },
@@ -58,7 +59,7 @@ pub fn prepare(
     let config = match checkpoint.config() {
         Some(json) => Some(
             ModelConfig::from_json(json)
-                .map_err(|source| PrepareError::Config { path: input.join(CONFIG_FILE), source })?,
+                .map_err(|error| PrepareError::Config { path: input.join(CONFIG_FILE), error })?,
         ),
         None => None,
     };

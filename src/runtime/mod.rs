@@ -34,8 +34,15 @@ pub enum RuntimeError {
     Output(String),
     #[error("the device failed: {0}; rerun with --device cpu")]
     Device(String),
+    /// The pool's error is part of the message, not a `source()`: `{:#}` would print it twice.
     #[error("kv cache: {0}")]
-    Kv(#[from] kv_cache::PoolError),
+    Kv(kv_cache::PoolError),
+}
+
+impl From<kv_cache::PoolError> for RuntimeError {
+    fn from(error: kv_cache::PoolError) -> Self {
+        RuntimeError::Kv(error)
+    }
 }
 
 impl RuntimeError {

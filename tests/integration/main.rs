@@ -20,6 +20,7 @@ mod gptq;
 mod hub;
 mod imatrix;
 mod lint;
+mod messages;
 mod mtp;
 mod mtp_chain;
 mod paged;

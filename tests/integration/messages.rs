@@ -1,0 +1,69 @@
+//! What a user reads (issue 47): every fact of an error chain said once.
+
+use std::fs;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::common::{expect_exit_2, path_str, read_json, squeeze, synth};
+
+fn occurrences(text: &str, needle: &str) -> usize {
+    text.matches(needle).count()
+}
+
+/// Wraps `model`'s config.json as a vision-language wrapper whose text model has `model_type` `kimi_linear_v9` (no
+/// architecture squeeze knows).
+fn unknown_wrapped_architecture(model: &Path) {
+    let path = model.join("config.json");
+    let mut text = read_json(&path);
+    text["model_type"] = Value::from("kimi_linear_v9");
+    text["architectures"] = Value::Array(vec![]);
+    let wrapper = serde_json::json!({ "model_type": "kimi_k9", "architectures": [], "text_config": text });
+    fs::write(&path, serde_json::to_vec_pretty(&wrapper).unwrap()).unwrap();
+}
+
+#[test]
+fn an_unknown_architecture_is_named_once_with_its_file_once_by_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "k9", "glm5", &[]);
+    unknown_wrapped_architecture(&model);
+    let m = path_str(&model);
+    let out = dir.path().join("out");
+    let config = model.join("config.json");
+    let text = dir.path().join("text.txt");
+    fs::write(&text, "Shall I compare thee to a summer's day? ".repeat(40)).unwrap();
+    let t = path_str(&text);
+    let errors = [
+        squeeze(&["quantize", m, path_str(&out)]),
+        squeeze(&["report", m]),
+        squeeze(&["report", path_str(&config)]),
+        squeeze(&["eval", m, "--data", t, "--ctx", "64"]),
+        squeeze(&["calibrate-kv", m, "--data", t, "--dry-run"]),
+        squeeze(&["serve-test", m, "--prompt", "hi"]),
+    ];
+    for run in &errors {
+        expect_exit_2(run, &["text_config.model_type", "kimi_linear_v9"]);
+        assert_eq!(occurrences(&run.stderr, "has an unsupported value"), 1, "the problem once:\n{}", run.stderr);
+        assert_eq!(occurrences(&run.stderr, "squeeze supports"), 1, "the remedy once:\n{}", run.stderr);
+        assert_eq!(occurrences(&run.stderr, "config.json"), 1, "the file once:\n{}", run.stderr);
+        assert_eq!(occurrences(&run.stderr, m), 1, "the folder once:\n{}", run.stderr);
+    }
+    assert!(!out.exists(), "nothing written");
+    // verify lists it among its problems, with the file named once.
+    let run = squeeze(&["verify", m]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(occurrences(&run.stdout, "has an unsupported value"), 1, "{}", run.stdout);
+    assert!(run.stdout.contains("mismatch: config.json: key `text_config.model_type`"), "{}", run.stdout);
+}
+
+#[test]
+fn an_io_error_is_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "glm5", "glm5", &[]);
+    let file = dir.path().join("a-file");
+    fs::write(&file, b"not a folder").unwrap();
+    let out = file.join("out");
+    let run = squeeze(&["quantize", path_str(&model), path_str(&out)]);
+    expect_exit_2(&run, &["Not a directory"]);
+    assert_eq!(occurrences(&run.stderr, "Not a directory"), 1, "{}", run.stderr);
+}
