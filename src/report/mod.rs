@@ -124,7 +124,7 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
             )?;
             if let Some(group) = options.group_size {
                 // A folder already INT4 is reported as stored: quantize refuses it, so no other group size exists.
-                check_int4_source(&prepared.plan, &prepared.recipe, &dir)
+                check_int4_source(&prepared.plan, &prepared.recipe, &dir, prepared.config.as_ref())
                     .map_err(|error| ReportError::GroupSizeOnInt4 { group, error })?;
             }
             if prepared.config.is_none() {

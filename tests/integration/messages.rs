@@ -1,4 +1,5 @@
-//! What a user reads (issue 47): every fact of an error chain said once.
+//! What a user reads (issue 47): every fact of an error chain said once, and a refusal's remedy naming the folder's
+//! own recipes.
 
 use std::fs;
 use std::path::Path;
@@ -66,4 +67,30 @@ fn an_io_error_is_said_once() {
     let run = squeeze(&["quantize", path_str(&model), path_str(&out)]);
     expect_exit_2(&run, &["Not a directory"]);
     assert_eq!(occurrences(&run.stderr, "Not a directory"), 1, "{}", run.stderr);
+}
+
+#[test]
+fn a_folder_already_int4_is_pointed_at_its_own_architectures_recipes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("glm5", "glm5-nvfp4 (Blackwell), glm5-mxfp4 (AMD) or glm5-w4a8 (Hopper prefill)", "--recipe glm5-int4"),
+        ("glm45", "glm45-nvfp4 (Blackwell), glm45-mxfp4 (AMD) or glm45-w4a8 (Hopper prefill)", "--recipe glm45-int4"),
+        ("kimi-k3", "kimi-k3-nvfp4 (Blackwell) or kimi-k3-mxfp4 (AMD)", "--recipe kimi-k3-int4"),
+    ];
+    for (arch, recipes, recipe) in cases {
+        let source = synth(dir.path(), arch, arch, &[]);
+        let int4 = dir.path().join(format!("{arch}-int4"));
+        let recipe = recipe.split_once(' ').unwrap().1;
+        squeeze(&["quantize", path_str(&source), path_str(&int4), "--recipe", recipe]).ok();
+        let again = dir.path().join(format!("{arch}-again"));
+        let run = squeeze(&["quantize", path_str(&int4), path_str(&again), "--recipe", recipe]);
+        expect_exit_2(&run, &["already INT4", recipes]);
+        assert!(!run.stderr.contains("kimi-k26") && !run.stderr.contains("Moonshot"), "{}", run.stderr);
+    }
+    let k26 = synth(dir.path(), "k26", "kimi-k2.6", &[]);
+    let run = squeeze(&["quantize", path_str(&k26), path_str(&dir.path().join("k26-out"))]);
+    expect_exit_2(
+        &run,
+        &["already INT4", "Moonshot", "kimi-k26-nvfp4 (Blackwell), kimi-k26-mxfp4 (AMD) or kimi-k26-w4a8"],
+    );
 }
