@@ -1,12 +1,12 @@
-//! What a user reads (issue 47): every fact of an error chain said once, and a refusal's remedy naming the folder's
-//! own recipes.
+//! What a user reads (issue 47): every fact of an error chain said once, a corrupt header naming its tensor, and a
+//! refusal's remedy naming the folder's own recipes.
 
 use std::fs;
 use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common::{expect_exit_2, path_str, read_json, squeeze, synth};
+use crate::common::{expect_exit_2, path_str, read_json, rewrite_header, squeeze, synth};
 
 fn occurrences(text: &str, needle: &str) -> usize {
     text.matches(needle).count()
@@ -67,6 +67,30 @@ fn an_io_error_is_said_once() {
     let run = squeeze(&["quantize", path_str(&model), path_str(&out)]);
     expect_exit_2(&run, &["Not a directory"]);
     assert_eq!(occurrences(&run.stderr, "Not a directory"), 1, "{}", run.stderr);
+}
+
+#[test]
+fn a_tensor_whose_byte_range_runs_past_the_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "glm5", "glm5", &["--shards", "1"]);
+    let shard = model.join("model-00001-of-00001.safetensors");
+    let mut last = String::new();
+    rewrite_header(&shard, |header| {
+        let object = header.as_object_mut().unwrap();
+        let (name, info) = object
+            .iter_mut()
+            .filter(|(name, _)| name.as_str() != "__metadata__")
+            .max_by_key(|(_, info)| info["data_offsets"][1].as_u64().unwrap())
+            .unwrap();
+        let end = info["data_offsets"][1].as_u64().unwrap();
+        info["data_offsets"][1] = Value::from(end + 4096);
+        last = name.clone();
+    });
+    let shard_name = shard.file_name().unwrap().to_str().unwrap();
+    for command in ["inspect", "verify"] {
+        let run = squeeze(&[command, path_str(&model)]);
+        expect_exit_2(&run, &[shard_name, &format!("tensor `{last}`"), "data_offsets", "past the"]);
+    }
 }
 
 #[test]
