@@ -1,5 +1,5 @@
-//! What a user reads (issue 47): every fact of an error chain said once, a corrupt header naming its tensor, and a
-//! refusal's remedy naming the folder's own recipes.
+//! What a user reads (issue 47): every fact of an error chain said once, a corrupt header naming its tensor, a
+//! refusal's remedy naming the folder's own recipes, and a top-level help that says what squeeze does today.
 
 use std::fs;
 use std::path::Path;
@@ -117,4 +117,19 @@ fn a_folder_already_int4_is_pointed_at_its_own_architectures_recipes() {
         &run,
         &["already INT4", "Moonshot", "kimi-k26-nvfp4 (Blackwell), kimi-k26-mxfp4 (AMD) or kimi-k26-w4a8"],
     );
+}
+
+#[test]
+fn the_top_level_help_says_what_squeeze_does_today_in_one_line_and_version_once() {
+    let run = squeeze(&["--help"]).ok();
+    let mut lines = run.stdout.lines();
+    let summary = lines.next().unwrap();
+    assert_eq!(lines.next(), Some(""), "the summary is one line:\n{}", run.stdout);
+    for needle in
+        ["FP8", "INT4", "FP4", "Kimi K2", "K3", "GLM-4.5", "DeepSeek-V3/V4", "4-bit", "SGLang", "vLLM", "runtime"]
+    {
+        assert!(summary.contains(needle), "`{needle}` in {summary}");
+    }
+    assert!(!summary.contains("→ INT4"), "{summary}");
+    assert_eq!(occurrences(&run.stdout, "Print the version"), 1, "--version's help once:\n{}", run.stdout);
 }
