@@ -171,7 +171,8 @@ pub struct Args {
     ///
     /// The Hugging Face repo id of the source (ORG/NAME), for the model card's `base_model` (README.md; the
     /// source's own README is kept as README.source.md). Default: config.json's `_name_or_path` when it is a repo
-    /// id, else ORG/NAME of a source in the Hugging Face cache, else the source folder's name (said in the card).
+    /// id, else ORG/NAME of a source in the Hugging Face cache, else none (a local folder: the card names the folder
+    /// in its text, not as `base_model`, which the Hub reads as a repo id).
     /// `squeeze card OUT --base-model ORG/NAME` changes it later.
     #[arg(long, value_name = "ORG/NAME", value_parser = super::card::repo_id)]
     pub base_model: Option<String>,
