@@ -25,6 +25,7 @@ mod mtp;
 mod mtp_chain;
 mod paged;
 mod parity;
+mod parity_plot;
 mod parts;
 mod peers;
 mod quantize;
