@@ -85,7 +85,7 @@ pub fn inspect(dir: &Path) -> Result<InspectReport, IoError> {
         classes,
         quantization_config: raw.and_then(crate::io::composite::quantization_config).cloned(),
         config_problem: match parsed {
-            Some(Err(error)) => Some(error.to_string()),
+            Some(Err(error)) => Some(format!("config.json: {error}")),
             None => Some("no config.json".into()),
             Some(Ok(_)) => None,
         },

@@ -108,7 +108,33 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
             }
         }
     }
+    // Opening the folder removes the lock of a run killed after it finished; a folder to upload must hold none.
+    let locks = crate::io::lock::found(out);
     let checkpoint = Checkpoint::open(out)?;
+    for lock in locks {
+        let still_there = out.join(&lock.name).exists();
+        match (lock.gone, still_there) {
+            (true, false) => notes.push(format!(
+                "{}: held {} of a run that is gone ({}), killed after it finished writing; removed now, as a \
+                 finished folder holds no lock (if a copy of this folder was uploaded, delete {} there too)",
+                out.display(),
+                lock.name,
+                lock.holder,
+                lock.name
+            )),
+            (true, true) => problems.push(format!(
+                "{} is the lock of a run that is gone ({}) and could not be removed: remove it before uploading \
+                 the folder",
+                lock.name, lock.holder
+            )),
+            (false, _) => problems.push(format!(
+                "{} is held by a squeeze run ({}): the folder is being written or the run's state is unknown \
+                 (another host); wait for it to end before using or uploading the folder, or remove the file if \
+                 that process is gone",
+                lock.name, lock.holder
+            )),
+        }
+    }
     let packed = int4_modules(&checkpoint);
     let fp4 = fp4_modules(&checkpoint);
     let read = int4_args(checkpoint.config());
@@ -219,7 +245,7 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
 fn check_source(source: &Checkpoint, dir: &std::path::Path) -> Result<(), IoError> {
     let Some(json) = source.config() else { return Ok(()) };
     let named = |problem: String| IoError::folder(format!("--source {}", dir.display()), problem);
-    let config = crate::model::ModelConfig::from_json(json).map_err(|error| named(error.to_string()))?;
+    let config = crate::model::ModelConfig::from_json(json).map_err(|error| named(format!("config.json: {error}")))?;
     crate::load::validate::check_source(source, &config).map_err(|error| named(error.to_string()))
 }
 

@@ -26,8 +26,16 @@ pub enum BaseModelFrom {
     ConfigName,
     /// The source folder is a Hugging Face cache snapshot `models--ORG--NAME/snapshots/COMMIT`.
     HubCache,
-    /// The source folder's name: not necessarily a repo id on the Hub.
+    /// None of those: the source is a local folder, named by its folder name in the card's text only (the Hub
+    /// would read a `base_model: NAME` as a repo id).
     FolderName,
+}
+
+impl BaseModel {
+    /// The Hub repo id the card's `base_model` key holds: `None` for a local folder, whose name is no repo id.
+    pub fn repo_id(&self) -> Option<&str> {
+        (self.from != BaseModelFrom::FolderName).then_some(self.id.as_str())
+    }
 }
 
 impl BaseModelFrom {
@@ -36,7 +44,7 @@ impl BaseModelFrom {
             BaseModelFrom::Flag => "--base-model",
             BaseModelFrom::ConfigName => "config.json `_name_or_path`",
             BaseModelFrom::HubCache => "the source's Hugging Face cache folder",
-            BaseModelFrom::FolderName => "the source folder's name",
+            BaseModelFrom::FolderName => "a local folder: no base_model",
         }
     }
 }
@@ -47,7 +55,8 @@ pub fn is_repo_id(text: &str) -> bool {
 }
 
 /// The card's base model: `--base-model`, else `_name_or_path` when it is a repo id, else the `ORG/NAME` of a
-/// source in the Hugging Face cache, else the source folder's name (`manifest.source`).
+/// source in the Hugging Face cache, else the source folder's name (`manifest.source`), which the card shows but
+/// does not give as `base_model` ([`BaseModel::repo_id`]).
 pub fn base_model(manifest: &Manifest, config: Option<&Value>) -> BaseModel {
     if let Some(id) = manifest.card.as_ref().and_then(|card| card.base_model.clone()) {
         return BaseModel { id, from: BaseModelFrom::Flag };

@@ -111,7 +111,8 @@ pub struct CardOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct CardReport {
     pub readme: PathBuf,
-    pub base_model: String,
+    /// The card's `base_model` (`None`: the source was a local folder, and the card has no `base_model`).
+    pub base_model: Option<String>,
     pub base_model_from: facts::BaseModelFrom,
     pub pipeline_tag: &'static str,
     pub tags: Vec<String>,
@@ -195,7 +196,7 @@ pub fn refresh(dir: &Path, options: &CardOptions) -> Result<CardReport, IoError>
     let base = facts::base_model(&manifest, config.as_ref());
     Ok(CardReport {
         readme,
-        base_model: base.id,
+        base_model: base.repo_id().map(str::to_string),
         base_model_from: base.from,
         pipeline_tag: facts::pipeline_tag(config.as_ref()),
         tags: facts::tags(&manifest),

@@ -43,8 +43,10 @@ macro_rules! put {
 fn front_matter(out: &mut String, inputs: &Inputs) {
     let base = facts::base_model(inputs.manifest, inputs.config);
     put!(out, "---");
-    put!(out, "base_model: {}", facts::yaml_scalar(&base.id));
-    put!(out, "base_model_relation: quantized");
+    if let Some(id) = base.repo_id() {
+        put!(out, "base_model: {}", facts::yaml_scalar(id));
+        put!(out, "base_model_relation: quantized");
+    }
     put!(out, "library_name: transformers");
     put!(out, "pipeline_tag: {}", facts::pipeline_tag(inputs.config));
     for (key, value) in facts::license(inputs.source_readme) {
@@ -73,7 +75,9 @@ fn body(out: &mut String, inputs: &Inputs) {
     let title = if labels.is_empty() { "unquantized".to_string() } else { labels.join(" + ") };
     put!(out, "# {short_name} — {title} (compressed-tensors)");
     put!(out);
-    let linked = if facts::is_repo_id(&base.id) {
+    let linked = if base.from == BaseModelFrom::FolderName {
+        format!("the weights of the local folder `{}`", base.id)
+    } else if facts::is_repo_id(&base.id) {
         format!("[{}](https://huggingface.co/{})", base.id, base.id)
     } else {
         format!("`{}`", base.id)
@@ -88,8 +92,8 @@ fn body(out: &mut String, inputs: &Inputs) {
         put!(out);
         put!(
             out,
-            "`base_model` is the source folder's name, which may not be a Hugging Face repo id: rewrite the card with \
-             `squeeze card DIR --base-model ORG/NAME`."
+            "The source was read from a local folder, not from a Hugging Face repo or its cache, so this card gives no \
+             `base_model`: name the repo the weights came from with `squeeze card DIR --base-model ORG/NAME`."
         );
     }
     if inputs.source_readme.is_some() {

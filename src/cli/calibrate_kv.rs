@@ -11,7 +11,7 @@ use crate::chunks::EvalInput;
 use crate::engines::kv_scales::ScaleUse;
 use crate::engines::EngineChoice;
 
-use super::output::{print_json, Outcome};
+use super::output::{print_json, ContextUnlessNamed, Outcome};
 use super::progress::Bar;
 use super::table::Table;
 
@@ -138,7 +138,9 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     };
     let bar = Bar::new(false);
     let mut report = calibrate(&options, super::output::open_backend(args.device)?.as_ref(), &bar)
-        .with_context(|| format!("calibrating KV scales of {}", args.model.display()))?;
+        .context_unless_named(&args.model.display().to_string(), || {
+            format!("calibrating KV scales of {}", args.model.display())
+        })?;
     if writes {
         let written = write_scales(&report, &args.model, args.out.as_deref(), args.sglang_json.as_deref())
             .with_context(|| format!("writing KV scales for {}", args.model.display()))?;

@@ -71,10 +71,12 @@ fn print_human(report: &CardReport) {
         println!("moved the README.md that was not a squeeze card to README.source.md");
     }
     println!(
-        "wrote {}: base_model {} (from {}), pipeline_tag {}, tags {}",
+        "wrote {}: {}, pipeline_tag {}, tags {}",
         report.readme.display(),
-        report.base_model,
-        report.base_model_from.describe(),
+        match &report.base_model {
+            Some(id) => format!("base_model {id} (from {})", report.base_model_from.describe()),
+            None => "no base_model (the source was a local folder; name its repo with --base-model ORG/NAME)".into(),
+        },
         report.pipeline_tag,
         report.tags.join(", ")
     );

@@ -14,7 +14,7 @@ use crate::eval::parity_pass::evaluate_parity;
 use crate::eval::{evaluate, EvalOptions};
 use crate::parity::{Gates, Mode};
 
-use super::output::{print_json, Outcome};
+use super::output::{print_json, ContextUnlessNamed, Outcome};
 use super::progress::Bar;
 use super::table::Table;
 
@@ -197,7 +197,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     };
     let backend = super::output::open_backend(args.device)?;
     let report = evaluate(&options, backend.as_ref(), &Bar::new(false))
-        .with_context(|| format!("evaluating {}", model.display()))?;
+        .context_unless_named(&model.display().to_string(), || format!("evaluating {}", model.display()))?;
     if args.json {
         print_json(&report)?;
         return Ok(Outcome::Success);

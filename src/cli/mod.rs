@@ -37,10 +37,15 @@ use clap::{Parser, Subcommand};
 use output::Outcome;
 
 #[derive(Parser)]
-#[command(name = "squeeze", disable_version_flag = true, about = "FP8 MoE checkpoints (Kimi K2, GLM-5, GLM-4.5) → INT4 compressed-tensors for SGLang and vLLM", long_about = None)]
+#[command(
+    name = "squeeze",
+    disable_version_flag = true,
+    about = "Converts FP8, INT4 and FP4-native MoE checkpoints (Kimi K2/K2.5–K2.7/K3, GLM-4.5/5/5.2, DeepSeek-V3/V4) \
+             to 4-bit group-quantized safetensors SGLang and vLLM load, and proves their accuracy with a reference \
+             runtime",
+    long_about = None
+)]
 pub struct Cli {
-    /// Print the version (with --verbose: CUDA build and device).
-    ///
     /// Print the version; with --verbose also whether CUDA support is built in and which device the probe finds.
     #[arg(short = 'V', long)]
     version: bool,
@@ -53,7 +58,7 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Convert an FP8 checkpoint to INT4 group-quantized compressed-tensors safetensors.
+    /// Convert an FP8, INT4 or MXFP4 checkpoint to 4-bit (INT4, NVFP4, MXFP4, W4A8) compressed-tensors safetensors.
     Quantize(quantize::Args),
     /// Join the parts of a `quantize --part I/N` conversion into one output folder.
     ///

@@ -1,5 +1,6 @@
 //! What every subcommand's runner shares: its [`Outcome`] (the exit code), result lines and JSON on stdout, and the
-//! runtime backend opened for `--device` with its notice on stderr.
+//! runtime backend opened for `--device` with its notice on stderr, and an error's context said once
+//! ([`ContextUnlessNamed`]).
 
 /// What a subcommand concluded.
 pub enum Outcome {
@@ -37,4 +38,25 @@ pub(crate) fn print_line(line: std::fmt::Arguments) {
 pub(super) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
+}
+
+/// `with_context` for a job's error that names its own folder or file: the context (`quantize DIR`) is added only
+/// where the error's chain does not already name `subject` (as `SUBJECT:` or `SUBJECT/…`), so that a chain says
+/// each fact once ("quantize DIR: DIR: is not a model folder" otherwise).
+pub(crate) trait ContextUnlessNamed<T> {
+    fn context_unless_named(self, subject: &str, context: impl FnOnce() -> String) -> anyhow::Result<T>;
+}
+
+impl<T, E: std::error::Error + Send + Sync + 'static> ContextUnlessNamed<T> for Result<T, E> {
+    fn context_unless_named(self, subject: &str, context: impl FnOnce() -> String) -> anyhow::Result<T> {
+        self.map_err(|error| {
+            let error = anyhow::Error::new(error);
+            let text = format!("{error:#}");
+            if text.contains(&format!("{subject}:")) || text.contains(&format!("{subject}/")) {
+                error
+            } else {
+                error.context(context())
+            }
+        })
+    }
 }

@@ -2,8 +2,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
-
 use crate::chunks::EvalInput;
 use crate::convert::calibrated::{DEFAULT_MIN_EXPERT_TOKENS, DEFAULT_SAMPLES, DEFAULT_SEQ_LEN};
 use crate::convert::parts::Part;
@@ -15,7 +13,7 @@ use crate::runtime::device::DeviceChoice;
 use crate::units::{both_units, human, parse_bytes};
 
 use super::engine_rules::{parse_tp, print_fixes, print_rules, print_warnings};
-use super::output::{print_json, Outcome};
+use super::output::{print_json, ContextUnlessNamed, Outcome};
 use super::progress::Bar;
 use super::table::Table;
 
@@ -173,7 +171,8 @@ pub struct Args {
     ///
     /// The Hugging Face repo id of the source (ORG/NAME), for the model card's `base_model` (README.md; the
     /// source's own README is kept as README.source.md). Default: config.json's `_name_or_path` when it is a repo
-    /// id, else ORG/NAME of a source in the Hugging Face cache, else the source folder's name (said in the card).
+    /// id, else ORG/NAME of a source in the Hugging Face cache, else none (a local folder: the card names the folder
+    /// in its text, not as `base_model`, which the Hub reads as a repo id).
     /// `squeeze card OUT --base-model ORG/NAME` changes it later.
     #[arg(long, value_name = "ORG/NAME", value_parser = super::card::repo_id)]
     pub base_model: Option<String>,
@@ -248,7 +247,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         engine: args.engine,
         tp: args.tp,
     };
-    let report = quantize(&options, &Bar::new(true)).with_context(|| format!("quantize {}", args.input.display()))?;
+    let input = args.input.display().to_string();
+    let report = quantize(&options, &Bar::new(true)).context_unless_named(&input, || format!("quantize {input}"))?;
     print_fixes(&report.config_fixes, report.dry_run);
     if let Some(rules) = &report.engine_rules {
         print_warnings(rules);

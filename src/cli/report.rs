@@ -1,7 +1,5 @@
 //! `squeeze report` arguments and output.
 
-use anyhow::Context;
-
 use crate::quant::ScaleRule;
 use crate::report::{
     compare_formats, parse_gpu_memory, report, ConversionEstimate, FormatComparison, GpuMemory, Layout, Machine,
@@ -9,7 +7,7 @@ use crate::report::{
 };
 use crate::units::{both_units, human, parse_bytes};
 
-use super::output::{print_json, Outcome};
+use super::output::{print_json, ContextUnlessNamed, Outcome};
 use super::table::Table;
 
 #[derive(clap::Args)]
@@ -115,8 +113,8 @@ fn parse_reserve(text: &str) -> Result<u64, String> {
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     if args.formats {
-        let comparison =
-            compare_formats(&options(&args)).with_context(|| format!("report {} --formats", args.model))?;
+        let comparison = compare_formats(&options(&args))
+            .context_unless_named(&args.model, || format!("report {} --formats", args.model))?;
         if args.json {
             print_json(&comparison)?;
         } else {
@@ -135,7 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
 
 /// The report the arguments ask for (also what `squeeze demo` shows).
 pub(crate) fn build(args: &Args) -> anyhow::Result<Report> {
-    report(&options(args)).with_context(|| format!("report {}", args.model))
+    report(&options(args)).context_unless_named(&args.model, || format!("report {}", args.model))
 }
 
 /// The report options of the arguments.

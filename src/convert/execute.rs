@@ -154,7 +154,7 @@ fn check(options: &QuantizeOptions) -> Result<Checked, ConvertError> {
         options.max_shard_bytes,
     )?;
     let Prepared { checkpoint, config, recipe, plan } = &prepared;
-    check_int4_source(plan, recipe, &options.input)?;
+    check_int4_source(plan, recipe, &options.input, config.as_ref())?;
     if !options.allow_inexact_cast {
         crate::plan::transform::check_casts(checkpoint, plan)?;
     }

@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
-    #[error("{}: {source}", path.display())]
-    File { path: PathBuf, source: std::io::Error },
+    /// The I/O error is part of the message, not a `source()`: a chain printer (`{:#}`) would say it twice.
+    #[error("{}: {error}", path.display())]
+    File { path: PathBuf, error: std::io::Error },
     #[error("{}: invalid safetensors header: {reason}; the file is corrupt or truncated, download it again", path.display())]
     Header { path: PathBuf, reason: String },
     #[error("{}: tensor `{tensor}`: {problem}", path.display())]
@@ -15,8 +16,8 @@ pub enum IoError {
 }
 
 impl IoError {
-    pub fn file(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        IoError::File { path: path.into(), source }
+    pub fn file(path: impl Into<PathBuf>, error: std::io::Error) -> Self {
+        IoError::File { path: path.into(), error }
     }
 
     pub fn tensor(path: impl Into<PathBuf>, tensor: impl Into<String>, problem: impl Into<String>) -> Self {

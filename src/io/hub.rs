@@ -59,11 +59,7 @@ pub enum HubError {
     )]
     MissingSnapshot { id: Box<RepoId>, reference: PathBuf, commit: String, snapshot: PathBuf },
     #[error("{}: {error}; check the Hugging Face cache's permissions", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        error: std::io::Error,
-    },
+    Read { path: PathBuf, error: std::io::Error },
 }
 
 /// `; the cache holds `Org/Name`…` when a cached repo differs from the one asked for only in letter case.

@@ -43,11 +43,9 @@ impl FolderLock {
                         return Err(IoError::folder(
                             folder,
                             format!(
-                                "is in use by another squeeze run ({}, pid {}, host {}); wait for it to finish, \
-                                 or remove {} if that process is gone",
-                                holder.command,
-                                holder.pid.map_or("?".into(), |p| p.to_string()),
-                                holder.host.as_deref().unwrap_or("?"),
+                                "is in use by another squeeze run ({}); wait for it to finish, or remove {} if that \
+                                 process is gone",
+                                holder.describe(),
                                 path.display()
                             ),
                         ));
@@ -87,6 +85,16 @@ impl Holder {
         Self { pid, host, command, text }
     }
 
+    /// `COMMAND, pid PID, host HOST` (`?` for what the file does not say).
+    fn describe(&self) -> String {
+        format!(
+            "{}, pid {}, host {}",
+            self.command,
+            self.pid.map_or("?".into(), |p| p.to_string()),
+            self.host.as_deref().unwrap_or("?")
+        )
+    }
+
     /// Whether the holder is known to be gone: a process of this host that no longer exists. Another host's
     /// process cannot be checked from here, and an unreadable lock is never taken for a stale one.
     fn gone(&self) -> bool {
@@ -106,6 +114,32 @@ impl Holder {
 /// `.squeeze-part-…-of-….lock`. Never a companion file of a model: no command copies one.
 pub fn is_lock_file(name: &str) -> bool {
     name.starts_with(".squeeze") && name.ends_with(".lock")
+}
+
+/// A lock file found in a folder: its name, its holder (`COMMAND, pid PID, host HOST`) and whether that holder is
+/// known to be gone (then [`clear_stale`] removes it).
+#[derive(Debug, Clone)]
+pub struct FoundLock {
+    pub name: String,
+    pub holder: String,
+    pub gone: bool,
+}
+
+/// The lock files of `folder`, sorted by name (`verify` reports them: a folder to upload must hold none).
+pub fn found(folder: &Path) -> Vec<FoundLock> {
+    let Ok(entries) = fs::read_dir(folder) else { return Vec::new() };
+    let mut found: Vec<FoundLock> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            is_lock_file(&name).then(|| {
+                let holder = Holder::read(&entry.path());
+                FoundLock { name, holder: holder.describe(), gone: holder.gone() }
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| a.name.cmp(&b.name));
+    found
 }
 
 /// Removes the lock files of `folder` whose holder is gone (see [`Holder::gone`]) and returns their names: a run

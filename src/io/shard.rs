@@ -84,6 +84,11 @@ impl ShardFile {
                     ),
                 );
             }
+            if let (safetensors::SafeTensorError::TensorInvalidInfo, Some((name, problem))) =
+                (&error, tensor_range_mismatch(&map))
+            {
+                return IoError::tensor(path, &name, problem);
+            }
             IoError::Header { path: path.to_path_buf(), reason: header_reason(&error, map.len()) }
         })?;
         let data_start = 8 + header_len;
@@ -185,6 +190,43 @@ fn tensor_past_end(file: &[u8]) -> Option<(String, u64, u64)> {
         .filter(|&(_, end)| end > available)
         .max_by_key(|&(_, end)| end)
         .map(|(name, end)| (name, end, available))
+}
+
+/// The first tensor (in file order) whose `data_offsets` span a byte count other than its dtype × shape needs, with
+/// the problem in words (and whether its end runs past the file's data); `None` when the header does not parse or
+/// every range matches. safetensors reports this only as `TensorInvalidInfo`, naming no tensor.
+fn tensor_range_mismatch(file: &[u8]) -> Option<(String, String)> {
+    let length = u64::from_le_bytes(file.get(..8)?.try_into().ok()?);
+    let header_end = 8usize.checked_add(usize::try_from(length).ok()?)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(file.get(8..header_end)?).ok()?;
+    let available = (file.len() - header_end) as u64;
+    let mut ranges: Vec<(String, Dtype, Vec<usize>, u64, u64)> = header
+        .into_iter()
+        .filter(|(name, _)| name.as_str() != "__metadata__")
+        .filter_map(|(name, info)| {
+            let dtype: Dtype = serde_json::from_value(info.get("dtype")?.clone()).ok()?;
+            let shape: Vec<usize> = serde_json::from_value(info.get("shape")?.clone()).ok()?;
+            let offsets = info.get("data_offsets")?;
+            Some((name, dtype, shape, offsets.get(0)?.as_u64()?, offsets.get(1)?.as_u64()?))
+        })
+        .collect();
+    ranges.sort_by_key(|&(_, _, _, start, _)| start);
+    ranges.into_iter().find_map(|(name, dtype, shape, start, end)| {
+        let needed = tensor_bytes(dtype, &shape);
+        let spanned = end.checked_sub(start)?;
+        (spanned != needed).then(|| {
+            let past_end = if end > available {
+                format!(", and its end runs past the {available} data bytes the file holds")
+            } else {
+                String::new()
+            };
+            let problem = format!(
+                "data_offsets [{start}, {end}] span {spanned} bytes but {dtype:?} {shape:?} needs {needed}{past_end}: \
+                 the header is corrupt; download or copy the shard again"
+            );
+            (name, problem)
+        })
+    })
 }
 
 fn header_reason(error: &safetensors::SafeTensorError, file_len: usize) -> String {

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use crate::io::checkpoint::CONFIG_FILE;
 use crate::io::Checkpoint;
 use crate::model::ModelConfig;
 use crate::runtime::RuntimeError;
@@ -17,7 +18,8 @@ pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeE
         RuntimeError::Input(format!("{}: has no config.json; the runtime needs the model's config", dir.display()))
     })?;
     // The config's problem as the error, word for word (the runtime's errors name no model type).
-    let config = ModelConfig::from_json(json).map_err(|error| RuntimeError::Input(error.to_string()))?;
+    let config = ModelConfig::from_json(json)
+        .map_err(|error| RuntimeError::Input(format!("{}: {error}", dir.join(CONFIG_FILE).display())))?;
     if !config.architecture.runs() {
         return Err(RuntimeError::Input(format!(
             "{}: {} ({}) is read, converted, verified and sized by squeeze (quantize, inspect, verify, report), but \

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::error::tensor_error;
 use crate::format::compressed_tensors::{
-    fp4_modules, int4_args, int4_modules, Fp4Layout, Fp4Module, Int4Args, Int4Module,
+    fp4_modules, fused_partner, int4_args, int4_modules, Fp4Layout, Fp4Module, Int4Args, Int4Module,
 };
 use crate::format::row_reader::RowReader;
 use crate::format::vendor_source::{declared_block, stored_item, SourceItem, SourceKind};
@@ -79,6 +79,42 @@ impl<'a> WeightReader<'a> {
         Ok(layout.input_global_scale)
     }
 
+    /// Refuses an NVFP4 gate/up pair whose global scales differ (another tool's folder, or an edited one): vLLM fuses
+    /// the pair into one `w13` and serves both halves with one scale — gate's for a routed expert (its
+    /// compressed-tensors NVFP4 MoE method warns "w1_weight_global_scale must match w3_weight_global_scale" and takes
+    /// `w13_weight_global_scale[:, 0]`), the larger for a dense or shared-expert pair — and SGLang refuses the
+    /// folder, so measuring each half with its own scale would measure a model no engine serves.
+    fn check_fused_global_scale(&self, name: &str, global: f32) -> Result<(), RuntimeError> {
+        let Some(partner) = fused_partner(name) else { return Ok(()) };
+        let partner_module = partner.strip_suffix(".weight").unwrap_or(&partner);
+        if !self.fp4_modules.contains(partner_module) {
+            return Ok(());
+        }
+        let Ok(layout) = Fp4Layout::read(self.checkpoint, partner_module) else { return Ok(()) };
+        if layout.global_scale.to_bits() == global.to_bits() {
+            return Ok(());
+        }
+        let module = name.strip_suffix(".weight").unwrap_or(name);
+        let gate_first = name.ends_with(".gate_proj.weight") || name.ends_with(".w1.weight");
+        let ((gate, gate_scale), (up, up_scale)) = if gate_first {
+            ((module, global), (partner_module, layout.global_scale))
+        } else {
+            ((partner_module, layout.global_scale), (module, global))
+        };
+        let up_scale_name = format!("{up}.weight_global_scale");
+        Err(tensor_error(
+            self.shard(&up_scale_name),
+            up_scale_name,
+            format!(
+                "is {up_scale}, but its fused partner's `{gate}.weight_global_scale` is {gate_scale}: vLLM serves the \
+                 gate/up pair with one scale (a routed expert's gate scale, a dense or shared-expert pair's larger \
+                 one; it only warns) and SGLang refuses the folder, so squeeze would measure a model no engine \
+                 serves; requantize the folder from its source with an -nvfp4 recipe (one scale per pair), see \
+                 `squeeze verify DIR --engine vllm` (rule fp4-fused-global-scale)"
+            ),
+        ))
+    }
+
     /// Whether the checkpoint has weight `name` (`<module>.weight`) in any supported form.
     pub fn contains(&self, name: &str) -> bool {
         let module = name.strip_suffix(".weight").unwrap_or(name);
@@ -144,6 +180,7 @@ impl<'a> WeightReader<'a> {
                     self.shard(name).display()
                 ))
             })?;
+            self.check_fused_global_scale(name, fp4.global_scale)?;
             return self.checked(name, Matrix::new(fp4.rows, fp4.columns, fp4.dequantize()), expected);
         }
         let item = stored_item(self.checkpoint, name, self.fp8_block)?;

@@ -2,8 +2,8 @@
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("config.json: missing key `{0}` (needed for this architecture); add it or use a complete config")]
+    #[error("missing key `{0}` (needed for this architecture); add it or use a complete config")]
     Missing(String),
-    #[error("config.json: key `{key}` has an unsupported value {value}: {hint}")]
+    #[error("key `{key}` has an unsupported value {value}: {hint}")]
     Unsupported { key: String, value: String, hint: String },
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use crate::format::vendor_source::{self, SourceKind};
 use crate::io::checkpoint::CONFIG_FILE;
 use crate::io::{Checkpoint, IoError};
-use crate::model::{ConfigError, ModelConfig};
+use crate::model::{Architecture, ConfigError, ModelConfig};
 use crate::quant::ScaleRule;
 use crate::recipe::{Recipe, RecipeError};
 
@@ -20,22 +20,21 @@ pub enum PrepareError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Recipe(#[from] RecipeError),
-    #[error("{}: {source}", path.display())]
-    Config { path: PathBuf, source: ConfigError },
+    /// `config.json` named once, with its problem in the message (not a `source()`, which `{:#}` would repeat).
+    #[error("{}: {error}", path.display())]
+    Config { path: PathBuf, error: ConfigError },
     /// No `config.json`, so no default recipe.
     #[error("{}: {problem}", path.display())]
     Output { path: PathBuf, problem: String },
     #[error(
-        "{}: is already INT4 ({modules} compressed-tensors pack-quantized modules, group size {group}), as Moonshot \
-         ships Kimi K2.5/K2.6/K2.7, and the recipe would keep it INT4, so there is nothing to do: evaluate or serve \
-         it as it is with `squeeze eval`, `squeeze eval --reference DIR --candidate DIR` (BF16 vs FP8 KV), \
-         `squeeze calibrate-kv`, `squeeze serve-test`, and check it with `squeeze verify DIR --engine vllm`; to \
-         requantize it for Blackwell, AMD or Hopper prefill nodes pass --recipe kimi-k26-nvfp4, kimi-k26-mxfp4 or \
-         kimi-k26-w4a8",
+        "{}: is already INT4 ({modules} compressed-tensors pack-quantized modules, group size {group}){}, and the \
+         recipe would keep it INT4, so there is nothing to do: {}",
         path.display(),
+        architecture.map_or("", |a| if a == Architecture::DeepseekV3 { ", as Moonshot ships Kimi K2.5/K2.6/K2.7" } else { "" }),
+        already_int4_remedy(*architecture),
         group = group_size.map_or("unknown".to_string(), |g| g.to_string())
     )]
-    AlreadyInt4 { path: PathBuf, modules: usize, group_size: Option<usize> },
+    AlreadyInt4 { path: PathBuf, modules: usize, group_size: Option<usize>, architecture: Option<Architecture> },
 }
 
 /// A checkpoint opened and planned, ready to run or to report on.
@@ -58,7 +57,7 @@ pub fn prepare(
     let config = match checkpoint.config() {
         Some(json) => Some(
             ModelConfig::from_json(json)
-                .map_err(|source| PrepareError::Config { path: input.join(CONFIG_FILE), source })?,
+                .map_err(|error| PrepareError::Config { path: input.join(CONFIG_FILE), error })?,
         ),
         None => None,
     };
@@ -82,11 +81,49 @@ pub fn prepare(
     Ok(Prepared { checkpoint, config, recipe, plan })
 }
 
+/// What to do with a folder already INT4 of `architecture` (`None`: no config.json): use it as it is (the commands
+/// that run or check it), or requantize it with the architecture's own recipes.
+fn already_int4_remedy(architecture: Option<Architecture>) -> String {
+    let runs = architecture.is_none_or(Architecture::runs);
+    let as_it_is = if runs {
+        "evaluate or serve it as it is with `squeeze eval`, `squeeze eval --reference DIR --candidate DIR` (BF16 vs \
+         FP8 KV), `squeeze calibrate-kv`, `squeeze serve-test`, and check it with `squeeze verify DIR --engine vllm`"
+    } else {
+        "serve it as it is, and check it with `squeeze verify DIR --engine vllm`"
+    };
+    let Some(architecture) = architecture else {
+        return format!(
+            "{as_it_is}; to requantize it, add the model's config.json and pass --recipe with a recipe of its \
+             architecture that writes NVFP4, MXFP4 or W4A8"
+        );
+    };
+    let recipes = crate::recipe::int4_requantizing(architecture);
+    if recipes.is_empty() {
+        return format!(
+            "{as_it_is}; no built-in recipe requantizes {} to another format: write a recipe whose routed-expert \
+             rule has an nvfp4, mxfp4 or w4a8 scheme and pass it with --recipe PATH",
+            architecture.name()
+        );
+    }
+    let named: Vec<String> = recipes.iter().map(|(name, nodes)| format!("{name} ({nodes})")).collect();
+    let list = match named.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => unreachable!("not empty"),
+    };
+    format!("{as_it_is}; to requantize it for other nodes pass --recipe {list}")
+}
+
 /// An INT4 source (Kimi K2.6) is requantized only into another format: NVFP4, MXFP4 or W4A8 (dequantized
 /// exactly, then quantized as an FP8 source is). A plan that keeps every INT4 module INT4 has nothing to do; one
 /// that keeps some would need two INT4 declarations the config cannot tell apart, so it is refused (`report`
 /// refuses a `--group-size` for a source kept INT4 the same way).
-pub fn check_int4_source(plan: &Plan, recipe: &Recipe, input: &Path) -> Result<(), PrepareError> {
+pub fn check_int4_source(
+    plan: &Plan,
+    recipe: &Recipe,
+    input: &Path,
+    config: Option<&ModelConfig>,
+) -> Result<(), PrepareError> {
     let int4: Vec<&PlannedItem> =
         plan.items.iter().filter(|item| matches!(item.source.kind, SourceKind::Int4 { .. })).collect();
     let Some(kept) = int4.iter().find(|item| !item.requantizes_int4()) else { return Ok(()) };
@@ -96,6 +133,7 @@ pub fn check_int4_source(plan: &Plan, recipe: &Recipe, input: &Path) -> Result<(
             path: input.to_path_buf(),
             modules: int4.len(),
             group_size: Some(group_size),
+            architecture: config.map(|c| c.architecture),
         });
     }
     Err(PrepareError::Recipe(RecipeError::Invalid {

@@ -1,5 +1,7 @@
 //! The recipes shipped in `recipes/`, embedded in the binary by name.
 
+use crate::model::Architecture;
+
 pub const BUILTIN_NAMES: [&str; 28] = [
     "kimi-k2-int4",
     "glm5-int4",
@@ -76,4 +78,25 @@ pub fn builtin(name: &str) -> Option<&'static str> {
         "deepseek-v4-int4" => Some(include_str!("../../recipes/deepseek-v4-int4.toml")),
         _ => None,
     }
+}
+
+/// The built-in recipes that requantize a natively INT4 folder of `architecture` into another 4-bit format, with
+/// the nodes each is for: NVFP4 (Blackwell), MXFP4 (AMD), W4A8 (Hopper prefill), those the architecture has. Kimi K2's
+/// family names them after the release that ships INT4 (K2.5/K2.6/K2.7: `kimi-k26-*`); the others use the family's
+/// own recipes, which dequantize an INT4 source exactly as they would an FP8 one.
+pub fn int4_requantizing(architecture: Architecture) -> Vec<(&'static str, &'static str)> {
+    let family = match architecture {
+        Architecture::DeepseekV3 => "kimi-k26",
+        Architecture::GlmMoeDsa => "glm5",
+        Architecture::Glm4Moe => "glm45",
+        Architecture::KimiLinear => "kimi-k3",
+        Architecture::DeepseekV4 => "deepseek-v4",
+    };
+    [("nvfp4", "Blackwell"), ("mxfp4", "AMD"), ("w4a8", "Hopper prefill")]
+        .into_iter()
+        .filter_map(|(format, nodes)| {
+            let name = format!("{family}-{format}");
+            BUILTIN_NAMES.iter().find(|builtin| **builtin == name).map(|builtin| (*builtin, nodes))
+        })
+        .collect()
 }

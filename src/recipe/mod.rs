@@ -3,5 +3,5 @@
 mod builtin;
 mod parse;
 
-pub use builtin::{builtin, BUILTIN_NAMES};
+pub use builtin::{builtin, int4_requantizing, BUILTIN_NAMES};
 pub use parse::{MtpExperts, Recipe, RecipeError, Rule, Scheme, Unselected};

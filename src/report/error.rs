@@ -19,8 +19,9 @@ pub enum ReportError {
     NoConfig { path: PathBuf },
     #[error("preset `{name}` is corrupt: {problem}")]
     Preset { name: String, problem: String },
-    #[error("{origin}: {source}")]
-    Config { origin: String, source: ConfigError },
+    /// The config's problem is part of the message, not a `source()`: `{:#}` would print it twice.
+    #[error("{origin}: {error}")]
+    Config { origin: String, error: ConfigError },
     #[error(transparent)]
     Io(#[from] IoError),
     #[error(transparent)]
@@ -34,8 +35,8 @@ pub enum ReportError {
     #[error("{0}")]
     DoesNotFit(String),
     /// `--group-size` on a folder that is already INT4: no conversion, so no other group (quantize's refusal).
-    #[error("--group-size {group}: {source}")]
-    GroupSizeOnInt4 { group: usize, source: PrepareError },
+    #[error("--group-size {group}: {error}")]
+    GroupSizeOnInt4 { group: usize, error: PrepareError },
     /// A quantized module whose tensors disagree: the folder cannot be loaded, so its sizes and budget say nothing.
     #[error(
         "{}: malformed checkpoint: {}{}; it cannot be loaded as it is: check it with `squeeze verify {}` and rewrite it",

@@ -124,8 +124,8 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
             )?;
             if let Some(group) = options.group_size {
                 // A folder already INT4 is reported as stored: quantize refuses it, so no other group size exists.
-                check_int4_source(&prepared.plan, &prepared.recipe, &dir)
-                    .map_err(|source| ReportError::GroupSizeOnInt4 { group, source })?;
+                check_int4_source(&prepared.plan, &prepared.recipe, &dir, prepared.config.as_ref())
+                    .map_err(|error| ReportError::GroupSizeOnInt4 { group, error })?;
             }
             if prepared.config.is_none() {
                 return Err(ReportError::NoConfig { path: dir.clone() });
@@ -139,7 +139,7 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
         }
         Input::Config { origin, json } => {
             let config = ModelConfig::from_json(&json)
-                .map_err(|source| ReportError::Config { origin: origin.describe(), source })?;
+                .map_err(|error| ReportError::Config { origin: origin.describe(), error })?;
             let recipe_name =
                 options.recipe.clone().unwrap_or_else(|| config.architecture.default_recipe().to_string());
             let recipe = Recipe::load(&recipe_name)?.with_overrides(options.group_size, options.scale_rule)?;

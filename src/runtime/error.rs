@@ -15,6 +15,13 @@ pub enum RuntimeError {
     Output(String),
     #[error("the device failed: {0}; rerun with --device cpu")]
     Device(String),
+    /// The pool's error is part of the message, not a `source()`: `{:#}` would print it twice.
     #[error("kv cache: {0}")]
-    Kv(#[from] PoolError),
+    Kv(PoolError),
+}
+
+impl From<PoolError> for RuntimeError {
+    fn from(error: PoolError) -> Self {
+        RuntimeError::Kv(error)
+    }
 }

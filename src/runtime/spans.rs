@@ -1,5 +1,6 @@
 //! Where each sequence of a batch lies in its rows: `[start, start + length)` per sequence.
 
+/// Token positions of each sequence inside the flat `[tokens, width]` activations of a batch.
 #[derive(Debug, Clone)]
 pub struct Spans {
     pub starts: Vec<usize>,

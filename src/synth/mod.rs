@@ -108,7 +108,7 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
     }
     fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
     let config_json = config::config_json(options.arch, &options.size);
-    let config = ModelConfig::from_json(&config_json).map_err(|e| SynthError::Invalid(e.to_string()))?;
+    let config = ModelConfig::from_json(&config_json).map_err(|e| SynthError::Invalid(format!("config.json: {e}")))?;
     let release = Release::of(options.arch, config.n_routed_experts);
     let native_int4 = options.arch == SynthArch::KimiK26;
     let style = if release.wrapped { NameStyle::Moonshot } else { NameStyle::Plain };

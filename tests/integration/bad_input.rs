@@ -386,13 +386,28 @@ fn a_finished_folder_left_locked_by_a_dead_run_is_unlocked_and_merge_never_copie
     // finds the holder gone and removes the lock.
     for command in ["verify", "inspect"] {
         fs::write(out.join(".squeeze.lock"), &dead).unwrap();
-        squeeze(&[command, path_str(&out)]).ok();
+        let run = squeeze(&[command, path_str(&out)]).ok();
         assert!(!out.join(".squeeze.lock").exists(), "{command} left the dead run's lock");
+        // verify says it found one (a copy uploaded as it was carries it).
+        if command == "verify" {
+            assert!(
+                run.stdout.contains("held .squeeze.lock of a run that is gone") && run.stdout.contains("removed now"),
+                "{}",
+                run.stdout
+            );
+        }
     }
-    // A live holder's lock (this test) is not the reader's to remove.
+    let clean = squeeze(&["verify", path_str(&out)]).ok();
+    assert!(!clean.stdout.contains(".squeeze.lock"), "{}", clean.stdout);
+    // A live holder's lock (this test) is not the reader's to remove; verify fails on it: the folder is being
+    // written, not ready to upload.
     let live = format!("{}\n{}\nquantize\n", std::process::id(), host.trim());
     fs::write(out.join(".squeeze.lock"), &live).unwrap();
     squeeze(&["inspect", path_str(&out)]).ok();
+    assert!(out.join(".squeeze.lock").exists());
+    let run = squeeze(&["verify", path_str(&out)]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains(".squeeze.lock is held by a squeeze run (quantize, pid"), "{}", run.stdout);
     assert!(out.join(".squeeze.lock").exists());
     fs::remove_file(out.join(".squeeze.lock")).unwrap();
 

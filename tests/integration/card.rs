@@ -128,17 +128,20 @@ fn int4_nvfp4_and_w4a8_outputs_carry_a_card_with_the_hub_front_matter() {
     let verified = squeeze(&["verify", path_str(&int4), "--source", path_str(&source), "--json"]).ok().json();
     assert_eq!(verified["passed"], true);
 
-    // NVFP4 without --base-model: the source folder's name, which the card says may not be a repo id; the
-    // manifest is the one a plain run always wrote (no `card` record).
+    // NVFP4 without --base-model from a local folder: no `base_model` (the Hub would read the folder's name as a repo
+    // id), the card says the weights came from that folder; the manifest is the one a plain run always wrote (no
+    // `card` record).
     let nvfp4 = dir.path().join("nvfp4");
     // vLLM's rules: SGLang's NVFP4 MoE refuses the tiny shapes (fp4-moe-engine).
     quantize(&source, &nvfp4, &["--recipe", "kimi-k2-nvfp4", "--engine", "vllm"]).ok();
     let card = read_card(&nvfp4);
-    assert_eq!(card.field("base_model"), "Kimi-K2-Tiny");
-    assert_eq!(card.field("base_model_relation"), "quantized");
+    assert!(!card.fields.contains_key("base_model"), "{:?}", card.fields);
+    assert!(!card.fields.contains_key("base_model_relation"), "{:?}", card.fields);
     assert_eq!(card.tags(), ["compressed-tensors", "quantized", "nvfp4", "fp4", "squeeze"]);
     card.assert_mentions(&[
         "# Kimi-K2-Tiny — NVFP4 (compressed-tensors)",
+        "A quantized version of the weights of the local folder `Kimi-K2-Tiny`, converted by",
+        "gives no `base_model`",
         "--base-model ORG/NAME",
         "| group_0 | `nvfp4-pack-quantized` | 4-bit float, group 16",
         "| routed_experts | 48 | nvfp4 × 48 |",
@@ -172,17 +175,27 @@ fn the_base_model_comes_from_the_hub_cache_or_the_config_name() {
     squeeze_in(dir.path(), &[("HF_HUB_CACHE", &cache)], &["quantize", "org/tiny", path_str(&out)]).ok();
     assert_eq!(read_card(&out).field("base_model"), "org/tiny");
 
-    // `_name_or_path` wins when it is a repo id; a local path there is not one.
+    // `_name_or_path` wins when it is a repo id; a local path there is not one, and a local folder's name is no
+    // `base_model` (the Hub would read `base_model: named` as a repo id).
     let named = synth(dir.path(), "named", "kimi-k2", &[]);
     let mut config = read_json(&named.join("config.json"));
     for (name_or_path, expected) in
-        [("/data/models/kimi", "named"), ("moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Base")]
+        [("/data/models/kimi", None), ("moonshotai/Kimi-K2-Base", Some("moonshotai/Kimi-K2-Base"))]
     {
         config["_name_or_path"] = Value::from(name_or_path);
         fs::write(named.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-        let out = dir.path().join(format!("out-{expected}").replace('/', "-"));
+        let out = dir.path().join(format!("out-{}", expected.unwrap_or("folder")).replace('/', "-"));
         quantize(&named, &out, &[]).ok();
-        assert_eq!(read_card(&out).field("base_model"), expected, "_name_or_path {name_or_path}");
+        let card = read_card(&out);
+        assert_eq!(card.fields.get("base_model").map(String::as_str), expected, "_name_or_path {name_or_path}");
+        if expected.is_none() {
+            card.assert_mentions(&["the local folder `named`"]);
+            let report = squeeze(&["card", path_str(&out), "--json"]).ok().json();
+            assert_eq!(report["base_model"], Value::Null);
+            assert_eq!(report["base_model_from"], "folder-name");
+            squeeze(&["card", path_str(&out), "--base-model", "org/named"]).ok();
+            assert_eq!(read_card(&out).field("base_model"), "org/named");
+        }
     }
 }
 
@@ -362,7 +375,7 @@ fn a_readme_squeeze_did_not_write_is_never_overwritten() {
     // …and resumed or redone: the source's copy is replaced by the card, the source's README kept.
     fs::write(out.join("README.md"), SOURCE_README).unwrap();
     quantize(&source, &out, &["--resume"]).ok();
-    assert_eq!(read_card(&out).field("base_model_relation"), "quantized");
+    read_card(&out).assert_mentions(&["A quantized version of the weights of the local folder `fp8`"]);
     assert_eq!(fs::read_to_string(out.join("README.source.md")).unwrap(), SOURCE_README);
 
     // Only a squeeze conversion gets a card: a source folder is refused and left alone.

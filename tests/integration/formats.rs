@@ -87,6 +87,19 @@ fn disagreeing_or_zero_global_scales_are_caught() {
     let run = squeeze(&["verify", path_str(&out), "--engine", "all"]);
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("fp4-fused-global-scale") && run.stdout.contains(up), "{}", run.stdout);
+    // vLLM would serve the pair with gate's scale: the runtime's commands refuse to measure each half under its
+    // own, naming the pair and both scales.
+    let (o, s) = (path_str(&out), path_str(&source));
+    let gate = "model.layers.1.mlp.experts.3.gate_proj.weight_global_scale";
+    for args in [
+        vec!["eval", o, "--data", SONNETS, "--ctx", "32", "--chunks", "1"],
+        vec!["eval", "--reference", s, "--candidate", o, "--data", SONNETS, "--ctx", "32", "--chunks", "1"],
+        vec!["serve-test", o, "--prompt", "Shall I", "--max-new-tokens", "2"],
+        vec!["calibrate-kv", o, "--data", SONNETS, "--seq-len", "32", "--dry-run"],
+    ] {
+        let run = squeeze(&args);
+        expect_exit_2(&run, &[up, gate, &format!("is {}", value * 2.0), &format!("is {value}"), "gate scale"]);
+    }
 
     overwrite(&out, up, &0f32.to_le_bytes());
     let run = squeeze(&["verify", path_str(&out)]);
