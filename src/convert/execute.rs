@@ -8,6 +8,7 @@ use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 use crate::engines::lint::{ConfigFix, LintReport};
+use crate::io::lock::FolderLock;
 use crate::io::manifest::{Manifest, RecipeRecord, ShardRecord, TensorRecord};
 use crate::io::writer::{sha256_file, ShardWriter};
 use crate::io::{Checkpoint, IoError};
@@ -124,7 +125,7 @@ pub fn quantize(options: &QuantizeOptions, reporter: &dyn Reporter) -> Result<Qu
     }
     let opened = calibrate(options, &checked, reporter)?;
     let written = run(options, &mut checked, &opened, reporter)?;
-    finish(options, checked, written, started)
+    finish(options, checked, written, opened.lock, started)
 }
 
 /// What the check stage leaves: the plan, the output's config, the report so far and the shards this run writes.
@@ -256,7 +257,7 @@ struct Opened {
     source_sha256: String,
     plan_sha256: String,
     previous: Option<Manifest>,
-    _lock: crate::io::lock::FolderLock,
+    lock: crate::io::lock::FolderLock,
 }
 
 /// Stage 2: picks the device, locks the output folder (checking what is in it) and runs the calibration pass there
@@ -306,7 +307,7 @@ fn calibrate(options: &QuantizeOptions, checked: &Checked, reporter: &dyn Report
         out.display(),
         options.part.map(|part| format!(" --part {part}")).unwrap_or_default()
     ));
-    Ok(Opened { device, calibration_set, calibration, source_sha256, plan_sha256, previous, _lock: lock })
+    Ok(Opened { device, calibration_set, calibration, source_sha256, plan_sha256, previous, lock })
 }
 
 /// What the run stage leaves: the manifest of the written shards and, for a part, its part manifest.
@@ -430,11 +431,13 @@ fn run(
 }
 
 /// Stage 4: a part records itself complete (part 1 with the companions) for `merge`; a whole run writes the
-/// companions, index, config, model card and the complete manifest, and removes leftover temporaries.
+/// companions, index, config and model card, removes leftover temporaries, and releases the folder's `lock` as it
+/// writes the complete manifest (so that a finished folder never holds it).
 fn finish(
     options: &QuantizeOptions,
     checked: Checked,
     written: Written,
+    lock: FolderLock,
     started: Instant,
 ) -> Result<QuantizeReport, ConvertError> {
     let Checked { prepared: Prepared { checkpoint, plan, .. }, output_config, report, own_shards } = checked;
@@ -446,8 +449,8 @@ fn finish(
             part_manifest.companions = output_files::copy_companions(&checkpoint, out)?;
         }
         manifest.complete = true;
-        save(out, &manifest, &Some(part_manifest))?;
         remove_own_temporaries(out, &plan.shards[own_shards].iter().map(|s| s.file.as_str()).collect::<Vec<_>>())?;
+        lock.release_with(|| save(out, &manifest, &Some(part_manifest)))?;
         return Ok(report.finished(started));
     }
     output_files::copy_companions(&checkpoint, out)?;
@@ -457,8 +460,8 @@ fn finish(
     }
     manifest.complete = true;
     crate::card::write(out, &manifest, output_config.as_ref().map(|(config, _)| config))?;
-    manifest.write(out)?;
     remove_leftover_temporaries(out)?;
+    lock.release_with(|| manifest.write(out))?;
     Ok(report.finished(started))
 }
 

@@ -70,7 +70,7 @@ pub fn merge(out: &Path, part_dirs: &[PathBuf]) -> Result<MergeReport, MergeErro
     }
 
     fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
-    let _lock = FolderLock::acquire(out, "merge")?;
+    let lock = FolderLock::acquire(out, "merge")?;
     let shard_files: Vec<String> = reference.manifest.manifest.shards.iter().map(|s| s.file.clone()).collect();
     check_output(out, &shard_files)?;
     crate::card::check_readme_slot(out, Some(&reference.dir.join(crate::card::SOURCE_README)))?;
@@ -124,9 +124,10 @@ pub fn merge(out: &Path, part_dirs: &[PathBuf]) -> Result<MergeReport, MergeErro
     }
     manifest.complete = true;
     crate::card::write(out, &manifest, reference.manifest.config.as_ref())?;
-    manifest.write(out)?;
-    // Part manifests in the output folder go: the folder is now what one run writes. So do the locks parts killed
-    // after finishing left there (their holders gone): a complete folder does not look locked.
+    // The lock goes as the manifest says the folder is complete (a finished folder never holds it). Then the part
+    // manifests in the output folder go: the folder is now what one run writes. So do the locks parts of an older
+    // squeeze killed after finishing left there (their holders gone): a complete folder does not look locked.
+    lock.release_with(|| manifest.write(out))?;
     for found in parts.values() {
         if same_folder(&found.dir, out) {
             fs::remove_file(&found.file).map_err(|e| IoError::file(&found.file, e))?;

@@ -1,8 +1,13 @@
 //! One writer per folder: an advisory lock file `.squeeze.lock` (pid, host, command) created exclusively in a
 //! folder for the whole run and removed when the run ends. A second run fails naming the holder; a lock left by a
-//! process that is gone (same host, no `/proc/PID`) is reclaimed. A run killed after its folder was complete (the
-//! final rename done, the lock not yet removed) leaves such a lock behind: every squeeze command that opens the
-//! folder removes it ([`clear_stale`]), so that a finished folder does not look locked, and none copies it.
+//! process that is gone (same host, no `/proc/PID`) is reclaimed.
+//!
+//! A finished folder never holds the lock: a run makes its folder complete through [`FolderLock::release_with`],
+//! which removes the lock file first and then runs the final rename, while a `flock` on the folder (taken around
+//! every lock file's creation too, and dropped by the kernel when a process dies) keeps any other squeeze command
+//! from taking the lock in between. A kill at any moment leaves either a locked, unfinished folder (a resume
+//! reclaims the lock) or a finished, unlocked one. Locks a run of an older squeeze left in a finished folder are
+//! removed by every command that opens the folder ([`clear_stale`]) and reported by `verify`.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -28,6 +33,8 @@ impl FolderLock {
     /// hold their own.
     pub fn acquire_named(folder: &Path, name: &str, what: &str) -> Result<Self, IoError> {
         let path = folder.join(name);
+        // Not while another run commits its folder (see `release_with`).
+        let _commit = CommitGuard::take(folder);
         let holder = format!("{}\n{}\n{what}\n", std::process::id(), host());
         for _ in 0..2 {
             match OpenOptions::new().write(true).create_new(true).open(&path) {
@@ -60,10 +67,47 @@ impl FolderLock {
     }
 }
 
+impl FolderLock {
+    /// Releases the lock and then runs `commit` (the rename that makes the folder complete), with no other squeeze
+    /// command able to take the lock in between: a run killed at any moment never leaves a finished folder holding
+    /// the lock. Should `commit` fail, the folder is left unlocked and unfinished (a resume's state).
+    pub fn release_with<T>(self, commit: impl FnOnce() -> Result<T, IoError>) -> Result<T, IoError> {
+        let folder = self.path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let _commit = CommitGuard::take(&folder);
+        drop(self);
+        commit()
+    }
+}
+
 impl Drop for FolderLock {
     fn drop(&mut self) {
         crate::io::interrupt::unregister_lock(&self.path);
         let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// An exclusive `flock` on a folder, held while a lock file is created or while a run commits its folder, released
+/// when dropped or by the kernel when the process dies. Best effort: where the folder cannot be opened or the file
+/// system has no `flock`, runs go on without it (the lock file alone, as before).
+struct CommitGuard(Option<fs::File>);
+
+impl CommitGuard {
+    fn take(folder: &Path) -> Self {
+        use std::os::fd::AsRawFd;
+        let Ok(dir) = fs::File::open(folder) else { return Self(None) };
+        // SAFETY: `flock` on a descriptor this guard owns; it blocks only while another run commits (a rename).
+        let locked = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } == 0;
+        Self(locked.then_some(dir))
+    }
+}
+
+impl Drop for CommitGuard {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        if let Some(dir) = &self.0 {
+            // SAFETY: unlocks the descriptor locked in `take` (closing it would too).
+            unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_UN) };
+        }
     }
 }
 
@@ -181,6 +225,35 @@ fn process_alive(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The commit runs with the lock file already gone (so a kill after it leaves no lock in the finished folder),
+    /// and a run that wants the lock meanwhile gets it only after the commit: never a moment without either.
+    #[test]
+    fn the_commit_runs_unlocked_yet_no_other_run_takes_the_lock_before_it_ends() {
+        use std::sync::mpsc;
+        use std::time::{Duration, Instant};
+        let dir = tempfile::tempdir().unwrap();
+        let lock = FolderLock::acquire(dir.path(), "quantize").unwrap();
+        let (sender, receiver) = mpsc::channel();
+        let committed = lock
+            .release_with(|| {
+                assert!(!dir.path().join(LOCK_FILE).exists(), "the lock file is gone before the commit");
+                let folder = dir.path().to_path_buf();
+                let waiter = std::thread::spawn(move || {
+                    let second = FolderLock::acquire(&folder, "merge").unwrap();
+                    sender.send(Instant::now()).unwrap();
+                    drop(second);
+                });
+                std::thread::sleep(Duration::from_millis(300));
+                assert!(receiver.try_recv().is_err(), "another run took the lock during the commit");
+                Ok((Instant::now(), waiter))
+            })
+            .unwrap();
+        let (commit_end, waiter) = committed;
+        waiter.join().unwrap();
+        assert!(receiver.recv().unwrap() >= commit_end);
+        assert!(!dir.path().join(LOCK_FILE).exists());
+    }
 
     #[test]
     fn second_holder_is_refused_and_a_dead_holder_reclaimed() {
