@@ -1,6 +1,7 @@
 //! One decoder layer: its resident weights (norms, attention, router, shared or dense MLP) loaded and dequantized
-//! together, and the pre-norm residual forward `h += attn(norm(h)); h += mlp(norm(h))` — over whole sequences, or
-//! as the decode step around the paged attention.
+//! together, and the pre-norm residual forward `h += attn(norm(h)); h += mlp(norm(h))`: its attention over whole
+//! sequences ([`Layer::forward`]), over a prompt as the paged cache reads it ([`Layer::prefill`]) or around the paged
+//! attention of a decode step ([`Layer::decode`]), then the one residual and MLP all three share.
 
 use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
