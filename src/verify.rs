@@ -2,7 +2,7 @@
 //! compressed-tensors conventions, and with a source, dequantize both and measure per-tensor error
 //! (`--engine` hands the folder to the `lint` rules as well).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -71,70 +71,11 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     let mut problems = Vec::new();
     let mut notes = Vec::new();
     let manifest = Manifest::read(out)?;
-    let mut shards_checked = 0;
-    match &manifest {
-        // A vendor's or a peer's checkpoint (Kimi K2.6 as Moonshot ships it): every other check still applies.
-        None => notes.push(format!(
-            "{}: no squeeze-manifest.json, so not written by squeeze quantize: shard hashes not checked",
-            out.display()
-        )),
-        Some(manifest) => {
-            if !manifest.complete {
-                problems.push("manifest says the conversion did not finish; rerun quantize with --resume".into());
-            }
-            let results: Vec<Result<Option<String>, IoError>> = manifest
-                .shards
-                .par_iter()
-                .map(|record| {
-                    let path = out.join(&record.file);
-                    if !path.exists() {
-                        return Ok(Some(format!("{}: missing", record.file)));
-                    }
-                    let (bytes, sha256) = sha256_file(&path)?;
-                    Ok(match &record.sha256 {
-                        Some(expected) if *expected == sha256 && bytes == record.bytes => None,
-                        Some(_) => {
-                            Some(format!("{}: SHA-256 or size differs from the manifest ({bytes} bytes)", record.file))
-                        }
-                        None => Some(format!("{}: not recorded as finished in the manifest", record.file)),
-                    })
-                })
-                .collect();
-            for result in results {
-                shards_checked += 1;
-                if let Some(problem) = result? {
-                    problems.push(problem);
-                }
-            }
-        }
-    }
+    let shards_checked = check_shards(out, manifest.as_ref(), &mut problems, &mut notes)?;
     // Opening the folder removes the lock of a run killed after it finished; a folder to upload must hold none.
     let locks = crate::io::lock::found(out);
     let checkpoint = Checkpoint::open(out)?;
-    for lock in locks {
-        let still_there = out.join(&lock.name).exists();
-        match (lock.gone, still_there) {
-            (true, false) => notes.push(format!(
-                "{}: held {} of a run that is gone ({}), killed after it finished writing; removed now, as a \
-                 finished folder holds no lock (if a copy of this folder was uploaded, delete {} there too)",
-                out.display(),
-                lock.name,
-                lock.holder,
-                lock.name
-            )),
-            (true, true) => problems.push(format!(
-                "{} is the lock of a run that is gone ({}) and could not be removed: remove it before uploading \
-                 the folder",
-                lock.name, lock.holder
-            )),
-            (false, _) => problems.push(format!(
-                "{} is held by a squeeze run ({}): the folder is being written or the run's state is unknown \
-                 (another host); wait for it to end before using or uploading the folder, or remove the file if \
-                 that process is gone",
-                lock.name, lock.holder
-            )),
-        }
-    }
+    report_locks(out, locks, &mut problems, &mut notes);
     let packed = int4_modules(&checkpoint);
     let fp4 = fp4_modules(&checkpoint);
     let read = int4_args(checkpoint.config());
@@ -182,43 +123,10 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
     // A GPTQ output's routed experts get the GPTQ limit (the manifest records the method).
     let gptq = manifest.as_ref().and_then(|m| m.expert_coverage.as_ref()).and_then(|c| c.get("method"))
         == Some(&serde_json::Value::String("gptq".into()));
-    let mut errors = Vec::new();
-    let mut compared = 0;
-    if let Some(source_dir) = &options.source {
-        let source = Checkpoint::open(source_dir)?;
-        check_source(&source, source_dir)?;
-        let items = items_from_checkpoint(&source)?;
-        let measured: Vec<Result<Option<TensorError>, String>> =
-            items.par_iter().map(|item| compare(&source, item, &checkpoint, args.as_ref())).collect();
-        for result in measured {
-            match result {
-                Ok(Some(error)) => {
-                    compared += 1;
-                    let four_bit = matches!(error.scheme.as_str(), "int4" | "nvfp4" | "mxfp4");
-                    let limit = if error.scheme == "int4" && gptq && error.name.contains(".mlp.experts.") {
-                        options.max_int4_error.max(GPTQ_MAX_INT4_ERROR)
-                    } else if four_bit {
-                        options.max_int4_error
-                    } else if error.scheme == "bf16" {
-                        MAX_BF16_ERROR
-                    } else {
-                        0.0
-                    };
-                    if error.relative_l2.is_nan() || error.relative_l2 > limit {
-                        problems.push(format!(
-                            "{}: relative error {:.4} over the {} limit {limit}",
-                            error.name, error.relative_l2, error.scheme
-                        ));
-                    }
-                    errors.push(error);
-                }
-                Ok(None) => {}
-                Err(problem) => problems.push(problem),
-            }
-        }
-        errors.sort_by(|a, b| b.relative_l2.total_cmp(&a.relative_l2));
-        errors.truncate(options.worst);
-    }
+    let (errors, compared) = match &options.source {
+        Some(source_dir) => compare_with_source(options, source_dir, &checkpoint, args.as_ref(), gptq, &mut problems)?,
+        None => (Vec::new(), 0),
+    };
     let engines = options.engine.engines();
     let engine_rules = (!engines.is_empty()).then(|| {
         let description = crate::engines::lint::written::describe(&checkpoint);
@@ -237,6 +145,137 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, IoError> {
         worst: errors,
         engine_rules,
     })
+}
+
+/// The shards against the manifest's hashes and sizes (in parallel); a folder without a manifest (a vendor's or a
+/// peer's) gets a note instead. Returns the shards checked.
+fn check_shards(
+    out: &Path,
+    manifest: Option<&Manifest>,
+    problems: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> Result<usize, IoError> {
+    let mut shards_checked = 0;
+    match manifest {
+        // A vendor's or a peer's checkpoint (Kimi K2.6 as Moonshot ships it): every other check still applies.
+        None => notes.push(format!(
+            "{}: no squeeze-manifest.json, so not written by squeeze quantize: shard hashes not checked",
+            out.display()
+        )),
+        Some(manifest) => {
+            if !manifest.complete {
+                problems.push("manifest says the conversion did not finish; rerun quantize with --resume".into());
+            }
+            let results: Vec<Result<Option<String>, IoError>> = manifest
+                .shards
+                .par_iter()
+                .map(|record| {
+                    let path = out.join(&record.file);
+                    if !path.exists() {
+                        return Ok(Some(format!("{}: missing", record.file)));
+                    }
+                    let (bytes, sha256) = sha256_file(&path)?;
+                    Ok(match &record.sha256 {
+                        Some(expected) if *expected == sha256 && bytes == record.bytes => None,
+                        Some(_) => {
+                            Some(format!("{}: SHA-256 or size differs from the manifest ({bytes} bytes)", record.file))
+                        }
+                        None => Some(format!("{}: not recorded as finished in the manifest", record.file)),
+                    })
+                })
+                .collect();
+            for result in results {
+                shards_checked += 1;
+                if let Some(problem) = result? {
+                    problems.push(problem);
+                }
+            }
+        }
+    }
+    Ok(shards_checked)
+}
+
+/// The lock files found in the folder (before opening it removed those of gone runs): a note for each removed, a
+/// problem for each left (a folder to upload must hold none).
+fn report_locks(
+    out: &Path,
+    locks: Vec<crate::io::lock::FoundLock>,
+    problems: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) {
+    for lock in locks {
+        let still_there = out.join(&lock.name).exists();
+        match (lock.gone, still_there) {
+            (true, false) => notes.push(format!(
+                "{}: held {} of a run that is gone ({}), killed after it finished writing; removed now, as a \
+                 finished folder holds no lock (if a copy of this folder was uploaded, delete {} there too)",
+                out.display(),
+                lock.name,
+                lock.holder,
+                lock.name
+            )),
+            (true, true) => problems.push(format!(
+                "{} is the lock of a run that is gone ({}) and could not be removed: remove it before uploading \
+                 the folder",
+                lock.name, lock.holder
+            )),
+            (false, _) => problems.push(format!(
+                "{} is held by a squeeze run ({}): the folder is being written or the run's state is unknown \
+                 (another host); wait for it to end before using or uploading the folder, or remove the file if \
+                 that process is gone",
+                lock.name, lock.holder
+            )),
+        }
+    }
+}
+
+/// Every item of the source at `source_dir` compared with the output (in parallel): each tensor's relative error
+/// against its scheme's limit (a GPTQ output's routed experts get the GPTQ limit), a problem for each over it.
+/// Returns the `options.worst` largest errors and the number compared.
+fn compare_with_source(
+    options: &VerifyOptions,
+    source_dir: &Path,
+    checkpoint: &Checkpoint,
+    args: Option<&Int4Args>,
+    gptq: bool,
+    problems: &mut Vec<String>,
+) -> Result<(Vec<TensorError>, usize), IoError> {
+    let mut errors = Vec::new();
+    let mut compared = 0;
+    let source = Checkpoint::open(source_dir)?;
+    check_source(&source, source_dir)?;
+    let items = items_from_checkpoint(&source)?;
+    let measured: Vec<Result<Option<TensorError>, String>> =
+        items.par_iter().map(|item| compare(&source, item, checkpoint, args)).collect();
+    for result in measured {
+        match result {
+            Ok(Some(error)) => {
+                compared += 1;
+                let four_bit = matches!(error.scheme.as_str(), "int4" | "nvfp4" | "mxfp4");
+                let limit = if error.scheme == "int4" && gptq && error.name.contains(".mlp.experts.") {
+                    options.max_int4_error.max(GPTQ_MAX_INT4_ERROR)
+                } else if four_bit {
+                    options.max_int4_error
+                } else if error.scheme == "bf16" {
+                    MAX_BF16_ERROR
+                } else {
+                    0.0
+                };
+                if error.relative_l2.is_nan() || error.relative_l2 > limit {
+                    problems.push(format!(
+                        "{}: relative error {:.4} over the {} limit {limit}",
+                        error.name, error.relative_l2, error.scheme
+                    ));
+                }
+                errors.push(error);
+            }
+            Ok(None) => {}
+            Err(problem) => problems.push(problem),
+        }
+    }
+    errors.sort_by(|a, b| b.relative_l2.total_cmp(&a.relative_l2));
+    errors.truncate(options.worst);
+    Ok((errors, compared))
 }
 
 /// The `--source` checked against its own config.json as quantize checks its source
