@@ -24,6 +24,7 @@
 #include "../attention.cu"
 #include "../fp4_dequant.cu"
 #include "../fp8_dequant.cu"
+#include "../gptq.cu"
 #include "../indexer.cu"
 #include "../int4_quantize.cu"
 #include "../kv_write.cu"

@@ -323,5 +323,8 @@ pub fn print_human(report: &QuantizeReport) {
         if let Some(reused) = report.calibration_layers_reused.filter(|reused| *reused > 0) {
             println!("{reused} MoE layer(s) of GPTQ-quantized experts reused from the interrupted run");
         }
+        if report.gptq_algebra == Some("device") {
+            println!("GPTQ's algebra (Hessians, factors, column loops) ran on the device");
+        }
     }
 }

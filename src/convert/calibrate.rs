@@ -26,7 +26,7 @@ pub fn calibrate(
 ) -> Result<Calibration, CalibrationError> {
     let model = Model::open(dir)?;
     let config = model.config().clone();
-    let PassResult { experts, layers, layers_reused } = match options.method {
+    let PassResult { experts, layers, layers_reused, gptq_algebra } = match options.method {
         Method::Gptq => super::gptq_pass::calibrate(dir, options, set, plan, output, reporter)?,
         Method::Imatrix => super::imatrix_pass::calibrate(dir, options, set, plan, reporter)?,
         Method::Rtn => super::activation_pass::calibrate(dir, options, set, plan, reporter)?,
@@ -46,6 +46,7 @@ pub fn calibrate(
         coverage: coverage(options, set, &config, plan, layers, calibrated),
         digest: set.digest.clone(),
         layers_reused,
+        gptq_algebra,
     })
 }
 

@@ -43,6 +43,8 @@ pub struct PassResult {
     pub layers: Vec<LayerCoverage>,
     /// GPTQ with `--resume`: layers whose quantized experts a previous run had finished.
     pub layers_reused: usize,
+    /// GPTQ: where its algebra ran (`host` or `device`), when any layer ran it.
+    pub gptq_algebra: Option<&'static str>,
 }
 
 /// Sets the INT4 group's `observer` to [`OBSERVER`] in a `quantization_config` (imatrix runs). A GPTQ run keeps
@@ -226,7 +228,7 @@ where
     let layers = layers?;
     let planned = planned_experts(plan);
     experts.retain(|key, _| planned.contains(key));
-    Ok(PassResult { experts, layers, layers_reused: 0 })
+    Ok(PassResult { experts, layers, layers_reused: 0, gptq_algebra: None })
 }
 
 /// Calibration tokens the router sent to each of `count` experts.

@@ -59,6 +59,10 @@ pub struct QuantizeReport {
     /// `--method gptq --resume`: MoE layers whose quantized experts the interrupted run had finished (not redone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration_layers_reused: Option<usize>,
+    /// `--method gptq`: where GPTQ's algebra (Hessians, factors, column loops) ran: `host`, or `device` when the
+    /// calibration pass ran on one (`--device cuda|emulated`); absent when no layer was quantized by it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gptq_algebra: Option<&'static str>,
     /// `--part I/N`: what this part writes (`shards` and `output_bytes` above are the whole plan's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub part: Option<PartSummary>,
@@ -209,6 +213,7 @@ fn check(options: &QuantizeOptions) -> Result<Checked, ConvertError> {
         config_fixes: output_config.as_ref().map(|(_, fixes)| fixes.clone()).unwrap_or_default(),
         expert_coverage: None,
         calibration_layers_reused: None,
+        gptq_algebra: None,
         part: None,
     };
     let own_shards = match options.part {
@@ -370,6 +375,7 @@ fn run(
     };
     report.expert_coverage = calibration.map(|c| c.coverage.clone());
     report.calibration_layers_reused = calibration.map(|c| c.layers_reused);
+    report.gptq_algebra = calibration.and_then(|c| c.gptq_algebra);
     // Reuse shards a previous run of the same plan finished, after re-hashing them.
     let mut reused = vec![false; plan.shards.len()];
     if let Some(previous) = &opened.previous {

@@ -46,7 +46,7 @@ use crate::arch::{ExpertTap, LayerTap, Model};
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::progress::Reporter;
-use crate::quant::gptq::{self, GptqSettings, Hessian, InverseFactor, Quantized};
+use crate::quant::gptq::{GptqSettings, Quantized};
 use crate::quant::ScaleRule;
 use crate::runtime::backend::Backend;
 use crate::runtime::cpu::Products;
@@ -60,6 +60,7 @@ use crate::plan::expert_spill::{self, LayerEntries, LayerSpill};
 use crate::plan::{Action, Plan};
 
 use super::calibrated::{pass_layers, routed_counts, run_pass, CalibrationOutput, PassResult};
+use super::gptq_algebra::{Algebra, Factor};
 
 /// Bytes one GPTQ batch of experts may take (see the module doc); at least one expert per batch.
 pub const GPTQ_BATCH_BYTES: usize = 4 << 30;
@@ -114,6 +115,7 @@ pub fn calibrate(
     let settings = GptqSettings::default();
     let mut experts = BTreeMap::new();
     let mut layers_reused = 0;
+    let mut algebra_used = None;
     // Progress: one unit per layer and one per planned expert.
     reporter.begin("gptq", (pass_layers(plan, &config) + targets.len()) as u64);
     let layers = run_pass(dir, (options, Products::Blocked), set, plan, reporter, &mut |run, hidden| {
@@ -158,15 +160,22 @@ pub fn calibrate(
             None => {
                 let mut spill = LayerSpill::create(output.dir, run.index)?;
                 let per_batch = experts_per_batch(config.hidden_size, config.moe_intermediate_size);
+                let groups = targets.values().flat_map(|projections| projections.values().map(|t| t.group_size));
+                let algebra = Algebra::for_backend(backend, groups);
+                if algebra_used.is_none() && backend.device().is_some() && matches!(algebra, Algebra::Host) {
+                    reporter.warn("gptq: a group is wider than the device's GPTQ block; its algebra runs on the host");
+                }
+                algebra_used = Some(algebra.name());
                 // With --force-route-all every expert reads every token: one Hessian of the hidden states, one factor.
                 let shared = match options.route_all && !chosen.is_empty() {
-                    true => Some(shared_hidden_factor(&x, config.hidden_size, settings, run.index)?),
+                    true => Some(shared_hidden_factor(&algebra, &x, config.hidden_size, settings, run.index)?),
                     false => None,
                 };
                 for batch in chosen.chunks(per_batch) {
                     let layer = run.index;
                     let shared = shared.as_ref();
-                    let work = Work { layer, x: &x, rows: &rows, targets: &targets, settings, shared };
+                    let work =
+                        Work { layer, x: &x, rows: &rows, targets: &targets, settings, shared, algebra: &algebra };
                     let done = work.batch(batch, run.context.reader, run.context.backend, &config)?;
                     for (expert, projections) in done {
                         for (projection, target, columns, quantized) in projections {
@@ -212,7 +221,7 @@ pub fn calibrate(
         Ok(Some(LayerCoverage { layer: run.index, routed: routed_counts(&routes, count), fallback }))
     });
     reporter.end();
-    Ok(PassResult { experts, layers: layers?, layers_reused })
+    Ok(PassResult { experts, layers: layers?, layers_reused, gptq_algebra: algebra_used })
 }
 
 /// Whether reused entries hold every projection the plan quantizes for the chosen experts.
@@ -229,14 +238,14 @@ fn covers(entries: &LayerEntries, chosen: &[usize], targets: &Targets, layer: us
 /// The damped inverse Hessian's factor of a layer's hidden states over all its tokens: what gate_proj and up_proj of
 /// every expert read under `--force-route-all` (computed once per layer, not once per expert).
 fn shared_hidden_factor(
+    algebra: &Algebra,
     x: &[f32],
     hidden: usize,
     settings: GptqSettings,
     layer: usize,
-) -> Result<InverseFactor, RuntimeError> {
-    let mut hessian = Hessian::new(hidden);
-    hessian.add(x);
-    InverseFactor::new(&hessian, settings.damping)
+) -> Result<Factor, RuntimeError> {
+    algebra
+        .factor(x, hidden, settings.damping)
         .map_err(|e| RuntimeError::Output(format!("gptq model.layers.{layer}.mlp.experts (all tokens): {e}")))
 }
 
@@ -253,7 +262,9 @@ struct Work<'a> {
     targets: &'a Targets,
     settings: GptqSettings,
     /// The factor every expert's gate_proj and up_proj share when every expert reads every token.
-    shared: Option<&'a InverseFactor>,
+    shared: Option<&'a Factor>,
+    /// Where the Hessians, factors and column loops run.
+    algebra: &'a Algebra<'a>,
 }
 
 impl Work<'_> {
@@ -279,11 +290,10 @@ impl Work<'_> {
         let module = format!("model.layers.{}.mlp.experts.{expert}", self.layer);
         let rows = &self.rows[expert];
         let planned = self.targets.get(&(self.layer, expert)).cloned().unwrap_or_default();
-        let failed = |projection: &str, e: gptq::GptqError| {
-            RuntimeError::Output(format!("gptq {module}.{projection}_proj.weight: {e}"))
-        };
-        let factor = |hessian: &Hessian, projection: &str| {
-            InverseFactor::new(hessian, self.settings.damping).map_err(|e| failed(projection, e))
+        let failed =
+            |projection: &str, e: String| RuntimeError::Output(format!("gptq {module}.{projection}_proj.weight: {e}"));
+        let factor = |inputs: &[f32], width: usize, projection: &str| {
+            self.algebra.factor(inputs, width, self.settings.damping).map_err(|e| failed(projection, e))
         };
         // With a shared factor every token is the expert's: its inputs are the layer's, not gathered.
         let gathered: Vec<f32>;
@@ -304,9 +314,7 @@ impl Work<'_> {
             (false, _) => None,
             (true, Some(shared)) => Some(shared),
             (true, None) => {
-                let mut hidden_states = Hessian::new(hidden);
-                hidden_states.add(inputs);
-                own_hidden_factor = factor(&hidden_states, "gate")?;
+                own_hidden_factor = factor(inputs, hidden, "gate")?;
                 Some(&own_hidden_factor)
             }
         };
@@ -315,11 +323,7 @@ impl Work<'_> {
             backend.download(&backend.silu_mul(&backend.linear(&x, &gate, None)?, &backend.linear(&x, &up, None)?)?)?;
         drop(x);
         let inner_factor = match planned.contains_key("down") {
-            true => {
-                let mut activations = Hessian::new(inner);
-                activations.add(&intermediate);
-                Some(factor(&activations, "down")?)
-            }
+            true => Some(factor(&intermediate, inner, "down")?),
             false => None,
         };
         drop(intermediate);
@@ -328,16 +332,16 @@ impl Work<'_> {
             [("gate", &gate, hidden_factor), ("up", &up, hidden_factor), ("down", &down, inner_factor.as_ref())]
         {
             let (Some(target), Some(factor)) = (planned.get(projection).copied(), factor) else { continue };
-            let quantized = gptq::quantize_factored(
-                weights.values(),
-                weights.rows,
-                weights.columns,
-                factor,
-                target.group_size,
-                target.rule,
-                self.settings.block,
-            )
-            .map_err(|e| failed(projection, e))?;
+            let quantized = self
+                .algebra
+                .quantize(
+                    weights.values(),
+                    (weights.rows, weights.columns),
+                    factor,
+                    (target.group_size, target.rule),
+                    self.settings.block,
+                )
+                .map_err(|e| failed(projection, e))?;
             done.push((projection, target, weights.columns, quantized));
         }
         Ok(done)

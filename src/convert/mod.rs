@@ -6,6 +6,7 @@ pub mod calibrate;
 pub mod calibrated;
 pub mod engine_check;
 pub mod execute;
+pub mod gptq_algebra;
 pub mod gptq_pass;
 pub mod imatrix_pass;
 pub mod merge;

@@ -109,6 +109,8 @@ pub struct Calibration {
     pub digest: String,
     /// GPTQ with `--resume`: layers whose quantized experts a previous run had finished.
     pub layers_reused: usize,
+    /// GPTQ: where its algebra ran (`host` or `device`), when any layer ran it.
+    pub gptq_algebra: Option<&'static str>,
 }
 
 /// `(layer, expert, projection)` of `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, also under a

@@ -58,6 +58,11 @@ impl Hessian {
         self.samples += (inputs.len() / columns.max(1)) as u64;
     }
 
+    /// The sums of `x xᵀ`, row-major `[columns, columns]`, upper triangle (`j ≥ i`) only.
+    pub fn upper_sums(&self) -> &[f64] {
+        &self.sum
+    }
+
     /// Adds another accumulator of the same width (e.g. from another part of the calibration set).
     pub fn merge(&mut self, other: &Hessian) {
         assert_eq!(self.columns, other.columns);
@@ -157,6 +162,11 @@ impl InverseFactor {
     pub fn new(hessian: &Hessian, damping: f64) -> Result<Self, GptqError> {
         Ok(Self { columns: hessian.columns, upper: inverse_factor(hessian, damping)? })
     }
+
+    /// `U`, row-major `[columns, columns]`, zeros below the diagonal.
+    pub fn upper(&self) -> &[f64] {
+        &self.upper
+    }
 }
 
 /// [`quantize`] with the factor already computed (the result is the same bit for bit).
@@ -205,7 +215,7 @@ enum GroupScales {
     Fixed,
 }
 
-fn check_shapes(
+pub(crate) fn check_shapes(
     weights: &[f32],
     rows: usize,
     columns: usize,

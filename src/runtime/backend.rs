@@ -130,6 +130,10 @@ pub trait Backend: Sync {
     fn device_counters(&self) -> Option<crate::runtime::device::DeviceCounters> {
         None
     }
+    /// The device the backend runs on (device backends), for work beside its ops (GPTQ's algebra).
+    fn device(&self) -> Option<&dyn crate::runtime::device::Device> {
+        None
+    }
     /// The backend and its device in words, for reports.
     fn describe(&self) -> String {
         self.name().to_string()

@@ -29,6 +29,7 @@ fn gptq_on_a_synth_model_verifies_records_coverage_and_lists_a_never_routed_expe
     let (rows, ctx) = (3, 40);
     let out = dir.path().join("gptq");
     let report = squeeze(&gptq_args(&source, &out, &tokens, &["--json"])).ok().json();
+    assert_eq!(report["gptq_algebra"], "host");
     let coverage = &report["expert_coverage"];
     assert_eq!(coverage["method"], "gptq");
     assert_eq!(coverage["tokens"], (rows * ctx) as u64);

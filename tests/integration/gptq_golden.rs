@@ -8,6 +8,9 @@
 //! the original weights before GPTQ runs (its observer); squeeze's [`quantize`] takes them from the weights as
 //! updated when a group starts. So codes are compared through [`quantize_with_scales`] given llm-compressor's
 //! scales (the same algorithm from there on), and squeeze's default by its output error.
+//!
+//! Each case runs twice: GPTQ on the host, and GPTQ's algebra on the emulated device (kernels/gptq.cu: the Hessian
+//! sum, the factor and the column loop as a GPU runs them), held to the same bounds.
 
 use std::path::PathBuf;
 
@@ -18,6 +21,8 @@ use squeeze::io::ShardFile;
 use squeeze::quant::gptq::{quantize, quantize_with_scales, GptqSettings, Hessian, Quantized};
 use squeeze::quant::int4::quantize_row;
 use squeeze::quant::ScaleRule;
+use squeeze::runtime::cuda::gptq::DeviceGptq;
+use squeeze::runtime::device::emulated::Emulator;
 
 /// Share of live-column codes equal to the F32 model's when squeeze runs with its scales: the same algorithm and
 /// the same feedback convention, f32 torch against f64 here. llm-compressor itself agrees with an f64 run of its own
@@ -140,7 +145,40 @@ fn round_to_nearest(case: &Case) -> Quantized {
     Quantized { codes, scales }
 }
 
-fn check(name: &'static str) {
+/// Where the GPTQ under test runs.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    Host,
+    EmulatedDevice,
+}
+
+/// GPTQ with llm-compressor's scales and with squeeze's default, both against the case's inputs.
+fn run(case: &Case, place: Place, scales: &[bf16]) -> (Quantized, Quantized) {
+    let (rows, columns, group) = (case.rows, case.columns, case.group);
+    let settings = GptqSettings::default();
+    match place {
+        Place::Host => {
+            let mut hessian = Hessian::new(columns);
+            hessian.add(&case.inputs);
+            let fixed = quantize_with_scales(&case.weight, rows, columns, &hessian, group, scales, settings).unwrap();
+            let default = quantize(&case.weight, rows, columns, &hessian, group, ScaleRule::CtMinmax, settings);
+            (fixed, default.unwrap())
+        }
+        Place::EmulatedDevice => {
+            let device = Emulator::start().expect("the kernel emulator builds and starts");
+            let gptq = DeviceGptq::new(&device);
+            let mut hessian = gptq.hessian(columns).unwrap();
+            gptq.add(&mut hessian, &case.inputs).unwrap();
+            let factor = gptq.factor(&hessian, settings.damping).unwrap();
+            let shape = (rows, columns);
+            let fixed = gptq.quantize_with_scales(&case.weight, shape, &factor, (group, scales), settings.block);
+            let default = gptq.quantize(&case.weight, shape, &factor, (group, ScaleRule::CtMinmax), settings.block);
+            (fixed.unwrap(), default.unwrap())
+        }
+    }
+}
+
+fn check(name: &'static str, place: Place) {
     let case = load(name);
     let (rows, columns, group) = (case.rows, case.columns, case.group);
     let groups = columns / group;
@@ -156,11 +194,7 @@ fn check(name: &'static str) {
     let rtn = round_to_nearest(&case);
     assert_eq!(rtn.scales, case.f32.scales, "{name}: ct-minmax scales differ from llm-compressor's observer");
 
-    let mut hessian = Hessian::new(columns);
-    hessian.add(&case.inputs);
-    let settings = GptqSettings::default();
-    let fixed = quantize_with_scales(&case.weight, rows, columns, &hessian, group, &case.f32.scales, settings).unwrap();
-    let default = quantize(&case.weight, rows, columns, &hessian, group, ScaleRule::CtMinmax, settings).unwrap();
+    let (fixed, default) = run(&case, place, &case.f32.scales);
 
     // llm-compressor zeroes the columns no input excites; squeeze keeps them, rounded to nearest (their feedback
     // to the other columns is zero, since H⁻¹ has no off-diagonal entries in their row and column).
@@ -179,7 +213,7 @@ fn check(name: &'static str) {
     let (fixed_error, default_error, rtn_error) = (error(&fixed), error(&default), error(&rtn));
     let scales_equal = default.scales.iter().zip(&case.f32.scales).filter(|(a, b)| a == b).count();
     println!(
-        "{name}: squeeze with llm-compressor's scales: codes equal to the f32 model {:.3} % (max |Δ| {exact_step}), \
+        "{name} ({place:?}): squeeze with llm-compressor's scales: codes equal to the f32 model {:.3} % (max |Δ| {exact_step}), \
          to the bf16 model {:.3} % (max |Δ| {bf16_step}). Output error: f32 model {f32_error:.5}, bf16 model \
          {bf16_error:.5}, squeeze fixed scales {fixed_error:.5}, squeeze default {default_error:.5} ({:.4}× f32, \
          {:.4}× bf16; scales equal {scales_equal}/{}), rtn {rtn_error:.5}",
@@ -218,15 +252,30 @@ fn check(name: &'static str) {
 
 #[test]
 fn full_rank_inputs_match_llm_compressor() {
-    check("full_rank_g32");
+    check("full_rank_g32", Place::Host);
 }
 
 #[test]
 fn low_rank_inputs_over_two_blocks_match_llm_compressor() {
-    check("low_rank_g128");
+    check("low_rank_g128", Place::Host);
 }
 
 #[test]
 fn dead_columns_match_llm_compressor_elsewhere() {
-    check("dead_columns_g32");
+    check("dead_columns_g32", Place::Host);
+}
+
+#[test]
+fn full_rank_inputs_match_llm_compressor_on_the_emulated_device() {
+    check("full_rank_g32", Place::EmulatedDevice);
+}
+
+#[test]
+fn low_rank_inputs_over_two_blocks_match_llm_compressor_on_the_emulated_device() {
+    check("low_rank_g128", Place::EmulatedDevice);
+}
+
+#[test]
+fn dead_columns_match_llm_compressor_elsewhere_on_the_emulated_device() {
+    check("dead_columns_g32", Place::EmulatedDevice);
 }

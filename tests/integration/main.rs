@@ -17,6 +17,7 @@ mod formats;
 mod fp4_sources;
 mod golden;
 mod gptq;
+mod gptq_device;
 mod gptq_golden;
 mod hub;
 mod imatrix;

@@ -84,7 +84,7 @@ pub struct Int4Settings {
 }
 
 /// The `rule` launch parameter of the INT4 kernels (`squeeze::ScaleRule` in kernels/common.cuh).
-fn rule_code(rule: ScaleRule) -> i32 {
+pub(super) fn rule_code(rule: ScaleRule) -> i32 {
     match rule {
         ScaleRule::CtMinmax => 0,
         ScaleRule::Absmax7 => 1,
@@ -94,10 +94,10 @@ fn rule_code(rule: ScaleRule) -> i32 {
 
 /// The `mse` search as the kernels take it: steps tried, grid, norm (steps computed as src/quant/int4.rs does).
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct MseParams {
-    steps: i32,
-    grid: i32,
-    norm: f32,
+pub(super) struct MseParams {
+    pub steps: i32,
+    pub grid: i32,
+    pub norm: f32,
 }
 
 impl From<MseSearch> for MseParams {

@@ -14,6 +14,7 @@ mod checks;
 pub mod experts;
 pub mod fp4;
 pub mod fp8;
+pub mod gptq;
 pub mod indexer;
 pub mod int4_quantize;
 pub mod linear;
@@ -59,6 +60,10 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!("cuda: {}", self.device.describe())
+    }
+
+    fn device(&self) -> Option<&dyn Device> {
+        Some(CudaBackend::device(self))
     }
 
     fn prefetcher(&self) -> Option<Arc<dyn Prefetch>> {

@@ -9,7 +9,7 @@ pub struct Artifact {
     pub ptx_sm90: &'static str,
 }
 
-pub const ARTIFACTS: [Artifact; 14] = [
+pub const ARTIFACTS: [Artifact; 15] = [
     Artifact {
         family: "activation",
         cubin_sm90a: include_bytes!("../../../kernels/build/activation.sm_90a.cubin"),
@@ -29,6 +29,11 @@ pub const ARTIFACTS: [Artifact; 14] = [
         family: "fp8_dequant",
         cubin_sm90a: include_bytes!("../../../kernels/build/fp8_dequant.sm_90a.cubin"),
         ptx_sm90: include_str!("../../../kernels/build/fp8_dequant.sm_90.ptx"),
+    },
+    Artifact {
+        family: "gptq",
+        cubin_sm90a: include_bytes!("../../../kernels/build/gptq.sm_90a.cubin"),
+        ptx_sm90: include_str!("../../../kernels/build/gptq.sm_90.ptx"),
     },
     Artifact {
         family: "indexer",

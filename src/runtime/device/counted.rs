@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::{bytes_of, bytes_of_mut, Arg, CudaError, Device, DeviceBuffer, GemmBf16, LaunchShape, Plain};
+use super::{bytes_of, bytes_of_mut, Arg, CudaError, Device, DeviceBuffer, GemmBf16, GemmF64, LaunchShape, Plain};
 
 /// What a copy carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,6 +271,13 @@ impl Device for Counted {
         self.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+
+    /// Counts one launch per GEMM.
+    fn gemm_f64(&self, gemm: &GemmF64) -> Result<(), CudaError> {
+        self.inner.gemm_f64(gemm)?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 /// [`Counted::decisions`].
@@ -311,6 +318,10 @@ impl Device for Decisions<'_> {
 
     fn gemm_bf16(&self, gemm: &GemmBf16) -> Result<(), CudaError> {
         self.0.gemm_bf16(gemm)
+    }
+
+    fn gemm_f64(&self, gemm: &GemmF64) -> Result<(), CudaError> {
+        self.0.gemm_f64(gemm)
     }
 }
 

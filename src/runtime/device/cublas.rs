@@ -9,7 +9,7 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 use cudarc::cublas::{result, CudaBlas};
 use cudarc::driver::CudaStream;
 
-use super::{CudaError, GemmBf16};
+use super::{CudaError, GemmBf16, GemmF64};
 
 /// A cuBLAS handle bound to the launch stream. Calls are serialized (a handle is not for concurrent use).
 pub struct Blas {
@@ -68,6 +68,56 @@ impl Blas {
                 cudaDataType::CUDA_R_32F,
                 m,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(failed)
+    }
+
+    /// `gemm.c = alpha · op(a) · op(b) + beta · c` in f64 (`pointers`: the device addresses of a, b, c at their
+    /// offsets) with `cublasGemmEx` (f64 data and compute). A row-major view is the column-major transpose of its
+    /// memory, so this is `cᵀ = op(b)ᵀ · op(a)ᵀ` in cuBLAS's terms: m = n, n = m, A = b and B = a, each `OP_N` when
+    /// read as stored and `OP_T` when read transposed.
+    pub fn gemm_f64(&self, gemm: &GemmF64, pointers: [u64; 3]) -> Result<(), CudaError> {
+        let [a, b, c] = pointers;
+        let [m, n, k] = gemm.check()?;
+        let operation = |transposed: bool| match transposed {
+            true => cublasOperation_t::CUBLAS_OP_T,
+            false => cublasOperation_t::CUBLAS_OP_N,
+        };
+        let stride = |value: usize| value as i32;
+        let blas = self.handle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let failed = |e: cudarc::cublas::result::CublasError| CudaError::Driver {
+            call: "cublasGemmEx",
+            message: format!("{e:?} for f64 [{m}, {k}]·[{k}, {n}]"),
+        };
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| CudaError::Driver { call: "cuCtxSetCurrent", message: format!("{e}") })?;
+        // SAFETY: the three pointers are live device allocations of this context at offsets whose views lie inside
+        // them (`check` above); alpha and beta are host scalars (the handle's default pointer mode); the call is
+        // ordered on stream 0 with the launches.
+        unsafe {
+            result::gemm_ex(
+                *blas.handle(),
+                operation(gemm.b.transposed),
+                operation(gemm.a.transposed),
+                n,
+                m,
+                k,
+                (&gemm.alpha as *const f64).cast::<c_void>(),
+                b as *const c_void,
+                cudaDataType::CUDA_R_64F,
+                stride(gemm.b.stride),
+                a as *const c_void,
+                cudaDataType::CUDA_R_64F,
+                stride(gemm.a.stride),
+                (&gemm.beta as *const f64).cast::<c_void>(),
+                c as *mut c_void,
+                cudaDataType::CUDA_R_64F,
+                stride(gemm.c.stride),
+                cublasComputeType_t::CUBLAS_COMPUTE_64F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }

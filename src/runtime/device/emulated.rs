@@ -264,6 +264,10 @@ impl Device for Emulator {
                     command.push(3);
                     command.extend((value as f64).to_le_bytes());
                 }
+                Arg::F64(value) => {
+                    command.push(3);
+                    command.extend(value.to_le_bytes());
+                }
             }
         }
         self.connection.call(&command, &[]).map(|_| ())

@@ -13,7 +13,10 @@ use super::artifacts::{ARTIFACTS, KERNELS};
 use super::cublas::Blas;
 use super::error::driver;
 use super::resident::{Resident, ResidentUploads};
-use super::{Arg, CudaError, Device, DeviceBuffer, DeviceInfo, GemmBf16, LaunchShape, REFERENCE_GEMM};
+use super::{
+    Arg, CudaError, Device, DeviceBuffer, DeviceInfo, F64Matrix, GemmBf16, GemmF64, LaunchShape, REFERENCE_GEMM,
+    REFERENCE_GEMM_F64,
+};
 
 /// Probes the driver library and device 0 without creating a context.
 pub fn probe() -> Result<DeviceInfo, CudaError> {
@@ -230,6 +233,7 @@ impl Device for Gpu {
             I64(i64),
             U32(u32),
             F32(f32),
+            F64(f64),
         }
         let mut values = Vec::with_capacity(args.len());
         for arg in args {
@@ -241,6 +245,7 @@ impl Device for Gpu {
                 Arg::I64(value) => Value::I64(value),
                 Arg::U32(value) => Value::U32(value),
                 Arg::F32(value) => Value::F32(value),
+                Arg::F64(value) => Value::F64(value),
             });
         }
         let mut builder = stream.launch_builder(&function);
@@ -251,6 +256,7 @@ impl Device for Gpu {
                 Value::I64(value) => builder.arg(value),
                 Value::U32(value) => builder.arg(value),
                 Value::F32(value) => builder.arg(value),
+                Value::F64(value) => builder.arg(value),
             };
         }
         let config = LaunchConfig {
@@ -273,6 +279,17 @@ impl Device for Gpu {
         let pointers =
             [device_pointer(gemm.weight, stream)?, device_pointer(gemm.x, stream)?, device_pointer(gemm.c, stream)?];
         blas.gemm_bf16(gemm, pointers)
+    }
+
+    fn gemm_f64(&self, gemm: &GemmF64) -> Result<(), CudaError> {
+        let Ok(blas) = &self.blas else {
+            let (shape, args) = gemm.reference_launch()?;
+            return self.launch(REFERENCE_GEMM_F64, shape, &args);
+        };
+        let stream = &self.streams[0];
+        let pointer =
+            |view: &F64Matrix| Ok::<_, CudaError>(device_pointer(view.buffer, stream)? + 8 * view.offset as u64);
+        blas.gemm_f64(gemm, [pointer(&gemm.a)?, pointer(&gemm.b)?, pointer(&gemm.c)?])
     }
 }
 

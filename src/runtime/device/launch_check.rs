@@ -42,6 +42,7 @@ fn fits(arg: &Arg, param: &str) -> bool {
         Arg::Buffer(_) | Arg::At(..) | Arg::Null | Arg::I64(_) => matches!(param, ".u64" | ".s64" | ".b64"),
         Arg::I32(_) | Arg::U32(_) => matches!(param, ".u32" | ".s32" | ".b32"),
         Arg::F32(_) => param == ".f32",
+        Arg::F64(_) => param == ".f64",
     }
 }
 
@@ -53,6 +54,7 @@ fn describe(arg: &Arg) -> &'static str {
         Arg::I32(_) => "an i32",
         Arg::U32(_) => "a u32",
         Arg::F32(_) => "an f32",
+        Arg::F64(_) => "an f64",
     }
 }
 

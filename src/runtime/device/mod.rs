@@ -58,7 +58,7 @@ impl std::fmt::Debug for DeviceBuffer {
 }
 
 /// One kernel argument. The kinds must match the kernel's C parameter types exactly: `I32` for `int`, `I64` for
-/// `long long`, `U32` for `uint32_t`, `F32` for `float`, a buffer or `Null` for a pointer.
+/// `long long`, `U32` for `uint32_t`, `F32` for `float`, `F64` for `double`, a buffer or `Null` for a pointer.
 #[derive(Debug, Clone, Copy)]
 pub enum Arg<'a> {
     Buffer(&'a DeviceBuffer),
@@ -69,6 +69,7 @@ pub enum Arg<'a> {
     I64(i64),
     U32(u32),
     F32(f32),
+    F64(f64),
 }
 
 /// Grid and block shape of a launch.
@@ -116,10 +117,120 @@ pub trait Device: Send + Sync {
         let (shape, args) = gemm.reference_launch()?;
         self.launch(REFERENCE_GEMM, shape, &args)
     }
+    /// One f64 GEMM ([`GemmF64`], sizes checked by [`GemmF64::check`]): cuBLAS on a GPU that can load it, the
+    /// `gemm_f64_reference` kernel (kernels/gptq.cu) otherwise, as here.
+    fn gemm_f64(&self, gemm: &GemmF64) -> Result<(), CudaError> {
+        let (shape, args) = gemm.reference_launch()?;
+        self.launch(REFERENCE_GEMM_F64, shape, &args)
+    }
 }
 
 /// The kernel [`Device::gemm_bf16`] launches without cuBLAS.
 const REFERENCE_GEMM: &str = "gemm_bf16_reference";
+/// The kernel [`Device::gemm_f64`] launches without cuBLAS.
+const REFERENCE_GEMM_F64: &str = "gemm_f64_reference";
+
+/// One operand of a [`GemmF64`]: row-major f64 values in `buffer` from element `offset`, rows `stride` elements
+/// apart, read transposed where `transposed`.
+#[derive(Clone, Copy)]
+pub struct F64Matrix<'a> {
+    pub buffer: &'a DeviceBuffer,
+    pub offset: usize,
+    pub stride: usize,
+    pub transposed: bool,
+}
+
+impl<'a> F64Matrix<'a> {
+    /// `buffer` from element `offset`, rows `stride` apart, as stored.
+    pub fn at(buffer: &'a DeviceBuffer, offset: usize, stride: usize) -> Self {
+        Self { buffer, offset, stride, transposed: false }
+    }
+
+    /// The same values read transposed.
+    pub fn t(self) -> Self {
+        Self { transposed: !self.transposed, ..self }
+    }
+}
+
+/// `c[m, n] = alpha · a[m, k] · b[k, n] + beta · c` in f64 (`c` not read when `beta` is 0), each operand a
+/// possibly transposed view ([`F64Matrix`]; `c` is never transposed).
+pub struct GemmF64<'a> {
+    pub a: F64Matrix<'a>,
+    pub b: F64Matrix<'a>,
+    pub c: F64Matrix<'a>,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub alpha: f64,
+    pub beta: f64,
+}
+
+impl GemmF64<'_> {
+    /// `[m, n, k]` as 32-bit ints; fails unless every view lies inside its buffer, `c` is not transposed and every
+    /// dimension and stride fits.
+    pub fn check(&self) -> Result<[i32; 3], CudaError> {
+        if self.c.transposed {
+            return Err(self.unsupported("the output cannot be transposed".into()));
+        }
+        for (what, view, rows, columns) in
+            [("a", &self.a, self.m, self.k), ("b", &self.b, self.k, self.n), ("c", &self.c, self.m, self.n)]
+        {
+            let (stored_rows, stored_columns) = if view.transposed { (columns, rows) } else { (rows, columns) };
+            if stored_rows == 0 || stored_columns == 0 {
+                continue;
+            }
+            let last = view.offset + (stored_rows - 1) * view.stride + stored_columns;
+            if stored_columns > view.stride || last * 8 > view.buffer.bytes() {
+                return Err(self.unsupported(format!(
+                    "{what}: {stored_rows} × {stored_columns} from element {} with row stride {} does not fit its \
+                     {} bytes",
+                    view.offset,
+                    view.stride,
+                    view.buffer.bytes()
+                )));
+            }
+            self.int(view.stride)?;
+        }
+        Ok([self.int(self.m)?, self.int(self.n)?, self.int(self.k)?])
+    }
+
+    /// The grid and arguments of [`REFERENCE_GEMM_F64`] (16 × 16 output tiles of 256 threads).
+    fn reference_launch(&self) -> Result<(LaunchShape, [Arg<'_>; 13]), CudaError> {
+        let [m, n, k] = self.check()?;
+        let shape = LaunchShape {
+            grid: [(n as u32).div_ceil(16).max(1), (m as u32).div_ceil(16).max(1), 1],
+            block: [256, 1, 1],
+        };
+        let (a, b, c) = (&self.a, &self.b, &self.c);
+        let args = [
+            Arg::At(a.buffer, a.offset * 8),
+            Arg::At(b.buffer, b.offset * 8),
+            Arg::At(c.buffer, c.offset * 8),
+            Arg::I32(m),
+            Arg::I32(n),
+            Arg::I32(k),
+            Arg::I32(a.stride as i32),
+            Arg::I32(b.stride as i32),
+            Arg::I32(c.stride as i32),
+            Arg::I32(a.transposed as i32),
+            Arg::I32(b.transposed as i32),
+            Arg::F64(self.alpha),
+            Arg::F64(self.beta),
+        ];
+        Ok((shape, args))
+    }
+
+    fn int(&self, value: usize) -> Result<i32, CudaError> {
+        i32::try_from(value).map_err(|_| self.unsupported(format!("{value} does not fit a 32-bit int")))
+    }
+
+    fn unsupported(&self, problem: String) -> CudaError {
+        CudaError::Unsupported {
+            tensor: format!("gemm_f64 [{}, {}]·[{}, {}]", self.m, self.k, self.k, self.n),
+            problem,
+        }
+    }
+}
 
 /// `c[rows, out] = x[rows, in] · w[out, in]ᵀ`: `weight` and `x` BF16 bits, `c` f32, all row-major, products
 /// accumulated in f32.
@@ -175,6 +286,8 @@ impl GemmBf16<'_> {
 /// Plain element types that travel to and from the device as their little-endian bytes.
 pub trait Plain: Copy + Default + 'static {}
 impl Plain for f32 {}
+impl Plain for f64 {}
+impl Plain for i8 {}
 impl Plain for u32 {}
 impl Plain for i32 {}
 impl Plain for u16 {}
