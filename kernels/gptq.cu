@@ -106,16 +106,25 @@ extern "C" __global__ void __launch_bounds__(256) gptq_widen(const float* __rest
 }
 
 // out[0] = the mean diagonal of the mean Hessian sum / samples, zero entries counted as 1 (src/quant/gptq.rs
-// `inverse_factor`: summed in column order by one thread, as the CPU does). One block; thread 0 works.
-extern "C" __global__ void __launch_bounds__(32) gptq_diagonal_mean(const double* __restrict__ sum, int n,
-                                                                   double samples, double* __restrict__ out) {
-    if (threadIdx.x != 0) return;
+// `inverse_factor`: summed in column order by one thread, as the CPU does; the block loads the diagonal in chunks).
+// One block of 256 threads.
+extern "C" __global__ void __launch_bounds__(256) gptq_diagonal_mean(const double* __restrict__ sum, int n,
+                                                                    double samples, double* __restrict__ out) {
+    constexpr int kChunk = 1024;
+    __shared__ double diagonal[kChunk];
     double total = 0.0;
-    for (int i = 0; i < n; ++i) {
-        const double v = sum[(long long)i * n + i] / samples;
-        total += v == 0.0 ? 1.0 : v;
+    for (int first = 0; first < n; first += kChunk) {
+        const int count = n - first < kChunk ? n - first : kChunk;
+        for (int i = (int)threadIdx.x; i < count; i += (int)blockDim.x) {
+            const double v = sum[(long long)(first + i) * n + first + i] / samples;
+            diagonal[i] = v == 0.0 ? 1.0 : v;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int i = 0; i < count; ++i) total += diagonal[i];
+        __syncthreads();
     }
-    out[0] = total / (double)(n > 0 ? n : 1);
+    if (threadIdx.x == 0) out[0] = total / (double)(n > 0 ? n : 1);
 }
 
 // a[i][j] = (H/samples + λI)[n−1−i][n−1−j], H read from its upper triangle (`sum`), a zero diagonal entry taken as

@@ -16,11 +16,11 @@
 # left is skipped, each is cut at its own limit or the time left, and a failed step does not stop the later ones.
 # The summary at the end lists every step as passed, FAILED or skipped; exit status 0 = every step passed.
 #
-# Knobs: STEPS (default "device selftest runtime layer_stream byte_identity end_to_end") names the steps to run;
+# Knobs: STEPS (default "device selftest gptq runtime layer_stream byte_identity end_to_end") names the steps to run;
 #        the diagnostic steps `profile` (Nsight Compute on the kernels furthest from their targets),
 #        `layer_marginal` (the layer-streamed eval at 3 and 8 layers: the cost of one more layer against its upload)
-#        `h2d_floor` (PyTorch's pinned host-to-device copy at the sizes one layer's uploads come in) and `gptq`
-#        (GPTQ's calibration pass at GLM-5 width with its forward on the CPU cores and on the GPU) run only when named.
+#        and `h2d_floor` (PyTorch's pinned host-to-device copy at the sizes one layer's uploads come in) run only when
+#        named; `gptq` (GPTQ's calibration pass at GLM-5 width on the CPU cores and on the GPU) runs by default.
 #        EXPERTS (72) and LAYERS (3) size the synthetic checkpoint of the end-to-end quantize (~8 GB FP8 at hidden
 #        6144, expert width 2048); BENCH_ROWS (16384) sizes the kernel benchmark tensor [BENCH_ROWS, 6144].
 #        REHEARSE=1 runs every step on the emulated device (`--device emulated`, no benchmarks) at toy sizes, to
@@ -38,16 +38,16 @@ if [[ "${REHEARSE:-0}" == 1 ]]; then
     hidden=256 width=128 stream_experts=4 experts="${EXPERTS:-4}" layers="${LAYERS:-2}"
     small_hidden=256 small_width=128 ctx=16 chunks=1 long_ctx=32 long_chunks=1 text_lines=8
     # Every emulated CUDA thread is a fiber on the host: give each step 4 times its GPU limit.
-    slack=4 budget="${BUDGET_S:-2400}" gptq_samples=2
+    slack=4 budget="${BUDGET_S:-2400}" gptq_samples=2 gptq_length=32
 else
     device=cuda
     selftest_flags=(--bench-rows "${BENCH_ROWS:-16384}")
     hidden=6144 width=2048 stream_experts=32 experts="${EXPERTS:-72}" layers="${LAYERS:-3}"
     small_hidden=576 small_width=320 ctx=64 chunks=4 long_ctx=1024 long_chunks=4 text_lines=200
-    slack=1 budget="${BUDGET_S:-540}" gptq_samples=32
+    slack=1 budget="${BUDGET_S:-540}" gptq_samples=32 gptq_length=256
 fi
 export binary work device hidden width stream_experts experts layers small_hidden small_width ctx chunks \
-    long_ctx long_chunks text_lines gptq_samples
+    long_ctx long_chunks text_lines gptq_samples gptq_length
 selftest_args="${selftest_flags[*]}"
 export selftest_args
 
@@ -280,24 +280,28 @@ print(f"pageable h2d 1 GiB: {total / (time.perf_counter() - t) / 1e9:.1f} GB/s")
 EOF
 }
 
-# GPTQ's calibration pass (issue 34) at GLM-5 width, as `scripts/bench-gptq-vs-llmcompressor.sh --arch glm5 --layers 2
-# --hidden 6144 --experts 8 --moe-intermediate 2048` runs it on the 2-core machine: the same job with the forward on
-# this machine's CPU cores and on the GPU (the Hessians and factors stay on the host's cores either way), wall and
-# user CPU of each, and how many output bytes the two differ in (the forwards round differently).
+# GPTQ's calibration pass (issues 34, 48) at GLM-5 width, the equal-work job of
+# scripts/oracle/gptq/gpu-vs-llmcompressor.sh (`synth --arch glm5 --layers 2 --hidden 6144 --experts 8
+# --moe-intermediate 2048`, the MTP layer's experts kept BF16 as transformers' model has none): the job with everything
+# on this machine's CPU cores and with the pass on the GPU (its forward, and GPTQ's algebra: `gptq_algebra` in the
+# report), routed and --force-route-all, wall and user CPU of each, and how many output bytes the two differ in
+# (the forwards and the algebra round differently).
 step_gptq() {
-    local src="$work/gptq-src" ids="$work/gptq-ids.safetensors"
+    local src="$work/gptq-src" ids="$work/gptq-ids.safetensors" recipe="$work/gptq-recipe.toml"
     "$binary" synth --arch glm5 "$src" --layers 2 --hidden "$hidden" --experts 8 --moe-intermediate "$width" \
         >/dev/null
     vocab=$(python3 -c "import json; print(json.load(open('$src/config.json'))['vocab_size'])")
-    python3 scripts/calibration_ids.py random "$ids" "$gptq_samples" 256 "$vocab"
-    echo "source $(du -sh "$src" | cut -f1), $gptq_samples x 256 random ids, $(nproc) cores"
+    python3 scripts/calibration_ids.py random "$ids" "$gptq_samples" "$gptq_length" "$vocab"
+    { echo 'mtp = "bf16"'; cat recipes/glm5-int4.toml; } >"$recipe"
+    echo "source $(du -sh "$src" | cut -f1), $gptq_samples x $gptq_length random ids, $(nproc) cores"
     TIMEFORMAT='%R %U'
     for run in "cpu --force-route-all" "$device --force-route-all" "cpu" "$device"; do
         set -- $run
         out="$work/gptq-out-$1${2:+-all}"
         times=$({ time "$binary" quantize "$src" "$out" --method gptq --calibration "$ids" --samples "$gptq_samples" \
-            --engine none --device "$@" --force >/dev/null; } 2>&1)
-        echo "gptq --device $run: wall ${times% *} s, user ${times#* } s"
+            --engine none --recipe "$recipe" --device "$@" --force --json >"$work/gptq-report.json"; } 2>&1)
+        algebra=$(python3 -c "import json; print(json.load(open('$work/gptq-report.json'))['gptq_algebra'])")
+        echo "gptq --device $run: wall ${times% *} s, user ${times#* } s, gptq_algebra $algebra"
     done
     for kind in -all ""; do
         differ=0
@@ -335,7 +339,7 @@ run_step() {
 
 declare -A limits=([device]=30 [selftest]=300 [runtime]=90 [layer_stream]=150 [byte_identity]=60 [end_to_end]=240
     [profile]=240 [layer_marginal]=200 [h2d_floor]=60 [gptq]=360)
-for step in ${STEPS:-device selftest runtime layer_stream byte_identity end_to_end}; do
+for step in ${STEPS:-device selftest gptq runtime layer_stream byte_identity end_to_end}; do
     [[ -n ${limits[$step]:-} ]] || { echo "gpu-check: unknown step '$step' (known: ${!limits[*]})" >&2; exit 2; }
     run_step "$step" "${limits[$step]}"
 done

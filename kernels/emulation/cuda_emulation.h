@@ -1,7 +1,9 @@
 // Host emulation of the CUDA subset squeeze's kernels use, so the same .cu sources compile with g++ and run on CPU.
 //
-// Model: the grid runs block by block; within a block every CUDA thread is a cooperative fiber (ucontext) with its
-// own stack, scheduled round-robin on one OS thread. `__syncthreads` is a barrier over the block's live threads,
+// Model: the grid runs block by block; within a block every CUDA thread is a cooperative fiber with its own stack,
+// scheduled round-robin on one OS thread (started with makecontext/setcontext, then switched with _setjmp/_longjmp,
+// which unlike swapcontext save no signal mask: no system call per switch; compile without _FORTIFY_SOURCE, whose
+// longjmp check refuses a jump to another stack). `__syncthreads` is a barrier over the block's live threads,
 // `__syncwarp` one over the warp's; warp shuffles/votes exchange values through per-thread slots between two warp
 // barriers. `__shared__` variables are function statics (one block runs at a time), atomics are plain
 // read-modify-writes (fibers never preempt each other). Float intrinsics map to the host's IEEE operations
@@ -12,6 +14,7 @@
 // `cuda_emulation::launch(kernel, grid, block, args...)`.
 #pragma once
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cmath>
@@ -58,7 +61,10 @@ constexpr unsigned kWarpSize = 32;
 constexpr size_t kStackBytes = 256 * 1024;
 
 struct Fiber {
+    // The fiber's start (makecontext), and where it yielded.
     ucontext_t context;
+    jmp_buf resume;
+    bool started;
     uint3 thread_idx;
     bool done;
     std::vector<char> stack;
@@ -69,7 +75,7 @@ struct State {
     uint3 block_idx{0, 0, 0};
     std::vector<Fiber> fibers;
     size_t current = 0;
-    ucontext_t scheduler;
+    jmp_buf scheduler;
     std::function<void()> entry;
     unsigned live = 0;
     unsigned block_arrived = 0;
@@ -89,7 +95,7 @@ inline size_t linear_thread() { return state().current; }
 // Gives the CPU back to the scheduler; the fiber resumes on its next turn.
 inline void yield() {
     State& s = state();
-    swapcontext(&s.fibers[s.current].context, &s.scheduler);
+    if (_setjmp(s.fibers[s.current].resume) == 0) _longjmp(s.scheduler, 1);
 }
 
 inline void block_barrier() {
@@ -127,7 +133,7 @@ inline void trampoline() {
     s.fibers[s.current].done = true;
     s.live -= 1;
     s.warp_live[s.current / kWarpSize] -= 1;
-    // returning resumes uc_link, the scheduler
+    _longjmp(s.scheduler, 1);
 }
 
 inline void run_block() {
@@ -146,11 +152,14 @@ inline void run_block() {
         fiber.thread_idx = uint3{(unsigned)(t % s.block.x), (unsigned)((t / s.block.x) % s.block.y),
                                  (unsigned)(t / ((size_t)s.block.x * s.block.y))};
         fiber.done = false;
-        if (fiber.stack.empty()) fiber.stack.resize(kStackBytes);
-        getcontext(&fiber.context);
+        fiber.started = false;
+        if (fiber.stack.empty()) {
+            fiber.stack.resize(kStackBytes);
+            getcontext(&fiber.context);
+        }
         fiber.context.uc_stack.ss_sp = fiber.stack.data();
         fiber.context.uc_stack.ss_size = fiber.stack.size();
-        fiber.context.uc_link = &s.scheduler;
+        fiber.context.uc_link = nullptr;
         makecontext(&fiber.context, trampoline, 0);
         s.warp_live[t / kWarpSize] += 1;
     }
@@ -159,8 +168,15 @@ inline void run_block() {
         for (size_t t = 0; t < threads; ++t) {
             if (s.fibers[t].done) continue;
             s.current = t;
-            swapcontext(&s.scheduler, &s.fibers[t].context);
-            if (s.fibers[t].done) remaining -= 1;
+            if (_setjmp(s.scheduler) == 0) {
+                Fiber& fiber = s.fibers[t];
+                if (!fiber.started) {
+                    fiber.started = true;
+                    setcontext(&fiber.context);
+                }
+                _longjmp(fiber.resume, 1);
+            }
+            if (s.fibers[s.current].done) remaining -= 1;
         }
     }
 }

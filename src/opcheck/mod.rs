@@ -8,6 +8,7 @@ pub mod backend_ops;
 mod dense_bench;
 pub mod expert_ops;
 pub mod fp4_ops;
+pub mod gptq_ops;
 mod host;
 pub mod kv_ops;
 pub mod quantize_kernels;
@@ -81,7 +82,7 @@ pub struct Case {
 }
 
 /// Every op, each once. No op's name contains another's, so a filter of one whole name runs that case alone.
-pub const CASES: [Case; 19] = [
+pub const CASES: [Case; 20] = [
     Case { op: "fp4_dequant", check: |target, rng| fp4_ops::fp4_dequant(target.backend.device(), rng) },
     Case {
         op: "fp8_block_dequant",
@@ -110,6 +111,7 @@ pub const CASES: [Case; 19] = [
     Case { op: "route", check: |target, rng| Ok(backend_ops::route(target.backend, rng)) },
     Case { op: "moe_experts", check: |target, rng| Ok(expert_ops::moe_experts(target.backend, rng)) },
     Case { op: "indexer", check: |target, rng| Ok(backend_ops::indexer_top_k(target.backend, rng)) },
+    Case { op: "gptq", check: |target, rng| gptq_ops::gptq(target.backend.device(), rng) },
 ];
 
 /// A failed row naming what went wrong.
@@ -126,6 +128,10 @@ fn failure_row(op: &str, note: String) -> SelftestRow {
         note,
     }
 }
+
+/// Calibration rows of the GPTQ benchmark's expert (32 × 256 tokens routed top-8 of 256 experts reach about 256;
+/// `--force-route-all` gives each all 8192).
+const GPTQ_BENCH_TOKENS: usize = 2048;
 
 /// What a run found: its rows and, in perf mode, the device copy bandwidth the benchmarks are measured against.
 pub struct Checked {
@@ -151,5 +157,6 @@ pub fn run(target: &Target, seed: u64, filter: Option<&str>, mode: Mode) -> Resu
     let quantize = quantize_kernels::bench(backend.device(), &mut Rng::new(0xBE7C_0001), bench_rows)?;
     rows.extend(quantize.rows);
     rows.extend(backend_ops::bench(backend, quantize.copy_gb_per_s)?);
+    rows.extend(gptq_ops::bench(backend.device(), GPTQ_BENCH_TOKENS)?);
     Ok(Checked { rows, copy_gb_per_s: Some(quantize.copy_gb_per_s) })
 }

@@ -301,8 +301,8 @@ fn selftest_on_the_emulated_device_runs_the_op_table() {
 #[test]
 fn gpu_check_script_passes_its_rehearsal_on_the_emulated_device() {
     // scripts/gpu-check.sh is what a session lent a GPU runs, once, inside 15 minutes of device time; its rehearsal
-    // runs every step of it (self-test, runtime cpu vs device, layer-streamed eval, byte identity, end-to-end
-    // quantize) on the emulated device at toy sizes, so a renamed flag or a broken step shows here, not there.
+    // runs every default step of it (self-test, GPTQ's pass, runtime cpu vs device, layer-streamed eval, byte
+    // identity, end-to-end quantize) on the emulated device at toy sizes, so a renamed flag or a broken step shows here, not there.
     let dir = tempfile::tempdir().unwrap();
     let output = std::process::Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gpu-check.sh"))
@@ -315,13 +315,17 @@ fn gpu_check_script_passes_its_rehearsal_on_the_emulated_device() {
     let log = format!("{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(output.status.code(), Some(0), "{log}");
     let summary = stdout.split("== summary").nth(1).unwrap_or_else(|| panic!("no summary: {log}"));
-    for step in ["device", "selftest", "runtime", "layer_stream", "byte_identity", "end_to_end"] {
+    for step in ["device", "selftest", "gptq", "runtime", "layer_stream", "byte_identity", "end_to_end"] {
         let line = summary.lines().find(|line| line.starts_with(step)).unwrap_or_else(|| panic!("{step}: {log}"));
         assert!(line.contains("passed"), "{line}\n{log}");
     }
-    for evidence in
-        ["all kernels match the CPU path", "serve-test greedy tokens: identical", "per layer", "quantize mse"]
-    {
+    for evidence in [
+        "all kernels match the CPU path",
+        "gptq_algebra device",
+        "serve-test greedy tokens: identical",
+        "per layer",
+        "quantize mse",
+    ] {
         assert!(stdout.contains(evidence), "no `{evidence}` in the log:\n{log}");
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the script left its work folder behind");

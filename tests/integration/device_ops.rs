@@ -81,6 +81,7 @@ fn every_case_of_the_table_has_its_test() {
         "route",
         "moe_experts",
         "indexer",
+        "gptq",
     ];
     let table: Vec<&str> = CASES.iter().map(|case| case.op).collect();
     assert_eq!(table, tested, "a case without a test below (or a test without a case)");
@@ -180,6 +181,21 @@ fn routed_experts_match_cpu() {
 #[test]
 fn indexer_top_k_matches_cpu() {
     check("indexer");
+}
+
+#[test]
+fn gptq_factor_and_codes_match_the_host() {
+    check("gptq");
+}
+
+#[test]
+fn gptq_benchmark_rows_run_at_a_small_shape() {
+    // The GPU benchmark (GLM-5 width) at a width the emulated device runs in seconds: every row timed.
+    let device = Emulator::start().expect("the kernel emulator builds and starts");
+    let rows = squeeze::opcheck::gptq_ops::bench_expert(&device, 40, (96, 64), 10).unwrap();
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    assert!(rows.iter().all(|row| row.seconds.is_some_and(|s| s > 0.0) && row.passed), "{rows:?}");
+    assert!(rows[4].note.contains("10 such experts"), "{}", rows[4].note);
 }
 
 #[test]

@@ -145,7 +145,7 @@ impl<'a> DeviceGptq<'a> {
         let mean = device.alloc_for::<f64>(1)?;
         device.launch(
             "gptq_diagonal_mean",
-            LaunchShape::linear(1, 32),
+            LaunchShape::linear(1, 256),
             &[Arg::Buffer(&hessian.sum), Arg::I32(width), Arg::F64(samples), Arg::Buffer(&mean)],
         )?;
         // The damped mean Hessian with rows and columns reversed, factored in place into L (J A J = L Lᵀ).
