@@ -6,13 +6,14 @@
 use crate::rng::Rng;
 use crate::runtime::backend::RoutedExpert;
 use crate::runtime::cpu::Cpu;
-use crate::runtime::cuda::linear::{w4a16_grouped, GroupedInt4, Segments};
+use crate::runtime::cuda::linear::{linear_bf16, w4a16_grouped, GroupedInt4, LinearShape, Segments};
 use crate::runtime::cuda::CudaBackend;
-use crate::runtime::device::CudaError;
+use crate::runtime::device::{CudaError, Device};
 use crate::runtime::matrix::{Int4Weight, Matrix};
 
 use super::backend_ops::{row, verdict, DOT_ORDER_REL_L2};
 use super::host::Host;
+use super::timing::time_launches;
 use super::SelftestRow;
 
 /// Two chained dot products (gate/up over `hidden`, down over `inner`, both ≤ 96 terms) summed in another order than
@@ -122,13 +123,25 @@ pub fn moe_experts(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
     rows
 }
 
-/// The device-level grouped W4A16 launch: 3 experts `[37, 256]` group 32, 23 rows sorted by expert (expert 0 has
-/// 5 rows, expert 1 none, expert 2 has 18: two 16-row tiles) against per-expert CPU products within
-/// [`DOT_ORDER_REL_L2`]; then a segment naming an expert that does not exist gets NaN rows instead of another
-/// expert's product while the valid segment stays finite.
+/// The device-level grouped W4A16 launch against per-expert CPU products within [`DOT_ORDER_REL_L2`]: 3 experts
+/// `[37, 256]` group 32 (16-byte word loads), 23 rows sorted by expert (expert 0 has 5 rows, expert 1 none, expert
+/// 2 has 18: three row tiles, the last of 2), and 3 experts `[45, 1096]` group 8 (two input chunks, the second of
+/// 72 columns; 137 words per row: single-word loads); then a segment naming an expert that does not exist gets NaN
+/// rows instead of another expert's product while the valid segment stays finite.
 pub fn w4a16_grouped_experts(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<SelftestRow>, CudaError> {
+    let mut checked = grouped_case(backend, rng, (256, 37, 32), true)?;
+    checked.extend(grouped_case(backend, rng, (1096, 45, 8), false)?);
+    Ok(checked)
+}
+
+fn grouped_case(
+    backend: &CudaBackend,
+    rng: &mut Rng,
+    (in_features, out_features, group_size): (usize, usize, usize),
+    with_fault: bool,
+) -> Result<Vec<SelftestRow>, CudaError> {
     let device = backend.device();
-    let (experts, in_features, out_features, group_size) = (3, 256, 37, 32);
+    let experts = 3;
     let mut weights = Vec::new();
     let (mut packed, mut scales) = (Vec::new(), Vec::new());
     for _ in 0..experts {
@@ -164,6 +177,9 @@ pub fn w4a16_grouped_experts(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec
     let got = device.download::<f32>(&y, rows * out_features)?;
     let shape = format!("{experts} experts [{out_features}, {in_features}] g{group_size}, {rows} rows in 5/0/18");
     let mut checked = vec![row("w4a16_grouped", shape, &got, &want, 0, DOT_ORDER_REL_L2)];
+    if !with_fault {
+        return Ok(checked);
+    }
 
     device.write_values(&lists, &[0i32, 1, 7])?;
     w4a16_grouped(device, &x, &grouped, &segments, rows, &y)?;
@@ -174,3 +190,83 @@ pub fn w4a16_grouped_experts(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec
     checked.push(verdict("w4a16_grouped", "segments of experts 0, 1, 7 (of 3)".into(), passed, note));
     Ok(checked)
 }
+
+/// Routed experts per token in the grouped benchmark (GLM-5's top-8).
+const BENCH_EXPERTS: usize = 8;
+
+/// The grouped W4A16 launch at GLM-5's expert shapes (gate/up `[2048, 6144]`, down `[6144, 2048]`, group 32): a batch
+/// of 1–16 tokens, each routed to the same 8 experts (8 segments of `batch` rows: every expert's weights read once
+/// per launch), against the device copy bandwidth and the BF16 weights' matrix-vector time at batch 1 (one expert's
+/// `linear bf16` launch × 8). Issue 48's targets: ≥ 1.5 TB/s of weight bytes, ≥ 2.5× faster than BF16 at batch 1.
+pub fn bench_grouped(device: &dyn Device, copy_gb_per_s: f64) -> Result<Vec<SelftestRow>, CudaError> {
+    bench_grouped_at(device, copy_gb_per_s, &[("gate/up", 2048, 6144), ("down", 6144, 2048)], 50)
+}
+
+/// [`bench_grouped`] at the given `(name, out, in)` shapes, each timing the best of 3 rounds of `repeats` launches.
+pub fn bench_grouped_at(
+    device: &dyn Device,
+    copy_gb_per_s: f64,
+    shapes: &[(&str, usize, usize)],
+    repeats: usize,
+) -> Result<Vec<SelftestRow>, CudaError> {
+    let mut rng = Rng::new(0x6E0_0B);
+    let fence = device.alloc(64)?;
+    let mut rows = Vec::new();
+    for &(name, out, inner) in shapes {
+        // Timing does not depend on the values: random words and small positive BF16 scales.
+        let words: Vec<u32> = (0..BENCH_EXPERTS * out * inner / 8).map(|_| rng.next_u64() as u32).collect();
+        let scales: Vec<u16> = (0..BENCH_EXPERTS * out * inner / BENCH_GROUP)
+            .map(|_| half::bf16::from_f32(1e-3 + rng.uniform() * 1e-3).to_bits())
+            .collect();
+        let bf16_weight: Vec<u16> =
+            (0..out * inner).map(|_| half::bf16::from_f32(rng.uniform() - 0.5).to_bits()).collect();
+        let (packed, scales, bf16_buffer) =
+            (device.upload(&words)?, device.upload(&scales)?, device.upload(&bf16_weight)?);
+        let weight_bytes = words.len() * 4 + BENCH_EXPERTS * out * inner / BENCH_GROUP * 2;
+        let x1 = device.upload(&rng.values(inner, 1.0))?;
+        let y1 = device.alloc_for::<f32>(out)?;
+        let bf16_one = time_launches(device, &fence, repeats, || {
+            linear_bf16(device, &x1, &bf16_buffer, None, &y1, LinearShape::new(1, inner, out))
+        })?;
+        let bf16_batch1 = bf16_one * BENCH_EXPERTS as f64;
+        let grouped = GroupedInt4 {
+            packed: &packed,
+            scales: &scales,
+            group_size: BENCH_GROUP,
+            experts: BENCH_EXPERTS,
+            in_features: inner,
+            out_features: out,
+        };
+        for batch in [1usize, 2, 4, 8, 16] {
+            let total = BENCH_EXPERTS * batch;
+            let x = device.upload(&rng.values(total * inner, 1.0))?;
+            let y = device.alloc_for::<f32>(total * out)?;
+            let experts: Vec<i32> = (0..BENCH_EXPERTS as i32).collect();
+            let starts: Vec<i32> = (0..=BENCH_EXPERTS).map(|e| (e * batch) as i32).collect();
+            let lists = device.upload(&[experts, starts].concat())?;
+            let segments = Segments { lists: &lists, expert_at: 0, start_at: BENCH_EXPERTS * 4, count: BENCH_EXPERTS };
+            let seconds =
+                time_launches(device, &fence, repeats, || w4a16_grouped(device, &x, &grouped, &segments, total, &y))?;
+            let gb_per_s = weight_bytes as f64 / seconds / 1e9;
+            rows.push(SelftestRow {
+                op: "w4a16_grouped".into(),
+                shape: format!("{BENCH_EXPERTS} experts {name} [{out}, {inner}] g{BENCH_GROUP}, {batch} rows each"),
+                max_rel_error: 0.0,
+                mismatches: 0,
+                passed: true,
+                seconds: Some(seconds),
+                gb_per_s: Some(gb_per_s),
+                copy_share: Some(gb_per_s / copy_gb_per_s),
+                note: format!(
+                    "{:.2}x faster than bf16 at batch 1 ({BENCH_EXPERTS} launches of {:.4} ms); targets 1.5 TB/s, 2.5x",
+                    bf16_batch1 / seconds,
+                    bf16_one * 1e3
+                ),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Group size of the grouped benchmark (the INT4 recipes' g32).
+const BENCH_GROUP: usize = 32;

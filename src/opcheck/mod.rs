@@ -157,6 +157,7 @@ pub fn run(target: &Target, seed: u64, filter: Option<&str>, mode: Mode) -> Resu
     let quantize = quantize_kernels::bench(backend.device(), &mut Rng::new(0xBE7C_0001), bench_rows)?;
     rows.extend(quantize.rows);
     rows.extend(backend_ops::bench(backend, quantize.copy_gb_per_s)?);
+    rows.extend(expert_ops::bench_grouped(backend.device(), quantize.copy_gb_per_s)?);
     rows.extend(gptq_ops::bench(backend.device(), GPTQ_BENCH_TOKENS)?);
     Ok(Checked { rows, copy_gb_per_s: Some(quantize.copy_gb_per_s) })
 }

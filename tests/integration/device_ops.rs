@@ -189,6 +189,15 @@ fn gptq_factor_and_codes_match_the_host() {
 }
 
 #[test]
+fn grouped_w4a16_benchmark_rows_run_at_a_small_shape() {
+    // The GPU benchmark (GLM-5's expert shapes) at shapes the emulated device runs in seconds: every row timed.
+    let device = Emulator::start().expect("the kernel emulator builds and starts");
+    let rows = squeeze::opcheck::expert_ops::bench_grouped_at(&device, 1.0, &[("tiny", 40, 64)], 1).unwrap();
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    assert!(rows.iter().all(|row| row.seconds.is_some_and(|s| s > 0.0) && row.gb_per_s.is_some()), "{rows:?}");
+}
+
+#[test]
 fn gptq_benchmark_rows_run_at_a_small_shape() {
     // The GPU benchmark (GLM-5 width) at a width the emulated device runs in seconds: every row timed.
     let device = Emulator::start().expect("the kernel emulator builds and starts");

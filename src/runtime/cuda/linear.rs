@@ -21,6 +21,8 @@ use crate::runtime::device::DeviceWeight;
 const THREADS: u32 = 256;
 /// Output features per block.
 const FEATURES_PER_BLOCK: usize = 8;
+/// Output features per block of `w4a16_grouped` (4 per warp).
+const GROUPED_FEATURES_PER_BLOCK: usize = 32;
 /// Input rows one warp handles at once (kRowTile in kernels/row_tile.cuh).
 const ROW_TILE: usize = 16;
 /// From this many rows on, BF16 weights run as a split BF16 GEMM ([`linear_bf16_gemm`]: tensor cores, the weight
@@ -35,7 +37,12 @@ fn int(tensor: &str, what: &str, value: usize) -> Result<i32, CudaError> {
 
 /// The grid of a matrix kernel: output features over x, row tiles (or segments) over y.
 fn grid(out_features: usize, y_blocks: usize) -> Result<LaunchShape, CudaError> {
-    let x_blocks = out_features.div_ceil(FEATURES_PER_BLOCK);
+    grid_of(out_features, FEATURES_PER_BLOCK, y_blocks)
+}
+
+/// [`grid`] for a kernel whose block computes `per_block` output features.
+fn grid_of(out_features: usize, per_block: usize, y_blocks: usize) -> Result<LaunchShape, CudaError> {
+    let x_blocks = out_features.div_ceil(per_block);
     let x = u32::try_from(x_blocks).map_err(|_| unsupported("linear", format!("{out_features} output features")))?;
     let y = u32::try_from(y_blocks)
         .ok()
@@ -438,5 +445,5 @@ pub fn w4a16_grouped(
         Arg::I32(int(KERNEL, "output features", out_features)?),
         Arg::I32(int(KERNEL, "group size", group_size)?),
     ];
-    device.launch(KERNEL, grid(out_features, count)?, &args)
+    device.launch(KERNEL, grid_of(out_features, GROUPED_FEATURES_PER_BLOCK, count)?, &args)
 }
