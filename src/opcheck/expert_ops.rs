@@ -209,7 +209,7 @@ pub fn bench_grouped_at(
     shapes: &[(&str, usize, usize)],
     repeats: usize,
 ) -> Result<Vec<SelftestRow>, CudaError> {
-    let mut rng = Rng::new(0x6E0_0B);
+    let mut rng = Rng::new(0x0006_E00B);
     let fence = device.alloc(64)?;
     let mut rows = Vec::new();
     for &(name, out, inner) in shapes {
