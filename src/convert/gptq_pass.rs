@@ -5,7 +5,9 @@
 //! its three projections are quantized by GPTQ ([`crate::quant::gptq`]: damping 1 % of the mean diagonal,
 //! feedback in blocks of 128 columns, each group's scale chosen by the recipe's rule from the updated weights
 //! when the group starts, no act-order), written to the layer's spill file ([`crate::plan::expert_spill`]) and dropped.
-//! Experts shown fewer than `--min-expert-tokens` rows fall back to `mse` (listed in the coverage).
+//! Experts shown fewer than `--min-expert-tokens` rows fall back to `mse` (listed in the coverage). The Hessians,
+//! factors and column loops run where [`Algebra::for_backend`] says: on the pass's device when it has one, else on
+//! the host's cores.
 //!
 //! `--sequential` (the default, chosen by measurement: BENCHMARKS.md): once a layer's experts are quantized the
 //! layer is run again from its input with those experts (dequantized INT4), and that output feeds the next layer,
