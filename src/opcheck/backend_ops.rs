@@ -382,7 +382,14 @@ pub fn indexer_top_k(backend: &CudaBackend, rng: &mut Rng) -> Vec<SelftestRow> {
     rows
 }
 
-fn bench_row(op: String, shape: String, seconds: f64, bytes: usize, copy_gb_per_s: f64, note: String) -> SelftestRow {
+pub(super) fn bench_row(
+    op: String,
+    shape: String,
+    seconds: f64,
+    bytes: usize,
+    copy_gb_per_s: f64,
+    note: String,
+) -> SelftestRow {
     let gb_per_s = bytes as f64 / seconds / 1e9;
     SelftestRow {
         op,

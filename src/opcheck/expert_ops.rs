@@ -11,7 +11,7 @@ use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::{CudaError, Device};
 use crate::runtime::matrix::{Int4Weight, Matrix};
 
-use super::backend_ops::{row, verdict, DOT_ORDER_REL_L2};
+use super::backend_ops::{bench_row, row, verdict, DOT_ORDER_REL_L2};
 use super::host::Host;
 use super::timing::time_launches;
 use super::SelftestRow;
@@ -247,22 +247,18 @@ pub fn bench_grouped_at(
             let segments = Segments { lists: &lists, expert_at: 0, start_at: BENCH_EXPERTS * 4, count: BENCH_EXPERTS };
             let seconds =
                 time_launches(device, &fence, repeats, || w4a16_grouped(device, &x, &grouped, &segments, total, &y))?;
-            let gb_per_s = weight_bytes as f64 / seconds / 1e9;
-            rows.push(SelftestRow {
-                op: "w4a16_grouped".into(),
-                shape: format!("{BENCH_EXPERTS} experts {name} [{out}, {inner}] g{BENCH_GROUP}, {batch} rows each"),
-                max_rel_error: 0.0,
-                mismatches: 0,
-                passed: true,
-                seconds: Some(seconds),
-                gb_per_s: Some(gb_per_s),
-                copy_share: Some(gb_per_s / copy_gb_per_s),
-                note: format!(
+            rows.push(bench_row(
+                "w4a16_grouped".into(),
+                format!("{BENCH_EXPERTS} experts {name} [{out}, {inner}] g{BENCH_GROUP}, {batch} rows each"),
+                seconds,
+                weight_bytes,
+                copy_gb_per_s,
+                format!(
                     "{:.2}x faster than bf16 at batch 1 ({BENCH_EXPERTS} launches of {:.4} ms); targets 1.5 TB/s, 2.5x",
                     bf16_batch1 / seconds,
                     bf16_one * 1e3
                 ),
-            });
+            ));
         }
     }
     Ok(rows)

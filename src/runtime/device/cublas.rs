@@ -3,7 +3,7 @@
 //! version) runs the `gemm_bf16_reference` kernel instead, and says so in the device's description.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::cublas::{result, CudaBlas};
@@ -28,6 +28,16 @@ impl Blas {
         Ok(Blas { handle: Mutex::new(blas), stream })
     }
 
+    /// The handle, locked, with the stream's context current on this thread.
+    fn bound(&self) -> Result<MutexGuard<'_, CudaBlas>, CudaError> {
+        let blas = self.handle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| CudaError::Driver { call: "cuCtxSetCurrent", message: format!("{e}") })?;
+        Ok(blas)
+    }
+
     /// `gemm.c = x · wᵀ` (`pointers`: the device addresses of w, x, c) with `cublasGemmEx` (BF16 inputs, f32 output and compute, default
     /// algorithm: tensor cores). Row-major `x [rows, in]` and `w [out, in]` are column-major `[in, rows]` and
     /// `[in, out]`, and row-major `c [rows, out]` is column-major `[out, rows]`, so this is `c = wᵀ·x` in cuBLAS's
@@ -36,15 +46,11 @@ impl Blas {
         let [w, x, c] = pointers;
         let [n, k, m] = gemm.check()?;
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let blas = self.handle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let blas = self.bound()?;
         let failed = |e: cudarc::cublas::result::CublasError| CudaError::Driver {
             call: "cublasGemmEx",
             message: format!("{e:?} for [{n}, {k}]·[{m}, {k}]ᵀ"),
         };
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| CudaError::Driver { call: "cuCtxSetCurrent", message: format!("{e}") })?;
         // SAFETY: the three pointers are live device allocations of this context holding at least out·in and
         // rows·in BF16 values and rows·out f32 values (`check` above); alpha and beta are host scalars (the handle's
         // default pointer mode); the call is ordered on stream 0 with the launches.
@@ -86,15 +92,11 @@ impl Blas {
             false => cublasOperation_t::CUBLAS_OP_N,
         };
         let stride = |value: usize| value as i32;
-        let blas = self.handle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let blas = self.bound()?;
         let failed = |e: cudarc::cublas::result::CublasError| CudaError::Driver {
             call: "cublasGemmEx",
             message: format!("{e:?} for f64 [{m}, {k}]·[{k}, {n}]"),
         };
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| CudaError::Driver { call: "cuCtxSetCurrent", message: format!("{e}") })?;
         // SAFETY: the three pointers are live device allocations of this context at offsets whose views lie inside
         // them (`check` above); alpha and beta are host scalars (the handle's default pointer mode); the call is
         // ordered on stream 0 with the launches.
