@@ -6,11 +6,7 @@
 //   pages   the pool's bytes `[pool_pages, layers, page_size, row_width]` of `dtype` (kernels/kv_write.cu);
 //           element e of a cached row is `kv_load` (f32, BF16, or FP8 `decode(byte) · scales[e]`).
 //   scales  f32 `[row_width]`, this layer's per-element scales (read for FP8 only).
-//   tags    u32 `[pool_pages, 8]`: owner lo, owner hi, logical index, generation lo, generation hi, state
-//           (bit 0 tagged, bit 1 on the free list), 0, 0.
-//   requests u32 `[requests, 8]`: request id lo, id hi, context tokens, first mapping, mapping count, 0, 0, 0.
-//   mappings u32 `[total, 4]`: physical page, generation lo, generation hi, 0; request r's logical page i is
-//           mapping `first + i`.
+//   tags, requests, mappings: the page table as kernels/paged_common.cuh describes it.
 //   q       f32 `[requests, heads, qk_dim]`; out f32 `[requests, heads, v_dim]`; faults i32 `[requests]`.
 //   allowed f32 `[requests, allowed_stride]`: with allowed_stride > 0, request r attends only the keys t with
 //           allowed[r · allowed_stride + t] != 0 (GLM-5's DSA top-k selection, kernels/indexer.cu
@@ -24,20 +20,20 @@
 // per warp, merged per block, then per request across splits (flash-decoding):
 //   m = max_s m_s, out = Σ_s e^(m_s − m) · acc_s / Σ_s e^(m_s − m) · l_s.
 //
-// Verification (same semantics as `verify`, every mapping of the table): a mapping is bad when its page is outside
-// the pool, on the free list, untagged, or its tag's owner, logical index or generation differ from the request id,
-// the entry's index and the generation in the table; a table shorter than ceil(context / page_size) is bad at its
-// first missing entry. Each split block checks the mappings of its own pages (the last split also every entry past
-// the split range) BEFORE reading any row through them, and skips its attention when one is bad.
+// Verification: kernels/paged_common.cuh `paged_verify_split`, every mapping of the table; a split whose mappings
+// are bad skips its attention.
 // faults[r] = 0 when clean, else 1 + the first bad logical page; a faulted request's output is written as NaN
 // (never computed); the other requests are unaffected (their blocks do not read the faulted one's data).
+//
+// Absorbed MLA over a BF16 or FP8 cache runs kernels/paged_mla_decode.cu instead (tensor cores); this kernel serves
+// GQA, F32 caches and widths past that kernel's.
 //
 // Launch: `paged_decode_partial` grid (splits, kv_heads · ceil(group / 4), requests), 256 threads = 8 warps; split s
 // owns logical pages [s · pages_per_split, (s + 1) · pages_per_split); a block serves up to 4 query heads of one key
 // head (queries in shared memory, qk_dim ≤ 1024, v_dim ≤ 512), warp w takes keys w, w + 8, … of the split, lane l
 // elements l, l + 32, … of each row. Partials `[requests, splits, heads]` (max, sum) and `[requests, splits, heads,
 // v_dim]` (acc), split faults `[requests, splits]`. `paged_decode_combine` grid (heads, requests), 128 threads.
-#include "common.cuh"
+#include "paged_common.cuh"
 
 namespace squeeze {
 constexpr int kDecodeWarps = 8;
@@ -45,42 +41,6 @@ constexpr int kDecodeHeads = 4;
 constexpr int kDecodeMaxQk = 1024;
 constexpr int kDecodeMaxV = 512;
 constexpr int kDecodeVPerLane = kDecodeMaxV / 32;
-constexpr int kTagWords = 8;
-constexpr int kRequestWords = 8;
-constexpr int kMappingWords = 4;
-constexpr uint32_t kTagged = 1u;
-constexpr uint32_t kOnFreeList = 2u;
-constexpr int kNoFault = 0x7FFFFFFF;
-
-// Whether mapping `index` of request (owner_lo, owner_hi) disagrees with its page's tag (`verify`'s checks).
-__device__ __forceinline__ bool paged_mapping_bad(const uint32_t* __restrict__ tags,
-                                                  const uint32_t* __restrict__ mapping, int pool_pages,
-                                                  uint32_t owner_lo, uint32_t owner_hi, int index) {
-    const uint32_t page = mapping[0];
-    if (page >= (uint32_t)pool_pages) return true;
-    const uint32_t* tag = tags + (long long)page * kTagWords;
-    const uint32_t state = tag[5];
-    if ((state & kOnFreeList) != 0u || (state & kTagged) == 0u) return true;
-    if (tag[0] != owner_lo || tag[1] != owner_hi) return true;
-    if (tag[2] != (uint32_t)index) return true;
-    return tag[3] != mapping[1] || tag[4] != mapping[2];
-}
-
-__device__ __forceinline__ int paged_min(int a, int b) { return a < b ? a : b; }
-__device__ __forceinline__ int paged_max(int a, int b) { return a > b ? a : b; }
-
-__device__ __forceinline__ float paged_warp_sum(float value) {
-    for (int offset = 16; offset > 0; offset >>= 1) value = __fadd_rn(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
-    return value;
-}
-
-__device__ __forceinline__ int paged_warp_min(int value) {
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const int other = __shfl_xor_sync(0xFFFFFFFFu, value, offset);
-        value = other < value ? other : value;
-    }
-    return value;
-}
 }  // namespace squeeze
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -108,33 +68,14 @@ extern "C" __global__ void __launch_bounds__(256)
     const int first_head = kv_head * group + (blockIdx.y % blocks_per_kv) * kDecodeHeads;
     const int head_count = paged_min(kDecodeHeads, kv_head * group + group - first_head);
 
-    const uint32_t* descriptor = requests + (long long)request * kRequestWords;
-    const uint32_t owner_lo = descriptor[0], owner_hi = descriptor[1];
-    const int context = (int)descriptor[2];
-    const long long first_mapping = descriptor[3];
-    const int mapping_count = (int)descriptor[4];
-    const int needed = (context + page_size - 1) / page_size;
+    const PagedRequest descriptor = paged_request(requests, request);
+    const int context = descriptor.context;
+    const long long first_mapping = descriptor.first_mapping;
 
     // 1. Verify the mappings this block owns before reading through any of them.
     const int check_begin = split * pages_per_split;
-    const int table_end = paged_max(mapping_count, needed);
-    // verify == 0 skips the checks: only the self-test's timing of the verification share uses it.
-    const int check_end = !verify                ? check_begin
-                          : split == splits - 1 ? table_end
-                                                : paged_min(table_end, check_begin + pages_per_split);
-    int bad = kNoFault;
-    for (int index = check_begin + thread; index < check_end; index += blockDim.x) {
-        const bool missing = index >= mapping_count;  // only reached for index < needed: the table is too short
-        if (missing || paged_mapping_bad(tags, mappings + (first_mapping + index) * kMappingWords, pool_pages,
-                                         owner_lo, owner_hi, index)) {
-            bad = paged_min(bad, index);
-        }
-    }
-    bad = paged_warp_min(bad);
-    if (lane == 0) warp_bad[warp] = bad;
-    __syncthreads();
-    bad = kNoFault;
-    for (int w = 0; w < kDecodeWarps; ++w) bad = paged_min(bad, warp_bad[w]);
+    const int bad = paged_verify_split(tags, mappings, descriptor, pool_pages, page_size, split, splits,
+                                       pages_per_split, verify, warp_bad);
     const long long slot = (long long)request * splits + split;
     if (blockIdx.y == 0 && thread == 0) split_faults[slot] = bad == kNoFault ? 0 : 1 + bad;
     if (bad != kNoFault) {

@@ -5,7 +5,10 @@
 // which unlike swapcontext save no signal mask: no system call per switch; compile without _FORTIFY_SOURCE, whose
 // longjmp check refuses a jump to another stack). `__syncthreads` is a barrier over the block's live threads,
 // `__syncwarp` one over the warp's; warp shuffles/votes exchange values through per-thread slots between two warp
-// barriers. `__shared__` variables are function statics (one block runs at a time), atomics are plain
+// barriers, and so does the one tensor-core instruction squeeze uses (`mma_bf16_m16n8k16`: every lane's fragments
+// gathered, each lane's four outputs summed in k order). `__shared__` variables are function statics (one block runs
+// at a time); the launch's dynamic shared memory is one buffer, refilled with 0xA5 bytes before every block (a
+// kernel that reads what it never wrote sees garbage, as on a GPU). Atomics are plain
 // read-modify-writes (fibers never preempt each other). Float intrinsics map to the host's IEEE operations
 // (compile with -ffp-contract=off so no FMA appears); rintf, powf and friends are the host libm's, the same ones
 // Rust's f32 methods call.
@@ -22,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <array>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -83,6 +87,9 @@ struct State {
     std::vector<unsigned> warp_live, warp_arrived;
     std::vector<unsigned long> warp_generation;
     std::vector<uint64_t> slots;
+    // Per thread: the A (4 words) and B (2 words) fragments of a warp-wide MMA.
+    std::vector<std::array<uint32_t, 6>> fragments;
+    std::vector<unsigned char> dynamic_shared;
 };
 
 inline State& state() {
@@ -145,6 +152,8 @@ inline void run_block() {
     s.warp_arrived.assign(warps, 0);
     s.warp_generation.assign(warps, 0);
     s.slots.assign(threads, 0);
+    s.fragments.assign(threads, {});
+    std::memset(s.dynamic_shared.data(), 0xA5, s.dynamic_shared.size());
     s.live = (unsigned)threads;
     s.block_arrived = 0;
     for (size_t t = 0; t < threads; ++t) {
@@ -181,10 +190,11 @@ inline void run_block() {
     }
 }
 
-// Runs `kernel(args...)` over the grid, block by block.
+// Runs `kernel(args...)` over the grid, block by block, with `shared_bytes` of dynamic shared memory.
 template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, Args... args) {
     State& s = state();
+    s.dynamic_shared.assign(shared_bytes, 0xA5);
     s.grid = grid;
     s.block = block;
     s.entry = [=]() { kernel(static_cast<Params>(args)...); };
@@ -213,6 +223,40 @@ T exchange(T value, int source_lane) {
     return result;
 }
 
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with D = C (`d` in and out): A 16×16 and B 16×8 BF16, each
+// lane holding the PTX ISA's fragments (g = lane / 4, t = lane % 4; the lower-indexed element in the low 16 bits):
+//   a[0] A[g][2t, 2t+1], a[1] A[g+8][2t, 2t+1], a[2] A[g][2t+8, 2t+9], a[3] A[g+8][2t+8, 2t+9];
+//   b[0] B[2t, 2t+1][g], b[1] B[2t+8, 2t+9][g];  d[0..1] D[g][2t, 2t+1], d[2..3] D[g+8][2t, 2t+1].
+// Each product of two BF16 values is exact in f32; this lane's outputs add the 16 products in k order, then C.
+inline void mma_bf16_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    State& s = state();
+    const size_t me = s.current;
+    const size_t base = me - me % kWarpSize;
+    s.fragments[me] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    warp_barrier();
+    auto half = [](uint32_t word, int k) {
+        const uint32_t bits = (k % 2 == 0 ? word : word >> 16) & 0xFFFFu;
+        float value;
+        const uint32_t wide = bits << 16;
+        std::memcpy(&value, &wide, sizeof value);
+        return value;
+    };
+    const int lane = (int)(me - base), g = lane / 4, t = lane % 4;
+    for (int out = 0; out < 4; ++out) {
+        const int row = g + 8 * (out / 2), column = 2 * t + out % 2;
+        float sum = 0.0f;
+        for (int k = 0; k < 16; ++k) {
+            const auto& a_lane = s.fragments[base + (size_t)((row % 8) * 4 + (k % 8) / 2)];
+            const auto& b_lane = s.fragments[base + (size_t)(column * 4 + (k % 8) / 2)];
+            const float a_value = half(a_lane[(row / 8) + 2 * (k / 8)], k);
+            const float b_value = half(b_lane[4 + k / 8], k);
+            sum += a_value * b_value;
+        }
+        d[out] += sum;
+    }
+    warp_barrier();
+}
+
 // A launch argument as the emulation server receives it: a pointer (a buffer address or null) or a number.
 struct LaunchArg {
     bool pointer;
@@ -233,7 +277,7 @@ T convert_arg(const LaunchArg& arg, size_t index) {
     }
 }
 
-using Launcher = std::function<void(dim3, dim3, const std::vector<LaunchArg>&)>;
+using Launcher = std::function<void(dim3, dim3, size_t, const std::vector<LaunchArg>&)>;
 
 // Kernels by name, filled by SQUEEZE_EMULATION_KERNEL at static initialization.
 inline std::map<std::string, Launcher>& registry() {
@@ -242,18 +286,18 @@ inline std::map<std::string, Launcher>& registry() {
 }
 
 template <class... Params, size_t... I>
-void launch_converted(void (*kernel)(Params...), dim3 grid, dim3 block, const std::vector<LaunchArg>& args,
-                      std::index_sequence<I...>) {
-    launch(kernel, grid, block, convert_arg<Params>(args[I], I)...);
+void launch_converted(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                      const std::vector<LaunchArg>& args, std::index_sequence<I...>) {
+    launch(kernel, grid, block, shared_bytes, convert_arg<Params>(args[I], I)...);
 }
 
 template <class... Params>
 Launcher launcher(void (*kernel)(Params...)) {
-    return [kernel](dim3 grid, dim3 block, const std::vector<LaunchArg>& args) {
+    return [kernel](dim3 grid, dim3 block, size_t shared_bytes, const std::vector<LaunchArg>& args) {
         if (args.size() != sizeof...(Params))
             throw std::runtime_error("expected " + std::to_string(sizeof...(Params)) + " arguments, got " +
                                      std::to_string(args.size()));
-        launch_converted(kernel, grid, block, args, std::index_sequence_for<Params...>{});
+        launch_converted(kernel, grid, block, shared_bytes, args, std::index_sequence_for<Params...>{});
     };
 }
 
@@ -277,6 +321,13 @@ struct Registrar {
 inline void __syncthreads() { cuda_emulation::block_barrier(); }
 inline void __syncwarp(unsigned = 0xFFFFFFFFu) { cuda_emulation::warp_barrier(); }
 inline void __threadfence() {}
+// A trap ends the emulated device (a GPU's context is lost too); the client reports the server's exit.
+inline void __trap() {
+    std::fprintf(stderr, "a kernel trapped (block %u %u %u, thread %zu)\n", cuda_emulation::state().block_idx.x,
+                 cuda_emulation::state().block_idx.y, cuda_emulation::state().block_idx.z,
+                 cuda_emulation::linear_thread());
+    std::abort();
+}
 
 inline unsigned emulation_lane() { return (unsigned)(cuda_emulation::linear_thread() % cuda_emulation::kWarpSize); }
 

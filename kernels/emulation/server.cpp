@@ -9,7 +9,8 @@
 //   'R' u64 id, u64 offset, u64 length         read
 //   'F' u64 id                                 free
 //   'C' u64 source, u64 target, u64 offset, u64 length   copy device to device
-//   'L' u32 name_length, name, u32 grid[3], u32 block[3], u32 count, count × argument   launch (synchronous)
+//   'L' u32 name_length, name, u32 grid[3], u32 block[3], u32 shared_bytes, u32 count, count × argument
+//                                              launch (synchronous) with shared_bytes of dynamic shared memory
 //       argument: u8 kind (0 null pointer, 1 buffer: u64 id + u64 byte offset, 2 integer: i64, 3 real: f64)
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +32,7 @@
 #include "../linear.cu"
 #include "../norm.cu"
 #include "../paged_attention.cu"
+#include "../paged_mla_decode.cu"
 #include "../rope.cu"
 #include "../routing.cu"
 #include "../tensor.cu"
@@ -151,7 +153,7 @@ void serve_one(char command) {
             const uint32_t name_length = take<uint32_t>();
             std::string name(name_length, '\0');
             if (!read_exact(name.data(), name_length)) std::exit(0);
-            uint32_t shape[6];
+            uint32_t shape[7];
             for (uint32_t& value : shape) value = take<uint32_t>();
             const uint32_t count = take<uint32_t>();
             std::vector<cuda_emulation::LaunchArg> args(count);
@@ -181,7 +183,7 @@ void serve_one(char command) {
             if (kernel == cuda_emulation::registry().end()) return fail("no kernel named " + name);
             if (!problem.empty()) return fail(name + ": " + problem);
             try {
-                kernel->second(dim3(shape[0], shape[1], shape[2]), dim3(shape[3], shape[4], shape[5]), args);
+                kernel->second(dim3(shape[0], shape[1], shape[2]), dim3(shape[3], shape[4], shape[5]), shape[6], args);
             } catch (const std::exception& error) {
                 return fail(name + ": " + error.what());
             }

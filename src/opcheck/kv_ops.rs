@@ -17,7 +17,8 @@ use super::backend_ops::row;
 use super::SelftestRow;
 
 /// Paged decode against an f64 reference over the same decoded rows: f32 rounding of 576-term dot products and of
-/// the softmax; measured ~1e-7.
+/// the softmax, measured ~1e-7 (kernels/paged_attention.cu); with the MLA kernel's hi/lo BF16 operands on tensor
+/// cores ~1e-6 (kernels/paged_mla_decode.cu; BF16 operands alone would be ~7e-4 and fail).
 const DECODE_REL_L2: f64 = 2e-5;
 /// The KV write encodes as `KvPool::write` does (the same division by the scale, the same BF16/FP8 rounding):
 /// bit-identical, byte for byte.
@@ -129,12 +130,15 @@ pub fn kv_write(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<SelftestRow>
 /// Tokens of the decode requests: one token, a page less one, two pages and one, 100 (7 pages of 16).
 pub const CONTEXTS: [usize; 4] = [1, 15, 33, 100];
 
-/// The decode layouts: GQA (6 query heads over 2 KV heads of 24) and absorbed MLA (4 heads over one 576-wide latent
-/// row), with their row widths.
-pub fn layouts() -> [(&'static str, usize, DecodeLayout); 2] {
+/// The decode layouts with their row widths: GQA (6 query heads over 2 KV heads of 24: kernels/paged_attention.cu),
+/// and absorbed MLA (kernels/paged_mla_decode.cu) at 4 heads over one 576-wide latent row, at 20 heads over a
+/// 40-wide row (a partial head tile, rows no 16-byte loads fit) and at 80 heads (two head groups, the second partial).
+pub fn layouts() -> [(&'static str, usize, DecodeLayout); 4] {
     [
         ("gqa", 2 * 2 * 24, DecodeLayout::gqa(6, 2, 24, 1.0 / 24f32.sqrt())),
         ("mla", 576, DecodeLayout::mla_absorbed(4, 512, 64, 1.0 / 192f32.sqrt())),
+        ("mla 20 heads, 40-wide rows", 40, DecodeLayout::mla_absorbed(20, 32, 8, 1.0 / 40f32.sqrt())),
+        ("mla 80 heads", 576, DecodeLayout::mla_absorbed(80, 512, 64, 1.0 / 192f32.sqrt())),
     ]
 }
 
@@ -186,13 +190,15 @@ pub fn as_requests(tables: &[(u64, usize, Vec<Mapping>)]) -> Vec<DecodeRequest<'
     tables.iter().map(|(id, context, entries)| DecodeRequest { id: *id, context: *context, entries }).collect()
 }
 
-/// f64 softmax attention of each request's query heads over the rows `KvPool::read` decodes.
+/// f64 softmax attention of each request's query heads over the rows `KvPool::read` decodes; with `allowed`
+/// (`(mask, stride)`), over the keys whose mask entry is nonzero.
 fn reference_decode(
     pool: &KvPool,
     layer: usize,
     layout: &DecodeLayout,
     q: &[f32],
     contexts: &[usize],
+    allowed: Option<(&[f32], usize)>,
 ) -> Result<Vec<f32>, PoolError> {
     let DecodeLayout { heads, kv_heads, qk_dim, v_dim, k_stride, v_base, v_stride, scale } = *layout;
     let row_width = pool.shape().row_width;
@@ -200,11 +206,14 @@ fn reference_decode(
     for (request, &context) in contexts.iter().enumerate() {
         let (mut rows, mut aux) = (Vec::new(), Vec::new());
         pool.read(request as u64, layer, context, &mut rows, &mut aux)?;
+        let keys: Vec<usize> =
+            (0..context).filter(|&t| allowed.is_none_or(|(mask, stride)| mask[request * stride + t] != 0.0)).collect();
         for head in 0..heads {
             let kv_head = head / (heads / kv_heads);
             let q_row = &q[(request * heads + head) * qk_dim..][..qk_dim];
-            let scores: Vec<f64> = (0..context)
-                .map(|t| {
+            let scores: Vec<f64> = keys
+                .iter()
+                .map(|&t| {
                     let key = &rows[t * row_width + kv_head * k_stride..][..qk_dim];
                     q_row.iter().zip(key).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64
                 })
@@ -213,8 +222,10 @@ fn reference_decode(
             let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let total: f64 = weights.iter().sum();
             for e in 0..v_dim {
-                let value: f64 = (0..context)
-                    .map(|t| weights[t] * rows[t * row_width + v_base + kv_head * v_stride + e] as f64)
+                let value: f64 = keys
+                    .iter()
+                    .zip(&weights)
+                    .map(|(&t, weight)| weight * rows[t * row_width + v_base + kv_head * v_stride + e] as f64)
                     .sum();
                 out.push(if total > 0.0 { (value / total) as f32 } else { 0.0 });
             }
@@ -223,26 +234,35 @@ fn reference_decode(
     Ok(out)
 }
 
-/// Paged decode attention with fused page-tag verification, GQA and absorbed MLA over BF16 and FP8 caches, the
-/// [`CONTEXTS`] requests on layer 1, one split per request (the default plan here) and 2-page splits (4 splits
-/// merged for 100 tokens): no request flagged on the clean pool, outputs within [`DECODE_REL_L2`] of the f64
+/// Paged decode attention with fused page-tag verification over BF16 and FP8 caches in every [`layouts`] layout, the
+/// [`CONTEXTS`] requests on layer 1: one split per request (the default plan here), 2-page splits (4 splits merged
+/// for 100 tokens), and one split attending only the keys a random mask keeps (as GLM-5's DSA selection does; request
+/// 0 keeps none of its one key): no request flagged on the clean pool, outputs within [`DECODE_REL_L2`] of the f64
 /// reference.
 pub fn paged_decode(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<SelftestRow>, CudaError> {
     let device = backend.device();
     let mut rows = Vec::new();
+    let stride = CONTEXTS.iter().copied().max().unwrap_or(0);
+    let mut mask: Vec<f32> =
+        (0..CONTEXTS.len() * stride).map(|_| !rng.next_u64().is_multiple_of(3) as u32 as f32).collect();
+    mask[0] = 0.0;
     for (name, row_width, layout) in layouts() {
         for dtype in [KvDtype::Bf16, KvDtype::Fp8] {
             let pool = filled_pool(dtype, row_width, &CONTEXTS, rng.next_u64()).map_err(pool_error("decode pool"))?;
             let q = rng.values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
-            let want = reference_decode(&pool, 1, &layout, &q, &CONTEXTS).map_err(pool_error("decode pool"))?;
             let tables = requests_of(&pool, &CONTEXTS);
             let requests = as_requests(&tables);
             let device_pool = DevicePool::mirror(device, &pool)?;
-            for plan in [None, Some(DecodePlan::with_pages_per_split(7, 2))] {
-                let got = paged::decode(device, &device_pool, 1, &layout, &q, &requests, plan)?;
+            let runs = [
+                (None, None, "one split"),
+                (Some(DecodePlan::with_pages_per_split(7, 2)), None, "2 pages a split"),
+                (None, Some((&mask[..], stride)), "one split, masked keys"),
+            ];
+            for (plan, allowed, splits) in runs {
+                let want =
+                    reference_decode(&pool, 1, &layout, &q, &CONTEXTS, allowed).map_err(pool_error("decode pool"))?;
+                let got = paged::decode(device, (&device_pool, 1), &layout, &q, &requests, plan, allowed)?;
                 let flagged = got.faults.iter().filter(|&&fault| fault != 0).count();
-                let splits =
-                    plan.map_or("one split".to_string(), |plan| format!("{} pages a split", plan.pages_per_split));
                 let label = format!("{name} {dtype:?}, contexts {CONTEXTS:?}, {splits}");
                 let mut checked = row("paged_decode", label, &got.out, &want, flagged, DECODE_REL_L2);
                 checked.note = format!("{} (vs f64 over KvPool::read); {flagged} requests flagged", checked.note);

@@ -327,10 +327,16 @@ fn fp8_pool(row_width: usize) -> KvPool {
     filled_pool(KvDtype::Fp8, row_width, &CONTEXTS, 29).expect("the fixture pool fits")
 }
 
+/// In every decode kernel's layouts (kernels/paged_attention.cu for GQA, kernels/paged_mla_decode.cu for MLA).
 #[test]
 fn paged_decode_flags_exactly_the_corrupted_requests() {
+    for (name, row_width, layout) in layouts() {
+        flags_exactly_the_corrupted_requests(name, row_width, layout);
+    }
+}
+
+fn flags_exactly_the_corrupted_requests(name: &str, row_width: usize, layout: paged::DecodeLayout) {
     let backends = cuda_backends();
-    let (name, row_width, layout) = layouts()[0];
     let clean_pool = fp8_pool(row_width);
     let mut rng = Rng::new(31);
     let q = rng.values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
@@ -339,7 +345,8 @@ fn paged_decode_flags_exactly_the_corrupted_requests() {
         let device = backend.device();
         let device_pool = paged::DevicePool::mirror(device, &clean_pool).unwrap();
         let clean_tables = requests_of(&clean_pool, &CONTEXTS);
-        let clean = paged::decode(device, &device_pool, 1, &layout, &q, &as_requests(&clean_tables), plan).unwrap();
+        let clean =
+            paged::decode(device, (&device_pool, 1), &layout, &q, &as_requests(&clean_tables), plan, None).unwrap();
         assert_eq!(clean.faults, vec![0; CONTEXTS.len()]);
 
         // Faults the pool's own injector makes (tags and tables), checked against KvPool::verify.
@@ -349,7 +356,7 @@ fn paged_decode_flags_exactly_the_corrupted_requests() {
             let injected = inject(&mut pool, kind, 2, &active).expect("injectable");
             device_pool.upload_tags(device, &pool).unwrap();
             let tables = requests_of(&pool, &CONTEXTS);
-            let got = paged::decode(device, &device_pool, 1, &layout, &q, &as_requests(&tables), plan).unwrap();
+            let got = paged::decode(device, (&device_pool, 1), &layout, &q, &as_requests(&tables), plan, None).unwrap();
             let want_faults: Vec<u32> = active
                 .iter()
                 .map(|&request| pool.verify(request).err().map_or(0, |error| 1 + blamed_index(&error) as u32))
@@ -372,15 +379,15 @@ fn paged_decode_flags_exactly_the_corrupted_requests() {
         for (what, mapping) in corruptions {
             let mut tables = clean_tables.clone();
             tables[3].2[4] = mapping;
-            let got = paged::decode(device, &device_pool, 1, &layout, &q, &as_requests(&tables), plan).unwrap();
-            assert_eq!(got.faults, vec![0, 0, 0, 5], "{what}");
+            let got = paged::decode(device, (&device_pool, 1), &layout, &q, &as_requests(&tables), plan, None).unwrap();
+            assert_eq!(got.faults, vec![0, 0, 0, 5], "{name} {what}");
             check_others_unchanged(&got, &clean.out, &got.faults, layout.heads * layout.v_dim, what);
         }
         // A table too short for its context: blamed at its first missing logical page.
         let mut tables = clean_tables.clone();
         tables[2].2.truncate(2);
-        let got = paged::decode(device, &device_pool, 1, &layout, &q, &as_requests(&tables), plan).unwrap();
-        assert_eq!(got.faults, vec![0, 0, 3, 0], "short table");
+        let got = paged::decode(device, (&device_pool, 1), &layout, &q, &as_requests(&tables), plan, None).unwrap();
+        assert_eq!(got.faults, vec![0, 0, 3, 0], "{name} short table");
         check_others_unchanged(&got, &clean.out, &got.faults, layout.heads * layout.v_dim, "short table");
     }
 }
@@ -404,7 +411,12 @@ fn check_others_unchanged(got: &paged::DecodeOutput, clean: &[f32], faults: &[u3
 /// not flagged).
 #[test]
 fn unverified_launch_is_the_same_attention_without_the_checks() {
-    let (_, row_width, layout) = layouts()[0];
+    for (_, row_width, layout) in layouts() {
+        unverified_launch_matches(row_width, layout);
+    }
+}
+
+fn unverified_launch_matches(row_width: usize, layout: paged::DecodeLayout) {
     let pool = fp8_pool(row_width);
     let q = Rng::new(37).values(CONTEXTS.len() * layout.heads * layout.qk_dim, 1.0);
     let plan = Some(DecodePlan::with_pages_per_split(7, 2));

@@ -180,7 +180,7 @@ pub fn paged_select(
     let blocks = stride.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
     device.launch(
         "paged_index_scores",
-        LaunchShape { grid: [blocks, requests as u32, 1], block: [THREADS, 1, 1] },
+        LaunchShape { grid: [blocks, requests as u32, 1], block: [THREADS, 1, 1], shared_bytes: 0 },
         &[
             Arg::Buffer(buffer(q)?),
             Arg::Buffer(buffer(head_weights)?),

@@ -48,7 +48,7 @@ fn grid_of(out_features: usize, per_block: usize, y_blocks: usize) -> Result<Lau
         .ok()
         .filter(|&y| y < 65_536)
         .ok_or_else(|| unsupported("linear", format!("{y_blocks} row tiles exceed the grid's y limit 65535")))?;
-    Ok(LaunchShape { grid: [x.max(1), y.max(1), 1], block: [THREADS, 1, 1] })
+    Ok(LaunchShape { grid: [x.max(1), y.max(1), 1], block: [THREADS, 1, 1], shared_bytes: 0 })
 }
 
 /// Checks the INT4 layout constraints of the W4A16 kernels.

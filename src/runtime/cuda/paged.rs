@@ -25,6 +25,12 @@ const DECODE_THREADS: u32 = 256;
 const COMBINE_THREADS: u32 = 128;
 /// Query heads one `paged_decode_partial` block serves (`kDecodeHeads`).
 const HEADS_PER_BLOCK: usize = 4;
+/// Query heads one `paged_mla_decode_partial` block serves (`kMlaHeads`), the most row elements it stages
+/// (`kMlaMaxWidth`), and its shared-memory geometry (`kMlaKeys`, `kMlaRowPad`, `kMlaScorePitch`, `kMlaWeightPitch`).
+const MLA_HEADS_PER_BLOCK: usize = 64;
+const MLA_MAX_WIDTH: usize = 576;
+const MLA_KEYS: usize = 32;
+const MLA_ROW_PAD: usize = 8;
 /// Widths the decode kernel holds in shared memory / registers.
 pub const MAX_QK_DIM: usize = 1024;
 pub const MAX_V_DIM: usize = 512;
@@ -258,6 +264,36 @@ pub fn check_layout(layout: &DecodeLayout, row_width: usize) -> Result<(), CudaE
     Err(unsupported("paged attention", problem))
 }
 
+/// The row elements `paged_mla_decode_partial` stages for `layout` (the key's and the value's, rounded up to 16),
+/// or `None` where that kernel does not serve it: more than one key head, an F32 cache, or wider rows.
+fn mla_width(layout: &DecodeLayout, dtype: KvDtype) -> Option<usize> {
+    let width = layout.qk_dim.max(layout.v_base + layout.v_dim).next_multiple_of(16);
+    (layout.kv_heads == 1 && dtype != KvDtype::F32 && width <= MLA_MAX_WIDTH && layout.v_dim <= MAX_V_DIM)
+        .then_some(width)
+}
+
+/// The dynamic shared memory of `paged_mla_decode_partial` at `width` (kernels/paged_mla_decode.cu `mla_shared`:
+/// each array rounded up to 16 bytes).
+fn mla_shared_bytes(width: usize) -> u32 {
+    let pitch = width + MLA_ROW_PAD;
+    let heads = MLA_HEADS_PER_BLOCK;
+    let arrays = [
+        heads * pitch * 2,                  // q_hi
+        heads * pitch * 2,                  // q_lo
+        MLA_KEYS * pitch * 2,               // keys
+        heads * (MLA_KEYS + 1) * 4,         // scores
+        heads * (MLA_KEYS + 8) * 2,         // p_hi
+        heads * (MLA_KEYS + 8) * 2,         // p_lo
+        heads * 4,                          // row_max
+        heads * 4,                          // row_sum
+        heads * 4,                          // correction
+        256 * 2,                            // fp8_bf16
+        MLA_KEYS * 4,                       // key_counts
+        (DECODE_THREADS as usize / 32) * 4, // warp_bad
+    ];
+    arrays.iter().map(|bytes| bytes.next_multiple_of(16)).sum::<usize>() as u32
+}
+
 /// One request of a decode batch: its id, how many cached positions its query attends to, and its block table.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeRequest<'a> {
@@ -371,7 +407,8 @@ pub struct AllowedKeys<'a> {
     pub stride: usize,
 }
 
-/// Launches `paged_decode_partial` then `paged_decode_combine`: `q` f32 `[requests, heads, qk_dim]` → `out` f32
+/// Launches `paged_mla_decode_partial` (one key head over a BF16 or FP8 cache: absorbed MLA, on tensor cores) or
+/// `paged_decode_partial` (the rest), then `paged_decode_combine`: `q` f32 `[requests, heads, qk_dim]` → `out` f32
 /// `[requests, heads, v_dim]` and `faults` i32 `[requests]` (0, or 1 + the first bad logical page; NaN output),
 /// attending only the `allowed` keys when given, over layer `layer` of `pool`. `batch` must have been built for the
 /// same `layout`.
@@ -401,46 +438,48 @@ pub fn decode_on(
         ),
     ];
     buffers_hold("paged attention", &sizes)?;
-    let head_blocks = kv_heads * (heads / kv_heads).div_ceil(HEADS_PER_BLOCK);
-    let partial = LaunchShape {
-        grid: [batch.plan.splits as u32, head_blocks as u32, requests as u32],
-        block: [DECODE_THREADS, 1, 1],
-    };
-    device.launch(
-        "paged_decode_partial",
-        partial,
-        &[
-            Arg::Buffer(q),
-            Arg::Buffer(&pool.pages),
-            pool.scales_at(layer),
-            Arg::Buffer(&pool.tags),
-            Arg::Buffer(&batch.descriptors),
-            Arg::Buffer(&batch.mappings),
-            Arg::Buffer(&batch.partial_max),
-            Arg::Buffer(&batch.partial_sum),
-            Arg::Buffer(&batch.partial_acc),
-            Arg::Buffer(&batch.split_faults),
-            Arg::Buffer(allowed.map_or(q, |keys| keys.mask)),
-            Arg::I32(allowed.map_or(0, |keys| keys.stride) as i32),
-            Arg::I32(pages as i32),
-            Arg::I32(layers as i32),
-            Arg::I32(layer as i32),
-            Arg::I32(page_size as i32),
-            Arg::I32(row_width as i32),
-            Arg::I32(dtype_code(pool.dtype)),
-            Arg::I32(heads as i32),
-            Arg::I32(kv_heads as i32),
-            Arg::I32(qk_dim as i32),
-            Arg::I32(v_dim as i32),
-            Arg::I32(k_stride as i32),
-            Arg::I32(v_base as i32),
-            Arg::I32(v_stride as i32),
-            Arg::F32(scale),
-            Arg::I32(batch.plan.pages_per_split as i32),
-            Arg::I32(batch.verify as i32),
-        ],
-    )?;
-    let combine = LaunchShape { grid: [heads as u32, requests as u32, 1], block: [COMBINE_THREADS, 1, 1] };
+    let shared = [
+        Arg::Buffer(q),
+        Arg::Buffer(&pool.pages),
+        pool.scales_at(layer),
+        Arg::Buffer(&pool.tags),
+        Arg::Buffer(&batch.descriptors),
+        Arg::Buffer(&batch.mappings),
+        Arg::Buffer(&batch.partial_max),
+        Arg::Buffer(&batch.partial_sum),
+        Arg::Buffer(&batch.partial_acc),
+        Arg::Buffer(&batch.split_faults),
+        Arg::Buffer(allowed.map_or(q, |keys| keys.mask)),
+        Arg::I32(allowed.map_or(0, |keys| keys.stride) as i32),
+        Arg::I32(pages as i32),
+        Arg::I32(layers as i32),
+        Arg::I32(layer as i32),
+        Arg::I32(page_size as i32),
+        Arg::I32(row_width as i32),
+        Arg::I32(dtype_code(pool.dtype)),
+        Arg::I32(heads as i32),
+    ];
+    let tail = [Arg::F32(scale), Arg::I32(batch.plan.pages_per_split as i32), Arg::I32(batch.verify as i32)];
+    if let Some(width) = mla_width(layout, pool.dtype) {
+        let shape = LaunchShape {
+            grid: [heads.div_ceil(MLA_HEADS_PER_BLOCK) as u32, batch.plan.splits as u32, requests as u32],
+            block: [DECODE_THREADS, 1, 1],
+            shared_bytes: mla_shared_bytes(width),
+        };
+        let widths = [Arg::I32(qk_dim as i32), Arg::I32(v_dim as i32), Arg::I32(v_base as i32)];
+        device.launch("paged_mla_decode_partial", shape, &[&shared[..], &widths, &tail].concat())?;
+    } else {
+        let head_blocks = kv_heads * (heads / kv_heads).div_ceil(HEADS_PER_BLOCK);
+        let shape = LaunchShape {
+            grid: [batch.plan.splits as u32, head_blocks as u32, requests as u32],
+            block: [DECODE_THREADS, 1, 1],
+            shared_bytes: 0,
+        };
+        let widths = [kv_heads, qk_dim, v_dim, k_stride, v_base, v_stride].map(|n| Arg::I32(n as i32));
+        device.launch("paged_decode_partial", shape, &[&shared[..], &widths, &tail].concat())?;
+    }
+    let combine =
+        LaunchShape { grid: [heads as u32, requests as u32, 1], block: [COMBINE_THREADS, 1, 1], shared_bytes: 0 };
     device.launch(
         "paged_decode_combine",
         combine,
@@ -466,15 +505,16 @@ pub struct DecodeOutput {
     pub faults: Vec<u32>,
 }
 
-/// Host-level decode: uploads `q` (`[requests, heads, qk_dim]`) and the tables, verifies and attends, downloads.
+/// Host-level decode: uploads `q` (`[requests, heads, qk_dim]`), the tables and the `allowed` keys (`(mask, stride)`
+/// as [`AllowedKeys`]), verifies and attends, downloads.
 pub fn decode(
     device: &dyn Device,
-    pool: &DevicePool,
-    layer: usize,
+    (pool, layer): (&DevicePool, usize),
     layout: &DecodeLayout,
     q: &[f32],
     requests: &[DecodeRequest],
     plan: Option<DecodePlan>,
+    allowed: Option<(&[f32], usize)>,
 ) -> Result<DecodeOutput, CudaError> {
     check_layout(layout, pool.shape.row_width)?;
     if q.len() != requests.len() * layout.heads * layout.qk_dim {
@@ -491,9 +531,11 @@ pub fn decode(
     }
     let batch = DecodeBatch::new(device, layout, pool.shape.page_size, requests, plan)?;
     let q_buffer = device.upload(q)?;
+    let mask = allowed.map(|(mask, _)| device.upload(mask)).transpose()?;
+    let allowed = mask.as_ref().zip(allowed).map(|(mask, (_, stride))| AllowedKeys { mask, stride });
     let count = requests.len() * layout.heads * layout.v_dim;
     let out = device.alloc_for::<f32>(count)?;
     let faults = device.alloc_for::<u32>(requests.len())?;
-    decode_on(device, (pool, layer), layout, &batch, &q_buffer, (&out, &faults), None)?;
+    decode_on(device, (pool, layer), layout, &batch, &q_buffer, (&out, &faults), allowed)?;
     Ok(DecodeOutput { out: device.download(&out, count)?, faults: device.download(&faults, requests.len())? })
 }

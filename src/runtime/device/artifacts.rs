@@ -9,7 +9,7 @@ pub struct Artifact {
     pub ptx_sm90: &'static str,
 }
 
-pub const ARTIFACTS: [Artifact; 15] = [
+pub const ARTIFACTS: [Artifact; 16] = [
     Artifact {
         family: "activation",
         cubin_sm90a: include_bytes!("../../../kernels/build/activation.sm_90a.cubin"),
@@ -64,6 +64,11 @@ pub const ARTIFACTS: [Artifact; 15] = [
         family: "paged_attention",
         cubin_sm90a: include_bytes!("../../../kernels/build/paged_attention.sm_90a.cubin"),
         ptx_sm90: include_str!("../../../kernels/build/paged_attention.sm_90.ptx"),
+    },
+    Artifact {
+        family: "paged_mla_decode",
+        cubin_sm90a: include_bytes!("../../../kernels/build/paged_mla_decode.sm_90a.cubin"),
+        ptx_sm90: include_str!("../../../kernels/build/paged_mla_decode.sm_90.ptx"),
     },
     Artifact {
         family: "rope",

@@ -245,7 +245,7 @@ impl Device for Emulator {
         let mut command = vec![b'L'];
         command.extend((kernel.len() as u32).to_le_bytes());
         command.extend(kernel.as_bytes());
-        for value in shape.grid.iter().chain(&shape.block) {
+        for value in shape.grid.iter().chain(&shape.block).chain([&shape.shared_bytes]) {
             command.extend(value.to_le_bytes());
         }
         command.extend((args.len() as u32).to_le_bytes());

@@ -259,10 +259,15 @@ impl Device for Gpu {
                 Value::F64(value) => builder.arg(value),
             };
         }
+        if shape.shared_bytes > 48 * 1024 {
+            // Past 48 KiB a kernel's dynamic shared memory must be allowed explicitly.
+            let attribute = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            function.set_attribute(attribute, shape.shared_bytes as i32).map_err(driver("cuFuncSetAttribute"))?;
+        }
         let config = LaunchConfig {
             grid_dim: (shape.grid[0], shape.grid[1], shape.grid[2]),
             block_dim: (shape.block[0], shape.block[1], shape.block[2]),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shape.shared_bytes,
         };
         // SAFETY: every launch wrapper (src/runtime/cuda, src/runtime/cuda/int4_quantize.rs) passes the argument kinds of
         // the kernel's C signature (checked against the emulated device, which rejects a mismatch) and buffers sized

@@ -3,7 +3,7 @@
 //! GPU loads, not the sources the emulator compiles):
 //! - the kernel exists there;
 //! - the block holds no more threads than its `__launch_bounds__` (`.maxntid`; 1024 without), and grid and block
-//!   stay inside compute capability 9.0's dimensions;
+//!   stay inside compute capability 9.0's dimensions, and its dynamic shared memory inside a block's 227 KiB;
 //! - each argument has its parameter's width: the driver copies as many bytes as the PTX parameter has from each
 //!   argument's address, so an `i32` passed for a `long long` would be read with 4 bytes of garbage (the emulator
 //!   converts every integer to the C++ parameter's type and would not notice).
@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::{Arg, CudaError, LaunchShape};
+use super::{Arg, CudaError, LaunchShape, MAX_DYNAMIC_SHARED_BYTES};
 
 /// Threads per block a kernel without `__launch_bounds__` may take.
 const MAX_BLOCK_THREADS: u32 = 1024;
@@ -101,7 +101,7 @@ impl LaunchCheck {
     }
 
     /// Refuses what a GPU would refuse or misread: an unknown kernel, a block past its bounds, a dimension out of
-    /// range, arguments that are not the parameters' number and widths.
+    /// range, more shared memory than a block has, arguments that are not the parameters' number and widths.
     pub fn check(&self, kernel: &str, shape: LaunchShape, args: &[Arg]) -> Result<(), CudaError> {
         let refuse = |message: String| {
             Err(CudaError::Driver { call: "cuLaunchKernel", message: format!("kernel `{kernel}`: {message}") })
@@ -120,6 +120,12 @@ impl LaunchCheck {
             if grid[axis] == 0 || grid[axis] > MAX_GRID[axis] || block[axis] == 0 || block[axis] > MAX_BLOCK[axis] {
                 return refuse(format!("grid {grid:?} × block {block:?} is outside the GPU's launch dimensions"));
             }
+        }
+        if shape.shared_bytes > MAX_DYNAMIC_SHARED_BYTES {
+            return refuse(format!(
+                "{} bytes of dynamic shared memory exceed a block's {MAX_DYNAMIC_SHARED_BYTES}",
+                shape.shared_bytes
+            ));
         }
         let threads: u64 = block.iter().map(|&n| u64::from(n)).product();
         if threads > u64::from(max_threads) {
@@ -182,9 +188,15 @@ mod tests {
         assert!(check.check("unbounded", LaunchShape::linear(1, 1024), &[Arg::I64(1)]).is_ok());
         assert!(check.check("unbounded", LaunchShape::linear(1, 32), &[Arg::I32(1)]).is_err());
         let [square, tall, empty] = [[32, 32, 2], [32, 1, 1], [0, 1, 1]];
-        assert!(check.check("unbounded", LaunchShape { grid: [1, 1, 1], block: square }, &[Arg::Null]).is_err());
-        assert!(check.check("unbounded", LaunchShape { grid: [1, 65536, 1], block: tall }, &[Arg::Null]).is_err());
-        assert!(check.check("unbounded", LaunchShape { grid: [1, 1, 1], block: empty }, &[Arg::Null]).is_err());
+        assert!(check
+            .check("unbounded", LaunchShape { grid: [1, 1, 1], block: square, shared_bytes: 0 }, &[Arg::Null])
+            .is_err());
+        assert!(check
+            .check("unbounded", LaunchShape { grid: [1, 65536, 1], block: tall, shared_bytes: 0 }, &[Arg::Null])
+            .is_err());
+        assert!(check
+            .check("unbounded", LaunchShape { grid: [1, 1, 1], block: empty, shared_bytes: 0 }, &[Arg::Null])
+            .is_err());
         let unknown = check.check("missing", LaunchShape::linear(1, 32), &[]).unwrap_err().to_string();
         assert!(unknown.contains("check-kernels.sh --update"), "{unknown}");
         assert!(check.check("emulation_primitives", LaunchShape::linear(1, 64), &[Arg::I32(1)]).is_ok());

@@ -72,17 +72,23 @@ pub enum Arg<'a> {
     F64(f64),
 }
 
-/// Grid and block shape of a launch.
+/// Grid and block shape of a launch, and its dynamic shared memory (the kernel's `extern __shared__` bytes, up to
+/// [`MAX_DYNAMIC_SHARED_BYTES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchShape {
     pub grid: [u32; 3],
     pub block: [u32; 3],
+    pub shared_bytes: u32,
 }
+
+/// The most shared memory one block may have on compute capability 9.0 (227 KiB, past 48 KiB only after the
+/// kernel opts in, which the GPU launch does).
+pub const MAX_DYNAMIC_SHARED_BYTES: u32 = 227 * 1024;
 
 impl LaunchShape {
     /// A 1-D grid of `blocks` blocks of `threads` threads.
     pub fn linear(blocks: u32, threads: u32) -> Self {
-        Self { grid: [blocks.max(1), 1, 1], block: [threads, 1, 1] }
+        Self { grid: [blocks.max(1), 1, 1], block: [threads, 1, 1], shared_bytes: 0 }
     }
 }
 
@@ -200,6 +206,7 @@ impl GemmF64<'_> {
         let shape = LaunchShape {
             grid: [(n as u32).div_ceil(16).max(1), (m as u32).div_ceil(16).max(1), 1],
             block: [256, 1, 1],
+            shared_bytes: 0,
         };
         let (a, b, c) = (&self.a, &self.b, &self.c);
         let args = [
