@@ -6,8 +6,9 @@
 //!
 //! # Layer-streamed execution and memory
 //! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
-//! through that layer, then the layer is dropped; a loader thread ([`crate::load::layer_stream`]) reads — and on
-//! a device uploads — layer `i + 1` while layer `i` computes ([`run_layers`]). Routed experts are streamed further:
+//! through that layer, then the layer is dropped; a reader thread ([`crate::load::layer_stream`]) reads layer
+//! `i + 1` while layer `i` computes ([`run_layers`]); on a device an uploader thread copies `i + 1` to the GPU while
+//! the reader goes on to `i + 2`. Routed experts are streamed further:
 //! the experts hit by some token are read in batches of at most `EXPERT_BATCH_BYTES` (2 GiB, ~10 Kimi K2 experts; at
 //! least one expert), a loader thread reading batch `b + 1` while the backend applies batch `b`
 //! ([`crate::runtime::Backend::routed_experts`]: grouped W4A16 on the device for INT4 checkpoints), and each batch
@@ -15,7 +16,9 @@
 //!
 //! ```text
 //! peak ≈ two layers' dequantized f32 weights without routed experts      (attention + router + shared/dense MLP;
-//!                                                                          the one computing and the one loaded ahead)
+//!                                                                          the one computing and the one loaded ahead;
+//!                                                                          three on a device: one more being read
+//!                                                                          while the next uploads)
 //!      + 2 × one batch of routed experts: ≤ 2 × max(2 GiB, one expert)    (expert ≤ 3 · moe_intermediate · hidden · 5 B:
 //!                                                                          f32 + packed INT4 + scales)
 //!      + activations: tokens × hidden × 4 B × ~6  (+ MLA keys/values tokens × heads × (qk+v) × 4 B)

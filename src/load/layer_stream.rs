@@ -1,8 +1,12 @@
-//! Double-buffered layer streaming: a loader thread reads and dequantizes decoder layer `i + 1` while the caller
-//! computes layer `i`, so a layer-streamed pass runs at the slower of loading and compute instead of their sum.
-//! At most two layers' resident weights are in memory (the one computing and the one loaded ahead). With a device
-//! backend the loader also uploads the loaded layer's weights ([`Prefetch`]) before handing it over, so the copy to
-//! the GPU overlaps the current layer's kernels too.
+//! Pipelined layer streaming: a reader thread reads and dequantizes decoder layer `i + 1` while the caller computes
+//! layer `i`, so a layer-streamed pass runs at the slower of loading and compute instead of their sum. With a device
+//! backend a second thread uploads the read layers' weights ([`Prefetch`]) before handing them over: the reader
+//! reads layer `i + 2` from disk while the uploader copies `i + 1` to the GPU and the kernels run `i`, so a pass
+//! runs at the slowest of reading, uploading and compute.
+//!
+//! Memory: the layer computing, the one handed over next (in the channel, or held by the last stage blocked on
+//! it), and on a device the one the reader holds while the upload runs — at most three layers' resident weights on
+//! the host, two on the device (the one computing, the one uploaded ahead).
 
 use std::path::Path;
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -28,37 +32,49 @@ pub trait StreamedLayer: Sized + Send + 'static {
 /// The decoder layers of one checkpoint, in order.
 pub struct LayerStream<L: StreamedLayer> {
     receiver: Receiver<Result<L, RuntimeError>>,
-    loader: Option<JoinHandle<()>>,
+    /// The reader, and on a device the uploader after it.
+    stages: Vec<JoinHandle<()>>,
 }
 
 impl<L: StreamedLayer> LayerStream<L> {
-    /// Starts loading layers `0..count` of the model folder `dir` (opened again on the loader thread; the
-    /// checkpoint is memory-mapped, so this costs only the header parse).
+    /// Starts loading layers `0..count` of the model folder `dir` (opened again on the reader thread; the
+    /// checkpoint is memory-mapped, so this costs only the header parse), uploading each through `prefetch` when
+    /// given.
     pub fn start(dir: &Path, count: usize, prefetch: Option<Arc<dyn Prefetch>>) -> Self {
-        // Capacity 1: one layer waits in the channel while the loader holds none (it blocks on send).
-        let (sender, receiver) = sync_channel(1);
+        // Rendezvous channels: a stage holds at most the layer it works on or waits to hand over.
+        let (read_sender, read_receiver) = sync_channel(0);
         let dir = dir.to_path_buf();
-        let loader = std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let (checkpoint, config) = match open_checkpoint(&dir) {
                 Ok(opened) => opened,
                 Err(error) => {
-                    let _ = sender.send(Err(error));
+                    let _ = read_sender.send(Err(error));
                     return;
                 }
             };
             let reader = WeightReader::new(&checkpoint);
             for index in 0..count {
                 let layer = L::load(&reader, &config, index);
-                if let (Ok(layer), Some(prefetch)) = (&layer, &prefetch) {
-                    prefetch.prefetch(&layer.matrices());
-                }
                 let failed = layer.is_err();
-                if sender.send(layer).is_err() || failed {
+                if read_sender.send(layer).is_err() || failed {
                     return;
                 }
             }
         });
-        Self { receiver, loader: Some(loader) }
+        let Some(prefetch) = prefetch else { return Self { receiver: read_receiver, stages: vec![reader] } };
+        let (upload_sender, receiver) = sync_channel(0);
+        let uploader = std::thread::spawn(move || {
+            for layer in read_receiver {
+                if let Ok(layer) = &layer {
+                    prefetch.prefetch(&layer.matrices());
+                }
+                let failed = layer.is_err();
+                if upload_sender.send(layer).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Self { receiver, stages: vec![reader, uploader] }
     }
 
     /// The next layer and the seconds spent waiting for it (loading not hidden behind compute).
@@ -74,11 +90,12 @@ impl<L: StreamedLayer> LayerStream<L> {
 
 impl<L: StreamedLayer> Drop for LayerStream<L> {
     fn drop(&mut self) {
-        // Unblock a loader waiting to send, then wait for it so no thread outlives the pass.
+        // Unblock the last stage waiting to send (which drops its receiver, unblocking the reader in turn), then
+        // wait for every stage so no thread outlives the pass.
         let (_, receiver) = sync_channel(0);
         drop(std::mem::replace(&mut self.receiver, receiver));
-        if let Some(loader) = self.loader.take() {
-            let _ = loader.join();
+        for stage in self.stages.drain(..).rev() {
+            let _ = stage.join();
         }
     }
 }
