@@ -99,3 +99,87 @@ impl<L: StreamedLayer> Drop for LayerStream<L> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Layers loaded so far, across the test's streams (the tests below run one stream each, serialized by `SERIAL`).
+    static LOADED: AtomicUsize = AtomicUsize::new(0);
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    struct Marker(usize);
+
+    impl StreamedLayer for Marker {
+        fn load(_: &WeightReader, _: &ModelConfig, index: usize) -> Result<Self, RuntimeError> {
+            LOADED.fetch_add(1, Ordering::SeqCst);
+            Ok(Marker(index))
+        }
+        fn matrices(&self) -> Vec<&Matrix> {
+            Vec::new()
+        }
+    }
+
+    /// Records each upload; upload `k` (but the last) waits until the reader has loaded layer `k + 1`, which only
+    /// a reader running beside the uploader can do.
+    struct Uploads {
+        count: usize,
+        seen: Mutex<Vec<usize>>,
+        overlapped: AtomicUsize,
+    }
+
+    impl Prefetch for Uploads {
+        fn prefetch(&self, _: &[&Matrix]) {
+            let mut seen = self.seen.lock().unwrap();
+            let k = seen.len();
+            seen.push(k);
+            drop(seen);
+            if k + 1 < self.count {
+                let started = Instant::now();
+                while LOADED.load(Ordering::SeqCst) < k + 2 && started.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if LOADED.load(Ordering::SeqCst) >= k + 2 {
+                    self.overlapped.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    fn demo_model() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("eval").join(crate::demo_model::NAME)
+    }
+
+    #[test]
+    fn on_a_device_the_next_layer_is_read_while_this_one_uploads() {
+        let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        LOADED.store(0, Ordering::SeqCst);
+        let count = 5;
+        let uploads = Arc::new(Uploads { count, seen: Mutex::new(Vec::new()), overlapped: AtomicUsize::new(0) });
+        let mut stream = LayerStream::<Marker>::start(&demo_model(), count, Some(uploads.clone()));
+        for index in 0..count {
+            let (layer, _) = stream.next_layer().unwrap();
+            assert_eq!(layer.0, index);
+            assert!(uploads.seen.lock().unwrap().contains(&index), "layer {index} handed over before its upload");
+        }
+        assert_eq!(uploads.overlapped.load(Ordering::SeqCst), count - 1, "uploads that saw the next layer read");
+    }
+
+    #[test]
+    fn a_stream_dropped_early_stops_both_stages() {
+        let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        LOADED.store(0, Ordering::SeqCst);
+        let uploads = Arc::new(Uploads { count: 0, seen: Mutex::new(Vec::new()), overlapped: AtomicUsize::new(0) });
+        let mut stream = LayerStream::<Marker>::start(&demo_model(), 1000, Some(uploads.clone()));
+        assert_eq!(stream.next_layer().unwrap().0 .0, 0);
+        drop(stream); // joins the reader and the uploader: returns only once both stopped
+        let loaded = LOADED.load(Ordering::SeqCst);
+        assert!(loaded <= 4, "{loaded} layers loaded for 1 taken: the stages ran ahead unbounded");
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(LOADED.load(Ordering::SeqCst), loaded, "a stage kept loading after the drop");
+    }
+}
