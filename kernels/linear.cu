@@ -104,11 +104,22 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// y[r, o] = (p[r·ld + o] + p[second + r·ld + o] (+ p[third + r·ld + o] when third ≥ 0)) + bias[o] (+ 0 without a
-// bias, as the CPU does): the partial products of the split forms summed, for `rows` rows of `out` values. Layouts
-// (src/runtime/cuda/linear.rs): x split over a BF16 weight, p [2·rows, out] (second = rows·out); a BF16 weight pair
-// (hi rows then lo rows) on the matrix-vector kernel, p [rows, 2·out] (second = out); a pair times split x, p
-// [2·rows, 2·out] (second = 2·rows·out: x_lo·W_hi, third = out: x_hi·W_lo; x_lo·W_lo is left out).
+// BF16 activations (src/runtime/cuda/linear.rs `Activations::Bf16`): x rounded to BF16 once, to nearest even — the
+// split's hi half alone, for the one GEMM the engines compute (2⁻⁹ relative per activation).
+extern "C" __global__ void __launch_bounds__(256)
+    round_bf16(const float* __restrict__ x, uint16_t* __restrict__ rounded, long long count) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < count; e += stride) {
+        rounded[e] = squeeze::bf16_bits(x[e]);
+    }
+}
+
+// y[r, o] = (p[r·ld + o] (+ p[second + r·ld + o] when second ≥ 0) (+ p[third + r·ld + o] when third ≥ 0)) + bias[o]
+// (+ 0 without a bias, as the CPU does): the partial products of the split forms summed, for `rows` rows of `out`
+// values. Layouts (src/runtime/cuda/linear.rs): x split over a BF16 weight, p [2·rows, out] (second = rows·out); a
+// BF16 weight pair (hi rows then lo rows) on the matrix-vector kernel or times BF16 x, p [rows, 2·out] (second =
+// out); a pair times split x, p [2·rows, 2·out] (second = 2·rows·out: x_lo·W_hi, third = out: x_hi·W_lo; x_lo·W_lo
+// is left out); BF16 x over a BF16 weight with a bias, p [rows, out] (second = −1).
 extern "C" __global__ void __launch_bounds__(256)
     join_products_f32(float* __restrict__ y, const float* __restrict__ p, const float* __restrict__ bias,
                       long long rows, long long out, long long ld, long long second, long long third) {
@@ -116,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < count; e += stride) {
         const long long at = (e / out) * ld + e % out;
-        float sum = __fadd_rn(p[at], p[second + at]);
+        float sum = second >= 0 ? __fadd_rn(p[at], p[second + at]) : p[at];
         if (third >= 0) sum = __fadd_rn(sum, p[third + at]);
         y[e] = __fadd_rn(sum, bias ? bias[e % out] : 0.0f);
     }
@@ -144,6 +155,7 @@ extern "C" __global__ void __launch_bounds__(256)
 SQUEEZE_EMULATION_KERNEL(linear_f32);
 SQUEEZE_EMULATION_KERNEL(linear_bf16);
 SQUEEZE_EMULATION_KERNEL(split_bf16);
+SQUEEZE_EMULATION_KERNEL(round_bf16);
 SQUEEZE_EMULATION_KERNEL(join_products_f32);
 SQUEEZE_EMULATION_KERNEL(gemm_bf16_reference);
 #endif

@@ -12,7 +12,7 @@ use crate::rng::Rng;
 use crate::runtime::backend::{AttentionShape, IndexerShape, RopeCall, RopeStyle, RoutingShape};
 use crate::runtime::cpu::Cpu;
 use crate::runtime::cuda::linear::{
-    linear_bf16, linear_bf16_gemm, linear_bf16_pair, w4a16_linear, LinearShape, W4a16Weight, GEMM_MIN_ROWS,
+    linear_bf16, linear_bf16_gemm, linear_bf16_pair, w4a16_linear, Activations, LinearShape, W4a16Weight, GEMM_MIN_ROWS,
 };
 use crate::runtime::cuda::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
 use crate::runtime::cuda::split::split;
@@ -121,52 +121,58 @@ pub fn linear_bf16_weights(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<S
     Ok(rows)
 }
 
-/// The split BF16 GEMM (activations as two BF16 halves, [`linear_bf16_gemm`]; cuBLAS on a GPU, the reference
-/// kernel here) against the CPU `linear` on the same BF16 weights and f32 activations: rows from [`GEMM_MIN_ROWS`]
-/// up, `in` a multiple of 8 and not, with and without bias; and an f32 weight as its BF16 pair
-/// ([`linear_bf16_pair`], the device form of block-FP8 weights) on both of its paths. Its own tolerance: the halves keep x within 2⁻¹⁸
-/// (≈ 4e-6) relative, so a sum is off by about that over the dot-order noise; one BF16 rounding of x (2⁻⁹) would be
-/// ≈ 1e-3 and fail.
+/// The BF16 GEMM ([`linear_bf16_gemm`]; cuBLAS on a GPU, the reference kernel here) against the CPU `linear` on the
+/// same BF16 weights: rows from [`GEMM_MIN_ROWS`] up, `in` a multiple of 8 and not, with and without bias; and an f32
+/// weight as its BF16 pair ([`linear_bf16_pair`], the device form of block-FP8 weights) on both of its paths. With
+/// split activations against the f32 activations: the halves keep x within 2⁻¹⁸ (≈ 4e-6) relative, so a sum is off
+/// by about that over the dot-order noise (one BF16 rounding of x, 2⁻⁹, would be ≈ 1e-3 and fail). With BF16
+/// activations ([`Activations::Bf16`]) against the CPU on the activations rounded to BF16: the same products, the
+/// same tolerance.
 pub fn linear_bf16_split_gemm(backend: &CudaBackend, rng: &mut Rng) -> Result<Vec<SelftestRow>, CudaError> {
     const SPLIT_REL_L2: f64 = 2e-5;
     let device = backend.device();
     let mut rows = Vec::new();
+    let to_bf16 = |values: &[f32]| -> Vec<f32> { values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect() };
     for (tokens, inner, out) in [(GEMM_MIN_ROWS, 200, 75), (45, 96, 19), (70, 75, 41)] {
         let bits: Vec<u16> = rng.values(out * inner, 0.5).iter().map(|&w| bf16::from_f32(w).to_bits()).collect();
         let rounded = Matrix::new(out, inner, bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect());
         let input = rng.values(tokens * inner, 2.0);
         let bias_values = rng.values(out, 1.0);
         let (x, weight, bias) = (device.upload(&input)?, device.upload(&bits)?, device.upload(&bias_values)?);
-        for with_bias in [false, true] {
-            let want = Host::new(&Cpu::default()).linear(
-                &input,
-                tokens,
-                &rounded,
-                with_bias.then_some(bias_values.as_slice()),
-            );
-            let y = device.alloc_for::<f32>(tokens * out)?;
-            linear_bf16_gemm(
-                device,
-                &x,
-                &weight,
-                with_bias.then_some(&bias),
-                &y,
-                LinearShape::new(tokens, inner, out),
-            )?;
-            let got = device.download::<f32>(&y, tokens * out)?;
-            let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias {with_bias}");
-            rows.push(row("gemm_bf16", shape, &got, &want, 0, SPLIT_REL_L2));
-        }
-        // An f32 weight (as block-FP8 dequantizes) as its BF16 pair, below and from GEMM_MIN_ROWS rows.
+        // An f32 weight (as block-FP8 dequantizes) as its BF16 pair.
         let dense = Matrix::new(out, inner, rng.values(out * inner, 0.5));
         let pair = split(device, &device.upload(dense.values())?, out * inner)?;
-        for tokens in [5, tokens] {
-            let want = Host::new(&Cpu::default()).linear(&input[..tokens * inner], tokens, &dense, Some(&bias_values));
-            let y = device.alloc_for::<f32>(tokens * out)?;
-            linear_bf16_pair(device, &x, &pair, Some(&bias), &y, LinearShape::new(tokens, inner, out))?;
-            let got = device.download::<f32>(&y, tokens * out)?;
-            let shape = format!("[{tokens}, {inner}]·([{out}, {inner}] f32 as a BF16 pair)ᵀ bias true");
-            rows.push(row("gemm_bf16", shape, &got, &want, 0, SPLIT_REL_L2));
+        for activations in [Activations::Split, Activations::Bf16] {
+            let seen = if activations == Activations::Bf16 { to_bf16(&input) } else { input.clone() };
+            let cpu_backend = Cpu::default();
+            let cpu = Host::new(&cpu_backend);
+            for with_bias in [false, true] {
+                let want = cpu.linear(&seen, tokens, &rounded, with_bias.then_some(bias_values.as_slice()));
+                let y = device.alloc_for::<f32>(tokens * out)?;
+                let shape = LinearShape::new(tokens, inner, out);
+                linear_bf16_gemm(device, &x, &weight, with_bias.then_some(&bias), (&y, shape), activations)?;
+                let got = device.download::<f32>(&y, tokens * out)?;
+                let shape = format!("[{tokens}, {inner}]·[{out}, {inner}]ᵀ bias {with_bias}, {activations:?} x");
+                rows.push(row("gemm_bf16", shape, &got, &want, 0, SPLIT_REL_L2));
+            }
+            // Below GEMM_MIN_ROWS the pair runs on the matrix-vector kernel with f32 x, whatever `activations` says.
+            for tokens in [5, tokens] {
+                let seen = if tokens < GEMM_MIN_ROWS { &input } else { &seen };
+                let want = cpu.linear(&seen[..tokens * inner], tokens, &dense, Some(&bias_values));
+                let y = device.alloc_for::<f32>(tokens * out)?;
+                linear_bf16_pair(
+                    device,
+                    &x,
+                    &pair,
+                    Some(&bias),
+                    (&y, LinearShape::new(tokens, inner, out)),
+                    activations,
+                )?;
+                let got = device.download::<f32>(&y, tokens * out)?;
+                let shape =
+                    format!("[{tokens}, {inner}]·([{out}, {inner}] f32 as a BF16 pair)ᵀ bias true, {activations:?} x");
+                rows.push(row("gemm_bf16", shape, &got, &want, 0, SPLIT_REL_L2));
+            }
         }
     }
     Ok(rows)

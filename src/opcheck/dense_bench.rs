@@ -1,11 +1,14 @@
 //! Perf mode on a real GPU: the dense BF16 products on GLM-5's attention shapes (issue 16's cuBLAS target). For each
 //! weight shape at 4096 tokens: one plain BF16 GEMM ([`Device::gemm_bf16`], cuBLAS), the runtime's split product
 //! ([`linear_bf16_gemm`]: the same GEMM over 2 × 4096 rows, plus the split and join kernels) as useful TFLOP/s, the
-//! block-FP8 weights' pair form ([`linear_bf16_pair`]), and the matrix-vector kernel it replaced from [`GEMM_MIN_ROWS`] rows on ([`linear_bf16`]). Shares are against the
+//! same on activations rounded to BF16 once ([`Activations::Bf16`]: one GEMM and the rounding kernel; target ≥ 70 %
+//! of the plain GEMM), the block-FP8 weights' pair form ([`linear_bf16_pair`]) both ways, and the matrix-vector kernel it replaced from [`GEMM_MIN_ROWS`] rows on ([`linear_bf16`]). Shares are against the
 //! best rate cuBLAS reaches in this run on a large square BF16 GEMM ("peak").
 
 use crate::rng::Rng;
-use crate::runtime::cuda::linear::{linear_bf16, linear_bf16_gemm, linear_bf16_pair, LinearShape, GEMM_MIN_ROWS};
+use crate::runtime::cuda::linear::{
+    linear_bf16, linear_bf16_gemm, linear_bf16_pair, Activations, LinearShape, GEMM_MIN_ROWS,
+};
 use crate::runtime::device::{CudaError, Device, DeviceBuffer, GemmBf16};
 
 use super::timing::time_launches;
@@ -83,8 +86,9 @@ pub fn bench(device: &dyn Device, fence: &DeviceBuffer) -> Result<Vec<SelftestRo
         drop((halves, products));
         let x = device.upload(&rng.values(TOKENS * inner, 1.0))?;
         let y = device.alloc_for::<f32>(TOKENS * out)?;
+        let linear_shape = LinearShape::new(TOKENS, inner, out);
         let seconds = time_launches(device, fence, 20, || {
-            linear_bf16_gemm(device, &x, &weight, None, &y, LinearShape::new(TOKENS, inner, out))
+            linear_bf16_gemm(device, &x, &weight, None, (&y, linear_shape), Activations::Split)
         })?;
         let split = tflops(TOKENS, inner, out, seconds);
         rows.push(timed_row(
@@ -97,9 +101,23 @@ pub fn bench(device: &dyn Device, fence: &DeviceBuffer) -> Result<Vec<SelftestRo
                 100.0 * split / rate
             ),
         ));
+        let seconds_bf16 = time_launches(device, fence, 20, || {
+            linear_bf16_gemm(device, &x, &weight, None, (&y, linear_shape), Activations::Bf16)
+        })?;
+        let bf16_rate = tflops(TOKENS, inner, out, seconds_bf16);
+        rows.push(timed_row(
+            "linear bf16 gemm, bf16 x",
+            shape.clone(),
+            seconds_bf16,
+            format!(
+                "{bf16_rate:.0} TFLOP/s (x rounded once: quantize's calibration passes), {:.0}% of the plain GEMM; \
+                 target >= 70% of the plain GEMM",
+                100.0 * bf16_rate / rate
+            ),
+        ));
         let pair = bf16_buffer(device, &mut rng, 2 * out * inner)?;
         let seconds_pair = time_launches(device, fence, 10, || {
-            linear_bf16_pair(device, &x, &pair, None, &y, LinearShape::new(TOKENS, inner, out))
+            linear_bf16_pair(device, &x, &pair, None, (&y, linear_shape), Activations::Split)
         })?;
         let pair_rate = tflops(TOKENS, inner, out, seconds_pair);
         rows.push(timed_row(
@@ -109,6 +127,20 @@ pub fn bench(device: &dyn Device, fence: &DeviceBuffer) -> Result<Vec<SelftestRo
             format!(
                 "{pair_rate:.0} useful TFLOP/s (block-FP8 weights: a BF16 pair by split x, 4 GEMM flops per useful one), {:.0}% of peak",
                 100.0 * pair_rate / peak
+            ),
+        ));
+        let seconds_pair_bf16 = time_launches(device, fence, 10, || {
+            linear_bf16_pair(device, &x, &pair, None, (&y, linear_shape), Activations::Bf16)
+        })?;
+        let pair_bf16_rate = tflops(TOKENS, inner, out, seconds_pair_bf16);
+        rows.push(timed_row(
+            "linear bf16 pair gemm, bf16 x",
+            shape.clone(),
+            seconds_pair_bf16,
+            format!(
+                "{pair_bf16_rate:.0} useful TFLOP/s (a BF16 pair by x rounded once, 2 GEMM flops per useful one), {:.0}% \
+                 of the plain GEMM",
+                100.0 * pair_bf16_rate / rate
             ),
         ));
         drop(pair);

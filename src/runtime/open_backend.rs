@@ -3,6 +3,7 @@
 
 use super::backend::Backend;
 use super::cpu::{Cpu, Products};
+use super::cuda::linear::Activations;
 use super::cuda::CudaBackend;
 use super::device::{select, CudaError, DeviceChoice, DeviceSelection};
 
@@ -11,7 +12,9 @@ pub fn open_backend(choice: DeviceChoice) -> Result<(Box<dyn Backend>, Option<St
     open_backend_with(choice, Products::Exact)
 }
 
-/// [`open_backend`] whose CPU backend multiplies as `products` says (the GPU's is unaffected).
+/// [`open_backend`] whose CPU backend multiplies as `products` says; a device's GEMMs take their activations split
+/// for [`Products::Exact`] and rounded to BF16 once for [`Products::Blocked`] (the calibration passes' statistics:
+/// [`Activations`]).
 pub fn open_backend_with(
     choice: DeviceChoice,
     products: Products,
@@ -22,7 +25,13 @@ pub fn open_backend_with(
         return Ok((Box::new(cpu), Some(format!("no usable GPU ({reason}); running on the CPU"))));
     }
     Ok(match selection.into_device() {
-        Some(device) => (Box::new(CudaBackend::new(device)), None),
+        Some(device) => {
+            let activations = match products {
+                Products::Exact => Activations::Split,
+                Products::Blocked => Activations::Bf16,
+            };
+            (Box::new(CudaBackend::with_activations(device, activations)), None)
+        }
         None => (Box::new(cpu), None),
     })
 }

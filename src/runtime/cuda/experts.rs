@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use crate::runtime::backend::{ExpertInputs, RoutedExpert};
-use crate::runtime::device::{CudaError, Device, DeviceBuffer};
+use crate::runtime::device::{CudaError, DeviceBuffer};
 use crate::runtime::matrix::{Int4Weight, Matrix};
 use crate::runtime::tensor::Tensor;
 
@@ -235,16 +235,17 @@ impl DenseWeight {
     /// `y = x · Wᵀ` on the f32, BF16 or BF16-pair product, as the weight is held.
     fn linear(
         &self,
-        device: &dyn Device,
+        backend: &CudaBackend,
         x: &DeviceBuffer,
         y: &DeviceBuffer,
         shape: LinearShape,
     ) -> Result<(), CudaError> {
+        let (device, activations) = (backend.device(), backend.activations);
         match self {
             DenseWeight::Cached(weight) => match weight.as_ref() {
                 DeviceWeight::Dense(w) => linear_f32(device, x, w, None, y, shape),
-                DeviceWeight::Bf16(w) => dense_bf16(device, x, w, None, y, shape),
-                DeviceWeight::Bf16Pair(w) => linear_bf16_pair(device, x, w, None, y, shape),
+                DeviceWeight::Bf16(w) => dense_bf16(device, x, w, None, (y, shape), activations),
+                DeviceWeight::Bf16Pair(w) => linear_bf16_pair(device, x, w, None, (y, shape), activations),
                 DeviceWeight::Int4 { .. } => {
                     Err(unsupported("routed_experts", "a dense expert weight is cached packed"))
                 }
@@ -277,9 +278,9 @@ fn dense(
     let activated = device.alloc_for::<f32>(rows * inner)?;
     let down = alloc(device, rows, hidden)?;
     let x_rows = buffer(&x_rows)?;
-    gate_weight.linear(device, x_rows, &gate, LinearShape::new(rows, hidden, inner))?;
-    up_weight.linear(device, x_rows, &up, LinearShape::new(rows, hidden, inner))?;
+    gate_weight.linear(backend, x_rows, &gate, LinearShape::new(rows, hidden, inner))?;
+    up_weight.linear(backend, x_rows, &up, LinearShape::new(rows, hidden, inner))?;
     silu_mul_f32(device, &gate, &up, &activated, rows * inner)?;
-    down_weight.linear(device, &activated, buffer(&down)?, LinearShape::new(rows, inner, hidden))?;
+    down_weight.linear(backend, &activated, buffer(&down)?, LinearShape::new(rows, inner, hidden))?;
     combine(backend, output, &down, &[expert])
 }

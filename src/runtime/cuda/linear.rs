@@ -12,7 +12,7 @@ use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
-use super::split::{grid_stride, holds, split};
+use super::split::{grid_stride, holds, round, split};
 use super::state::CudaBackend;
 use super::tensor::{alloc, buffer};
 use crate::runtime::device::DeviceWeight;
@@ -29,6 +29,19 @@ const ROW_TILE: usize = 16;
 /// read once) instead of the matrix-vector kernel (CUDA cores, the weight read once per 16 rows). Two row tiles:
 /// below it the kernel reads the weight no more often than the GEMM does.
 pub const GEMM_MIN_ROWS: usize = 2 * ROW_TILE;
+
+/// How the BF16 GEMMs (from [`GEMM_MIN_ROWS`] rows on) take their f32 activations.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Activations {
+    /// `x = hi + lo`, both BF16 ([`split`]): 16 significant bits, within the CPU oracle's tolerance, at twice the
+    /// GEMM's work. The runtime's commands use it: their logits, scales and tokens are compared with the CPU's.
+    #[default]
+    Split,
+    /// `x` rounded to BF16 once (kernels/linear.cu `round_bf16`), as the engines compute: one GEMM, 2⁻⁹ relative
+    /// per activation. The calibration passes of `quantize` use it (statistics over thousands of rows, as
+    /// llm-compressor's BF16 forward gathers them; the CPU's counterpart is `Products::Blocked`).
+    Bf16,
+}
 
 /// `value` as a kernel `int`.
 fn int(tensor: &str, what: &str, value: usize) -> Result<i32, CudaError> {
@@ -110,10 +123,12 @@ pub fn linear(backend: &CudaBackend, x: &Tensor, weight: &Matrix, bias: Option<&
             linear_f32(device, x, w, bias_buffer, y_buffer, LinearShape::new(rows, in_features, out_features))?
         }
         DeviceWeight::Bf16(w) => {
-            dense_bf16(device, x, w, bias_buffer, y_buffer, LinearShape::new(rows, in_features, out_features))?
+            let out = (y_buffer, LinearShape::new(rows, in_features, out_features));
+            dense_bf16(device, x, w, bias_buffer, out, backend.activations)?
         }
         DeviceWeight::Bf16Pair(w) => {
-            linear_bf16_pair(device, x, w, bias_buffer, y_buffer, LinearShape::new(rows, in_features, out_features))?
+            let out = (y_buffer, LinearShape::new(rows, in_features, out_features));
+            linear_bf16_pair(device, x, w, bias_buffer, out, backend.activations)?
         }
         DeviceWeight::Int4 { packed, scales, group_size } => {
             check_int4("linear", in_features, *group_size)?;
@@ -223,75 +238,94 @@ pub fn linear_bf16(
     dense(DenseKernel::BF16, device, x, weight, bias, y, shape)
 }
 
-/// Device-level dense linear on BF16 weight bits, as [`linear_bf16`] computes it: on that kernel below
-/// [`GEMM_MIN_ROWS`] rows, as [`linear_bf16_gemm`] from there on.
+/// Device-level dense linear on BF16 weight bits: on [`linear_bf16`] below [`GEMM_MIN_ROWS`] rows (f32 activations
+/// as they are), as [`linear_bf16_gemm`] with `activations` from there on.
 pub fn dense_bf16(
     device: &dyn Device,
     x: &DeviceBuffer,
     weight: &DeviceBuffer,
     bias: Option<&DeviceBuffer>,
-    y: &DeviceBuffer,
-    shape: LinearShape,
+    (y, shape): (&DeviceBuffer, LinearShape),
+    activations: Activations,
 ) -> Result<(), CudaError> {
     if shape.rows < GEMM_MIN_ROWS {
         linear_bf16(device, x, weight, bias, y, shape)
     } else {
-        linear_bf16_gemm(device, x, weight, bias, y, shape)
+        linear_bf16_gemm(device, x, weight, bias, (y, shape), activations)
     }
 }
 
-/// Device-level dense linear on BF16 weight bits as one BF16 GEMM ([`Device::gemm_bf16`]: cuBLAS on a GPU) over
-/// the activations split in two BF16 halves, `x = hi + lo` ([`split`]: 16 significant bits, within 2⁻¹⁸ of x),
-/// stacked as 2·rows rows, then `y = x_hi·Wᵀ + x_lo·Wᵀ (+ bias)`. Twice the GEMM's flops for f32-faithful
-/// activations; the weight is read once. Temporary device memory: 2·rows·in BF16 + 2·rows·out f32.
+/// Device-level dense linear on BF16 weight bits as one BF16 GEMM ([`Device::gemm_bf16`]: cuBLAS on a GPU), the
+/// weight read once. [`Activations::Split`]: over the activations split in two BF16 halves, `x = hi + lo` ([`split`]:
+/// 16 significant bits, within 2⁻¹⁸ of x), stacked as 2·rows rows, then `y = x_hi·Wᵀ + x_lo·Wᵀ (+ bias)`: twice the
+/// GEMM's flops for f32-faithful activations; temporary device memory 2·rows·in BF16 + 2·rows·out f32.
+/// [`Activations::Bf16`]: over x rounded to BF16 once, written straight into y (through the join only to add a
+/// bias); temporary memory rows·in BF16 (+ rows·out f32 with a bias).
 pub fn linear_bf16_gemm(
     device: &dyn Device,
     x: &DeviceBuffer,
     weight: &DeviceBuffer,
     bias: Option<&DeviceBuffer>,
-    y: &DeviceBuffer,
-    shape: LinearShape,
+    (y, shape): (&DeviceBuffer, LinearShape),
+    activations: Activations,
 ) -> Result<(), CudaError> {
     let LinearShape { rows, in_features, out_features } = shape;
     if !checked_dense("linear_bf16_gemm", x, bias, y, rows, in_features, out_features)? {
         return Ok(());
     }
+    if activations == Activations::Bf16 {
+        let rounded = round(device, x, rows * in_features)?;
+        let Some(bias) = bias else {
+            return device.gemm_bf16(&GemmBf16 { weight, x: &rounded, c: y, rows, in_features, out_features });
+        };
+        let products = device.alloc_for::<f32>(rows * out_features)?;
+        device.gemm_bf16(&GemmBf16 { weight, x: &rounded, c: &products, rows, in_features, out_features })?;
+        let layout = Join { ld: out_features, second: None, third: None };
+        return join(device, y, &products, Some(bias), rows, out_features, layout);
+    }
     let halves = split(device, x, rows * in_features)?;
     let products = device.alloc_for::<f32>(2 * rows * out_features)?;
     device.gemm_bf16(&GemmBf16 { weight, x: &halves, c: &products, rows: 2 * rows, in_features, out_features })?;
-    let layout = Join { ld: out_features, second: rows * out_features, third: None };
+    let layout = Join { ld: out_features, second: Some(rows * out_features), third: None };
     join(device, y, &products, bias, rows, out_features, layout)
 }
 
 /// Device-level dense linear on a BF16 weight pair `W = W_hi + W_lo` (u16 `[2, out, in]`: an f32 weight split as
 /// [`split`] does, e.g. block-FP8 dequantized on the device; within 2⁻¹⁸ of W): below [`GEMM_MIN_ROWS`] rows the
 /// matrix-vector kernel over both halves as one `[2·out, in]` weight (the f32 weight's bytes); from there on one
-/// BF16 GEMM of the pair by the split activations, `x_hi·W_hiᵀ + x_lo·W_hiᵀ + x_hi·W_loᵀ` (the fourth product,
-/// x_lo·W_lo, below 2⁻¹⁸, is computed and left out). Temporary memory of the GEMM form: 2·rows·in BF16 +
-/// 4·rows·out f32.
+/// BF16 GEMM of the pair by the activations: split ([`Activations::Split`]), `x_hi·W_hiᵀ + x_lo·W_hiᵀ + x_hi·W_loᵀ`
+/// (the fourth product, x_lo·W_lo, below 2⁻¹⁸, is computed and left out; temporary memory 2·rows·in BF16 +
+/// 4·rows·out f32), or rounded once ([`Activations::Bf16`]), `x·W_hiᵀ + x·W_loᵀ` (rows·in BF16 + 2·rows·out f32).
 pub fn linear_bf16_pair(
     device: &dyn Device,
     x: &DeviceBuffer,
     pair: &DeviceBuffer,
     bias: Option<&DeviceBuffer>,
-    y: &DeviceBuffer,
-    shape: LinearShape,
+    (y, shape): (&DeviceBuffer, LinearShape),
+    activations: Activations,
 ) -> Result<(), CudaError> {
     let LinearShape { rows, in_features, out_features } = shape;
     if !checked_dense("linear_bf16_pair", x, bias, y, rows, in_features, out_features)? {
         return Ok(());
     }
-    let products = device.alloc_for::<f32>(if rows < GEMM_MIN_ROWS { 2 } else { 4 } * rows * out_features)?;
     let pair_out = 2 * out_features;
-    let layout = if rows < GEMM_MIN_ROWS {
+    let (products, layout) = if rows < GEMM_MIN_ROWS {
+        let products = device.alloc_for::<f32>(rows * pair_out)?;
         linear_bf16(device, x, pair, None, &products, LinearShape::new(rows, in_features, pair_out))?;
-        Join { ld: pair_out, second: out_features, third: None }
+        (products, Join { ld: pair_out, second: Some(out_features), third: None })
+    } else if activations == Activations::Bf16 {
+        let rounded = round(device, x, rows * in_features)?;
+        let products = device.alloc_for::<f32>(rows * pair_out)?;
+        let gemm = GemmBf16 { weight: pair, x: &rounded, c: &products, rows, in_features, out_features: pair_out };
+        device.gemm_bf16(&gemm)?;
+        (products, Join { ld: pair_out, second: Some(out_features), third: None })
     } else {
         let halves = split(device, x, rows * in_features)?;
+        let products = device.alloc_for::<f32>(2 * rows * pair_out)?;
         let gemm =
             GemmBf16 { weight: pair, x: &halves, c: &products, rows: 2 * rows, in_features, out_features: pair_out };
         device.gemm_bf16(&gemm)?;
-        Join { ld: pair_out, second: rows * pair_out, third: Some(out_features) }
+        (products, Join { ld: pair_out, second: Some(rows * pair_out), third: Some(out_features) })
     };
     join(device, y, &products, bias, rows, out_features, layout)
 }
@@ -315,10 +349,10 @@ fn checked_dense(
 }
 
 /// Where a split form's partial products lie (kernels/linear.cu `join_products_f32`): row stride `ld`, the second
-/// (and third) term's offset in values.
+/// and third terms' offsets in values (when there are such terms).
 struct Join {
     ld: usize,
-    second: usize,
+    second: Option<usize>,
     third: Option<usize>,
 }
 
@@ -340,7 +374,7 @@ fn join(
         long(rows),
         long(out),
         long(layout.ld),
-        long(layout.second),
+        Arg::I64(layout.second.map_or(-1, |second| second as i64)),
         Arg::I64(layout.third.map_or(-1, |third| third as i64)),
     ];
     device.launch("join_products_f32", grid_stride(rows * out), &args)

@@ -1,5 +1,6 @@
 //! The BF16 split of f32 values on the device (`W = W_hi + W_lo`), which the split-activation linear kernels and the
-//! weight store's dequantized FP8 weights both use, with the grid-stride launch shape and buffer check it needs.
+//! weight store's dequantized FP8 weights both use, and the single BF16 rounding of BF16 activations, with the
+//! grid-stride launch shape and buffer check they need.
 
 use super::checks::unsupported;
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
@@ -39,4 +40,16 @@ pub fn split(device: &dyn Device, values: &DeviceBuffer, count: usize) -> Result
         &[Arg::Buffer(values), Arg::Buffer(&halves), Arg::I64(count as i64)],
     )?;
     Ok(halves)
+}
+
+/// `count` f32 values rounded to BF16 once (kernels/linear.cu `round_bf16`): u16 `[count]`.
+pub fn round(device: &dyn Device, values: &DeviceBuffer, count: usize) -> Result<DeviceBuffer, CudaError> {
+    holds("round_bf16", "values", values, count, 4)?;
+    let rounded = device.alloc_for::<u16>(count.max(1))?;
+    device.launch(
+        "round_bf16",
+        grid_stride(count),
+        &[Arg::Buffer(values), Arg::Buffer(&rounded), Arg::I64(count as i64)],
+    )?;
+    Ok(rounded)
 }

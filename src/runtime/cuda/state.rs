@@ -1,8 +1,9 @@
-//! The CUDA backend's state: the device it runs on (counting copies and launches) and the store of the weights it
-//! uploaded. Its ops are the [`crate::runtime::Backend`] implementation in `mod.rs`, one file per op family.
+//! The CUDA backend's state: the device it runs on (counting copies and launches), the store of the weights it
+//! uploaded, and how its GEMMs take activations. Its ops are the [`crate::runtime::Backend`] implementation in `mod.rs`, one file per op family.
 
 use std::sync::Arc;
 
+use super::linear::Activations;
 use super::weights::WeightStore;
 use crate::runtime::device::{Counted, CudaError, Device, DeviceWeight};
 use crate::runtime::matrix::Matrix;
@@ -11,12 +12,19 @@ use crate::runtime::matrix::Matrix;
 pub struct CudaBackend {
     pub(super) device: Arc<Counted>,
     pub(super) weights: Arc<WeightStore>,
+    /// How the dense BF16 GEMMs take their activations.
+    pub(super) activations: Activations,
 }
 
 impl CudaBackend {
+    /// The backend on `device`, its GEMMs on split activations ([`Activations::Split`]).
     pub fn new(device: Arc<dyn Device>) -> Self {
+        Self::with_activations(device, Activations::Split)
+    }
+
+    pub fn with_activations(device: Arc<dyn Device>, activations: Activations) -> Self {
         let device = Arc::new(Counted::new(device));
-        Self { weights: Arc::new(WeightStore::new(device.clone())), device }
+        Self { weights: Arc::new(WeightStore::new(device.clone())), device, activations }
     }
 
     /// The device every op runs on (counting its copies and launches).
