@@ -141,6 +141,15 @@ pub struct Args {
     /// YaRN's original_max_position_embeddings × factor where that is smaller), with a warning, instead of refusing.
     #[arg(long)]
     pub allow_long_context: bool,
+    /// imatrix, gptq on a device: activations rounded to BF16 once in the calibration pass's GEMMs.
+    ///
+    /// imatrix, gptq on a device (--device cuda or emulated): the calibration pass's GEMMs take activations
+    /// rounded to BF16 once, as the engines and llm-compressor's BF16 forward compute, instead of split in two
+    /// BF16 halves (16 significant bits, the CPU's results within tolerance): one GEMM instead of two. The
+    /// statistics change by the rounding: on the trained tiny Kimi model GPTQ's mean KLD was 1.27e-5 instead of
+    /// 1.11e-5 (about one standard error; BENCHMARKS.md). No effect on the CPU.
+    #[arg(long)]
+    pub bf16_activations: bool,
     /// gptq: calibrate each layer on the quantized layers below it (the default).
     ///
     /// gptq (the default): layer L + 1 is calibrated on the output of layer L run with its already-quantized
@@ -213,6 +222,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             method: args.method,
             sequential: !args.no_sequential,
             allow_long_context: args.allow_long_context,
+            bf16_activations: args.bf16_activations,
         }),
         (None, true) => anyhow::bail!("--method {} needs --calibration FILE", method_name(args.method)),
         (None, false) if args.force_route_all => anyhow::bail!(

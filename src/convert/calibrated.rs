@@ -21,6 +21,7 @@ use crate::plan::calibration::{
 use crate::plan::{Action, Plan};
 use crate::progress::Reporter;
 use crate::runtime::cpu::Products;
+use crate::runtime::cuda::linear::Activations;
 use crate::runtime::{RuntimeError, Spans, Tensor};
 
 /// Calibration chunks read at most (`--samples`).
@@ -109,7 +110,8 @@ pub fn run_pass(
 ) -> Result<Vec<LayerCoverage>, CalibrationError> {
     let model = Model::open(dir)?;
     let config = model.config();
-    let (backend, notice) = crate::runtime::open_backend::open_backend_with(options.device, products)
+    let activations = if options.bf16_activations { Activations::Bf16 } else { Activations::Split };
+    let (backend, notice) = crate::runtime::open_backend::open_backend_with(options.device, products, activations)
         .map_err(|e| CalibrationError::Device(e.to_string()))?;
     if let Some(notice) = notice {
         reporter.warn(&format!("calibration: {notice}"));

@@ -44,6 +44,8 @@ pub struct CalibrationOptions {
     pub sequential: bool,
     /// `--allow-long-context`: chunks longer than the model's context window are run, with a warning.
     pub allow_long_context: bool,
+    /// `--bf16-activations`: on a device, the pass's GEMMs take activations rounded to BF16 once.
+    pub bf16_activations: bool,
 }
 
 /// Calibration tokens per expert of one MoE layer, and the experts that fell back to `mse`.

@@ -9,15 +9,14 @@ use super::device::{select, CudaError, DeviceChoice, DeviceSelection};
 
 /// The runtime backend `choice` names; `auto` falls back to the CPU with a one-line notice (returned, for stderr).
 pub fn open_backend(choice: DeviceChoice) -> Result<(Box<dyn Backend>, Option<String>), CudaError> {
-    open_backend_with(choice, Products::Exact)
+    open_backend_with(choice, Products::Exact, Activations::Split)
 }
 
-/// [`open_backend`] whose CPU backend multiplies as `products` says; a device's GEMMs take their activations split
-/// for [`Products::Exact`] and rounded to BF16 once for [`Products::Blocked`] (the calibration passes' statistics:
-/// [`Activations`]).
+/// [`open_backend`] whose CPU backend multiplies as `products` says and whose device GEMMs take `activations`.
 pub fn open_backend_with(
     choice: DeviceChoice,
     products: Products,
+    activations: Activations,
 ) -> Result<(Box<dyn Backend>, Option<String>), CudaError> {
     let selection = select(choice)?;
     let cpu = Cpu { products };
@@ -25,13 +24,7 @@ pub fn open_backend_with(
         return Ok((Box::new(cpu), Some(format!("no usable GPU ({reason}); running on the CPU"))));
     }
     Ok(match selection.into_device() {
-        Some(device) => {
-            let activations = match products {
-                Products::Exact => Activations::Split,
-                Products::Blocked => Activations::Bf16,
-            };
-            (Box::new(CudaBackend::with_activations(device, activations)), None)
-        }
+        Some(device) => (Box::new(CudaBackend::with_activations(device, activations)), None),
         None => (Box::new(cpu), None),
     })
 }

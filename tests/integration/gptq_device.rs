@@ -3,6 +3,8 @@
 //! scales of every scale rule, and the whole method on a synth model. The device sums in another order, so values
 //! agree within f64 rounding and codes but where a working value lands within rounding of a code boundary.
 
+use std::path::Path;
+
 use half::bf16;
 
 use squeeze::quant::gptq::{quantize, quantize_factored, GptqError, GptqSettings, Hessian, InverseFactor, Quantized};
@@ -202,4 +204,20 @@ fn gptq_on_the_emulated_device_runs_its_algebra_there_and_verifies() {
     assert_eq!(report["gptq_algebra"], "device");
     assert!(report["expert_coverage"]["calibrated"].as_u64().unwrap() > 0);
     squeeze(&["verify", path_str(&out), "--source", path_str(&source)]).ok();
+
+    // `--bf16-activations`: the pass's GEMMs on activations rounded once — other statistics, other codes, still a
+    // valid output; on the CPU the flag changes nothing.
+    let run = |device: &str, name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let args = ["quantize", path_str(&source), path_str(&out), "--method", "gptq", "--device", device];
+        squeeze(&[&args[..], &["--calibration", path_str(&tokens)], extra].concat()).ok();
+        out
+    };
+    let bf16 = run("emulated", "gptq-device-bf16", &["--bf16-activations"]);
+    squeeze(&["verify", path_str(&bf16), "--source", path_str(&source)]).ok();
+    let shard = "model-00001-of-00001.safetensors";
+    let read = |dir: &Path| std::fs::read(dir.join(shard)).unwrap();
+    assert_ne!(read(&bf16), read(&out), "--bf16-activations changed nothing on the emulated device");
+    let (cpu, cpu_bf16) = (run("cpu", "gptq-cpu", &[]), run("cpu", "gptq-cpu-bf16", &["--bf16-activations"]));
+    assert_eq!(read(&cpu), read(&cpu_bf16), "--bf16-activations changed the CPU's output");
 }

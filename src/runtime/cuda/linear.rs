@@ -12,6 +12,7 @@ use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 
 use super::checks::unsupported;
+pub use super::split::Activations;
 use super::split::{grid_stride, holds, round, split};
 use super::state::CudaBackend;
 use super::tensor::{alloc, buffer};
@@ -29,19 +30,6 @@ const ROW_TILE: usize = 16;
 /// read once) instead of the matrix-vector kernel (CUDA cores, the weight read once per 16 rows). Two row tiles:
 /// below it the kernel reads the weight no more often than the GEMM does.
 pub const GEMM_MIN_ROWS: usize = 2 * ROW_TILE;
-
-/// How the BF16 GEMMs (from [`GEMM_MIN_ROWS`] rows on) take their f32 activations.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum Activations {
-    /// `x = hi + lo`, both BF16 ([`split`]): 16 significant bits, within the CPU oracle's tolerance, at twice the
-    /// GEMM's work. The runtime's commands use it: their logits, scales and tokens are compared with the CPU's.
-    #[default]
-    Split,
-    /// `x` rounded to BF16 once (kernels/linear.cu `round_bf16`), as the engines compute: one GEMM, 2⁻⁹ relative
-    /// per activation. The calibration passes of `quantize` use it (statistics over thousands of rows, as
-    /// llm-compressor's BF16 forward gathers them; the CPU's counterpart is `Products::Blocked`).
-    Bf16,
-}
 
 /// `value` as a kernel `int`.
 fn int(tensor: &str, what: &str, value: usize) -> Result<i32, CudaError> {

@@ -5,6 +5,20 @@
 use super::checks::unsupported;
 use crate::runtime::device::{Arg, CudaError, Device, DeviceBuffer, LaunchShape};
 
+/// How the BF16 GEMMs of src/runtime/cuda/linear.rs (from `GEMM_MIN_ROWS` rows on) take their f32 activations.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Activations {
+    /// `x = hi + lo`, both BF16 ([`split`]): 16 significant bits, within the CPU oracle's tolerance, at twice the
+    /// GEMM's work. The runtime's commands use it: their logits, scales and tokens are compared with the CPU's.
+    #[default]
+    Split,
+    /// `x` rounded to BF16 once (kernels/linear.cu `round_bf16`), as the engines compute: one GEMM, 2⁻⁹ relative
+    /// per activation. `quantize --bf16-activations` runs its calibration pass on it (statistics over thousands of
+    /// rows, as llm-compressor's BF16 forward gathers them); no command's default, since it moves results off the
+    /// CPU's (a GPTQ pass's codes by 1.6 % on the trained tiny Kimi model).
+    Bf16,
+}
+
 /// Threads per block of the grid-stride kernels (split, join).
 const THREADS: u32 = 256;
 /// Grid-stride kernels (split, join) launch at most this many blocks.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::linear::Activations;
+use super::split::Activations;
 use super::weights::WeightStore;
 use crate::runtime::device::{Counted, CudaError, Device, DeviceWeight};
 use crate::runtime::matrix::Matrix;
