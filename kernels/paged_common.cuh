@@ -98,4 +98,16 @@ __device__ __forceinline__ int paged_verify_split(const uint32_t* __restrict__ t
     for (int w = 0; w < warps; ++w) bad = paged_min(bad, warp_bad[w]);
     return bad;
 }
+// The partials of a split that attends nothing (its mappings are bad): max −∞, sum 0, accumulators 0 for the
+// `head_count` heads from partial row `first` (request · splits + split) · heads + first head.
+__device__ __forceinline__ void paged_empty_partials(float* __restrict__ partial_max, float* __restrict__ partial_sum,
+                                                     float* __restrict__ partial_acc, long long first, int head_count,
+                                                     int v_dim) {
+    const int thread = threadIdx.x;
+    for (int i = thread; i < head_count * v_dim; i += blockDim.x) partial_acc[(first + i / v_dim) * v_dim + i % v_dim] = 0.0f;
+    if (thread < head_count) {
+        partial_max[first + thread] = -INFINITY;
+        partial_sum[first + thread] = 0.0f;
+    }
+}
 }  // namespace squeeze

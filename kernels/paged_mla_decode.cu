@@ -143,13 +143,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     const long long slot = (long long)request * splits + split;
     if (head_group == 0 && thread == 0) split_faults[slot] = bad == kNoFault ? 0 : 1 + bad;
     if (bad != kNoFault) {
-        for (int i = thread; i < head_count * v_dim; i += blockDim.x) {
-            partial_acc[(slot * heads + first_head + i / v_dim) * v_dim + i % v_dim] = 0.0f;
-        }
-        if (thread < head_count) {
-            partial_max[slot * heads + first_head + thread] = -INFINITY;
-            partial_sum[slot * heads + first_head + thread] = 0.0f;
-        }
+        paged_empty_partials(partial_max, partial_sum, partial_acc, slot * heads + first_head, head_count, v_dim);
         return;  // the whole block: `bad` is uniform
     }
 
