@@ -14,7 +14,7 @@ use crate::runtime::cpu::Cpu;
 use crate::runtime::cuda::linear::{
     linear_bf16, linear_bf16_gemm, linear_bf16_pair, w4a16_linear, Activations, LinearShape, W4a16Weight, GEMM_MIN_ROWS,
 };
-use crate::runtime::cuda::paged::{decode_on, DecodeBatch, DecodeRequest, DevicePool};
+use crate::runtime::cuda::paged::{decode_on, mla_tensor_flops, DecodeBatch, DecodeRequest, DevicePool};
 use crate::runtime::cuda::split::split;
 use crate::runtime::cuda::CudaBackend;
 use crate::runtime::device::{CudaError, Device, DeviceBuffer};
@@ -545,13 +545,16 @@ fn bench_paged(device: &dyn Device, fence: &DeviceBuffer, copy_gb_per_s: f64) ->
         let unverified = timed(&batch)?;
         let share = (verified - unverified).max(0.0) / verified;
         let kv_bytes = requests * CONTEXT * row_width;
+        let tensor = mla_tensor_flops(&layout, KvDtype::Fp8, CONTEXT).map_or(String::new(), |flops| {
+            format!("; tensor cores {:.0} TFLOP/s (hi/lo MMAs)", requests as f64 * flops / verified / 1e12)
+        });
         rows.push(bench_row(
             format!("paged decode fp8 {name}"),
             format!("{requests} × 32768 tokens, {} heads, row {row_width}, page {page_size}", layout.heads),
             verified,
             kv_bytes,
             copy_gb_per_s,
-            format!("verification {:.2}% of the step (target < 1%); {target}", share * 100.0),
+            format!("verification {:.2}% of the step (target < 1%); {target}{tensor}", share * 100.0),
         ));
     }
     Ok(rows)

@@ -294,6 +294,19 @@ fn mla_shared_bytes(width: usize) -> u32 {
     arrays.iter().map(|bytes| bytes.next_multiple_of(16)).sum::<usize>() as u32
 }
 
+/// The tensor-core flops `paged_mla_decode_partial` spends on `keys` cached keys of one request (every 32-key tile
+/// of every 64-head group: scores over the query's hi and lo terms, value sums over the weights' hi and lo terms),
+/// or `None` where that kernel does not serve `layout` — what a benchmark divides by the time to see how close the
+/// kernel runs to the MMA peak.
+pub fn mla_tensor_flops(layout: &DecodeLayout, dtype: KvDtype, keys: usize) -> Option<f64> {
+    mla_width(layout, dtype)?;
+    let (row_tiles, key_tiles) = (MLA_HEADS_PER_BLOCK / 16, MLA_KEYS / 8);
+    let scores = row_tiles * key_tiles * layout.qk_dim.div_ceil(16) * 2;
+    let values = row_tiles * layout.v_dim.div_ceil(8) * (MLA_KEYS / 16) * 2;
+    let tiles = keys.div_ceil(MLA_KEYS) * layout.heads.div_ceil(MLA_HEADS_PER_BLOCK);
+    Some((tiles * (scores + values)) as f64 * (2.0 * 16.0 * 8.0 * 16.0))
+}
+
 /// One request of a decode batch: its id, how many cached positions its query attends to, and its block table.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeRequest<'a> {
@@ -538,4 +551,23 @@ pub fn decode(
     let faults = device.alloc_for::<u32>(requests.len())?;
     decode_on(device, (pool, layer), layout, &batch, &q_buffer, (&out, &faults), allowed)?;
     Ok(DecodeOutput { out: device.download(&out, count)?, faults: device.download(&faults, requests.len())? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mla_kernel_serves_one_key_head_over_bf16_or_fp8_and_counts_its_mmas() {
+        let glm5 = DecodeLayout::mla_absorbed(64, 512, 64, 0.04);
+        // Per 32-key tile of a 64-head group: scores 4 × 4 tiles × 36 k-steps × 2, values 4 × 64 tiles × 2 × 2.
+        let per_tile = (4 * 4 * 36 * 2 + 4 * 64 * 2 * 2) as f64 * 4096.0;
+        assert_eq!(mla_tensor_flops(&glm5, KvDtype::Fp8, 32), Some(per_tile));
+        assert_eq!(mla_tensor_flops(&glm5, KvDtype::Bf16, 33), Some(2.0 * per_tile));
+        let deepseek = DecodeLayout::mla_absorbed(128, 512, 64, 0.04);
+        assert_eq!(mla_tensor_flops(&deepseek, KvDtype::Fp8, 32), Some(2.0 * per_tile));
+        assert_eq!(mla_tensor_flops(&glm5, KvDtype::F32, 32), None);
+        assert_eq!(mla_tensor_flops(&DecodeLayout::gqa(96, 8, 128, 0.08), KvDtype::Fp8, 32), None);
+        assert_eq!(mla_shared_bytes(576), 207_008);
+    }
 }
