@@ -15,7 +15,7 @@ pub enum Activations {
     /// `x` rounded to BF16 once (kernels/linear.cu `round_bf16`), as the engines compute: one GEMM, 2⁻⁹ relative
     /// per activation. `quantize --bf16-activations` runs its calibration pass on it (statistics over thousands of
     /// rows, as llm-compressor's BF16 forward gathers them); no command's default, since it moves results off the
-    /// CPU's (a GPTQ pass's codes by 1.6 % on the trained tiny Kimi model).
+    /// CPU's (0.7–1.6 % of a GPTQ pass's codes on the trained tiny models).
     Bf16,
 }
 
