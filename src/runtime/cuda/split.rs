@@ -46,24 +46,23 @@ pub(super) fn grid_stride(count: usize) -> LaunchShape {
 
 /// `count` f32 values as BF16 halves (kernels/linear.cu `split_bf16`): u16 `[2, count]`, hi then lo.
 pub fn split(device: &dyn Device, values: &DeviceBuffer, count: usize) -> Result<DeviceBuffer, CudaError> {
-    holds("split_bf16", "values", values, count, 4)?;
-    let halves = device.alloc_for::<u16>((2 * count).max(1))?;
-    device.launch(
-        "split_bf16",
-        grid_stride(count),
-        &[Arg::Buffer(values), Arg::Buffer(&halves), Arg::I64(count as i64)],
-    )?;
-    Ok(halves)
+    to_bf16(device, ("split_bf16", 2), values, count)
 }
 
 /// `count` f32 values rounded to BF16 once (kernels/linear.cu `round_bf16`): u16 `[count]`.
 pub fn round(device: &dyn Device, values: &DeviceBuffer, count: usize) -> Result<DeviceBuffer, CudaError> {
-    holds("round_bf16", "values", values, count, 4)?;
-    let rounded = device.alloc_for::<u16>(count.max(1))?;
-    device.launch(
-        "round_bf16",
-        grid_stride(count),
-        &[Arg::Buffer(values), Arg::Buffer(&rounded), Arg::I64(count as i64)],
-    )?;
-    Ok(rounded)
+    to_bf16(device, ("round_bf16", 1), values, count)
+}
+
+/// Launches `kernel`, which writes `terms` BF16 values per f32 value, into a new buffer.
+fn to_bf16(
+    device: &dyn Device,
+    (kernel, terms): (&str, usize),
+    values: &DeviceBuffer,
+    count: usize,
+) -> Result<DeviceBuffer, CudaError> {
+    holds(kernel, "values", values, count, 4)?;
+    let out = device.alloc_for::<u16>((terms * count).max(1))?;
+    device.launch(kernel, grid_stride(count), &[Arg::Buffer(values), Arg::Buffer(&out), Arg::I64(count as i64)])?;
+    Ok(out)
 }
