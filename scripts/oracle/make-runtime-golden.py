@@ -40,6 +40,7 @@ import transformers
 MIN_MARGIN = 1e-4  # relative margin at any top-k boundary; 10x the runtime's near-tie threshold
 SEQUENCES = 2
 LENGTH = 24
+KDA_LENGTH = 80
 # GLM-5.2 needs 4 layers for shared ones (synth: full, shared, full, shared).
 SIZES_52 = ["--layers", "4", "--hidden", "160", "--experts", "6", "--moe-intermediate", "96", "--vocab", "300", "--shards", "1"]
 SIZES = ["--layers", "3", "--hidden", "160", "--experts", "6", "--moe-intermediate", "96", "--vocab", "300", "--shards", "1"]
@@ -142,7 +143,7 @@ def margins_hooks(model, config, record):
     """Hooks that record the smallest relative margin at every router and DSA top-k boundary."""
     handles = []
     config = config.get("text_config") or config
-    top_k = config["num_experts_per_tok"]
+    top_k = config.get("num_experts_per_tok") or config["num_experts_per_token"]  # Kimi-Linear's name
 
     def relative(inside, outside):
         return float(((inside - outside) / torch.maximum(inside.abs(), outside.abs()).clamp_min(1e-30)).min())
@@ -192,6 +193,40 @@ def margins_hooks(model, config, record):
     return handles
 
 
+def kda_ablations(model, input_ids, logits):
+    """Kimi-Linear: the logits with each KDA piece dropped in turn (the short convolution made the identity, the
+    forget gate's decay switched off, the output gate removed); each must move the logits by more than the runtime's
+    tolerance, or the golden could not catch a runtime that drops it."""
+    ablated = {}
+    for piece in ["conv", "forget_gate", "output_gate"]:
+        saved = {}
+        for name, parameter in model.named_parameters():
+            if ".self_attn." not in name:
+                continue
+            if piece == "conv" and name.endswith("conv1d.weight"):
+                identity = torch.zeros_like(parameter)
+                identity[..., -1] = 1.0
+                saved[name] = parameter.detach().clone()
+                parameter.data.copy_(identity)
+            elif piece == "forget_gate" and name.endswith("A_log"):
+                saved[name] = parameter.detach().clone()
+                parameter.data.fill_(-60.0)
+            elif piece == "output_gate" and name.endswith("g_b_proj.weight"):
+                saved[name] = parameter.detach().clone()
+                parameter.data.fill_(0.0)
+        assert saved, f"no parameter for {piece}"
+        with torch.no_grad():
+            changed = model(input_ids=input_ids).logits.float()
+        for name, parameter in model.named_parameters():
+            if name in saved:
+                parameter.data.copy_(saved[name])
+        ablated[piece] = float((changed - logits).norm() / logits.norm())
+        print(f"  without the KDA {piece}: relative L2 {ablated[piece]:.3e}")
+        if ablated[piece] < 1e-3:
+            sys.exit(f"kimi-linear: dropping the KDA {piece} changed nothing; the golden could not catch it")
+    return {"relative_l2_without": ablated}
+
+
 def run_arch(arch, squeeze, out_root, first_seed):
     for seed in range(first_seed, first_seed + 20):
         with tempfile.TemporaryDirectory() as scratch:
@@ -208,10 +243,15 @@ def run_arch(arch, squeeze, out_root, first_seed):
             missing = info.get("missing_keys") or []
             if missing:
                 sys.exit(f"{arch}: transformers left weights random: {sorted(missing)[:8]}")
+            unexpected = info.get("unexpected_keys") or []
+            if unexpected:
+                sys.exit(f"{arch}: transformers ignored weights: {sorted(unexpected)[:8]}")
             model.eval()
             generator = torch.Generator().manual_seed(1000 + seed)
             vocab = (config.get("text_config") or config)["vocab_size"]
-            input_ids = torch.randint(0, vocab, (SEQUENCES, LENGTH), generator=generator)
+            # Kimi-Linear: past one 64-token KDA chunk, so the chunked form carries its state across a chunk edge.
+            length = KDA_LENGTH if arch == "kimi-linear" else LENGTH
+            input_ids = torch.randint(0, vocab, (SEQUENCES, length), generator=generator)
             record = []
             handles = margins_hooks(model, config, record)
             with torch.no_grad():
@@ -232,6 +272,8 @@ def run_arch(arch, squeeze, out_root, first_seed):
                 print(f"  shared vs all-full indexers: relative L2 {extra['relative_l2_shared_vs_all_full']:.3e}")
                 if extra["relative_l2_shared_vs_all_full"] < 1e-3:
                     sys.exit("glm5.2: sharing the indexer changed nothing; the golden could not catch a runtime that ignores it")
+            if arch == "kimi-linear":
+                extra.update(kda_ablations(model, input_ids, logits))
             target = out_root / arch
             if target.exists():
                 shutil.rmtree(target)
@@ -257,11 +299,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--squeeze", default="target/debug/squeeze")
     parser.add_argument("--out", default="tests/golden/runtime")
-    parser.add_argument("--arch", action="append", help="kimi-k2, kimi-k2.6, glm5, glm5.2, glm45 (default: all)")
+    parser.add_argument("--arch", action="append", help="kimi-k2, kimi-k2.6, glm5, glm5.2, glm45, kimi-linear (default: all)")
     args = parser.parse_args()
     torch.manual_seed(0)
     out_root = pathlib.Path(args.out)
-    for arch in args.arch or ["kimi-k2", "kimi-k2.6", "glm5", "glm5.2", "glm45"]:
+    for arch in args.arch or ["kimi-k2", "kimi-k2.6", "glm5", "glm5.2", "glm45", "kimi-linear"]:
         run_arch(arch, args.squeeze, out_root, first_seed=1)
 
 

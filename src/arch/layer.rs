@@ -6,6 +6,7 @@
 use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
 use super::indexer::IndexQueries;
+use super::kda::KdaWeights;
 use super::mla::MlaWeights;
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::tap::{KvSource, LayerTap};
@@ -20,10 +21,16 @@ use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::RuntimeError;
 
-enum AttentionWeights {
+/// A layer's token mixer: softmax attention (MLA, GQA) or KDA linear attention.
+enum Mixer {
     Mla(Box<MlaWeights>),
     Gqa(Box<GqaWeights>),
+    Kda(Box<KdaWeights>),
 }
+
+/// Why a KDA layer cannot take a paged path yet.
+const KDA_NOT_PAGED: &str = "the paged KV cache (serve-test, split prefill/decode) does not hold KDA layers' \
+     per-request state yet; run eval without --prefill";
 
 enum Mlp {
     Dense(Box<DenseMlp>),
@@ -73,7 +80,7 @@ fn normed(
 
 pub struct Layer {
     input_norm: Matrix,
-    attention: AttentionWeights,
+    attention: Mixer,
     post_norm: Matrix,
     mlp: Mlp,
 }
@@ -104,8 +111,9 @@ struct MlpRows<'a, 'b> {
 impl StreamedLayer for Layer {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
         let attention = match config.attention {
-            Attention::Mla { .. } => AttentionWeights::Mla(Box::new(MlaWeights::load(reader, config, layer)?)),
-            Attention::Gqa { .. } => AttentionWeights::Gqa(Box::new(GqaWeights::load(reader, config, layer)?)),
+            _ if config.is_kda_layer(layer) => Mixer::Kda(Box::new(KdaWeights::load(reader, config, layer)?)),
+            Attention::Mla { .. } => Mixer::Mla(Box::new(MlaWeights::load(reader, config, layer)?)),
+            Attention::Gqa { .. } => Mixer::Gqa(Box::new(GqaWeights::load(reader, config, layer)?)),
         };
         let mlp = Mlp::load(reader, config, layer)?;
         let [input_norm, post_norm] = norm_weights(reader, config, layer)?;
@@ -115,8 +123,9 @@ impl StreamedLayer for Layer {
     /// The layer's resident weight matrices (routed experts excluded), for device prefetch.
     fn matrices(&self) -> Vec<&Matrix> {
         let mut all = match &self.attention {
-            AttentionWeights::Mla(mla) => mla.matrices(),
-            AttentionWeights::Gqa(gqa) => gqa.matrices().to_vec(),
+            Mixer::Mla(mla) => mla.matrices(),
+            Mixer::Gqa(gqa) => gqa.matrices().to_vec(),
+            Mixer::Kda(kda) => kda.matrices(),
         };
         all.extend(self.mlp.matrices());
         all
@@ -178,19 +187,15 @@ impl Layer {
         };
         let x = normed(backend, config, hidden, &self.input_norm)?;
         let attended = match (&self.attention, &split) {
-            (AttentionWeights::Mla(mla), None) => mla.forward(context, &x, spans, KvSource::Own, state, &mut tap.kv)?,
-            (AttentionWeights::Gqa(gqa), None) => gqa.forward(context, &x, spans, KvSource::Own, &mut tap.kv)?,
-            (
-                AttentionWeights::Mla(mla),
-                Some((Layer { attention: AttentionWeights::Mla(prefill), .. }, x_prefill, prompt)),
-            ) => {
+            (Mixer::Mla(mla), None) => mla.forward(context, &x, spans, KvSource::Own, state, &mut tap.kv)?,
+            (Mixer::Gqa(gqa), None) => gqa.forward(context, &x, spans, KvSource::Own, &mut tap.kv)?,
+            (Mixer::Kda(kda), None) => kda.forward(context, &x, spans)?,
+            (Mixer::Kda(_), Some(_)) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
+            (Mixer::Mla(mla), Some((Layer { attention: Mixer::Mla(prefill), .. }, x_prefill, prompt))) => {
                 let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
                 mla.forward(context, &x, spans, kv, state, &mut tap.kv)?
             }
-            (
-                AttentionWeights::Gqa(gqa),
-                Some((Layer { attention: AttentionWeights::Gqa(prefill), .. }, x_prefill, prompt)),
-            ) => {
+            (Mixer::Gqa(gqa), Some((Layer { attention: Mixer::Gqa(prefill), .. }, x_prefill, prompt))) => {
                 let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
                 gqa.forward(context, &x, spans, kv, &mut tap.kv)?
             }
@@ -316,14 +321,15 @@ impl Layer {
     ) -> Result<(Tensor, Tensor, Queries), RuntimeError> {
         let x = normed(backend, config, hidden, &self.input_norm)?;
         Ok(match &self.attention {
-            AttentionWeights::Mla(mla) => {
+            Mixer::Mla(mla) => {
                 let (rows, aux, q, index) = mla.project(backend, config, table, &x, positions, aux_width)?;
                 (rows, aux, Queries { q, index })
             }
-            AttentionWeights::Gqa(gqa) => {
+            Mixer::Gqa(gqa) => {
                 let (rows, q) = gqa.project(backend, config, table, &x, positions)?;
                 (rows, backend.zeros(positions.len(), aux_width)?, Queries { q, index: None })
             }
+            Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
         })
     }
 
@@ -360,8 +366,9 @@ impl Layer {
         queries: &Queries,
     ) -> Result<Tensor, RuntimeError> {
         match &self.attention {
-            AttentionWeights::Mla(mla) => mla.attention_queries(backend, config, &queries.q),
-            AttentionWeights::Gqa(_) => backend.row_range(&queries.q, 0..queries.q.rows()),
+            Mixer::Mla(mla) => mla.attention_queries(backend, config, &queries.q),
+            Mixer::Gqa(_) => backend.row_range(&queries.q, 0..queries.q.rows()),
+            Mixer::Kda(_) => Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
         }
     }
 
@@ -374,16 +381,18 @@ impl Layer {
         attended: Tensor,
     ) -> Result<Tensor, RuntimeError> {
         match &self.attention {
-            AttentionWeights::Mla(mla) => mla.attention_values(backend, config, &attended),
-            AttentionWeights::Gqa(_) => Ok(attended),
+            Mixer::Mla(mla) => mla.attention_values(backend, config, &attended),
+            Mixer::Gqa(_) => Ok(attended),
+            Mixer::Kda(_) => Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
         }
     }
 
     /// The rest of the layer after the paged attention: `hidden += o_proj(attended)`, then `hidden += mlp(norm(hidden))`.
     fn finish(&self, context: &LayerContext, hidden: &mut Tensor, attended: &Tensor) -> Result<(), RuntimeError> {
         let projected = match &self.attention {
-            AttentionWeights::Mla(mla) => mla.output(context.backend, attended)?,
-            AttentionWeights::Gqa(gqa) => gqa.output(context.backend, attended)?,
+            Mixer::Mla(mla) => mla.output(context.backend, attended)?,
+            Mixer::Gqa(gqa) => gqa.output(context.backend, attended)?,
+            Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
         };
         let mlp =
             MlpRows { only: None, times: &ExpertTimes::default(), near_ties: &mut 0, tap: &mut LayerTap::default() };

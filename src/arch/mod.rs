@@ -34,6 +34,7 @@ pub mod embedding;
 mod golden;
 pub mod gqa;
 pub mod indexer;
+pub mod kda;
 pub mod layer;
 pub mod mla;
 pub mod moe;

@@ -18,6 +18,9 @@ use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::RuntimeError;
 
+/// The projections of a SwiGLU MLP as DeepSeek and GLM name them.
+const STANDARD_PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
 pub struct DenseMlp {
     gate: Matrix,
     up: Matrix,
@@ -30,11 +33,23 @@ impl DenseMlp {
         [&self.gate, &self.up, &self.down]
     }
 
+    /// The MLP `module` with `{gate,up,down}_proj`.
     pub fn load(reader: &WeightReader, module: &str, hidden: usize, inner: usize) -> Result<Self, RuntimeError> {
+        Self::load_named(reader, module, STANDARD_PROJECTIONS, hidden, inner)
+    }
+
+    /// The MLP `module` whose gate, up and down projections are named `projections`.
+    fn load_named(
+        reader: &WeightReader,
+        module: &str,
+        [gate, up, down]: [&str; 3],
+        hidden: usize,
+        inner: usize,
+    ) -> Result<Self, RuntimeError> {
         Ok(Self {
-            gate: reader.matrix(&format!("{module}.gate_proj.weight"), [inner, hidden])?,
-            up: reader.matrix(&format!("{module}.up_proj.weight"), [inner, hidden])?,
-            down: reader.matrix(&format!("{module}.down_proj.weight"), [hidden, inner])?,
+            gate: reader.matrix(&format!("{module}.{gate}.weight"), [inner, hidden])?,
+            up: reader.matrix(&format!("{module}.{up}.weight"), [inner, hidden])?,
+            down: reader.matrix(&format!("{module}.{down}.weight"), [hidden, inner])?,
         })
     }
 
@@ -82,21 +97,26 @@ fn observe_experts(
 /// How the engines quantize the inputs of a layer's routed experts: W4A4 NVFP4 when they have `input_global_scale`s
 /// (all of them, or the folder is refused), each operand's global scale the one the engines make of all experts'
 /// ([`engine_activation_global`]: one for the fused gate/up, one for down).
-fn expert_inputs(reader: &WeightReader, prefix: &str, experts: usize) -> Result<ExpertInputs, RuntimeError> {
-    let module = |expert: usize, projection: &str| format!("{prefix}.mlp.experts.{expert}.{projection}_proj");
-    if reader.input_global_scale(&module(0, "gate"))?.is_none() {
+fn expert_inputs(
+    reader: &WeightReader,
+    experts_module: &str,
+    [gate, up, down]: [&str; 3],
+    experts: usize,
+) -> Result<ExpertInputs, RuntimeError> {
+    let module = |expert: usize, projection: &str| format!("{experts_module}.{expert}.{projection}");
+    if reader.input_global_scale(&module(0, gate))?.is_none() {
         return Ok(ExpertInputs::Exact);
     }
     let mut scales = [Vec::new(), Vec::new()];
     for expert in 0..experts {
-        for (projection, into) in [("gate", 0), ("up", 0), ("down", 1)] {
+        for (projection, into) in [(gate, 0), (up, 0), (down, 1)] {
             let name = module(expert, projection);
             let scale = reader.input_global_scale(&name)?.ok_or_else(|| {
                 RuntimeError::Input(format!(
                     "{name}.input_global_scale: missing, while {first}.input_global_scale exists (W4A4 NVFP4 needs \
                      every routed expert's); the folder is damaged: check it with `squeeze verify` and rerun `squeeze \
                      quantize`",
-                    first = module(0, "gate")
+                    first = module(0, gate)
                 ))
             })?;
             scales[into].push(scale);
@@ -113,7 +133,10 @@ pub struct MoeWeights {
     router: Matrix,
     correction_bias: Matrix,
     shared: Option<DenseMlp>,
-    prefix: String,
+    /// `model.layers.N.mlp.experts` (or the architecture's name for it), the routed experts' common prefix.
+    experts_module: String,
+    /// Each routed expert's gate, up and down projection names.
+    expert_projections: [&'static str; 3],
     /// How the engines quantize the routed experts' inputs (W4A4 NVFP4: from their `input_global_scale`s).
     inputs: ExpertInputs,
 }
@@ -157,25 +180,29 @@ impl MoeWeights {
 
     pub fn load(reader: &WeightReader, config: &ModelConfig, prefix: &str) -> Result<Self, RuntimeError> {
         let (hidden, experts) = (config.hidden_size, config.n_routed_experts);
+        let names = config.moe_names();
+        let block = format!("{prefix}.{}", names.block);
         let shared = match config.n_shared_experts {
             0 => None,
             n => Some(DenseMlp::load(
                 reader,
-                &format!("{prefix}.mlp.shared_experts"),
+                &format!("{block}.shared_experts"),
                 hidden,
                 config.moe_intermediate_size * n,
             )?),
         };
+        let experts_module = format!("{block}.experts");
         Ok(Self {
-            router: reader.matrix(&format!("{prefix}.mlp.gate.weight"), [experts, hidden])?,
-            correction_bias: if reader.contains(&format!("{prefix}.mlp.gate.e_score_correction_bias")) {
-                reader.parameter(&format!("{prefix}.mlp.gate.e_score_correction_bias"), experts)?
+            router: reader.matrix(&format!("{block}.gate.weight"), [experts, hidden])?,
+            correction_bias: if reader.contains(&format!("{block}.gate.e_score_correction_bias")) {
+                reader.parameter(&format!("{block}.gate.e_score_correction_bias"), experts)?
             } else {
                 Matrix::new(1, experts, vec![0.0; experts])
             },
             shared,
-            prefix: prefix.to_string(),
-            inputs: expert_inputs(reader, prefix, experts)?,
+            inputs: expert_inputs(reader, &experts_module, names.expert, experts)?,
+            experts_module,
+            expert_projections: names.expert,
         })
     }
 
@@ -263,8 +290,9 @@ impl MoeWeights {
                             {
                                 return Ok((expert, DenseMlp { gate, up, down }));
                             }
-                            let module = format!("{}.mlp.experts.{expert}", self.prefix);
-                            Ok((expert, DenseMlp::load(reader, &module, hidden, inner)?))
+                            let module = format!("{}.{expert}", self.experts_module);
+                            let projections = self.expert_projections;
+                            Ok((expert, DenseMlp::load_named(reader, &module, projections, hidden, inner)?))
                         })
                         .collect();
                     if let (Ok(batch), Some(prefetch)) = (&loaded, &prefetch) {

@@ -87,7 +87,8 @@ pub fn mla_softmax_scale(rope: &Rope, qk_head_dim: usize) -> f32 {
     }
 }
 
-/// The RoPE table for `positions` positions and the MLA softmax scale (1.0 for GQA) of a model.
+/// The RoPE table for `positions` positions and the MLA softmax scale (1.0 for GQA) of a model; the identity
+/// rotation for a model whose attention has no RoPE ([`ModelConfig::nope_attention`]).
 pub fn rope_setup(config: &ModelConfig, positions: usize) -> (RopeTable, f32) {
     let (rope_head, mla_scale) = match &config.attention {
         Attention::Mla { qk_nope_head_dim, qk_rope_head_dim, .. } => {
@@ -95,6 +96,17 @@ pub fn rope_setup(config: &ModelConfig, positions: usize) -> (RopeTable, f32) {
         }
         Attention::Gqa { head_dim, .. } => (*head_dim, 1.0),
     };
+    if config.nope_attention() {
+        // NoPE: the identity rotation (cos 1, sin 0 at every position), so the ops that rotate change nothing, and
+        // the plain `qk_head_dim^-½` softmax scale (no YaRN mscale).
+        let plain = match &config.attention {
+            Attention::Mla { qk_nope_head_dim, qk_rope_head_dim, .. } => {
+                ((qk_nope_head_dim + qk_rope_head_dim) as f64).powf(-0.5) as f32
+            }
+            Attention::Gqa { .. } => 1.0,
+        };
+        return (RopeTable::new(&vec![0.0; rope_head / 2], 1.0, positions), plain);
+    }
     (rope_table(&config.rope, rope_head, positions), mla_scale)
 }
 

@@ -20,18 +20,14 @@ pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeE
     // The config's problem as the error, word for word (the runtime's errors name no model type).
     let config = ModelConfig::from_json(json)
         .map_err(|error| RuntimeError::Input(format!("{}: {error}", dir.join(CONFIG_FILE).display())))?;
-    if !config.architecture.runs() {
+    if let Some(gap) = config.runtime_gap() {
         return Err(RuntimeError::Input(format!(
             "{}: {} ({}) is read, converted, verified and sized by squeeze (quantize, inspect, verify, report), but \
-             the reference runtime does not run its layers yet ({}), so eval, calibrate-kv and serve-test cannot \
+             the reference runtime does not run its layers yet ({gap}), so eval, calibrate-kv and serve-test cannot \
              measure it; check a conversion with `squeeze verify OUT --source {}` instead",
             dir.display(),
             config.architecture.name(),
             config.model_type,
-            match config.architecture {
-                crate::model::Architecture::KimiLinear => "KDA linear attention, latent MoE, attention residuals",
-                _ => "compressed sparse attention, hash routing, mHC hyper-connections",
-            },
             dir.display()
         )));
     }

@@ -15,7 +15,7 @@ pub enum Architecture {
     /// Read, converted and sized; the reference runtime does not run it yet.
     DeepseekV4,
     /// `KimiLinearForCausalLM` (`kimi_linear`): Kimi-Linear, and the text stack of Kimi K3 (`kimi_k3` wrapper):
-    /// KDA linear attention beside MLA, MXFP4 experts in K3. Read, converted and sized; not run yet.
+    /// KDA linear attention beside NoPE MLA, MXFP4 experts in K3. The runtime runs Kimi-Linear, not K3's additions.
     KimiLinear,
 }
 
@@ -39,12 +39,6 @@ impl Architecture {
             Architecture::DeepseekV4 => "deepseek-v4-nvfp4",
             Architecture::KimiLinear => "kimi-k3-nvfp4",
         }
-    }
-
-    /// Whether the reference runtime runs it (`eval`, `calibrate-kv`, `serve-test`); the others are read,
-    /// converted and sized only.
-    pub fn runs(self) -> bool {
-        !matches!(self, Architecture::DeepseekV4 | Architecture::KimiLinear)
     }
 }
 
@@ -137,6 +131,16 @@ pub struct Routing {
 pub enum Layout {
     DeepseekV4(super::deepseek_v4::DeepseekV4),
     KimiLinear(super::kimi_linear::KimiLinear),
+}
+
+/// How a MoE layer's modules are named under `model.layers.N.`: the block (router `gate`, `shared_experts` with
+/// `{gate,up,down}_proj`, `experts.E`) and each routed expert's gate, up and down projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeNames {
+    /// `mlp` (DeepSeek, GLM) or `block_sparse_moe` (Kimi-Linear).
+    pub block: &'static str,
+    /// `gate_proj`/`up_proj`/`down_proj`, or Kimi-Linear's `w1`/`w3`/`w2`.
+    pub expert: [&'static str; 3],
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -257,6 +261,45 @@ impl ModelConfig {
     /// without an indexer and for `shared` layers, which reuse the last full layer's selection and store no indexer.
     pub fn runs_indexer(&self, layer: usize) -> bool {
         self.indexer.as_ref().is_some_and(|i| i.full_layers.get(layer).copied().unwrap_or(true))
+    }
+
+    /// What keeps the reference runtime (`eval`, `calibrate-kv`, `serve-test`) from running this model, in words;
+    /// `None` when it runs it. Such models are read, converted, verified and sized only.
+    pub fn runtime_gap(&self) -> Option<&'static str> {
+        match &self.layout {
+            Some(Layout::DeepseekV4(_)) => Some("compressed sparse attention, hash routing, mHC hyper-connections"),
+            Some(Layout::KimiLinear(kimi))
+                if kimi.routed_expert_hidden_size.is_some()
+                    || kimi.attention_residuals
+                    || kimi.mla_output_gate
+                    || kimi.full_rank_gate =>
+            {
+                Some(
+                    "Kimi K3's additions to Kimi-Linear (latent MoE, attention residuals, output-gated MLA, full-rank \
+                     KDA gate), which no reference implementation outside the engines' GPU code holds yet",
+                )
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether decoder layer `layer` is a KDA (linear attention) layer rather than a softmax attention one.
+    pub fn is_kda_layer(&self, layer: usize) -> bool {
+        matches!(&self.layout, Some(Layout::KimiLinear(kimi)) if kimi.kda_layers.get(layer).copied().unwrap_or(false))
+    }
+
+    /// Whether the attention layers apply no RoPE: Kimi-Linear's NoPE MLA uses the shared key part as it is
+    /// (transformers' `KimiLinearAttention` takes no position embeddings).
+    pub fn nope_attention(&self) -> bool {
+        matches!(self.layout, Some(Layout::KimiLinear(_)))
+    }
+
+    /// How a MoE layer's modules are named.
+    pub fn moe_names(&self) -> MoeNames {
+        match self.layout {
+            Some(Layout::KimiLinear(_)) => MoeNames { block: "block_sparse_moe", expert: ["w1", "w3", "w2"] },
+            _ => MoeNames { block: "mlp", expert: ["gate_proj", "up_proj", "down_proj"] },
+        }
     }
 
     /// Whether decoder layer `layer` runs a MoE block in the forward pass (`mlp_layer_types` when the config

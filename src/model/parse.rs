@@ -156,8 +156,15 @@ impl ModelConfig {
         )?;
         let rope = reader.rope(Architecture::KimiLinear)?;
         let declared_positions = reader.optional_usize("max_position_embeddings")?;
-        let first_k_dense_replace = reader.optional_usize("first_k_dense_replace")?.unwrap_or(0);
+        // transformers' default (`KimiLinearConfig`): the first layer dense.
+        let first_k_dense_replace = reader.optional_usize("first_k_dense_replace")?.unwrap_or(1);
         let frequency = reader.optional_usize("moe_layer_freq")?.unwrap_or(1).max(1);
+        let moe_layers = match config.get("mlp_layer_types") {
+            Some(kinds) => mlp_layer_types(kinds, num_hidden_layers)?,
+            None => {
+                (0..num_hidden_layers).map(|layer| layer >= first_k_dense_replace && layer % frequency == 0).collect()
+            }
+        };
         let n_routed_experts =
             either("num_experts", "n_routed_experts")?.ok_or_else(|| ConfigError::Missing("num_experts".into()))?;
         let num_experts_per_tok = either("num_experts_per_token", "num_experts_per_tok")?
@@ -201,9 +208,7 @@ impl ModelConfig {
                     .unwrap_or("sigmoid")
                     .to_string(),
             },
-            moe_layers: (0..num_hidden_layers)
-                .map(|layer| layer >= first_k_dense_replace && layer % frequency == 0)
-                .collect(),
+            moe_layers,
             layout: Some(Layout::KimiLinear(kimi)),
         })
     }
@@ -270,4 +275,30 @@ impl ModelConfig {
             layout: Some(Layout::DeepseekV4(v4)),
         })
     }
+}
+
+/// `mlp_layer_types`: one `"dense"` or `"sparse"` per decoder layer.
+fn mlp_layer_types(kinds: &Value, layers: usize) -> Result<Vec<bool>, ConfigError> {
+    let unsupported = |value: String, hint: &str| ConfigError::Unsupported {
+        key: "mlp_layer_types".into(),
+        value,
+        hint: hint.into(),
+    };
+    let Some(kinds) = kinds.as_array() else {
+        return Err(unsupported(kinds.to_string(), "expected a list of \"dense\" / \"sparse\", one per layer"));
+    };
+    if kinds.len() != layers {
+        return Err(unsupported(
+            format!("{} entries", kinds.len()),
+            &format!("expected one per decoder layer: num_hidden_layers is {layers}"),
+        ));
+    }
+    kinds
+        .iter()
+        .map(|kind| match kind.as_str() {
+            Some("sparse") => Ok(true),
+            Some("dense") => Ok(false),
+            _ => Err(unsupported(kind.to_string(), "each entry is \"dense\" (an MLP) or \"sparse\" (MoE)")),
+        })
+        .collect()
 }

@@ -84,7 +84,8 @@ pub fn prepare(
 /// What to do with a folder already INT4 of `architecture` (`None`: no config.json): use it as it is (the commands
 /// that run or check it), or requantize it with the architecture's own recipes.
 fn already_int4_remedy(architecture: Option<Architecture>) -> String {
-    let runs = architecture.is_none_or(Architecture::runs);
+    // Kimi K3 (the `kimi_linear` release shipped quantized) does not run; Kimi-Linear ships BF16.
+    let runs = !matches!(architecture, Some(Architecture::DeepseekV4 | Architecture::KimiLinear));
     let as_it_is = if runs {
         "evaluate or serve it as it is with `squeeze eval`, `squeeze eval --reference DIR --candidate DIR` (BF16 vs \
          FP8 KV), `squeeze calibrate-kv`, `squeeze serve-test`, and check it with `squeeze verify DIR --engine vllm`"

@@ -7,6 +7,7 @@
 use std::ops::Range;
 
 use super::error::RuntimeError;
+use super::kda::{KdaInputs, KdaMode, KdaParams, KdaShape, KdaState};
 use super::kv_cache::{KvPool, KvRows, PagedDecode, PagedStep};
 use super::matrix::Matrix;
 use super::rope_table::RopeTable;
@@ -221,6 +222,44 @@ pub trait Backend: Sync {
     /// so each token sums its experts in slice order whatever the backend computes in between.
     fn routed_experts(&self, x: &Tensor, experts: &[RoutedExpert<'_>], output: &mut Tensor)
         -> Result<(), RuntimeError>;
+    /// The KDA mixer ([`crate::runtime::kda`]) of each sequence `(rows, state)` of `sequences`, continuing from its
+    /// state and advancing it: `[tokens, width]` (what `o_proj` takes; rows in no sequence are zeros). Computed on
+    /// the host by every backend for now (a device backend downloads the projections and uploads the result).
+    fn kda(
+        &self,
+        projections: &KdaProjections<'_>,
+        params: &KdaParams<'_>,
+        sequences: &mut [(Range<usize>, &mut KdaState)],
+        mode: KdaMode,
+    ) -> Result<Tensor, RuntimeError> {
+        let KdaProjections { qkv, forget, beta, gate, shape } = *projections;
+        let [qkv, forget, beta, gate] = [qkv, forget, beta, gate].map(|tensor| self.download(tensor));
+        let (qkv, forget, beta, gate) = (qkv?, forget?, beta?, gate?);
+        let (width, heads) = (shape.width(), shape.heads);
+        let mut out = vec![0f32; forget.len()];
+        for (rows, state) in sequences.iter_mut() {
+            let inputs = KdaInputs {
+                qkv: &qkv[rows.start * 3 * width..rows.end * 3 * width],
+                forget: &forget[rows.start * width..rows.end * width],
+                beta: &beta[rows.start * heads..rows.end * heads],
+                gate: &gate[rows.start * width..rows.end * width],
+            };
+            let mixed = super::kda::kda(&shape, params, &inputs, state, mode);
+            out[rows.start * width..rows.end * width].copy_from_slice(&mixed);
+        }
+        self.upload(&out, width)
+    }
+}
+
+/// A batch's KDA projections `[tokens, …]` on the backend: `qkv` `[tokens, 3 · width]` (before the convolution),
+/// `forget` `[tokens, width]`, `beta` `[tokens, heads]`, `gate` `[tokens, width]` ([`KdaInputs`]).
+#[derive(Clone, Copy)]
+pub struct KdaProjections<'a> {
+    pub qkv: &'a Tensor,
+    pub forget: &'a Tensor,
+    pub beta: &'a Tensor,
+    pub gate: &'a Tensor,
+    pub shape: KdaShape,
 }
 
 impl dyn Backend + '_ {

@@ -286,7 +286,9 @@ impl HeadView<'_> {
             let beta: Vec<f32> = (start..start + c).map(|t| self.beta(t)).collect();
             // decayed(i, j) = Σ_x a[i,x]·b[j,x]·exp(G[i,x] − G[j,x]), for j ≤ i.
             let decayed = |a: &[f32], b: &[f32], i: usize, j: usize| -> f32 {
-                (0..d).map(|x| a[i * d + x] * b[j * d + x] * (cumulative[i * d + x] - cumulative[j * d + x]).exp()).sum()
+                (0..d)
+                    .map(|x| a[i * d + x] * b[j * d + x] * (cumulative[i * d + x] - cumulative[j * d + x]).exp())
+                    .sum()
             };
             // T = (I + strictly-lower(β_i k_i · k_j decayed))⁻¹, by forward substitution as the torch form does.
             let mut t_matrix = vec![0f32; c * c];

@@ -22,6 +22,9 @@ pub enum SynthArch {
     /// residuals) with MXFP4 routed experts (compressed-tensors `mxfp4-pack-quantized`, everything else BF16) inside
     /// the `kimi_k3` vision-language wrapper.
     KimiK3,
+    /// Kimi-Linear as Moonshot ships it (`kimi_linear`, BF16): KDA layers with a NoPE MLA layer every third
+    /// (1-indexed lists), no query LoRA, `block_sparse_moe` experts `w1/w2/w3`.
+    KimiLinear,
     /// DeepSeek-V4 (Flash layout) as DeepSeek ships it: native names, FP8 with E8M0 128×128 block scales, MXFP4
     /// routed experts (`weight` I8 + `scale` E8M0), all three attention kinds, hash-routed first layer, mHC, an
     /// MTP layer.
@@ -37,6 +40,7 @@ impl SynthArch {
             SynthArch::Glm52 => "glm5.2",
             SynthArch::Glm45 => "glm45",
             SynthArch::KimiK3 => "kimi-k3",
+            SynthArch::KimiLinear => "kimi-linear",
             SynthArch::DeepseekV4 => "deepseek-v4",
         }
     }
@@ -52,9 +56,11 @@ impl FromStr for SynthArch {
             "glm5.2" => Ok(SynthArch::Glm52),
             "glm45" => Ok(SynthArch::Glm45),
             "kimi-k3" => Ok(SynthArch::KimiK3),
+            "kimi-linear" => Ok(SynthArch::KimiLinear),
             "deepseek-v4" => Ok(SynthArch::DeepseekV4),
             _ => Err(format!(
-                "unknown architecture `{text}`; known: kimi-k2, kimi-k2.6, glm5, glm5.2, glm45, kimi-k3, deepseek-v4"
+                "unknown architecture `{text}`; known: kimi-k2, kimi-k2.6, glm5, glm5.2, glm45, kimi-k3, kimi-linear, \
+                 deepseek-v4"
             )),
         }
     }
@@ -110,6 +116,9 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
     if arch == SynthArch::DeepseekV4 {
         return deepseek_v4(common, size);
     }
+    if arch == SynthArch::KimiLinear {
+        return kimi_linear(common, size);
+    }
     let fp8_deepseek = json!({ "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128] });
     let specific = match arch {
         SynthArch::KimiK2 | SynthArch::KimiK26 => json!({
@@ -151,7 +160,9 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
             "rope_parameters": { "rope_theta": 1000000.0, "rope_type": "default" },
             "quantization_config": fp8_deepseek,
         }),
-        SynthArch::KimiK3 | SynthArch::DeepseekV4 => unreachable!("written by kimi_k3 and deepseek_v4"),
+        SynthArch::KimiK3 | SynthArch::KimiLinear | SynthArch::DeepseekV4 => {
+            unreachable!("written by kimi_k3, kimi_linear and deepseek_v4")
+        }
         SynthArch::Glm45 => json!({
             "architectures": ["Glm4MoeForCausalLM"],
             "model_type": "glm4_moe",
@@ -390,6 +401,50 @@ fn kimi_k3(common: Value, size: &SynthSize) -> Value {
         "vision_config": VISION.config(),
         "torch_dtype": "bfloat16",
     })
+}
+
+/// Kimi-Linear's `config.json` at tiny sizes, with the keys of Moonshot's release (`linear_attn_config` with
+/// 1-indexed layer lists, `num_experts`/`num_experts_per_token`/`num_shared_experts`, `moe_router_activation_func`,
+/// `mla_use_nope`, no `q_lora_rank`); a NoPE MLA layer at every third layer (1-indexed 2, 5, …; the rest KDA),
+/// whose shared key part is 16 wide (used without RoPE).
+fn kimi_linear(common: Value, size: &SynthSize) -> Value {
+    let layers = size.layers;
+    let full: Vec<usize> = (1..=layers).filter(|n| n % 3 == 2).collect();
+    let kda: Vec<usize> = (1..=layers).filter(|n| !full.contains(n)).collect();
+    let mut config = merge(
+        common,
+        json!({
+            "architectures": ["KimiLinearForCausalLM"],
+            "model_type": "kimi_linear",
+            "num_experts": size.experts,
+            "num_experts_per_token": 2.min(size.experts),
+            "num_shared_experts": 1,
+            "num_expert_group": 1,
+            "num_key_value_heads": 4,
+            "pad_token_id": EOS_ID,
+            "moe_layer_freq": 1,
+            "q_lora_rank": null,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 32,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 32,
+            "mla_use_nope": true,
+            "moe_router_activation_func": "sigmoid",
+            "moe_renormalize": true,
+            "routed_scaling_factor": 2.446,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "linear_attn_config": {
+                "num_heads": 4, "head_dim": 32, "short_conv_kernel_size": 4, "kda_layers": kda, "full_attn_layers": full,
+            },
+        }),
+    );
+    if let Some(object) = config.as_object_mut() {
+        for deepseek in ["n_routed_experts", "n_shared_experts", "num_experts_per_tok", "n_group", "norm_topk_prob"] {
+            object.remove(deepseek);
+        }
+    }
+    config
 }
 
 /// DeepSeek-V4's `config.json` (the Flash layout's keys) at tiny sizes: layers cycle through sliding-window only,
