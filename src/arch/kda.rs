@@ -92,6 +92,34 @@ impl KdaWeights {
         self.mix(context.backend, x, &mut sequences, KdaMode::Chunked)
     }
 
+    /// Split prefill/decode ([`super::tap::KvSource::Split`]): each sequence's first `prompt[i]` rows through
+    /// `prefill`'s weights on `x_prefill` from the zero state, the state handed over as an engine stores it
+    /// ([`KdaState::as_stored`]), the remaining rows through these weights on `x` from it. The result's prompt rows
+    /// are the prefill node's.
+    pub fn forward_split(
+        &self,
+        context: &LayerContext,
+        x: &Tensor,
+        spans: &Spans,
+        (prefill, x_prefill, prompt): (&KdaWeights, &Tensor, &[usize]),
+    ) -> Result<Tensor, RuntimeError> {
+        let backend = context.backend;
+        let mut states: Vec<KdaState> = spans.iter().map(|_| KdaState::new(&self.shape)).collect();
+        let bounds: Vec<(usize, usize, usize)> =
+            spans.iter().zip(prompt).map(|((start, length), &prompt)| (start, start + prompt.min(length), start + length)).collect();
+        let mut sequences: Vec<_> =
+            bounds.iter().zip(states.iter_mut()).map(|(&(start, handoff, _), state)| (start..handoff, state)).collect();
+        let prefilled = prefill.mix(backend, x_prefill, &mut sequences, KdaMode::Chunked)?;
+        states.iter_mut().for_each(KdaState::as_stored);
+        let mut sequences: Vec<_> =
+            bounds.iter().zip(states.iter_mut()).map(|(&(_, handoff, end), state)| (handoff..end, state)).collect();
+        let mut out = self.mix(backend, x, &mut sequences, KdaMode::Chunked)?;
+        for &(start, handoff, _) in &bounds {
+            backend.copy_rows(&mut out, &prefilled, start..handoff)?;
+        }
+        Ok(out)
+    }
+
     /// The mixer over the sequences `(rows, state)` of `x`, continuing from and advancing their states.
     fn mix(
         &self,

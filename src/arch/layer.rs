@@ -29,8 +29,7 @@ enum Mixer {
 }
 
 /// Why a KDA layer cannot take a paged path yet.
-const KDA_NOT_PAGED: &str = "the paged KV cache (serve-test, split prefill/decode) does not hold KDA layers' \
-     per-request state yet; run eval without --prefill";
+const KDA_NOT_PAGED: &str = "the paged KV cache (serve-test) does not hold KDA layers' per-request state yet";
 
 enum Mlp {
     Dense(Box<DenseMlp>),
@@ -190,7 +189,9 @@ impl Layer {
             (Mixer::Mla(mla), None) => mla.forward(context, &x, spans, KvSource::Own, state, &mut tap.kv)?,
             (Mixer::Gqa(gqa), None) => gqa.forward(context, &x, spans, KvSource::Own, &mut tap.kv)?,
             (Mixer::Kda(kda), None) => kda.forward(context, &x, spans)?,
-            (Mixer::Kda(_), Some(_)) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
+            (Mixer::Kda(kda), Some((Layer { attention: Mixer::Kda(prefill), .. }, x_prefill, prompt))) => {
+                kda.forward_split(context, &x, spans, (prefill, x_prefill, prompt))?
+            }
             (Mixer::Mla(mla), Some((Layer { attention: Mixer::Mla(prefill), .. }, x_prefill, prompt))) => {
                 let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
                 mla.forward(context, &x, spans, kv, state, &mut tap.kv)?

@@ -111,6 +111,10 @@ pub struct CalibReport {
     /// What the scales should be read with (sequences beyond the context window under `--allow-long-context`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Decoder layers that cache no keys and values (KDA linear attention: a fixed-size state per request, which
+    /// vLLM keeps in BF16 (convolution inputs) and F32 (recurrent state) with no FP8 scale): no scales for them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub state_layers: Vec<usize>,
 }
 
 /// Per layer: K and V statistics per KV head (MLA: one "head", K only).
@@ -224,6 +228,7 @@ pub fn summarize(config: &ModelConfig, options: &CalibOptions, observed: &Observ
         .layers
         .iter()
         .enumerate()
+        .filter(|(layer, _)| !config.is_kda_layer(*layer))
         .map(|(layer, observation)| {
             let scales = |stats: &[AbsStats]| -> Vec<f32> {
                 stats.iter().map(|s| (s.percentile(percent) / FP8_MAX).max(f32::MIN_POSITIVE)).collect()
@@ -300,6 +305,7 @@ pub fn summarize(config: &ModelConfig, options: &CalibOptions, observed: &Observ
         seconds,
         written: Vec::new(),
         warnings: Vec::new(),
+        state_layers: (0..observed.layers.len()).filter(|&layer| config.is_kda_layer(layer)).collect(),
     }
 }
 

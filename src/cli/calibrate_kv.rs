@@ -179,6 +179,14 @@ pub(super) fn print_report(report: &CalibReport) {
     }
     let names: Vec<String> = report.tensor_names.iter().map(|(k, v)| format!("{k}/{v}")).collect();
     println!("tensor names per layer: {}", names.join(", "));
+    if !report.state_layers.is_empty() {
+        println!(
+            "layers {:?}: KDA linear attention, no KV cache and no scale: a fixed-size state per request, which vLLM \
+             keeps in BF16 (convolution inputs) and F32 (recurrent state) [vllm/model_executor/layers/mamba/\
+             mamba_utils.py kda_state_dtype]",
+            report.state_layers
+        );
+    }
     let mut table = Table::new(&[
         "layer",
         "K amax",

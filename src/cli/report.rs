@@ -348,7 +348,7 @@ pub fn print_human(report: &Report) {
                 if report.kv.bf16.indexer_layers > 0 {
                     " for the last sliding-window tokens of every layer"
                 } else {
-                    " of KDA recurrent state and convolution tail (F32)"
+                    " of KDA recurrent state (F32) and convolution tail (BF16), as vLLM keeps them"
                 },
             )
         } else if report.kv.bf16.indexer_bytes_per_layer > 0 {

@@ -31,8 +31,8 @@ pub struct KvPerToken {
     /// each context token adds at length, `Σ row bytes / ratio` over its compressed layers plus the CSA indexer's
     /// key per compressed entry (rounded up).
     pub bytes_per_token: u64,
-    /// Bytes each request holds whatever its length (absent when 0): KDA's recurrent state and convolution tail
-    /// per linear-attention layer (F32), DeepSeek-V4's sliding window of `sliding_window` tokens in every layer.
+    /// Bytes each request holds whatever its length (absent when 0): KDA's recurrent state (F32) and convolution
+    /// tail (BF16) per linear-attention layer, DeepSeek-V4's sliding window of `sliding_window` tokens in every layer.
     #[serde(skip_serializing_if = "is_zero")]
     pub state_bytes_per_request: u64,
 }
@@ -41,11 +41,14 @@ fn is_zero(value: &u64) -> bool {
     *value == 0
 }
 
-/// KDA's per-request state per layer in elements: the `heads × head_dim × head_dim` recurrent state and the last
-/// `kernel − 1` inputs of the q, k and v convolutions (vLLM `kda.py`: `MambaStateShapeCalculator`'s KDA shapes).
-fn kda_state_elements(kimi: &KimiLinear) -> usize {
-    let width = kimi.kda_heads * kimi.kda_head_dim;
-    kimi.kda_heads * kimi.kda_head_dim * kimi.kda_head_dim + 3 * width * kimi.conv_kernel.saturating_sub(1)
+/// KDA's per-request state per layer on one GPU, in bytes, as vLLM keeps it (`kda.py`, `mamba_utils.py`
+/// `kda_state_shape`/`kda_state_dtype`): the `heads × head_dim × head_dim` recurrent state in F32 and the last
+/// `kernel − 1` inputs of the q, k and v convolutions in the model's dtype (BF16), both split over the
+/// `attention_tp` ranks by heads.
+fn kda_state_bytes(kimi: &KimiLinear, attention_tp: usize) -> usize {
+    let heads = kimi.kda_heads.div_ceil(attention_tp.max(1));
+    let width = heads * kimi.kda_head_dim;
+    heads * kimi.kda_head_dim * kimi.kda_head_dim * 4 + 3 * width * kimi.conv_kernel.saturating_sub(1) * 2
 }
 
 /// KV heads each GPU holds under `attention_tp`-way tensor-parallel attention: heads are split, and a rank
@@ -82,7 +85,7 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
                 indexer_layers: 0,
                 bytes_per_layer: row_bytes,
                 bytes_per_token: row_bytes * layers as u64,
-                state_bytes_per_request: (kda_state_elements(kimi) * 4 * kda_layers) as u64,
+                state_bytes_per_request: (kda_state_bytes(kimi, attention_tp) * kda_layers) as u64,
             };
         }
         Some(Layout::DeepseekV4(v4)) => {

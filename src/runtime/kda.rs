@@ -62,6 +62,14 @@ impl KdaState {
     pub fn new(shape: &KdaShape) -> Self {
         Self { conv: vec![0.0; shape.conv_state_len()], recurrent: vec![0.0; shape.recurrent_state_len()] }
     }
+
+    /// The state as an engine stores and hands it over (vLLM `mamba_utils.py` `kda_state_dtype`): the convolution
+    /// inputs in the model's dtype (BF16), the recurrent state in F32.
+    pub fn as_stored(&mut self) {
+        for value in &mut self.conv {
+            *value = half::bf16::from_f32(*value).to_f32();
+        }
+    }
 }
 
 /// How the delta rule runs over a span of tokens (the same result up to rounding).
