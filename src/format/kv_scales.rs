@@ -143,9 +143,12 @@ impl KvScales {
         Self { layout, layers: vec![LayerKvScales::unit(); layers], missing_layers: Vec::new() }
     }
 
-    /// Reads the scales of the first `config.num_hidden_layers` layers of `checkpoint`.
+    /// Reads the scales of the first `config.num_hidden_layers` layers of `checkpoint` (a KDA layer, which caches
+    /// no keys and values, has none and is not missing one).
     pub fn read(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<Self, IoError> {
-        read_kv_scales(checkpoint, config.num_hidden_layers, KvLayout::of(config))
+        let mut scales = read_kv_scales(checkpoint, config.num_hidden_layers, KvLayout::of(config))?;
+        scales.missing_layers.retain(|&layer| !config.is_kda_layer(layer));
+        Ok(scales)
     }
 
     /// Whether any layer fell back to 1.0.
