@@ -8,7 +8,8 @@ use crate::load::weights::WeightReader;
 use crate::model::config::Layout;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, KdaProjections};
-use crate::runtime::kda::{KdaMode, KdaParams, KdaShape, KdaState};
+pub use crate::runtime::kda::KdaMode;
+use crate::runtime::kda::{KdaParams, KdaShape, KdaState};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::{RuntimeError, Spans};
@@ -73,6 +74,10 @@ impl KdaWeights {
         })
     }
 
+    pub fn shape(&self) -> KdaShape {
+        self.shape
+    }
+
     /// Every weight matrix (for device prefetch).
     pub fn matrices(&self) -> Vec<&Matrix> {
         let mut all: Vec<&Matrix> = self.qkv.iter().chain(&self.forget).chain(&self.gate).collect();
@@ -105,8 +110,11 @@ impl KdaWeights {
     ) -> Result<Tensor, RuntimeError> {
         let backend = context.backend;
         let mut states: Vec<KdaState> = spans.iter().map(|_| KdaState::new(&self.shape)).collect();
-        let bounds: Vec<(usize, usize, usize)> =
-            spans.iter().zip(prompt).map(|((start, length), &prompt)| (start, start + prompt.min(length), start + length)).collect();
+        let bounds: Vec<(usize, usize, usize)> = spans
+            .iter()
+            .zip(prompt)
+            .map(|((start, length), &prompt)| (start, start + prompt.min(length), start + length))
+            .collect();
         let mut sequences: Vec<_> =
             bounds.iter().zip(states.iter_mut()).map(|(&(start, handoff, _), state)| (start..handoff, state)).collect();
         let prefilled = prefill.mix(backend, x_prefill, &mut sequences, KdaMode::Chunked)?;
@@ -121,7 +129,7 @@ impl KdaWeights {
     }
 
     /// The mixer over the sequences `(rows, state)` of `x`, continuing from and advancing their states.
-    fn mix(
+    pub(super) fn mix(
         &self,
         backend: &dyn Backend,
         x: &Tensor,

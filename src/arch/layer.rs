@@ -6,7 +6,7 @@
 use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
 use super::indexer::IndexQueries;
-use super::kda::KdaWeights;
+use super::kda::{KdaMode, KdaWeights};
 use super::mla::MlaWeights;
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::tap::{KvSource, LayerTap};
@@ -15,6 +15,7 @@ use crate::load::weights::WeightReader;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{AttentionShape, Backend, KeySelection};
+use crate::runtime::kda::KdaState;
 use crate::runtime::kv_cache::{KeyChoice, PagedLayout};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
@@ -28,8 +29,8 @@ enum Mixer {
     Kda(Box<KdaWeights>),
 }
 
-/// Why a KDA layer cannot take a paged path yet.
-const KDA_NOT_PAGED: &str = "the paged KV cache (serve-test) does not hold KDA layers' per-request state yet";
+/// Why a KDA layer cannot take the paged attention path (it is stepped through its state instead).
+const KDA_NOT_PAGED: &str = "a KDA layer has no paged KV cache rows; it is prefilled and decoded through its state";
 
 enum Mlp {
     Dense(Box<DenseMlp>),
@@ -299,6 +300,55 @@ pub struct PagedInputs<'a> {
     pub keys: Option<KeyChoice<'a>>,
 }
 
+/// The paged uses of a KDA layer: a prompt's prefill into its state, the decode step from the states.
+impl Layer {
+    /// Whether the layer's mixer is KDA (a state per request instead of cached rows).
+    pub fn is_kda(&self) -> bool {
+        matches!(self.attention, Mixer::Kda(_))
+    }
+
+    /// The layer's KDA mixer, or an error for a softmax attention layer.
+    fn kda(&self) -> Result<&KdaWeights, RuntimeError> {
+        match &self.attention {
+            Mixer::Kda(kda) => Ok(kda),
+            _ => Err(RuntimeError::Input("a softmax attention layer was stepped as a KDA layer".into())),
+        }
+    }
+
+    /// A prompt's prefill through a KDA layer (chunked, from the zero state), then the layer's residual and MLP;
+    /// returns the request's state after the prompt.
+    pub fn prefill_state(&self, context: &LayerContext, hidden: &mut Tensor) -> Result<KdaState, RuntimeError> {
+        let kda = self.kda()?;
+        let x = normed(context.backend, context.config, hidden, &self.input_norm)?;
+        let mut state = KdaState::new(&kda.shape());
+        let mixed = kda.mix(context.backend, &x, &mut [(0..x.rows(), &mut state)], KdaMode::Chunked)?;
+        self.finish_mixed(context, hidden, &mixed)?;
+        Ok(state)
+    }
+
+    /// The decode step through a KDA layer: row `r` of `hidden` advances `states[r]` by one token (recurrent),
+    /// then the layer's residual and MLP.
+    pub fn decode_states(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        states: &mut [KdaState],
+    ) -> Result<(), RuntimeError> {
+        let kda = self.kda()?;
+        let x = normed(context.backend, context.config, hidden, &self.input_norm)?;
+        let mut sequences: Vec<_> = states.iter_mut().enumerate().map(|(row, state)| (row..row + 1, state)).collect();
+        let mixed = kda.mix(context.backend, &x, &mut sequences, KdaMode::Recurrent)?;
+        self.finish_mixed(context, hidden, &mixed)
+    }
+
+    /// `hidden += mixed` (the mixer's output after its projection), then `hidden += mlp(norm(hidden))`.
+    fn finish_mixed(&self, context: &LayerContext, hidden: &mut Tensor, mixed: &Tensor) -> Result<(), RuntimeError> {
+        let mlp =
+            MlpRows { only: None, times: &ExpertTimes::default(), near_ties: &mut 0, tap: &mut LayerTap::default() };
+        self.residual(context, hidden, mixed, mlp, None)
+    }
+}
+
 /// The paged uses of the layer: a prompt's prefill and the decode step around the paged attention.
 impl Layer {
     /// How the paged attention reads a layer's cached rows: GQA heads over `[K | V]`, MLA in the absorbed form.
@@ -395,9 +445,7 @@ impl Layer {
             Mixer::Gqa(gqa) => gqa.output(context.backend, attended)?,
             Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
         };
-        let mlp =
-            MlpRows { only: None, times: &ExpertTimes::default(), near_ties: &mut 0, tap: &mut LayerTap::default() };
-        self.residual(context, hidden, &projected, mlp, None)
+        self.finish_mixed(context, hidden, &projected)
     }
 
     /// A prompt's paged prefill through the layer: its rows for the cache (`[tokens, row_width]`, and the indexer

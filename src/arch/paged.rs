@@ -25,6 +25,7 @@ use crate::load::open::open_checkpoint;
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::runtime::backend::Backend;
+use crate::runtime::kda::KdaState;
 use crate::runtime::kv_cache::{KvAt, KvPool, KvRows, PagedStep, PoolError, RequestId};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
@@ -45,10 +46,12 @@ pub struct Prefilled {
     /// Every position's hidden state after the final norm `[tokens, hidden]`, on the host (what the MTP layer drafts
     /// from), when the model was opened [`PagedModel::with_mtp`]; else empty.
     pub normed: Vec<f32>,
-    /// Per layer `[tokens, row_width]` and `[tokens, aux_width]`, f32, where the backend keeps them (the handoff
-    /// converts them to the pool dtype).
+    /// Per cached (softmax attention) layer `[tokens, row_width]` and `[tokens, aux_width]`, f32, where the backend
+    /// keeps them (the handoff converts them to the pool dtype).
     pub rows: Vec<Tensor>,
     pub aux: Vec<Tensor>,
+    /// Per KDA layer, the request's state after the prompt (the handoff stores it as the engines do).
+    pub states: Vec<KdaState>,
 }
 
 /// One decode step's results, in item order: logits `[vocab]`, or why the item's cached mappings cannot be trusted
@@ -116,9 +119,20 @@ impl PagedModel {
         Ok(Some(self))
     }
 
-    /// Layers the pool caches: the decoder layers, and the MTP layer when loaded.
+    /// Layers the pool caches: the decoder layers with softmax attention (not KDA), and the MTP layer when loaded.
     pub fn cached_layers(&self) -> usize {
-        self.config.num_hidden_layers + usize::from(self.mtp.is_some())
+        self.attention_layers() + usize::from(self.mtp.is_some())
+    }
+
+    /// Decoder layers with softmax attention (cached in the pool in this order; the MTP layer comes after them).
+    fn attention_layers(&self) -> usize {
+        self.layers.iter().filter(|layer| !layer.is_kda()).count()
+    }
+
+    /// The KDA layers' shape and count, for the pool's state slots (`None` without KDA layers).
+    pub fn kda_layers(&self) -> Option<(crate::runtime::kda::KdaShape, usize)> {
+        let count = self.layers.len() - self.attention_layers();
+        super::kda::shape(&self.config).filter(|_| count > 0).map(|shape| (shape, count))
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -148,6 +162,7 @@ impl PagedModel {
     pub fn element_scales(&self, scales: &KvScales) -> Vec<Vec<f32>> {
         let width = self.row_width();
         let mut all: Vec<Vec<f32>> = (0..self.config.num_hidden_layers)
+            .filter(|&layer| !self.config.is_kda_layer(layer))
             .map(|layer| {
                 let layer_scales = &scales.layers[layer];
                 match KvLayout::of(&self.config) {
@@ -188,7 +203,7 @@ impl PagedModel {
         let positions: Vec<usize> = (0..count).collect();
         let width = self.config.hidden_size;
         let mut hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, tokens)?, width)?;
-        let (mut all_rows, mut all_aux) = (Vec::new(), Vec::new());
+        let (mut all_rows, mut all_aux, mut states) = (Vec::new(), Vec::new(), Vec::new());
         // The last DSA selection `[count, count]` (shared layers reuse the last indexer layer's).
         let mut selection: Option<Vec<bool>> = None;
         let context = LayerContext {
@@ -199,6 +214,10 @@ impl PagedModel {
             mla_scale: self.mla_scale,
         };
         for layer in &self.layers {
+            if layer.is_kda() {
+                states.push(layer.prefill_state(&context, &mut hidden)?);
+                continue;
+            }
             let (rows, aux) = layer.prefill(&context, &mut hidden, (&positions, self.aux_width()), &mut selection)?;
             all_rows.push(rows);
             all_aux.push(aux);
@@ -206,11 +225,12 @@ impl PagedModel {
         let normed = backend.rms_normed(&hidden, &self.norm, self.config.rms_norm_eps as f32)?;
         let logits = self.head_logits(backend, &backend.row_range(&normed, count - 1..count)?)?;
         let normed = if self.mtp.is_some() { backend.download(&normed)? } else { Vec::new() };
-        Ok(Prefilled { logits, normed, rows: all_rows, aux: all_aux })
+        Ok(Prefilled { logits, normed, rows: all_rows, aux: all_aux, states })
     }
 
     /// Writes a prefilled prompt's rows into `pool` for `request` (converted to the pool's dtype and scales) through
-    /// `backend`, whose pages of the pool they go to.
+    /// `backend`, whose pages of the pool they go to, and its KDA states into a state slot
+    /// ([`KvPool::keep_state`]).
     pub fn hand_over(
         backend: &dyn Backend,
         pool: &mut KvPool,
@@ -222,6 +242,9 @@ impl PagedModel {
         let at: Vec<KvAt> = (0..count).map(|position| KvAt { request, position }).collect();
         for (layer, (rows, aux)) in prefilled.rows.iter().zip(&prefilled.aux).enumerate() {
             backend.kv_write(pool, layer, &KvRows { rows, aux, at: &at })?;
+        }
+        if pool.state_slots().used() {
+            pool.store_states(request, prefilled.states.clone())?;
         }
         Ok(())
     }
@@ -248,8 +271,17 @@ impl PagedModel {
         let hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
         let stepping = self.stepping();
         let mut step = stepping.start_step(pool, &at, hidden)?;
+        // Softmax attention layers take the pool's layers in order, KDA layers the states of the request's slot.
+        let (mut pool_layer, mut kda_layer) = (0, 0);
         for (index, layer) in self.layers.iter().enumerate() {
-            stepping.step_layer(backend, pool, &reader, (index, layer), &mut step, verify && index == 0)?;
+            let verify = verify && index == 0;
+            if layer.is_kda() {
+                stepping.step_state_layer(backend, pool, &reader, (kda_layer, layer), &mut step, verify)?;
+                kda_layer += 1;
+            } else {
+                stepping.step_layer(backend, pool, &reader, (pool_layer, layer), &mut step, verify)?;
+                pool_layer += 1;
+            }
         }
         let mut normed = vec![Vec::new(); items.len()];
         let mut logits: Vec<Option<Vec<f32>>> = vec![None; items.len()];
@@ -281,7 +313,7 @@ impl PagedModel {
             return Err(RuntimeError::Input("the decoder was opened without its MTP layer".into()));
         };
         let reader = WeightReader::new(&self.checkpoint);
-        self.stepping().draft(backend, pool, &reader, (self.config.num_hidden_layers, mtp), items, verify)
+        self.stepping().draft(backend, pool, &reader, (self.attention_layers(), mtp), items, verify)
     }
 
     /// The logits of every row of `normed` (hidden states after the final norm).
@@ -389,6 +421,56 @@ impl Stepping<'_> {
             faults: vec![None; at.len()],
             verify_seconds: 0.0,
         })
+    }
+
+    /// KDA layer `kda_index` (among the KDA layers) of a step: checks each live item's state slot (all its mappings
+    /// with `verify`), drops the items that fail with their fault, advances the others' states by their token and
+    /// stores them back ([`KvPool::keep_state`]).
+    fn step_state_layer(
+        &self,
+        backend: &dyn Backend,
+        pool: &mut KvPool,
+        reader: &WeightReader,
+        (kda_index, layer): (usize, &Layer),
+        step: &mut Step,
+        verify: bool,
+    ) -> Result<(), RuntimeError> {
+        let started = std::time::Instant::now();
+        let mut kept = Vec::with_capacity(step.live.len());
+        let mut states = Vec::with_capacity(step.live.len());
+        for (row, &item) in step.live.iter().enumerate() {
+            let request = step.at[item].request;
+            let checked = if verify { pool.verify(request).map_err(PoolError::from) } else { Ok(()) };
+            match checked.and_then(|()| pool.states_mut(request).map(|slot| slot.get(kda_index).cloned())) {
+                Ok(Some(state)) => {
+                    kept.push(row);
+                    states.push(state);
+                }
+                Ok(None) => {
+                    return Err(RuntimeError::Input(format!(
+                        "request {request} has no state for KDA layer {kda_index}"
+                    )))
+                }
+                Err(fault) => step.faults[item] = Some(fault),
+            }
+        }
+        step.verify_seconds += started.elapsed().as_secs_f64();
+        if kept.len() < step.live.len() {
+            step.live = kept.iter().map(|&row| step.live[row]).collect();
+            if step.live.is_empty() {
+                return Ok(());
+            }
+            step.hidden = backend.gather_rows(&step.hidden, &kept)?;
+            step.keys = step.keys.take().map(|keys| backend.gather_rows(&keys, &kept)).transpose()?;
+        }
+        let context =
+            LayerContext { backend, reader, config: self.config, table: self.table, mla_scale: self.mla_scale };
+        layer.decode_states(&context, &mut step.hidden, &mut states)?;
+        for (mut state, &item) in states.into_iter().zip(&step.live) {
+            pool.keep_state(&mut state);
+            pool.states_mut(step.at[item].request)?[kda_index] = state;
+        }
+        Ok(())
     }
 
     /// Layer `index` of a step: writes each live item's rows at its position and attends over positions

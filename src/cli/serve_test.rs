@@ -101,7 +101,8 @@ fn parse_fault(text: &str) -> anyhow::Result<(FaultKind, u64)> {
         None => (text, 1),
     };
     let Some(kind) = FaultKind::parse(kind) else {
-        bail!("--inject-fault {text}: unknown kind; known: stale-page, swap, out-of-range, tag-corrupt, double-map, rollback-stale")
+        let known: Vec<&str> = FaultKind::ALL.into_iter().chain(FaultKind::STATE).map(FaultKind::name).collect();
+        bail!("--inject-fault {text}: unknown kind; known: {}", known.join(", "))
     };
     Ok((kind, step))
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::arch::paged::{DecodeItem, PagedModel};
 use crate::progress::Reporter;
 use crate::runtime::device::DeviceCounters;
-use crate::runtime::kv_cache::{inject, FaultKind, InjectedFault, KvPool, RequestId};
+use crate::runtime::kv_cache::{inject, InjectedFault, KvPool, RequestId};
 use crate::runtime::Backend;
 
 use super::sampling::Rng;
@@ -45,8 +45,15 @@ pub struct Finished {
 }
 
 /// Refuses an `--inject-fault` that can never apply to these prompts.
-pub fn check_fault(options: &ServeOptions, prompts: usize) -> Result<(), ServeError> {
+pub fn check_fault(options: &ServeOptions, prompts: usize, has_states: bool) -> Result<(), ServeError> {
     let Some((kind, at)) = options.fault else { return Ok(()) };
+    if kind.on_state() && !has_states {
+        return Err(ServeError::Input(format!(
+            "--inject-fault {}: the model has no KDA layers, so its requests hold no state slot to damage; choose a \
+             page fault (stale-page, swap, out-of-range, tag-corrupt, double-map, rollback-stale)",
+            kind.name()
+        )));
+    }
     // Each decode step advances at least one request by one token, and a request takes at most
     // max_new_tokens − 1 decode steps after its prefill.
     let most_steps = (prompts * options.max_new_tokens.saturating_sub(1)) as u64;
@@ -59,12 +66,12 @@ pub fn check_fault(options: &ServeOptions, prompts: usize) -> Result<(), ServeEr
             options.max_new_tokens
         )));
     }
-    if kind == FaultKind::Swap && prompts.min(options.concurrency) < 2 {
-        return Err(ServeError::Input(
-            "--inject-fault swap exchanges pages of two requests decoded together: give at least two prompts and \
-             --concurrency ≥ 2"
-                .into(),
-        ));
+    if kind.needs_two() && prompts.min(options.concurrency) < 2 {
+        return Err(ServeError::Input(format!(
+            "--inject-fault {} exchanges the mappings of two requests decoded together: give at least two prompts \
+             and --concurrency ≥ 2",
+            kind.name()
+        )));
     }
     Ok(())
 }

@@ -114,11 +114,18 @@ pub fn serve_test(
     };
     pool_size::size_pool(&mut shape, options.kv_dtype, options.kv_pages)?;
     let need = pool_size::pages_needed(&shape, &encoded, options.max_new_tokens)?;
-    check_fault(options, encoded.len())?;
+    check_fault(options, encoded.len(), decoder.kda_layers().is_some())?;
 
     let eos = eos_ids(decoder.checkpoint().config());
     let element_scales = decoder.element_scales(&scales);
-    let mut pool = KvPool::new(shape, options.kv_dtype, element_scales.clone());
+    let new_pool = || {
+        let pool = KvPool::new(shape, options.kv_dtype, element_scales.clone());
+        match decoder.kda_layers() {
+            Some((kda, layers)) => pool.with_states(kda, layers),
+            None => pool,
+        }
+    };
+    let mut pool = new_pool();
     let batch = Batch {
         backend,
         decoder: &decoder,
@@ -135,7 +142,7 @@ pub fn serve_test(
     let greedy = match options.speculative {
         Some(_) => {
             let plain = ServeOptions { speculative: None, fault: None, ..options.clone() };
-            let mut plain_pool = KvPool::new(shape, options.kv_dtype, element_scales);
+            let mut plain_pool = new_pool();
             Some(Batch { options: &plain, ..batch }.run(&mut plain_pool)?)
         }
         None => None,
@@ -214,6 +221,13 @@ fn open_decoder(options: &ServeOptions, max_positions: usize) -> Result<PagedMod
     if options.speculative.is_none() {
         return Ok(decoder);
     }
+    if decoder.kda_layers().is_some() {
+        return Err(ServeError::Input(format!(
+            "--speculative mtp: {} has KDA layers, whose per-request state cannot be rolled back past rejected \
+             drafts as pages are (the engines keep a state per draft position); run serve-test without --speculative",
+            options.model.display()
+        )));
+    }
     decoder.with_mtp()?.ok_or_else(|| {
         ServeError::Input(format!(
             "--speculative mtp: {} has no MTP layer (num_nextn_predict_layers is 0 or missing in config.json);              speculative decoding with MTP needs a GLM-4.5/4.6/4.7 or GLM-5/5.1/5.2 checkpoint that keeps it",
@@ -233,6 +247,7 @@ fn open_prefiller(
     if model.row_width() != decoder.row_width()
         || model.aux_width() != decoder.aux_width()
         || model.config().num_hidden_layers != decoder.config().num_hidden_layers
+        || model.kda_layers() != decoder.kda_layers()
     {
         return Err(ServeError::Input(format!(
             "{}: its KV layout ({} layers × {} wide) differs from {} ({} layers × {} wide); prefill and decode must be the same architecture",

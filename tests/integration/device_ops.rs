@@ -320,6 +320,9 @@ fn blamed_index(error: &IntegrityError) -> usize {
         | IntegrityError::Untagged { index, .. }
         | IntegrityError::TagMismatch { index, .. } => index,
         IntegrityError::Length { entries, .. } => entries,
+        IntegrityError::NoState { .. } | IntegrityError::StateSlot { .. } => {
+            unreachable!("these pools keep no KDA state: {error}")
+        }
     }
 }
 

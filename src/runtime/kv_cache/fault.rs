@@ -1,5 +1,6 @@
 //! Fault injection into a pool's block tables and tags, for tests and demos: the mapping bugs a serving engine can
-//! have (use after free, crossed tables, wild page ids, corrupted metadata, aliasing within a request).
+//! have (use after free, crossed tables, wild page ids, corrupted metadata, aliasing within a request), and the
+//! same bugs on the KDA state slots of a hybrid model (crossed, freed, corrupted, mis-sized slots).
 
 use super::{KvPool, Mapping, RequestId};
 
@@ -20,9 +21,18 @@ pub enum FaultKind {
     /// A page the victim took for a speculative draft is rolled back onto the free list but left in its table (a
     /// rollback that forgets to unmap; the page goes to the next request that allocates).
     RollbackStale,
+    /// The victim's KDA state slot exchanged with another request's (both are hit).
+    StateSwap,
+    /// The victim's KDA state slot freed while still mapped (and handed to the next request that arrives).
+    StateStale,
+    /// One bit of the generation in the tag of the victim's KDA state slot flipped.
+    StateCorrupt,
+    /// One KDA layer's recurrent state of the victim's slot cut short (a slot laid out for other sizes).
+    StateSize,
 }
 
 impl FaultKind {
+    /// The faults of the page tables (every model).
     pub const ALL: [FaultKind; 6] = [
         FaultKind::StalePage,
         FaultKind::Swap,
@@ -31,6 +41,9 @@ impl FaultKind {
         FaultKind::DoubleMap,
         FaultKind::RollbackStale,
     ];
+    /// The faults of the KDA state slots (models with KDA layers).
+    pub const STATE: [FaultKind; 4] =
+        [FaultKind::StateSwap, FaultKind::StateStale, FaultKind::StateCorrupt, FaultKind::StateSize];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -40,11 +53,25 @@ impl FaultKind {
             FaultKind::TagCorrupt => "tag-corrupt",
             FaultKind::DoubleMap => "double-map",
             FaultKind::RollbackStale => "rollback-stale",
+            FaultKind::StateSwap => "state-swap",
+            FaultKind::StateStale => "state-stale",
+            FaultKind::StateCorrupt => "state-corrupt",
+            FaultKind::StateSize => "state-size",
         }
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.name() == text)
+        Self::ALL.into_iter().chain(Self::STATE).find(|kind| kind.name() == text)
+    }
+
+    /// Whether the fault hits a KDA state slot (and so needs a model with KDA layers).
+    pub fn on_state(self) -> bool {
+        Self::STATE.contains(&self)
+    }
+
+    /// Whether the fault involves a second request decoded beside the victim.
+    pub fn needs_two(self) -> bool {
+        matches!(self, FaultKind::Swap | FaultKind::StateSwap)
     }
 }
 
@@ -63,6 +90,9 @@ pub struct InjectedFault {
 pub fn inject(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[RequestId]) -> Option<InjectedFault> {
     if kind == FaultKind::RollbackStale {
         return rollback_stale(pool, victim);
+    }
+    if kind.on_state() {
+        return state_fault(pool, kind, victim, active);
     }
     let pages = pool.shape.pages;
     let parts = pool.parts();
@@ -109,7 +139,12 @@ pub fn inject(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[R
             tag.generation ^= 1 << 5;
             format!("flipped bit 5 of the generation in the tag of physical page {page}")
         }
-        FaultKind::RollbackStale => return None, // injected above, before the tables are borrowed
+        // Injected above, before the tables are borrowed.
+        FaultKind::RollbackStale
+        | FaultKind::StateSwap
+        | FaultKind::StateStale
+        | FaultKind::StateCorrupt
+        | FaultKind::StateSize => return None,
         FaultKind::DoubleMap => {
             let table = parts.tables.get_mut(&victim)?;
             let first: Mapping = table.entries[0];
@@ -145,4 +180,46 @@ fn rollback_stale(pool: &mut KvPool, victim: RequestId) -> Option<InjectedFault>
              but left it mapped"
         ),
     })
+}
+
+/// A fault on the victim's KDA state slot; `None` when the pool keeps no states (or `state-swap` finds no other
+/// request with a slot).
+fn state_fault(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[RequestId]) -> Option<InjectedFault> {
+    let mine = pool.tables.get(&victim)?.state?;
+    let slot = mine.page as usize;
+    let mut affected = vec![victim];
+    let description = match kind {
+        FaultKind::StateSwap => {
+            let (other, theirs) = active
+                .iter()
+                .copied()
+                .filter(|&r| r != victim)
+                .find_map(|r| pool.tables.get(&r).and_then(|t| t.state).map(|state| (r, state)))?;
+            pool.tables.get_mut(&victim)?.state = Some(theirs);
+            pool.tables.get_mut(&other)?.state = Some(mine);
+            affected.push(other);
+            affected.sort_unstable();
+            format!("exchanged request {victim}'s KDA state slot {slot} with request {other}'s slot {}", theirs.page)
+        }
+        FaultKind::StateStale => {
+            let entry = pool.states.slots.get_mut(slot)?;
+            *entry = Default::default();
+            pool.states.free.push(slot);
+            format!("freed KDA state slot {slot} while request {victim} still maps it")
+        }
+        FaultKind::StateCorrupt => {
+            let tag = pool.states.slots.get_mut(slot)?.tag.as_mut()?;
+            tag.generation ^= 1 << 5;
+            format!("flipped bit 5 of the generation in the tag of KDA state slot {slot}")
+        }
+        FaultKind::StateSize => {
+            let state = pool.states.slots.get_mut(slot)?.states.first_mut()?;
+            let cut = state.recurrent.len() / 2;
+            state.recurrent.truncate(cut);
+            format!("cut the first KDA layer's recurrent state in slot {slot} (request {victim}) to {cut} values")
+        }
+        _ => return None,
+    };
+    pool.tag_version += 1;
+    Some(InjectedFault { kind, victim, affected, description })
 }

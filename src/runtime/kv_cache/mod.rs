@@ -17,6 +17,7 @@
 //! device decode never holds a host copy of them.
 
 mod fault;
+mod states;
 mod step;
 mod storage;
 
@@ -26,6 +27,7 @@ use std::collections::BTreeMap;
 /// The pool's element type (an on-disk convention shared with the KV-scale files and `report`).
 pub use crate::format::kv_scales::KvDtype;
 pub use fault::{inject, FaultKind, InjectedFault};
+pub use states::{SlotTag, StateSlots};
 pub use step::{KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
 
 /// A request's id as the pool knows it.
@@ -48,11 +50,13 @@ pub struct Mapping {
     pub generation: u64,
 }
 
-/// A request's block table: logical page `i` lives in `entries[i]`; `tokens` positions are written.
+/// A request's block table: logical page `i` lives in `entries[i]`; `tokens` positions are written; on a model
+/// with KDA layers, `state` maps the request's state slot (`page` = the slot).
 #[derive(Debug, Clone, Default)]
 pub struct BlockTable {
     pub entries: Vec<Mapping>,
     pub tokens: usize,
+    pub state: Option<Mapping>,
 }
 
 /// Geometry of a pool.
@@ -100,6 +104,10 @@ pub enum IntegrityError {
     TagMismatch { request: RequestId, index: usize, page: u32, field: &'static str, expected: u64, found: u64 },
     #[error("request {request}: the block table has {entries} pages but {tokens} written tokens need {needed}")]
     Length { request: RequestId, entries: usize, tokens: usize, needed: usize },
+    #[error("request {request}: has no KDA state slot, but the model's KDA layers need one")]
+    NoState { request: RequestId },
+    #[error("request {request}: its KDA state slot {slot} {problem}")]
+    StateSlot { request: RequestId, slot: u32, problem: String },
 }
 
 /// Errors of pool operations (not integrity faults).
@@ -140,6 +148,8 @@ pub struct KvPool {
     /// A device backend's copy of this pool where it computes (its device pages and tags), kept with the pool so
     /// that it lives and dies with it; the backend owns what it is (the pool names no backend).
     resident: Option<Box<dyn Any + Send>>,
+    /// The KDA layers' per-request state slots (none without KDA layers).
+    states: StateSlots,
 }
 
 impl KvPool {
@@ -162,6 +172,58 @@ impl KvPool {
             writes: 0,
             tag_version: 0,
             resident: None,
+            states: StateSlots::default(),
+        }
+    }
+
+    /// The pool with state slots for a model's `layers` KDA layers of `shape` (each request then needs one).
+    pub fn with_states(mut self, shape: crate::runtime::kda::KdaShape, layers: usize) -> Self {
+        self.states = StateSlots::new(shape, layers);
+        self
+    }
+
+    /// The state slots.
+    pub fn state_slots(&self) -> &StateSlots {
+        &self.states
+    }
+
+    /// Gives `request` a state slot holding `states` (one per KDA layer) with a new generation, stored as
+    /// [`KvPool::keep_state`] says.
+    pub fn store_states(
+        &mut self,
+        request: RequestId,
+        mut states: Vec<crate::runtime::kda::KdaState>,
+    ) -> Result<(), PoolError> {
+        if !self.tables.contains_key(&request) {
+            return Err(PoolError::Unknown(request));
+        }
+        states.iter_mut().for_each(|state| self.keep_state(state));
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let mapping = self.states.store(request, generation, states);
+        self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?.state = Some(mapping);
+        Ok(())
+    }
+
+    /// A KDA state as the pool stores it: as vLLM does (convolution inputs in the model's dtype, BF16; recurrent
+    /// state F32, [`crate::runtime::kda::KdaState::as_stored`]) in a BF16 or FP8 pool, exactly in an F32 pool (the
+    /// pool that checks decode against the full forward).
+    pub fn keep_state(&self, state: &mut crate::runtime::kda::KdaState) {
+        if self.dtype != KvDtype::F32 {
+            state.as_stored();
+        }
+    }
+
+    /// `request`'s KDA states (one per KDA layer), after checking its slot mapping (the tag and the sizes).
+    pub fn states_mut(&mut self, request: RequestId) -> Result<&mut [crate::runtime::kda::KdaState], PoolError> {
+        let mapping = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.state;
+        if let Err(fault) = self.states.check(request, mapping) {
+            self.counters.faults_detected += 1;
+            return Err(fault.into());
+        }
+        match mapping {
+            Some(mapping) => Ok(self.states.states_mut(mapping)),
+            None => Ok(&mut []),
         }
     }
 
@@ -379,7 +441,9 @@ impl KvPool {
     /// Checks every mapping of `request`: page id in range, page not on the free list, tag owner, logical index and
     /// generation equal to what the table recorded. Counts the mappings checked.
     pub fn verify(&mut self, request: RequestId) -> Result<(), IntegrityError> {
-        self.counters.mappings_verified += self.tables.get(&request).map_or(0, |table| table.entries.len() as u64);
+        let state = usize::from(self.states.used()) as u64;
+        self.counters.mappings_verified +=
+            self.tables.get(&request).map_or(0, |table| table.entries.len() as u64 + state);
         let result = self.check(request);
         if result.is_err() {
             self.counters.faults_detected += 1;
@@ -390,7 +454,8 @@ impl KvPool {
     /// [`KvPool::verify`]'s checks without counting (to name the fault a device reported).
     pub fn check(&self, request: RequestId) -> Result<(), IntegrityError> {
         let Some(table) = self.tables.get(&request) else { return Ok(()) };
-        check_table(request, table, &self.tags, &self.on_free, self.shape.pages_for(table.tokens))
+        check_table(request, table, &self.tags, &self.on_free, self.shape.pages_for(table.tokens))?;
+        self.states.check(request, table.state)
     }
 
     /// Returns `request`'s pages to the free list and drops its table. A finished request frees its (verified)
@@ -398,6 +463,7 @@ impl KvPool {
     /// tags are damaged out of circulation (quarantined).
     pub fn release(&mut self, request: RequestId, aborted: bool) {
         let Some(table) = self.tables.remove(&request) else { return };
+        self.states.release(request, table.state, aborted);
         if aborted {
             self.counters.requests_aborted += 1;
             for page in 0..self.shape.pages {
@@ -561,6 +627,38 @@ mod tests {
         assert_eq!(pool.truncate(3, 2).unwrap(), 0);
         assert_eq!(pool.table(3).unwrap().tokens, 2);
         assert_eq!(pool.truncate(9, 0), Err(PoolError::Unknown(9)));
+    }
+
+    #[test]
+    fn every_state_fault_is_detected_and_only_its_victims_fail() {
+        use crate::runtime::kda::{KdaShape, KdaState};
+        let shape = KdaShape { heads: 2, head_dim: 4, conv_kernel: 3 };
+        for kind in FaultKind::STATE {
+            let mut pool = pool(16, 2, KvDtype::Bf16).with_states(shape, 2);
+            for request in 0..3 {
+                pool.open(request);
+                pool.reserve(request, 5).unwrap();
+                pool.store_states(request, vec![KdaState::new(&shape); 2]).unwrap();
+            }
+            assert!((0..3).all(|r| pool.verify(r).is_ok()));
+            let injected = inject(&mut pool, kind, 1, &[0, 1, 2]).expect("injectable");
+            // A new request may take a freed slot: the victim must still be caught.
+            pool.open(3);
+            pool.store_states(3, vec![KdaState::new(&shape); 2]).unwrap();
+            let failed: Vec<RequestId> = (0..4).filter(|&r| pool.verify(r).is_err()).collect();
+            assert_eq!(failed, injected.affected, "{kind:?}");
+            assert!(injected.affected.iter().all(|&r| pool.states_mut(r).is_err()), "{kind:?}");
+            for request in failed {
+                pool.release(request, true);
+            }
+            for request in [0, 2, 3].into_iter().filter(|r| !injected.affected.contains(r)) {
+                assert_eq!(pool.states_mut(request).unwrap().len(), 2, "{kind:?}: request {request} keeps its states");
+            }
+        }
+        // A request without a slot in a pool that keeps states is caught too.
+        let mut pool = pool(4, 2, KvDtype::Bf16).with_states(shape, 1);
+        pool.open(9);
+        assert_eq!(pool.verify(9), Err(IntegrityError::NoState { request: 9 }));
     }
 
     #[test]

@@ -1,0 +1,116 @@
+//! The per-request state slots of KDA (linear-attention) layers, kept in the pool beside the pages: one slot per
+//! request holds its state of every KDA layer ([`KdaState`]: convolution inputs and recurrent state, a fixed size
+//! however long the request), as vLLM keeps a request's mamba-style state in one slot of its state cache. Each slot
+//! carries a tag (owner request, allocation generation) that [`super::KvPool::verify`] checks against the request's
+//! mapping together with the sizes of what the slot holds, so a swapped, freed, corrupted or mis-sized slot aborts
+//! its request as a bad page mapping does.
+
+use super::{IntegrityError, Mapping, RequestId};
+use crate::runtime::kda::{KdaShape, KdaState};
+
+/// What a state slot says about itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotTag {
+    pub owner: RequestId,
+    pub generation: u64,
+}
+
+/// One request's states of every KDA layer, and its tag.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Slot {
+    pub tag: Option<SlotTag>,
+    pub states: Vec<KdaState>,
+}
+
+/// The slots of a pool: none for a model without KDA layers.
+#[derive(Debug, Clone, Default)]
+pub struct StateSlots {
+    /// The KDA layers' shape and how many there are (`None`: the model has none).
+    pub(super) kind: Option<(KdaShape, usize)>,
+    pub(super) slots: Vec<Slot>,
+    /// Slots free for reuse (LIFO).
+    pub(super) free: Vec<usize>,
+}
+
+impl StateSlots {
+    /// Slots for `layers` KDA layers of `shape`, made as requests arrive.
+    pub fn new(shape: KdaShape, layers: usize) -> Self {
+        Self { kind: Some((shape, layers)), slots: Vec::new(), free: Vec::new() }
+    }
+
+    /// Whether the model has KDA layers (and so every request a slot).
+    pub fn used(&self) -> bool {
+        self.kind.is_some()
+    }
+
+    /// Bytes each request's slot holds as vLLM keeps it (F32 recurrent state, BF16 convolution inputs).
+    pub fn bytes_per_request(&self) -> usize {
+        self.kind.map_or(0, |(shape, layers)| layers * (shape.recurrent_state_len() * 4 + shape.conv_state_len() * 2))
+    }
+
+    /// Puts `states` in a free slot for `request` with a new `generation`; returns the mapping.
+    pub(super) fn store(&mut self, request: RequestId, generation: u64, states: Vec<KdaState>) -> Mapping {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(Slot::default());
+            self.slots.len() - 1
+        });
+        self.slots[slot] = Slot { tag: Some(SlotTag { owner: request, generation }), states };
+        Mapping { page: slot as u32, generation }
+    }
+
+    /// Checks `request`'s mapping `mapping` to its slot: present when the model has KDA layers, in range, the
+    /// slot's tag naming this request and generation, one state per KDA layer of the layer's sizes.
+    pub(super) fn check(&self, request: RequestId, mapping: Option<Mapping>) -> Result<(), IntegrityError> {
+        let Some((shape, layers)) = self.kind else { return Ok(()) };
+        let Some(mapping) = mapping else { return Err(IntegrityError::NoState { request }) };
+        let slot = mapping.page;
+        let Some(Slot { tag, states }) = self.slots.get(slot as usize) else {
+            return Err(IntegrityError::StateSlot { request, slot, problem: "is outside the state slots".into() });
+        };
+        let mismatch = |problem: String| IntegrityError::StateSlot { request, slot, problem };
+        let Some(tag) = tag else { return Err(mismatch("is free (no tag)".into())) };
+        if tag.owner != request {
+            return Err(mismatch(format!("is tagged for request {}", tag.owner)));
+        }
+        if tag.generation != mapping.generation {
+            return Err(mismatch(format!(
+                "has generation {} in its tag but {} in the request's mapping",
+                tag.generation, mapping.generation
+            )));
+        }
+        let sizes = |state: &KdaState| (state.conv.len(), state.recurrent.len());
+        let expected = (shape.conv_state_len(), shape.recurrent_state_len());
+        if states.len() != layers || states.iter().any(|state| sizes(state) != expected) {
+            return Err(mismatch(format!(
+                "holds {} states of sizes {:?}; the model's {layers} KDA layers each need (conv, recurrent) = {expected:?}",
+                states.len(),
+                states.iter().map(sizes).collect::<Vec<_>>()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The states of slot `mapping` (checked by the caller).
+    pub(super) fn states_mut(&mut self, mapping: Mapping) -> &mut [KdaState] {
+        &mut self.slots[mapping.page as usize].states
+    }
+
+    /// Frees `request`'s slot where its tag still names the request (a slot whose tag disagrees stays out of use);
+    /// for an `aborted` request every slot whose tag names it, wherever it is mapped.
+    pub(super) fn release(&mut self, request: RequestId, mapping: Option<Mapping>, aborted: bool) {
+        let freed: Vec<usize> = if aborted {
+            (0..self.slots.len()).filter(|&slot| self.slots[slot].tag.is_some_and(|t| t.owner == request)).collect()
+        } else {
+            let expected = mapping.map(|m| SlotTag { owner: request, generation: m.generation });
+            mapping
+                .map(|m| m.page as usize)
+                .filter(|&slot| expected.is_some() && self.slots.get(slot).is_some_and(|s| s.tag == expected))
+                .into_iter()
+                .collect()
+        };
+        for slot in freed {
+            self.slots[slot] = Slot::default();
+            self.free.push(slot);
+        }
+    }
+}
