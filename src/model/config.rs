@@ -283,6 +283,16 @@ impl ModelConfig {
         }
     }
 
+    /// The built-in recipe `quantize` and `report` use without `--recipe`: the architecture's
+    /// ([`Architecture::default_recipe`]), except Kimi-Linear as shipped (BF16 experts, not K3's MXFP4), which gets
+    /// the INT4 decode layout.
+    pub fn default_recipe(&self) -> &'static str {
+        match &self.layout {
+            Some(Layout::KimiLinear(kimi)) if !kimi.experts_mxfp4 => "kimi-linear-int4",
+            _ => self.architecture.default_recipe(),
+        }
+    }
+
     /// Whether decoder layer `layer` is a KDA (linear attention) layer rather than a softmax attention one.
     pub fn is_kda_layer(&self, layer: usize) -> bool {
         matches!(&self.layout, Some(Layout::KimiLinear(kimi)) if kimi.kda_layers.get(layer).copied().unwrap_or(false))

@@ -63,7 +63,7 @@ pub fn prepare(
     };
     let recipe_name = match (recipe, &config) {
         (Some(name), _) => name.to_string(),
-        (None, Some(config)) => config.architecture.default_recipe().to_string(),
+        (None, Some(config)) => config.default_recipe().to_string(),
         (None, None) => {
             return Err(PrepareError::Output {
                 path: input.join(CONFIG_FILE),
