@@ -140,8 +140,7 @@ fn plan_model(options: &ReportOptions) -> Result<Planned, ReportError> {
         Input::Config { origin, json } => {
             let config = ModelConfig::from_json(&json)
                 .map_err(|error| ReportError::Config { origin: origin.describe(), error })?;
-            let recipe_name =
-                options.recipe.clone().unwrap_or_else(|| config.default_recipe().to_string());
+            let recipe_name = options.recipe.clone().unwrap_or_else(|| config.default_recipe().to_string());
             let recipe = Recipe::load(&recipe_name)?.with_overrides(options.group_size, options.scale_rule)?;
             let plan = plan::build(
                 vendor_source::items_from_config(&config),

@@ -153,3 +153,42 @@ fn speculative_decoding_on_the_device_matches_the_cpu_and_catches_a_rollback_lef
         }
     }
 }
+
+/// Kimi-Linear (a KDA layer, then a NoPE MLA layer): the KDA states live in the pool's state slots on either
+/// backend, so the device run decodes the CPU's tokens; every state fault aborts exactly its victims at the step it
+/// was injected before, the other requests decode as in the clean run, and the device run catches one as the CPU does.
+#[test]
+fn kda_state_slots_decode_on_the_device_as_on_the_cpu_and_catch_every_state_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "kimi-linear", "kimi-linear", &SMALL);
+    let extra = ["--kv-dtype", "fp8"];
+    let cpu = serve(&model, "cpu", &extra).ok().json();
+    let gpu = serve(&model, "emulated", &extra).ok().json();
+    check_same(&cpu, &gpu, "kimi-linear fp8");
+    assert_eq!(gpu["completed"], PROMPTS.len());
+    let clean = outcomes(&cpu);
+    for (seed, kind) in ["state-swap", "state-stale", "state-corrupt", "state-size"].into_iter().enumerate() {
+        let step = 1 + seed % 3;
+        let (fault, seed) = (format!("{kind}@{step}"), seed.to_string());
+        let extra = ["--kv-dtype", "fp8", "--inject-fault", fault.as_str(), "--seed", seed.as_str()];
+        let report = serve(&model, "cpu", &extra).ok().json();
+        let what = format!("kimi-linear {kind}@{step}");
+        assert_eq!((report["faults_injected"].clone(), report["undetected"].clone()), (1.into(), 0.into()), "{what}");
+        assert_eq!(report["false_positives"], 0, "{what}");
+        let affected: Vec<u64> =
+            report["injected"][0]["affected"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(affected.len(), if kind == "state-swap" { 2 } else { 1 }, "{what}");
+        for (id, (status, tokens, error)) in outcomes(&report).into_iter().enumerate() {
+            if affected.contains(&(id as u64)) {
+                assert_eq!(status, "aborted", "{what}: victim {id}");
+                assert_eq!(tokens.as_array().unwrap().len(), step + 1, "{what}: victim {id}");
+                assert!(error.as_str().unwrap().contains("KDA state slot"), "{what}: {error}");
+            } else {
+                assert_eq!((status, tokens, error), clean[id].clone(), "{what}: request {id} changed");
+            }
+        }
+        if kind == "state-swap" {
+            check_same(&report, &serve(&model, "emulated", &extra).ok().json(), &what);
+        }
+    }
+}
