@@ -1,7 +1,8 @@
 //! The architectures the reference runtime runs — `DeepseekV3ForCausalLM` (Kimi K2), `GlmMoeDsaForCausalLM`
-//! (GLM-5) and `Glm4MoeForCausalLM` (GLM-4.5), matching HF transformers' float32 logits — one file per piece, each
-//! with its full-sequence forward and its decode step, on the op surface of [`crate::runtime`]. One [`Layer`] type
-//! serves both: [`Model`] streams the layers through whole sequences; [`paged::PagedModel`] keeps them resident for
+//! (GLM-5), `Glm4MoeForCausalLM` (GLM-4.5) and `KimiLinearForCausalLM` (Kimi-Linear), matching HF transformers'
+//! float32 logits — one file per piece, each with its full-sequence forward and its decode step, on the op surface
+//! of [`crate::runtime`]. A [`Layer`] is a token mixer (MLA [`mla`], GQA [`gqa`], KDA [`kda`]) and an MLP/MoE
+//! ([`moe`]) on the residual stream. One [`Layer`] type serves both: [`Model`] streams the layers through whole sequences; [`paged::PagedModel`] keeps them resident for
 //! prompt prefill and the paged decode step of `serve-test`.
 //!
 //! # Layer-streamed execution and memory

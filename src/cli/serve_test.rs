@@ -61,7 +61,8 @@ pub struct Args {
     pub prefill_model: Option<PathBuf>,
     /// Inject a mapping fault, optionally @STEP.
     ///
-    /// Inject a mapping fault: stale-page, swap, out-of-range, tag-corrupt, double-map or rollback-stale, optionally @STEP
+    /// Inject a mapping fault: stale-page, swap, out-of-range, tag-corrupt, double-map or rollback-stale (and on a model
+    /// with KDA layers state-swap, state-stale, state-corrupt or state-size, on its state slots), optionally @STEP
     /// (the decode step before whose verification it happens; default 1).
     #[arg(long)]
     pub inject_fault: Option<String>,

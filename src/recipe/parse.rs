@@ -315,6 +315,13 @@ mod tests {
                 "language_model.model.layers.0.mlp.down_proj.weight",
                 "language_model.model.layers.5.self_attn.o_proj.weight",
             ],
+            "kimi-linear-int4" => [
+                "model.layers.5.block_sparse_moe.experts.12.w2.weight",
+                "model.layers.5.block_sparse_moe.shared_experts.down_proj.weight",
+                "model.layers.5.block_sparse_moe.gate.weight",
+                "model.layers.0.mlp.down_proj.weight",
+                "model.layers.5.self_attn.o_proj.weight",
+            ],
             r if r.starts_with("deepseek-v4") => [
                 "layers.5.ffn.experts.12.w2.weight",
                 "layers.5.ffn.shared_experts.w2.weight",
