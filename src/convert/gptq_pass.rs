@@ -289,11 +289,19 @@ impl Work<'_> {
         config: &ModelConfig,
     ) -> Result<Vec<Done>, RuntimeError> {
         let (hidden, inner) = (config.hidden_size, config.moe_intermediate_size);
-        let module = format!("model.layers.{}.mlp.experts.{expert}", self.layer);
+        let names = config.moe_names();
+        let module = format!("model.layers.{}.{}.experts.{expert}", self.layer, names.block);
+        let [gate_name, up_name, down_name] = names.expert;
+        let stored = |projection: &str| match projection {
+            "gate" => gate_name,
+            "up" => up_name,
+            _ => down_name,
+        };
         let rows = &self.rows[expert];
         let planned = self.targets.get(&(self.layer, expert)).cloned().unwrap_or_default();
-        let failed =
-            |projection: &str, e: String| RuntimeError::Output(format!("gptq {module}.{projection}_proj.weight: {e}"));
+        let failed = |projection: &str, e: String| {
+            RuntimeError::Output(format!("gptq {module}.{}.weight: {e}", stored(projection)))
+        };
         let factor = |inputs: &[f32], width: usize, projection: &str| {
             self.algebra.factor(inputs, width, self.settings.damping).map_err(|e| failed(projection, e))
         };
@@ -307,9 +315,9 @@ impl Work<'_> {
                 &gathered
             }
         };
-        let gate = reader.matrix(&format!("{module}.gate_proj.weight"), [inner, hidden])?;
-        let up = reader.matrix(&format!("{module}.up_proj.weight"), [inner, hidden])?;
-        let down = reader.matrix(&format!("{module}.down_proj.weight"), [hidden, inner])?;
+        let gate = reader.matrix(&format!("{module}.{gate_name}.weight"), [inner, hidden])?;
+        let up = reader.matrix(&format!("{module}.{up_name}.weight"), [inner, hidden])?;
+        let down = reader.matrix(&format!("{module}.{down_name}.weight"), [hidden, inner])?;
         // gate_proj and up_proj share one factor of the damped inverse Hessian.
         let own_hidden_factor;
         let hidden_factor = match (planned.contains_key("gate") || planned.contains_key("up"), self.shared) {

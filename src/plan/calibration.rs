@@ -115,15 +115,26 @@ pub struct Calibration {
     pub gptq_algebra: Option<&'static str>,
 }
 
-/// `(layer, expert, projection)` of `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, also under a
-/// vision-language wrapper's names (`language_model.model.layers.…`).
+/// `(layer, expert, projection)` of `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, or Kimi-Linear's
+/// `model.layers.L.block_sparse_moe.experts.E.w{1,3,2}.weight` (w1 the gate, w3 the up, w2 the down projection),
+/// also under a vision-language wrapper's names (`language_model.model.layers.…`).
 pub fn routed_expert(name: &str) -> Option<(usize, usize, &'static str)> {
     let text = crate::io::composite::text_name(name);
     let rest = text.as_deref().unwrap_or(name).strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
-    let rest = rest.strip_prefix("mlp.experts.")?;
+    let (rest, kimi) = match rest.strip_prefix("mlp.experts.") {
+        Some(rest) => (rest, false),
+        None => (rest.strip_prefix("block_sparse_moe.experts.")?, true),
+    };
     let (expert, rest) = rest.split_once('.')?;
-    let projection = ["gate", "up", "down"].into_iter().find(|p| rest.strip_suffix("_proj.weight") == Some(*p))?;
+    let projection = if kimi {
+        [("w1", "gate"), ("w3", "up"), ("w2", "down")]
+            .into_iter()
+            .find(|(stored, _)| rest.strip_suffix(".weight") == Some(*stored))?
+            .1
+    } else {
+        ["gate", "up", "down"].into_iter().find(|p| rest.strip_suffix("_proj.weight") == Some(*p))?
+    };
     Some((layer.parse().ok()?, expert.parse().ok()?, projection))
 }
 
@@ -244,5 +255,10 @@ mod tests {
         assert_eq!(routed_expert("model.layers.3.mlp.shared_experts.down_proj.weight"), None);
         assert_eq!(routed_expert("model.layers.3.mlp.experts.17.down_proj.weight_scale_inv"), None);
         assert_eq!(routed_expert("model.layers.3.self_attn.o_proj.weight"), None);
+        // Kimi-Linear: w1 the gate, w3 the up, w2 the down projection.
+        assert_eq!(routed_expert("model.layers.2.block_sparse_moe.experts.5.w1.weight"), Some((2, 5, "gate")));
+        assert_eq!(routed_expert("model.layers.2.block_sparse_moe.experts.5.w3.weight"), Some((2, 5, "up")));
+        assert_eq!(routed_expert("model.layers.2.block_sparse_moe.experts.5.w2.weight"), Some((2, 5, "down")));
+        assert_eq!(routed_expert("model.layers.2.block_sparse_moe.shared_experts.down_proj.weight"), None);
     }
 }
