@@ -23,6 +23,7 @@ const SHOWN: usize = 5;
 /// The problems found, empty when the checkpoint matches the config.
 pub fn mismatches(checkpoint: &Checkpoint, config: &ModelConfig) -> Vec<String> {
     let mut problems = Vec::new();
+    problems.extend(kda_layers_disagree(checkpoint, config));
     let specs = tensor_specs(config);
     let shape_names: Vec<String> =
         specs.iter().map(|spec| shape_name(spec.name.strip_suffix(".weight").unwrap_or(&spec.name))).collect();
@@ -69,6 +70,32 @@ pub fn mismatches(checkpoint: &Checkpoint, config: &ModelConfig) -> Vec<String> 
         ));
     }
     problems
+}
+
+/// Where the tensors put KDA layers (their `q_conv1d`) against where the config's lists do, as one problem naming
+/// both and the lists that would match (a list off by one is refused earlier, by the config's parse, with the
+/// 1-indexed hint); `None` when they agree or the model has no KDA layers.
+fn kda_layers_disagree(checkpoint: &Checkpoint, config: &ModelConfig) -> Option<String> {
+    let kinds: Vec<bool> = (0..config.num_hidden_layers).map(|layer| config.is_kda_layer(layer)).collect();
+    if !kinds.contains(&true) {
+        return None;
+    }
+    let stored: Vec<bool> = (0..config.num_hidden_layers)
+        .map(|layer| checkpoint.contains(&format!("model.layers.{layer}.self_attn.q_conv1d.weight")))
+        .collect();
+    if stored == kinds {
+        return None;
+    }
+    let numbers =
+        |kda: bool, kinds: &[bool]| -> Vec<usize> { (1..=kinds.len()).filter(|&n| kinds[n - 1] == kda).collect() };
+    Some(format!(
+        "the tensors hold KDA layers (self_attn.q_conv1d) at {:?} (1-indexed), but linear_attn_config.kda_layers says \
+         {:?}; set kda_layers {:?} and full_attn_layers {:?}",
+        numbers(true, &stored),
+        numbers(true, &kinds),
+        numbers(true, &stored),
+        numbers(false, &stored)
+    ))
 }
 
 /// An error message for `mismatches`, or `None` when there are none.

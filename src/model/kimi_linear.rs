@@ -72,8 +72,27 @@ impl KimiLinear {
                 })
                 .collect()
         };
-        let (kda, full) = (list("kda_layers")?, list("full_attn_layers")?);
-        let kda_layers = layer_kinds(&kda, &full, layers)?;
+        // transformers' precedence: `layer_types` when the config gives it, else the 1-indexed lists.
+        let kda_layers = match config.get("layer_types") {
+            Some(types) => {
+                let kinds = layer_types(types, layers)?;
+                if let (Ok(kda), Ok(full)) = (list("kda_layers"), list("full_attn_layers")) {
+                    if layer_kinds(&kda, &full, layers).ok().as_ref() != Some(&kinds) {
+                        return Err(ConfigError::Unsupported {
+                            key: "layer_types".into(),
+                            value: format!("{types}"),
+                            hint: format!(
+                                "disagrees with linear_attn_config.kda_layers {kda:?} / full_attn_layers {full:?} \
+                                 (1-indexed); transformers follows layer_types: make the lists agree with it or \
+                                 remove one of them"
+                            ),
+                        });
+                    }
+                }
+                kinds
+            }
+            None => layer_kinds(&list("kda_layers")?, &list("full_attn_layers")?, layers)?,
+        };
         let format = quantization
             .map(|q| {
                 let groups = q.get("config_groups").and_then(Value::as_object);
@@ -97,6 +116,31 @@ impl KimiLinear {
             experts_mxfp4: format.contains(&"mxfp4-pack-quantized"),
         })
     }
+}
+
+/// Per layer `true` for KDA, from `layer_types` (`"linear_attention"` or `"full_attention"`, one per layer).
+fn layer_types(types: &Value, layers: usize) -> Result<Vec<bool>, ConfigError> {
+    let unsupported = |value: String, hint: String| ConfigError::Unsupported { key: "layer_types".into(), value, hint };
+    let Some(types) = types.as_array() else {
+        return Err(unsupported(types.to_string(), "expected a list with one entry per decoder layer".into()));
+    };
+    if types.len() != layers {
+        return Err(unsupported(
+            format!("{} entries", types.len()),
+            format!("expected one per decoder layer: num_hidden_layers is {layers}"),
+        ));
+    }
+    types
+        .iter()
+        .map(|kind| match kind.as_str() {
+            Some("linear_attention") => Ok(true),
+            Some("full_attention") => Ok(false),
+            _ => Err(unsupported(
+                kind.to_string(),
+                "each entry is \"linear_attention\" (KDA) or \"full_attention\" (MLA)".into(),
+            )),
+        })
+        .collect()
 }
 
 /// Per layer `true` for KDA, from the 1-indexed lists: together they must name every layer 1…`layers` once.
@@ -265,5 +309,37 @@ mod tests {
         assert!(message(&[1, 2, 3], &[5]).contains("1-indexed"));
         assert!(message(&[1, 2], &[2, 3, 4]).contains("twice"));
         assert!(message(&[1, 2], &[4]).contains("layer 3"));
+    }
+
+    #[test]
+    fn layer_types_take_precedence_and_must_agree_with_the_lists() {
+        let config = |extra: Value| {
+            let mut config = serde_json::json!({ "linear_attn_config": {
+                "num_heads": 2, "head_dim": 8, "short_conv_kernel_size": 4 } });
+            for (key, value) in extra.as_object().unwrap() {
+                if key.starts_with("kda") || key.starts_with("full") {
+                    config["linear_attn_config"][key] = value.clone();
+                } else {
+                    config[key] = value.clone();
+                }
+            }
+            KimiLinear::parse(&config, 3, None)
+        };
+        let types = serde_json::json!(["linear_attention", "full_attention", "linear_attention"]);
+        let parsed = config(serde_json::json!({ "layer_types": types })).unwrap();
+        assert_eq!(parsed.kda_layers, [true, false, true]);
+        let agreeing =
+            config(serde_json::json!({ "layer_types": types, "kda_layers": [1, 3], "full_attn_layers": [2] }));
+        assert_eq!(agreeing.unwrap().kda_layers, [true, false, true]);
+        let error = config(serde_json::json!({ "layer_types": types, "kda_layers": [1, 2], "full_attn_layers": [3] }))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("layer_types") && error.contains("disagrees"), "{error}");
+        let error = config(serde_json::json!({ "layer_types": ["linear_attention"] })).unwrap_err().to_string();
+        assert!(error.contains("1 entries") && error.contains("num_hidden_layers is 3"), "{error}");
+        let error = config(serde_json::json!({ "layer_types": ["linear_attention", "mamba", "full_attention"] }))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("mamba"), "{error}");
     }
 }

@@ -20,6 +20,7 @@ mod gptq;
 mod gptq_device;
 mod gptq_golden;
 mod hub;
+mod hybrid;
 mod imatrix;
 mod lint;
 mod messages;

@@ -1,0 +1,102 @@
+//! Kimi-Linear (KDA linear attention beside NoPE MLA) through the subcommands: bad layouts refused with the key or
+//! tensor named, `calibrate-kv` scaling only the layers that cache keys and values, `report` counting the KDA state
+//! per request, `quantize` keeping the KDA projections as shipped.
+
+use std::fs;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::common::{expect_exit_2, path_str, read_json, rewrite_header, squeeze, synth};
+
+const SMALL: [&str; 10] =
+    ["--layers", "3", "--hidden", "96", "--experts", "4", "--moe-intermediate", "64", "--vocab", "260"];
+
+fn edit_config(model: &Path, edit: impl FnOnce(&mut Value)) {
+    let path = model.join("config.json");
+    let mut config = read_json(&path);
+    edit(&mut config);
+    fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+}
+
+#[test]
+fn bad_kda_layouts_exit_2_naming_the_key_or_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    fs::write(&text, "Shall I compare thee to a summer's day? ".repeat(8)).unwrap();
+    let eval = |model: &Path| squeeze(&["eval", path_str(model), "--data", path_str(&text), "--ctx", "32"]);
+    // The lists name other layers than the tensors hold: the tensors' layout and the lists that match it.
+    let swapped = synth(dir.path(), "swapped", "kimi-linear", &SMALL);
+    edit_config(&swapped, |config| {
+        config["linear_attn_config"]["kda_layers"] = Value::from(vec![1, 2]);
+        config["linear_attn_config"]["full_attn_layers"] = Value::from(vec![3]);
+    });
+    expect_exit_2(&eval(&swapped), &["KDA layers (self_attn.q_conv1d) at [1, 3]", "set kda_layers [1, 3]"]);
+    // Written 0-indexed.
+    let zero = synth(dir.path(), "zero", "kimi-linear", &SMALL);
+    edit_config(&zero, |config| {
+        config["linear_attn_config"]["kda_layers"] = Value::from(vec![0, 2]);
+        config["linear_attn_config"]["full_attn_layers"] = Value::from(vec![1]);
+    });
+    expect_exit_2(&eval(&zero), &["kda_layers", "1-indexed", "add 1 to each entry"]);
+    // layer_types and mlp_layer_types of the wrong length or with an unknown value.
+    let typed = synth(dir.path(), "typed", "kimi-linear", &SMALL);
+    edit_config(&typed, |config| config["layer_types"] = serde_json::json!(["linear_attention", "full_attention"]));
+    expect_exit_2(&eval(&typed), &["layer_types", "2 entries", "num_hidden_layers is 3"]);
+    edit_config(&typed, |config| {
+        config["layer_types"] = serde_json::json!(["linear_attention", "full_attention", "mamba"]);
+    });
+    expect_exit_2(&eval(&typed), &["layer_types", "mamba"]);
+    edit_config(&typed, |config| {
+        config.as_object_mut().unwrap().remove("layer_types");
+        config["mlp_layer_types"] = serde_json::json!(["dense", "sparse", "moe"]);
+    });
+    expect_exit_2(&eval(&typed), &["mlp_layer_types", "\"moe\""]);
+    // A KDA layer without its convolution (renamed away in its shard and the index): the tensor named.
+    let model = synth(dir.path(), "model", "kimi-linear", &SMALL);
+    let (name, other) = ("model.layers.2.self_attn.k_conv1d.weight", "model.layers.2.self_attn.k_convolution");
+    let index = model.join("model.safetensors.index.json");
+    let mut map = read_json(&index);
+    let weights = map["weight_map"].as_object_mut().unwrap();
+    let shard = weights.remove(name).unwrap();
+    weights.insert(other.into(), shard.clone());
+    fs::write(&index, serde_json::to_vec(&map).unwrap()).unwrap();
+    rewrite_header(&model.join(shard.as_str().unwrap()), |header| {
+        let entry = header.as_object_mut().unwrap().remove(name).unwrap();
+        header[other] = entry;
+    });
+    expect_exit_2(&eval(&model), &["`model.layers.2.self_attn.k_conv1d.weight` is missing"]);
+}
+
+#[test]
+fn calibrate_kv_scales_only_the_attention_layers_and_report_counts_the_kda_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "model", "kimi-linear", &SMALL);
+    let int4 = dir.path().join("int4");
+    let quantized = squeeze(&["quantize", path_str(&model), path_str(&int4), "--json"]).ok().json();
+    assert_eq!(quantized["recipe"], "kimi-linear-int4", "{quantized}");
+    let text = dir.path().join("text.txt");
+    fs::write(&text, "Shall I compare thee to a summer's day? ".repeat(40)).unwrap();
+    let report = squeeze(&["calibrate-kv", path_str(&int4), "--data", path_str(&text), "--json"]).ok().json();
+    let layers: Vec<u64> = report["layers"].as_array().unwrap().iter().map(|l| l["layer"].as_u64().unwrap()).collect();
+    assert_eq!(layers, [1], "{report}");
+    assert_eq!(report["state_layers"], serde_json::json!([0, 2]));
+    let names: Vec<String> = read_json(&int4.join("model.safetensors.index.json"))["weight_map"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|name| name.ends_with("k_scale"))
+        .cloned()
+        .collect();
+    assert!(!names.is_empty() && names.iter().all(|name| name.starts_with("model.layers.1.")), "{names:?}");
+    // The KDA projections stay as shipped (BF16), the routed experts INT4.
+    let index = read_json(&int4.join("model.safetensors.index.json"));
+    let map = index["weight_map"].as_object().unwrap();
+    assert!(map.contains_key("model.layers.0.self_attn.q_proj.weight"));
+    assert!(map.contains_key("model.layers.1.block_sparse_moe.experts.0.w1.weight_packed"));
+    // report: 4 heads × 32² F32 recurrent + 3 × 128 × 3 BF16 conv inputs per KDA layer, two KDA layers, at tp 1.
+    let sized = squeeze(&["report", path_str(&model), "--gpus", "1", "--tp", "1", "--json"]).ok().json();
+    let state = sized["kv"]["bf16"]["state_bytes_per_request"].as_u64().unwrap();
+    assert_eq!(state, 2 * (4 * 32 * 32 * 4 + 3 * 128 * 3 * 2), "{}", sized["kv"]);
+    assert_eq!(sized["kv"]["bf16"]["layers"], 1);
+}
