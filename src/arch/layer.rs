@@ -1,7 +1,8 @@
-//! One decoder layer: its resident weights (norms, attention, router, shared or dense MLP) loaded and dequantized
-//! together, and the pre-norm residual forward `h += attn(norm(h)); h += mlp(norm(h))`: its attention over whole
-//! sequences ([`Layer::forward`]), over a prompt as the paged cache reads it ([`Layer::prefill`]) or around the paged
-//! attention of a decode step ([`Layer::decode`]), then the one residual and MLP all three share.
+//! One decoder layer: its resident weights (norms, token mixer, router, shared or dense MLP) loaded and dequantized
+//! together, and the pre-norm residual forward `h += mix(norm(h)); h += mlp(norm(h))`: its mixer (MLA, GQA or KDA)
+//! over whole sequences ([`Layer::forward`]), over a prompt as the paged cache reads it ([`Layer::prefill`]; KDA:
+//! [`Layer::prefill_state`]) or around the paged attention of a decode step ([`Layer::decode`]; KDA:
+//! [`Layer::decode_states`]), then the one residual and MLP they all share.
 
 use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
@@ -80,7 +81,7 @@ fn normed(
 
 pub struct Layer {
     input_norm: Matrix,
-    attention: Mixer,
+    mixer: Mixer,
     post_norm: Matrix,
     mlp: Mlp,
 }
@@ -110,19 +111,19 @@ struct MlpRows<'a, 'b> {
 
 impl StreamedLayer for Layer {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
-        let attention = match config.attention {
+        let mixer = match config.attention {
             _ if config.is_kda_layer(layer) => Mixer::Kda(Box::new(KdaWeights::load(reader, config, layer)?)),
             Attention::Mla { .. } => Mixer::Mla(Box::new(MlaWeights::load(reader, config, layer)?)),
             Attention::Gqa { .. } => Mixer::Gqa(Box::new(GqaWeights::load(reader, config, layer)?)),
         };
         let mlp = Mlp::load(reader, config, layer)?;
         let [input_norm, post_norm] = norm_weights(reader, config, layer)?;
-        Ok(Self { input_norm, attention, post_norm, mlp })
+        Ok(Self { input_norm, mixer, post_norm, mlp })
     }
 
     /// The layer's resident weight matrices (routed experts excluded), for device prefetch.
     fn matrices(&self) -> Vec<&Matrix> {
-        let mut all = match &self.attention {
+        let mut all = match &self.mixer {
             Mixer::Mla(mla) => mla.matrices(),
             Mixer::Gqa(gqa) => gqa.matrices().to_vec(),
             Mixer::Kda(kda) => kda.matrices(),
@@ -186,18 +187,18 @@ impl Layer {
             }
         };
         let x = normed(backend, config, hidden, &self.input_norm)?;
-        let attended = match (&self.attention, &split) {
+        let attended = match (&self.mixer, &split) {
             (Mixer::Mla(mla), None) => mla.forward(context, &x, spans, KvSource::Own, state, &mut tap.kv)?,
             (Mixer::Gqa(gqa), None) => gqa.forward(context, &x, spans, KvSource::Own, &mut tap.kv)?,
             (Mixer::Kda(kda), None) => kda.forward(context, &x, spans)?,
-            (Mixer::Kda(kda), Some((Layer { attention: Mixer::Kda(prefill), .. }, x_prefill, prompt))) => {
+            (Mixer::Kda(kda), Some((Layer { mixer: Mixer::Kda(prefill), .. }, x_prefill, prompt))) => {
                 kda.forward_split(context, &x, spans, (prefill, x_prefill, prompt))?
             }
-            (Mixer::Mla(mla), Some((Layer { attention: Mixer::Mla(prefill), .. }, x_prefill, prompt))) => {
+            (Mixer::Mla(mla), Some((Layer { mixer: Mixer::Mla(prefill), .. }, x_prefill, prompt))) => {
                 let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
                 mla.forward(context, &x, spans, kv, state, &mut tap.kv)?
             }
-            (Mixer::Gqa(gqa), Some((Layer { attention: Mixer::Gqa(prefill), .. }, x_prefill, prompt))) => {
+            (Mixer::Gqa(gqa), Some((Layer { mixer: Mixer::Gqa(prefill), .. }, x_prefill, prompt))) => {
                 let kv = KvSource::Split { prefill: prefill.as_ref(), prefill_input: x_prefill, prompt };
                 gqa.forward(context, &x, spans, kv, &mut tap.kv)?
             }
@@ -304,12 +305,12 @@ pub struct PagedInputs<'a> {
 impl Layer {
     /// Whether the layer's mixer is KDA (a state per request instead of cached rows).
     pub fn is_kda(&self) -> bool {
-        matches!(self.attention, Mixer::Kda(_))
+        matches!(self.mixer, Mixer::Kda(_))
     }
 
     /// The layer's KDA mixer, or an error for a softmax attention layer.
     fn kda(&self) -> Result<&KdaWeights, RuntimeError> {
-        match &self.attention {
+        match &self.mixer {
             Mixer::Kda(kda) => Ok(kda),
             _ => Err(RuntimeError::Input("a softmax attention layer was stepped as a KDA layer".into())),
         }
@@ -371,7 +372,7 @@ impl Layer {
         aux_width: usize,
     ) -> Result<(Tensor, Tensor, Queries), RuntimeError> {
         let x = normed(backend, config, hidden, &self.input_norm)?;
-        Ok(match &self.attention {
+        Ok(match &self.mixer {
             Mixer::Mla(mla) => {
                 let (rows, aux, q, index) = mla.project(backend, config, table, &x, positions, aux_width)?;
                 (rows, aux, Queries { q, index })
@@ -416,7 +417,7 @@ impl Layer {
         config: &ModelConfig,
         queries: &Queries,
     ) -> Result<Tensor, RuntimeError> {
-        match &self.attention {
+        match &self.mixer {
             Mixer::Mla(mla) => mla.attention_queries(backend, config, &queries.q),
             Mixer::Gqa(_) => backend.row_range(&queries.q, 0..queries.q.rows()),
             Mixer::Kda(_) => Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
@@ -431,7 +432,7 @@ impl Layer {
         config: &ModelConfig,
         attended: Tensor,
     ) -> Result<Tensor, RuntimeError> {
-        match &self.attention {
+        match &self.mixer {
             Mixer::Mla(mla) => mla.attention_values(backend, config, &attended),
             Mixer::Gqa(_) => Ok(attended),
             Mixer::Kda(_) => Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
@@ -440,7 +441,7 @@ impl Layer {
 
     /// The rest of the layer after the paged attention: `hidden += o_proj(attended)`, then `hidden += mlp(norm(hidden))`.
     fn finish(&self, context: &LayerContext, hidden: &mut Tensor, attended: &Tensor) -> Result<(), RuntimeError> {
-        let projected = match &self.attention {
+        let projected = match &self.mixer {
             Mixer::Mla(mla) => mla.output(context.backend, attended)?,
             Mixer::Gqa(gqa) => gqa.output(context.backend, attended)?,
             Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
