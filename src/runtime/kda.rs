@@ -292,17 +292,28 @@ impl HeadView<'_> {
                 }
             }
             let beta: Vec<f32> = (start..start + c).map(|t| self.beta(t)).collect();
-            // decayed(i, j) = Σ_x a[i,x]·b[j,x]·exp(G[i,x] − G[j,x]), for j ≤ i.
-            let decayed = |a: &[f32], b: &[f32], i: usize, j: usize| -> f32 {
-                (0..d)
-                    .map(|x| a[i * d + x] * b[j * d + x] * (cumulative[i * d + x] - cumulative[j * d + x]).exp())
-                    .sum()
-            };
+            // The decay-weighted products for j ≤ i, each exp(G[i,x] − G[j,x]) computed once for both:
+            // kk(i, j) = Σ_x k[i,x]·k[j,x]·exp(G[i,x] − G[j,x]) and qk(i, j) the same with q[i,x].
+            let (mut kk, mut qk) = (vec![0f32; c * c], vec![0f32; c * c]);
+            for i in 0..c {
+                for j in 0..=i {
+                    let (mut with_k, mut with_q) = (0f32, 0f32);
+                    for x in 0..d {
+                        let decay = (cumulative[i * d + x] - cumulative[j * d + x]).exp();
+                        with_k += k[i * d + x] * k[j * d + x] * decay;
+                        with_q += q[i * d + x] * k[j * d + x] * decay;
+                    }
+                    kk[i * c + j] = with_k;
+                    qk[i * c + j] = with_q;
+                }
+            }
+            // exp(G[i,x]), for W and the state's contribution.
+            let decay_from_start: Vec<f32> = cumulative.iter().map(|g| g.exp()).collect();
             // T = (I + strictly-lower(β_i k_i · k_j decayed))⁻¹, by forward substitution as the torch form does.
             let mut t_matrix = vec![0f32; c * c];
             for i in 0..c {
                 for j in 0..i {
-                    t_matrix[i * c + j] = -beta[i] * decayed(&k, &k, i, j);
+                    t_matrix[i * c + j] = -beta[i] * kk[i * c + j];
                 }
             }
             for i in 1..c {
@@ -325,11 +336,11 @@ impl HeadView<'_> {
                     let factor = t_matrix[i * c + j] * beta[j];
                     for x in 0..d {
                         u[i * d + x] += factor * v[j * d + x];
-                        w[i * d + x] += factor * k[j * d + x] * cumulative[j * d + x].exp();
+                        w[i * d + x] += factor * k[j * d + x] * decay_from_start[j * d + x];
                     }
                 }
             }
-            // v_new = U − W·S; out = (q ⊙ exp(G))·S + Σ_{j≤i} decayed(q_i, k_j) v_new_j.
+            // v_new = U − W·S; out = (q ⊙ exp(G))·S + Σ_{j≤i} qk(i, j) v_new_j.
             let mut v_new = u;
             for i in 0..c {
                 for (x, row) in state.chunks_exact(d).enumerate() {
@@ -342,13 +353,13 @@ impl HeadView<'_> {
             for i in 0..c {
                 let o = &mut out[(start + i) * d..][..d];
                 for (x, row) in state.chunks_exact(d).enumerate() {
-                    let weight = q[i * d + x] * cumulative[i * d + x].exp();
+                    let weight = q[i * d + x] * decay_from_start[i * d + x];
                     for (o, &s) in o.iter_mut().zip(row) {
                         *o += weight * s;
                     }
                 }
                 for j in 0..=i {
-                    let weight = decayed(&q, &k, i, j);
+                    let weight = qk[i * c + j];
                     for (o, &value) in o.iter_mut().zip(&v_new[j * d..][..d]) {
                         *o += weight * value;
                     }
