@@ -373,3 +373,24 @@ fn sglang_rules_for_peer_layouts() {
     assert_eq!(got, Status::Failed);
     assert!(text.contains("CompressedTensorsW4AFP8MoE"), "{text}");
 }
+
+#[test]
+fn kda_convolutions_and_gate_parameters_must_stay_unquantized_floats() {
+    let mut output = good();
+    assert_eq!(status(&lint(&output, &BOTH, 1), "kda-params"), Status::Skipped);
+    let attention = "model.layers.0.self_attn";
+    for name in ["q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"] {
+        output.tensors.push(tensor(&format!("{attention}.{name}"), Dtype::F32, &[64, 1, 4], None));
+    }
+    output.tensors.push(tensor(&format!("{attention}.A_log"), Dtype::F32, &[1, 1, 2, 1], None));
+    output.tensors.push(tensor(&format!("{attention}.dt_bias"), Dtype::F32, &[64], None));
+    assert_eq!(status(&lint(&output, &BOTH, 1), "kda-params"), Status::Passed);
+    // A packed convolution and an FP8 dt_bias: each named.
+    output.tensors.retain(|t| t.name != format!("{attention}.k_conv1d.weight"));
+    int4(&mut output.tensors, &format!("{attention}.k_conv1d"), 64, 32, 32);
+    output.tensors.iter_mut().filter(|t| t.name.ends_with("dt_bias")).for_each(|t| t.dtype = Dtype::F8_E4M3);
+    let report = lint(&output, &BOTH, 1);
+    assert_eq!(status(&report, "kda-params"), Status::Failed, "{report:#?}");
+    let text = findings(&report, "kda-params");
+    assert!(text.contains("k_conv1d.weight_packed") && text.contains("dt_bias"), "{text}");
+}

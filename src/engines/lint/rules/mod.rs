@@ -34,7 +34,7 @@ impl Rule {
 const NOT_READ_SGLANG: &str = "SGLang: file not read, same rule as vLLM assumed";
 
 /// Every rule, in the order the report lists them.
-pub const RULES: [Rule; 18] = [
+pub const RULES: [Rule; 19] = [
     Rule {
         id: "quant-method",
         title: "quant_method compressed-tensors, format pack-quantized",
@@ -148,6 +148,13 @@ pub const RULES: [Rule; 18] = [
         vllm: "vLLM deepseek_v2.py (index_topk_pattern, index_topk_freq/index_skip_topk_offset; no indexer_types)",
         sglang: "SGLang configs/model_config.py dsa_layer_skips_topk (indexer_types first)",
         check: config::indexer_schedule,
+    },
+    Rule {
+        id: "kda-params",
+        title: "KDA short convolutions, A_log and dt_bias unquantized floats",
+        vllm: "vLLM model_executor/layers/kda.py KimiDeltaAttention.__init__ (q/k/v_conv1d: ColumnParallelLinear, params_dtype float32, no quant_config; A_log, dt_bias float32 parameters)",
+        sglang: NOT_READ_SGLANG,
+        check: modules::kda_params,
     },
     Rule {
         id: "kv-cache-scheme",

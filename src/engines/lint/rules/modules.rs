@@ -268,3 +268,46 @@ pub fn mtp_eh_proj(context: &Context, _: Engine) -> Outcome {
     }
     Outcome::from_findings(name_list(&projections), findings)
 }
+
+/// KDA layers' short convolutions (`q/k/v_conv1d`), `A_log` and `dt_bias` stored unquantized: vLLM builds each
+/// convolution as an unquantized `ColumnParallelLinear` of float32 parameters (no quant config) and `A_log`/`dt_bias`
+/// as float32 parameters, so only a float `weight` loads; the KDA projections take the quant config like any linear.
+pub fn kda_params(context: &Context, _: Engine) -> Outcome {
+    let params: Vec<&str> = context
+        .tensors
+        .keys()
+        .copied()
+        .filter(|name| {
+            let Some(at) = name.find(".self_attn.") else { return false };
+            let rest = &name[at + ".self_attn.".len()..];
+            rest == "A_log"
+                || rest == "dt_bias"
+                || ["q_conv1d.", "k_conv1d.", "v_conv1d."].iter().any(|p| rest.starts_with(p))
+        })
+        .collect();
+    if params.is_empty() {
+        return Outcome::skipped("no KDA layers (no q/k/v_conv1d, A_log, dt_bias)");
+    }
+    let mut findings = Vec::new();
+    for name in &params {
+        let dtype = context.tensors[name].dtype;
+        let float = matches!(
+            dtype,
+            crate::io::dtype::Dtype::BF16 | crate::io::dtype::Dtype::F16 | crate::io::dtype::Dtype::F32
+        );
+        if !name.ends_with(".weight") && !name.ends_with("A_log") && !name.ends_with("dt_bias") {
+            findings.push(Finding::failed(
+                *name,
+                "is a quantized tensor of a KDA convolution: the engine loads the convolutions as unquantized float32 parameters",
+                "keep q/k/v_conv1d as shipped (the kimi-linear-int4 recipe does) and add them to quantization_config.ignore",
+            ));
+        } else if !float {
+            findings.push(Finding::failed(
+                *name,
+                format!("is {dtype:?}: the engine loads it into a float32 parameter as a plain float"),
+                "keep it as shipped (BF16 or F32)",
+            ));
+        }
+    }
+    Outcome::from_findings(format!("{} KDA parameter tensors", params.len()), findings)
+}
