@@ -425,7 +425,7 @@ impl Stepping<'_> {
 
     /// KDA layer `kda_index` (among the KDA layers) of a step: checks each live item's state slot (all its mappings
     /// with `verify`), drops the items that fail with their fault, advances the others' states by their token and
-    /// stores them back ([`KvPool::keep_state`]).
+    /// gives them back ([`KvPool::take_state`], [`KvPool::restore_state`]).
     fn step_state_layer(
         &self,
         backend: &dyn Backend,
@@ -441,7 +441,8 @@ impl Stepping<'_> {
         for (row, &item) in step.live.iter().enumerate() {
             let request = step.at[item].request;
             let checked = if verify { pool.verify(request).map_err(PoolError::from) } else { Ok(()) };
-            match checked.and_then(|()| pool.states_mut(request).map(|slot| slot.get(kda_index).cloned())) {
+            // Moved out of the slot (not copied) and given back below.
+            match checked.and_then(|()| pool.take_state(request, kda_index)) {
                 Ok(Some(state)) => {
                     kept.push(row);
                     states.push(state);
@@ -466,9 +467,8 @@ impl Stepping<'_> {
         let context =
             LayerContext { backend, reader, config: self.config, table: self.table, mla_scale: self.mla_scale };
         layer.decode_states(&context, &mut step.hidden, &mut states)?;
-        for (mut state, &item) in states.into_iter().zip(&step.live) {
-            pool.keep_state(&mut state);
-            pool.states_mut(step.at[item].request)?[kda_index] = state;
+        for (state, &item) in states.into_iter().zip(&step.live) {
+            pool.restore_state(step.at[item].request, kda_index, state)?;
         }
         Ok(())
     }

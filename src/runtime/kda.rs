@@ -51,7 +51,7 @@ impl KdaShape {
 
 /// What a request carries through a KDA layer from one token to the next, whatever its length: the convolution's
 /// last inputs `[kernel − 1, 3 · width]` (oldest first) and the delta rule's state `[heads, head_dim, head_dim]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct KdaState {
     pub conv: Vec<f32>,
     pub recurrent: Vec<f32>,

@@ -214,6 +214,29 @@ impl KvPool {
         }
     }
 
+    /// Moves KDA layer `index`'s state out of `request`'s slot (after [`KvPool::states_mut`]'s checks), for a step
+    /// that gives it back with [`KvPool::restore_state`]; the slot fails the size check until then.
+    pub fn take_state(
+        &mut self,
+        request: RequestId,
+        index: usize,
+    ) -> Result<Option<crate::runtime::kda::KdaState>, PoolError> {
+        Ok(self.states_mut(request)?.get_mut(index).map(std::mem::take))
+    }
+
+    /// Gives back the state [`KvPool::take_state`] moved out, stored as [`KvPool::keep_state`] says; the slot must
+    /// still be the request's (its tag's owner and generation).
+    pub fn restore_state(
+        &mut self,
+        request: RequestId,
+        index: usize,
+        mut state: crate::runtime::kda::KdaState,
+    ) -> Result<(), PoolError> {
+        self.keep_state(&mut state);
+        let mapping = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.state;
+        self.states.restore(request, mapping, index, state).map_err(PoolError::from)
+    }
+
     /// `request`'s KDA states (one per KDA layer), after checking its slot mapping (the tag and the sizes).
     pub fn states_mut(&mut self, request: RequestId) -> Result<&mut [crate::runtime::kda::KdaState], PoolError> {
         let mapping = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.state;

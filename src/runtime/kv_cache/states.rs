@@ -90,6 +90,30 @@ impl StateSlots {
         Ok(())
     }
 
+    /// Puts `state` back as KDA layer `index` of `request`'s slot `mapping`, whose tag must still name the request
+    /// and the mapping's generation.
+    pub(super) fn restore(
+        &mut self,
+        request: RequestId,
+        mapping: Option<Mapping>,
+        index: usize,
+        state: KdaState,
+    ) -> Result<(), IntegrityError> {
+        let Some(mapping) = mapping else { return Err(IntegrityError::NoState { request }) };
+        let expected = Some(SlotTag { owner: request, generation: mapping.generation });
+        match self.slots.get_mut(mapping.page as usize) {
+            Some(slot) if slot.tag == expected && index < slot.states.len() => {
+                slot.states[index] = state;
+                Ok(())
+            }
+            _ => Err(IntegrityError::StateSlot {
+                request,
+                slot: mapping.page,
+                problem: "changed while its state was being advanced".into(),
+            }),
+        }
+    }
+
     /// The states of slot `mapping` (checked by the caller).
     pub(super) fn states_mut(&mut self, mapping: Mapping) -> &mut [KdaState] {
         &mut self.slots[mapping.page as usize].states
