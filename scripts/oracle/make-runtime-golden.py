@@ -6,7 +6,7 @@ Usage (from the repository root, after scripts/oracle/setup-venv.sh and `cargo b
 
     .venv-oracle/bin/python scripts/oracle/make-runtime-golden.py [--squeeze target/debug/squeeze]
 
-For each architecture (kimi-k2, glm5, glm45) it:
+For each architecture (kimi-k2, kimi-k2.6, glm5, glm5.2, glm45, kimi-linear, glm5.3-flash) it:
   1. writes a tiny FP8 checkpoint with `squeeze synth` at awkward sizes (hidden 160, moe_intermediate 96,
      nothing a multiple of 128: every FP8 scale grid has partial edge blocks) and edits its config to switch on
      what the architecture must exercise: YaRN for both MLA models (Kimi mscale == mscale_all_dim, GLM-5 with
@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -50,6 +51,9 @@ def edit_config(arch, config):
     if arch == "kimi-k2":
         config["n_group"] = 2
         config["topk_group"] = 1
+    elif arch == "glm5.3-flash":
+        # A clamp the synthetic activations reach (the release's 10 never binds at these sizes).
+        config["text_config"]["swiglu_limit"] = 0.5
     elif arch == "glm5":
         config["rope_parameters"] = {
             "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 8.0, "original_max_position_embeddings": 16,
@@ -74,6 +78,8 @@ def dequantize(folder):
         if name.startswith(("vision_tower.", "mm_projector.")):
             continue
         text = name[len("language_model."):] if name.startswith("language_model.") else name
+        if name.startswith("model.language_model."):
+            text = "model." + name[len("model.language_model."):]
         if name.endswith(".weight_packed"):
             module = name[: -len(".weight_packed")]
             rows, columns = (int(v) for v in tensors[module + ".weight_shape"])
@@ -111,6 +117,8 @@ def float_folder(arch, source, target, config, extra=None):
             continue
         keep[name] = tensor.contiguous()
     target.mkdir(parents=True)
+    if arch == "glm5.3-flash":
+        save_file({"lm_head.weight": keep.pop("lm_head.weight")}, str(target / "head.safetensors"))
     save_file(keep, str(target / "model.safetensors"), metadata={"format": "pt"})
     plain = dict(config.get("text_config") or config)  # a wrapper's text path: its text_config
     plain.pop("quantization_config", None)
@@ -118,6 +126,35 @@ def float_folder(arch, source, target, config, extra=None):
     if plain.get("model_type") == "kimi_k2":
         plain["model_type"] = "deepseek_v3"
     (target / "config.json").write_text(json.dumps(plain, indent=2))
+
+
+class TextLM(torch.nn.Module):
+    """GLM-5.3-Flash's text model with its head: transformers has no causal-LM class for `glm5_next_text` (only the
+    vision-language `Glm5NextForConditionalGeneration`), so the logits are `lm_head(Glm5NextTextModel(ids))`."""
+
+    def __init__(self, model, head):
+        super().__init__()
+        self.model = model
+        self.head = head
+
+    def forward(self, input_ids):
+        hidden = self.model(input_ids=input_ids).last_hidden_state
+        return types.SimpleNamespace(logits=hidden @ self.head.T)
+
+
+def load_float(arch, folder):
+    """The float32 folder loaded by transformers (eager attention), with the names it left random or ignored."""
+    if arch != "glm5.3-flash":
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+        )
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextModel
+
+    head = load_file(str(folder / "head.safetensors"))["lm_head.weight"]
+    model, info = Glm5NextTextModel.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    return TextLM(model, head), info
 
 
 def all_full_logits(squeeze, seed, sizes, fp8, config, scratch, input_ids):
@@ -170,7 +207,9 @@ def margins_hooks(model, config, record):
                 if finite.any():
                     record.append((name, relative(inside[finite], outside[finite])))
             handles.append(module.register_forward_hook(router_hook))
-        if kind.endswith("Indexer"):
+        if kind.endswith("Indexer") and hasattr(module, "index_kpool"):
+            handles.append(module.register_forward_hook(kpool_margin_hook(name, record, relative), with_kwargs=True))
+        elif kind.endswith("Indexer"):
             def indexer_hook(module, args, kwargs, _output, name=name):
                 hidden, q_resid, (cos, sin) = args[0], args[1], args[2]
                 batch, length, _ = hidden.shape
@@ -191,6 +230,74 @@ def margins_hooks(model, config, record):
                 record.append((name, worst))
             handles.append(module.register_forward_hook(indexer_hook, with_kwargs=True))
     return handles
+
+
+def kpool_margin_hook(name, record, relative):
+    """GLM-5.3-Flash's k-pool indexer: the smallest relative margin at the pool top-k boundary of any query with more
+    complete pools before it than it keeps (batch without padding: pools start at token 0)."""
+
+    def hook(module, _args, kwargs, _output):
+        hidden, q_resid = kwargs["hidden_states"], kwargs["q_resid"]
+        batch, length, _ = hidden.shape
+        size, keep = module.index_kpool, module.index_topk // module.index_kpool
+        q = module.wq_b(q_resid).view(batch, length, module.n_heads, module.head_dim).float()
+        k = module.k_norm(module.wk(hidden)).float()
+        gates = torch.nn.functional.linear(hidden, module.index_kpool_compress_gate).float()
+        pools = length // size
+        grouped = lambda x: x[:, : pools * size].reshape(batch, pools, size, -1)
+        weights = (grouped(gates) + module.index_kpool_compress_ape.float()).softmax(dim=2)
+        pooled = (weights * grouped(k)).sum(dim=2)  # [B, P, D]
+        scores = torch.relu(torch.einsum("bshd,bpd->bshp", q, pooled) * module.softmax_scale)
+        head_weights = module.weights_proj(hidden).float() * module.n_heads ** -0.5
+        index = torch.einsum("bsh,bshp->bsp", head_weights, scores)
+        worst = math.inf
+        for t in range(length):
+            visible = (t + 1) // size
+            if visible > keep:
+                ordered = index[:, t, :visible].sort(dim=-1, descending=True)[0]
+                worst = min(worst, relative(ordered[:, keep - 1], ordered[:, keep]))
+        record.append((name, worst))
+
+    return hook
+
+
+def glm53_ablations(model, input_ids, logits):
+    """GLM-5.3-Flash beyond KDA: the logits with mHC's per-token weights flattened (its `scale`s zeroed), the SwiGLU
+    clamp lifted and the k-pool selection widened to every token; each must move the logits, or the golden could not
+    catch a runtime without it."""
+    ablated = {}
+
+    def attribute(kind, key, value):
+        modules = [m for m in model.modules() if hasattr(m, key) and type(m).__name__.endswith(kind)]
+        assert modules, f"no {kind}.{key}"
+        saved = [getattr(m, key) for m in modules]
+        for m in modules:
+            setattr(m, key, value)
+        return lambda: [setattr(m, key, v) for m, v in zip(modules, saved)]
+
+    def scales():
+        saved = {n: p.detach().clone() for n, p in model.named_parameters() if n.endswith("_hc.scale")}
+        for n, p in model.named_parameters():
+            if n in saved:
+                p.data.fill_(0.0)
+        return lambda: [p.data.copy_(saved[n]) for n, p in model.named_parameters() if n in saved]
+
+    pieces = {
+        "mhc_scale": scales,
+        "swiglu_clamp": lambda: (attribute("MLP", "swiglu_limit", 1e9), attribute("Experts", "swiglu_limit", 1e9)),
+        "kpool_selection": lambda: attribute("Indexer", "index_topk", 1 << 20),
+    }
+    for piece, apply in pieces.items():
+        restore = apply()
+        with torch.no_grad():
+            changed = model(input_ids=input_ids).logits.float()
+        for undo in restore if isinstance(restore, tuple) else (restore,):
+            undo()
+        ablated[piece] = float((changed - logits).norm() / logits.norm())
+        print(f"  without {piece}: relative L2 {ablated[piece]:.3e}")
+        if ablated[piece] < 1e-3:
+            sys.exit(f"glm5.3-flash: dropping {piece} changed nothing; the golden could not catch it")
+    return {"relative_l2_without_glm53": ablated}
 
 
 def kda_ablations(model, input_ids, logits):
@@ -223,7 +330,7 @@ def kda_ablations(model, input_ids, logits):
         ablated[piece] = float((changed - logits).norm() / logits.norm())
         print(f"  without the KDA {piece}: relative L2 {ablated[piece]:.3e}")
         if ablated[piece] < 1e-3:
-            sys.exit(f"kimi-linear: dropping the KDA {piece} changed nothing; the golden could not catch it")
+            sys.exit(f"dropping the KDA {piece} changed nothing; the golden could not catch it")
     return {"relative_l2_without": ablated}
 
 
@@ -237,9 +344,7 @@ def run_arch(arch, squeeze, out_root, first_seed):
             config = edit_config(arch, json.loads((fp8 / "config.json").read_text()))
             (fp8 / "config.json").write_text(json.dumps(config, indent=2))
             float_folder(arch, fp8, scratch / "f32", config)
-            model, info = transformers.AutoModelForCausalLM.from_pretrained(
-                str(scratch / "f32"), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-            )
+            model, info = load_float(arch, scratch / "f32")
             missing = info.get("missing_keys") or []
             if missing:
                 sys.exit(f"{arch}: transformers left weights random: {sorted(missing)[:8]}")
@@ -250,7 +355,7 @@ def run_arch(arch, squeeze, out_root, first_seed):
             generator = torch.Generator().manual_seed(1000 + seed)
             vocab = (config.get("text_config") or config)["vocab_size"]
             # Kimi-Linear: past one 64-token KDA chunk, so the chunked form carries its state across a chunk edge.
-            length = KDA_LENGTH if arch == "kimi-linear" else LENGTH
+            length = KDA_LENGTH if arch in ("kimi-linear", "glm5.3-flash") else LENGTH
             input_ids = torch.randint(0, vocab, (SEQUENCES, length), generator=generator)
             record = []
             handles = margins_hooks(model, config, record)
@@ -272,8 +377,10 @@ def run_arch(arch, squeeze, out_root, first_seed):
                 print(f"  shared vs all-full indexers: relative L2 {extra['relative_l2_shared_vs_all_full']:.3e}")
                 if extra["relative_l2_shared_vs_all_full"] < 1e-3:
                     sys.exit("glm5.2: sharing the indexer changed nothing; the golden could not catch a runtime that ignores it")
-            if arch == "kimi-linear":
+            if arch in ("kimi-linear", "glm5.3-flash"):
                 extra.update(kda_ablations(model, input_ids, logits))
+            if arch == "glm5.3-flash":
+                extra.update(glm53_ablations(model, input_ids, logits))
             target = out_root / arch
             if target.exists():
                 shutil.rmtree(target)
@@ -299,11 +406,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--squeeze", default="target/debug/squeeze")
     parser.add_argument("--out", default="tests/golden/runtime")
-    parser.add_argument("--arch", action="append", help="kimi-k2, kimi-k2.6, glm5, glm5.2, glm45, kimi-linear (default: all)")
+    parser.add_argument("--arch", action="append", help="kimi-k2, kimi-k2.6, glm5, glm5.2, glm45, kimi-linear, glm5.3-flash (default: all)")
     args = parser.parse_args()
     torch.manual_seed(0)
     out_root = pathlib.Path(args.out)
-    for arch in args.arch or ["kimi-k2", "kimi-k2.6", "glm5", "glm5.2", "glm45", "kimi-linear"]:
+    for arch in args.arch or ["kimi-k2", "kimi-k2.6", "glm5", "glm5.2", "glm45", "kimi-linear", "glm5.3-flash"]:
         run_arch(arch, args.squeeze, out_root, first_seed=1)
 
 

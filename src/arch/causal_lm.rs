@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::context::{LayerContext, LayerState, Residual};
 use super::embedding::{embed, head_name};
+use super::hyper::{narrow, widen};
 use super::layer::{Layer, Stage};
 use super::moe::ExpertTimes;
 use super::mtp::MtpLayer;
@@ -159,7 +160,7 @@ impl Model {
         }
         let spans = Spans::new(&[sequence.len()]);
         let (table, mla_scale) = rope_setup(config, sequence.len());
-        let mut hidden = backend.upload(&embedded, width)?;
+        let mut hidden = widen(backend, config, backend.upload(&embedded, width)?)?;
         let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
         let mut state = LayerState::default();
         let mut found: Option<String> = None;
@@ -195,6 +196,7 @@ impl Model {
             return Ok(found);
         }
         replayed?;
+        let mut hidden = narrow(backend, config, hidden)?;
         let norm = reader.parameter("model.norm.weight", width)?;
         backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
         if let Some((position, value)) = first_bad(&backend.download(&hidden)?, width) {
@@ -235,7 +237,7 @@ impl Model {
 
         let started = Instant::now();
         let ids: Vec<u32> = sequences.concat();
-        let mut hidden = backend.upload(&embed(&reader, config, &ids)?, width)?;
+        let mut hidden = widen(backend, config, backend.upload(&embed(&reader, config, &ids)?, width)?)?;
         stats.load_seconds += started.elapsed().as_secs_f64();
 
         reporter.begin("layers", config.num_hidden_layers as u64 + 1);
@@ -265,6 +267,7 @@ impl Model {
         let head: Matrix = reader.matrix(head_name(config, &reader), [config.vocab_size, width])?;
         stats.load_seconds += started.elapsed().as_secs_f64();
         let started = Instant::now();
+        let mut hidden = narrow(backend, config, hidden)?;
         backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
         let mut mtp_load_seconds = 0.0;
         let mtp = match drafts {

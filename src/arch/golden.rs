@@ -107,6 +107,15 @@ fn kimi_linear_matches_transformers() {
     check_within("kimi-linear", 1e-5);
 }
 
+/// GLM-5.3-Flash: KDA with the safe forget gate, NoPE MLA with the k-pool DSA indexer (a full layer, then a shared
+/// one; 80 tokens keep 4 of up to 20 pools plus the tail), mHC over 4 streams, clamped SwiGLU, names under
+/// `model.language_model.`. Within 1e-5; the golden moves when the conv, a KDA gate, mHC's per-token weights, the
+/// clamp or the k-pool selection is dropped (`golden.json`), so a runtime without one would fail.
+#[test]
+fn glm53_flash_matches_transformers() {
+    check_within("glm5.3-flash", 1e-5);
+}
+
 /// GLM-5.2's shared DSA layers: the runtime matches transformers, and the golden is far from the same weights run
 /// with every layer's indexer (so a runtime that ignored `indexer_types` would fail here).
 #[test]

@@ -22,6 +22,9 @@ pub struct IndexerWeights {
     k_norm_weight: Matrix,
     k_norm_bias: Matrix,
     weights_proj: Matrix,
+    /// GLM-5.3-Flash's k-pool weights: `index_kpool_compress_ape` `[kpool, index_dim]` (host) and
+    /// `index_kpool_compress_gate` `[index_dim, hidden]`.
+    kpool: Option<(Vec<f32>, Matrix)>,
 }
 
 /// Per sequence a `[tokens, tokens]` mask of the keys each query may attend to (carried from a full indexer layer
@@ -93,7 +96,15 @@ impl IndexerWeights {
         prefix: &str,
     ) -> Result<Self, RuntimeError> {
         let (heads, dim) = (settings.index_n_heads, settings.index_head_dim);
+        let kpool = match settings.kpool {
+            Some(kpool) => Some((
+                reader.matrix(&format!("{prefix}.index_kpool_compress_ape"), [kpool.size, dim])?.values().to_vec(),
+                reader.matrix(&format!("{prefix}.index_kpool_compress_gate"), [dim, hidden])?,
+            )),
+            None => None,
+        };
         Ok(Self {
+            kpool,
             wq_b: reader.matrix(&format!("{prefix}.wq_b.weight"), [heads * dim, q_input])?,
             wk: reader.matrix(&format!("{prefix}.wk.weight"), [dim, hidden])?,
             k_norm_weight: reader.parameter(&format!("{prefix}.k_norm.weight"), dim)?,
@@ -123,6 +134,26 @@ impl IndexerWeights {
         let mut k = backend.linear(x, &self.wk, None)?;
         backend.layer_norm(&mut k, dim, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS)?;
         let head_weights = backend.linear(x, &self.weights_proj, None)?;
+        if let (Some((ape, gate)), Some(kpool)) = (&self.kpool, settings.kpool) {
+            // NoPE: the k-pool indexer's queries and keys take no rotation.
+            let gates = backend.download(&backend.linear(x, gate, None)?)?;
+            let (q, k, head_weights) = (backend.download(&q)?, backend.download(&k)?, backend.download(&head_weights)?);
+            let mut masks = Vec::with_capacity(spans.lengths.len());
+            let mut near_ties = 0;
+            for (start, length) in spans.iter() {
+                let shape = IndexerShape { tokens: length, heads, head_dim: dim, top_k: topk };
+                let rows = |values: &[f32], width: usize| values[start * width..(start + length) * width].to_vec();
+                let selection = crate::runtime::cpu::indexer::kpool_top_k(
+                    (&rows(&q, heads * dim), &rows(&k, dim), &rows(&head_weights, heads)),
+                    (&rows(&gates, dim), ape),
+                    &shape,
+                    kpool,
+                );
+                near_ties += selection.near_ties;
+                masks.push(selection.mask);
+            }
+            return Ok((DsaMasks { masks }, near_ties));
+        }
         let mut masks = Vec::with_capacity(spans.lengths.len());
         let mut near_ties = 0;
         for (start, length) in spans.iter() {
@@ -158,6 +189,12 @@ impl IndexerWeights {
         positions: &[usize],
     ) -> Result<(Tensor, IndexQueries), RuntimeError> {
         let (index_heads, dim) = (settings.index_n_heads, settings.index_head_dim);
+        if self.kpool.is_some() {
+            return Err(RuntimeError::Input(
+                "the paged decode step has no k-pool indexer yet (GLM-5.3-Flash): its pooled keys are not cached"
+                    .into(),
+            ));
+        }
         let mut iq = backend.linear(q_resid, &self.wq_b, None)?;
         let mut ik = backend.linear(x, &self.wk, None)?;
         backend.layer_norm(&mut ik, dim, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS)?;

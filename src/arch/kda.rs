@@ -1,11 +1,11 @@
-//! The KDA token mixer (Kimi-Linear's `linear_attention` layers; transformers `KimiLinearDeltaAttention`): the
+//! The KDA token mixer (Kimi-Linear's and GLM-5.3-Flash's `linear_attention` layers; transformers
+//! `KimiLinearDeltaAttention`, `Glm5NextTextLinearAttention`): the
 //! projections on the backend, the short convolution, gates and delta rule through [`Backend::kda`] (chunked over a
 //! whole sequence), the output projection. Its per-request state (convolution inputs, delta-rule state) replaces a
 //! KV cache: a fixed size however long the context.
 
 use super::context::LayerContext;
 use crate::load::weights::WeightReader;
-use crate::model::config::Layout;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{Backend, KdaProjections};
 pub use crate::runtime::kda::KdaMode;
@@ -31,16 +31,12 @@ pub struct KdaWeights {
     o_norm: Vec<f32>,
     o: Matrix,
     eps: f32,
+    gate_lower_bound: Option<f32>,
 }
 
-/// The KDA sizes of a model (`linear_attn_config`).
+/// The KDA sizes of a model (`linear_attn_config`, GLM-5.3-Flash's `linear_*` keys).
 pub fn shape(config: &ModelConfig) -> Option<KdaShape> {
-    match &config.layout {
-        Some(Layout::KimiLinear(kimi)) => {
-            Some(KdaShape { heads: kimi.kda_heads, head_dim: kimi.kda_head_dim, conv_kernel: kimi.conv_kernel })
-        }
-        _ => None,
-    }
+    config.kda().map(|kda| KdaShape { heads: kda.heads, head_dim: kda.head_dim, conv_kernel: kda.conv_kernel })
 }
 
 impl KdaWeights {
@@ -70,6 +66,7 @@ impl KdaWeights {
             o_norm: reader.vector(&name("o_norm.weight"), head_dim)?,
             o: projection("o_proj", [hidden, width])?,
             eps: config.rms_norm_eps as f32,
+            gate_lower_bound: config.kda().and_then(|kda| kda.gate_lower_bound).map(|bound| bound as f32),
             shape,
         })
     }
@@ -156,6 +153,7 @@ impl KdaWeights {
             a_log: &self.a_log,
             o_norm: &self.o_norm,
             eps: self.eps,
+            gate_lower_bound: self.gate_lower_bound,
         };
         let mixed = backend.kda(&projections, &params, sequences, mode)?;
         backend.linear(&mixed, &self.o, None)

@@ -6,6 +6,7 @@
 
 use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
+use super::hyper::{self, HyperMix, HyperWeights};
 use super::indexer::IndexQueries;
 use super::kda::{KdaMode, KdaWeights};
 use super::mla::MlaWeights;
@@ -44,12 +45,7 @@ impl Mlp {
         Ok(if config.runs_moe(layer) {
             Mlp::Moe(Box::new(MoeWeights::load(reader, config, &prefix)?))
         } else {
-            Mlp::Dense(Box::new(DenseMlp::load(
-                reader,
-                &format!("{prefix}.mlp"),
-                config.hidden_size,
-                config.intermediate_size,
-            )?))
+            Mlp::Dense(Box::new(DenseMlp::load(reader, config, &format!("{prefix}.mlp"), config.intermediate_size)?))
         })
     }
 
@@ -84,6 +80,8 @@ pub struct Layer {
     mixer: Mixer,
     post_norm: Matrix,
     mlp: Mlp,
+    /// mHC around the mixer and the MLP (GLM-5.3-Flash); `None`: the plain residual sum.
+    hyper: Option<Box<[HyperWeights; 2]>>,
 }
 
 /// What a probed forward ([`Layer::forward_probed`]) shows its probe.
@@ -118,7 +116,14 @@ impl StreamedLayer for Layer {
         };
         let mlp = Mlp::load(reader, config, layer)?;
         let [input_norm, post_norm] = norm_weights(reader, config, layer)?;
-        Ok(Self { input_norm, mixer, post_norm, mlp })
+        let hyper = match config.hyper_connections() {
+            Some(_) => Some(Box::new([
+                HyperWeights::load(reader, config, layer, "attn")?,
+                HyperWeights::load(reader, config, layer, "ffn")?,
+            ])),
+            None => None,
+        };
+        Ok(Self { input_norm, mixer, post_norm, mlp, hyper })
     }
 
     /// The layer's resident weight matrices (routed experts excluded), for device prefetch.
@@ -129,6 +134,7 @@ impl StreamedLayer for Layer {
             Mixer::Kda(kda) => kda.matrices(),
         };
         all.extend(self.mlp.matrices());
+        all.extend(self.hyper.iter().flat_map(|hyper| hyper.iter().map(HyperWeights::matrix)));
         all
     }
 }
@@ -173,7 +179,7 @@ impl Layer {
         tap: Option<&mut LayerTap>,
         probe: Option<&mut Probe>,
     ) -> Result<(), RuntimeError> {
-        let LayerContext { backend, config, .. } = *context;
+        let LayerContext { backend, .. } = *context;
         let Residual { hidden, spans, state } = residual;
         let mut untapped = LayerTap::default();
         let tap = tap.unwrap_or(&mut untapped);
@@ -183,10 +189,10 @@ impl Layer {
                 for ((start, _), &length) in spans.iter().zip(prompt) {
                     backend.copy_rows(hidden, prefill_input, start..start + length)?;
                 }
-                Some((prefill, normed(backend, config, prefill_input, &prefill.input_norm)?, prompt))
+                Some((prefill, prefill.mixer_input(context, prefill_input)?.0, prompt))
             }
         };
-        let x = normed(backend, config, hidden, &self.input_norm)?;
+        let (x, mix) = self.mixer_input(context, hidden)?;
         let attended = match (&self.mixer, &split) {
             (Mixer::Mla(mla), None) => mla.forward(context, &x, spans, KvSource::Own, state, &mut tap.kv)?,
             (Mixer::Gqa(gqa), None) => gqa.forward(context, &x, spans, KvSource::Own, &mut tap.kv)?,
@@ -217,24 +223,51 @@ impl Layer {
             decoded
         });
         let mlp = MlpRows { only: decoded.as_deref(), times, near_ties: &mut state.near_ties, tap };
-        self.residual(context, hidden, &attended, mlp, probe)
+        self.residual(context, hidden, (&attended, mix), mlp, probe)
+    }
+
+    /// The mixer's input: the residual stream normed by the input norm (with mHC: the streams collapsed first),
+    /// and with mHC the weights that put the mixer's output back ([`Layer::add_block`]).
+    fn mixer_input(&self, context: &LayerContext, hidden: &Tensor) -> Result<(Tensor, Option<HyperMix>), RuntimeError> {
+        let LayerContext { backend, config, .. } = *context;
+        match &self.hyper {
+            None => Ok((normed(backend, config, hidden, &self.input_norm)?, None)),
+            Some(hyper) => {
+                let (input, mix) = hyper[0].enter(backend, hidden)?;
+                Ok((normed(backend, config, &input, &self.input_norm)?, Some(mix)))
+            }
+        }
+    }
+
+    /// The residual stream after a block's output `out`: `hidden += out`, or with mHC the streams expanded and
+    /// mixed by `mix`.
+    fn add_block(
+        backend: &dyn Backend,
+        hidden: &mut Tensor,
+        out: &Tensor,
+        mix: Option<HyperMix>,
+    ) -> Result<(), RuntimeError> {
+        match mix {
+            None => backend.add(hidden, out),
+            Some(mix) => hyper::exit(backend, hidden, out, &mix),
+        }
     }
 
     /// The layer after its attention, the same for every use of the layer (sequence forward, paged prefill, decode
-    /// step): `hidden += attended` (the attention's output after `o_proj`), then `hidden += mlp(norm(hidden))`,
-    /// showing `probe` each [`Stage`].
+    /// step): `hidden += attended` (the attention's output after `o_proj`; with mHC the streams expanded and mixed
+    /// by `mix`), then `hidden += mlp(norm(hidden))`, showing `probe` each [`Stage`].
     fn residual(
         &self,
         context: &LayerContext,
         hidden: &mut Tensor,
-        attended: &Tensor,
+        (attended, mix): (&Tensor, Option<HyperMix>),
         mlp: MlpRows,
         mut probe: Option<&mut Probe>,
     ) -> Result<(), RuntimeError> {
         if let Some(probe) = probe.as_mut() {
             probe(Stage::Attention, attended)?;
         }
-        context.backend.add(hidden, attended)?;
+        Self::add_block(context.backend, hidden, attended, mix)?;
         if let Some(probe) = probe.as_mut() {
             probe(Stage::AttentionResidual, hidden)?;
         }
@@ -254,9 +287,17 @@ impl Layer {
         let LayerContext { backend, config, .. } = *context;
         let eps = config.rms_norm_eps as f32;
         let all_rows = hidden.rows();
+        let (input, mix) = match &self.hyper {
+            Some(hyper) => {
+                let (input, mix) = hyper[1].enter(backend, hidden)?;
+                (Some(input), Some(mix))
+            }
+            None => (None, None),
+        };
+        let input = input.as_ref().unwrap_or(hidden);
         let mut x = match only {
-            None => backend.row_range(hidden, 0..all_rows)?,
-            Some(rows) => backend.gather_rows(hidden, rows)?,
+            None => backend.row_range(input, 0..all_rows)?,
+            Some(rows) => backend.gather_rows(input, rows)?,
         };
         backend.rms_norm(&mut x, config.hidden_size, &self.post_norm, eps)?;
         let mixed = match &self.mlp {
@@ -279,9 +320,15 @@ impl Layer {
                 moe.forward(context, &x, times, near_ties, experts)?
             }
         };
-        match only {
-            None => backend.add(hidden, &mixed),
-            Some(rows) => backend.add_rows(hidden, rows, &mixed),
+        match (only, mix) {
+            (None, mix) => Self::add_block(backend, hidden, &mixed, mix),
+            (Some(rows), None) => backend.add_rows(hidden, rows, &mixed),
+            (Some(rows), Some(mix)) => {
+                // The rows not run add nothing (split: they are the prefill node's, replaced at the next layer).
+                let mut all = backend.zeros(all_rows, config.hidden_size)?;
+                backend.add_rows(&mut all, rows, &mixed)?;
+                hyper::exit(backend, hidden, &all, &mix)
+            }
         }
     }
 }
@@ -320,10 +367,10 @@ impl Layer {
     /// returns the request's state after the prompt.
     pub fn prefill_state(&self, context: &LayerContext, hidden: &mut Tensor) -> Result<KdaState, RuntimeError> {
         let kda = self.kda()?;
-        let x = normed(context.backend, context.config, hidden, &self.input_norm)?;
+        let (x, mix) = self.mixer_input(context, hidden)?;
         let mut state = KdaState::new(&kda.shape());
         let mixed = kda.mix(context.backend, &x, &mut [(0..x.rows(), &mut state)], KdaMode::Chunked)?;
-        self.finish_mixed(context, hidden, &mixed)?;
+        self.finish_mixed(context, hidden, (&mixed, mix))?;
         Ok(state)
     }
 
@@ -336,14 +383,20 @@ impl Layer {
         states: &mut [KdaState],
     ) -> Result<(), RuntimeError> {
         let kda = self.kda()?;
-        let x = normed(context.backend, context.config, hidden, &self.input_norm)?;
+        let (x, mix) = self.mixer_input(context, hidden)?;
         let mut sequences: Vec<_> = states.iter_mut().enumerate().map(|(row, state)| (row..row + 1, state)).collect();
         let mixed = kda.mix(context.backend, &x, &mut sequences, KdaMode::Recurrent)?;
-        self.finish_mixed(context, hidden, &mixed)
+        self.finish_mixed(context, hidden, (&mixed, mix))
     }
 
-    /// `hidden += mixed` (the mixer's output after its projection), then `hidden += mlp(norm(hidden))`.
-    fn finish_mixed(&self, context: &LayerContext, hidden: &mut Tensor, mixed: &Tensor) -> Result<(), RuntimeError> {
+    /// `hidden += mixed` (the mixer's output after its projection; with mHC put back by `mix`), then
+    /// `hidden += mlp(norm(hidden))`.
+    fn finish_mixed(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        mixed: (&Tensor, Option<HyperMix>),
+    ) -> Result<(), RuntimeError> {
         let mlp =
             MlpRows { only: None, times: &ExpertTimes::default(), near_ties: &mut 0, tap: &mut LayerTap::default() };
         self.residual(context, hidden, mixed, mlp, None)
@@ -371,6 +424,11 @@ impl Layer {
         positions: &[usize],
         aux_width: usize,
     ) -> Result<(Tensor, Tensor, Queries), RuntimeError> {
+        if self.hyper.is_some() {
+            return Err(RuntimeError::Input(
+                "the paged attention path has no mHC hyper-connections yet (GLM-5.3-Flash)".into(),
+            ));
+        }
         let x = normed(backend, config, hidden, &self.input_norm)?;
         Ok(match &self.mixer {
             Mixer::Mla(mla) => {
@@ -446,7 +504,7 @@ impl Layer {
             Mixer::Gqa(gqa) => gqa.output(context.backend, attended)?,
             Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
         };
-        self.finish_mixed(context, hidden, &projected)
+        self.finish_mixed(context, hidden, (&projected, None))
     }
 
     /// A prompt's paged prefill through the layer: its rows for the cache (`[tokens, row_width]`, and the indexer

@@ -17,9 +17,6 @@ use crate::runtime::rope_table::{check_positions, RopeTable};
 use crate::runtime::tensor::{Block, Tensor};
 use crate::runtime::{RuntimeError, Spans};
 
-/// transformers builds `q_a_layernorm`/`kv_a_layernorm` with the RMSNorm default eps, not `rms_norm_eps`.
-const LATENT_NORM_EPS: f32 = 1e-6;
-
 pub struct MlaWeights {
     q_a: Option<(Matrix, Matrix)>,
     q_b: Matrix,
@@ -28,6 +25,8 @@ pub struct MlaWeights {
     kv_b: Matrix,
     o: Matrix,
     indexer: Option<IndexerWeights>,
+    /// The epsilon of `q_a_layernorm`/`kv_a_layernorm` ([`ModelConfig::latent_norm_eps`]).
+    latent_eps: f32,
     /// `kv_b` split per head for the decode step's absorbed form, made on the first step.
     absorbed: OnceLock<Absorbed>,
 }
@@ -99,6 +98,7 @@ impl MlaWeights {
             kv_b: reader.matrix(&name("kv_b_proj.weight"), [d.heads * (d.nope + d.v), d.kv_lora])?,
             o: reader.matrix(&name("o_proj.weight"), [hidden, d.heads * d.v])?,
             indexer,
+            latent_eps: config.latent_norm_eps(),
             absorbed: OnceLock::new(),
         })
     }
@@ -149,7 +149,7 @@ impl MlaWeights {
         let q_resid = match &self.q_a {
             Some((q_a, norm)) => {
                 let mut latent = backend.linear(x, q_a, None)?;
-                backend.rms_norm(&mut latent, q_a.rows, norm, LATENT_NORM_EPS)?;
+                backend.rms_norm(&mut latent, q_a.rows, norm, self.latent_eps)?;
                 latent
             }
             None => backend.row_range(x, 0..x.rows())?,
@@ -199,7 +199,7 @@ impl MlaWeights {
         let compressed = backend.linear(x, &self.kv_a, None)?;
         let mut latent = backend.columns(&compressed, 0, d.kv_lora)?;
         let k_rot = backend.columns(&compressed, d.kv_lora, d.rope)?;
-        backend.rms_norm(&mut latent, d.kv_lora, &self.kv_a_norm, LATENT_NORM_EPS)?;
+        backend.rms_norm(&mut latent, d.kv_lora, &self.kv_a_norm, self.latent_eps)?;
         Ok((latent, k_rot))
     }
 

@@ -34,6 +34,7 @@ pub mod embedding;
 #[cfg(test)]
 mod golden;
 pub mod gqa;
+pub mod hyper;
 pub mod indexer;
 pub mod kda;
 pub mod layer;

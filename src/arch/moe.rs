@@ -25,6 +25,8 @@ pub struct DenseMlp {
     gate: Matrix,
     up: Matrix,
     down: Matrix,
+    /// The SwiGLU clamp ([`ModelConfig::swiglu_limit`]).
+    limit: Option<f32>,
 }
 
 impl DenseMlp {
@@ -33,30 +35,42 @@ impl DenseMlp {
         [&self.gate, &self.up, &self.down]
     }
 
-    /// The MLP `module` with `{gate,up,down}_proj`.
-    pub fn load(reader: &WeightReader, module: &str, hidden: usize, inner: usize) -> Result<Self, RuntimeError> {
-        Self::load_named(reader, module, STANDARD_PROJECTIONS, hidden, inner)
+    /// The MLP `module` with `{gate,up,down}_proj` of a model of `config`.
+    pub fn load(reader: &WeightReader, config: &ModelConfig, module: &str, inner: usize) -> Result<Self, RuntimeError> {
+        Self::load_named(reader, config, module, STANDARD_PROJECTIONS, inner)
     }
 
     /// The MLP `module` whose gate, up and down projections are named `projections`.
     fn load_named(
         reader: &WeightReader,
+        config: &ModelConfig,
         module: &str,
         [gate, up, down]: [&str; 3],
-        hidden: usize,
         inner: usize,
     ) -> Result<Self, RuntimeError> {
+        let hidden = config.hidden_size;
         Ok(Self {
             gate: reader.matrix(&format!("{module}.{gate}.weight"), [inner, hidden])?,
             up: reader.matrix(&format!("{module}.{up}.weight"), [inner, hidden])?,
             down: reader.matrix(&format!("{module}.{down}.weight"), [hidden, inner])?,
+            limit: config.swiglu_limit(),
         })
     }
 
     pub fn forward(&self, backend: &dyn Backend, x: &Tensor) -> Result<Tensor, RuntimeError> {
+        backend.linear(&self.intermediate(backend, x)?, &self.down, None)
+    }
+
+    /// The activations `down_proj` takes: `silu(gate) · up` (their inputs clamped where the model clamps them).
+    fn intermediate(&self, backend: &dyn Backend, x: &Tensor) -> Result<Tensor, RuntimeError> {
         let gate = backend.linear(x, &self.gate, None)?;
         let up = backend.linear(x, &self.up, None)?;
-        backend.linear(&backend.silu_mul(&gate, &up)?, &self.down, None)
+        let Some(limit) = self.limit else { return backend.silu_mul(&gate, &up) };
+        // The clamp visits the host (a GLM-5.3-Flash-only step).
+        let (mut gate_values, mut up_values) = (backend.download(&gate)?, backend.download(&up)?);
+        crate::runtime::cpu::activation::clamp_swiglu(&mut gate_values, &mut up_values, limit);
+        let columns = gate.columns();
+        backend.silu_mul(&backend.upload(&gate_values, columns)?, &backend.upload(&up_values, columns)?)
     }
 }
 
@@ -81,9 +95,7 @@ fn observe_experts(
             continue;
         }
         let input = backend.gather_rows(x, &rows)?;
-        let gate = backend.linear(&input, &mlp.gate, None)?;
-        let up = backend.linear(&input, &mlp.up, None)?;
-        let intermediate = backend.silu_mul(&gate, &up)?;
+        let intermediate = mlp.intermediate(backend, &input)?;
         observer(&ExpertActivations {
             expert: *expert,
             tokens: rows.len(),
@@ -186,8 +198,8 @@ impl MoeWeights {
             0 => None,
             n => Some(DenseMlp::load(
                 reader,
+                config,
                 &format!("{block}.shared_experts"),
-                hidden,
                 config.moe_intermediate_size * n,
             )?),
         };
@@ -288,11 +300,11 @@ impl MoeWeights {
                             if let Some([gate, up, down]) =
                                 replacement.map(|replace| replace(expert)).transpose()?.flatten()
                             {
-                                return Ok((expert, DenseMlp { gate, up, down }));
+                                return Ok((expert, DenseMlp { gate, up, down, limit: config.swiglu_limit() }));
                             }
                             let module = format!("{}.{expert}", self.experts_module);
                             let projections = self.expert_projections;
-                            Ok((expert, DenseMlp::load_named(reader, &module, projections, hidden, inner)?))
+                            Ok((expert, DenseMlp::load_named(reader, config, &module, projections, inner)?))
                         })
                         .collect();
                     if let (Ok(batch), Some(prefetch)) = (&loaded, &prefetch) {
@@ -321,6 +333,7 @@ impl MoeWeights {
                         down: &mlp.down,
                         tokens: &assigned[*expert],
                         inputs: self.inputs,
+                        swiglu_limit: mlp.limit,
                     })
                     .collect();
                 backend.routed_experts(x, &experts, &mut output)?;

@@ -99,6 +99,13 @@ impl PagedModel {
     /// Loads every layer's resident weights; positions up to `max_positions` are supported.
     pub fn open(dir: &Path, max_positions: usize) -> Result<Self, RuntimeError> {
         let (checkpoint, config) = open_checkpoint(dir)?;
+        if config.hyper_connections().is_some() {
+            return Err(RuntimeError::Input(format!(
+                "{}: the paged runtime (serve-test) does not run GLM-5.3-Flash yet: its mHC residual streams and \
+                 k-pool indexer have no paged path; eval, parity and calibrate-kv run it",
+                dir.display()
+            )));
+        }
         let reader = WeightReader::new(&checkpoint);
         let layers = (0..config.num_hidden_layers)
             .map(|layer| Layer::load(&reader, &config, layer))

@@ -15,6 +15,7 @@ use serde::Serialize;
 pub use observe::AbsStats;
 pub use write::{open_for_edit, write_scales, WrittenFiles, SCALES_FILE};
 
+use crate::arch::hyper::widen;
 use crate::arch::rope::rope_setup;
 use crate::arch::{
     embed, run_layers, CachedKv, ExpertTimes, KvSource, KvTap, LayerContext, LayerState, LayerTap, Model, Residual,
@@ -172,7 +173,7 @@ pub fn calibrate(
     let longest = lengths.iter().copied().max().unwrap_or(0);
     let (table, mla_scale) = rope_setup(config, longest);
     let ids: Vec<u32> = sequences.concat();
-    let mut hidden = backend.upload(&embed(&reader, config, &ids)?, config.hidden_size)?;
+    let mut hidden = widen(backend, config, backend.upload(&embed(&reader, config, &ids)?, config.hidden_size)?)?;
     let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
     let mut state = LayerState::default();
     let mut observations = Vec::with_capacity(config.num_hidden_layers);

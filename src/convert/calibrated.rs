@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use crate::arch::hyper::{narrow, widen};
 use crate::arch::mtp::MtpLayer;
 use crate::arch::rope::rope_setup;
 use crate::arch::{
@@ -126,7 +127,7 @@ pub fn run_pass(
     let longest = lengths.iter().copied().max().unwrap_or(0);
     let (table, mla_scale) = rope_setup(config, longest);
     let ids: Vec<u32> = set.sequences.concat();
-    let mut hidden = backend.upload(&embed(&reader, config, &ids)?, config.hidden_size)?;
+    let mut hidden = widen(backend, config, backend.upload(&embed(&reader, config, &ids)?, config.hidden_size)?)?;
     let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
     let mut state = LayerState::default();
     let mut layers = Vec::new();
@@ -148,6 +149,7 @@ pub fn run_pass(
         let width = config.hidden_size;
         let no_mtp = || RuntimeError::Input(format!("{}: the MTP layer's tensors are missing", dir.display()));
         let mtp = MtpLayer::load(&reader, config)?.ok_or_else(no_mtp)?;
+        let mut hidden = narrow(backend, config, hidden)?;
         backend.rms_norm(
             &mut hidden,
             width,

@@ -22,6 +22,7 @@ use super::kld_stats::TokenSamples;
 use super::parity::{
     summarize, KvScaleChoice, KvScalesUsed, LayerSums, ModeStats, ParityOptions, ParityReport, ParityStats, Summaries,
 };
+use crate::arch::hyper::{narrow, widen};
 use crate::arch::rope::rope_setup;
 use crate::arch::{
     embed, head_name, run_layers, ExpertTimes, KvFp8, KvSource, KvTap, LayerContext, LayerState, LayerStep, LayerTap,
@@ -244,7 +245,7 @@ impl<'a> Pass<'a> {
             let embedded = if matches!(mode, Mode::Weights | Mode::Split) { &cand_embedded } else { &ref_embedded };
             Ok(Stream {
                 mode,
-                hidden: backend.upload(embedded, width)?,
+                hidden: widen(backend, self.reference.config(), backend.upload(embedded, width)?)?,
                 state: LayerState::default(),
                 routes: Vec::new(),
                 layers: Vec::new(),
@@ -376,7 +377,8 @@ impl<'a> Pass<'a> {
                 (Mode::Weights | Mode::Split, Some((norm, head))) => (norm, head),
                 _ => (&ref_norm, &ref_head),
             };
-            let mut rows = backend.row_range(&stream.hidden, start + prompt..start + prompt + rows_per_seq)?;
+            let rows = backend.row_range(&stream.hidden, start + prompt..start + prompt + rows_per_seq)?;
+            let mut rows = narrow(backend, config, rows)?;
             backend.rms_norm(&mut rows, width, norm, config.rms_norm_eps as f32)?;
             backend.download(&backend.linear(&rows, head, None)?)
         };

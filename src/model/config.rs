@@ -17,6 +17,9 @@ pub enum Architecture {
     /// `KimiLinearForCausalLM` (`kimi_linear`): Kimi-Linear, and the text stack of Kimi K3 (`kimi_k3` wrapper):
     /// KDA linear attention beside NoPE MLA, MXFP4 experts in K3. The runtime runs Kimi-Linear, not K3's additions.
     KimiLinear,
+    /// `Glm5NextForConditionalGeneration` (`glm5_next`, text model `glm5_next_text`): GLM-5.3-Flash — KDA layers
+    /// beside NoPE MLA with a k-pool DSA indexer, mHC hyper-connections, clamped SwiGLU, FP8 as released.
+    Glm5Next,
 }
 
 impl Architecture {
@@ -27,6 +30,7 @@ impl Architecture {
             Architecture::Glm4Moe => "Glm4MoeForCausalLM",
             Architecture::DeepseekV4 => "DeepseekV4ForCausalLM",
             Architecture::KimiLinear => "KimiLinearForCausalLM",
+            Architecture::Glm5Next => "Glm5NextForConditionalGeneration",
         }
     }
 
@@ -38,6 +42,7 @@ impl Architecture {
             Architecture::Glm4Moe => "glm45-int4",
             Architecture::DeepseekV4 => "deepseek-v4-nvfp4",
             Architecture::KimiLinear => "kimi-k3-nvfp4",
+            Architecture::Glm5Next => "glm5.3-flash-int4",
         }
     }
 }
@@ -74,6 +79,18 @@ pub struct Indexer {
     /// selection of the previous full layer (`"shared"`). From `indexer_types`, `index_topk_pattern` or
     /// `index_topk_freq`/`index_skip_topk_offset` as transformers' `GlmMoeDsaConfig` derives it; all full by default.
     pub full_layers: Vec<bool>,
+    /// GLM-5.3-Flash's k-pool: keys scored in pools of this many tokens; `None` for GLM-5's per-token indexer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kpool: Option<Kpool>,
+}
+
+/// GLM-5.3-Flash's k-pool indexer (`index_kpool`, `index_kpool_always_select_tail`): the keys of each complete
+/// pool of `size` tokens are averaged with learned per-channel weights and scored as one; the selected pools'
+/// tokens (`index_topk / size` pools) are attended, and with `select_tail` the query's incomplete pool too.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Kpool {
+    pub size: usize,
+    pub select_tail: bool,
 }
 
 impl Indexer {
@@ -131,6 +148,27 @@ pub struct Routing {
 pub enum Layout {
     DeepseekV4(super::deepseek_v4::DeepseekV4),
     KimiLinear(super::kimi_linear::KimiLinear),
+    Glm5Next(super::glm5_next::Glm5Next),
+}
+
+/// A model's KDA sizes and forget gate (`linear_attn_config`, GLM-5.3-Flash's `linear_*` keys).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KdaKeys {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+    /// GLM-5.3-Flash's safe gate `g = lower_bound · sigmoid(exp(A_log) · (f + dt_bias))`; `None`: Kimi-Linear's
+    /// `g = −exp(A_log) · softplus(f + dt_bias)`.
+    pub gate_lower_bound: Option<f64>,
+}
+
+/// mHC hyper-connections (`hc_mult`, `hc_eps`, `hc_sinkhorn_iters`): the residual stream widened to `streams`
+/// copies, mixed around each block by Sinkhorn-normalized weights.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct HyperConnections {
+    pub streams: usize,
+    pub eps: f64,
+    pub sinkhorn_iters: usize,
 }
 
 /// How a MoE layer's modules are named under `model.layers.N.`: the block (router `gate`, `shared_experts` with
@@ -295,13 +333,62 @@ impl ModelConfig {
 
     /// Whether decoder layer `layer` is a KDA (linear attention) layer rather than a softmax attention one.
     pub fn is_kda_layer(&self, layer: usize) -> bool {
-        matches!(&self.layout, Some(Layout::KimiLinear(kimi)) if kimi.kda_layers.get(layer).copied().unwrap_or(false))
+        let kda_layers = match &self.layout {
+            Some(Layout::KimiLinear(kimi)) => &kimi.kda_layers,
+            Some(Layout::Glm5Next(glm)) => &glm.kda_layers,
+            _ => return false,
+        };
+        kda_layers.get(layer).copied().unwrap_or(false)
     }
 
-    /// Whether the attention layers apply no RoPE: Kimi-Linear's NoPE MLA uses the shared key part as it is
-    /// (transformers' `KimiLinearAttention` takes no position embeddings).
+    /// The KDA sizes and gate of a hybrid model; `None` without KDA layers.
+    pub fn kda(&self) -> Option<KdaKeys> {
+        match &self.layout {
+            Some(Layout::KimiLinear(kimi)) => Some(KdaKeys {
+                heads: kimi.kda_heads,
+                head_dim: kimi.kda_head_dim,
+                conv_kernel: kimi.conv_kernel,
+                gate_lower_bound: None,
+            }),
+            Some(Layout::Glm5Next(glm)) => Some(glm.kda),
+            _ => None,
+        }
+    }
+
+    /// The model's mHC hyper-connections (GLM-5.3-Flash); `None` for a plain residual stream.
+    pub fn hyper_connections(&self) -> Option<HyperConnections> {
+        match &self.layout {
+            Some(Layout::Glm5Next(glm)) => Some(glm.hyper),
+            _ => None,
+        }
+    }
+
+    /// The residual stream's width per token: `hidden_size`, times the stream count with mHC.
+    pub fn residual_width(&self) -> usize {
+        self.hidden_size * self.hyper_connections().map_or(1, |hc| hc.streams)
+    }
+
+    /// The clamp of the SwiGLU gate (`≤ limit`) and up (`±limit`) projections (GLM-5.3-Flash's `swiglu_limit`).
+    pub fn swiglu_limit(&self) -> Option<f32> {
+        match &self.layout {
+            Some(Layout::Glm5Next(glm)) => Some(glm.swiglu_limit as f32),
+            _ => None,
+        }
+    }
+
+    /// The epsilon of MLA's `q_a_layernorm`/`kv_a_layernorm`: transformers builds them with the RMSNorm default
+    /// 1e-6 for DeepSeek, Kimi and GLM-5, with `rms_norm_eps` for GLM-5.3-Flash.
+    pub fn latent_norm_eps(&self) -> f32 {
+        match &self.layout {
+            Some(Layout::Glm5Next(_)) => self.rms_norm_eps as f32,
+            _ => 1e-6,
+        }
+    }
+
+    /// Whether the attention layers apply no RoPE: Kimi-Linear's and GLM-5.3-Flash's NoPE MLA use the shared key
+    /// part as it is (their transformers attention takes no position embeddings).
     pub fn nope_attention(&self) -> bool {
-        matches!(self.layout, Some(Layout::KimiLinear(_)))
+        matches!(self.layout, Some(Layout::KimiLinear(_) | Layout::Glm5Next(_)))
     }
 
     /// How a MoE layer's modules are named.

@@ -108,7 +108,9 @@ impl Keys<'_> {
         let interleave = match architecture {
             Architecture::DeepseekV3 => self.bool_or("rope_interleave", true),
             Architecture::GlmMoeDsa => true,
-            Architecture::Glm4Moe | Architecture::DeepseekV4 | Architecture::KimiLinear => false,
+            Architecture::Glm4Moe | Architecture::DeepseekV4 | Architecture::KimiLinear | Architecture::Glm5Next => {
+                false
+            }
         };
         let partial_rotary_factor = match number("partial_rotary_factor")? {
             Some(factor) => factor,
@@ -122,7 +124,7 @@ impl Keys<'_> {
     /// (`"full"`/`"shared"` per layer), else `index_topk_pattern` (a string of `F`/`S` or such a list), else
     /// `index_topk_freq`/`index_skip_topk_offset` (full where `max(layer − offset + 1, 0) % freq == 0`). A given
     /// list must name every decoder layer, and layer 0 must be full (a shared layer reuses an earlier selection).
-    pub(super) fn indexer_full_layers(&self, layers: usize) -> Result<Vec<bool>, ConfigError> {
+    pub(super) fn indexer_full_layers(&self, layers: usize, first_attention: usize) -> Result<Vec<bool>, ConfigError> {
         let unsupported =
             |key: &str, value: String, hint: String| ConfigError::Unsupported { key: key.into(), value, hint };
         let kinds = |key: &str, list: &[Value]| -> Result<Vec<bool>, ConfigError> {
@@ -175,11 +177,13 @@ impl Keys<'_> {
                 format!("it needs one entry per decoder layer: num_hidden_layers is {layers}"),
             ));
         }
-        if full.first() == Some(&false) {
+        if full.get(first_attention) == Some(&false) {
             return Err(unsupported(
                 key,
-                "starting with a shared layer".into(),
-                "layer 0 has no earlier full layer whose top-k it could reuse; make it \"full\"".into(),
+                format!("shared at layer {first_attention}, the first attention layer"),
+                format!(
+                    "layer {first_attention} has no earlier full layer whose top-k it could reuse; make it \"full\""
+                ),
             ));
         }
         Ok(full)

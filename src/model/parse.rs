@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::config::{
-    Architecture, Attention, ContextWindow, Indexer, Layout, ModelConfig, Routing, DEFAULT_MAX_POSITIONS,
+    Architecture, Attention, ContextWindow, Indexer, Kpool, Layout, ModelConfig, Routing, DEFAULT_MAX_POSITIONS,
 };
 use super::config_error::ConfigError;
 use super::keys::{pair_of, Keys};
@@ -41,6 +41,8 @@ impl ModelConfig {
             "glm4_moe" => Architecture::Glm4Moe,
             "deepseek_v4" => Architecture::DeepseekV4,
             "kimi_linear" => Architecture::KimiLinear,
+            "glm5_next" | "glm5_next_text" => Architecture::Glm5Next,
+            _ if architecture_names.contains(&"Glm5NextForConditionalGeneration") => Architecture::Glm5Next,
             _ if architecture_names.contains(&"KimiLinearForCausalLM") => Architecture::KimiLinear,
             _ if architecture_names.contains(&"DeepseekV4ForCausalLM") => Architecture::DeepseekV4,
             _ if architecture_names.contains(&"DeepseekV3ForCausalLM") => Architecture::DeepseekV3,
@@ -50,7 +52,7 @@ impl ModelConfig {
                 return Err(ConfigError::Unsupported {
                     key: "model_type".into(),
                     value: format!("{model_type:?} (architectures {architecture_names:?})"),
-                    hint: "squeeze supports deepseek_v3/kimi_k2, glm_moe_dsa, glm4_moe, deepseek_v4 and kimi_linear (Kimi K3's text model)".into(),
+                    hint: "squeeze supports deepseek_v3/kimi_k2, glm_moe_dsa, glm4_moe, deepseek_v4, kimi_linear (Kimi K3's text model) and glm5_next (GLM-5.3-Flash)".into(),
                 })
             }
         };
@@ -63,12 +65,34 @@ impl ModelConfig {
         }
         let hidden_size = reader.usize("hidden_size")?;
         let num_attention_heads = reader.usize("num_attention_heads")?;
+        let num_hidden_layers = reader.usize("num_hidden_layers")?;
+        let glm5_next = match architecture {
+            Architecture::Glm5Next => Some(super::glm5_next::Glm5Next::parse(config, num_hidden_layers)?),
+            _ => None,
+        };
         let attention = match architecture {
             Architecture::DeepseekV3 | Architecture::GlmMoeDsa => Attention::Mla {
                 q_lora_rank: reader.optional_usize("q_lora_rank")?,
                 kv_lora_rank: reader.usize("kv_lora_rank")?,
                 qk_nope_head_dim: reader.usize("qk_nope_head_dim")?,
                 qk_rope_head_dim: reader.usize("qk_rope_head_dim")?,
+                v_head_dim: reader.usize("v_head_dim")?,
+            },
+            // transformers' `Glm5NextTextConfig.validate_architecture`: query LoRA required, NoPE.
+            Architecture::Glm5Next => Attention::Mla {
+                q_lora_rank: Some(reader.usize("q_lora_rank")?),
+                kv_lora_rank: reader.usize("kv_lora_rank")?,
+                qk_nope_head_dim: reader.usize("qk_nope_head_dim")?,
+                qk_rope_head_dim: match reader.optional_usize("qk_rope_head_dim")?.unwrap_or(0) {
+                    0 => 0,
+                    other => {
+                        return Err(ConfigError::Unsupported {
+                            key: "qk_rope_head_dim".into(),
+                            value: other.to_string(),
+                            hint: "GLM-5.3-Flash's attention is NoPE: transformers requires 0".into(),
+                        })
+                    }
+                },
                 v_head_dim: reader.usize("v_head_dim")?,
             },
             Architecture::Glm4Moe | Architecture::DeepseekV4 | Architecture::KimiLinear => Attention::Gqa {
@@ -79,14 +103,38 @@ impl ModelConfig {
                 partial_rotary_factor: reader.partial_rotary_factor().unwrap_or(0.5),
             },
         };
-        let num_hidden_layers = reader.usize("num_hidden_layers")?;
         let indexer = match architecture {
             Architecture::GlmMoeDsa => Some(Indexer {
                 index_n_heads: reader.usize("index_n_heads")?,
                 index_head_dim: reader.usize("index_head_dim")?,
                 index_topk: reader.usize("index_topk")?,
-                full_layers: reader.indexer_full_layers(num_hidden_layers)?,
+                full_layers: reader.indexer_full_layers(num_hidden_layers, 0)?,
+                kpool: None,
             }),
+            Architecture::Glm5Next => {
+                let first = glm5_next.as_ref().and_then(|glm| glm.first_attention_layer()).unwrap_or(0);
+                let kpool = Kpool {
+                    size: reader.optional_usize("index_kpool")?.unwrap_or(16),
+                    select_tail: reader.bool_or("index_kpool_always_select_tail", true),
+                };
+                let index_topk = reader.optional_usize("index_topk")?.unwrap_or(2048);
+                if kpool.size == 0 || index_topk % kpool.size != 0 {
+                    return Err(ConfigError::Unsupported {
+                        key: "index_kpool".into(),
+                        value: kpool.size.to_string(),
+                        hint: format!(
+                            "index_topk ({index_topk}) must be a positive multiple of it, as transformers requires"
+                        ),
+                    });
+                }
+                Some(Indexer {
+                    index_n_heads: reader.optional_usize("index_n_heads")?.unwrap_or(32),
+                    index_head_dim: reader.optional_usize("index_head_dim")?.unwrap_or(128),
+                    index_topk,
+                    full_layers: reader.indexer_full_layers(num_hidden_layers, first)?,
+                    kpool: Some(kpool),
+                })
+            }
             _ => None,
         };
         let rope = reader.rope(architecture)?;
@@ -100,10 +148,20 @@ impl ModelConfig {
                 .f64_or("routed_scaling_factor", if architecture == Architecture::Glm4Moe { 1.0 } else { 2.5 })?,
             scoring_func: config.get("scoring_func").and_then(Value::as_str).unwrap_or("sigmoid").to_string(),
         };
-        let first_k_dense_replace = reader.optional_usize("first_k_dense_replace")?.unwrap_or(0);
-        let moe_layers = match config.get("mlp_layer_types").and_then(Value::as_array) {
-            Some(kinds) => kinds.iter().map(|kind| kind.as_str() == Some("sparse")).collect(),
-            None => (0..num_hidden_layers).map(|layer| layer >= first_k_dense_replace).collect(),
+        let (first_k_dense_replace, moe_layers) = if architecture == Architecture::Glm5Next {
+            // transformers' default: the first three layers dense.
+            let moe_layers = match config.get("mlp_layer_types") {
+                Some(kinds) => mlp_layer_types(kinds, num_hidden_layers)?,
+                None => (0..num_hidden_layers).map(|layer| layer >= 3).collect(),
+            };
+            (moe_layers.iter().position(|&moe| moe).unwrap_or(num_hidden_layers), moe_layers)
+        } else {
+            let first_k_dense_replace = reader.optional_usize("first_k_dense_replace")?.unwrap_or(0);
+            let moe_layers = match config.get("mlp_layer_types").and_then(Value::as_array) {
+                Some(kinds) => kinds.iter().map(|kind| kind.as_str() == Some("sparse")).collect(),
+                None => (0..num_hidden_layers).map(|layer| layer >= first_k_dense_replace).collect(),
+            };
+            (first_k_dense_replace, moe_layers)
         };
         let default_eps = if architecture == Architecture::DeepseekV3 { 1e-6 } else { 1e-5 };
         let weight_block_size = pair_of(crate::io::composite::quantization_config(whole), "weight_block_size");
@@ -131,7 +189,7 @@ impl ModelConfig {
             window,
             routing,
             moe_layers,
-            layout: None,
+            layout: glm5_next.map(Layout::Glm5Next),
         })
     }
 

@@ -11,8 +11,9 @@ fn push(specs: &mut Vec<TensorSpec>, name: String, shape: Vec<usize>, role: Tens
 /// Every tensor of the checkpoint described by `config`, in a stable order (embeddings, layers, head).
 pub fn tensor_specs(config: &ModelConfig) -> Vec<TensorSpec> {
     use TensorRole::*;
-    if let Some(layout) = &config.layout {
-        return layout_specs(layout, config);
+    match &config.layout {
+        Some(Layout::Glm5Next(_)) | None => {}
+        Some(layout) => return layout_specs(layout, config),
     }
     let hidden = config.hidden_size;
     let mut specs = Vec::new();
@@ -29,9 +30,17 @@ pub fn tensor_specs(config: &ModelConfig) -> Vec<TensorSpec> {
             push(&mut specs, format!("{prefix}.shared_head.head.weight"), vec![config.vocab_size, hidden], Embedding);
         }
         push(&mut specs, format!("{prefix}.input_layernorm.weight"), vec![hidden], Norm);
-        attention_specs(config, layer, &prefix, &mut specs);
+        match config.kda() {
+            Some(kda) if config.is_kda_layer(layer) => {
+                super::glm5_next::kda_specs(&kda, hidden, &format!("{prefix}.self_attn"), &mut specs)
+            }
+            _ => attention_specs(config, layer, &prefix, &mut specs),
+        }
         push(&mut specs, format!("{prefix}.post_attention_layernorm.weight"), vec![hidden], Norm);
         mlp_specs(config, layer, &prefix, &mut specs);
+        if let Some(hyper) = config.hyper_connections() {
+            super::glm5_next::hyper_specs(&hyper, hidden, &prefix, &mut specs);
+        }
     }
     push(&mut specs, "model.norm.weight".into(), vec![hidden], Norm);
     if !config.tie_word_embeddings {
@@ -84,6 +93,11 @@ fn attention_specs(config: &ModelConfig, layer: usize, prefix: &str, specs: &mut
                 push(specs, format!("{index}.k_norm.weight"), vec![indexer.index_head_dim], Norm);
                 push(specs, format!("{index}.k_norm.bias"), vec![indexer.index_head_dim], Norm);
                 push(specs, format!("{index}.weights_proj.weight"), vec![indexer.index_n_heads, hidden], LinearBf16);
+                if let Some(kpool) = indexer.kpool {
+                    let dim = indexer.index_head_dim;
+                    push(specs, format!("{index}.index_kpool_compress_ape"), vec![kpool.size, dim], Embedding);
+                    push(specs, format!("{index}.index_kpool_compress_gate"), vec![dim, hidden], LinearBf16);
+                }
             }
         }
         Attention::Gqa { num_key_value_heads, head_dim, attention_bias, use_qk_norm, .. } => {
@@ -112,7 +126,7 @@ fn mlp_specs(config: &ModelConfig, layer: usize, prefix: &str, specs: &mut Vec<T
         push(specs, format!("{module}.up_proj.weight"), vec![inner, hidden], Linear);
         push(specs, format!("{module}.down_proj.weight"), vec![hidden, inner], Linear);
     };
-    if !config.is_moe_layer(layer) {
+    if !config.runs_moe(layer) {
         gated(specs, format!("{prefix}.mlp"), config.intermediate_size);
         return;
     }
@@ -166,5 +180,6 @@ fn layout_specs(layout: &Layout, config: &ModelConfig) -> Vec<TensorSpec> {
             };
             super::kimi_linear::tensor_specs(kimi, &dims, &|layer| config.runs_moe(layer))
         }
+        Layout::Glm5Next(_) => unreachable!("GLM-5.3-Flash's tensors are GLM-5's with its layers' additions"),
     }
 }

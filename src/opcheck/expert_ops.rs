@@ -68,7 +68,14 @@ pub fn batch<'a>(
 ) -> Vec<RoutedExpert<'a>> {
     matrices
         .zip(assigned)
-        .map(|([gate, up, down], tokens)| RoutedExpert { gate, up, down, tokens, inputs: Default::default() })
+        .map(|([gate, up, down], tokens)| RoutedExpert {
+            gate,
+            up,
+            down,
+            tokens,
+            inputs: Default::default(),
+            swiglu_limit: None,
+        })
         .collect()
 }
 

@@ -93,6 +93,7 @@ pub fn int4_requantizing(architecture: Architecture) -> Vec<(&'static str, &'sta
         Architecture::Glm4Moe => "glm45",
         Architecture::KimiLinear => "kimi-k3",
         Architecture::DeepseekV4 => "deepseek-v4",
+        Architecture::Glm5Next => "glm5.3-flash",
     };
     [("nvfp4", "Blackwell"), ("mxfp4", "AMD"), ("w4a8", "Hopper prefill")]
         .into_iter()

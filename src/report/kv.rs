@@ -2,8 +2,7 @@
 //! per layer and over the decoder layers, for a BF16 or FP8 cache.
 
 use crate::format::kv_scales::KvDtype;
-use crate::model::config::Layout;
-use crate::model::kimi_linear::KimiLinear;
+use crate::model::config::{KdaKeys, Layout};
 use crate::model::{Attention, ModelConfig};
 
 /// Elements per FP32 scale in the DSA indexer's FP8 key cache (vLLM `DeepseekV32IndexerCache`, SGLang NSA).
@@ -45,10 +44,10 @@ fn is_zero(value: &u64) -> bool {
 /// `kda_state_shape`/`kda_state_dtype`): the `heads × head_dim × head_dim` recurrent state in F32 and the last
 /// `kernel − 1` inputs of the q, k and v convolutions in the model's dtype (BF16), both split over the
 /// `attention_tp` ranks by heads.
-fn kda_state_bytes(kimi: &KimiLinear, attention_tp: usize) -> usize {
-    let heads = kimi.kda_heads.div_ceil(attention_tp.max(1));
-    let width = heads * kimi.kda_head_dim;
-    heads * kimi.kda_head_dim * kimi.kda_head_dim * 4 + 3 * width * kimi.conv_kernel.saturating_sub(1) * 2
+fn kda_state_bytes(kda: &KdaKeys, attention_tp: usize) -> usize {
+    let heads = kda.heads.div_ceil(attention_tp.max(1));
+    let width = heads * kda.head_dim;
+    heads * kda.head_dim * kda.head_dim * 4 + 3 * width * kda.conv_kernel.saturating_sub(1) * 2
 }
 
 /// KV heads each GPU holds under `attention_tp`-way tensor-parallel attention: heads are split, and a rank
@@ -72,22 +71,24 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
         .map(|indexer| (indexer.index_head_dim + indexer.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64)
         .unwrap_or(0);
     let row_bytes = (elements_per_layer * dtype.bytes()) as u64;
+    if let Some(kda) = config.kda() {
+        // Only the attention layers cache keys and values (and indexer keys); a KDA layer keeps a fixed state per
+        // request.
+        let attention: Vec<usize> = (0..config.num_hidden_layers).filter(|&l| !config.is_kda_layer(l)).collect();
+        let indexer_layers = attention.iter().filter(|&&layer| config.runs_indexer(layer)).count();
+        let kda_layers = config.num_hidden_layers - attention.len();
+        return KvPerToken {
+            dtype,
+            layers: attention.len(),
+            elements_per_layer,
+            indexer_bytes_per_layer,
+            indexer_layers,
+            bytes_per_layer: row_bytes + indexer_bytes_per_layer,
+            bytes_per_token: row_bytes * attention.len() as u64 + indexer_bytes_per_layer * indexer_layers as u64,
+            state_bytes_per_request: (kda_state_bytes(&kda, attention_tp) * kda_layers) as u64,
+        };
+    }
     match &config.layout {
-        Some(Layout::KimiLinear(kimi)) => {
-            // Only the MLA layers cache keys and values; a KDA layer keeps a fixed state per request.
-            let layers = kimi.kda_layers.iter().filter(|kda| !**kda).count();
-            let kda_layers = kimi.kda_layers.len() - layers;
-            return KvPerToken {
-                dtype,
-                layers,
-                elements_per_layer,
-                indexer_bytes_per_layer: 0,
-                indexer_layers: 0,
-                bytes_per_layer: row_bytes,
-                bytes_per_token: row_bytes * layers as u64,
-                state_bytes_per_request: (kda_state_bytes(kimi, attention_tp) * kda_layers) as u64,
-            };
-        }
         Some(Layout::DeepseekV4(v4)) => {
             // One `head_dim` row per cached entry: every layer the last `sliding_window` tokens, compressed layers
             // one more entry per `ratio` tokens (CSA with its indexer's FP8 key).
@@ -108,7 +109,7 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
                 state_bytes_per_request: row_bytes * (v4.sliding_window * ratios.len()) as u64,
             };
         }
-        None => {}
+        _ => {}
     }
     let layers = config.num_hidden_layers;
     let indexer_layers = (0..layers).filter(|&layer| config.runs_indexer(layer)).count();

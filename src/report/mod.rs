@@ -212,6 +212,7 @@ pub fn report(options: &ReportOptions) -> Result<Report, ReportError> {
     };
     let attention = match (&config.layout, &config.attention) {
         (Some(crate::model::config::Layout::KimiLinear(_)), _) => "mla layers beside kda",
+        (Some(crate::model::config::Layout::Glm5Next(_)), _) => "nope mla with k-pool dsa layers beside kda",
         (Some(crate::model::config::Layout::DeepseekV4(_)), _) => "compressed csa/hca layers, sliding window",
         (None, crate::model::Attention::Mla { .. }) => "mla",
         (None, crate::model::Attention::Gqa { .. }) => "gqa",

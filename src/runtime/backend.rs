@@ -325,6 +325,9 @@ pub struct RoutedExpert<'a> {
     pub down: &'a Matrix,
     pub tokens: &'a [(usize, f32)],
     pub inputs: ExpertInputs,
+    /// GLM-5.3-Flash's `swiglu_limit`: the gate clamped to `≤ limit` and the up projection to `±limit` before
+    /// `silu(gate) · up` ([`crate::runtime::cpu::activation::clamp_swiglu`]).
+    pub swiglu_limit: Option<f32>,
 }
 
 /// What the engines do to a routed expert's inputs before its products, which the runtime emulates.

@@ -92,6 +92,8 @@ pub struct KdaParams<'a> {
     /// The output norm's weight `[head_dim]`.
     pub o_norm: &'a [f32],
     pub eps: f32,
+    /// GLM-5.3-Flash's safe gate's lower bound ([`forget_gate`]); `None` for Kimi-Linear's softplus gate.
+    pub gate_lower_bound: Option<f32>,
 }
 
 /// One sequence's projections, row-major over its tokens: `qkv` `[tokens, 3 · width]` (before the convolution),
@@ -162,7 +164,9 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// The per-channel log decay `g = −exp(A_log[h]) · softplus(forget + dt_bias)` `[tokens, width]`.
+/// The per-channel log decay `[tokens, width]`: Kimi-Linear's `g = −exp(A_log[h]) · softplus(forget + dt_bias)`,
+/// or GLM-5.3-Flash's safe gate `g = lower_bound · sigmoid(exp(A_log[h]) · (forget + dt_bias))` (both ≤ 0; the
+/// safe one bounded below).
 fn forget_gate(forget: &[f32], params: &KdaParams, shape: &KdaShape) -> Vec<f32> {
     let width = shape.width();
     forget
@@ -171,8 +175,11 @@ fn forget_gate(forget: &[f32], params: &KdaParams, shape: &KdaShape) -> Vec<f32>
         .map(|(i, &f)| {
             let channel = i % width;
             let x = f + params.dt_bias[channel];
-            let softplus = if x > SOFTPLUS_LINEAR { x } else { (1.0 + x.exp()).ln() };
-            -params.a_log[channel / shape.head_dim].exp() * softplus
+            let rate = params.a_log[channel / shape.head_dim].exp();
+            match params.gate_lower_bound {
+                Some(bound) => bound * sigmoid(rate * x),
+                None => -rate * if x > SOFTPLUS_LINEAR { x } else { (1.0 + x.exp()).ln() },
+            }
         })
         .collect()
 }
@@ -421,7 +428,14 @@ mod tests {
         }
 
         fn params(&self) -> KdaParams<'_> {
-            KdaParams { conv: &self.conv, dt_bias: &self.dt_bias, a_log: &self.a_log, o_norm: &self.o_norm, eps: 1e-5 }
+            KdaParams {
+                conv: &self.conv,
+                dt_bias: &self.dt_bias,
+                a_log: &self.a_log,
+                o_norm: &self.o_norm,
+                eps: 1e-5,
+                gate_lower_bound: None,
+            }
         }
 
         /// Tokens `range` as inputs.

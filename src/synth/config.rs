@@ -29,6 +29,10 @@ pub enum SynthArch {
     /// routed experts (`weight` I8 + `scale` E8M0), all three attention kinds, hash-routed first layer, mHC, an
     /// MTP layer.
     DeepseekV4,
+    /// GLM-5.3-Flash as Z.ai ships it (`glm5_next` wrapper, FP8 e4m3 with 128×128 block scales, text tensors under
+    /// `model.language_model.`): KDA layers beside NoPE MLA with the k-pool DSA indexer (a full and a shared
+    /// one), mHC, clamped SwiGLU, an MTP layer.
+    Glm53Flash,
 }
 
 impl SynthArch {
@@ -42,6 +46,7 @@ impl SynthArch {
             SynthArch::KimiK3 => "kimi-k3",
             SynthArch::KimiLinear => "kimi-linear",
             SynthArch::DeepseekV4 => "deepseek-v4",
+            SynthArch::Glm53Flash => "glm5.3-flash",
         }
     }
 }
@@ -58,9 +63,10 @@ impl FromStr for SynthArch {
             "kimi-k3" => Ok(SynthArch::KimiK3),
             "kimi-linear" => Ok(SynthArch::KimiLinear),
             "deepseek-v4" => Ok(SynthArch::DeepseekV4),
+            "glm5.3-flash" => Ok(SynthArch::Glm53Flash),
             _ => Err(format!(
                 "unknown architecture `{text}`; known: kimi-k2, kimi-k2.6, glm5, glm5.2, glm45, kimi-k3, kimi-linear, \
-                 deepseek-v4"
+                 deepseek-v4, glm5.3-flash"
             )),
         }
     }
@@ -119,6 +125,9 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
     if arch == SynthArch::KimiLinear {
         return kimi_linear(common, size);
     }
+    if arch == SynthArch::Glm53Flash {
+        return glm53_flash(common, size);
+    }
     let fp8_deepseek = json!({ "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128] });
     let specific = match arch {
         SynthArch::KimiK2 | SynthArch::KimiK26 => json!({
@@ -160,8 +169,8 @@ pub fn config_json(arch: SynthArch, size: &SynthSize) -> Value {
             "rope_parameters": { "rope_theta": 1000000.0, "rope_type": "default" },
             "quantization_config": fp8_deepseek,
         }),
-        SynthArch::KimiK3 | SynthArch::KimiLinear | SynthArch::DeepseekV4 => {
-            unreachable!("written by kimi_k3, kimi_linear and deepseek_v4")
+        SynthArch::KimiK3 | SynthArch::KimiLinear | SynthArch::DeepseekV4 | SynthArch::Glm53Flash => {
+            unreachable!("written by kimi_k3, kimi_linear, deepseek_v4 and glm53_flash")
         }
         SynthArch::Glm45 => json!({
             "architectures": ["Glm4MoeForCausalLM"],
@@ -445,6 +454,67 @@ fn kimi_linear(common: Value, size: &SynthSize) -> Value {
         }
     }
     config
+}
+
+/// GLM-5.3-Flash's `config.json` at tiny sizes: the `glm5_next` wrapper (FP8 `quantization_config`, a vision
+/// config whose tower the synthetic folder leaves out) around a `glm5_next_text` config whose layers cycle KDA,
+/// indexed attention with a full indexer, indexed attention sharing it, KDA (transformers runs a shared layer only
+/// right after a full one); the first layer dense, the rest MoE; 4 mHC streams; NoPE MLA with a query LoRA; the
+/// k-pool indexer pooling 4 tokens and keeping 4 pools; one MTP layer.
+fn glm53_flash(common: Value, size: &SynthSize) -> Value {
+    let layers = size.layers;
+    let layer_types: Vec<&str> = (0..layers)
+        .map(|layer| if matches!(layer % 4, 1 | 2) { "indexed_attention" } else { "linear_attention" })
+        .collect();
+    let indexer_types: Vec<&str> = (0..layers).map(|layer| if layer % 4 == 2 { "shared" } else { "full" }).collect();
+    let mlp_layer_types: Vec<&str> = (0..layers).map(|layer| if layer == 0 { "dense" } else { "sparse" }).collect();
+    let mut text = merge(
+        common,
+        json!({
+            "model_type": "glm5_next_text",
+            "num_key_value_heads": 4,
+            "q_lora_rank": 96,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 48,
+            "qk_rope_head_dim": 0,
+            "v_head_dim": 64,
+            "index_n_heads": 8,
+            "index_head_dim": 32,
+            "index_topk": 16,
+            "index_kpool": 4,
+            "index_kpool_always_select_tail": true,
+            "layer_types": layer_types,
+            "indexer_types": indexer_types,
+            "mlp_layer_types": mlp_layer_types,
+            "linear_num_heads": 4,
+            "linear_head_dim": 32,
+            "linear_conv_kernel_dim": 4,
+            "linear_lower_bound": -5.0,
+            "hc_mult": 4,
+            "hc_eps": 1e-6,
+            "hc_sinkhorn_iters": 20,
+            "swiglu_limit": 10.0,
+            "num_nextn_predict_layers": 1,
+            "routed_scaling_factor": 2.5,
+            "pad_token_id": EOS_ID,
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": { "rope_theta": 1000000.0, "rope_type": "default" },
+        }),
+    );
+    if let Some(object) = text.as_object_mut() {
+        object.remove("first_k_dense_replace");
+    }
+    json!({
+        "architectures": ["Glm5NextForConditionalGeneration"],
+        "model_type": "glm5_next",
+        "text_config": text,
+        "vision_config": { "model_type": "glm5_next_vision", "depth": 1, "hidden_size": 64, "num_heads": 2, "intermediate_size": 128, "out_hidden_size": size.hidden },
+        "image_token_id": 254,
+        "video_token_id": 255,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "quantization_config": { "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128] },
+    })
 }
 
 /// DeepSeek-V4's `config.json` (the Flash layout's keys) at tiny sizes: layers cycle through sliding-window only,

@@ -59,6 +59,8 @@ pub enum SynthError {
 struct Release {
     /// Inside a vision-language wrapper (`language_model.` names, a vision tower carried).
     wrapped: bool,
+    /// How the text model's tensors are named.
+    style: NameStyle,
     fp8_scales: Fp8Scales,
     /// How MXFP4 experts are named (`ExpertMxfp4` specs).
     mxfp4: Mxfp4Naming,
@@ -77,6 +79,11 @@ enum Fp8Scales {
 
 impl Release {
     fn of(arch: SynthArch, experts: usize) -> Self {
+        let style = match arch {
+            SynthArch::KimiK26 | SynthArch::KimiK3 => NameStyle::Moonshot,
+            SynthArch::Glm53Flash => NameStyle::Transformers,
+            _ => NameStyle::Plain,
+        };
         let (wrapped, fp8_scales, mxfp4) = match arch {
             SynthArch::Glm45 => (false, Fp8Scales::F32("weight_scale"), Mxfp4Naming::CompressedTensors),
             SynthArch::KimiK26 | SynthArch::KimiK3 => {
@@ -85,7 +92,7 @@ impl Release {
             SynthArch::DeepseekV4 => (false, Fp8Scales::E8m0, Mxfp4Naming::Deepseek),
             _ => (false, Fp8Scales::F32("weight_scale_inv"), Mxfp4Naming::CompressedTensors),
         };
-        Self { wrapped, fp8_scales, mxfp4, experts }
+        Self { wrapped, style, fp8_scales, mxfp4, experts }
     }
 }
 
@@ -111,7 +118,7 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
     let config = ModelConfig::from_json(&config_json).map_err(|e| SynthError::Invalid(format!("config.json: {e}")))?;
     let release = Release::of(options.arch, config.n_routed_experts);
     let native_int4 = options.arch == SynthArch::KimiK26;
-    let style = if release.wrapped { NameStyle::Moonshot } else { NameStyle::Plain };
+    let style = release.style;
 
     // Lay out every stored tensor (FP8 weights followed by their scales; natively INT4 releases: routed experts
     // as their three INT4 tensors, other linears BF16, then the vision tower) and split into shards by bytes.
@@ -284,7 +291,10 @@ fn generate(spec: &crate::model::TensorSpec, seed: u64, release: &Release, nativ
             vec![packed, exponents]
         }
         TensorRole::Float32 => {
-            let values: Vec<f32> = (0..spec.shape.iter().product::<usize>()).map(|_| rng.normal() * 0.1).collect();
+            // mHC's `scale` multiplies its projection as trained ones do (about 1), so the mixing varies per token.
+            let center = if spec.name.contains(".hc_") && spec.name.ends_with("_scale") { 1.0 } else { 0.0 };
+            let values: Vec<f32> =
+                (0..spec.shape.iter().product::<usize>()).map(|_| center + rng.normal() * 0.1).collect();
             vec![values.iter().flat_map(|v| v.to_le_bytes()).collect()]
         }
         TensorRole::TokenTable => {

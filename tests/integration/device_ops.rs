@@ -276,7 +276,7 @@ fn routed_experts_refuse_a_token_outside_the_batch() {
     let mut output = backend.zeros(2, 32).unwrap();
     let refused = backend.routed_experts(
         &x,
-        &[RoutedExpert { gate, up, down, tokens: &tokens, inputs: Default::default() }],
+        &[RoutedExpert { gate, up, down, tokens: &tokens, inputs: Default::default(), swiglu_limit: None }],
         &mut output,
     );
     let failure = refused.expect_err("a token index past x is refused").to_string();

@@ -17,6 +17,17 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
     out
 }
 
+/// transformers' clamped SwiGLU inputs (GLM-5.3-Flash's `Glm5NextTextMLP`/`Glm5NextTextExperts`): the gate
+/// clamped to `≤ limit`, the up projection to `[−limit, limit]`, in place.
+pub fn clamp_swiglu(gate: &mut [f32], up: &mut [f32], limit: f32) {
+    for g in gate.iter_mut() {
+        *g = g.min(limit);
+    }
+    for u in up.iter_mut() {
+        *u = u.clamp(-limit, limit);
+    }
+}
+
 fn silu_mul_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match crate::simd::level() {

@@ -23,8 +23,11 @@ pub fn apply(x: &[f32], hidden: usize, experts: &[RoutedExpert<'_>], output: &mu
             if let ExpertInputs::Nvfp4 { gate_up, .. } = expert.inputs {
                 nvfp4_fake_quantize_activations(&mut gathered, gate_up);
             }
-            let gate = linear::linear(&gathered, rows, expert.gate, None, products);
-            let up = linear::linear(&gathered, rows, expert.up, None, products);
+            let mut gate = linear::linear(&gathered, rows, expert.gate, None, products);
+            let mut up = linear::linear(&gathered, rows, expert.up, None, products);
+            if let Some(limit) = expert.swiglu_limit {
+                activation::clamp_swiglu(&mut gate, &mut up, limit);
+            }
             let mut intermediate = activation::silu_mul(&gate, &up);
             if let ExpertInputs::Nvfp4 { down, .. } = expert.inputs {
                 nvfp4_fake_quantize_activations(&mut intermediate, down);

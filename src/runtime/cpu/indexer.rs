@@ -50,3 +50,49 @@ pub fn select(query: &[f32], w: &[f32], keys: &[f32], count: usize, shape: &Inde
     }
     inside - outside <= NEAR_TIE_RELATIVE * inside.abs().max(outside.abs()).max(f32::MIN_POSITIVE)
 }
+
+/// GLM-5.3-Flash's k-pool selection over one sequence (transformers' `Glm5NextTextIndexer`): the keys `k`
+/// `[tokens, head_dim]` of each complete pool of `kpool.size` tokens averaged channel by channel with the softmax
+/// over the pool's tokens of `gates + ape` (`gates` `[tokens, head_dim]`, `ape` `[size, head_dim]`), each query
+/// scoring the pools complete up to it as [`select`] scores keys and keeping the `top_k / size` best; their tokens
+/// are set in the `[tokens, tokens]` mask, and with `kpool.select_tail` the query's own incomplete pool.
+pub fn kpool_top_k(
+    (q, k, head_weights): (&[f32], &[f32], &[f32]),
+    (gates, ape): (&[f32], &[f32]),
+    shape: &IndexerShape,
+    kpool: crate::model::config::Kpool,
+) -> KeySelection {
+    let IndexerShape { tokens, heads, head_dim: dim, top_k } = *shape;
+    let size = kpool.size;
+    let pools = tokens / size;
+    let mut pooled = vec![0f32; pools * dim];
+    for (pool, out) in pooled.chunks_exact_mut(dim).enumerate() {
+        for (c, out) in out.iter_mut().enumerate() {
+            let logit = |j: usize| gates[(pool * size + j) * dim + c] + ape[j * dim + c];
+            let top = (0..size).map(logit).fold(f32::NEG_INFINITY, f32::max);
+            let weights: Vec<f32> = (0..size).map(|j| (logit(j) - top).exp()).collect();
+            let total: f32 = weights.iter().sum();
+            *out = (0..size).map(|j| weights[j] / total * k[(pool * size + j) * dim + c]).sum();
+        }
+    }
+    let pool_shape = IndexerShape { tokens: pools, heads, head_dim: dim, top_k: top_k / size };
+    let (mut mask, mut near_ties) = (vec![false; tokens * tokens], 0);
+    let mut kept = vec![false; pools];
+    for t in 0..tokens {
+        let visible = (t + 1) / size;
+        kept.iter_mut().for_each(|m| *m = false);
+        let query = &q[t * heads * dim..][..heads * dim];
+        if visible > 0 {
+            let w = &head_weights[t * heads..][..heads];
+            near_ties += select(query, w, &pooled, visible, &pool_shape, &mut kept[..visible]) as usize;
+        }
+        let row = &mut mask[t * tokens..][..tokens];
+        for pool in (0..visible).filter(|&pool| kept[pool]) {
+            row[pool * size..(pool + 1) * size].iter_mut().for_each(|m| *m = true);
+        }
+        if kpool.select_tail {
+            row[visible * size..=t].iter_mut().for_each(|m| *m = true);
+        }
+    }
+    KeySelection { mask, near_ties }
+}

@@ -1,6 +1,6 @@
 //! The CPU backend: rayon-parallel f32 arithmetic, always built; the reference the other backends are tested against.
 
-mod activation;
+pub mod activation;
 pub mod attention;
 mod dots;
 mod exp;

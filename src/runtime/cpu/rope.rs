@@ -8,6 +8,9 @@ use crate::runtime::backend::{RopeCall, RopeStyle};
 /// [`RopeCall`] on `data`, the call's rows (`row_width` values each) only.
 pub fn apply(data: &mut [f32], row_width: usize, call: &RopeCall<'_>) {
     let RopeCall { ref rows, first_position, head_dim, offset, rotary_dim, table, style } = *call;
+    if rotary_dim == 0 || row_width == 0 {
+        return; // NoPE (GLM-5.3-Flash's MLA has no rotary part)
+    }
     let (tokens, half) = (rows.len(), rotary_dim / 2);
     let table_half = table.cos.columns;
     let (cos, sin) =

@@ -39,6 +39,12 @@ pub fn routed_experts(
             "W4A4 NVFP4 experts: the device backend has no activation quantization yet; run with --device cpu",
         ));
     }
+    if active.iter().any(|expert| expert.swiglu_limit.is_some()) {
+        return Err(unsupported(
+            "routed_experts",
+            "clamped SwiGLU (swiglu_limit) experts: the device kernels do not clamp yet; run with --device cpu",
+        ));
+    }
     let (hidden, inner) = (x.columns(), first.gate.rows);
     check(x, inner, &active, output)?;
     match common_group_size(&active, hidden, inner) {
