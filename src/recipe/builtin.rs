@@ -2,7 +2,7 @@
 
 use crate::model::Architecture;
 
-pub const BUILTIN_NAMES: [&str; 29] = [
+pub const BUILTIN_NAMES: [&str; 30] = [
     "kimi-k2-int4",
     "glm5-int4",
     "glm45-int4",
@@ -29,6 +29,7 @@ pub const BUILTIN_NAMES: [&str; 29] = [
     "kimi-k3-mxfp4",
     "kimi-k3-int4",
     "kimi-linear-int4",
+    "glm5.3-flash-int4",
     "deepseek-v4-nvfp4",
     "deepseek-v4-mxfp4",
     "deepseek-v4-int4",
@@ -75,6 +76,7 @@ pub fn builtin(name: &str) -> Option<&'static str> {
         "kimi-k3-mxfp4" => Some(include_str!("../../recipes/kimi-k3-mxfp4.toml")),
         "kimi-k3-int4" => Some(include_str!("../../recipes/kimi-k3-int4.toml")),
         "kimi-linear-int4" => Some(include_str!("../../recipes/kimi-linear-int4.toml")),
+        "glm5.3-flash-int4" => Some(include_str!("../../recipes/glm5.3-flash-int4.toml")),
         "deepseek-v4-nvfp4" => Some(include_str!("../../recipes/deepseek-v4-nvfp4.toml")),
         "deepseek-v4-mxfp4" => Some(include_str!("../../recipes/deepseek-v4-mxfp4.toml")),
         "deepseek-v4-int4" => Some(include_str!("../../recipes/deepseek-v4-int4.toml")),

@@ -61,6 +61,9 @@ struct Release {
     wrapped: bool,
     /// How the text model's tensors are named.
     style: NameStyle,
+    /// The center of mHC's `scale` values: GLM-5.3-Flash's multiply its projection as trained ones do (about 1),
+    /// so the mixing varies per token.
+    hc_scale_center: f32,
     fp8_scales: Fp8Scales,
     /// How MXFP4 experts are named (`ExpertMxfp4` specs).
     mxfp4: Mxfp4Naming,
@@ -92,7 +95,8 @@ impl Release {
             SynthArch::DeepseekV4 => (false, Fp8Scales::E8m0, Mxfp4Naming::Deepseek),
             _ => (false, Fp8Scales::F32("weight_scale_inv"), Mxfp4Naming::CompressedTensors),
         };
-        Self { wrapped, style, fp8_scales, mxfp4, experts }
+        let hc_scale_center = if arch == SynthArch::Glm53Flash { 1.0 } else { 0.0 };
+        Self { wrapped, style, hc_scale_center, fp8_scales, mxfp4, experts }
     }
 }
 
@@ -291,8 +295,8 @@ fn generate(spec: &crate::model::TensorSpec, seed: u64, release: &Release, nativ
             vec![packed, exponents]
         }
         TensorRole::Float32 => {
-            // mHC's `scale` multiplies its projection as trained ones do (about 1), so the mixing varies per token.
-            let center = if spec.name.contains(".hc_") && spec.name.ends_with("_scale") { 1.0 } else { 0.0 };
+            let hc_scale = spec.name.contains(".hc_") && spec.name.ends_with("_scale");
+            let center = if hc_scale { release.hc_scale_center } else { 0.0 };
             let values: Vec<f32> =
                 (0..spec.shape.iter().product::<usize>()).map(|_| center + rng.normal() * 0.1).collect();
             vec![values.iter().flat_map(|v| v.to_le_bytes()).collect()]
