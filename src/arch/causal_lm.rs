@@ -136,6 +136,14 @@ impl Model {
         if self.config.num_nextn_predict_layers == 0 {
             return Err(self.no_mtp_layer());
         }
+        if !self.config.runs_mtp() {
+            return Err(RuntimeError::Input(format!(
+                "{}: --mtp waits for GLM-5.3-Flash: transformers 5.24 has no module for its MTP layer (its tensors \
+                 load as unexpected), and squeeze has not yet checked a forward of it against an engine's \
+                 (vLLM's or SGLang's glm5_next MTP); quantize keeps the layer servable",
+                self.checkpoint.dir().display()
+            )));
+        }
         self.run(backend, sequences, reporter, sink, Some((drafts, depth)))
     }
 

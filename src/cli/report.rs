@@ -12,10 +12,11 @@ use super::table::Table;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder, config.json, preset (kimi-k2, glm-5, glm-4.5) or Hugging Face repo id.
+    /// Model folder, config.json, preset (kimi-k2, glm-5.2, glm-5.3-flash, …) or Hugging Face repo id.
     ///
-    /// Model folder (with or without weights), a config.json file, a preset (kimi-k2, glm-5, glm-4.5), or a
-    /// Hugging Face repo id (ORG/NAME[@REV]) in the local cache; in that order.
+    /// Model folder (with or without weights), a config.json file, a preset (kimi-k2, kimi-k2.6, glm-5, glm-5.2,
+    /// glm-4.5, glm-5.3, glm-5.3-flash, kimi-k3, deepseek-v4-flash, deepseek-v4-pro), or a Hugging Face repo id
+    /// (ORG/NAME[@REV]) in the local cache; in that order.
     #[arg(value_parser = super::values::report_model)]
     pub model: String,
     /// Built-in recipe name or TOML file; default: chosen from the config.
@@ -333,22 +334,27 @@ pub fn print_human(report: &Report) {
         count(report.kv.bf16.bytes_per_token),
         count(report.kv.fp8.bytes_per_token),
         if report.kv.bf16.state_bytes_per_request > 0 {
+            let kda = report.kv.attention.contains("kda");
             format!(
                 " at length ({}), plus per request whatever its length: {} (bf16 cache) / {} (fp8 cache){}",
-                if report.kv.bf16.indexer_layers > 0 {
-                    format!(
+                match (kda, report.kv.bf16.indexer_layers > 0) {
+                    (true, true) => format!(
+                        "the MLA layers' rows, each with the DSA indexer's {} B FP8 key in the {} layers that run an \
+                         indexer",
+                        report.kv.bf16.indexer_bytes_per_layer, report.kv.bf16.indexer_layers
+                    ),
+                    (true, false) => "the MLA layers' rows".to_string(),
+                    (false, _) => format!(
                         "one entry per 4 or 128 tokens, CSA layers with their indexer's {} B FP8 key",
                         report.kv.bf16.indexer_bytes_per_layer
-                    )
-                } else {
-                    "the MLA layers' rows".to_string()
+                    ),
                 },
                 human(report.kv.bf16.state_bytes_per_request),
                 human(report.kv.fp8.state_bytes_per_request),
-                if report.kv.bf16.indexer_layers > 0 {
-                    " for the last sliding-window tokens of every layer"
-                } else {
+                if kda {
                     " of KDA recurrent state (F32) and convolution tail (BF16), as vLLM keeps them"
+                } else {
+                    " for the last sliding-window tokens of every layer"
                 },
             )
         } else if report.kv.bf16.indexer_bytes_per_layer > 0 {

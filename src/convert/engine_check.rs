@@ -8,7 +8,7 @@ use crate::engines::lint::{self, ConfigFix, LintReport, OutputDescription, Tenso
 use crate::plan::Plan;
 
 /// The output `config.json`: the source config with `quantization_config` replaced where the source keeps it
-/// (inside a wrapper's `text_config` for Kimi K2.6), and the safe fixes added.
+/// (inside a wrapper's `text_config` for Kimi K2.6), and the safe fixes added (to the text model's keys).
 pub fn output_config(source_config: &Value, quantization_config: Value, plan: &Plan) -> (Value, Vec<ConfigFix>) {
     let mut config = source_config.clone();
     match crate::io::composite::quantization_config_mut(&mut config) {
@@ -20,8 +20,13 @@ pub fn output_config(source_config: &Value, quantization_config: Value, plan: &P
         }
     }
     let names = plan.items.iter().flat_map(|item| item.outputs.iter().map(|t| t.name.as_str()));
-    let mut fixes = lint::router_fixes(&mut config, names);
-    fixes.extend(lint::indexer_fixes(&mut config));
+    // The fixes go where the engines' text model reads its keys: a wrapper's `text_config` (GLM-5.3-Flash).
+    let text = match config.get_mut("text_config") {
+        Some(text) if text.is_object() => text,
+        _ => &mut config,
+    };
+    let mut fixes = lint::router_fixes(text, names);
+    fixes.extend(lint::indexer_fixes(text));
     (config, fixes)
 }
 

@@ -287,7 +287,7 @@ impl<'a> Pass<'a> {
         cand_context: &LayerContext,
     ) -> Result<(), RuntimeError> {
         let config = self.reference.config();
-        let width = config.hidden_size;
+        let width = config.residual_width();
         let ref_layer = &step.layers[0];
         let cand_layer = step.layers.get(1);
         let (first, rest) = streams.split_first_mut().expect("the reference stream exists");

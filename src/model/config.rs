@@ -290,6 +290,13 @@ impl ModelConfig {
         self.num_hidden_layers + self.num_nextn_predict_layers
     }
 
+    /// Whether the reference runtime runs the model's MTP layer (`eval --mtp`, GPTQ's MTP calibration): not for
+    /// GLM-5.3-Flash, whose MTP module transformers 5.24 does not have (its tensors load as unexpected) and whose
+    /// engine code (vLLM's, SGLang's `glm5_next` MTP) squeeze has not checked its forward against.
+    pub fn runs_mtp(&self) -> bool {
+        self.num_nextn_predict_layers > 0 && self.hyper_connections().is_none()
+    }
+
     /// Whether layer `layer` is a MoE layer (the first `first_k_dense_replace` layers are dense).
     pub fn is_moe_layer(&self, layer: usize) -> bool {
         layer >= self.first_k_dense_replace

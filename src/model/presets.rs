@@ -2,16 +2,20 @@
 //! vision-language wrapper), GLM-5, GLM-5.2 (and GLM-5.3, its post-trained successor: the same architecture and
 //! config), GLM-4.5, and the FP4-native releases Kimi K3 (MXFP4 experts inside `kimi_k3`) and DeepSeek-V4 Flash and
 //! Pro (MXFP4 experts, E8M0-scaled FP8), embedded from
-//! `src/model/presets/` so that `squeeze report kimi-k2` works before anything is downloaded.
+//! `src/model/presets/` so that `squeeze report kimi-k2` works before anything is downloaded. GLM-5.3-Flash's is put
+//! together from transformers 5.24's `Glm5NextTextConfig` defaults (documented as `zai-org/GLM-5.3-Flash`'s) and the
+//! shared REFERENCES §11 (one dense layer, FP8 128×128 blocks, `linear_attn_config`); its released `config.json` was
+//! not read here, so its `layer_types`/`indexer_types` are transformers' defaults.
 
 /// Preset name and its `config.json` text.
-const PRESETS: [(&str, &str); 9] = [
+const PRESETS: [(&str, &str); 10] = [
     ("kimi-k2", include_str!("presets/kimi-k2.json")),
     ("kimi-k2.6", include_str!("presets/kimi-k2.6.json")),
     ("glm-5", include_str!("presets/glm-5.json")),
     ("glm-5.2", include_str!("presets/glm-5.2.json")),
     ("glm-4.5", include_str!("presets/glm-4.5.json")),
     ("glm-5.3", include_str!("presets/glm-5.3.json")),
+    ("glm-5.3-flash", include_str!("presets/glm-5.3-flash.json")),
     ("kimi-k3", include_str!("presets/kimi-k3.json")),
     ("deepseek-v4-flash", include_str!("presets/deepseek-v4-flash.json")),
     ("deepseek-v4-pro", include_str!("presets/deepseek-v4-pro.json")),
@@ -59,6 +63,7 @@ mod tests {
         assert_eq!(architecture("glm-5.2"), Architecture::GlmMoeDsa);
         assert_eq!(architecture("glm-4.5"), Architecture::Glm4Moe);
         assert_eq!(architecture("glm-5.3"), Architecture::GlmMoeDsa);
+        assert_eq!(architecture("glm-5.3-flash"), Architecture::Glm5Next);
         assert_eq!(architecture("kimi-k3"), Architecture::KimiLinear);
         assert_eq!(architecture("deepseek-v4-flash"), Architecture::DeepseekV4);
         assert_eq!(architecture("deepseek-v4-pro"), Architecture::DeepseekV4);
