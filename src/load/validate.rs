@@ -24,6 +24,7 @@ const SHOWN: usize = 5;
 pub fn mismatches(checkpoint: &Checkpoint, config: &ModelConfig) -> Vec<String> {
     let mut problems = Vec::new();
     problems.extend(kda_layers_disagree(checkpoint, config));
+    problems.extend(hyper_streams_disagree(checkpoint, config));
     let specs = tensor_specs(config);
     let shape_names: Vec<String> =
         specs.iter().map(|spec| shape_name(spec.name.strip_suffix(".weight").unwrap_or(&spec.name))).collect();
@@ -86,6 +87,18 @@ fn kda_layers_disagree(checkpoint: &Checkpoint, config: &ModelConfig) -> Option<
     if stored == kinds {
         return None;
     }
+    if config.hyper_connections().is_some() {
+        // GLM-5.3-Flash: the 0-indexed `layer_types` list.
+        let kind = |&kda: &bool| if kda { "linear_attention" } else { "indexed_attention" };
+        let at = |kinds: &[bool]| -> Vec<usize> { (0..kinds.len()).filter(|&layer| kinds[layer]).collect() };
+        return Some(format!(
+            "the tensors hold KDA layers (self_attn.q_conv1d) at {:?} (0-indexed), but text_config.layer_types says \
+             {:?}; set layer_types {:?}",
+            at(&stored),
+            at(&kinds),
+            stored.iter().map(kind).collect::<Vec<_>>()
+        ));
+    }
     let numbers =
         |kda: bool, kinds: &[bool]| -> Vec<usize> { (1..=kinds.len()).filter(|&n| kinds[n - 1] == kda).collect() };
     Some(format!(
@@ -95,6 +108,22 @@ fn kda_layers_disagree(checkpoint: &Checkpoint, config: &ModelConfig) -> Option<
         numbers(true, &kinds),
         numbers(true, &stored),
         numbers(false, &stored)
+    ))
+}
+
+/// The number of mHC streams the tensors hold (layer 0's `hc_attn_fn` is `[(2 + N)·N, N · hidden]`) against
+/// `hc_mult`, as one problem naming both and the value that matches; `None` when they agree or the model has no mHC.
+fn hyper_streams_disagree(checkpoint: &Checkpoint, config: &ModelConfig) -> Option<String> {
+    let configured = config.hyper_connections()?.streams;
+    let name = "model.layers.0.hc_attn_fn";
+    let [rows, columns] = checkpoint.get(name)?.shape[..] else { return None };
+    let stored = columns / config.hidden_size.max(1);
+    if stored == configured || (2 + stored) * stored != rows || stored * config.hidden_size != columns {
+        return None; // agreeing, or a shape no stream count explains (the shape check names it)
+    }
+    Some(format!(
+        "the tensors hold {stored} mHC streams (`{name}` is [{rows}, {columns}] = [(2 + N)·N, N·hidden] with N = \
+         {stored}) but text_config.hc_mult is {configured}; set hc_mult {stored}"
     ))
 }
 

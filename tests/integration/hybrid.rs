@@ -1,6 +1,7 @@
-//! Kimi-Linear (KDA linear attention beside NoPE MLA) through the subcommands: bad layouts refused with the key or
-//! tensor named, `calibrate-kv` scaling only the layers that cache keys and values, `report` counting the KDA state
-//! per request, `quantize` keeping the KDA projections as shipped.
+//! Kimi-Linear and GLM-5.3-Flash (KDA linear attention beside NoPE MLA; GLM-5.3-Flash with mHC and the k-pool
+//! indexer) through the subcommands: bad layouts refused with the key or tensor named, `calibrate-kv` scaling only
+//! the layers that cache keys and values, `report` counting the KDA state per request, `quantize` keeping the KDA
+//! parameters as shipped.
 
 use std::fs;
 use std::path::Path;
@@ -99,4 +100,97 @@ fn calibrate_kv_scales_only_the_attention_layers_and_report_counts_the_kda_state
     let state = sized["kv"]["bf16"]["state_bytes_per_request"].as_u64().unwrap();
     assert_eq!(state, 2 * (4 * 32 * 32 * 4 + 3 * 128 * 3 * 2), "{}", sized["kv"]);
     assert_eq!(sized["kv"]["bf16"]["layers"], 1);
+}
+
+/// GLM-5.3-Flash (`glm5_next`: KDA beside NoPE MLA with the k-pool indexer, mHC, FP8 as released) from `synth`
+/// through every subcommand the runtime covers: INT4 with the KDA parameters and mHC kept, `verify --engine all`,
+/// eval and parity, `calibrate-kv` on the attention layers only, `report` with the KDA state; `serve-test` and
+/// `--mtp` refused with why.
+#[test]
+fn glm53_flash_runs_from_fp8_to_int4() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "model", "glm5.3-flash", &SMALL);
+    let int4 = dir.path().join("int4");
+    let quantized = squeeze(&["quantize", path_str(&model), path_str(&int4), "--json"]).ok().json();
+    assert_eq!(quantized["recipe"], "glm5.3-flash-int4", "{quantized}");
+    let index = read_json(&int4.join("model.safetensors.index.json"));
+    let map = index["weight_map"].as_object().unwrap();
+    for kept in [
+        "model.language_model.layers.0.self_attn.q_conv1d.weight",
+        "model.language_model.layers.0.self_attn.A_log",
+        "model.language_model.layers.0.hc_attn_fn",
+        "model.language_model.layers.1.self_attn.indexer.index_kpool_compress_gate",
+        "model.language_model.layers.1.mlp.experts.0.gate_proj.weight_packed",
+    ] {
+        assert!(map.contains_key(kept), "{kept} missing from the INT4 output");
+    }
+    let config = read_json(&int4.join("config.json"));
+    assert_eq!(config["text_config"]["topk_method"], "noaux_tc", "the router keys go where the text model reads them");
+    squeeze(&["verify", path_str(&int4), "--engine", "all"]).ok();
+
+    let text = dir.path().join("text.txt");
+    fs::write(&text, "Shall I compare thee to a summer's day? ".repeat(40)).unwrap();
+    let eval = squeeze(&["eval", path_str(&model), "--data", path_str(&text), "--ctx", "48", "--json"]).ok().json();
+    assert!(eval["mean_nll"].as_f64().is_some_and(f64::is_finite), "{eval}");
+    let same = [path_str(&model), path_str(&model)];
+    let parity = squeeze(&[
+        "eval",
+        "--reference",
+        same[0],
+        "--candidate",
+        same[1],
+        "--data",
+        path_str(&text),
+        "--ctx",
+        "48",
+        "--json",
+    ])
+    .ok()
+    .json();
+    // The same weights on both nodes: the split hand-over (KDA conv inputs stored BF16) is the only difference.
+    let split = &parity["modes"]["split"];
+    assert!(split["mean_kld"].as_f64().is_some_and(|kld| kld < 1e-3), "{split}");
+
+    let calibrated = squeeze(&["calibrate-kv", path_str(&int4), "--data", path_str(&text), "--json"]).ok().json();
+    let layers: Vec<u64> =
+        calibrated["layers"].as_array().unwrap().iter().map(|l| l["layer"].as_u64().unwrap()).collect();
+    assert_eq!(layers, [1, 2], "{calibrated}");
+    assert_eq!(calibrated["state_layers"], serde_json::json!([0]));
+    let sized = squeeze(&["report", path_str(&model), "--gpus", "1", "--tp", "1", "--json"]).ok().json();
+    assert_eq!(sized["kv"]["bf16"]["layers"], 2, "{}", sized["kv"]);
+    assert_eq!(sized["kv"]["bf16"]["state_bytes_per_request"], 4 * 32 * 32 * 4 + 3 * 128 * 3 * 2);
+
+    let serve = squeeze(&["serve-test", path_str(&model), "--prompt", "Shall I compare thee"]);
+    expect_exit_2(&serve, &["does not run GLM-5.3-Flash yet", "mHC"]);
+    let mtp = squeeze(&["eval", path_str(&model), "--data", path_str(&text), "--ctx", "48", "--mtp"]);
+    expect_exit_2(&mtp, &["--mtp waits for GLM-5.3-Flash"]);
+}
+
+/// GLM-5.3-Flash's layout keys against its tensors: exit 2 naming the key and the value that matches.
+#[test]
+fn bad_glm53_flash_layouts_exit_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    fs::write(&text, "Shall I compare thee to a summer's day? ".repeat(8)).unwrap();
+    let eval = |model: &Path| squeeze(&["eval", path_str(model), "--data", path_str(&text), "--ctx", "32"]);
+    let model = synth(dir.path(), "model", "glm5.3-flash", &SMALL);
+    let text_config = |edit: &dyn Fn(&mut Value)| edit_config(&model, |config| edit(&mut config["text_config"]));
+    text_config(&|t| t["hc_mult"] = Value::from(2));
+    expect_exit_2(&eval(&model), &["4 mHC streams", "hc_mult is 2", "set hc_mult 4"]);
+    text_config(&|t| {
+        t["hc_mult"] = Value::from(4);
+        t["layer_types"] = serde_json::json!(["indexed_attention", "indexed_attention", "linear_attention"]);
+    });
+    expect_exit_2(&eval(&model), &["KDA layers (self_attn.q_conv1d) at [0]", "set layer_types"]);
+    text_config(&|t| t["layer_types"] = serde_json::json!(["linear_attention", "indexed_attention"]));
+    expect_exit_2(&eval(&model), &["layer_types", "2 entries"]);
+    text_config(&|t| t["layer_types"] = serde_json::json!(["linear_attention", "indexed_attention", "hybrid"]));
+    expect_exit_2(&eval(&model), &["layer_types", "\"hybrid\""]);
+    text_config(&|t| {
+        t["layer_types"] = serde_json::json!(["linear_attention", "indexed_attention", "indexed_attention"]);
+        t["indexer_types"] = serde_json::json!(["full", "shared", "shared"]);
+    });
+    expect_exit_2(&eval(&model), &["indexer_types", "first attention layer", "make it \"full\""]);
+    text_config(&|t| t["indexer_types"] = serde_json::json!(["full", "full"]));
+    expect_exit_2(&eval(&model), &["indexer_types", "2 entries"]);
 }
