@@ -147,7 +147,7 @@ impl IndexerWeights {
                     (&rows(&q, heads * dim), &rows(&k, dim), &rows(&head_weights, heads)),
                     (&rows(&gates, dim), ape),
                     &shape,
-                    kpool,
+                    (kpool.size, kpool.select_tail),
                 );
                 near_ties += selection.near_ties;
                 masks.push(selection.mask);

@@ -1,6 +1,8 @@
 //! What squeeze knows of a model from its `config.json`: [`ModelConfig`] and its parts (parsed in
 //! [`super::parse`], with errors naming a missing or unsupported key), the context window.
 
+pub use super::hybrid::{HyperConnections, KdaKeys};
+
 /// The architectures squeeze knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -149,26 +151,6 @@ pub enum Layout {
     DeepseekV4(super::deepseek_v4::DeepseekV4),
     KimiLinear(super::kimi_linear::KimiLinear),
     Glm5Next(super::glm5_next::Glm5Next),
-}
-
-/// A model's KDA sizes and forget gate (`linear_attn_config`, GLM-5.3-Flash's `linear_*` keys).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct KdaKeys {
-    pub heads: usize,
-    pub head_dim: usize,
-    pub conv_kernel: usize,
-    /// GLM-5.3-Flash's safe gate `g = lower_bound · sigmoid(exp(A_log) · (f + dt_bias))`; `None`: Kimi-Linear's
-    /// `g = −exp(A_log) · softplus(f + dt_bias)`.
-    pub gate_lower_bound: Option<f64>,
-}
-
-/// mHC hyper-connections (`hc_mult`, `hc_eps`, `hc_sinkhorn_iters`): the residual stream widened to `streams`
-/// copies, mixed around each block by Sinkhorn-normalized weights.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct HyperConnections {
-    pub streams: usize,
-    pub eps: f64,
-    pub sinkhorn_iters: usize,
 }
 
 /// How a MoE layer's modules are named under `model.layers.N.`: the block (router `gate`, `shared_experts` with

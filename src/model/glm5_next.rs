@@ -20,9 +20,8 @@
 
 use serde_json::Value;
 
-use super::config::{HyperConnections, KdaKeys};
 use super::config_error::ConfigError;
-use super::keys::Keys;
+use super::hybrid::{HyperConnections, KdaKeys};
 use super::tensor_spec::{TensorRole, TensorSpec};
 
 /// The GLM-5.3-Flash keys beside GLM-5's.
@@ -39,7 +38,7 @@ pub struct Glm5Next {
 impl Glm5Next {
     /// Reads the keys from the text config `config` of a model of `layers` decoder layers.
     pub(super) fn parse(config: &Value, layers: usize) -> Result<Self, ConfigError> {
-        let reader = Keys(config);
+        let reader = Numbers(config);
         let kda_layers = match config.get("layer_types") {
             Some(types) => layer_types(types, layers)?,
             None => (0..layers).map(|layer| layer % 4 != 3).collect(),
@@ -105,6 +104,33 @@ impl Glm5Next {
     /// The first indexed-attention layer (whose indexer must run: a shared one has no earlier selection).
     pub fn first_attention_layer(&self) -> Option<usize> {
         self.kda_layers.iter().position(|kda| !kda)
+    }
+}
+
+/// Optional numeric keys of the text config, each error naming its key.
+struct Numbers<'a>(&'a Value);
+
+impl Numbers<'_> {
+    fn optional_usize(&self, key: &str) -> Result<Option<usize>, ConfigError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value.as_u64().map(|v| Some(v as usize)).ok_or_else(|| ConfigError::Unsupported {
+                key: key.into(),
+                value: value.to_string(),
+                hint: "expected a non-negative integer".into(),
+            }),
+        }
+    }
+
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(value) => value.as_f64().ok_or_else(|| ConfigError::Unsupported {
+                key: key.into(),
+                value: value.to_string(),
+                hint: "expected a number".into(),
+            }),
+        }
     }
 }
 

@@ -4,6 +4,7 @@ pub mod config;
 pub mod config_error;
 pub mod deepseek_v4;
 pub mod glm5_next;
+pub mod hybrid;
 pub mod keys;
 pub mod kimi_linear;
 pub mod parse;

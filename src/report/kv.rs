@@ -88,28 +88,25 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
             state_bytes_per_request: (kda_state_bytes(&kda, attention_tp) * kda_layers) as u64,
         };
     }
-    match &config.layout {
-        Some(Layout::DeepseekV4(v4)) => {
-            // One `head_dim` row per cached entry: every layer the last `sliding_window` tokens, compressed layers
-            // one more entry per `ratio` tokens (CSA with its indexer's FP8 key).
-            let ratios = &v4.compress_ratios[..config.num_hidden_layers.min(v4.compress_ratios.len())];
-            let compressed: Vec<usize> = ratios.iter().copied().filter(|&ratio| ratio > 0).collect();
-            let indexer_bytes_per_layer = (v4.index_head_dim + v4.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64;
-            let csa_layers = compressed.iter().filter(|&&ratio| ratio == 4).count();
-            let growth: f64 = compressed.iter().map(|&ratio| row_bytes as f64 / ratio as f64).sum::<f64>()
-                + csa_layers as f64 * indexer_bytes_per_layer as f64 / 4.0;
-            return KvPerToken {
-                dtype,
-                layers: compressed.len(),
-                elements_per_layer,
-                indexer_bytes_per_layer,
-                indexer_layers: csa_layers,
-                bytes_per_layer: row_bytes,
-                bytes_per_token: growth.ceil() as u64,
-                state_bytes_per_request: row_bytes * (v4.sliding_window * ratios.len()) as u64,
-            };
-        }
-        _ => {}
+    if let Some(Layout::DeepseekV4(v4)) = &config.layout {
+        // One `head_dim` row per cached entry: every layer the last `sliding_window` tokens, compressed layers
+        // one more entry per `ratio` tokens (CSA with its indexer's FP8 key).
+        let ratios = &v4.compress_ratios[..config.num_hidden_layers.min(v4.compress_ratios.len())];
+        let compressed: Vec<usize> = ratios.iter().copied().filter(|&ratio| ratio > 0).collect();
+        let indexer_bytes_per_layer = (v4.index_head_dim + v4.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64;
+        let csa_layers = compressed.iter().filter(|&&ratio| ratio == 4).count();
+        let growth: f64 = compressed.iter().map(|&ratio| row_bytes as f64 / ratio as f64).sum::<f64>()
+            + csa_layers as f64 * indexer_bytes_per_layer as f64 / 4.0;
+        return KvPerToken {
+            dtype,
+            layers: compressed.len(),
+            elements_per_layer,
+            indexer_bytes_per_layer,
+            indexer_layers: csa_layers,
+            bytes_per_layer: row_bytes,
+            bytes_per_token: growth.ceil() as u64,
+            state_bytes_per_request: row_bytes * (v4.sliding_window * ratios.len()) as u64,
+        };
     }
     let layers = config.num_hidden_layers;
     let indexer_layers = (0..layers).filter(|&layer| config.runs_indexer(layer)).count();

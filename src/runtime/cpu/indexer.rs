@@ -52,18 +52,17 @@ pub fn select(query: &[f32], w: &[f32], keys: &[f32], count: usize, shape: &Inde
 }
 
 /// GLM-5.3-Flash's k-pool selection over one sequence (transformers' `Glm5NextTextIndexer`): the keys `k`
-/// `[tokens, head_dim]` of each complete pool of `kpool.size` tokens averaged channel by channel with the softmax
+/// `[tokens, head_dim]` of each complete pool of `size` tokens averaged channel by channel with the softmax
 /// over the pool's tokens of `gates + ape` (`gates` `[tokens, head_dim]`, `ape` `[size, head_dim]`), each query
 /// scoring the pools complete up to it as [`select`] scores keys and keeping the `top_k / size` best; their tokens
-/// are set in the `[tokens, tokens]` mask, and with `kpool.select_tail` the query's own incomplete pool.
+/// are set in the `[tokens, tokens]` mask, and with `select_tail` the query's own incomplete pool.
 pub fn kpool_top_k(
     (q, k, head_weights): (&[f32], &[f32], &[f32]),
     (gates, ape): (&[f32], &[f32]),
     shape: &IndexerShape,
-    kpool: crate::model::config::Kpool,
+    (size, select_tail): (usize, bool),
 ) -> KeySelection {
     let IndexerShape { tokens, heads, head_dim: dim, top_k } = *shape;
-    let size = kpool.size;
     let pools = tokens / size;
     let mut pooled = vec![0f32; pools * dim];
     for (pool, out) in pooled.chunks_exact_mut(dim).enumerate() {
@@ -90,7 +89,7 @@ pub fn kpool_top_k(
         for pool in (0..visible).filter(|&pool| kept[pool]) {
             row[pool * size..(pool + 1) * size].iter_mut().for_each(|m| *m = true);
         }
-        if kpool.select_tail {
+        if select_tail {
             row[visible * size..=t].iter_mut().for_each(|m| *m = true);
         }
     }
