@@ -36,6 +36,18 @@ pub struct HyperMix {
     streams: usize,
 }
 
+impl HyperMix {
+    /// The weights of the tokens `rows` only (a decode step's requests left after some faulted).
+    pub fn rows(&self, rows: &[usize]) -> Self {
+        let n = self.streams;
+        Self {
+            post: rows.iter().flat_map(|&t| self.post[t * n..][..n].iter().copied()).collect(),
+            comb: rows.iter().flat_map(|&t| self.comb[t * n * n..][..n * n].iter().copied()).collect(),
+            streams: n,
+        }
+    }
+}
+
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }

@@ -34,14 +34,16 @@ pub struct DsaMasks {
 }
 
 /// The decode step's indexer queries `[tokens, index_heads · index_dim]` (post-RoPE) and head weights
-/// `[tokens, index_heads]`, where the backend keeps them.
+/// `[tokens, index_heads]`, where the backend keeps them; for the k-pool indexer its pool position embedding.
 pub struct IndexQueries {
     q: Tensor,
     head_weights: Tensor,
+    ape: Option<Vec<f32>>,
 }
 
 impl IndexQueries {
-    /// The keys each of a prompt's tokens keeps among the prompt's own indexer keys `keys` `[tokens, index_dim]`.
+    /// The keys each of a prompt's tokens keeps among the prompt's own indexer keys `keys` `[tokens, index_dim]`
+    /// (k-pool: `[tokens, 2 · index_dim]`, each key beside its gate score).
     pub fn select_prompt(
         &self,
         backend: &dyn Backend,
@@ -49,23 +51,33 @@ impl IndexQueries {
         keys: &Tensor,
     ) -> Result<KeySelection, RuntimeError> {
         let tokens = keys.rows();
-        let shape = IndexerShape {
-            tokens,
-            heads: settings.index_n_heads,
-            head_dim: settings.index_head_dim,
-            top_k: settings.index_topk,
+        let (heads, dim) = (settings.index_n_heads, settings.index_head_dim);
+        let shape = IndexerShape { tokens, heads, head_dim: dim, top_k: settings.index_topk };
+        let (Some(ape), Some(kpool)) = (&self.ape, settings.kpool) else {
+            return backend.indexer_top_k(&self.q, keys, &self.head_weights, 0..tokens, &shape);
         };
-        backend.indexer_top_k(&self.q, keys, &self.head_weights, 0..tokens, &shape)
+        let (k, gates) = crate::runtime::cpu::indexer::split_pooled_rows(&backend.download(keys)?, dim);
+        let (q, w) = (backend.download(&self.q)?, backend.download(&self.head_weights)?);
+        let pooling = (kpool.size, kpool.select_tail);
+        Ok(crate::runtime::cpu::indexer::kpool_top_k((&q, &k, &w), (&gates, ape), &shape, pooling))
     }
 
     /// The paged decode's key selection by these queries ([`Backend::paged_decode`]).
     pub fn choice<'a>(&'a self, settings: &Indexer) -> KeyChoice<'a> {
-        KeyChoice::Select {
-            q: &self.q,
-            head_weights: &self.head_weights,
-            heads: settings.index_n_heads,
-            dim: settings.index_head_dim,
-            top_k: settings.index_topk,
+        let (q, head_weights) = (&self.q, &self.head_weights);
+        let (heads, dim, top_k) = (settings.index_n_heads, settings.index_head_dim, settings.index_topk);
+        match (&self.ape, settings.kpool) {
+            (Some(ape), Some(kpool)) => KeyChoice::SelectPools {
+                q,
+                head_weights,
+                heads,
+                dim,
+                top_k,
+                size: kpool.size,
+                select_tail: kpool.select_tail,
+                ape,
+            },
+            _ => KeyChoice::Select { q, head_weights, heads, dim, top_k },
         }
     }
 }
@@ -178,7 +190,8 @@ impl IndexerWeights {
         Ok((DsaMasks { masks }, near_ties))
     }
 
-    /// Decode step: the indexer keys `[tokens, index_dim]` to cache and the queries of new tokens at `positions`.
+    /// Decode step: the indexer keys `[tokens, index_dim]` to cache (k-pool: `[tokens, 2 · index_dim]`, each key
+    /// beside its gate score; no rotation) and the queries of new tokens at `positions`.
     pub fn project(
         &self,
         backend: &dyn Backend,
@@ -189,11 +202,13 @@ impl IndexerWeights {
         positions: &[usize],
     ) -> Result<(Tensor, IndexQueries), RuntimeError> {
         let (index_heads, dim) = (settings.index_n_heads, settings.index_head_dim);
-        if self.kpool.is_some() {
-            return Err(RuntimeError::Input(
-                "the paged decode step has no k-pool indexer yet (GLM-5.3-Flash): its pooled keys are not cached"
-                    .into(),
-            ));
+        if let Some((ape, gate)) = &self.kpool {
+            let q = backend.linear(q_resid, &self.wq_b, None)?;
+            let mut k = backend.linear(x, &self.wk, None)?;
+            backend.layer_norm(&mut k, dim, &self.k_norm_weight, &self.k_norm_bias, K_NORM_EPS)?;
+            let keys = backend.concat_columns(&[&k, &backend.linear(x, gate, None)?])?;
+            let head_weights = backend.linear(x, &self.weights_proj, None)?;
+            return Ok((keys, IndexQueries { q, head_weights, ape: Some(ape.clone()) }));
         }
         let mut iq = backend.linear(q_resid, &self.wq_b, None)?;
         let mut ik = backend.linear(x, &self.wk, None)?;
@@ -214,6 +229,6 @@ impl IndexerWeights {
             backend.rope(&mut ik, &call)?;
         }
         debug_assert_eq!(iq.columns(), index_heads * dim);
-        Ok((ik, IndexQueries { q: iq, head_weights }))
+        Ok((ik, IndexQueries { q: iq, head_weights, ape: None }))
     }
 }

@@ -413,30 +413,24 @@ impl Layer {
         }
     }
 
-    /// Cache rows `[tokens, row_width]` and indexer keys `[tokens, aux_width]` of the residual stream `hidden` at
-    /// `positions` (normed by the layer's input norm), and the queries of the same tokens.
+    /// Cache rows `[tokens, row_width]` and indexer keys `[tokens, aux_width]` of the mixer input `x` (the residual
+    /// stream normed, [`Layer::mixer_input`]) at `positions`, and the queries of the same tokens.
     fn project(
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
         table: &RopeTable,
-        hidden: &Tensor,
+        x: &Tensor,
         positions: &[usize],
         aux_width: usize,
     ) -> Result<(Tensor, Tensor, Queries), RuntimeError> {
-        if self.hyper.is_some() {
-            return Err(RuntimeError::Input(
-                "the paged attention path has no mHC hyper-connections yet (GLM-5.3-Flash)".into(),
-            ));
-        }
-        let x = normed(backend, config, hidden, &self.input_norm)?;
         Ok(match &self.mixer {
             Mixer::Mla(mla) => {
-                let (rows, aux, q, index) = mla.project(backend, config, table, &x, positions, aux_width)?;
+                let (rows, aux, q, index) = mla.project(backend, config, table, x, positions, aux_width)?;
                 (rows, aux, Queries { q, index })
             }
             Mixer::Gqa(gqa) => {
-                let (rows, q) = gqa.project(backend, config, table, &x, positions)?;
+                let (rows, q) = gqa.project(backend, config, table, x, positions)?;
                 (rows, backend.zeros(positions.len(), aux_width)?, Queries { q, index: None })
             }
             Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
@@ -497,14 +491,20 @@ impl Layer {
         }
     }
 
-    /// The rest of the layer after the paged attention: `hidden += o_proj(attended)`, then `hidden += mlp(norm(hidden))`.
-    fn finish(&self, context: &LayerContext, hidden: &mut Tensor, attended: &Tensor) -> Result<(), RuntimeError> {
+    /// The rest of the layer after the paged attention: `hidden += o_proj(attended)` (with mHC put back by `mix`),
+    /// then `hidden += mlp(norm(hidden))`.
+    fn finish(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        (attended, mix): (&Tensor, Option<HyperMix>),
+    ) -> Result<(), RuntimeError> {
         let projected = match &self.mixer {
             Mixer::Mla(mla) => mla.output(context.backend, attended)?,
             Mixer::Gqa(gqa) => gqa.output(context.backend, attended)?,
             Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
         };
-        self.finish_mixed(context, hidden, (&projected, None))
+        self.finish_mixed(context, hidden, (&projected, mix))
     }
 
     /// A prompt's paged prefill through the layer: its rows for the cache (`[tokens, row_width]`, and the indexer
@@ -529,7 +529,8 @@ impl Layer {
             v_dim: layout.v_dim,
             scale: layout.scale,
         };
-        let (rows, aux, queries) = self.project(backend, config, table, hidden, positions, aux_width)?;
+        let (x, mix) = self.mixer_input(context, hidden)?;
+        let (rows, aux, queries) = self.project(backend, config, table, &x, positions, aux_width)?;
         let q = self.attention_queries(backend, config, &queries)?;
         if let Some(chosen) = Self::select_prompt(backend, config, &queries, &aux)? {
             *selection = Some(chosen.mask);
@@ -537,31 +538,37 @@ impl Layer {
         let (k, v) = keys_and_values(backend, &layout, &rows)?;
         let attended = backend.attention(&q, &k, &v, 0..count, &shape, selection.as_deref())?;
         let attended = self.attention_values(backend, config, attended)?;
-        self.finish(context, hidden, &attended)?;
+        self.finish(context, hidden, (&attended, mix))?;
         Ok((rows, aux))
     }
 
     /// The decode step through the layer: the new tokens' cache rows and queries from the residual stream `hidden`
     /// at `positions` (the keys chosen by this layer's indexer, or `earlier`: the last indexer layer's selection in
     /// this step), `attend` (the paged attention over the pool, which may drop rows of `hidden` whose requests
-    /// faulted; it returns the attended rows of those left, `None` when none is left), then [`Layer::finish`].
+    /// faulted; it returns the attended rows of those left with the rows kept when it dropped some, `None` when
+    /// none is left), then [`Layer::finish`].
     pub fn decode(
         &self,
         context: &LayerContext,
         hidden: &mut Tensor,
         (positions, aux_width): (&[usize], usize),
         earlier: Option<&Tensor>,
-        attend: impl FnOnce(&mut Tensor, PagedInputs) -> Result<Option<Tensor>, RuntimeError>,
+        attend: impl FnOnce(&mut Tensor, PagedInputs) -> Result<Option<(Tensor, Option<Vec<usize>>)>, RuntimeError>,
     ) -> Result<(), RuntimeError> {
         let LayerContext { backend, config, table, .. } = *context;
-        let (rows, aux, queries) = self.project(backend, config, table, hidden, positions, aux_width)?;
+        let (x, mix) = self.mixer_input(context, hidden)?;
+        let (rows, aux, queries) = self.project(backend, config, table, &x, positions, aux_width)?;
         let q = self.attention_queries(backend, config, &queries)?;
         let keys = Self::key_choice(config, &queries, earlier);
-        let Some(attended) = attend(hidden, PagedInputs { q: &q, rows: &rows, aux: &aux, keys })? else {
+        let Some((attended, kept)) = attend(hidden, PagedInputs { q: &q, rows: &rows, aux: &aux, keys })? else {
             return Ok(());
         };
+        let mix = match (mix, kept) {
+            (Some(mix), Some(kept)) => Some(mix.rows(&kept)),
+            (mix, _) => mix,
+        };
         let attended = self.attention_values(backend, config, attended)?;
-        self.finish(context, hidden, &attended)
+        self.finish(context, hidden, (&attended, mix))
     }
 }
 

@@ -15,6 +15,7 @@ use std::path::Path;
 
 use super::context::LayerContext;
 use super::embedding::head_name;
+use super::hyper::{narrow, widen};
 use super::layer::{Layer, PagedInputs};
 use super::mtp::MtpLayer;
 use super::rope::rope_setup;
@@ -99,13 +100,6 @@ impl PagedModel {
     /// Loads every layer's resident weights; positions up to `max_positions` are supported.
     pub fn open(dir: &Path, max_positions: usize) -> Result<Self, RuntimeError> {
         let (checkpoint, config) = open_checkpoint(dir)?;
-        if config.hyper_connections().is_some() {
-            return Err(RuntimeError::Input(format!(
-                "{}: the paged runtime (serve-test) does not run GLM-5.3-Flash yet: its mHC residual streams and \
-                 k-pool indexer have no paged path; eval, parity and calibrate-kv run it",
-                dir.display()
-            )));
-        }
         let reader = WeightReader::new(&checkpoint);
         let layers = (0..config.num_hidden_layers)
             .map(|layer| Layer::load(&reader, &config, layer))
@@ -209,7 +203,8 @@ impl PagedModel {
         let count = tokens.len();
         let positions: Vec<usize> = (0..count).collect();
         let width = self.config.hidden_size;
-        let mut hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, tokens)?, width)?;
+        let embedded = backend.upload(&reader.rows("model.embed_tokens.weight", width, tokens)?, width)?;
+        let mut hidden = widen(backend, &self.config, embedded)?;
         let (mut all_rows, mut all_aux, mut states) = (Vec::new(), Vec::new(), Vec::new());
         // The last DSA selection `[count, count]` (shared layers reuse the last indexer layer's).
         let mut selection: Option<Vec<bool>> = None;
@@ -229,6 +224,7 @@ impl PagedModel {
             all_rows.push(rows);
             all_aux.push(aux);
         }
+        let hidden = narrow(backend, &self.config, hidden)?;
         let normed = backend.rms_normed(&hidden, &self.norm, self.config.rms_norm_eps as f32)?;
         let logits = self.head_logits(backend, &backend.row_range(&normed, count - 1..count)?)?;
         let normed = if self.mtp.is_some() { backend.download(&normed)? } else { Vec::new() };
@@ -275,7 +271,8 @@ impl PagedModel {
         let at: Vec<KvAt> = items.iter().map(|i| KvAt { request: i.request, position: i.position }).collect();
         let tokens: Vec<u32> = items.iter().map(|i| i.token).collect();
         let width = self.config.hidden_size;
-        let hidden = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
+        let embedded = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
+        let hidden = widen(backend, &self.config, embedded)?;
         let stepping = self.stepping();
         let mut step = stepping.start_step(pool, &at, hidden)?;
         // Softmax attention layers take the pool's layers in order, KDA layers the states of the request's slot.
@@ -293,7 +290,8 @@ impl PagedModel {
         let mut normed = vec![Vec::new(); items.len()];
         let mut logits: Vec<Option<Vec<f32>>> = vec![None; items.len()];
         if !step.live.is_empty() {
-            let states = backend.rms_normed(&step.hidden, &self.norm, self.config.rms_norm_eps as f32)?;
+            let hidden = narrow(backend, &self.config, backend.row_range(&step.hidden, 0..step.hidden.rows())?)?;
+            let states = backend.rms_normed(&hidden, &self.norm, self.config.rms_norm_eps as f32)?;
             let all = self.head_logits(backend, &states)?;
             let states = if self.mtp.is_some() { backend.download(&states)? } else { Vec::new() };
             for (row, &i) in step.live.iter().enumerate() {
@@ -348,9 +346,10 @@ impl Stepping<'_> {
         }
     }
 
-    /// f32 values kept beside each row: the DSA indexer key (GLM-5), else 0.
+    /// f32 values kept beside each row: the DSA indexer key (GLM-5; GLM-5.3-Flash's k-pool: the key and its gate
+    /// score), else 0.
     pub fn aux_width(&self) -> usize {
-        self.config.indexer.as_ref().map_or(0, |i| i.index_head_dim)
+        self.config.indexer.as_ref().map_or(0, |i| i.index_head_dim * if i.kpool.is_some() { 2 } else { 1 })
     }
 
     fn check_positions(&self, end: usize) -> Result<(), RuntimeError> {
@@ -506,7 +505,8 @@ impl Stepping<'_> {
         // some requests faulted.
         let (mut selected, mut kept) = (None, None);
         let (live, faults, verify_seconds) = (&mut step.live, &mut step.faults, &mut step.verify_seconds);
-        let attend = |hidden: &mut Tensor, inputs: PagedInputs| -> Result<Option<Tensor>, RuntimeError> {
+        type Attended = Option<(Tensor, Option<Vec<usize>>)>;
+        let attend = |hidden: &mut Tensor, inputs: PagedInputs| -> Result<Attended, RuntimeError> {
             let PagedInputs { q, rows, aux, keys } = inputs;
             let paged = PagedStep { layer: index, layout, verify, q, rows, aux, requests: &requests, keys };
             let decoded = backend.paged_decode(pool, &paged)?;
@@ -526,9 +526,10 @@ impl Stepping<'_> {
                 }
                 *hidden = backend.gather_rows(hidden, &rows)?;
                 attended = backend.gather_rows(&attended, &rows)?;
-                kept = Some(rows);
+                kept = Some(rows.clone());
+                return Ok(Some((attended, Some(rows))));
             }
-            Ok(Some(attended))
+            Ok(Some((attended, None)))
         };
         layer.decode(&context, &mut step.hidden, (&positions, self.aux_width()), step.keys.as_ref(), attend)?;
         if selected.is_some() {

@@ -104,8 +104,8 @@ fn calibrate_kv_scales_only_the_attention_layers_and_report_counts_the_kda_state
 
 /// GLM-5.3-Flash (`glm5_next`: KDA beside NoPE MLA with the k-pool indexer, mHC, FP8 as released) from `synth`
 /// through every subcommand the runtime covers: INT4 with the KDA parameters and mHC kept, `verify --engine all`,
-/// eval and parity, `calibrate-kv` on the attention layers only, `report` with the KDA state; `serve-test` and
-/// `--mtp` refused with why.
+/// eval and parity, `calibrate-kv` on the attention layers only, `report` with the KDA state, `serve-test` of the
+/// split deployment catching a corrupted state slot and a stale page; `--mtp` refused with why.
 #[test]
 fn glm53_flash_runs_from_fp8_to_int4() {
     let dir = tempfile::tempdir().unwrap();
@@ -160,8 +160,22 @@ fn glm53_flash_runs_from_fp8_to_int4() {
     assert_eq!(sized["kv"]["bf16"]["layers"], 2, "{}", sized["kv"]);
     assert_eq!(sized["kv"]["bf16"]["state_bytes_per_request"], 4 * 32 * 32 * 4 + 3 * 128 * 3 * 2);
 
-    let serve = squeeze(&["serve-test", path_str(&model), "--prompt", "Shall I compare thee"]);
-    expect_exit_2(&serve, &["does not run GLM-5.3-Flash yet", "mHC"]);
+    // The split deployment in miniature: prompts prefilled on FP8, decoded on INT4 with an FP8 cache; the KDA
+    // states in their slots, the attention layers' rows and k-pool keys in pages, all verified.
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve-test", path_str(&int4), "--prefill-model", path_str(&model), "--kv-dtype", "fp8"];
+        args.extend(["--prompt", "Shall I compare thee", "--prompt", "to a summer's day?", "--max-new-tokens", "6"]);
+        args.extend(extra);
+        args.push("--json");
+        squeeze(&args).ok().json()
+    };
+    let clean = serve(&[]);
+    assert_eq!((clean["completed"].clone(), clean["aborted"].clone()), (2.into(), 0.into()), "{clean}");
+    for fault in ["state-corrupt@2", "stale-page@2"] {
+        let report = serve(&["--inject-fault", fault]);
+        assert_eq!((report["faults_injected"].clone(), report["undetected"].clone()), (1.into(), 0.into()), "{fault}");
+        assert_eq!((report["aborted"].clone(), report["false_positives"].clone()), (1.into(), 0.into()), "{fault}");
+    }
     let mtp = squeeze(&["eval", path_str(&model), "--data", path_str(&text), "--ctx", "48", "--mtp"]);
     expect_exit_2(&mtp, &["--mtp waits for GLM-5.3-Flash"]);
 }

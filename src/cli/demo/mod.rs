@@ -24,7 +24,7 @@ pub struct Args {
     /// Run on random weights of this architecture instead of the trained model: kimi-k2, kimi-k2.6, glm5, glm5.2,
     /// glm45, kimi-linear or glm5.3-flash (the machinery only: gates fail and the decoded text is garbage, as
     /// expected of random weights). kimi-k2.6 ships INT4 already: quantize is skipped and the candidate is the same
-    /// weights with an FP8 KV cache. glm5.3-flash skips serve-test (its paged path waits).
+    /// weights with an FP8 KV cache.
     #[arg(long)]
     pub arch: Option<SynthArch>,
     /// Keep the demo folders here instead of a temporary folder that is removed at the end.
@@ -95,21 +95,13 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
     if human {
         render::parity(&parity, weights, sides, clock.last());
     }
-    let served = match stages::paged_gap(&folders.source)? {
-        None => Some(clock.time("serve-test", || {
-            let fp8 = stages::serve(&folders.source, None, KvDtype::Bf16)?;
-            let int4 = stages::serve(&folders.output, Some(&folders.source), KvDtype::Fp8)?;
-            Ok(ServePair { fp8, int4 })
-        })?),
-        Some(gap) => {
-            if human {
-                render::serve_skipped(gap);
-            }
-            None
-        }
-    };
-    if let (true, Some(served)) = (human, &served) {
-        render::serve(served, weights, sides, clock.last());
+    let served = clock.time("serve-test", || {
+        let fp8 = stages::serve(&folders.source, None, KvDtype::Bf16)?;
+        let int4 = stages::serve(&folders.output, Some(&folders.source), KvDtype::Fp8)?;
+        Ok(ServePair { fp8, int4 })
+    })?;
+    if human {
+        render::serve(&served, weights, sides, clock.last());
     }
     let budget = clock.time("report", stages::report_preset)?;
     if human {
@@ -117,9 +109,8 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
     }
 
     let random = matches!(weights, Weights::Random(_));
-    let passed = verified.passed
-        && served.as_ref().is_none_or(|served| served.fp8.passed() && served.int4.passed())
-        && (random || parity.failures.is_empty());
+    let passed =
+        verified.passed && served.fp8.passed() && served.int4.passed() && (random || parity.failures.is_empty());
     if human {
         render::closing(clock.total(), passed, weights, sides, args.keep.as_ref().map(|_| &folders));
     } else {

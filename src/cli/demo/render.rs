@@ -264,11 +264,6 @@ pub fn parity(report: &ParityReport, weights: Weights, sides: Sides, seconds: f6
     }
 }
 
-/// The serve-test stage skipped: why (what the paged runtime lacks for this architecture).
-pub fn serve_skipped(gap: &str) {
-    stage(8, "serve-test", format!("skipped: {gap}"), 0.0);
-}
-
 pub fn serve(pair: &ServePair, weights: Weights, sides: Sides, seconds: f64) {
     let deployments = if sides.shipped {
         "INT4 weights + BF16 KV beside the same + FP8 KV (prompts prefilled on the first)"

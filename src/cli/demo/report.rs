@@ -57,9 +57,7 @@ pub struct DemoReport {
     pub eval: EvalPair,
     pub calibrate_kv: CalibReport,
     pub parity: ParityReport,
-    /// `None` where the paged runtime does not run the architecture yet (GLM-5.3-Flash).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub serve_test: Option<ServePair>,
+    pub serve_test: ServePair,
     pub report: Report,
     pub stage_seconds: Vec<StageTime>,
     pub seconds: f64,

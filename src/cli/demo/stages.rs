@@ -239,16 +239,6 @@ pub fn parity(reference: &Path, candidate: &Path, text: &Path) -> anyhow::Result
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))
 }
 
-/// What keeps the paged runtime (serve-test) from the model in `source`, in words; `None` when it runs it.
-pub fn paged_gap(source: &Path) -> anyhow::Result<Option<&'static str>> {
-    let path = source.join("config.json");
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
-    let config = crate::model::ModelConfig::from_json(&json).with_context(|| format!("{}", path.display()))?;
-    Ok(config
-        .hyper_connections()
-        .map(|_| "the paged runtime has no mHC residual streams and k-pool indexer yet (GLM-5.3-Flash)"))
-}
-
 /// `squeeze serve-test MODEL [--prefill-model PREFILL] --kv-dtype KV` on [`PROMPTS`], seed 0, pages verified.
 pub fn serve(model: &Path, prefill: Option<&Path>, kv_dtype: KvDtype) -> anyhow::Result<ServeReport> {
     let options = ServeOptions {

@@ -51,11 +51,61 @@ pub fn select(query: &[f32], w: &[f32], keys: &[f32], count: usize, shape: &Inde
     inside - outside <= NEAR_TIE_RELATIVE * inside.abs().max(outside.abs()).max(f32::MIN_POSITIVE)
 }
 
-/// GLM-5.3-Flash's k-pool selection over one sequence (transformers' `Glm5NextTextIndexer`): the keys `k`
-/// `[tokens, head_dim]` of each complete pool of `size` tokens averaged channel by channel with the softmax
-/// over the pool's tokens of `gates + ape` (`gates` `[tokens, head_dim]`, `ape` `[size, head_dim]`), each query
-/// scoring the pools complete up to it as [`select`] scores keys and keeping the `top_k / size` best; their tokens
-/// are set in the `[tokens, tokens]` mask, and with `select_tail` the query's own incomplete pool.
+/// GLM-5.3-Flash's k-pool keys (transformers' `Glm5NextTextIndexer.get_pooled_states`): the keys `k`
+/// `[tokens, head_dim]` of each of the first `pools` complete pools of `size` tokens averaged channel by channel with
+/// the softmax over the pool's tokens of `gates + ape` (`gates` `[tokens, head_dim]`, `ape` `[size, head_dim]`);
+/// `[pools, head_dim]`.
+pub fn pooled_keys(k: &[f32], gates: &[f32], ape: &[f32], (size, dim, pools): (usize, usize, usize)) -> Vec<f32> {
+    let mut pooled = vec![0f32; pools * dim];
+    let mut weights = vec![0f32; size];
+    for (pool, out) in pooled.chunks_exact_mut(dim).enumerate() {
+        for (c, out) in out.iter_mut().enumerate() {
+            let logit = |j: usize| gates[(pool * size + j) * dim + c] + ape[j * dim + c];
+            let top = (0..size).map(logit).fold(f32::NEG_INFINITY, f32::max);
+            weights.iter_mut().enumerate().for_each(|(j, w)| *w = (logit(j) - top).exp());
+            let total: f32 = weights.iter().sum();
+            *out = (0..size).map(|j| weights[j] / total * k[(pool * size + j) * dim + c]).sum();
+        }
+    }
+    pooled
+}
+
+/// The keys and gate scores `([tokens, dim], [tokens, dim])` of k-pool indexer rows `[tokens, 2 · dim]` (each key
+/// beside its gate score, as the paged cache keeps them).
+pub fn split_pooled_rows(rows: &[f32], dim: usize) -> (Vec<f32>, Vec<f32>) {
+    let (mut keys, mut gates) = (Vec::with_capacity(rows.len() / 2), Vec::with_capacity(rows.len() / 2));
+    for row in rows.chunks_exact(2 * dim) {
+        keys.extend_from_slice(&row[..dim]);
+        gates.extend_from_slice(&row[dim..]);
+    }
+    (keys, gates)
+}
+
+/// One query's k-pool selection among the `context` tokens before and at it: the complete pools (`context / size`
+/// of `pooled`) scored as [`select`] scores keys, the `pool_shape.top_k` best kept; their tokens set in `kept`
+/// `[context]`, and with `select_tail` the query's own incomplete pool. Returns whether the boundary is a near tie.
+pub fn select_pools(
+    (query, w): (&[f32], &[f32]),
+    pooled: &[f32],
+    pool_shape: &IndexerShape,
+    (size, select_tail): (usize, bool),
+    kept: &mut [bool],
+) -> bool {
+    let context = kept.len();
+    let visible = context / size;
+    let mut chosen = vec![false; visible];
+    let near_tie = visible > 0 && select(query, w, pooled, visible, pool_shape, &mut chosen);
+    for pool in (0..visible).filter(|&pool| chosen[pool]) {
+        kept[pool * size..(pool + 1) * size].iter_mut().for_each(|m| *m = true);
+    }
+    if select_tail {
+        kept[visible * size..].iter_mut().for_each(|m| *m = true);
+    }
+    near_tie
+}
+
+/// GLM-5.3-Flash's k-pool selection over one sequence (transformers' `Glm5NextTextIndexer`): each query keeps the
+/// `top_k / size` best complete pools up to it ([`pooled_keys`], [`select_pools`]); the `[tokens, tokens]` mask.
 pub fn kpool_top_k(
     (q, k, head_weights): (&[f32], &[f32], &[f32]),
     (gates, ape): (&[f32], &[f32]),
@@ -64,34 +114,13 @@ pub fn kpool_top_k(
 ) -> KeySelection {
     let IndexerShape { tokens, heads, head_dim: dim, top_k } = *shape;
     let pools = tokens / size;
-    let mut pooled = vec![0f32; pools * dim];
-    for (pool, out) in pooled.chunks_exact_mut(dim).enumerate() {
-        for (c, out) in out.iter_mut().enumerate() {
-            let logit = |j: usize| gates[(pool * size + j) * dim + c] + ape[j * dim + c];
-            let top = (0..size).map(logit).fold(f32::NEG_INFINITY, f32::max);
-            let weights: Vec<f32> = (0..size).map(|j| (logit(j) - top).exp()).collect();
-            let total: f32 = weights.iter().sum();
-            *out = (0..size).map(|j| weights[j] / total * k[(pool * size + j) * dim + c]).sum();
-        }
-    }
+    let pooled = pooled_keys(k, gates, ape, (size, dim, pools));
     let pool_shape = IndexerShape { tokens: pools, heads, head_dim: dim, top_k: top_k / size };
     let (mut mask, mut near_ties) = (vec![false; tokens * tokens], 0);
-    let mut kept = vec![false; pools];
     for t in 0..tokens {
-        let visible = (t + 1) / size;
-        kept.iter_mut().for_each(|m| *m = false);
-        let query = &q[t * heads * dim..][..heads * dim];
-        if visible > 0 {
-            let w = &head_weights[t * heads..][..heads];
-            near_ties += select(query, w, &pooled, visible, &pool_shape, &mut kept[..visible]) as usize;
-        }
-        let row = &mut mask[t * tokens..][..tokens];
-        for pool in (0..visible).filter(|&pool| kept[pool]) {
-            row[pool * size..(pool + 1) * size].iter_mut().for_each(|m| *m = true);
-        }
-        if select_tail {
-            row[visible * size..=t].iter_mut().for_each(|m| *m = true);
-        }
+        let query = (&q[t * heads * dim..][..heads * dim], &head_weights[t * heads..][..heads]);
+        let kept = &mut mask[t * tokens..][..t + 1];
+        near_ties += select_pools(query, &pooled, &pool_shape, (size, select_tail), kept) as usize;
     }
     KeySelection { mask, near_ties }
 }

@@ -195,7 +195,9 @@ impl Backend for Cpu {
 
     fn paged_decode(&self, pool: &mut KvPool, step: &PagedStep<'_>) -> Result<PagedDecode, RuntimeError> {
         let keys = step.keys.map(|choice| match choice {
-            KeyChoice::Select { q, head_weights, .. } => (values(q), values(head_weights)),
+            KeyChoice::Select { q, head_weights, .. } | KeyChoice::SelectPools { q, head_weights, .. } => {
+                (values(q), values(head_weights))
+            }
             KeyChoice::Reuse(mask) => (values(mask), &[][..]),
         });
         let decoded = paged::decode(pool, step, (values(step.q), values(step.rows), values(step.aux)), keys);

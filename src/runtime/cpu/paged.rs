@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::attention::{attend_block, KeysValues};
-use super::indexer::select;
+use super::indexer::{pooled_keys, select, select_pools, split_pooled_rows};
 use crate::runtime::backend::IndexerShape;
 use crate::runtime::kv_cache::{KeyChoice, KvAt, KvPool, PagedLayout, PagedStep, PoolError};
 
@@ -71,7 +71,7 @@ pub fn decode(
             faults[index] = Some(error);
         }
     }
-    let selected = matches!(step.keys, Some(KeyChoice::Select { .. }));
+    let selected = matches!(step.keys, Some(KeyChoice::Select { .. } | KeyChoice::SelectPools { .. }));
     Decoded { out, faults, keys: mask.filter(|_| selected).map(|mask| (mask, stride)), verify_seconds }
 }
 
@@ -106,6 +106,15 @@ fn choose(
             let shape = IndexerShape { tokens: context, heads, head_dim: dim, top_k };
             let query = &values.0[index * heads * dim..][..heads * dim];
             select(query, &values.1[index * heads..][..heads], cached, context, &shape, kept);
+        }
+        KeyChoice::SelectPools { heads, dim, top_k, size, select_tail, ape, .. } => {
+            pool.read_aux(at.request, layer, context, cached)?;
+            let (keys, gates) = split_pooled_rows(cached, dim);
+            let pools = context / size;
+            let pooled = pooled_keys(&keys, &gates, ape, (size, dim, pools));
+            let pool_shape = IndexerShape { tokens: pools, heads, head_dim: dim, top_k: top_k / size };
+            let query = (&values.0[index * heads * dim..][..heads * dim], &values.1[index * heads..][..heads]);
+            select_pools(query, &pooled, &pool_shape, (size, select_tail), kept);
         }
         KeyChoice::Reuse(earlier) => {
             let row = &values.0[index * earlier.columns()..][..context];

@@ -204,6 +204,12 @@ fn decode_with(
             let stride = step.key_columns();
             Some(indexer::paged_select(backend, aux, step.layer, &cached.batch, (q, head_weights), &shape, stride)?)
         }
+        Some(KeyChoice::SelectPools { .. }) => {
+            return Err(unsupported(
+                "paged_decode",
+                "the k-pool DSA selection (GLM-5.3-Flash) has no device kernel yet; run with --device cpu",
+            ))
+        }
         _ => None,
     };
     let allowed = match (step.keys, &selected) {

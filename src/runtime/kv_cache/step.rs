@@ -89,6 +89,19 @@ pub enum KeyChoice<'a> {
     /// heads]` score each cached key `s ≤ position` as [`crate::runtime::Backend::indexer_top_k`] does; the `top_k` best are kept
     /// (every key while `position < top_k`).
     Select { q: &'a Tensor, head_weights: &'a Tensor, heads: usize, dim: usize, top_k: usize },
+    /// GLM-5.3-Flash's k-pool indexer: as `Select`, but the aux rows hold `[key | gate]` (`2 · dim`), the complete
+    /// pools of `size` cached keys are scored as one (`ape` `[size, dim]`, the pool position embedding) and
+    /// `top_k / size` kept, with the request's incomplete pool when `select_tail`.
+    SelectPools {
+        q: &'a Tensor,
+        head_weights: &'a Tensor,
+        heads: usize,
+        dim: usize,
+        top_k: usize,
+        size: usize,
+        select_tail: bool,
+        ape: &'a [f32],
+    },
     /// The keys an earlier layer chose in this step ([`PagedDecode::keys`], rows in request order).
     Reuse(&'a Tensor),
 }
