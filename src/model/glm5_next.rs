@@ -21,7 +21,8 @@
 use serde_json::Value;
 
 use super::config_error::ConfigError;
-use super::hybrid::{HyperConnections, KdaKeys};
+use super::hybrid::{kda_layer_types, HyperConnections, KdaKeys};
+use super::keys::Keys;
 use super::tensor_spec::{TensorRole, TensorSpec};
 
 /// The GLM-5.3-Flash keys beside GLM-5's.
@@ -38,9 +39,14 @@ pub struct Glm5Next {
 impl Glm5Next {
     /// Reads the keys from the text config `config` of a model of `layers` decoder layers.
     pub(super) fn parse(config: &Value, layers: usize) -> Result<Self, ConfigError> {
-        let reader = Numbers(config);
+        let reader = Keys(config);
         let kda_layers = match config.get("layer_types") {
-            Some(types) => layer_types(types, layers)?,
+            Some(types) => kda_layer_types(
+                types,
+                layers,
+                &["indexed_attention", "full_attention"],
+                "\"indexed_attention\" (MLA with the DSA indexer)",
+            )?,
             None => (0..layers).map(|layer| layer % 4 != 3).collect(),
         };
         // `linear_attn_config` overrides the flat keys, as transformers' `__post_init__` reads it.
@@ -105,59 +111,6 @@ impl Glm5Next {
     pub fn first_attention_layer(&self) -> Option<usize> {
         self.kda_layers.iter().position(|kda| !kda)
     }
-}
-
-/// Optional numeric keys of the text config, each error naming its key.
-struct Numbers<'a>(&'a Value);
-
-impl Numbers<'_> {
-    fn optional_usize(&self, key: &str) -> Result<Option<usize>, ConfigError> {
-        match self.0.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(value) => value.as_u64().map(|v| Some(v as usize)).ok_or_else(|| ConfigError::Unsupported {
-                key: key.into(),
-                value: value.to_string(),
-                hint: "expected a non-negative integer".into(),
-            }),
-        }
-    }
-
-    fn f64_or(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
-        match self.0.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(value) => value.as_f64().ok_or_else(|| ConfigError::Unsupported {
-                key: key.into(),
-                value: value.to_string(),
-                hint: "expected a number".into(),
-            }),
-        }
-    }
-}
-
-/// Per layer `true` for KDA, from `layer_types` (`"linear_attention"`, `"indexed_attention"` or
-/// `"full_attention"`, one per layer).
-fn layer_types(types: &Value, layers: usize) -> Result<Vec<bool>, ConfigError> {
-    let unsupported = |value: String, hint: String| ConfigError::Unsupported { key: "layer_types".into(), value, hint };
-    let Some(types) = types.as_array() else {
-        return Err(unsupported(types.to_string(), "expected a list with one entry per decoder layer".into()));
-    };
-    if types.len() != layers {
-        return Err(unsupported(
-            format!("{} entries", types.len()),
-            format!("expected one per decoder layer: num_hidden_layers is {layers}"),
-        ));
-    }
-    types
-        .iter()
-        .map(|kind| match kind.as_str() {
-            Some("linear_attention") => Ok(true),
-            Some("indexed_attention" | "full_attention") => Ok(false),
-            _ => Err(unsupported(
-                kind.to_string(),
-                "each layer is \"linear_attention\" (KDA) or \"indexed_attention\" (MLA with the DSA indexer)".into(),
-            )),
-        })
-        .collect()
 }
 
 /// A GLM-5.3-Flash KDA layer's tensors under `attention` (`model.layers.N.self_attn`), as the release stores them.

@@ -22,6 +22,7 @@
 use serde_json::Value;
 
 use super::config_error::ConfigError;
+use super::hybrid::kda_layer_types;
 use super::tensor_spec::{TensorRole, TensorSpec};
 
 /// The Kimi-Linear / K3 keys beside the common ones.
@@ -75,7 +76,7 @@ impl KimiLinear {
         // transformers' precedence: `layer_types` when the config gives it, else the 1-indexed lists.
         let kda_layers = match config.get("layer_types") {
             Some(types) => {
-                let kinds = layer_types(types, layers)?;
+                let kinds = kda_layer_types(types, layers, &["full_attention"], "\"full_attention\" (MLA)")?;
                 if let (Ok(kda), Ok(full)) = (list("kda_layers"), list("full_attn_layers")) {
                     if layer_kinds(&kda, &full, layers).ok().as_ref() != Some(&kinds) {
                         return Err(ConfigError::Unsupported {
@@ -116,31 +117,6 @@ impl KimiLinear {
             experts_mxfp4: format.contains(&"mxfp4-pack-quantized"),
         })
     }
-}
-
-/// Per layer `true` for KDA, from `layer_types` (`"linear_attention"` or `"full_attention"`, one per layer).
-fn layer_types(types: &Value, layers: usize) -> Result<Vec<bool>, ConfigError> {
-    let unsupported = |value: String, hint: String| ConfigError::Unsupported { key: "layer_types".into(), value, hint };
-    let Some(types) = types.as_array() else {
-        return Err(unsupported(types.to_string(), "expected a list with one entry per decoder layer".into()));
-    };
-    if types.len() != layers {
-        return Err(unsupported(
-            format!("{} entries", types.len()),
-            format!("expected one per decoder layer: num_hidden_layers is {layers}"),
-        ));
-    }
-    types
-        .iter()
-        .map(|kind| match kind.as_str() {
-            Some("linear_attention") => Ok(true),
-            Some("full_attention") => Ok(false),
-            _ => Err(unsupported(
-                kind.to_string(),
-                "each entry is \"linear_attention\" (KDA) or \"full_attention\" (MLA)".into(),
-            )),
-        })
-        .collect()
 }
 
 /// Per layer `true` for KDA, from the 1-indexed lists: together they must name every layer 1…`layers` once.

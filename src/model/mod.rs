@@ -8,6 +8,7 @@ pub mod hybrid;
 pub mod keys;
 pub mod kimi_linear;
 pub mod parse;
+pub mod part_keys;
 pub mod presets;
 pub mod tensor_class;
 pub mod tensor_spec;
