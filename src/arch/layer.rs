@@ -1,7 +1,7 @@
 //! One decoder layer: its resident weights (norms, token mixer, router, shared or dense MLP, mHC) loaded and
-//! dequantized together, and the pre-norm residual forward `h += mix(norm(h)); h += mlp(norm(h))` (with mHC the
-//! streams collapsed into each block's input and its output expanded back, [`super::hyper`]): its mixer (MLA, GQA
-//! or KDA) over whole sequences ([`Layer::forward`]), over a prompt as the paged cache reads it ([`Layer::prefill`]; KDA:
+//! dequantized together, and the pre-norm residual forward `h += mix(norm(h)); h += mlp(norm(h))` (with mHC the streams
+//! collapsed into each block's input and its output expanded back, [`super::hyper`]): its mixer (MLA, GQA or KDA) over
+//! whole sequences ([`Layer::forward`]), over a prompt as the paged cache reads it ([`Layer::prefill`]; KDA:
 //! [`Layer::prefill_state`]) or around the paged attention of a decode step ([`Layer::decode`]; KDA:
 //! [`Layer::decode_states`]), then the one residual and MLP they all share.
 
