@@ -71,7 +71,7 @@ impl HyperWeights {
         })
     }
 
-    /// Every weight matrix (for device prefetch).
+    /// Its one weight matrix, the projection (for device prefetch).
     pub fn matrix(&self) -> &Matrix {
         &self.projection
     }
