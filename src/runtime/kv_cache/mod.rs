@@ -4,8 +4,9 @@
 //!
 //! # Layout
 //! A page holds `page_size` token positions of every layer: `[layers, page_size, row_width]` elements in the pool's
-//! [`KvDtype`], plus `[layers, page_size, aux_width]` f32 values kept beside it (GLM-5's DSA indexer keys, which the
-//! decode step's top-k selection scores; 0 wide for other models). A row is what the engines cache per token and
+//! [`KvDtype`], plus `[layers, page_size, aux_width]` f32 values kept beside it (GLM-5's DSA indexer keys,
+//! GLM-5.3-Flash's k-pool keys beside their gate scores, which the decode step's top-k selection scores; 0 wide for
+//! other models). A row is what the engines cache per token and
 //! layer: MLA the 576-wide latent (`kv_c_normed` 512 + post-RoPE `k_pe` 64), GQA `[K heads·dim, V heads·dim]`.
 //! Bytes per page: `layers · page_size · (row_width · dtype + aux_width · 4)`.
 //!
@@ -14,9 +15,11 @@
 //! backend. The cached rows and aux values belong to the backend that computes on them: the CPU backend's are the
 //! pool's host pages ([`KvPool::write`] / [`KvPool::read`], allocated on the first host write); a device backend
 //! keeps its own with the pool ([`KvPool::keep_resident`]) and records what it wrote with [`KvPool::record`], so a
-//! device decode never holds a host copy of them.
+//! device decode never holds a host copy of them. A KDA model's per-request states sit in state slots beside the
+//! pages ([`states`], reached through the pool in [`pool_states`]).
 
 mod fault;
+mod pool_states;
 mod states;
 mod step;
 mod storage;
@@ -173,80 +176,6 @@ impl KvPool {
             tag_version: 0,
             resident: None,
             states: StateSlots::default(),
-        }
-    }
-
-    /// The pool with state slots for a model's `layers` KDA layers of `shape` (each request then needs one).
-    pub fn with_states(mut self, shape: crate::runtime::kda::KdaShape, layers: usize) -> Self {
-        self.states = StateSlots::new(shape, layers);
-        self
-    }
-
-    /// The state slots.
-    pub fn state_slots(&self) -> &StateSlots {
-        &self.states
-    }
-
-    /// Gives `request` a state slot holding `states` (one per KDA layer) with a new generation, stored as
-    /// [`KvPool::keep_state`] says.
-    pub fn store_states(
-        &mut self,
-        request: RequestId,
-        mut states: Vec<crate::runtime::kda::KdaState>,
-    ) -> Result<(), PoolError> {
-        if !self.tables.contains_key(&request) {
-            return Err(PoolError::Unknown(request));
-        }
-        states.iter_mut().for_each(|state| self.keep_state(state));
-        let generation = self.next_generation;
-        self.next_generation += 1;
-        let mapping = self.states.store(request, generation, states);
-        self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?.state = Some(mapping);
-        Ok(())
-    }
-
-    /// A KDA state as the pool stores it: as vLLM does (convolution inputs in the model's dtype, BF16; recurrent
-    /// state F32, [`crate::runtime::kda::KdaState::as_stored`]) in a BF16 or FP8 pool, exactly in an F32 pool (the
-    /// pool that checks decode against the full forward).
-    pub fn keep_state(&self, state: &mut crate::runtime::kda::KdaState) {
-        if self.dtype != KvDtype::F32 {
-            state.as_stored();
-        }
-    }
-
-    /// Moves KDA layer `index`'s state out of `request`'s slot (after [`KvPool::states_mut`]'s checks), for a step
-    /// that gives it back with [`KvPool::restore_state`]; the slot fails the size check until then.
-    pub fn take_state(
-        &mut self,
-        request: RequestId,
-        index: usize,
-    ) -> Result<Option<crate::runtime::kda::KdaState>, PoolError> {
-        Ok(self.states_mut(request)?.get_mut(index).map(std::mem::take))
-    }
-
-    /// Gives back the state [`KvPool::take_state`] moved out, stored as [`KvPool::keep_state`] says; the slot must
-    /// still be the request's (its tag's owner and generation).
-    pub fn restore_state(
-        &mut self,
-        request: RequestId,
-        index: usize,
-        mut state: crate::runtime::kda::KdaState,
-    ) -> Result<(), PoolError> {
-        self.keep_state(&mut state);
-        let mapping = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.state;
-        self.states.restore(request, mapping, index, state).map_err(PoolError::from)
-    }
-
-    /// `request`'s KDA states (one per KDA layer), after checking its slot mapping (the tag and the sizes).
-    pub fn states_mut(&mut self, request: RequestId) -> Result<&mut [crate::runtime::kda::KdaState], PoolError> {
-        let mapping = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.state;
-        if let Err(fault) = self.states.check(request, mapping) {
-            self.counters.faults_detected += 1;
-            return Err(fault.into());
-        }
-        match mapping {
-            Some(mapping) => Ok(self.states.states_mut(mapping)),
-            None => Ok(&mut []),
         }
     }
 
