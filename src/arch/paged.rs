@@ -290,8 +290,15 @@ impl PagedModel {
         let mut normed = vec![Vec::new(); items.len()];
         let mut logits: Vec<Option<Vec<f32>>> = vec![None; items.len()];
         if !step.live.is_empty() {
-            let hidden = narrow(backend, &self.config, backend.row_range(&step.hidden, 0..step.hidden.rows())?)?;
-            let states = backend.rms_normed(&hidden, &self.norm, self.config.rms_norm_eps as f32)?;
+            // mHC's streams collapse into their mean first (a copy only then: the step keeps its residual stream).
+            let collapsed = match self.config.hyper_connections() {
+                Some(_) => {
+                    Some(narrow(backend, &self.config, backend.row_range(&step.hidden, 0..step.hidden.rows())?)?)
+                }
+                None => None,
+            };
+            let hidden = collapsed.as_ref().unwrap_or(&step.hidden);
+            let states = backend.rms_normed(hidden, &self.norm, self.config.rms_norm_eps as f32)?;
             let all = self.head_logits(backend, &states)?;
             let states = if self.mtp.is_some() { backend.download(&states)? } else { Vec::new() };
             for (row, &i) in step.live.iter().enumerate() {
