@@ -6,11 +6,14 @@
 # one-layer model, GLM-5.3-Flash's (`kda+mhc`: the same KDA layer and MLP with its safe gate, clamped SwiGLU and 4 mHC
 # streams around both blocks), shows what mHC (computed on the host) adds per token.
 # Usage: scripts/bench-kda.sh [KDA_CONTEXTS (default "1024 32768")] [MLA_CONTEXTS (default "1024 8192")]
+# ($SQUEEZE names the binary to time, else target/release/squeeze, built first.)
 set -euo pipefail
 kda_contexts=${1:-"1024 32768"}
 mla_contexts=${2:-"1024 8192"}
-cargo build --release --quiet
-bin=target/release/squeeze
+repo_root=$(cd "$(dirname "$0")/.." && pwd)
+. "$repo_root/scripts/bench-lib.sh"
+bin=$(squeeze_binary "$repo_root")
+machine_line
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$bin" synth --arch kimi-linear "$work/kda" --layers 1 >/dev/null

@@ -1,4 +1,4 @@
-# Shared by scripts/bench-gptq-vs-llmcompressor.sh and scripts/bench-vs-peers.sh (sourced, not run).
+# Shared by scripts/bench-gptq-vs-llmcompressor.sh, scripts/bench-vs-peers.sh and scripts/bench-kda.sh (sourced).
 
 # The squeeze binary to time: $SQUEEZE, else target/release/squeeze (under $CARGO_TARGET_DIR when set), built first.
 squeeze_binary() {

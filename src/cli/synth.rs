@@ -9,13 +9,14 @@ use super::output::{print_json, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Architecture: kimi-k2, kimi-k2.6 (native INT4), glm5, glm5.2 (shared DSA indexer), glm45, kimi-k3 (MXFP4
-    /// experts, KDA) or deepseek-v4 (MXFP4 experts, E8M0-scaled FP8, compressed attention).
+    /// Architecture: kimi-k2, kimi-k2.6 (native INT4), glm5, glm5.2 (shared DSA indexer), glm45, kimi-linear (KDA
+    /// and NoPE MLA), glm5.3-flash (KDA, k-pool DSA, mHC streams), kimi-k3 (MXFP4 experts, KDA) or deepseek-v4
+    /// (MXFP4 experts, E8M0-scaled FP8, compressed attention).
     #[arg(long)]
     pub arch: SynthArch,
     /// Output folder.
     pub out: PathBuf,
-    /// Decoder layers (the first is dense; glm5, glm5.2 and glm45 add one MTP layer).
+    /// Decoder layers (the first is dense; glm5, glm5.2, glm45 and glm5.3-flash add one MTP layer).
     #[arg(long, default_value_t = SynthSize::default().layers, value_parser = super::values::count)]
     pub layers: usize,
     /// Hidden size (any multiple of the INT4 group size; need not be a multiple of 128).

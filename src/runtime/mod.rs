@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod error;
+pub mod host;
 pub mod kda;
 pub mod kv_cache;
 pub mod matrix;

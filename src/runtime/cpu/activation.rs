@@ -1,10 +1,10 @@
-//! The SiLU-gated product `silu(gate) · up` of SwiGLU MLPs: `g / (1 + exp(−g)) · u` with [`super::exp`], in
+//! The SiLU-gated product `silu(gate) · up` of SwiGLU MLPs: `g / (1 + exp(−g)) · u` with [`crate::runtime::host::exp`], in
 //! chunks on the rayon pool, each chunk with AVX-512 or AVX2 where the CPU has them (the same operations in the
 //! same order, so the same bits on every instruction set).
 
 use rayon::prelude::*;
 
-use super::exp::exp;
+use crate::runtime::host::exp::exp;
 
 /// Values per parallel task.
 const CHUNK: usize = 16 * 1024;

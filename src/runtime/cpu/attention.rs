@@ -3,16 +3,16 @@
 //! reads key/value head `h / (heads / kv_heads)`.
 //!
 //! The arithmetic, one definition for both paths ([`attend_block`]): the scores `q·k` by the broadcast kernel
-//! ([`super::gemm`]: fused multiply-adds in dimension order) against the keys stored transposed (`[qk_dim, keys]`),
-//! times `scale`; per query the softmax over the keys it sees, `w = exp(s − max)` ([`super::exp`]) and
+//! ([`crate::runtime::host::gemm`]: fused multiply-adds in dimension order) against the keys stored transposed (`[qk_dim, keys]`),
+//! times `scale`; per query the softmax over the keys it sees, `w = exp(s − max)` ([`crate::runtime::host::exp`]) and
 //! `p = w / Σw` (the sum in 16 lanes, [`normalize`]); then `y = Σ p·v` by the same kernel against the values as
 //! stored (`[keys, v_dim]`, in key order), a key the query does not see having `p = 0`.
 
 use rayon::prelude::*;
 
-use super::exp::exp;
-use super::gemm::gemm;
 use crate::runtime::backend::AttentionShape;
+use crate::runtime::host::exp::exp;
+use crate::runtime::host::gemm::gemm;
 
 /// Queries per task of the full-sequence path (eight of the kernel's 6-row tiles): their scores and the values
 /// they read stay in L2 for a few thousand keys.

@@ -3,9 +3,7 @@
 pub mod activation;
 pub mod attention;
 mod dots;
-mod exp;
 pub(crate) mod experts;
-mod gemm;
 pub(crate) mod indexer;
 mod linear;
 mod norm;

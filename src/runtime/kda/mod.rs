@@ -14,7 +14,13 @@
 //! o = qᵀ S
 //! ```
 
+mod chunked;
+
 use rayon::prelude::*;
+
+use chunked::Chunk;
+
+use super::host::exp::exp;
 
 /// Tokens per chunk of the chunked form (FLA's and transformers' `chunk_size`).
 pub const CHUNK: usize = 64;
@@ -111,47 +117,51 @@ pub struct KdaInputs<'a> {
 pub fn kda(shape: &KdaShape, params: &KdaParams, inputs: &KdaInputs, state: &mut KdaState, mode: KdaMode) -> Vec<f32> {
     let width = shape.width();
     let tokens = inputs.forget.len() / width.max(1);
-    let mut qkv = inputs.qkv.to_vec();
-    short_conv_silu(&mut qkv, 3 * width, shape.conv_kernel, params.conv, &mut state.conv);
-    let (mut q, mut k, mut v) = (vec![0f32; tokens * width], vec![0f32; tokens * width], vec![0f32; tokens * width]);
-    for (t, row) in qkv.chunks_exact(3 * width).enumerate() {
-        q[t * width..][..width].copy_from_slice(&row[..width]);
-        k[t * width..][..width].copy_from_slice(&row[width..2 * width]);
-        v[t * width..][..width].copy_from_slice(&row[2 * width..]);
-    }
+    let mut qkv = short_conv_silu(inputs.qkv, 3 * width, shape.conv_kernel, params.conv, &mut state.conv);
     let scale = (shape.head_dim as f32).powf(-0.5);
-    for head in q.chunks_exact_mut(shape.head_dim) {
-        l2_normalize(head);
-        head.iter_mut().for_each(|x| *x *= scale);
-    }
-    k.chunks_exact_mut(shape.head_dim).for_each(l2_normalize);
+    qkv.par_chunks_mut(3 * width).for_each(|row| {
+        for head in row[..width].chunks_exact_mut(shape.head_dim) {
+            l2_normalize(head);
+            head.iter_mut().for_each(|x| *x *= scale);
+        }
+        row[width..2 * width].chunks_exact_mut(shape.head_dim).for_each(l2_normalize);
+    });
     let g = forget_gate(inputs.forget, params, shape);
     let beta: Vec<f32> = inputs.beta.iter().map(|&b| sigmoid(b)).collect();
-    let sequence = Sequence { q: &q, k: &k, v: &v, g: &g, beta: &beta, tokens };
+    let sequence = Sequence { qkv: &qkv, g: &g, beta: &beta, tokens };
     let mut out = delta_rule(shape, &sequence, &mut state.recurrent, mode);
     gated_norm(&mut out, inputs.gate, params, shape.head_dim);
     out
 }
 
-/// The depthwise causal convolution of `x` `[tokens, channels]` in place, continuing from `state` (the previous
-/// `kernel − 1` inputs, oldest first; zeros before a sequence's first token), then SiLU; `state` becomes the last
-/// `kernel − 1` inputs. `weight` is `[channels, kernel]`, its last tap on the current token.
-pub fn short_conv_silu(x: &mut [f32], channels: usize, kernel: usize, weight: &[f32], state: &mut [f32]) {
+/// The depthwise causal convolution of `x` `[tokens, channels]` continuing from `state` (the previous `kernel − 1`
+/// inputs, oldest first; zeros before a sequence's first token), then SiLU; `state` becomes the last `kernel − 1`
+/// inputs. `weight` is `[channels, kernel]`, its last tap on the current token.
+pub fn short_conv_silu(x: &[f32], channels: usize, kernel: usize, weight: &[f32], state: &mut [f32]) -> Vec<f32> {
     let history = kernel.saturating_sub(1);
     let tokens = x.len() / channels.max(1);
-    let mut padded = Vec::with_capacity((history + tokens) * channels);
-    padded.extend_from_slice(state);
-    padded.extend_from_slice(x);
-    for t in 0..tokens {
-        for c in 0..channels {
-            let mut sum = 0f32;
-            for tap in 0..kernel {
-                sum += weight[c * kernel + tap] * padded[(t + tap) * channels + c];
-            }
-            x[t * channels + c] = sum / (1.0 + (-sum).exp());
+    // Input row `r` of the history followed by `x`.
+    let input = |r: usize| {
+        if r < history {
+            &state[r * channels..][..channels]
+        } else {
+            &x[(r - history) * channels..][..channels]
         }
-    }
-    state.copy_from_slice(&padded[tokens * channels..]);
+    };
+    // The weights tap by tap, so that each tap is one pass over a row's channels.
+    let taps: Vec<f32> = (0..kernel).flat_map(|tap| (0..channels).map(move |c| weight[c * kernel + tap])).collect();
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut(channels.max(1)).enumerate().for_each(|(t, out)| {
+        for (tap, weights) in taps.chunks_exact(channels.max(1)).enumerate() {
+            for ((sum, &w), &value) in out.iter_mut().zip(weights).zip(input(t + tap)) {
+                *sum += w * value;
+            }
+        }
+        out.iter_mut().for_each(|sum| *sum /= 1.0 + exp(-*sum));
+    });
+    let last: Vec<f32> = (tokens..tokens + history).flat_map(|r| input(r).to_vec()).collect();
+    state.copy_from_slice(&last);
+    out
 }
 
 /// `x / sqrt(Σx² + ε)` (FLA's `l2norm`: ε under the root, not a floor).
@@ -161,7 +171,7 @@ fn l2_normalize(x: &mut [f32]) {
 }
 
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp(-x))
 }
 
 /// The per-channel log decay `[tokens, width]`: Kimi-Linear's `g = −exp(A_log[h]) · softplus(forget + dt_bias)`,
@@ -169,38 +179,35 @@ fn sigmoid(x: f32) -> f32 {
 /// safe one bounded below).
 fn forget_gate(forget: &[f32], params: &KdaParams, shape: &KdaShape) -> Vec<f32> {
     let width = shape.width();
-    forget
-        .iter()
-        .enumerate()
-        .map(|(i, &f)| {
-            let channel = i % width;
+    let mut g = vec![0f32; forget.len()];
+    g.par_chunks_mut(width.max(1)).zip(forget.par_chunks(width.max(1))).for_each(|(g, forget)| {
+        for (channel, (g, &f)) in g.iter_mut().zip(forget).enumerate() {
             let x = f + params.dt_bias[channel];
-            let rate = params.a_log[channel / shape.head_dim].exp();
-            match params.gate_lower_bound {
+            let rate = exp(params.a_log[channel / shape.head_dim]);
+            *g = match params.gate_lower_bound {
                 Some(bound) => bound * sigmoid(rate * x),
-                None => -rate * if x > SOFTPLUS_LINEAR { x } else { (1.0 + x.exp()).ln() },
-            }
-        })
-        .collect()
+                None => -rate * if x > SOFTPLUS_LINEAR { x } else { (1.0 + exp(x)).ln() },
+            };
+        }
+    });
+    g
 }
 
 /// RMSNorm over each head's `head_dim` values with `o_norm`, times `sigmoid(gate)`, in place.
 fn gated_norm(out: &mut [f32], gate: &[f32], params: &KdaParams, head_dim: usize) {
-    for (head, gate) in out.chunks_exact_mut(head_dim).zip(gate.chunks_exact(head_dim)) {
+    out.par_chunks_mut(head_dim).zip(gate.par_chunks(head_dim)).for_each(|(head, gate)| {
         let mean = head.iter().map(|v| v * v).sum::<f32>() / head_dim as f32;
         let inverse = 1.0 / (mean + params.eps).sqrt();
         for ((value, &weight), &gate) in head.iter_mut().zip(params.o_norm).zip(gate) {
             *value = weight * (*value * inverse) * sigmoid(gate);
         }
-    }
+    });
 }
 
-/// A sequence's normalized inputs to the delta rule, row-major over tokens (`beta` `[tokens, heads]`, the rest
-/// `[tokens, width]`).
+/// A sequence's normalized inputs to the delta rule, row-major over tokens: `qkv` `[tokens, 3 · width]` (queries,
+/// keys, values side by side), `g` `[tokens, width]`, `beta` `[tokens, heads]`.
 struct Sequence<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    qkv: &'a [f32],
     g: &'a [f32],
     beta: &'a [f32],
     tokens: usize,
@@ -238,9 +245,25 @@ struct HeadView<'a> {
     d: usize,
 }
 
+/// Which of the projections [`HeadView::row`] reads.
+#[derive(Clone, Copy)]
+enum Part {
+    Q,
+    K,
+    V,
+    G,
+}
+
 impl HeadView<'_> {
-    fn row<'s>(&self, of: &'s [f32], t: usize) -> &'s [f32] {
-        &of[(t * self.heads + self.head) * self.d..][..self.d]
+    fn row(&self, part: Part, t: usize) -> &[f32] {
+        let width = self.heads * self.d;
+        let column = self.head * self.d;
+        match part {
+            Part::Q => &self.sequence.qkv[t * 3 * width + column..][..self.d],
+            Part::K => &self.sequence.qkv[t * 3 * width + width + column..][..self.d],
+            Part::V => &self.sequence.qkv[t * 3 * width + 2 * width + column..][..self.d],
+            Part::G => &self.sequence.g[t * width + column..][..self.d],
+        }
     }
 
     fn beta(&self, t: usize) -> f32 {
@@ -254,9 +277,9 @@ impl HeadView<'_> {
         let mut out = vec![0f32; s.tokens * d];
         let mut remembered = vec![0f32; d];
         for t in 0..s.tokens {
-            let (q, k, v, g) = (self.row(s.q, t), self.row(s.k, t), self.row(s.v, t), self.row(s.g, t));
+            let (q, k, v, g) = (self.row(Part::Q, t), self.row(Part::K, t), self.row(Part::V, t), self.row(Part::G, t));
             for (row, &g) in state.chunks_exact_mut(d).zip(g) {
-                let decay = g.exp();
+                let decay = exp(g);
                 row.iter_mut().for_each(|x| *x *= decay);
             }
             remembered.iter_mut().for_each(|x| *x = 0.0);
@@ -289,101 +312,21 @@ impl HeadView<'_> {
         let mut out = vec![0f32; s.tokens * d];
         for start in (0..s.tokens).step_by(CHUNK) {
             let c = CHUNK.min(s.tokens - start);
-            let rows = |of: &[f32]| -> Vec<f32> { (start..start + c).flat_map(|t| self.row(of, t).to_vec()).collect() };
-            let (q, k, v) = (rows(s.q), rows(s.k), rows(s.v));
+            let rows = |part: Part| -> Vec<f32> {
+                let mut rows = Vec::with_capacity(c * d);
+                (start..start + c).for_each(|t| rows.extend_from_slice(self.row(part, t)));
+                rows
+            };
             // Cumulative log decay within the chunk.
-            let mut cumulative = rows(s.g);
+            let mut g = rows(Part::G);
             for i in 1..c {
                 for x in 0..d {
-                    cumulative[i * d + x] += cumulative[(i - 1) * d + x];
+                    g[i * d + x] += g[(i - 1) * d + x];
                 }
             }
-            let beta: Vec<f32> = (start..start + c).map(|t| self.beta(t)).collect();
-            // The decay-weighted products for j ≤ i, each exp(G[i,x] − G[j,x]) computed once for both:
-            // kk(i, j) = Σ_x k[i,x]·k[j,x]·exp(G[i,x] − G[j,x]) and qk(i, j) the same with q[i,x].
-            let (mut kk, mut qk) = (vec![0f32; c * c], vec![0f32; c * c]);
-            for i in 0..c {
-                for j in 0..=i {
-                    let (mut with_k, mut with_q) = (0f32, 0f32);
-                    for x in 0..d {
-                        let decay = (cumulative[i * d + x] - cumulative[j * d + x]).exp();
-                        with_k += k[i * d + x] * k[j * d + x] * decay;
-                        with_q += q[i * d + x] * k[j * d + x] * decay;
-                    }
-                    kk[i * c + j] = with_k;
-                    qk[i * c + j] = with_q;
-                }
-            }
-            // exp(G[i,x]), for W and the state's contribution.
-            let decay_from_start: Vec<f32> = cumulative.iter().map(|g| g.exp()).collect();
-            // T = (I + strictly-lower(β_i k_i · k_j decayed))⁻¹, by forward substitution as the torch form does.
-            let mut t_matrix = vec![0f32; c * c];
-            for i in 0..c {
-                for j in 0..i {
-                    t_matrix[i * c + j] = -beta[i] * kk[i * c + j];
-                }
-            }
-            for i in 1..c {
-                let row: Vec<f32> = t_matrix[i * c..i * c + i].to_vec();
-                for j in 0..i {
-                    let mut sum = row[j];
-                    for (m, &r) in row.iter().enumerate().skip(j + 1) {
-                        sum += r * t_matrix[m * c + j];
-                    }
-                    t_matrix[i * c + j] = sum;
-                }
-            }
-            for i in 0..c {
-                t_matrix[i * c + i] = 1.0;
-            }
-            // U = T · (β v), W = T · (β k ⊙ exp(G)).
-            let (mut u, mut w) = (vec![0f32; c * d], vec![0f32; c * d]);
-            for i in 0..c {
-                for j in 0..=i {
-                    let factor = t_matrix[i * c + j] * beta[j];
-                    for x in 0..d {
-                        u[i * d + x] += factor * v[j * d + x];
-                        w[i * d + x] += factor * k[j * d + x] * decay_from_start[j * d + x];
-                    }
-                }
-            }
-            // v_new = U − W·S; out = (q ⊙ exp(G))·S + Σ_{j≤i} qk(i, j) v_new_j.
-            let mut v_new = u;
-            for i in 0..c {
-                for (x, row) in state.chunks_exact(d).enumerate() {
-                    let weight = w[i * d + x];
-                    for (value, &s) in v_new[i * d..][..d].iter_mut().zip(row) {
-                        *value -= weight * s;
-                    }
-                }
-            }
-            for i in 0..c {
-                let o = &mut out[(start + i) * d..][..d];
-                for (x, row) in state.chunks_exact(d).enumerate() {
-                    let weight = q[i * d + x] * decay_from_start[i * d + x];
-                    for (o, &s) in o.iter_mut().zip(row) {
-                        *o += weight * s;
-                    }
-                }
-                for j in 0..=i {
-                    let weight = qk[i * c + j];
-                    for (o, &value) in o.iter_mut().zip(&v_new[j * d..][..d]) {
-                        *o += weight * value;
-                    }
-                }
-            }
-            // S ← diag(exp(G_last))·S + Σ_i (k_i ⊙ exp(G_last − G_i)) ⊗ v_new_i.
-            let last = &cumulative[(c - 1) * d..][..d];
-            for (x, row) in state.chunks_exact_mut(d).enumerate() {
-                let decay = last[x].exp();
-                row.iter_mut().for_each(|s| *s *= decay);
-                for i in 0..c {
-                    let weight = k[i * d + x] * (last[x] - cumulative[i * d + x]).exp();
-                    for (s, &value) in row.iter_mut().zip(&v_new[i * d..][..d]) {
-                        *s += weight * value;
-                    }
-                }
-            }
+            let beta = (start..start + c).map(|t| self.beta(t)).collect();
+            let chunk = Chunk { q: rows(Part::Q), k: rows(Part::K), v: rows(Part::V), g, beta, d };
+            out[start * d..][..c * d].copy_from_slice(&chunk.run(state));
         }
         out
     }
@@ -444,7 +387,7 @@ mod tests {
             KdaInputs {
                 qkv: &self.qkv[range.start * 3 * w..range.end * 3 * w],
                 forget: &self.forget[range.start * w..range.end * w],
-                beta: &self.beta[range.start * 3..range.end * 3],
+                beta: &self.beta[range.start * self.shape.heads..range.end * self.shape.heads],
                 gate: &self.gate[range.start * w..range.end * w],
             }
         }
@@ -487,6 +430,22 @@ mod tests {
     }
 
     #[test]
+    fn a_gate_decaying_past_f32s_range_within_a_chunk_stays_finite_and_equal() {
+        // exp(A_log) ≈ 20 and forget ≈ 4: a decay of about e^−80 per token, e^−5000 across a chunk, which a chunk
+        // product factored around a single point would overflow.
+        let tokens = CHUNK + 40;
+        let mut case = Case::new(tokens, 5);
+        case.a_log = vec![3.0; 3];
+        case.forget.iter_mut().for_each(|f| *f = 4.0 + f.abs());
+        let (mut chunked, mut recurrent) = (KdaState::new(&case.shape), KdaState::new(&case.shape));
+        let a = kda(&case.shape, &case.params(), &case.inputs(0..tokens), &mut chunked, KdaMode::Chunked);
+        let b = kda(&case.shape, &case.params(), &case.inputs(0..tokens), &mut recurrent, KdaMode::Recurrent);
+        assert!(a.iter().chain(&chunked.recurrent).all(|x| x.is_finite()));
+        assert!(relative(&a, &b) < 1e-5, "outputs differ: {:.3e}", relative(&a, &b));
+        assert!(relative(&chunked.recurrent, &recurrent.recurrent) < 1e-5);
+    }
+
+    #[test]
     fn the_conv_state_and_the_gates_change_the_output() {
         // Each piece matters: dropping the carried conv state, the forget gate or β changes what decode returns.
         let case = Case::new(20, 3);
@@ -504,11 +463,80 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "benchmark; prints timings"]
+    fn chunked_prefill_timing() {
+        // KDA_BENCH="heads,head_dim,tokens" (default Kimi-Linear's 32 heads × 128 over 4096 tokens): the whole op
+        // per token, its chunk products' rate, and the GEMM kernel's rate on the chunk's largest product alone.
+        let sizes: Vec<usize> = std::env::var("KDA_BENCH")
+            .unwrap_or_else(|_| "32,128,4096".into())
+            .split(',')
+            .map(|n| n.trim().parse().expect("KDA_BENCH: three numbers"))
+            .collect();
+        let (heads, d, tokens) = (sizes[0], sizes[1], sizes[2]);
+        let shape = KdaShape { heads, head_dim: d, conv_kernel: 4 };
+        let (w, mut rng) = (shape.width(), Rng::new(1));
+        let case = Case {
+            conv: random(&mut rng, 3 * w * 4, 0.6),
+            dt_bias: random(&mut rng, w, 1.0),
+            a_log: random(&mut rng, heads, 0.5),
+            o_norm: random(&mut rng, d, 1.0),
+            qkv: random(&mut rng, tokens * 3 * w, 2.0),
+            forget: random(&mut rng, tokens * w, 2.0),
+            beta: random(&mut rng, tokens * heads, 2.0),
+            gate: random(&mut rng, tokens * w, 2.0),
+            shape,
+        };
+        let best = |run: &mut dyn FnMut()| {
+            (0..3)
+                .map(|_| {
+                    let start = std::time::Instant::now();
+                    run();
+                    start.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let op = best(&mut || {
+            let mut state = KdaState::new(&shape);
+            std::hint::black_box(kda(&shape, &case.params(), &case.inputs(0..tokens), &mut state, KdaMode::Chunked));
+        });
+        // Multiply-adds ×2 of one full chunk's GEMMs per head (chunked.rs): the sub-chunk products, T, [U | W],
+        // W·S, the output and the state update.
+        let (c, sub) = (CHUNK as f64, 16.0);
+        let dd = d as f64;
+        let products = 2.0 * (1..=4).map(|a| sub * dd * (a as f64 * sub)).sum::<f64>();
+        let per_chunk =
+            2.0 * (products + c * c * c / 3.0 + c * c * 2.0 * dd + c * dd * dd + c * (dd + c) * dd + dd * c * dd);
+        let flops = per_chunk * heads as f64 * (tokens as f64 / c);
+        // The GEMM kernel alone: the output product [c, d + c] · [d + c, d], once per head and chunk, in parallel.
+        let (left, right) = (random(&mut rng, CHUNK * (d + CHUNK), 1.0), random(&mut rng, (d + CHUNK) * d, 1.0));
+        let repeats = heads * tokens / CHUNK;
+        let kernel = best(&mut || {
+            (0..repeats).into_par_iter().for_each(|_| {
+                let mut out = vec![0f32; CHUNK * d];
+                crate::runtime::host::gemm::gemm((&left, d + CHUNK), (&right, d), (&mut out, d), [CHUNK, d + CHUNK, d]);
+                std::hint::black_box(out);
+            })
+        });
+        let kernel_rate = 2.0 * (CHUNK * (d + CHUNK) * d * repeats) as f64 / kernel;
+        println!(
+            "KDA chunked, {heads} heads × {d}, {tokens} tokens, {} threads: {:.2} µs/token; chunk products {:.1} \
+             GFLOP/s over the whole op = {:.0} % of the GEMM kernel's {:.1} GFLOP/s on [{CHUNK}, {}] · [{}, {d}]",
+            rayon::current_num_threads(),
+            op / tokens as f64 * 1e6,
+            flops / op / 1e9,
+            100.0 * (flops / op) / kernel_rate,
+            kernel_rate / 1e9,
+            d + CHUNK,
+            d + CHUNK,
+        );
+    }
+
+    #[test]
     fn the_convolution_is_causal_with_its_last_tap_on_the_current_token() {
         // One channel, kernel 3: out[t] = silu(w0·x[t−2] + w1·x[t−1] + w2·x[t]).
-        let mut x = vec![1.0, 2.0, 3.0];
+        let x = vec![1.0, 2.0, 3.0];
         let mut state = vec![0.0, 0.0];
-        short_conv_silu(&mut x, 1, 3, &[0.5, 0.25, 1.0], &mut state);
+        let x = short_conv_silu(&x, 1, 3, &[0.5, 0.25, 1.0], &mut state);
         let silu = |v: f32| v / (1.0 + (-v).exp());
         assert_eq!(x, [silu(1.0), silu(0.25 + 2.0), silu(0.5 + 0.5 + 3.0)]);
         assert_eq!(state, [2.0, 3.0]);

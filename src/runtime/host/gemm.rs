@@ -1,7 +1,7 @@
-//! The broadcast kernel of the attention's two products, `C = A·B` with `B` row-major (scores against keys stored
-//! transposed, weights against values as stored): `c[r][j] = Σ_k a[r][k]·b[k][j]`, each `a[r][k]` broadcast
-//! against a row of `b` held in vectors, so no sum needs a horizontal reduction (which dominated the inner-product
-//! kernel of [`super::dots`] at the attention's widths of 32–64).
+//! The broadcast kernel of the attention's two products and of KDA's chunk products, `C = A·B` with `B` row-major
+//! (scores against keys stored transposed, weights against values as stored): `c[r][j] = Σ_k a[r][k]·b[k][j]`, each
+//! `a[r][k]` broadcast against a row of `b` held in vectors, so no sum needs a horizontal reduction (which dominated
+//! the inner-product kernel of the CPU backend's `dots` at the attention's widths of 32–64).
 //!
 //! Equation and order, the same on every instruction set ([`portable`] is the scalar statement): every output
 //! starts at +0 and takes `acc = fma(a[r][k], b[k][j], acc)` for `k` ascending. AVX-512F runs tiles of 6 rows × 64
