@@ -139,8 +139,8 @@ impl Model {
         if !self.config.runs_mtp() {
             return Err(RuntimeError::Input(format!(
                 "{}: --mtp waits for GLM-5.3-Flash: transformers 5.24 has no module for its MTP layer (its tensors \
-                 load as unexpected), and squeeze has not yet checked a forward of it against an engine's \
-                 (vLLM's or SGLang's glm5_next MTP); quantize keeps the layer servable",
+                 load as unexpected), and squeeze does not yet run vLLM's (an MLA layer without mHC, its post-norm \
+                 state fed back; docs/engines.md); quantize keeps the layer servable",
                 self.checkpoint.dir().display()
             )));
         }

@@ -339,9 +339,14 @@ pub fn print_human(report: &Report) {
                 " at length ({}), plus per request whatever its length: {} (bf16 cache) / {} (fp8 cache){}",
                 match (kda, report.kv.bf16.indexer_layers > 0) {
                     (true, true) => format!(
-                        "the MLA layers' rows, each with the DSA indexer's {} B FP8 key in the {} layers that run an \
-                         indexer",
-                        report.kv.bf16.indexer_bytes_per_layer, report.kv.bf16.indexer_layers
+                        "the MLA layers' rows, each with the DSA indexer's {} B FP8 key{} in the {} layers that run \
+                         an indexer",
+                        report.kv.bf16.indexer_bytes_per_layer,
+                        match report.kv.bf16.indexer_pool {
+                            1 => String::new(),
+                            pool => format!(" per pool of {pool} tokens"),
+                        },
+                        report.kv.bf16.indexer_layers
                     ),
                     (true, false) => "the MLA layers' rows".to_string(),
                     (false, _) => format!(
@@ -351,7 +356,10 @@ pub fn print_human(report: &Report) {
                 },
                 human(report.kv.bf16.state_bytes_per_request),
                 human(report.kv.fp8.state_bytes_per_request),
-                if kda {
+                if kda && report.kv.bf16.indexer_pool > 1 {
+                    " of KDA recurrent state (F32) and convolution tail (BF16), and the indexer's unfinished pool \
+                     (BF16 keys and gate scores), as vLLM keeps them"
+                } else if kda {
                     " of KDA recurrent state (F32) and convolution tail (BF16), as vLLM keeps them"
                 } else {
                     " for the last sliding-window tokens of every layer"

@@ -27,6 +27,7 @@ pub fn output_config(source_config: &Value, quantization_config: Value, plan: &P
     };
     let mut fixes = lint::router_fixes(text, names);
     fixes.extend(lint::indexer_fixes(text));
+    fixes.extend(lint::glm5_next_fixes(text));
     (config, fixes)
 }
 

@@ -274,7 +274,8 @@ impl ModelConfig {
 
     /// Whether the reference runtime runs the model's MTP layer (`eval --mtp`, GPTQ's MTP calibration): not for
     /// GLM-5.3-Flash, whose MTP module transformers 5.24 does not have (its tensors load as unexpected) and whose
-    /// engine code (vLLM's, SGLang's `glm5_next` MTP) squeeze has not checked its forward against.
+    /// vLLM forward (`glm5next/common/mtp.py`: no mHC in the block, the post-norm state fed back) squeeze does not
+    /// implement yet.
     pub fn runs_mtp(&self) -> bool {
         self.num_nextn_predict_layers > 0 && self.hyper_connections().is_none()
     }

@@ -17,9 +17,13 @@ pub struct KvPerToken {
     /// Elements cached per token per layer on one GPU: MLA `kv_lora_rank + qk_rope_head_dim`;
     /// GQA `2 × kv_heads_per_gpu × head_dim`.
     pub elements_per_layer: usize,
-    /// DSA indexer key bytes per token in a layer that runs an indexer (always FP8 with FP32 scales; 0 without
-    /// an indexer).
+    /// DSA indexer key bytes per cached entry in a layer that runs an indexer (always FP8 with FP32 scales; 0
+    /// without an indexer): one entry per token, or per pool of [`Self::indexer_pool`] tokens.
     pub indexer_bytes_per_layer: u64,
+    /// Tokens per cached indexer entry: GLM-5.3-Flash's `index_kpool` (vLLM `Glm5NextIndexerCache` stores one
+    /// pooled key per pool, `tokens_per_state`); absent (1) elsewhere.
+    #[serde(skip_serializing_if = "is_one")]
+    pub indexer_pool: usize,
     /// Decoder layers that run their own indexer and so cache its keys (GLM-5.2's `full` layers; `shared` layers
     /// reuse a selection and get no indexer cache in vLLM, which builds no indexer there, or SGLang, whose DSA pool
     /// gives them a 0-row buffer).
@@ -38,6 +42,20 @@ pub struct KvPerToken {
 
 fn is_zero(value: &u64) -> bool {
     *value == 0
+}
+
+fn is_one(value: &usize) -> bool {
+    *value == 1
+}
+
+/// The k-pool indexer's per-request tail on one GPU (vLLM `Glm5NextTailCache`, no speculative tokens): a ring of
+/// `index_kpool` rows of the pool being filled, each the raw key and the gate score in BF16 (`2 × index_head_dim`).
+fn kpool_tail_bytes(pool: usize, index_head_dim: usize) -> usize {
+    if pool > 1 {
+        pool * 2 * index_head_dim * 2
+    } else {
+        0
+    }
 }
 
 /// KDA's per-request state per layer on one GPU, in bytes, as vLLM keeps it (`kda.py`, `mamba_utils.py`
@@ -77,15 +95,20 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
         let attention: Vec<usize> = (0..config.num_hidden_layers).filter(|&l| !config.is_kda_layer(l)).collect();
         let indexer_layers = attention.iter().filter(|&&layer| config.runs_indexer(layer)).count();
         let kda_layers = config.num_hidden_layers - attention.len();
+        let indexer = config.indexer.as_ref();
+        let pool = indexer.and_then(|indexer| indexer.kpool.as_ref()).map_or(1, |kpool| kpool.size.max(1));
+        let tail = kpool_tail_bytes(pool, indexer.map_or(0, |indexer| indexer.index_head_dim)) * indexer_layers;
         return KvPerToken {
             dtype,
             layers: attention.len(),
             elements_per_layer,
             indexer_bytes_per_layer,
+            indexer_pool: pool,
             indexer_layers,
-            bytes_per_layer: row_bytes + indexer_bytes_per_layer,
-            bytes_per_token: row_bytes * attention.len() as u64 + indexer_bytes_per_layer * indexer_layers as u64,
-            state_bytes_per_request: (kda_state_bytes(&kda, attention_tp) * kda_layers) as u64,
+            bytes_per_layer: row_bytes + indexer_bytes_per_layer.div_ceil(pool as u64),
+            bytes_per_token: row_bytes * attention.len() as u64
+                + (indexer_bytes_per_layer * indexer_layers as u64).div_ceil(pool as u64),
+            state_bytes_per_request: (kda_state_bytes(&kda, attention_tp) * kda_layers + tail) as u64,
         };
     }
     if let Some(Layout::DeepseekV4(v4)) = &config.layout {
@@ -102,6 +125,7 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
             layers: compressed.len(),
             elements_per_layer,
             indexer_bytes_per_layer,
+            indexer_pool: 1,
             indexer_layers: csa_layers,
             bytes_per_layer: row_bytes,
             bytes_per_token: growth.ceil() as u64,
@@ -115,6 +139,7 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
         layers,
         elements_per_layer,
         indexer_bytes_per_layer,
+        indexer_pool: 1,
         indexer_layers,
         bytes_per_layer: row_bytes + indexer_bytes_per_layer,
         bytes_per_token: row_bytes * layers as u64 + indexer_bytes_per_layer * indexer_layers as u64,
@@ -129,6 +154,22 @@ mod tests {
     fn config_from(text: &str) -> ModelConfig {
         let json: serde_json::Value = serde_json::from_str(crate::model::presets::config_text(text).unwrap()).unwrap();
         ModelConfig::from_json(&json).unwrap()
+    }
+
+    #[test]
+    fn glm53_flash_caches_one_indexer_key_per_pool_and_holds_the_unfinished_pool_per_request() {
+        let config = config_from("glm-5.3-flash");
+        let bf16 = per_token(&config, KvDtype::Bf16, 8);
+        assert_eq!((bf16.layers, bf16.indexer_layers, bf16.indexer_pool), (11, 11, 16));
+        assert_eq!(bf16.indexer_bytes_per_layer, 132, "one 128-byte FP8 key + its FP32 scale per pool");
+        // NoPE MLA: the 512-wide latent only; the indexer's keys a 16th of a token's each.
+        assert_eq!(bf16.bytes_per_token, 11 * 512 * 2 + (11 * 132_u64).div_ceil(16));
+        let without_tail = per_token(&config, KvDtype::Bf16, 8).state_bytes_per_request - 11 * 16 * 2 * 128 * 2;
+        let mut plain = config.clone();
+        plain.indexer.as_mut().unwrap().kpool = None;
+        let unpooled = per_token(&plain, KvDtype::Bf16, 8);
+        assert_eq!(unpooled.state_bytes_per_request, without_tail, "the tail ring is the only state a pool adds");
+        assert_eq!(unpooled.bytes_per_token, 11 * (512 * 2 + 132));
     }
 
     #[test]

@@ -126,6 +126,11 @@ fn glm53_flash_runs_from_fp8_to_int4() {
     }
     let config = read_json(&int4.join("config.json"));
     assert_eq!(config["text_config"]["topk_method"], "noaux_tc", "the router keys go where the text model reads them");
+    // vLLM's glm5next reads these three without a default; quantize adds them (the synthetic source lacks them).
+    for (key, value) in [("mhc", true), ("mla_use_nope", true), ("indexer_rope_interleave", false)] {
+        assert_eq!(config["text_config"][key], value, "{key}: {}", config["text_config"]);
+    }
+    assert!(quantized["config_fixes"].to_string().contains("mla_use_nope"), "{quantized}");
     squeeze(&["verify", path_str(&int4), "--engine", "all"]).ok();
 
     let text = dir.path().join("text.txt");

@@ -1,6 +1,7 @@
 //! The config fixes `quantize` applies because they are safe and standard: `topk_method: "noaux_tc"` and
 //! `scoring_func: "sigmoid"` added to a config that lacks them when the router has `e_score_correction_bias`, and
-//! `index_topk_pattern` added where vLLM would derive another DSA indexer schedule than `indexer_types` says.
+//! `index_topk_pattern` added where vLLM would derive another DSA indexer schedule than `indexer_types` says, and
+//! GLM-5.3-Flash's `mhc` / `mla_use_nope` / `indexer_rope_interleave`, which vLLM reads without a default.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -69,6 +70,44 @@ pub fn indexer_fixes(config: &mut Value) -> Vec<ConfigFix> {
                  index_topk_freq/index_skip_topk_offset, from which it would build other indexers"
             .into(),
     }]
+}
+
+/// The `glm5_next_text` keys vLLM 0.32 reads as plain attributes (`models/glm5next/common/model.py`
+/// `Glm5NextDecoderLayer`: `config.mhc`, `config.mla_use_nope`; `attention.py`: `config.indexer_rope_interleave`)
+/// though transformers' `Glm5NextTextConfig` defines none of them: each with its value for this layout and why.
+pub fn glm5_next_keys(text: &Value) -> Vec<(&'static str, Value, &'static str)> {
+    if text.get("model_type").and_then(Value::as_str) != Some("glm5_next_text") {
+        return Vec::new();
+    }
+    let number = |key: &str, default: u64| text.get(key).and_then(Value::as_u64).unwrap_or(default);
+    vec![
+        ("mhc", Value::from(number("hc_mult", 4) > 1), "builds the mHC streams (hc_* parameters) only when true"),
+        ("mla_use_nope", Value::from(number("qk_rope_head_dim", 0) == 0), "skips MLA's rotary part when true"),
+        (
+            "indexer_rope_interleave",
+            Value::from(false),
+            "picks the indexer's rotary style; with qk_rope_head_dim 0 there is no rotary part, so the value changes \
+             nothing",
+        ),
+    ]
+}
+
+/// Adds the [`glm5_next_keys`] a GLM-5.3-Flash text config lacks (an existing value is kept).
+pub fn glm5_next_fixes(text: &mut Value) -> Vec<ConfigFix> {
+    let keys = glm5_next_keys(text);
+    let Some(object) = text.as_object_mut() else { return Vec::new() };
+    let mut fixes = Vec::new();
+    for (key, value, why) in keys {
+        if object.get(key).is_none_or(Value::is_null) {
+            object.insert(key.into(), value.clone());
+            fixes.push(ConfigFix {
+                key: key.into(),
+                value,
+                reason: format!("vLLM's glm5next model reads `{key}` without a default and {why}"),
+            });
+        }
+    }
+    fixes
 }
 
 #[cfg(test)]

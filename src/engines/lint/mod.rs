@@ -13,7 +13,7 @@ pub mod written;
 use super::Engine;
 
 pub use engine::default_tp;
-pub use fixes::{indexer_fixes, router_fixes, ConfigFix};
+pub use fixes::{glm5_next_fixes, indexer_fixes, router_fixes, ConfigFix};
 pub use output::{OutputDescription, TensorFacts, Values};
 pub use report::{LintReport, RuleResult, Status};
 

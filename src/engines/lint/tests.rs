@@ -394,3 +394,35 @@ fn kda_convolutions_and_gate_parameters_must_stay_unquantized_floats() {
     let text = findings(&report, "kda-params");
     assert!(text.contains("k_conv1d.weight_packed") && text.contains("dt_bias"), "{text}");
 }
+
+#[test]
+fn glm53_flash_needs_vllms_keys_and_unquantized_attention() {
+    let mut output = good();
+    assert_eq!(status(&lint(&output, &BOTH, 1), "glm5-next-keys"), Status::Skipped);
+    assert_eq!(status(&lint(&output, &BOTH, 1), "glm5-next-attention"), Status::Skipped);
+    output.config["model_type"] = json!("glm5_next_text");
+    output.config["qk_rope_head_dim"] = json!(0);
+    output.config["hc_mult"] = json!(4);
+    let attention = "model.layers.1.self_attn";
+    output.tensors.push(tensor(&format!("{attention}.q_a_proj.weight"), Dtype::F8_E4M3, &[64, 64], None));
+    output.tensors.push(tensor(&format!("{attention}.kv_b_proj.weight"), Dtype::BF16, &[64, 64], None));
+    // The keys missing: each named; once added as quantize adds them, passed.
+    let report = lint(&output, &BOTH, 1);
+    assert_eq!(status(&report, "glm5-next-keys"), Status::Failed, "{report:#?}");
+    let text = findings(&report, "glm5-next-keys");
+    assert!(["mhc", "mla_use_nope", "indexer_rope_interleave"].iter().all(|k| text.contains(k)), "{text}");
+    let fixes = crate::engines::lint::glm5_next_fixes(&mut output.config);
+    assert_eq!(fixes.len(), 3);
+    assert_eq!((&output.config["mhc"], &output.config["mla_use_nope"]), (&json!(true), &json!(true)));
+    assert_eq!(status(&lint(&output, &BOTH, 1), "glm5-next-keys"), Status::Passed);
+    assert!(crate::engines::lint::glm5_next_fixes(&mut output.config).is_empty(), "existing keys are kept");
+    output.config["mhc"] = json!(false);
+    assert_eq!(status(&lint(&output, &BOTH, 1), "glm5-next-keys"), Status::Failed);
+    // A block-FP8 q_a_proj is dequantized at load: passed; an INT4 or FP8 kv_b_proj has nowhere to load.
+    assert_eq!(status(&lint(&output, &BOTH, 1), "glm5-next-attention"), Status::Passed);
+    output.tensors.retain(|t| !t.name.contains("kv_b_proj"));
+    int4(&mut output.tensors, &format!("{attention}.kv_b_proj"), 64, 64, 32);
+    let report = lint(&output, &BOTH, 1);
+    assert_eq!(status(&report, "glm5-next-attention"), Status::Failed, "{report:#?}");
+    assert!(findings(&report, "glm5-next-attention").contains("kv_b_proj"));
+}

@@ -651,3 +651,32 @@ pub fn indexer_schedule(context: &Context, engine: Engine) -> Outcome {
         )],
     )
 }
+
+/// GLM-5.3-Flash's text config carries the keys vLLM reads without a default (`fixes::glm5_next_keys`), with the
+/// values its layout implies.
+pub fn glm5_next_keys(context: &Context, _: Engine) -> Outcome {
+    let keys = crate::engines::lint::fixes::glm5_next_keys(context.config);
+    if keys.is_empty() {
+        return Outcome::skipped("not GLM-5.3-Flash (text model_type glm5_next_text)");
+    }
+    let mut findings = Vec::new();
+    for (key, want, why) in &keys {
+        let remedy = format!("set text_config `{key}` to {want} (squeeze quantize adds it)");
+        match context.config.get(*key) {
+            None | Some(Value::Null) => findings.push(Finding::failed(
+                format!("config.json text_config `{key}`"),
+                format!(
+                    "is missing: vLLM's glm5next model reads it without a default (AttributeError at load); it {why}"
+                ),
+                remedy,
+            )),
+            Some(value) if *key != "indexer_rope_interleave" && value != want => findings.push(Finding::failed(
+                format!("config.json text_config `{key}`"),
+                format!("is {value} but the layout needs {want}: vLLM {why}"),
+                remedy,
+            )),
+            Some(_) => {}
+        }
+    }
+    Outcome::from_findings(format!("{} keys", keys.len()), findings)
+}

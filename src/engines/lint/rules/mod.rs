@@ -34,7 +34,7 @@ impl Rule {
 const NOT_READ_SGLANG: &str = "SGLang: file not read, same rule as vLLM assumed";
 
 /// Every rule, in the order the report lists them.
-pub const RULES: [Rule; 19] = [
+pub const RULES: [Rule; 21] = [
     Rule {
         id: "quant-method",
         title: "quant_method compressed-tensors, format pack-quantized",
@@ -155,6 +155,25 @@ pub const RULES: [Rule; 19] = [
         vllm: "vLLM model_executor/layers/kda.py KimiDeltaAttention.__init__ (q/k/v_conv1d: ColumnParallelLinear, params_dtype float32, no quant_config; A_log, dt_bias float32 parameters)",
         sglang: NOT_READ_SGLANG,
         check: modules::kda_params,
+    },
+    Rule {
+        id: "glm5-next-keys",
+        title: "GLM-5.3-Flash text_config carries mhc, mla_use_nope and indexer_rope_interleave",
+        vllm: "vLLM 0.32 models/glm5next/common/model.py Glm5NextDecoderLayer (config.mhc, config.mla_use_nope), \
+               attention.py (config.indexer_rope_interleave): read without defaults; transformers' \
+               Glm5NextTextConfig (5.19, 5.24) defines none",
+        sglang: NOT_READ_SGLANG,
+        check: config::glm5_next_keys,
+    },
+    Rule {
+        id: "glm5-next-attention",
+        title: "GLM-5.3-Flash MLA, KDA and indexer projections unquantized (block-FP8 only where dequantized at load)",
+        vllm: "vLLM 0.32 models/glm5next/common/model.py (MLA quant_config=None, _try_load_fp8_attn_proj), kda.py \
+               (quant_config None around the KDA projections), attention.py (indexer wk_weights_proj quant_config \
+               None)",
+        sglang: "SGLang models/glm5_next.py read for the KDA projections only (fused when unquantized or FP8, \
+                 unfused otherwise); the MLA's rule assumed as vLLM's",
+        check: modules::glm5_next_attention,
     },
     Rule {
         id: "kv-cache-scheme",

@@ -311,3 +311,33 @@ pub fn kda_params(context: &Context, _: Engine) -> Outcome {
     }
     Outcome::from_findings(format!("{} KDA parameter tensors", params.len()), findings)
 }
+
+/// GLM-5.3-Flash's attention projections — MLA, KDA and the k-pool indexer — stay unquantized: vLLM builds them
+/// with `quant_config=None` whatever the checkpoint's config says, dequantizing a block-FP8 `q_a_proj`,
+/// `kv_a_proj_with_mqa`, `q_b_proj`, `o_proj` and indexer `wk` at load and nothing else.
+pub fn glm5_next_attention(context: &Context, _: Engine) -> Outcome {
+    let text = context.config.get("model_type").and_then(serde_json::Value::as_str);
+    if text != Some("glm5_next_text") {
+        return Outcome::skipped("not GLM-5.3-Flash (text model_type glm5_next_text)");
+    }
+    const FP8_DEQUANTIZED: [&str; 5] = [".q_a_proj", ".kv_a_proj_with_mqa", ".q_b_proj", ".o_proj", ".indexer.wk"];
+    let attention: Vec<(&str, Stored)> =
+        context.modules.iter().filter(|(m, _)| m.contains(".self_attn.")).map(|(m, s)| (*m, *s)).collect();
+    let mut findings = Vec::new();
+    for (module, stored) in &attention {
+        let refused = stored.is_packed()
+            || (*stored == Stored::Fp8 && !FP8_DEQUANTIZED.iter().any(|suffix| module.ends_with(suffix)));
+        if refused {
+            findings.push(Finding::failed(
+                *module,
+                format!(
+                    "is stored {stored:?}: vLLM builds GLM-5.3-Flash's MLA, KDA and indexer projections without a \
+                     quantization method (BF16 parameters), so its quantized tensors have nowhere to load"
+                ),
+                "keep the attention projections BF16 (the glm5.3-flash-int4 recipe does) and list them in \
+                 quantization_config.ignore",
+            ));
+        }
+    }
+    Outcome::from_findings(format!("{} attention projections", attention.len()), findings)
+}
