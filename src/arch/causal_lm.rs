@@ -136,11 +136,11 @@ impl Model {
         if self.config.num_nextn_predict_layers == 0 {
             return Err(self.no_mtp_layer());
         }
-        if !self.config.runs_mtp() {
+        if depth > 1 && self.config.hyper_connections().is_some() {
             return Err(RuntimeError::Input(format!(
-                "{}: --mtp waits for GLM-5.3-Flash: transformers 5.24 has no module for its MTP layer (its tensors \
-                 load as unexpected), and squeeze does not yet run vLLM's (an MLA layer without mHC, its post-norm \
-                 state fed back; docs/engines.md); quantize keeps the layer servable",
+                "{}: --mtp-depth above 1 waits for GLM-5.3-Flash: vLLM's drafter feeds its post-norm state back and \
+                 reuses the first draft's indexer selection in the later ones (glm5next/common/mtp.py), which the \
+                 chained drafts here do not model; --mtp (one draft per position) runs",
                 self.checkpoint.dir().display()
             )));
         }

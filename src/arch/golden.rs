@@ -195,3 +195,10 @@ fn glm5_mtp_drafts_match_the_oracle() {
 fn glm52_mtp_drafts_match_the_oracle() {
     check_mtp("glm5.2", "mtp.safetensors");
 }
+
+/// GLM-5.3-Flash's MTP layer as vLLM's glm5next drafter wires it: an MLA layer with its own k-pool indexer, no mHC,
+/// fed the text model's output after the streams are averaged and normed (scripts/oracle/make-mtp-golden.py).
+#[test]
+fn glm53_flash_mtp_drafts_match_the_oracle() {
+    check_mtp("glm5.3-flash", "mtp.safetensors");
+}

@@ -117,7 +117,7 @@ impl StreamedLayer for Layer {
         };
         let mlp = Mlp::load(reader, config, layer)?;
         let [input_norm, post_norm] = norm_weights(reader, config, layer)?;
-        let hyper = match config.hyper_connections() {
+        let hyper = match config.layer_hyper_connections(layer) {
             Some(_) => Some(Box::new([
                 HyperWeights::load(reader, config, layer, "attn")?,
                 HyperWeights::load(reader, config, layer, "ffn")?,

@@ -85,7 +85,8 @@ pub type LayerWork<'a> = dyn FnMut(&mut LayerRun, &mut Tensor) -> Result<Option<
 /// Whether the plan quantizes routed experts of the model's MTP layer (`model.layers.{num_hidden_layers}`), which
 /// the pass then runs after the decoder layers.
 pub fn calibrates_mtp(plan: &Plan, config: &ModelConfig) -> bool {
-    config.runs_mtp() && planned_experts(plan).iter().any(|(layer, _)| *layer == config.num_hidden_layers)
+    config.num_nextn_predict_layers > 0
+        && planned_experts(plan).iter().any(|(layer, _)| *layer == config.num_hidden_layers)
 }
 
 /// The layers [`run_pass`] runs: the decoder layers, and the MTP layer where the plan quantizes its experts.

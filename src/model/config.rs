@@ -272,14 +272,6 @@ impl ModelConfig {
         self.num_hidden_layers + self.num_nextn_predict_layers
     }
 
-    /// Whether the reference runtime runs the model's MTP layer (`eval --mtp`, GPTQ's MTP calibration): not for
-    /// GLM-5.3-Flash, whose MTP module transformers 5.24 does not have (its tensors load as unexpected) and whose
-    /// vLLM forward (`glm5next/common/mtp.py`: no mHC in the block, the post-norm state fed back) squeeze does not
-    /// implement yet.
-    pub fn runs_mtp(&self) -> bool {
-        self.num_nextn_predict_layers > 0 && self.hyper_connections().is_none()
-    }
-
     /// Whether layer `layer` is a MoE layer (the first `first_k_dense_replace` layers are dense).
     pub fn is_moe_layer(&self, layer: usize) -> bool {
         layer >= self.first_k_dense_replace
@@ -351,6 +343,12 @@ impl ModelConfig {
             Some(Layout::Glm5Next(glm)) => Some(glm.hyper),
             _ => None,
         }
+    }
+
+    /// The mHC hyper-connections around decoder layer `layer`: the model's for its decoder layers, none for an MTP
+    /// layer (vLLM builds GLM-5.3-Flash's with `is_mtp_layer`: a plain residual, no `hc_*` parameters).
+    pub fn layer_hyper_connections(&self, layer: usize) -> Option<HyperConnections> {
+        self.hyper_connections().filter(|_| layer < self.num_hidden_layers)
     }
 
     /// The residual stream's width per token: `hidden_size`, times the stream count with mHC.

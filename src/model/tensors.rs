@@ -38,7 +38,7 @@ pub fn tensor_specs(config: &ModelConfig) -> Vec<TensorSpec> {
         }
         push(&mut specs, format!("{prefix}.post_attention_layernorm.weight"), vec![hidden], Norm);
         mlp_specs(config, layer, &prefix, &mut specs);
-        if let Some(hyper) = config.hyper_connections() {
+        if let Some(hyper) = config.layer_hyper_connections(layer) {
             super::glm5_next::hyper_specs(&hyper, hidden, &prefix, &mut specs);
         }
     }

@@ -163,7 +163,10 @@ fn glm53_flash_runs_from_fp8_to_int4() {
     assert_eq!(calibrated["state_layers"], serde_json::json!([0]));
     let sized = squeeze(&["report", path_str(&model), "--gpus", "1", "--tp", "1", "--json"]).ok().json();
     assert_eq!(sized["kv"]["bf16"]["layers"], 2, "{}", sized["kv"]);
-    assert_eq!(sized["kv"]["bf16"]["state_bytes_per_request"], 4 * 32 * 32 * 4 + 3 * 128 * 3 * 2);
+    // One KDA layer's state (F32 recurrent, BF16 conv tail) and the one full indexer layer's unfinished k-pool ring
+    // (4 rows of BF16 key and gate score, 2 × 32 each).
+    assert_eq!(sized["kv"]["bf16"]["state_bytes_per_request"], 4 * 32 * 32 * 4 + 3 * 128 * 3 * 2 + 4 * 2 * 32 * 2);
+    assert_eq!(sized["kv"]["bf16"]["indexer_pool"], 4, "{}", sized["kv"]);
 
     // The split deployment in miniature: prompts prefilled on FP8, decoded on INT4 with an FP8 cache; the KDA
     // states in their slots, the attention layers' rows and k-pool keys in pages, all verified.
@@ -181,8 +184,17 @@ fn glm53_flash_runs_from_fp8_to_int4() {
         assert_eq!((report["faults_injected"].clone(), report["undetected"].clone()), (1.into(), 0.into()), "{fault}");
         assert_eq!((report["aborted"].clone(), report["false_positives"].clone()), (1.into(), 0.into()), "{fault}");
     }
-    let mtp = squeeze(&["eval", path_str(&model), "--data", path_str(&text), "--ctx", "48", "--mtp"]);
-    expect_exit_2(&mtp, &["--mtp waits for GLM-5.3-Flash"]);
+    // The MTP layer as vLLM's glm5next drafter runs it (an MLA layer without mHC): drafts on FP8 and INT4.
+    let drafts = |model: &Path| {
+        let args = ["eval", path_str(model), "--data", path_str(&text), "--ctx", "48", "--mtp", "--json"];
+        squeeze(&args).ok().json()["mtp"].clone()
+    };
+    let (fp8, int4_drafts) = (drafts(&model), drafts(&int4));
+    assert!(fp8["positions"].as_u64().is_some_and(|p| p > 0), "{fp8}");
+    assert_eq!(fp8["positions"], int4_drafts["positions"]);
+    assert_ne!(fp8["mean_kld"], int4_drafts["mean_kld"], "INT4 experts move the drafts");
+    let chained = squeeze(&["eval", path_str(&model), "--data", path_str(&text), "--mtp", "--mtp-depth", "2"]);
+    expect_exit_2(&chained, &["--mtp-depth above 1 waits for GLM-5.3-Flash"]);
 }
 
 /// GLM-5.3-Flash's layout keys against its tensors: exit 2 naming the key and the value that matches.
