@@ -522,7 +522,7 @@ fn glm53_flash(common: Value, size: &SynthSize) -> Value {
 /// FP8 with E8M0 128×128 block scales and FP4 experts.
 fn deepseek_v4(common: Value, size: &SynthSize) -> Value {
     let ratios: Vec<usize> = (0..size.layers).map(|layer| [0, 4, 128][layer % 3]).chain([0]).collect();
-    merge(
+    let mut config = merge(
         common,
         json!({
             "architectures": ["DeepseekV4ForCausalLM"],
@@ -535,7 +535,7 @@ fn deepseek_v4(common: Value, size: &SynthSize) -> Value {
             "o_groups": 2,
             "sliding_window": 16,
             "compress_ratios": ratios,
-            "index_n_heads": 4,
+            "index_n_heads": 16,
             "index_head_dim": 32,
             "index_topk": 8,
             "num_hash_layers": 1,
@@ -553,5 +553,13 @@ fn deepseek_v4(common: Value, size: &SynthSize) -> Value {
             "quantization_config": { "quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
                                      "activation_scheme": "dynamic", "weight_block_size": [128, 128] },
         }),
-    )
+    );
+    // Every V4 layer is MoE and the release ships no `intermediate_size`: transformers reads that name as
+    // `moe_intermediate_size` (its config's attribute map), so a stray one would resize the experts.
+    if let Some(object) = config.as_object_mut() {
+        for key in ["intermediate_size", "first_k_dense_replace", "n_group", "topk_group"] {
+            object.remove(key);
+        }
+    }
+    config
 }
