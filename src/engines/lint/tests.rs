@@ -425,4 +425,12 @@ fn glm53_flash_needs_vllms_keys_and_unquantized_attention() {
     let report = lint(&output, &BOTH, 1);
     assert_eq!(status(&report, "glm5-next-attention"), Status::Failed, "{report:#?}");
     assert!(findings(&report, "glm5-next-attention").contains("kv_b_proj"));
+    // An INT4 KDA projection: vLLM has nowhere to load it; SGLang loads it unfused.
+    output.tensors.retain(|t| !t.name.contains("kv_b_proj"));
+    output.tensors.push(tensor(&format!("{attention}.kv_b_proj.weight"), Dtype::BF16, &[64, 64], None));
+    let kda = "model.layers.0.self_attn";
+    output.tensors.push(tensor(&format!("{kda}.A_log"), Dtype::F32, &[2], None));
+    int4(&mut output.tensors, &format!("{kda}.q_proj"), 64, 64, 32);
+    assert_eq!(one_engine(&output, Engine::Vllm, 1, "glm5-next-attention").0, Status::Failed);
+    assert_eq!(one_engine(&output, Engine::Sglang, 1, "glm5-next-attention").0, Status::Passed);
 }

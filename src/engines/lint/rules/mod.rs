@@ -171,8 +171,8 @@ pub const RULES: [Rule; 21] = [
         vllm: "vLLM 0.32 models/glm5next/common/model.py (MLA quant_config=None, _try_load_fp8_attn_proj), kda.py \
                (quant_config None around the KDA projections), attention.py (indexer wk_weights_proj quant_config \
                None)",
-        sglang: "SGLang models/glm5_next.py read for the KDA projections only (fused when unquantized or FP8, \
-                 unfused otherwise); the MLA's rule assumed as vLLM's",
+        sglang: "SGLang models/glm5_next.py: KDA projections fused when unquantized or FP8 and loaded unfused \
+                 otherwise (not checked); the MLA's and indexer's rule assumed as vLLM's",
         check: modules::glm5_next_attention,
     },
     Rule {

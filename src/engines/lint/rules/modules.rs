@@ -314,15 +314,23 @@ pub fn kda_params(context: &Context, _: Engine) -> Outcome {
 
 /// GLM-5.3-Flash's attention projections — MLA, KDA and the k-pool indexer — stay unquantized: vLLM builds them
 /// with `quant_config=None` whatever the checkpoint's config says, dequantizing a block-FP8 `q_a_proj`,
-/// `kv_a_proj_with_mqa`, `q_b_proj`, `o_proj` and indexer `wk` at load and nothing else.
-pub fn glm5_next_attention(context: &Context, _: Engine) -> Outcome {
+/// `kv_a_proj_with_mqa`, `q_b_proj`, `o_proj` and indexer `wk` at load and nothing else. SGLang loads quantized KDA
+/// projections unfused, so for it only the MLA and indexer projections count.
+pub fn glm5_next_attention(context: &Context, engine: Engine) -> Outcome {
     let text = context.config.get("model_type").and_then(serde_json::Value::as_str);
     if text != Some("glm5_next_text") {
         return Outcome::skipped("not GLM-5.3-Flash (text model_type glm5_next_text)");
     }
     const FP8_DEQUANTIZED: [&str; 5] = [".q_a_proj", ".kv_a_proj_with_mqa", ".q_b_proj", ".o_proj", ".indexer.wk"];
-    let attention: Vec<(&str, Stored)> =
-        context.modules.iter().filter(|(m, _)| m.contains(".self_attn.")).map(|(m, s)| (*m, *s)).collect();
+    // KDA layers: those whose attention stores `A_log`.
+    let kda: Vec<&str> = context.tensors.keys().filter_map(|name| name.strip_suffix("A_log")).collect();
+    let counted = |module: &str| engine == Engine::Vllm || !kda.iter().any(|layer| module.starts_with(layer));
+    let attention: Vec<(&str, Stored)> = context
+        .modules
+        .iter()
+        .filter(|(m, _)| m.contains(".self_attn.") && counted(m))
+        .map(|(m, s)| (*m, *s))
+        .collect();
     let mut findings = Vec::new();
     for (module, stored) in &attention {
         let refused = stored.is_packed()
