@@ -179,11 +179,12 @@ fn sigmoid(x: f32) -> f32 {
 /// safe one bounded below).
 fn forget_gate(forget: &[f32], params: &KdaParams, shape: &KdaShape) -> Vec<f32> {
     let width = shape.width();
+    let rates: Vec<f32> = params.a_log.iter().map(|&a| exp(a)).collect();
     let mut g = vec![0f32; forget.len()];
     g.par_chunks_mut(width.max(1)).zip(forget.par_chunks(width.max(1))).for_each(|(g, forget)| {
         for (channel, (g, &f)) in g.iter_mut().zip(forget).enumerate() {
             let x = f + params.dt_bias[channel];
-            let rate = exp(params.a_log[channel / shape.head_dim]);
+            let rate = rates[channel / shape.head_dim];
             *g = match params.gate_lower_bound {
                 Some(bound) => bound * sigmoid(rate * x),
                 None => -rate * if x > SOFTPLUS_LINEAR { x } else { (1.0 + exp(x)).ln() },
