@@ -157,6 +157,21 @@ def load_float(arch, folder):
     return TextLM(model, head), info
 
 
+def write_golden(target, checkpoint, goldens, meta):
+    """A golden folder: the checkpoint's config and its shards merged into one model.safetensors (the index is
+    dropped), `goldens` as golden.safetensors, `meta` as golden.json; whatever was there before is removed."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    shutil.copy(checkpoint / "config.json", target / "config.json")
+    merged = {}
+    for shard in sorted(checkpoint.glob("*.safetensors")):
+        merged.update(load_file(str(shard)))
+    save_file(merged, str(target / "model.safetensors"), metadata={"format": "pt"})
+    save_file(goldens, str(target / "golden.safetensors"))
+    (target / "golden.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def all_full_logits(squeeze, seed, sizes, fp8, config, scratch, input_ids):
     """GLM-5.2's shared layers run as full ones on the same weights: the indexers they lack come from the GLM-5
     synth of the same seed and sizes (every tensor is drawn from its own name, so the shared tensors are equal). The
@@ -381,23 +396,12 @@ def run_arch(arch, squeeze, out_root, first_seed):
                 extra.update(kda_ablations(model, input_ids, logits))
             if arch == "glm5.3-flash":
                 extra.update(glm53_ablations(model, input_ids, logits))
-            target = out_root / arch
-            if target.exists():
-                shutil.rmtree(target)
-            target.mkdir(parents=True)
-            shutil.copy(fp8 / "config.json", target / "config.json")
-            # One shard named model.safetensors (shards merged: the index is dropped).
-            merged = {}
-            for shard in sorted(fp8.glob("*.safetensors")):
-                merged.update(load_file(str(shard)))
-            save_file(merged, str(target / "model.safetensors"), metadata={"format": "pt"})
-            save_file(goldens, str(target / "golden.safetensors"))
             meta = {
                 "arch": arch, "seed": seed, "smallest_topk_margin": smallest, "min_margin": MIN_MARGIN,
                 "torch": torch.__version__, "transformers": transformers.__version__,
                 "attn_implementation": "eager", "logits_shape": list(logits.shape), **extra,
             }
-            (target / "golden.json").write_text(json.dumps(meta, indent=2) + "\n")
+            write_golden(out_root / arch, fp8, goldens, meta)
             return
     sys.exit(f"{arch}: no seed without near-ties in 20 tries")
 

@@ -23,7 +23,7 @@ boundary appear in every draw.
 """
 
 import argparse
-import json
+import importlib.util
 import math
 import pathlib
 import shutil
@@ -33,8 +33,12 @@ import tempfile
 
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+
+HERE = pathlib.Path(__file__).resolve().parent
+spec = importlib.util.spec_from_file_location("runtime_golden", HERE / "make-runtime-golden.py")
+runtime_golden = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runtime_golden)
 
 SEQUENCES = 2
 LENGTH = 160
@@ -142,24 +146,15 @@ def main():
                 lambda c: setattr(c, "mlp_layer_types", ["moe"] * len(c.mlp_layer_types)), "hash routing"
             ),
         }
-        target = pathlib.Path(args.out)
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-        shutil.copy(folder / "config.json", target / "config.json")
-        merged = {}
-        for shard in sorted(folder.glob("*.safetensors")):
-            merged.update(load_file(str(shard)))
-        save_file(merged, str(target / "model.safetensors"), metadata={"format": "pt"})
-        save_file({"input_ids": input_ids.to(torch.int64), "logits": logits.contiguous()}, str(target / "golden.safetensors"))
+        goldens = {"input_ids": input_ids.to(torch.int64), "logits": logits.contiguous()}
         meta = {
             "arch": "deepseek-v4", "seed": seed, "smallest_topk_margin": smallest, "min_margin": MIN_MARGIN,
             "torch": torch.__version__, "transformers": transformers.__version__, "attn_implementation": "eager",
             "dequantization": "transformers FineGrainedFP8Config(dequantize=True)", "logits_shape": list(logits.shape),
             **ablations,
         }
-        (target / "golden.json").write_text(json.dumps(meta, indent=2) + "\n")
-        print(f"wrote {target}: logits {list(logits.shape)}, seed {seed}")
+        runtime_golden.write_golden(pathlib.Path(args.out), folder, goldens, meta)
+        print(f"wrote {args.out}: logits {list(logits.shape)}, seed {seed}")
 
 
 if __name__ == "__main__":
