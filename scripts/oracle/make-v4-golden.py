@@ -14,6 +14,11 @@ in int8) with E8M0 scales per 32, DeepSeek's own tensor names — and transforme
 layers cycle the layer types: sliding-window only (the hash-routed layer), CSA (ratio 4, with its indexer) and HCA
 (ratio 128); 160 tokens so that HCA compresses one block and CSA's indexer chooses among up to 40 entries (top 8).
 
+Every FP8 dimension above 128 is a multiple of 128 (hidden 256): transformers' `Fp8Dequantize` takes the block size
+from the scale grid (`rows // scale_rows`), which for a 160-wide weight with DeepSeek's two 128-blocks gives 80 and
+scales columns 80..127 with the wrong block's factor; DeepSeek's format (and squeeze, and vLLM) block by 128 from the
+first column. Real V4 checkpoints have no such dimension.
+
 Input ids are redrawn until no top-k decision (router, indexer) is a near-tie (relative margin 1e-4, 10× the
 runtime's threshold). Ablations (relative L2 of the logits; each must exceed 1e-3 or the script refuses): the sinks
 at −1e9 (no sink), every `layer_types` entry `sliding_attention` (no compressor, no indexer), every
@@ -43,7 +48,7 @@ spec.loader.exec_module(runtime_golden)
 SEQUENCES = 2
 LENGTH = 160
 MIN_MARGIN = 1e-4
-SIZES = ["--layers", "3", "--hidden", "160", "--experts", "6", "--moe-intermediate", "96", "--vocab", "300", "--shards", "1"]
+SIZES = ["--layers", "3", "--hidden", "256", "--experts", "6", "--moe-intermediate", "96", "--vocab", "300", "--shards", "1"]
 
 
 def load(folder, edit=None):

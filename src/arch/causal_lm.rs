@@ -170,7 +170,7 @@ impl Model {
         let (table, mla_scale) = rope_setup(config, sequence.len());
         let mut hidden = widen(backend, config, backend.upload(&embedded, width)?)?;
         let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
-        let mut state = LayerState::default();
+        let mut state = LayerState { tokens: sequence.to_vec(), ..LayerState::default() };
         let mut found: Option<String> = None;
         let replayed = run_layers(&[self], backend, &crate::progress::Silent, &mut |step| {
             let prefix = format!("model.layers.{}", step.index);
@@ -204,8 +204,8 @@ impl Model {
             return Ok(found);
         }
         replayed?;
-        let mut hidden = narrow(backend, config, hidden)?;
-        let norm = reader.parameter("model.norm.weight", width)?;
+        let mut hidden = narrow(backend, &reader, config, hidden)?;
+        let norm = reader.parameter(config.final_norm_name(), width)?;
         backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
         if let Some((position, value)) = first_bad(&backend.download(&hidden)?, width) {
             return Ok(Some(format!("the final norm `model.norm.weight`'s output at position {position} ({value})")));
@@ -250,7 +250,7 @@ impl Model {
 
         reporter.begin("layers", config.num_hidden_layers as u64 + 1);
         let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
-        let mut state = LayerState::default();
+        let mut state = LayerState { tokens: ids, ..LayerState::default() };
         run_layers(&[self], backend, reporter, &mut |step| {
             // Only the wait counts as load time: the rest of the loading overlapped the previous layer's compute.
             let times = ExpertTimes::default();
@@ -271,11 +271,11 @@ impl Model {
         stats.near_ties = state.near_ties;
 
         let started = Instant::now();
-        let norm = reader.parameter("model.norm.weight", width)?;
+        let norm = reader.parameter(config.final_norm_name(), width)?;
         let head: Matrix = reader.matrix(head_name(config, &reader), [config.vocab_size, width])?;
         stats.load_seconds += started.elapsed().as_secs_f64();
         let started = Instant::now();
-        let mut hidden = narrow(backend, config, hidden)?;
+        let mut hidden = narrow(backend, &reader, config, hidden)?;
         backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
         let mut mtp_load_seconds = 0.0;
         let mtp = match drafts {

@@ -33,4 +33,7 @@ pub struct LayerState {
     pub selection: Option<DsaMasks>,
     /// Router and DSA top-k decisions within a near-tie margin so far.
     pub near_ties: usize,
+    /// The token id of each row of the residual stream (DeepSeek-V4's hash-routed layers pick experts by it); empty
+    /// where the caller has none to give.
+    pub tokens: Vec<u32>,
 }

@@ -4,10 +4,12 @@ use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::runtime::RuntimeError;
 
-/// The name of the output head's weight (`lm_head.weight`, or the embedding when tied and absent).
+/// The name of the output head's weight (`lm_head.weight`, or the embedding when tied and absent; DeepSeek-V4's `head.weight`).
 pub fn head_name(config: &ModelConfig, reader: &WeightReader) -> &'static str {
-    if config.tie_word_embeddings && !reader.contains("lm_head.weight") {
-        "model.embed_tokens.weight"
+    if config.deepseek_v4().is_some() {
+        "head.weight"
+    } else if config.tie_word_embeddings && !reader.contains("lm_head.weight") {
+        config.embed_name()
     } else {
         "lm_head.weight"
     }
@@ -15,5 +17,5 @@ pub fn head_name(config: &ModelConfig, reader: &WeightReader) -> &'static str {
 
 /// The embeddings `[tokens, hidden]` of `ids`.
 pub fn embed(reader: &WeightReader, config: &ModelConfig, ids: &[u32]) -> Result<Vec<f32>, RuntimeError> {
-    reader.rows("model.embed_tokens.weight", config.hidden_size, ids)
+    reader.rows(config.embed_name(), config.hidden_size, ids)
 }

@@ -116,6 +116,16 @@ fn glm53_flash_matches_transformers() {
     check_within("glm5.3-flash", 1e-5);
 }
 
+/// DeepSeek-V4 as DeepSeek ships it (FP8 with E8M0 block scales, MXFP4 experts, its own names): a hash-routed
+/// sliding-window layer, a CSA layer whose indexer picks 8 of up to 40 entries, an HCA layer, mHC over 4 streams and
+/// the weighted hyper-head, over 160 tokens (window 16; the truncated sequence has 4 CSA entries and no HCA one).
+/// Within 1e-5; the golden moves by 0.18 / 0.44 / 0.91 (relative L2) when the sinks, the compressors or the hash
+/// routing are dropped (`golden.json`), so a runtime without one would fail.
+#[test]
+fn deepseek_v4_matches_transformers() {
+    check_within("deepseek-v4", 1e-5);
+}
+
 /// GLM-5.2's shared DSA layers: the runtime matches transformers, and the golden is far from the same weights run
 /// with every layer's indexer (so a runtime that ignored `indexer_types` would fail here).
 #[test]

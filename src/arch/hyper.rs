@@ -2,7 +2,8 @@
 //! is `N` streams per token (`[tokens, N · hidden]`); before each block (attention, MLP) a one-layer perceptron of
 //! the unweighted-RMS-normed streams gives per token the weights that collapse the streams into the block's input
 //! (`pre`), expand the block's output back (`post`) and mix the streams (`comb`, made doubly stochastic by
-//! Sinkhorn-Knopp). The first layer takes `N` copies of the embedding; the final norm takes the streams' mean.
+//! Sinkhorn-Knopp). The first layer takes `N` copies of the embedding; the final norm takes the streams' mean
+//! (DeepSeek-V4, whose mHC is the same: their weighted sum, [`HyperHead`]).
 //! Computed on the host (its one projection on the backend).
 
 use crate::load::weights::WeightReader;
@@ -59,7 +60,8 @@ impl HyperWeights {
             .hyper_connections()
             .ok_or_else(|| RuntimeError::Input(format!("layer {layer}: mHC weights in a model without hc_mult")))?;
         let (n, hidden) = (settings.streams, config.hidden_size);
-        let name = |part: &str| format!("model.layers.{layer}.hc_{site}_{part}");
+        let prefix = config.layer_prefix(layer);
+        let name = |part: &str| format!("{prefix}.hc_{site}_{part}");
         let scale = reader.vector(&name("scale"), 3)?;
         Ok(Self {
             projection: reader.matrix(&name("fn"), [(2 + n) * n, n * hidden])?,
@@ -83,12 +85,7 @@ impl HyperWeights {
         let width = n * hidden;
         let values = backend.download(streams)?;
         let tokens = streams.rows();
-        let mut normed = values.clone();
-        for row in normed.chunks_exact_mut(width) {
-            let mean = row.iter().map(|v| v * v).sum::<f32>() / width as f32;
-            let inverse = 1.0 / (mean + self.norm_eps).sqrt();
-            row.iter_mut().for_each(|v| *v *= inverse);
-        }
+        let normed = unweighted_norm(&values, width, self.norm_eps);
         let mixed = backend.download(&backend.linear(&backend.upload(&normed, width)?, &self.projection, None)?)?;
         let parts = (2 + n) * n;
         let (mut post, mut comb) = (vec![0f32; tokens * n], vec![0f32; tokens * n * n]);
@@ -173,9 +170,17 @@ pub fn widen(backend: &dyn Backend, config: &ModelConfig, hidden: Tensor) -> Res
 }
 
 /// The residual stream leaving the last layer as the final norm takes it: as it is, or with mHC the mean of the
-/// streams (GLM-5.3-Flash's `Glm5NextTextHyperHead`).
-pub fn narrow(backend: &dyn Backend, config: &ModelConfig, streams: Tensor) -> Result<Tensor, RuntimeError> {
+/// streams (GLM-5.3-Flash's `Glm5NextTextHyperHead`) or DeepSeek-V4's weighted sum ([`HyperHead`]).
+pub fn narrow(
+    backend: &dyn Backend,
+    reader: &WeightReader,
+    config: &ModelConfig,
+    streams: Tensor,
+) -> Result<Tensor, RuntimeError> {
     let Some(settings) = config.hyper_connections() else { return Ok(streams) };
+    if config.deepseek_v4().is_some() {
+        return HyperHead::load(reader, config, "")?.collapse(backend, &streams);
+    }
     let (n, hidden) = (settings.streams, config.hidden_size);
     let values = backend.download(&streams)?;
     let mut mean = vec![0f32; values.len() / n];
@@ -186,4 +191,63 @@ pub fn narrow(backend: &dyn Backend, config: &ModelConfig, streams: Tensor) -> R
         out.iter_mut().for_each(|o| *o /= n as f32);
     }
     backend.upload(&mean, hidden)
+}
+
+/// DeepSeek-V4's hyper-head (transformers 5.24 `DeepseekV4HyperHead`): the streams collapsed by per-token weights
+/// `sigmoid(fn · unweighted_rms_norm(streams) · scale + base) + hc_eps` (`hc_head_*`).
+pub struct HyperHead {
+    projection: Matrix,
+    base: Vec<f32>,
+    scale: f32,
+    settings: HyperConnections,
+    hidden: usize,
+    norm_eps: f32,
+}
+
+impl HyperHead {
+    /// The hyper-head stored under `prefix` (`""` for the model's, `mtp.J.` for a draft layer's).
+    pub fn load(reader: &WeightReader, config: &ModelConfig, prefix: &str) -> Result<Self, RuntimeError> {
+        let settings = config
+            .hyper_connections()
+            .ok_or_else(|| RuntimeError::Input("a hyper-head in a model without hc_mult".into()))?;
+        let (n, hidden) = (settings.streams, config.hidden_size);
+        Ok(Self {
+            projection: reader.matrix(&format!("{prefix}hc_head_fn"), [n, n * hidden])?,
+            base: reader.vector(&format!("{prefix}hc_head_base"), n)?,
+            scale: reader.vector(&format!("{prefix}hc_head_scale"), 1)?[0],
+            settings,
+            hidden,
+            norm_eps: config.rms_norm_eps as f32,
+        })
+    }
+
+    /// The streams `[tokens, N · hidden]` collapsed to `[tokens, hidden]`.
+    pub fn collapse(&self, backend: &dyn Backend, streams: &Tensor) -> Result<Tensor, RuntimeError> {
+        let (n, hidden) = (self.settings.streams, self.hidden);
+        let values = backend.download(streams)?;
+        let normed = unweighted_norm(&values, n * hidden, self.norm_eps);
+        let mixes =
+            backend.download(&backend.linear(&backend.upload(&normed, n * hidden)?, &self.projection, None)?)?;
+        let mut collapsed = vec![0f32; values.len() / n];
+        for ((row, mix), out) in
+            values.chunks_exact(n * hidden).zip(mixes.chunks_exact(n)).zip(collapsed.chunks_exact_mut(hidden))
+        {
+            for ((stream, m), b) in row.chunks_exact(hidden).zip(mix).zip(&self.base) {
+                let pre = sigmoid(m * self.scale + b) + self.settings.eps as f32;
+                out.iter_mut().zip(stream).for_each(|(o, v)| *o += pre * v);
+            }
+        }
+        backend.upload(&collapsed, hidden)
+    }
+}
+
+/// Each `width`-wide row of `values` divided by its root mean square (plus `eps` under the root).
+fn unweighted_norm(values: &[f32], width: usize, eps: f32) -> Vec<f32> {
+    let mut normed = values.to_vec();
+    for row in normed.chunks_exact_mut(width) {
+        let mean = row.iter().map(|v| v * v).sum::<f32>() / width as f32;
+        let inverse = 1.0 / (mean + eps).sqrt();
+        row.iter_mut().for_each(|v| *v *= inverse);
+    }
+    normed
 }

@@ -5,6 +5,7 @@
 //! [`Layer::prefill_state`]) or around the paged attention of a decode step ([`Layer::decode`]; KDA:
 //! [`Layer::decode_states`]), then the one residual and MLP they all share.
 
+use super::compressed_attention::CompressedAttention;
 use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
 use super::hyper::{self, HyperMix, HyperWeights};
@@ -25,15 +26,20 @@ use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::RuntimeError;
 
-/// A layer's token mixer: softmax attention (MLA, GQA) or KDA linear attention.
+/// A layer's token mixer: softmax attention (MLA, GQA, DeepSeek-V4's compressed attention) or KDA linear attention.
 enum Mixer {
     Mla(Box<MlaWeights>),
     Gqa(Box<GqaWeights>),
     Kda(Box<KdaWeights>),
+    Compressed(Box<CompressedAttention>),
 }
 
 /// Why a KDA layer cannot take the paged attention path (it is stepped through its state instead).
 const KDA_NOT_PAGED: &str = "a KDA layer has no paged KV cache rows; it is prefilled and decoded through its state";
+/// Why a DeepSeek-V4 layer cannot take the paged attention path yet.
+const V4_NOT_PAGED: &str =
+    "DeepSeek-V4's paged caches (sliding window, compressed entries) are not built yet: eval and \
+                            parity run it, serve-test and calibrate-kv do not";
 
 enum Mlp {
     Dense(Box<DenseMlp>),
@@ -42,9 +48,9 @@ enum Mlp {
 
 impl Mlp {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
-        let prefix = format!("model.layers.{layer}");
+        let prefix = config.layer_prefix(layer);
         Ok(if config.runs_moe(layer) {
-            Mlp::Moe(Box::new(MoeWeights::load(reader, config, &prefix)?))
+            Mlp::Moe(Box::new(MoeWeights::load(reader, config, &prefix, layer)?))
         } else {
             Mlp::Dense(Box::new(DenseMlp::load(reader, config, &format!("{prefix}.mlp"), config.intermediate_size)?))
         })
@@ -59,11 +65,8 @@ impl Mlp {
 }
 
 fn norm_weights(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<[Matrix; 2], RuntimeError> {
-    let prefix = format!("model.layers.{layer}");
-    Ok([
-        reader.parameter(&format!("{prefix}.input_layernorm.weight"), config.hidden_size)?,
-        reader.parameter(&format!("{prefix}.post_attention_layernorm.weight"), config.hidden_size)?,
-    ])
+    let [input, post] = config.layer_norm_names(layer);
+    Ok([reader.parameter(&input, config.hidden_size)?, reader.parameter(&post, config.hidden_size)?])
 }
 
 /// `hidden` RMS-normed with `weight` (a copy).
@@ -105,6 +108,8 @@ struct MlpRows<'a, 'b> {
     only: Option<&'a [usize]>,
     times: &'a ExpertTimes,
     near_ties: &'a mut usize,
+    /// The token id of each row of the residual stream (for hash routing; may be empty).
+    ids: &'a [u32],
     tap: &'a mut LayerTap<'b>,
 }
 
@@ -112,6 +117,9 @@ impl StreamedLayer for Layer {
     fn load(reader: &WeightReader, config: &ModelConfig, layer: usize) -> Result<Self, RuntimeError> {
         let mixer = match config.attention {
             _ if config.is_kda_layer(layer) => Mixer::Kda(Box::new(KdaWeights::load(reader, config, layer)?)),
+            _ if config.deepseek_v4().is_some() => {
+                Mixer::Compressed(Box::new(CompressedAttention::load(reader, config, layer)?))
+            }
             Attention::Mla { .. } => Mixer::Mla(Box::new(MlaWeights::load(reader, config, layer)?)),
             Attention::Gqa { .. } => Mixer::Gqa(Box::new(GqaWeights::load(reader, config, layer)?)),
         };
@@ -133,6 +141,7 @@ impl StreamedLayer for Layer {
             Mixer::Mla(mla) => mla.matrices(),
             Mixer::Gqa(gqa) => gqa.matrices().to_vec(),
             Mixer::Kda(kda) => kda.matrices(),
+            Mixer::Compressed(attention) => attention.matrices(),
         };
         all.extend(self.mlp.matrices());
         all.extend(self.hyper.iter().flat_map(|hyper| hyper.iter().map(HyperWeights::matrix)));
@@ -198,6 +207,7 @@ impl Layer {
             (Mixer::Mla(mla), None) => mla.forward(context, &x, spans, KvSource::Own, state, &mut tap.kv)?,
             (Mixer::Gqa(gqa), None) => gqa.forward(context, &x, spans, KvSource::Own, &mut tap.kv)?,
             (Mixer::Kda(kda), None) => kda.forward(context, &x, spans)?,
+            (Mixer::Compressed(attention), None) => attention.forward(context, &x, spans, &mut state.near_ties)?,
             (Mixer::Kda(kda), Some((Layer { mixer: Mixer::Kda(prefill), .. }, x_prefill, prompt))) => {
                 kda.forward_split(context, &x, spans, (prefill, x_prefill, prompt))?
             }
@@ -223,7 +233,7 @@ impl Layer {
             }
             decoded
         });
-        let mlp = MlpRows { only: decoded.as_deref(), times, near_ties: &mut state.near_ties, tap };
+        let mlp = MlpRows { only: decoded.as_deref(), times, near_ties: &mut state.near_ties, ids: &state.tokens, tap };
         self.residual(context, hidden, (&attended, mix), mlp, probe)
     }
 
@@ -282,7 +292,7 @@ impl Layer {
     /// `hidden += mlp(norm(hidden))` on all rows or on the rows listed in `only`; records the routed experts of
     /// each row (an empty list for rows not run or a dense layer) and shows the routed experts' inputs to the tap.
     fn mlp_residual(&self, context: &LayerContext, hidden: &mut Tensor, mlp: MlpRows) -> Result<(), RuntimeError> {
-        let MlpRows { only, times, near_ties, tap } = mlp;
+        let MlpRows { only, times, near_ties, ids, tap } = mlp;
         let LayerTap { routes, experts, .. } = tap;
         let (routes, experts) = (routes.as_deref_mut(), experts.as_mut());
         let LayerContext { backend, config, .. } = *context;
@@ -301,6 +311,10 @@ impl Layer {
             Some(rows) => backend.gather_rows(input, rows)?,
         };
         backend.rms_norm(&mut x, config.hidden_size, &self.post_norm, eps)?;
+        let ids: Vec<u32> = match only {
+            Some(rows) if !ids.is_empty() => rows.iter().map(|&row| ids[row]).collect(),
+            _ => ids.to_vec(),
+        };
         let mixed = match &self.mlp {
             Mlp::Dense(mlp) => {
                 if let Some(routes) = routes {
@@ -310,7 +324,7 @@ impl Layer {
             }
             Mlp::Moe(moe) => {
                 if let Some(routes) = routes {
-                    let (chosen, _) = moe.route(backend, config, &x)?;
+                    let (chosen, _) = moe.route(backend, config, &x, &ids)?;
                     let mut expanded = vec![Vec::new(); all_rows];
                     for (index, route) in chosen.into_iter().enumerate() {
                         let row = only.map_or(index, |rows| rows[index]);
@@ -318,7 +332,7 @@ impl Layer {
                     }
                     *routes = expanded;
                 }
-                moe.forward(context, &x, times, near_ties, experts)?
+                moe.forward(context, (&x, &ids), times, near_ties, experts)?
             }
         };
         match (only, mix) {
@@ -398,8 +412,8 @@ impl Layer {
         hidden: &mut Tensor,
         mixed: (&Tensor, Option<HyperMix>),
     ) -> Result<(), RuntimeError> {
-        let mlp =
-            MlpRows { only: None, times: &ExpertTimes::default(), near_ties: &mut 0, tap: &mut LayerTap::default() };
+        let times = ExpertTimes::default();
+        let mlp = MlpRows { only: None, times: &times, near_ties: &mut 0, ids: &[], tap: &mut LayerTap::default() };
         self.residual(context, hidden, mixed, mlp, None)
     }
 }
@@ -435,6 +449,7 @@ impl Layer {
                 (rows, backend.zeros(positions.len(), aux_width)?, Queries { q, index: None })
             }
             Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
+            Mixer::Compressed(_) => return Err(RuntimeError::Input(V4_NOT_PAGED.into())),
         })
     }
 
@@ -474,6 +489,7 @@ impl Layer {
             Mixer::Mla(mla) => mla.attention_queries(backend, config, &queries.q),
             Mixer::Gqa(_) => backend.row_range(&queries.q, 0..queries.q.rows()),
             Mixer::Kda(_) => Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
+            Mixer::Compressed(_) => Err(RuntimeError::Input(V4_NOT_PAGED.into())),
         }
     }
 
@@ -489,6 +505,7 @@ impl Layer {
             Mixer::Mla(mla) => mla.attention_values(backend, config, &attended),
             Mixer::Gqa(_) => Ok(attended),
             Mixer::Kda(_) => Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
+            Mixer::Compressed(_) => Err(RuntimeError::Input(V4_NOT_PAGED.into())),
         }
     }
 
@@ -504,6 +521,7 @@ impl Layer {
             Mixer::Mla(mla) => mla.output(context.backend, attended)?,
             Mixer::Gqa(gqa) => gqa.output(context.backend, attended)?,
             Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
+            Mixer::Compressed(_) => return Err(RuntimeError::Input(V4_NOT_PAGED.into())),
         };
         self.finish_mixed(context, hidden, (&projected, mix))
     }

@@ -215,7 +215,7 @@ impl MlaWeights {
         state: &mut LayerState,
     ) -> Result<Tensor, RuntimeError> {
         let LayerContext { backend, config, table, mla_scale: scale, .. } = *context;
-        let LayerState { selection, near_ties } = state;
+        let LayerState { selection, near_ties, .. } = state;
         let (d, _) = dims(config);
         let tokens = spans.total();
         let (qk, kv_width) = (d.nope + d.rope, d.nope + d.v);

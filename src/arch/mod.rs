@@ -1,7 +1,9 @@
 //! The architectures the reference runtime runs — `DeepseekV3ForCausalLM` (Kimi K2), `GlmMoeDsaForCausalLM`
-//! (GLM-5), `Glm4MoeForCausalLM` (GLM-4.5) and `KimiLinearForCausalLM` (Kimi-Linear), matching HF transformers'
+//! (GLM-5), `Glm4MoeForCausalLM` (GLM-4.5), `KimiLinearForCausalLM` (Kimi-Linear), GLM-5.3-Flash and
+//! `DeepseekV4ForCausalLM` (compressed attention [`compressed_attention`], routers [`router`]), matching HF transformers'
 //! float32 logits — one file per piece, each with its full-sequence forward and its decode step, on the op surface
-//! of [`crate::runtime`]. A [`Layer`] is a token mixer (MLA [`mla`], GQA [`gqa`], KDA [`kda`]) and an MLP/MoE
+//! of [`crate::runtime`]. A [`Layer`] is a token mixer (MLA [`mla`], GQA [`gqa`], KDA [`kda`], V4's compressed
+//! attention) and an MLP/MoE
 //! ([`moe`]) on the residual stream. One [`Layer`] type serves both: [`Model`] streams the layers through whole sequences; [`paged::PagedModel`] keeps them resident for
 //! prompt prefill and the paged decode step of `serve-test`.
 //!
@@ -29,8 +31,11 @@
 //! one layer. The checkpoint itself stays memory-mapped (page cache, not process memory).
 
 pub mod causal_lm;
+pub mod compressed_attention;
+pub mod compressor;
 pub mod context;
 pub mod embedding;
+pub mod entry_indexer;
 #[cfg(test)]
 mod golden;
 pub mod gqa;
@@ -44,6 +49,7 @@ pub mod mtp;
 pub mod mtp_chain;
 pub mod paged;
 pub mod rope;
+pub mod router;
 pub mod tap;
 
 pub use causal_lm::{run_layers, DraftSink, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};

@@ -1,6 +1,6 @@
 //! SwiGLU MLPs: the dense MLP of the first layers, and the MoE block — sigmoid router with
-//! `e_score_correction_bias` for selection only, group-limited top-k, `norm_topk_prob`, `routed_scaling_factor`,
-//! routed experts streamed in double-buffered batches (read ahead on a loader thread), plus shared experts.
+//! `e_score_correction_bias` for selection only, group-limited top-k, `norm_topk_prob`, `routed_scaling_factor`
+//! (DeepSeek-V4: its own scores and hash routing, [`super::router`]), routed experts streamed in double-buffered batches (read ahead on a loader thread), plus shared experts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::sync_channel;
@@ -9,6 +9,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::context::LayerContext;
+use super::router::V4Selection;
 use super::tap::{ExpertActivations, ExpertTap};
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
@@ -17,9 +18,6 @@ use crate::runtime::backend::{Backend, ExpertInputs, RoutedExpert, RoutingShape}
 use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::RuntimeError;
-
-/// The projections of a SwiGLU MLP as DeepSeek and GLM name them.
-const STANDARD_PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 pub struct DenseMlp {
     gate: Matrix,
@@ -37,7 +35,7 @@ impl DenseMlp {
 
     /// The MLP `module` with `{gate,up,down}_proj` of a model of `config`.
     pub fn load(reader: &WeightReader, config: &ModelConfig, module: &str, inner: usize) -> Result<Self, RuntimeError> {
-        Self::load_named(reader, config, module, STANDARD_PROJECTIONS, inner)
+        Self::load_named(reader, config, module, ["gate_proj", "up_proj", "down_proj"], inner)
     }
 
     /// The MLP `module` whose gate, up and down projections are named `projections`.
@@ -144,6 +142,8 @@ pub type TokenRoutes = Vec<Vec<(usize, f32)>>;
 pub struct MoeWeights {
     router: Matrix,
     correction_bias: Matrix,
+    /// DeepSeek-V4's expert selection (sqrtsoftplus scores, hash or learned); `None`: the sigmoid router.
+    v4: Option<V4Selection>,
     shared: Option<DenseMlp>,
     /// `model.layers.N.mlp.experts` (or the architecture's name for it), the routed experts' common prefix.
     experts_module: String,
@@ -190,18 +190,24 @@ impl MoeWeights {
         all
     }
 
-    pub fn load(reader: &WeightReader, config: &ModelConfig, prefix: &str) -> Result<Self, RuntimeError> {
+    /// The MoE block of layer `layer` (stored under `prefix`).
+    pub fn load(reader: &WeightReader, config: &ModelConfig, prefix: &str, layer: usize) -> Result<Self, RuntimeError> {
         let (hidden, experts) = (config.hidden_size, config.n_routed_experts);
         let names = config.moe_names();
         let block = format!("{prefix}.{}", names.block);
         let shared = match config.n_shared_experts {
             0 => None,
-            n => Some(DenseMlp::load(
+            n => Some(DenseMlp::load_named(
                 reader,
                 config,
                 &format!("{block}.shared_experts"),
+                names.shared,
                 config.moe_intermediate_size * n,
             )?),
+        };
+        let v4 = match config.deepseek_v4() {
+            Some(_) => Some(V4Selection::load(reader, config, &block, layer)?),
+            None => None,
         };
         let experts_module = format!("{block}.experts");
         Ok(Self {
@@ -212,18 +218,21 @@ impl MoeWeights {
                 Matrix::new(1, experts, vec![0.0; experts])
             },
             shared,
+            v4,
             inputs: expert_inputs(reader, &experts_module, names.expert, experts)?,
             experts_module,
             expert_projections: names.expert,
         })
     }
 
-    /// `(experts, weights)` per token, and the number of near-ties at the top-k boundary.
+    /// `(experts, weights)` per token (`ids`: each row's token id, which a hash-routed layer needs), and the number
+    /// of near-ties at the top-k boundary.
     pub(super) fn route(
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
         x: &Tensor,
+        ids: &[u32],
     ) -> Result<(TokenRoutes, usize), RuntimeError> {
         let experts = config.n_routed_experts;
         let routing = &config.routing;
@@ -236,6 +245,9 @@ impl MoeWeights {
             norm_topk_prob: routing.norm_topk_prob,
             routed_scaling_factor: routing.routed_scaling_factor as f32,
         };
+        if let Some(v4) = &self.v4 {
+            return v4.route(&backend.download(&logits)?, ids, &shape);
+        }
         let routes = backend.route(&logits, &self.correction_bias, &shape)?;
         let chosen = routes
             .experts
@@ -258,7 +270,7 @@ impl MoeWeights {
     pub fn forward(
         &self,
         context: &LayerContext,
-        x: &Tensor,
+        (x, ids): (&Tensor, &[u32]),
         times: &ExpertTimes,
         near_ties: &mut usize,
         mut tap: Option<&mut ExpertTap>,
@@ -267,7 +279,7 @@ impl MoeWeights {
         let hidden = config.hidden_size;
         let inner = config.moe_intermediate_size;
         let tokens = x.rows();
-        let (routes, ties) = self.route(backend, config, x)?;
+        let (routes, ties) = self.route(backend, config, x, ids)?;
         *near_ties += ties;
         // Tokens and weights per expert.
         let mut assigned: Vec<Vec<(usize, f32)>> = vec![Vec::new(); config.n_routed_experts];

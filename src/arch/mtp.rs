@@ -123,7 +123,7 @@ impl MtpLayer {
     ) -> Result<Tensor, RuntimeError> {
         let width = config.hidden_size;
         let eps = config.rms_norm_eps as f32;
-        let mut embedded = reader.rows("model.embed_tokens.weight", width, next)?;
+        let mut embedded = reader.rows(config.embed_name(), width, next)?;
         for (row, _) in first.iter().enumerate().filter(|(_, &first)| first) {
             embedded[row * width..(row + 1) * width].fill(0.0);
         }

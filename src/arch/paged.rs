@@ -104,7 +104,7 @@ impl PagedModel {
         let layers = (0..config.num_hidden_layers)
             .map(|layer| Layer::load(&reader, &config, layer))
             .collect::<Result<Vec<_>, _>>()?;
-        let norm = reader.parameter("model.norm.weight", config.hidden_size)?;
+        let norm = reader.parameter(config.final_norm_name(), config.hidden_size)?;
         let head = reader.matrix(head_name(&config, &reader), [config.vocab_size, config.hidden_size])?;
         let (table, mla_scale) = rope_setup(&config, max_positions.max(1));
         drop(reader);
@@ -203,7 +203,7 @@ impl PagedModel {
         let count = tokens.len();
         let positions: Vec<usize> = (0..count).collect();
         let width = self.config.hidden_size;
-        let embedded = backend.upload(&reader.rows("model.embed_tokens.weight", width, tokens)?, width)?;
+        let embedded = backend.upload(&reader.rows(self.config.embed_name(), width, tokens)?, width)?;
         let mut hidden = widen(backend, &self.config, embedded)?;
         let (mut all_rows, mut all_aux, mut states) = (Vec::new(), Vec::new(), Vec::new());
         // The last DSA selection `[count, count]` (shared layers reuse the last indexer layer's).
@@ -224,7 +224,7 @@ impl PagedModel {
             all_rows.push(rows);
             all_aux.push(aux);
         }
-        let hidden = narrow(backend, &self.config, hidden)?;
+        let hidden = narrow(backend, &reader, &self.config, hidden)?;
         let normed = backend.rms_normed(&hidden, &self.norm, self.config.rms_norm_eps as f32)?;
         let logits = self.head_logits(backend, &backend.row_range(&normed, count - 1..count)?)?;
         let normed = if self.mtp.is_some() { backend.download(&normed)? } else { Vec::new() };
@@ -271,7 +271,7 @@ impl PagedModel {
         let at: Vec<KvAt> = items.iter().map(|i| KvAt { request: i.request, position: i.position }).collect();
         let tokens: Vec<u32> = items.iter().map(|i| i.token).collect();
         let width = self.config.hidden_size;
-        let embedded = backend.upload(&reader.rows("model.embed_tokens.weight", width, &tokens)?, width)?;
+        let embedded = backend.upload(&reader.rows(self.config.embed_name(), width, &tokens)?, width)?;
         let hidden = widen(backend, &self.config, embedded)?;
         let stepping = self.stepping();
         let mut step = stepping.start_step(pool, &at, hidden)?;
@@ -292,9 +292,12 @@ impl PagedModel {
         if !step.live.is_empty() {
             // mHC's streams collapse into their mean first (a copy only then: the step keeps its residual stream).
             let collapsed = match self.config.hyper_connections() {
-                Some(_) => {
-                    Some(narrow(backend, &self.config, backend.row_range(&step.hidden, 0..step.hidden.rows())?)?)
-                }
+                Some(_) => Some(narrow(
+                    backend,
+                    &reader,
+                    &self.config,
+                    backend.row_range(&step.hidden, 0..step.hidden.rows())?,
+                )?),
                 None => None,
             };
             let hidden = collapsed.as_ref().unwrap_or(&step.hidden);

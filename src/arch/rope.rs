@@ -110,6 +110,21 @@ pub fn rope_setup(config: &ModelConfig, positions: usize) -> (RopeTable, f32) {
     (rope_table(&config.rope, rope_head, positions), mla_scale)
 }
 
+/// Rotates the trailing `table.rotary_dim` channels of the head `x` in interleaved pairs to `position` (DeepSeek-V4's
+/// `[nope | rope]` heads, transformers' `apply_rotary_pos_emb` of `deepseek_v4`); `inverse` rotates back (`−sin`).
+pub fn rotate_tail(x: &mut [f32], table: &RopeTable, position: usize, inverse: bool) {
+    let half = table.rotary_dim / 2;
+    let offset = x.len() - table.rotary_dim;
+    let cos = &table.cos.values()[position * half..][..half];
+    let sin = &table.sin.values()[position * half..][..half];
+    for (i, pair) in x[offset..].chunks_exact_mut(2).enumerate() {
+        let (a, b) = (pair[0], pair[1]);
+        let sin = if inverse { -sin[i] } else { sin[i] };
+        pair[0] = a * cos[i] - b * sin;
+        pair[1] = b * cos[i] + a * sin;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -149,11 +149,11 @@ pub fn run_pass(
         let width = config.hidden_size;
         let no_mtp = || RuntimeError::Input(format!("{}: the MTP layer's tensors are missing", dir.display()));
         let mtp = MtpLayer::load(&reader, config)?.ok_or_else(no_mtp)?;
-        let mut hidden = narrow(backend, config, hidden)?;
+        let mut hidden = narrow(backend, &reader, config, hidden)?;
         backend.rms_norm(
             &mut hidden,
             width,
-            &reader.parameter("model.norm.weight", width)?,
+            &reader.parameter(config.final_norm_name(), width)?,
             config.rms_norm_eps as f32,
         )?;
         let (mut inputs, mtp_spans) = mtp.inputs(&context, &hidden, &set.sequences, &spans)?;

@@ -361,11 +361,11 @@ impl<'a> Pass<'a> {
         let (ref_reader, cand_reader) = (&self.ref_reader, &self.cand_reader);
         let prompt = self.prompt;
         let ctx = sequences[0].len();
-        let ref_norm = ref_reader.parameter("model.norm.weight", width)?;
+        let ref_norm = ref_reader.parameter(config.final_norm_name(), width)?;
         let ref_head: Matrix = ref_reader.matrix(head_name(config, ref_reader), [vocab, width])?;
         let cand_parts = if self.needs_candidate {
             Some((
-                cand_reader.parameter("model.norm.weight", width)?,
+                cand_reader.parameter(other.final_norm_name(), width)?,
                 cand_reader.matrix(head_name(other, cand_reader), [vocab, width])?,
             ))
         } else {
@@ -373,12 +373,12 @@ impl<'a> Pass<'a> {
         };
         let rows_per_seq = ctx - 1 - prompt;
         let logits_of = |stream: &Stream, start: usize| -> Result<Vec<f32>, RuntimeError> {
-            let (norm, head) = match (stream.mode, &cand_parts) {
-                (Mode::Weights | Mode::Split, Some((norm, head))) => (norm, head),
-                _ => (&ref_norm, &ref_head),
+            let (norm, head, reader) = match (stream.mode, &cand_parts) {
+                (Mode::Weights | Mode::Split, Some((norm, head))) => (norm, head, cand_reader),
+                _ => (&ref_norm, &ref_head, ref_reader),
             };
             let rows = backend.row_range(&stream.hidden, start + prompt..start + prompt + rows_per_seq)?;
-            let mut rows = narrow(backend, config, rows)?;
+            let mut rows = narrow(backend, reader, config, rows)?;
             backend.rms_norm(&mut rows, width, norm, config.rms_norm_eps as f32)?;
             backend.download(&backend.linear(&rows, head, None)?)
         };

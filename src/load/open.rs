@@ -31,10 +31,13 @@ pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeE
             dir.display()
         )));
     }
-    if config.routing.scoring_func != "sigmoid" {
+    let scoring = if config.deepseek_v4().is_some() { "sqrtsoftplus" } else { "sigmoid" };
+    if config.routing.scoring_func != scoring {
         return Err(RuntimeError::Input(format!(
-            "config.json: scoring_func {:?} is not supported; the runtime implements the sigmoid router of DeepSeek-V3/Kimi K2/GLM",
-            config.routing.scoring_func
+            "config.json: scoring_func {:?} is not supported; the runtime implements the sigmoid router of \
+             DeepSeek-V3/Kimi K2/GLM and DeepSeek-V4's sqrtsoftplus one ({scoring:?} for {})",
+            config.routing.scoring_func,
+            config.architecture.name()
         )));
     }
     if let Some(problem) = crate::load::validate::describe(&checkpoint, &config) {

@@ -159,9 +159,14 @@ pub enum Layout {
 pub struct MoeNames {
     /// `mlp` (DeepSeek, GLM) or `block_sparse_moe` (Kimi-Linear).
     pub block: &'static str,
-    /// `gate_proj`/`up_proj`/`down_proj`, or Kimi-Linear's `w1`/`w3`/`w2`.
+    /// `gate_proj`/`up_proj`/`down_proj`, or Kimi-Linear's and DeepSeek-V4's `w1`/`w3`/`w2`.
     pub expert: [&'static str; 3],
+    /// The shared experts' gate, up and down projections.
+    pub shared: [&'static str; 3],
 }
+
+/// The projections of a SwiGLU MLP as DeepSeek-V3 and GLM name them.
+const STANDARD_PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ModelConfig {
@@ -287,7 +292,6 @@ impl ModelConfig {
     /// `None` when it runs it. Such models are read, converted, verified and sized only.
     pub fn runtime_gap(&self) -> Option<&'static str> {
         match &self.layout {
-            Some(Layout::DeepseekV4(_)) => Some("compressed sparse attention, hash routing, mHC hyper-connections"),
             Some(Layout::KimiLinear(kimi))
                 if kimi.routed_expert_hidden_size.is_some()
                     || kimi.attention_residuals
@@ -341,14 +345,61 @@ impl ModelConfig {
     pub fn hyper_connections(&self) -> Option<HyperConnections> {
         match &self.layout {
             Some(Layout::Glm5Next(glm)) => Some(glm.hyper),
+            Some(Layout::DeepseekV4(v4)) => Some(v4.hyper),
             _ => None,
         }
     }
 
-    /// The mHC hyper-connections around decoder layer `layer`: the model's for its decoder layers, none for an MTP
-    /// layer (vLLM builds GLM-5.3-Flash's with `is_mtp_layer`: a plain residual, no `hc_*` parameters).
+    /// The mHC hyper-connections around decoder layer `layer`: the model's for its decoder layers; for an MTP layer
+    /// DeepSeek-V4's too (`mtp.N.hc_*`), GLM-5.3-Flash's none (vLLM builds its MTP layer with `is_mtp_layer`: a
+    /// plain residual, no `hc_*` parameters).
     pub fn layer_hyper_connections(&self, layer: usize) -> Option<HyperConnections> {
-        self.hyper_connections().filter(|_| layer < self.num_hidden_layers)
+        match &self.layout {
+            Some(Layout::Glm5Next(_)) => self.hyper_connections().filter(|_| layer < self.num_hidden_layers),
+            _ => self.hyper_connections(),
+        }
+    }
+
+    /// DeepSeek-V4's own keys; `None` for every other architecture.
+    pub fn deepseek_v4(&self) -> Option<&super::deepseek_v4::DeepseekV4> {
+        match &self.layout {
+            Some(Layout::DeepseekV4(v4)) => Some(v4),
+            _ => None,
+        }
+    }
+
+    /// The stored name prefix of decoder (or MTP) layer `layer`: `model.layers.N`, DeepSeek-V4's `layers.N` and
+    /// `mtp.J`.
+    pub fn layer_prefix(&self, layer: usize) -> String {
+        match self.layout {
+            Some(Layout::DeepseekV4(_)) => super::deepseek_v4::DeepseekV4::prefix(layer, self.num_hidden_layers),
+            _ => format!("model.layers.{layer}"),
+        }
+    }
+
+    /// The names of layer `layer`'s norm before its attention and before its MLP.
+    pub fn layer_norm_names(&self, layer: usize) -> [String; 2] {
+        let prefix = self.layer_prefix(layer);
+        match self.layout {
+            Some(Layout::DeepseekV4(_)) => [format!("{prefix}.attn_norm.weight"), format!("{prefix}.ffn_norm.weight")],
+            _ => [format!("{prefix}.input_layernorm.weight"), format!("{prefix}.post_attention_layernorm.weight")],
+        }
+    }
+
+    /// The token embedding's name (`model.embed_tokens.weight`, DeepSeek-V4's `embed.weight`).
+    pub fn embed_name(&self) -> &'static str {
+        match self.layout {
+            Some(Layout::DeepseekV4(_)) => "embed.weight",
+            _ => "model.embed_tokens.weight",
+        }
+    }
+
+    /// The final norm's name (`model.norm.weight`, DeepSeek-V4's `norm.weight`).
+    pub fn final_norm_name(&self) -> &'static str {
+        match self.layout {
+            Some(Layout::DeepseekV4(_)) => "norm.weight",
+            _ => "model.norm.weight",
+        }
     }
 
     /// The residual stream's width per token: `hidden_size`, times the stream count with mHC.
@@ -360,6 +411,7 @@ impl ModelConfig {
     pub fn swiglu_limit(&self) -> Option<f32> {
         match &self.layout {
             Some(Layout::Glm5Next(glm)) => Some(glm.swiglu_limit as f32),
+            Some(Layout::DeepseekV4(v4)) => Some(v4.swiglu_limit as f32),
             _ => None,
         }
     }
@@ -382,8 +434,13 @@ impl ModelConfig {
     /// How a MoE layer's modules are named.
     pub fn moe_names(&self) -> MoeNames {
         match self.layout {
-            Some(Layout::KimiLinear(_)) => MoeNames { block: "block_sparse_moe", expert: ["w1", "w3", "w2"] },
-            _ => MoeNames { block: "mlp", expert: ["gate_proj", "up_proj", "down_proj"] },
+            Some(Layout::KimiLinear(_)) => {
+                MoeNames { block: "block_sparse_moe", expert: ["w1", "w3", "w2"], shared: STANDARD_PROJECTIONS }
+            }
+            Some(Layout::DeepseekV4(_)) => {
+                MoeNames { block: "ffn", expert: ["w1", "w3", "w2"], shared: ["w1", "w3", "w2"] }
+            }
+            _ => MoeNames { block: "mlp", expert: STANDARD_PROJECTIONS, shared: STANDARD_PROJECTIONS },
         }
     }
 

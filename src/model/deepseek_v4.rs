@@ -15,6 +15,7 @@
 use serde_json::Value;
 
 use super::config_error::ConfigError;
+use super::hybrid::HyperConnections;
 use super::tensor_spec::{TensorRole, TensorSpec};
 
 /// The DeepSeek-V4 keys beside the common ones.
@@ -33,6 +34,12 @@ pub struct DeepseekV4 {
     pub compress_ratios: Vec<usize>,
     pub num_hash_layers: usize,
     pub hc_mult: usize,
+    /// The mHC streams, Sinkhorn iterations and epsilon (`hc_mult`, `hc_sinkhorn_iters`, `hc_eps`).
+    pub hyper: HyperConnections,
+    /// RoPE base of the compressed layers, their compressors and indexers (transformers' `compress` rope).
+    pub compress_rope_theta: f64,
+    /// The SwiGLU clamp of routed and shared experts (`swiglu_limit`).
+    pub swiglu_limit: f64,
     /// Routed experts shipped as MXFP4 (`expert_dtype: "fp4"`, vLLM's default) rather than FP8.
     pub experts_fp4: bool,
 }
@@ -48,6 +55,7 @@ impl DeepseekV4 {
         num_hidden_layers: usize,
         stored_layers: usize,
         get: &dyn Fn(&str) -> Result<Option<usize>, ConfigError>,
+        float: &dyn Fn(&str, f64) -> Result<f64, ConfigError>,
     ) -> Result<Self, ConfigError> {
         let need = |key: &str| get(key)?.ok_or_else(|| ConfigError::Missing(key.into()));
         let unsupported = |key: &str, value: String, hint: &str| ConfigError::Unsupported {
@@ -81,11 +89,16 @@ impl DeepseekV4 {
         };
         // DeepSeek's list covers the draft layers too (44 entries for 43 + 1); transformers' `layer_types` only the
         // decoder layers: a draft layer without an entry is sliding-window only, as transformers leaves it.
-        if compress_ratios.len() < num_hidden_layers {
+        let key = if config.get("compress_ratios").is_some() { "compress_ratios" } else { "layer_types" };
+        if compress_ratios.len() < num_hidden_layers || compress_ratios.len() > stored_layers.max(num_hidden_layers + 1)
+        {
             return Err(unsupported(
-                "compress_ratios",
+                key,
                 format!("{} entries", compress_ratios.len()),
-                &format!("one ratio per decoder layer is needed ({num_hidden_layers}), plus one per draft layer"),
+                &format!(
+                    "one per decoder layer ({num_hidden_layers}), optionally followed by one per draft layer \
+                     ({stored_layers} in all)"
+                ),
             ));
         }
         let mut compress_ratios = compress_ratios;
@@ -99,6 +112,18 @@ impl DeepseekV4 {
                 "DeepSeek-V4 ships fp4 or fp8 experts",
             ));
         }
+        let hc_mult = get("hc_mult")?.unwrap_or(4);
+        if hc_mult == 0 {
+            return Err(unsupported(
+                "hc_mult",
+                "0".into(),
+                "the residual stream needs at least one mHC stream (V4: 4)",
+            ));
+        }
+        let num_hash_layers = match config.get("mlp_layer_types").and_then(Value::as_array) {
+            Some(kinds) => hash_layers(kinds, num_hidden_layers)?,
+            None => get("num_hash_layers")?.unwrap_or(3),
+        };
         Ok(Self {
             head_dim: need("head_dim")?,
             qk_rope_head_dim: get("qk_rope_head_dim")?.unwrap_or(64),
@@ -110,8 +135,15 @@ impl DeepseekV4 {
             index_head_dim: need("index_head_dim")?,
             index_topk: get("index_topk")?.unwrap_or(512),
             compress_ratios,
-            num_hash_layers: get("num_hash_layers")?.unwrap_or(3),
-            hc_mult: get("hc_mult")?.unwrap_or(4),
+            num_hash_layers,
+            hc_mult,
+            hyper: HyperConnections {
+                streams: hc_mult,
+                eps: float("hc_eps", 1e-6)?,
+                sinkhorn_iters: get("hc_sinkhorn_iters")?.unwrap_or(20).max(1),
+            },
+            compress_rope_theta: float("compress_rope_theta", 160000.0)?,
+            swiglu_limit: float("swiglu_limit", 10.0)?,
             experts_fp4: expert_dtype == "fp4",
         })
     }
@@ -132,6 +164,23 @@ impl DeepseekV4 {
             0 => window,
             ratio => window + tokens / ratio,
         }
+    }
+}
+
+/// The number of hash-routed layers transformers' `mlp_layer_types` gives: its leading `hash_moe` entries, one entry
+/// per decoder layer, every later one `moe`.
+fn hash_layers(kinds: &[Value], layers: usize) -> Result<usize, ConfigError> {
+    let unsupported =
+        |value: String, hint: String| ConfigError::Unsupported { key: "mlp_layer_types".into(), value, hint };
+    if kinds.len() < layers {
+        return Err(unsupported(format!("{} entries", kinds.len()), format!("one per decoder layer ({layers})")));
+    }
+    let hash = kinds.iter().take_while(|kind| kind.as_str() == Some("hash_moe")).count().min(layers);
+    match kinds[hash..layers].iter().find(|kind| kind.as_str() != Some("moe")) {
+        Some(kind) => {
+            Err(unsupported(kind.to_string(), "DeepSeek-V4's MLP layers are hash_moe (the first ones) then moe".into()))
+        }
+        None => Ok(hash),
     }
 }
 

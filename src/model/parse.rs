@@ -58,7 +58,7 @@ impl ModelConfig {
         };
         let reader = Keys(config);
         if architecture == Architecture::DeepseekV4 {
-            return Self::deepseek_v4(config, whole, prefix, model_type);
+            return Self::deepseek_v4_config(config, whole, prefix, model_type);
         }
         if architecture == Architecture::KimiLinear {
             return Self::kimi_linear(config, whole, prefix, model_type);
@@ -274,7 +274,7 @@ impl ModelConfig {
     /// A DeepSeek-V4 config: the common keys (experts, sizes) read as its config names them, its attention
     /// described as MLA with one `head_dim`-wide KV entry per token (what its caches store), and its own keys in
     /// [`Layout::DeepseekV4`].
-    pub(super) fn deepseek_v4(
+    pub(super) fn deepseek_v4_config(
         config: &Value,
         whole: &Value,
         prefix: &str,
@@ -284,11 +284,13 @@ impl ModelConfig {
         let num_hidden_layers = reader.usize("num_hidden_layers")?;
         let num_nextn_predict_layers = reader.optional_usize("num_nextn_predict_layers")?.unwrap_or(0);
         let get = |key: &str| reader.optional_usize(key);
+        let float = |key: &str, default: f64| reader.f64_or(key, default);
         let v4 = super::deepseek_v4::DeepseekV4::parse(
             config,
             num_hidden_layers,
             num_hidden_layers + num_nextn_predict_layers,
             &get,
+            &float,
         )?;
         let rope = reader.rope(Architecture::DeepseekV4)?;
         let declared_positions = reader.optional_usize("max_position_embeddings")?;

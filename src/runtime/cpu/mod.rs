@@ -9,7 +9,7 @@ mod linear;
 mod norm;
 pub mod paged;
 mod rope;
-mod routing;
+pub(crate) mod routing;
 
 use std::ops::Range;
 

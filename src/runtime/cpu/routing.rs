@@ -27,22 +27,31 @@ pub fn route(logits: &[f32], tokens: usize, correction_bias: &[f32], shape: &Rou
                 choice[g * per_group..][..per_group].iter_mut().for_each(|c| *c = f32::NEG_INFINITY);
             }
         }
-        let mut order: Vec<usize> = (0..experts).collect();
-        order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
-        if top_k < experts {
-            let (inside, outside) = (choice[order[top_k - 1]], choice[order[top_k]]);
-            if outside.is_finite() && inside - outside <= NEAR_TIE_RELATIVE * inside.abs().max(outside.abs()) {
-                near_ties += 1;
-            }
-        }
-        let chosen = &order[..top_k];
-        let mut weights: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
-        if shape.norm_topk_prob {
-            let denominator = weights.iter().sum::<f32>() + 1e-20;
-            weights.iter_mut().for_each(|w| *w /= denominator);
-        }
-        chosen_experts.extend_from_slice(chosen);
-        chosen_weights.extend(weights.into_iter().map(|w| w * shape.routed_scaling_factor));
+        let (chosen, near_tie) = top_k_of(&choice, top_k);
+        near_ties += usize::from(near_tie);
+        chosen_weights.extend(weights_of(&scores, &chosen, shape));
+        chosen_experts.extend(chosen);
     }
     Routes { top_k, experts: chosen_experts, weights: chosen_weights, near_ties }
+}
+
+/// The `top_k` largest entries of `choice` (ties to the lower index), in rank order, and whether the boundary
+/// between the last one in and the first one out is a near-tie.
+pub fn top_k_of(choice: &[f32], top_k: usize) -> (Vec<usize>, bool) {
+    let mut order: Vec<usize> = (0..choice.len()).collect();
+    order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+    let near_tie = top_k > 0 && top_k < choice.len() && {
+        let (inside, outside) = (choice[order[top_k - 1]], choice[order[top_k]]);
+        outside.is_finite() && inside - outside <= NEAR_TIE_RELATIVE * inside.abs().max(outside.abs())
+    };
+    order.truncate(top_k);
+    (order, near_tie)
+}
+
+/// The chosen experts' weights: their scores, normalized to sum 1 when `norm_topk_prob`, times
+/// `routed_scaling_factor`.
+pub fn weights_of<'a>(scores: &'a [f32], chosen: &'a [usize], shape: &RoutingShape) -> impl Iterator<Item = f32> + 'a {
+    let denominator = if shape.norm_topk_prob { chosen.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20 } else { 1.0 };
+    let scale = shape.routed_scaling_factor;
+    chosen.iter().map(move |&e| scores[e] / denominator * scale)
 }

@@ -1,0 +1,110 @@
+//! DeepSeek-V4's lightning indexer of CSA layers (transformers 5.24 `DeepseekV4Indexer`, `DeepseekV4IndexerScorer`):
+//! its own compressor makes `index_head_dim`-wide keys of the same 4-token windows as the layer's entries; each
+//! query scores the complete entries `s` by `Σ_h w_h · ReLU(q_h · k_s) / √index_head_dim` (`q` from the query LoRA
+//! residual through `indexer.wq_b`, rotated to the query's position by the `compress` RoPE; `w` from
+//! `weights_proj` / √index_n_heads) and attends to the `index_topk` best of them (all of them while they are fewer).
+
+use rayon::prelude::*;
+
+use super::compressor::Compressor;
+use super::rope::rotate_tail;
+use crate::load::weights::WeightReader;
+use crate::model::ModelConfig;
+use crate::runtime::backend::Backend;
+use crate::runtime::cpu::routing::top_k_of;
+use crate::runtime::matrix::Matrix;
+use crate::runtime::rope_table::RopeTable;
+use crate::runtime::tensor::Tensor;
+use crate::runtime::{RuntimeError, Spans};
+
+/// A CSA layer's indexer (`layers.N.attn.indexer.*`).
+pub struct EntryIndexer {
+    compressor: Compressor,
+    /// `wq_b` `[heads · dim, q_lora_rank]`.
+    q: Matrix,
+    /// `weights_proj` `[heads, hidden]`.
+    weights: Matrix,
+    heads: usize,
+    dim: usize,
+    top_k: usize,
+}
+
+/// Per sequence, per query position: the entries it attends to.
+pub type Selection = Vec<Vec<Vec<usize>>>;
+
+impl EntryIndexer {
+    /// The indexer stored under `at` (`layers.N.attn.indexer`).
+    pub fn load(reader: &WeightReader, config: &ModelConfig, at: &str) -> Result<Self, RuntimeError> {
+        let v4 =
+            config.deepseek_v4().ok_or_else(|| RuntimeError::Input("an entry indexer outside DeepSeek-V4".into()))?;
+        let (heads, dim, hidden) = (v4.index_n_heads, v4.index_head_dim, config.hidden_size);
+        Ok(Self {
+            compressor: Compressor::load(reader, &format!("{at}.compressor"), (4, dim, hidden))?,
+            q: reader.matrix(&format!("{at}.wq_b.weight"), [heads * dim, v4.q_lora_rank])?,
+            weights: reader.matrix(&format!("{at}.weights_proj.weight"), [heads, hidden])?,
+            heads,
+            dim,
+            top_k: v4.index_topk,
+        })
+    }
+
+    /// Its weight matrices (for device prefetch).
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut all = self.compressor.matrices().to_vec();
+        all.extend([&self.q, &self.weights]);
+        all
+    }
+
+    /// The entries each query of `spans` attends to, from the mixer input `x` and the normed query LoRA residual
+    /// `q_residual`; counts the near-ties at the top-k boundaries into `near_ties`.
+    pub fn select(
+        &self,
+        backend: &dyn Backend,
+        (x, q_residual): (&Tensor, &Tensor),
+        spans: &Spans,
+        (table, eps): (&RopeTable, f32),
+        near_ties: &mut usize,
+    ) -> Result<Selection, RuntimeError> {
+        let keys = self.compressor.entries(backend, x, spans, table, eps)?;
+        let mut q = backend.download(&backend.linear(q_residual, &self.q, None)?)?;
+        let weights = backend.download(&backend.linear(x, &self.weights, None)?)?;
+        let (heads, dim) = (self.heads, self.dim);
+        let (score_scale, weight_scale) = ((dim as f32).powf(-0.5), (heads as f32).powf(-0.5));
+        let mut selection = Vec::with_capacity(spans.lengths.len());
+        for ((start, length), keys) in spans.iter().zip(&keys) {
+            let rows = &mut q[start * heads * dim..(start + length) * heads * dim];
+            rows.par_chunks_exact_mut(heads * dim).enumerate().for_each(|(position, row)| {
+                row.chunks_exact_mut(dim).for_each(|head| rotate_tail(head, table, position, false));
+            });
+            let rows = &q[start * heads * dim..(start + length) * heads * dim];
+            let chosen: Vec<(Vec<usize>, bool)> = (0..length)
+                .into_par_iter()
+                .map(|position| {
+                    let visible = ((position + 1) / 4).min(keys.len() / dim);
+                    if visible <= self.top_k {
+                        return ((0..visible).collect(), false);
+                    }
+                    let query = &rows[position * heads * dim..][..heads * dim];
+                    let head_weights = &weights[(start + position) * heads..][..heads];
+                    let scores: Vec<f32> = keys[..visible * dim]
+                        .chunks_exact(dim)
+                        .map(|key| {
+                            query
+                                .chunks_exact(dim)
+                                .zip(head_weights)
+                                .map(|(q, w)| {
+                                    let dot: f32 = q.iter().zip(key).map(|(a, b)| a * b).sum();
+                                    dot.max(0.0) * score_scale * (w * weight_scale)
+                                })
+                                .sum()
+                        })
+                        .collect();
+                    top_k_of(&scores, self.top_k)
+                })
+                .collect();
+            *near_ties += chosen.iter().filter(|(_, tie)| *tie).count();
+            selection.push(chosen.into_iter().map(|(entries, _)| entries).collect());
+        }
+        Ok(selection)
+    }
+}
