@@ -16,6 +16,7 @@ use super::rope::{rope_table, rotate_tail};
 use crate::load::weights::WeightReader;
 use crate::model::config::{Rope, RopeScaling};
 use crate::model::ModelConfig;
+use crate::runtime::backend::Backend;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
@@ -121,13 +122,35 @@ impl CompressedAttention {
         all
     }
 
+    /// The key (= value) rows `[tokens, head_dim]` of the mixer input `x`: projected, normed, rotated by `table`.
+    fn keys(
+        &self,
+        backend: &dyn Backend,
+        x: &Tensor,
+        positions: &[usize],
+        (table, eps): (&RopeTable, f32),
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let head_dim = self.kv_norm.columns;
+        let mut kv = backend.linear(x, &self.kv, None)?;
+        backend.rms_norm(&mut kv, head_dim, &self.kv_norm, eps)?;
+        let mut kv = backend.download(&kv)?;
+        kv.par_chunks_exact_mut(head_dim).zip(positions.par_iter()).for_each(|(row, &position)| {
+            rotate_tail(row, table, position, false);
+        });
+        Ok(kv)
+    }
+
     /// The attention output `[tokens, hidden]` (after `wo_b`) of the mixer input `x` over whole sequences `spans`;
-    /// near-ties of the indexer's top-k are counted into `near_ties`.
+    /// near-ties of the indexer's top-k are counted into `near_ties`. With `prefill` (split prefill/decode: the
+    /// prefill node's layer, its mixer input, each sequence's prompt length) what the cache holds of the prompt —
+    /// key rows and the compressors' per-token projections, from which entries and indexer keys are made — comes
+    /// from the prefill node; queries from this layer.
     pub fn forward(
         &self,
         context: &LayerContext,
         x: &Tensor,
         spans: &Spans,
+        prefill: Option<(&CompressedAttention, &Tensor, &[usize])>,
         near_ties: &mut usize,
     ) -> Result<Tensor, RuntimeError> {
         let LayerContext { backend, config, .. } = *context;
@@ -141,9 +164,6 @@ impl CompressedAttention {
         let mut q_residual = backend.linear(x, &self.q_a, None)?;
         backend.rms_norm(&mut q_residual, v4.q_lora_rank, &self.q_norm, eps)?;
         let mut q = backend.download(&backend.linear(&q_residual, &self.q_b, None)?)?;
-        let mut kv = backend.linear(x, &self.kv, None)?;
-        backend.rms_norm(&mut kv, head_dim, &self.kv_norm, eps)?;
-        let mut kv = backend.download(&kv)?;
         let positions: Vec<usize> = spans.iter().flat_map(|(_, length)| 0..length).collect();
         q.par_chunks_exact_mut(heads * head_dim).zip(positions.par_iter()).for_each(|(row, &position)| {
             for head in row.chunks_exact_mut(head_dim) {
@@ -153,16 +173,43 @@ impl CompressedAttention {
                 rotate_tail(head, table, position, false);
             }
         });
-        kv.par_chunks_exact_mut(head_dim).zip(positions.par_iter()).for_each(|(row, &position)| {
-            rotate_tail(row, table, position, false);
-        });
-
+        let mut kv = self.keys(backend, x, &positions, (table, eps))?;
+        // The prompt's share of the cache from the prefill node's weights and inputs.
+        let prompt_rows = |mut own: Vec<f32>, theirs: Vec<f32>, prompt: &[usize]| {
+            let width = own.len() / x.rows().max(1);
+            for ((start, length), &prompt) in spans.iter().zip(prompt) {
+                let rows = start * width..(start + prompt.min(length)) * width;
+                own[rows.clone()].copy_from_slice(&theirs[rows]);
+            }
+            own
+        };
+        let projections = |compressor: &Compressor, other: Option<&Compressor>| -> Result<_, RuntimeError> {
+            let [kv, gate] = compressor.project(backend, x)?;
+            Ok(match (prefill, other) {
+                (Some((_, x_prefill, prompt)), Some(other)) => {
+                    let [their_kv, their_gate] = other.project(backend, x_prefill)?;
+                    [prompt_rows(kv, their_kv, prompt), prompt_rows(gate, their_gate, prompt)]
+                }
+                _ => [kv, gate],
+            })
+        };
+        if let Some((layer, x_prefill, prompt)) = prefill {
+            kv = prompt_rows(kv, layer.keys(backend, x_prefill, &positions, (table, eps))?, prompt);
+        }
         let entries = match &self.compressor {
-            Some(compressor) => compressor.entries(backend, x, spans, &compress, eps)?,
+            Some(compressor) => {
+                let other = prefill.and_then(|(layer, ..)| layer.compressor.as_ref());
+                compressor.entries(&projections(compressor, other)?, spans, &compress, eps)
+            }
             None => vec![Vec::new(); spans.lengths.len()],
         };
         let selection = match &self.indexer {
-            Some(indexer) => Some(indexer.select(backend, (x, &q_residual), spans, (&compress, eps), near_ties)?),
+            Some(indexer) => {
+                let other = prefill.and_then(|(layer, ..)| layer.indexer.as_ref()).map(EntryIndexer::compressor);
+                let keys =
+                    indexer.compressor().entries(&projections(indexer.compressor(), other)?, spans, &compress, eps);
+                Some(indexer.select(backend, (x, &q_residual, &keys), spans, &compress, near_ties)?)
+            }
             None => None,
         };
         let ratio = self.compressor.as_ref().map_or(0, Compressor::ratio);

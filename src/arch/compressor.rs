@@ -63,21 +63,20 @@ impl Compressor {
         self.ratio
     }
 
-    /// Each sequence's entries `[windows, dim]` (`windows = length / ratio`) from the mixer input `x`
-    /// `[tokens, hidden]`, rotated by `table` (the `compress` RoPE), RMS-normed with epsilon `eps`.
-    pub fn entries(
-        &self,
-        backend: &dyn Backend,
-        x: &Tensor,
-        spans: &Spans,
-        table: &RopeTable,
-        eps: f32,
-    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
-        let kv = backend.download(&backend.linear(x, &self.kv, None)?)?;
-        let gate = backend.download(&backend.linear(x, &self.gate, None)?)?;
+    /// Each token's projections `[tokens, series · dim]` of the mixer input `x` `[tokens, hidden]`: values, gates.
+    pub fn project(&self, backend: &dyn Backend, x: &Tensor) -> Result<[Vec<f32>; 2], RuntimeError> {
+        Ok([
+            backend.download(&backend.linear(x, &self.kv, None)?)?,
+            backend.download(&backend.linear(x, &self.gate, None)?)?,
+        ])
+    }
+
+    /// Each sequence's entries `[windows, dim]` (`windows = length / ratio`) from its tokens' projections
+    /// ([`Compressor::project`]), RMS-normed with epsilon `eps`, rotated by `table` (the `compress` RoPE).
+    pub fn entries(&self, [kv, gate]: &[Vec<f32>; 2], spans: &Spans, table: &RopeTable, eps: f32) -> Vec<Vec<f32>> {
         let (ratio, dim) = (self.ratio, self.dim);
         let width = if self.overlap { 2 * dim } else { dim };
-        Ok(spans
+        spans
             .iter()
             .map(|(start, length)| {
                 let windows = length / ratio;
@@ -113,6 +112,6 @@ impl Compressor {
                 });
                 entries
             })
-            .collect())
+            .collect()
     }
 }

@@ -4,7 +4,8 @@ use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::runtime::RuntimeError;
 
-/// The name of the output head's weight (`lm_head.weight`, or the embedding when tied and absent; DeepSeek-V4's `head.weight`).
+/// The name of the output head's weight (`lm_head.weight`, or the embedding when tied and absent; DeepSeek-V4's
+/// `head.weight`).
 pub fn head_name(config: &ModelConfig, reader: &WeightReader) -> &'static str {
     if config.deepseek_v4().is_some() {
         "head.weight"

@@ -55,23 +55,28 @@ impl EntryIndexer {
         all
     }
 
-    /// The entries each query of `spans` attends to, from the mixer input `x` and the normed query LoRA residual
-    /// `q_residual`; counts the near-ties at the top-k boundaries into `near_ties`.
+    /// Its compressor, which makes its keys.
+    pub fn compressor(&self) -> &Compressor {
+        &self.compressor
+    }
+
+    /// The entries each query of `spans` attends to, from the mixer input `x`, the normed query LoRA residual
+    /// `q_residual` and each sequence's keys `[entries, dim]` (its compressor's); counts the near-ties at the top-k
+    /// boundaries into `near_ties`.
     pub fn select(
         &self,
         backend: &dyn Backend,
-        (x, q_residual): (&Tensor, &Tensor),
+        (x, q_residual, keys): (&Tensor, &Tensor, &[Vec<f32>]),
         spans: &Spans,
-        (table, eps): (&RopeTable, f32),
+        table: &RopeTable,
         near_ties: &mut usize,
     ) -> Result<Selection, RuntimeError> {
-        let keys = self.compressor.entries(backend, x, spans, table, eps)?;
         let mut q = backend.download(&backend.linear(q_residual, &self.q, None)?)?;
         let weights = backend.download(&backend.linear(x, &self.weights, None)?)?;
         let (heads, dim) = (self.heads, self.dim);
         let (score_scale, weight_scale) = ((dim as f32).powf(-0.5), (heads as f32).powf(-0.5));
         let mut selection = Vec::with_capacity(spans.lengths.len());
-        for ((start, length), keys) in spans.iter().zip(&keys) {
+        for ((start, length), keys) in spans.iter().zip(keys) {
             let rows = &mut q[start * heads * dim..(start + length) * heads * dim];
             rows.par_chunks_exact_mut(heads * dim).enumerate().for_each(|(position, row)| {
                 row.chunks_exact_mut(dim).for_each(|head| rotate_tail(head, table, position, false));

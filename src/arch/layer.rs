@@ -207,7 +207,16 @@ impl Layer {
             (Mixer::Mla(mla), None) => mla.forward(context, &x, spans, KvSource::Own, state, &mut tap.kv)?,
             (Mixer::Gqa(gqa), None) => gqa.forward(context, &x, spans, KvSource::Own, &mut tap.kv)?,
             (Mixer::Kda(kda), None) => kda.forward(context, &x, spans)?,
-            (Mixer::Compressed(attention), None) => attention.forward(context, &x, spans, &mut state.near_ties)?,
+            (Mixer::Compressed(attention), None) => {
+                attention.forward(context, &x, spans, None, &mut state.near_ties)?
+            }
+            (
+                Mixer::Compressed(attention),
+                Some((Layer { mixer: Mixer::Compressed(prefill), .. }, x_prefill, prompt)),
+            ) => {
+                let prefill = Some((prefill.as_ref(), x_prefill, *prompt));
+                attention.forward(context, &x, spans, prefill, &mut state.near_ties)?
+            }
             (Mixer::Kda(kda), Some((Layer { mixer: Mixer::Kda(prefill), .. }, x_prefill, prompt))) => {
                 kda.forward_split(context, &x, spans, (prefill, x_prefill, prompt))?
             }

@@ -1,11 +1,11 @@
 //! The architectures the reference runtime runs — `DeepseekV3ForCausalLM` (Kimi K2), `GlmMoeDsaForCausalLM`
 //! (GLM-5), `Glm4MoeForCausalLM` (GLM-4.5), `KimiLinearForCausalLM` (Kimi-Linear), GLM-5.3-Flash and
-//! `DeepseekV4ForCausalLM` (compressed attention [`compressed_attention`], routers [`router`]), matching HF transformers'
-//! float32 logits — one file per piece, each with its full-sequence forward and its decode step, on the op surface
-//! of [`crate::runtime`]. A [`Layer`] is a token mixer (MLA [`mla`], GQA [`gqa`], KDA [`kda`], V4's compressed
-//! attention) and an MLP/MoE
-//! ([`moe`]) on the residual stream. One [`Layer`] type serves both: [`Model`] streams the layers through whole sequences; [`paged::PagedModel`] keeps them resident for
-//! prompt prefill and the paged decode step of `serve-test`.
+//! `DeepseekV4ForCausalLM` (compressed attention [`compressed_attention`], routers [`router`]), matching HF
+//! transformers' float32 logits — one file per piece, each with its full-sequence forward and its decode step, on
+//! the op surface of [`crate::runtime`]. A [`Layer`] is a token mixer (MLA [`mla`], GQA [`gqa`], KDA [`kda`],
+//! V4's compressed attention) and an MLP/MoE ([`moe`]) on the residual stream. One [`Layer`] type serves both:
+//! [`Model`] streams the layers through whole sequences; [`paged::PagedModel`] keeps them resident for prompt
+//! prefill and the paged decode step of `serve-test`.
 //!
 //! # Layer-streamed execution and memory
 //! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances

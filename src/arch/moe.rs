@@ -1,6 +1,7 @@
 //! SwiGLU MLPs: the dense MLP of the first layers, and the MoE block — sigmoid router with
 //! `e_score_correction_bias` for selection only, group-limited top-k, `norm_topk_prob`, `routed_scaling_factor`
-//! (DeepSeek-V4: its own scores and hash routing, [`super::router`]), routed experts streamed in double-buffered batches (read ahead on a loader thread), plus shared experts.
+//! (DeepSeek-V4: its own scores and hash routing, [`super::router`]), routed experts
+//! streamed in double-buffered batches (read ahead on a loader thread), plus shared experts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::sync_channel;

@@ -100,6 +100,7 @@ impl PagedModel {
     /// Loads every layer's resident weights; positions up to `max_positions` are supported.
     pub fn open(dir: &Path, max_positions: usize) -> Result<Self, RuntimeError> {
         let (checkpoint, config) = open_checkpoint(dir)?;
+        crate::load::open::check_kv_cache(dir, &config, "serve-test")?;
         let reader = WeightReader::new(&checkpoint);
         let layers = (0..config.num_hidden_layers)
             .map(|layer| Layer::load(&reader, &config, layer))

@@ -4,7 +4,6 @@
 //! table `ffn.gate.tid2eid[token]` names. Either way the chosen experts' scores, normalized to sum 1, times
 //! `routed_scaling_factor` weight them. On the host (the gate's projection on the backend).
 
-use super::moe::TokenRoutes;
 use crate::io::Dtype;
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
@@ -88,7 +87,7 @@ impl V4Selection {
         logits: &[f32],
         ids: &[u32],
         shape: &RoutingShape,
-    ) -> Result<(TokenRoutes, usize), RuntimeError> {
+    ) -> Result<(Vec<Vec<(usize, f32)>>, usize), RuntimeError> {
         let rows = logits.len() / shape.experts.max(1);
         if matches!(self, Self::Hash { .. }) && ids.len() != rows {
             return Err(RuntimeError::Input(format!(

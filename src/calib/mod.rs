@@ -143,6 +143,7 @@ pub fn calibrate(
     let started = Instant::now();
     let model = Model::open(&options.model)?;
     let config = model.config();
+    crate::load::open::check_kv_cache(&options.model, config, "calibrate-kv")?;
     // At least two tokens per sequence, as eval asks: a one-token sequence attends only to itself.
     let fit = Fit {
         vocab: config.vocab_size,
@@ -175,7 +176,7 @@ pub fn calibrate(
     let ids: Vec<u32> = sequences.concat();
     let mut hidden = widen(backend, config, backend.upload(&embed(&reader, config, &ids)?, config.hidden_size)?)?;
     let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
-    let mut state = LayerState::default();
+    let mut state = LayerState { tokens: ids, ..LayerState::default() };
     let mut observations = Vec::with_capacity(config.num_hidden_layers);
     reporter.begin("layers", config.num_hidden_layers as u64);
     run_layers(&[&model], backend, reporter, &mut |step| {

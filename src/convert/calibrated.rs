@@ -129,7 +129,7 @@ pub fn run_pass(
     let ids: Vec<u32> = set.sequences.concat();
     let mut hidden = widen(backend, config, backend.upload(&embed(&reader, config, &ids)?, config.hidden_size)?)?;
     let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
-    let mut state = LayerState::default();
+    let mut state = LayerState { tokens: ids, ..LayerState::default() };
     let mut layers = Vec::new();
     run_layers(&[&model], backend, reporter, &mut |step| {
         let mut run = LayerRun {

@@ -138,9 +138,12 @@ fn inspect_and_report_read_the_fp4_native_layouts() {
         }
         let report = squeeze(&["report", path_str(&source), "--json"]).ok().json();
         assert!(report["sizes"]["output_tensors"]["bytes"].as_u64().unwrap() > 0, "{arch}: {report}");
-        // The runtime does not run these layers yet: the measuring commands refuse, naming what does work.
-        let eval = squeeze(&["eval", path_str(&source), "--data", path_str(Path::new(SONNETS)), "--ctx", "16"]);
-        expect_exit_2(&eval, &["does not run its layers yet", "squeeze verify OUT --source"]);
+        // The runtime does not run K3's layers yet: the measuring commands refuse, naming what does work (DeepSeek-V4
+        // runs: tests/integration/deepseek_v4.rs).
+        if arch == "kimi-k3" {
+            let eval = squeeze(&["eval", path_str(&source), "--data", path_str(Path::new(SONNETS)), "--ctx", "16"]);
+            expect_exit_2(&eval, &["does not run its layers yet", "squeeze verify OUT --source"]);
+        }
     }
     // The presets as shipped: K3 needs more than one 8 x H200 node (the answer says by how much and what would
     // fit); DeepSeek-V4-Flash fits with room for its compressed KV cache.

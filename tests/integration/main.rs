@@ -9,6 +9,7 @@ mod cluster;
 mod common;
 mod cuda_backend;
 mod cuda_decode;
+mod deepseek_v4;
 mod demo;
 mod device_ops;
 mod eval;

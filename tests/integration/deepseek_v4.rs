@@ -1,0 +1,98 @@
+//! DeepSeek-V4 (issue 50) through the subcommands, on `synth --arch deepseek-v4` (FP8 with E8M0 scales, MXFP4
+//! experts, DeepSeek's own names): `eval` and parity run (the runtime's logits equal transformers' in
+//! `src/arch/golden.rs`), what is not modelled yet refuses by name, and bad configs and tables exit 2 naming the
+//! key or tensor.
+
+use std::path::Path;
+
+use crate::common::{expect_exit_2, path_str, read_json, squeeze, synth};
+
+const SONNETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/eval/sonnets.txt");
+
+/// Rewrites `config.json` of `dir` with `edit`.
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut config = read_json(&path);
+    edit(&mut config);
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+}
+
+#[test]
+fn eval_and_parity_run_deepseek_v4_and_the_cache_commands_refuse_by_name() {
+    let temp = tempfile::tempdir().unwrap();
+    let source = synth(temp.path(), "v4", "deepseek-v4", &[]);
+    // 300 tokens: past the sliding window (16), the HCA ratio (128) and CSA's top-8 of up to 75 entries.
+    let eval = squeeze(&["eval", path_str(&source), "--data", SONNETS, "--ctx", "300", "--chunks", "2", "--json"]);
+    let report = eval.ok().json();
+    let ppl = report["ppl"].as_f64().unwrap();
+    assert!(ppl.is_finite() && ppl > 1.0 && report["tokens"] == 598, "{report}");
+
+    let int4 = temp.path().join("v4-int4");
+    squeeze(&["quantize", path_str(&source), path_str(&int4), "--recipe", "deepseek-v4-int4"]).ok();
+    let args = ["eval", "--reference", path_str(&source), "--candidate", path_str(&int4), "--data", SONNETS];
+    let mut parity = args.to_vec();
+    parity.extend(["--ctx", "300", "--chunks", "2", "--json"]);
+    let run = squeeze(&parity);
+    assert!(run.code == 0 || run.code == 1, "parity runs (exit 1 only for a failed gate):\n{}", run.stderr);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let modes = report["modes"].to_string();
+    assert!(modes.contains("weights") && modes.contains("split") && !modes.contains("\"kv\""), "{modes}");
+    assert!(run.stderr.contains("FP8 KV caches are not modelled yet"), "{}", run.stderr);
+    let mut kv = args.to_vec();
+    kv.extend(["--ctx", "64", "--modes", "kv"]);
+    expect_exit_2(&squeeze(&kv), &["--modes kv", "DeepSeek-V4"]);
+
+    let serve = squeeze(&["serve-test", path_str(&source), "--prompt", "Shall I compare thee"]);
+    expect_exit_2(&serve, &["serve-test cannot run DeepseekV4ForCausalLM yet", "squeeze eval"]);
+    let calibrate = squeeze(&["calibrate-kv", path_str(&source), "--data", SONNETS]);
+    expect_exit_2(&calibrate, &["calibrate-kv cannot run DeepseekV4ForCausalLM yet"]);
+    assert!(!source.join("kv-scales.safetensors").exists(), "nothing written");
+}
+
+#[test]
+fn bad_deepseek_v4_configs_and_hash_tables_exit_2_naming_the_key_or_tensor() {
+    let temp = tempfile::tempdir().unwrap();
+    let eval = |dir: &Path| squeeze(&["eval", path_str(dir), "--data", SONNETS, "--ctx", "32", "--chunks", "1"]);
+    let bad = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let dir = synth(temp.path(), name, "deepseek-v4", &[]);
+        edit_config(&dir, edit);
+        dir
+    };
+    let short = bad("short", &|config| config["compress_ratios"] = serde_json::json!([0, 4]));
+    expect_exit_2(&eval(&short), &["compress_ratios", "2 entries", "one per decoder layer"]);
+    let long = bad("long", &|config| config["compress_ratios"] = serde_json::json!([0, 4, 128, 0, 0, 0]));
+    expect_exit_2(&eval(&long), &["compress_ratios", "6 entries"]);
+    let unknown = bad("unknown", &|config| config["compress_ratios"][1] = 8.into());
+    expect_exit_2(&eval(&unknown), &["compress_ratios", "0, 4 or 128"]);
+    let kinds = bad("kinds", &|config| {
+        let object = config.as_object_mut().unwrap();
+        object.remove("compress_ratios");
+        object.insert(
+            "layer_types".into(),
+            serde_json::json!(["sliding_attention", "full_attention", "sliding_attention"]),
+        );
+    });
+    expect_exit_2(&eval(&kinds), &["layer_types", "full_attention"]);
+    // A hash layer more than the checkpoint has tables for.
+    let hashless = bad("hashless", &|config| config["num_hash_layers"] = 2.into());
+    expect_exit_2(&eval(&hashless), &["layers.1.ffn.gate.tid2eid"]);
+    // hc_mult disagreeing with the stored hc_* shapes.
+    let streams = bad("streams", &|config| config["hc_mult"] = 2.into());
+    expect_exit_2(&eval(&streams), &["hc_"]);
+    // A context past max_position_embeddings.
+    let window = bad("window", &|config| config["max_position_embeddings"] = 16.into());
+    expect_exit_2(&eval(&window), &["max_position_embeddings", "--allow-long-context"]);
+
+    // A hash table naming an expert the layer does not have.
+    let table = synth(temp.path(), "table", "deepseek-v4", &[]);
+    let index = read_json(&table.join("model.safetensors.index.json"));
+    let name = "layers.0.ffn.gate.tid2eid";
+    let file = table.join(index["weight_map"][name].as_str().unwrap());
+    let mut bytes = std::fs::read(&file).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let start = 8 + header_len + header[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[start..start + 4].copy_from_slice(&99i32.to_le_bytes());
+    std::fs::write(&file, bytes).unwrap();
+    expect_exit_2(&eval(&table), &[name, "token id 0 maps to expert 99", "n_routed_experts"]);
+}
