@@ -10,7 +10,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::context::LayerContext;
-use super::router::V4Selection;
+use super::router::{TokenRoutes, V4Selection};
 use super::tap::{ExpertActivations, ExpertTap};
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
@@ -136,9 +136,6 @@ fn expert_inputs(
     let [gate_up, down] = scales.map(|scales| engine_activation_global(scales).unwrap_or(1.0));
     Ok(ExpertInputs::Nvfp4 { gate_up, down })
 }
-
-/// Per token, its `(expert, weight)` choices in rank order.
-pub type TokenRoutes = Vec<Vec<(usize, f32)>>;
 
 pub struct MoeWeights {
     router: Matrix,

@@ -11,6 +11,9 @@ use crate::runtime::backend::RoutingShape;
 use crate::runtime::cpu::routing::{top_k_of, weights_of};
 use crate::runtime::RuntimeError;
 
+/// Per token, its `(expert, weight)` choices in rank order.
+pub type TokenRoutes = Vec<Vec<(usize, f32)>>;
+
 /// How a V4 layer picks its experts.
 pub enum V4Selection {
     /// Top-k of `score + bias` (`ffn.gate.bias` `[experts]`).
@@ -87,7 +90,7 @@ impl V4Selection {
         logits: &[f32],
         ids: &[u32],
         shape: &RoutingShape,
-    ) -> Result<(Vec<Vec<(usize, f32)>>, usize), RuntimeError> {
+    ) -> Result<(TokenRoutes, usize), RuntimeError> {
         let rows = logits.len() / shape.experts.max(1);
         if matches!(self, Self::Hash { .. }) && ids.len() != rows {
             return Err(RuntimeError::Input(format!(
