@@ -136,6 +136,13 @@ impl Model {
         if self.config.num_nextn_predict_layers == 0 {
             return Err(self.no_mtp_layer());
         }
+        if self.config.deepseek_v4().is_some() {
+            return Err(RuntimeError::Input(format!(
+                "{}: eval --mtp does not run DeepSeek-V4's draft layer yet (`mtp.0.*`: e_proj/h_proj with its own mHC \
+                 and hyper-head); eval without --mtp runs the model",
+                self.checkpoint.dir().display()
+            )));
+        }
         if depth > 1 && self.config.hyper_connections().is_some() {
             return Err(RuntimeError::Input(format!(
                 "{}: --mtp-depth above 1 waits for GLM-5.3-Flash: vLLM's drafter feeds its post-norm state back and \

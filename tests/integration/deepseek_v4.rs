@@ -42,6 +42,8 @@ fn eval_and_parity_run_deepseek_v4_and_the_cache_commands_refuse_by_name() {
     kv.extend(["--ctx", "64", "--modes", "kv"]);
     expect_exit_2(&squeeze(&kv), &["--modes kv", "DeepSeek-V4"]);
 
+    let mtp = squeeze(&["eval", path_str(&source), "--data", SONNETS, "--ctx", "32", "--mtp"]);
+    expect_exit_2(&mtp, &["eval --mtp does not run DeepSeek-V4's draft layer yet"]);
     let serve = squeeze(&["serve-test", path_str(&source), "--prompt", "Shall I compare thee"]);
     expect_exit_2(&serve, &["serve-test cannot run DeepseekV4ForCausalLM yet", "squeeze eval"]);
     let calibrate = squeeze(&["calibrate-kv", path_str(&source), "--data", SONNETS]);
