@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::compressor::Compressor;
+use super::compressor::{Compressor, EntryCache};
 use super::context::LayerContext;
 use super::entry_indexer::EntryIndexer;
 use super::rope::{rope_table, rotate_tail};
@@ -140,6 +140,58 @@ impl CompressedAttention {
         Ok(kv)
     }
 
+    /// Each row's queries `[rows, heads · head_dim]` (per-head unweighted RMS norm, rotated to its position) and the
+    /// normed query LoRA residual the indexer also reads.
+    fn queries(
+        &self,
+        context: &LayerContext,
+        x: &Tensor,
+        positions: &[usize],
+        (table, eps): (&RopeTable, f32),
+    ) -> Result<(Tensor, Vec<f32>), RuntimeError> {
+        let backend = context.backend;
+        let head_dim = self.kv_norm.columns;
+        let mut q_residual = backend.linear(x, &self.q_a, None)?;
+        backend.rms_norm(&mut q_residual, self.q_norm.columns, &self.q_norm, eps)?;
+        let mut q = backend.download(&backend.linear(&q_residual, &self.q_b, None)?)?;
+        let width = q.len() / positions.len().max(1);
+        q.par_chunks_exact_mut(width).zip(positions.par_iter()).for_each(|(row, &position)| {
+            for head in row.chunks_exact_mut(head_dim) {
+                let mean = head.iter().map(|v| v * v).sum::<f32>() / head_dim as f32;
+                let inverse = 1.0 / (mean + eps).sqrt();
+                head.iter_mut().for_each(|v| *v *= inverse);
+                rotate_tail(head, table, position, false);
+            }
+        });
+        Ok((q_residual, q))
+    }
+
+    /// One token's attention output `[heads · head_dim]` into `out`: its query `query` over `keys` (the window's and
+    /// the compressed entries it sees), each head's output rotated back to `position`.
+    fn attend_token(&self, out: &mut [f32], query: &[f32], keys: &[&[f32]], position: usize, table: &RopeTable) {
+        let head_dim = self.kv_norm.columns;
+        let scale = (head_dim as f32).powf(-0.5);
+        for (head, (out, q)) in out.chunks_exact_mut(head_dim).zip(query.chunks_exact(head_dim)).enumerate() {
+            attend(out, q, keys, scale, self.sinks[head]);
+            rotate_tail(out, table, position, true);
+        }
+    }
+
+    /// The grouped output projection of the attended heads `out` `[tokens, heads · head_dim]`: `wo_a` per group,
+    /// then `wo_b`.
+    fn output(&self, backend: &dyn Backend, out: &[f32]) -> Result<Tensor, RuntimeError> {
+        let group_width = self.o_a[0].columns;
+        let out = backend.upload(out, group_width * self.o_a.len())?;
+        let grouped: Vec<Tensor> = self
+            .o_a
+            .iter()
+            .enumerate()
+            .map(|(group, o_a)| backend.linear(&backend.columns(&out, group * group_width, group_width)?, o_a, None))
+            .collect::<Result<_, _>>()?;
+        let grouped = backend.concat_columns(&grouped.iter().collect::<Vec<_>>())?;
+        backend.linear(&grouped, &self.o_b, None)
+    }
+
     /// The attention output `[tokens, hidden]` (after `wo_b`) of the mixer input `x` over whole sequences `spans`;
     /// near-ties of the indexer's top-k are counted into `near_ties`. With `prefill` (split prefill/decode: the
     /// prefill node's layer, its mixer input, each sequence's prompt length) what the cache holds of the prompt —
@@ -153,6 +205,47 @@ impl CompressedAttention {
         prefill: Option<(&CompressedAttention, &Tensor, &[usize])>,
         near_ties: &mut usize,
     ) -> Result<Tensor, RuntimeError> {
+        Ok(self.run(context, x, spans, prefill, near_ties)?.0)
+    }
+
+    /// A prompt's attention output (`x`: its mixer input, one sequence from position 0) and the request's cache
+    /// after it.
+    pub fn prefill(
+        &self,
+        context: &LayerContext,
+        x: &Tensor,
+        near_ties: &mut usize,
+    ) -> Result<(Tensor, CompressedCache), RuntimeError> {
+        let spans = Spans::new(&[x.rows()]);
+        let (out, cached) = self.run(context, x, &spans, None, near_ties)?;
+        let Cached { kv, entries, index } = cached;
+        let head_dim = self.kv_norm.columns;
+        let window = context.config.deepseek_v4().map_or(1, |v4| v4.sliding_window);
+        let kept = x.rows().min(window.saturating_sub(1));
+        let cache = CompressedCache {
+            tokens: x.rows(),
+            window: kv[(x.rows() - kept) * head_dim..].to_vec(),
+            entries: entries.map(|(projected, mut entries)| {
+                let compressor = self.compressor.as_ref().expect("entries come from the compressor");
+                compressor.cache(&projected, x.rows(), entries.remove(0))
+            }),
+            index: index.map(|(projected, mut keys)| {
+                let indexer = self.indexer.as_ref().expect("index keys come from the indexer");
+                indexer.compressor().cache(&projected, x.rows(), keys.remove(0))
+            }),
+        };
+        Ok((out, cache))
+    }
+
+    /// The attention output of whole sequences and what their caches hold ([`CompressedAttention::forward`]).
+    fn run(
+        &self,
+        context: &LayerContext,
+        x: &Tensor,
+        spans: &Spans,
+        prefill: Option<(&CompressedAttention, &Tensor, &[usize])>,
+        near_ties: &mut usize,
+    ) -> Result<(Tensor, Cached), RuntimeError> {
         let LayerContext { backend, config, .. } = *context;
         let v4 = config.deepseek_v4().ok_or_else(|| RuntimeError::Input("V4 attention outside DeepSeek-V4".into()))?;
         let (heads, head_dim, window) = (config.num_attention_heads, v4.head_dim, v4.sliding_window);
@@ -161,18 +254,8 @@ impl CompressedAttention {
         let [main, compress] = v4_ropes(config, longest)?;
         let table = if self.compressor.is_some() { &compress } else { &main };
 
-        let mut q_residual = backend.linear(x, &self.q_a, None)?;
-        backend.rms_norm(&mut q_residual, v4.q_lora_rank, &self.q_norm, eps)?;
-        let mut q = backend.download(&backend.linear(&q_residual, &self.q_b, None)?)?;
         let positions: Vec<usize> = spans.iter().flat_map(|(_, length)| 0..length).collect();
-        q.par_chunks_exact_mut(heads * head_dim).zip(positions.par_iter()).for_each(|(row, &position)| {
-            for head in row.chunks_exact_mut(head_dim) {
-                let mean = head.iter().map(|v| v * v).sum::<f32>() / head_dim as f32;
-                let inverse = 1.0 / (mean + eps).sqrt();
-                head.iter_mut().for_each(|v| *v *= inverse);
-                rotate_tail(head, table, position, false);
-            }
-        });
+        let (q_residual, q) = self.queries(context, x, &positions, (table, eps))?;
         let mut kv = self.keys(backend, x, &positions, (table, eps))?;
         // The prompt's share of the cache from the prefill node's weights and inputs.
         let prompt_rows = |mut own: Vec<f32>, theirs: Vec<f32>, prompt: &[usize]| {
@@ -199,24 +282,26 @@ impl CompressedAttention {
         let entries = match &self.compressor {
             Some(compressor) => {
                 let other = prefill.and_then(|(layer, ..)| layer.compressor.as_ref());
-                compressor.entries(&projections(compressor, other)?, spans, &compress, eps)
-            }
-            None => vec![Vec::new(); spans.lengths.len()],
-        };
-        let selection = match &self.indexer {
-            Some(indexer) => {
-                let other = prefill.and_then(|(layer, ..)| layer.indexer.as_ref()).map(EntryIndexer::compressor);
-                let keys =
-                    indexer.compressor().entries(&projections(indexer.compressor(), other)?, spans, &compress, eps);
-                Some(indexer.select(backend, (x, &q_residual, &keys), spans, &compress, near_ties)?)
+                let projected = projections(compressor, other)?;
+                let entries = compressor.entries(&projected, spans, &compress, eps);
+                Some((projected, entries))
             }
             None => None,
         };
+        let (index, selection) = match &self.indexer {
+            Some(indexer) => {
+                let other = prefill.and_then(|(layer, ..)| layer.indexer.as_ref()).map(EntryIndexer::compressor);
+                let projected = projections(indexer.compressor(), other)?;
+                let keys = indexer.compressor().entries(&projected, spans, &compress, eps);
+                let selection = indexer.select(backend, (x, &q_residual, &keys), spans, &compress, near_ties)?;
+                (Some((projected, keys)), Some(selection))
+            }
+            None => (None, None),
+        };
         let ratio = self.compressor.as_ref().map_or(0, Compressor::ratio);
-        let scale = (head_dim as f32).powf(-0.5);
         let mut out = vec![0f32; x.rows() * heads * head_dim];
         for (sequence, (start, length)) in spans.iter().enumerate() {
-            let entries = &entries[sequence];
+            let entries = entries.as_ref().map_or(&[][..], |(_, entries)| &entries[sequence][..]);
             let rows = &mut out[start * heads * head_dim..(start + length) * heads * head_dim];
             rows.par_chunks_exact_mut(heads * head_dim).enumerate().for_each(|(position, row)| {
                 let window_rows = (position + 1).saturating_sub(window) + start..start + position + 1;
@@ -228,23 +313,117 @@ impl CompressedAttention {
                     None => keys.extend((0..complete).map(entry)),
                 }
                 let query = &q[(start + position) * heads * head_dim..][..heads * head_dim];
-                for (head, (out, q)) in row.chunks_exact_mut(head_dim).zip(query.chunks_exact(head_dim)).enumerate() {
-                    attend(out, q, &keys, scale, self.sinks[head]);
-                    rotate_tail(out, table, position, true);
-                }
+                self.attend_token(row, query, &keys, position, table);
             });
         }
-        let out = backend.upload(&out, heads * head_dim)?;
-        let group_width = heads * head_dim / self.o_a.len();
-        let grouped: Vec<Tensor> = self
-            .o_a
-            .iter()
-            .enumerate()
-            .map(|(group, o_a)| backend.linear(&backend.columns(&out, group * group_width, group_width)?, o_a, None))
-            .collect::<Result<_, _>>()?;
-        let grouped = backend.concat_columns(&grouped.iter().collect::<Vec<_>>())?;
-        backend.linear(&grouped, &self.o_b, None)
+        Ok((self.output(backend, &out)?, Cached { kv, entries, index }))
     }
+
+    /// The decode step: row `r` of the mixer input `x` is the next token of the request whose cache is `caches[r]`
+    /// (at position `caches[r].tokens`); each cache takes its token (key row, compressors' projections, any entry
+    /// its window closes) and the token attends over what its cache then holds, as [`CompressedAttention::forward`]
+    /// attends over the whole sequence.
+    pub fn decode(
+        &self,
+        context: &LayerContext,
+        x: &Tensor,
+        caches: &mut [CompressedCache],
+        near_ties: &mut usize,
+    ) -> Result<Tensor, RuntimeError> {
+        let LayerContext { backend, config, .. } = *context;
+        let v4 = config.deepseek_v4().ok_or_else(|| RuntimeError::Input("V4 attention outside DeepSeek-V4".into()))?;
+        let (heads, head_dim, window) = (config.num_attention_heads, v4.head_dim, v4.sliding_window);
+        let eps = config.rms_norm_eps as f32;
+        let positions: Vec<usize> = caches.iter().map(|cache| cache.tokens).collect();
+        let [main, compress] = v4_ropes(config, positions.iter().max().map_or(1, |p| p + 1))?;
+        let table = if self.compressor.is_some() { &compress } else { &main };
+        let (q_residual, q) = self.queries(context, x, &positions, (table, eps))?;
+        let kv = self.keys(backend, x, &positions, (table, eps))?;
+        let projected = self.compressor.as_ref().map(|c| c.project(backend, x)).transpose()?;
+        let index_projected = self.indexer.as_ref().map(|i| i.compressor().project(backend, x)).transpose()?;
+        let index_queries = match &self.indexer {
+            Some(indexer) => Some(indexer.queries(backend, (x, &q_residual), &positions, &compress)?),
+            None => None,
+        };
+        let rows = x.rows();
+        fn row_of(values: &[Vec<f32>; 2], row: usize, rows: usize) -> [&[f32]; 2] {
+            let width = values[0].len() / rows;
+            [&values[0][row * width..][..width], &values[1][row * width..][..width]]
+        }
+        let mut out = vec![0f32; x.rows() * heads * head_dim];
+        let ties: Vec<bool> = out
+            .par_chunks_exact_mut(heads * head_dim)
+            .zip(caches.par_iter_mut())
+            .enumerate()
+            .map(|(row, (out, cache))| {
+                let position = cache.tokens;
+                if let (Some(compressor), Some(projected), Some(entries)) =
+                    (&self.compressor, &projected, cache.entries.as_mut())
+                {
+                    compressor.append(entries, row_of(projected, row, rows), (&compress, eps));
+                }
+                if let (Some(indexer), Some(projected), Some(index)) =
+                    (&self.indexer, &index_projected, cache.index.as_mut())
+                {
+                    indexer.compressor().append(index, row_of(projected, row, rows), (&compress, eps));
+                }
+                let token = &kv[row * head_dim..][..head_dim];
+                let mut keys: Vec<&[f32]> = cache.window.chunks_exact(head_dim).chain([token]).collect();
+                let entries = cache.entries.as_ref().map_or(&[][..], |entries| &entries.entries[..]);
+                let entry = |e: usize| &entries[e * head_dim..][..head_dim];
+                let mut tie = false;
+                match (&self.indexer, &index_queries, &cache.index) {
+                    (Some(indexer), Some((q, weights)), Some(index)) => {
+                        let (query_width, index_heads) = (q.len() / rows, weights.len() / rows);
+                        let query =
+                            (&q[row * query_width..][..query_width], &weights[row * index_heads..][..index_heads]);
+                        let (chosen, near) = indexer.choose(query, &index.entries, position);
+                        tie = near;
+                        keys.extend(chosen.into_iter().map(entry));
+                    }
+                    _ => {
+                        let ratio = self.compressor.as_ref().map_or(0, Compressor::ratio);
+                        let complete = (position + 1).checked_div(ratio).unwrap_or(0).min(entries.len() / head_dim);
+                        keys.extend((0..complete).map(entry));
+                    }
+                }
+                self.attend_token(out, &q[row * heads * head_dim..][..heads * head_dim], &keys, position, table);
+                cache.window.extend_from_slice(token);
+                let kept = window.saturating_sub(1) * head_dim;
+                if cache.window.len() > kept {
+                    cache.window.drain(..cache.window.len() - kept);
+                }
+                cache.tokens += 1;
+                tie
+            })
+            .collect();
+        *near_ties += ties.iter().filter(|&&tie| tie).count();
+        self.output(backend, &out)
+    }
+}
+
+/// What a pass over whole sequences computed for their caches: the key rows, and each compressor's per-token
+/// projections with the entries made of them (per sequence).
+struct Cached {
+    kv: Vec<f32>,
+    entries: Option<Compressed>,
+    index: Option<Compressed>,
+}
+
+/// A compressor's per-token projections (values, gates) and the entries made of them, per sequence.
+type Compressed = ([Vec<f32>; 2], Vec<Vec<f32>>);
+
+/// One request's cache of one V4 layer, as the engines keep it per layer type: the last `sliding_window − 1` key
+/// rows (the window before the next token), and on compressed layers the compressor's entries and pending window
+/// ([`EntryCache`]), on CSA layers also the indexer's keys.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CompressedCache {
+    /// Tokens seen: the position of the next one.
+    pub tokens: usize,
+    /// `[≤ sliding_window − 1, head_dim]`, oldest first.
+    pub window: Vec<f32>,
+    pub entries: Option<EntryCache>,
+    pub index: Option<EntryCache>,
 }
 
 /// One head's attention output into `out`: softmax over the scaled logits of query `q` against `keys` (which are

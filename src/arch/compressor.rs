@@ -73,45 +73,114 @@ impl Compressor {
 
     /// Each sequence's entries `[windows, dim]` (`windows = length / ratio`) from its tokens' projections
     /// ([`Compressor::project`]), RMS-normed with epsilon `eps`, rotated by `table` (the `compress` RoPE).
-    pub fn entries(&self, [kv, gate]: &[Vec<f32>; 2], spans: &Spans, table: &RopeTable, eps: f32) -> Vec<Vec<f32>> {
-        let (ratio, dim) = (self.ratio, self.dim);
-        let width = if self.overlap { 2 * dim } else { dim };
+    pub fn entries(&self, projected: &[Vec<f32>; 2], spans: &Spans, table: &RopeTable, eps: f32) -> Vec<Vec<f32>> {
+        let (ratio, dim, width) = (self.ratio, self.dim, self.width());
+        let rows =
+            |row: usize| [&projected[0][row * width..][..ratio * width], &projected[1][row * width..][..ratio * width]];
         spans
             .iter()
             .map(|(start, length)| {
                 let windows = length / ratio;
                 let mut entries = vec![0f32; windows * dim];
                 entries.par_chunks_exact_mut(dim).enumerate().for_each(|(window, entry)| {
-                    // (row, column offset) of each slot's series: the previous window's first series, then this
-                    // window's own (second with overlap).
-                    let mut slots: Vec<(usize, usize)> = Vec::with_capacity(2 * ratio);
-                    if self.overlap && window > 0 {
-                        slots.extend((0..ratio).map(|i| (start + (window - 1) * ratio + i, 0)));
-                    }
-                    let own = if self.overlap { dim } else { 0 };
-                    slots.extend((0..ratio).map(|i| (start + window * ratio + i, own)));
-                    let mut logits = vec![0f32; slots.len()];
-                    for (channel, value) in entry.iter_mut().enumerate() {
-                        for (logit, &(row, offset)) in logits.iter_mut().zip(&slots) {
-                            let slot = (row - start) % ratio;
-                            *logit = gate[row * width + offset + channel]
-                                + self.position_bias[slot * width + offset + channel];
-                        }
-                        let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                        let total: f32 = logits.iter().map(|l| (l - top).exp()).sum();
-                        *value = logits
-                            .iter()
-                            .zip(&slots)
-                            .map(|(l, &(row, offset))| kv[row * width + offset + channel] * ((l - top).exp() / total))
-                            .sum();
-                    }
-                    let mean = entry.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-                    let inverse = 1.0 / (mean + eps).sqrt();
-                    entry.iter_mut().zip(&self.norm).for_each(|(v, w)| *v = w * (*v * inverse));
-                    rotate_tail(entry, table, window * ratio, false);
+                    let previous = (self.overlap && window > 0).then(|| rows(start + (window - 1) * ratio));
+                    self.entry(entry, previous, rows(start + window * ratio), window, (table, eps));
                 });
                 entries
             })
             .collect()
     }
+
+    /// Values, gates `[series · dim]` per token.
+    fn width(&self) -> usize {
+        if self.overlap {
+            2 * self.dim
+        } else {
+            self.dim
+        }
+    }
+
+    /// Entry `window` into `entry` from its window's projections `current` (values, gates `[ratio, width]`) and,
+    /// overlapping, the previous window's `previous`.
+    fn entry(
+        &self,
+        entry: &mut [f32],
+        previous: Option<[&[f32]; 2]>,
+        current: [&[f32]; 2],
+        window: usize,
+        (table, eps): (&RopeTable, f32),
+    ) {
+        let (ratio, dim, width) = (self.ratio, self.dim, self.width());
+        // (projections, slot, column offset) of each slot's series: the previous window's first series, then this
+        // window's own (second with overlap).
+        let own = if self.overlap { dim } else { 0 };
+        let mut slots: Vec<([&[f32]; 2], usize, usize)> = Vec::with_capacity(2 * ratio);
+        if let Some(previous) = previous {
+            slots.extend((0..ratio).map(|i| (previous, i, 0)));
+        }
+        slots.extend((0..ratio).map(|i| (current, i, own)));
+        let mut logits = vec![0f32; slots.len()];
+        for (channel, value) in entry.iter_mut().enumerate() {
+            for (logit, &([_, gate], slot, offset)) in logits.iter_mut().zip(&slots) {
+                let at = slot * width + offset + channel;
+                *logit = gate[at] + self.position_bias[at];
+            }
+            let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let total: f32 = logits.iter().map(|l| (l - top).exp()).sum();
+            *value = logits
+                .iter()
+                .zip(&slots)
+                .map(|(l, &([kv, _], slot, offset))| kv[slot * width + offset + channel] * ((l - top).exp() / total))
+                .sum();
+        }
+        let mean = entry.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let inverse = 1.0 / (mean + eps).sqrt();
+        entry.iter_mut().zip(&self.norm).for_each(|(v, w)| *v = w * (*v * inverse));
+        rotate_tail(entry, table, window * ratio, false);
+    }
+
+    /// A request's cache after its first `length` tokens, whose projections are `projected` (rows `0..length`) and
+    /// entries `entries` ([`Compressor::entries`]).
+    pub fn cache(&self, projected: &[Vec<f32>; 2], length: usize, entries: Vec<f32>) -> EntryCache {
+        let (ratio, width) = (self.ratio, self.width());
+        let complete = length / ratio * ratio;
+        let part = |rows: std::ops::Range<usize>| {
+            projected.clone().map(|values| values[rows.start * width..rows.end * width].to_vec())
+        };
+        EntryCache {
+            entries,
+            pending: part(complete..length),
+            previous: if self.overlap && complete > 0 { part(complete - ratio..complete) } else { Default::default() },
+        }
+    }
+
+    /// Appends one token's projections `token` (values, gates `[width]`) to `cache`; when they close a window, its
+    /// entry joins the cache's entries.
+    pub fn append(&self, cache: &mut EntryCache, token: [&[f32]; 2], (table, eps): (&RopeTable, f32)) {
+        for (pending, values) in cache.pending.iter_mut().zip(token) {
+            pending.extend_from_slice(values);
+        }
+        if cache.pending[0].len() < self.ratio * self.width() {
+            return;
+        }
+        let window = cache.entries.len() / self.dim;
+        let mut entry = vec![0f32; self.dim];
+        let previous =
+            (self.overlap && !cache.previous[0].is_empty()).then(|| [&cache.previous[0][..], &cache.previous[1][..]]);
+        self.entry(&mut entry, previous, [&cache.pending[0], &cache.pending[1]], window, (table, eps));
+        cache.entries.extend_from_slice(&entry);
+        let closed = std::mem::take(&mut cache.pending);
+        if self.overlap {
+            cache.previous = closed;
+        }
+    }
+}
+
+/// What one request keeps of one compressor: its entries `[n, dim]`, the projections (values, gates `[k, width]`) of
+/// the tokens of its incomplete window, and with overlap those of its last complete window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EntryCache {
+    pub entries: Vec<f32>,
+    pub pending: [Vec<f32>; 2],
+    pub previous: [Vec<f32>; 2],
 }

@@ -71,45 +71,65 @@ impl EntryIndexer {
         table: &RopeTable,
         near_ties: &mut usize,
     ) -> Result<Selection, RuntimeError> {
-        let mut q = backend.download(&backend.linear(q_residual, &self.q, None)?)?;
-        let weights = backend.download(&backend.linear(x, &self.weights, None)?)?;
+        let positions: Vec<usize> = spans.iter().flat_map(|(_, length)| 0..length).collect();
+        let (q, weights) = self.queries(backend, (x, q_residual), &positions, table)?;
         let (heads, dim) = (self.heads, self.dim);
-        let (score_scale, weight_scale) = ((dim as f32).powf(-0.5), (heads as f32).powf(-0.5));
         let mut selection = Vec::with_capacity(spans.lengths.len());
         for ((start, length), keys) in spans.iter().zip(keys) {
-            let rows = &mut q[start * heads * dim..(start + length) * heads * dim];
-            rows.par_chunks_exact_mut(heads * dim).enumerate().for_each(|(position, row)| {
-                row.chunks_exact_mut(dim).for_each(|head| rotate_tail(head, table, position, false));
-            });
-            let rows = &q[start * heads * dim..(start + length) * heads * dim];
-            let chosen: Vec<(Vec<usize>, bool)> = (0..length)
+            let chosen: Vec<(Vec<usize>, bool)> = (start..start + length)
                 .into_par_iter()
-                .map(|position| {
-                    let visible = ((position + 1) / 4).min(keys.len() / dim);
-                    if visible <= self.top_k {
-                        return ((0..visible).collect(), false);
-                    }
-                    let query = &rows[position * heads * dim..][..heads * dim];
-                    let head_weights = &weights[(start + position) * heads..][..heads];
-                    let scores: Vec<f32> = keys[..visible * dim]
-                        .chunks_exact(dim)
-                        .map(|key| {
-                            query
-                                .chunks_exact(dim)
-                                .zip(head_weights)
-                                .map(|(q, w)| {
-                                    let dot: f32 = q.iter().zip(key).map(|(a, b)| a * b).sum();
-                                    dot.max(0.0) * score_scale * (w * weight_scale)
-                                })
-                                .sum()
-                        })
-                        .collect();
-                    top_k_of(&scores, self.top_k)
+                .map(|row| {
+                    let query = (&q[row * heads * dim..][..heads * dim], &weights[row * heads..][..heads]);
+                    self.choose(query, keys, positions[row])
                 })
                 .collect();
             *near_ties += chosen.iter().filter(|(_, tie)| *tie).count();
             selection.push(chosen.into_iter().map(|(entries, _)| entries).collect());
         }
         Ok(selection)
+    }
+
+    /// Each row's queries `[rows, heads · dim]` (rotated to its position in `positions`) and head weights
+    /// `[rows, heads]` (scaled by 1/√heads).
+    pub fn queries(
+        &self,
+        backend: &dyn Backend,
+        (x, q_residual): (&Tensor, &Tensor),
+        positions: &[usize],
+        table: &RopeTable,
+    ) -> Result<(Vec<f32>, Vec<f32>), RuntimeError> {
+        let mut q = backend.download(&backend.linear(q_residual, &self.q, None)?)?;
+        let mut weights = backend.download(&backend.linear(x, &self.weights, None)?)?;
+        let weight_scale = (self.heads as f32).powf(-0.5);
+        weights.iter_mut().for_each(|w| *w *= weight_scale);
+        q.par_chunks_exact_mut(self.heads * self.dim).zip(positions.par_iter()).for_each(|(row, &position)| {
+            row.chunks_exact_mut(self.dim).for_each(|head| rotate_tail(head, table, position, false));
+        });
+        Ok((q, weights))
+    }
+
+    /// The entries the query `(q, head weights)` at `position` attends to among `keys` `[entries, dim]` (the
+    /// complete ones: below `(position + 1) / 4`), and whether the top-k boundary is a near-tie.
+    pub fn choose(&self, (query, head_weights): (&[f32], &[f32]), keys: &[f32], position: usize) -> (Vec<usize>, bool) {
+        let dim = self.dim;
+        let visible = ((position + 1) / 4).min(keys.len() / dim);
+        if visible <= self.top_k {
+            return ((0..visible).collect(), false);
+        }
+        let score_scale = (dim as f32).powf(-0.5);
+        let scores: Vec<f32> = keys[..visible * dim]
+            .chunks_exact(dim)
+            .map(|key| {
+                query
+                    .chunks_exact(dim)
+                    .zip(head_weights)
+                    .map(|(q, w)| {
+                        let dot: f32 = q.iter().zip(key).map(|(a, b)| a * b).sum();
+                        dot.max(0.0) * score_scale * w
+                    })
+                    .sum()
+            })
+            .collect();
+        top_k_of(&scores, self.top_k)
     }
 }

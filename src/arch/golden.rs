@@ -212,3 +212,79 @@ fn glm52_mtp_drafts_match_the_oracle() {
 fn glm53_flash_mtp_drafts_match_the_oracle() {
     check_mtp("glm5.3-flash", "mtp.safetensors");
 }
+
+/// DeepSeek-V4's caches decode as they prefill: two requests prefilled to 100 and 37 tokens, then decoded together one
+/// token per step to 160, each step's logits equal transformers' full-sequence ones at that position. The steps
+/// evict from the sliding window (16), close CSA windows whose entries the indexer then chooses among (8 of up to
+/// 40) and the first HCA window (at position 127) from the cache's pending projections.
+#[test]
+fn deepseek_v4_decodes_as_it_prefills() {
+    use super::compressed_attention::CompressedCache;
+    use super::hyper::{narrow, widen};
+    use super::rope::rope_setup;
+    use super::{embed, Layer, LayerContext};
+    use crate::load::layer_stream::StreamedLayer;
+    use crate::load::weights::WeightReader;
+    use crate::runtime::backend::Backend;
+    use crate::runtime::Tensor;
+
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime/deepseek-v4");
+    let golden = ShardFile::open(&dir.join("golden.safetensors")).expect("golden data");
+    let ids = golden.get("input_ids").expect("input_ids");
+    let length = ids.shape[1];
+    let ids: Vec<u32> = ids.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
+    let want = read_f32(golden.get("logits").expect("logits").bytes);
+    let model = Model::open(&dir).expect("golden checkpoint opens");
+    let (config, reader, cpu) = (model.config(), WeightReader::new(model.checkpoint()), Cpu::default());
+    let backend: &dyn Backend = &cpu;
+    let layers: Vec<Layer> =
+        (0..config.num_hidden_layers).map(|layer| Layer::load(&reader, config, layer).expect("layer loads")).collect();
+    assert!(layers.iter().all(Layer::is_compressed));
+    let (table, mla_scale) = rope_setup(config, length);
+    let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
+    let (width, vocab) = (config.hidden_size, config.vocab_size);
+    let norm = reader.parameter(config.final_norm_name(), width).unwrap();
+    let head = reader.matrix(super::head_name(config, &reader), [vocab, width]).unwrap();
+    let logits = |hidden: Tensor| {
+        let hidden = narrow(backend, &reader, config, hidden).unwrap();
+        let normed = backend.rms_normed(&hidden, &norm, config.rms_norm_eps as f32).unwrap();
+        backend.download(&backend.linear(&normed, &head, None).unwrap()).unwrap()
+    };
+    let tokens = |request: usize| &ids[request * length..][..length];
+    let (mut got, mut reference) = (Vec::new(), Vec::new());
+    let mut caches: Vec<Vec<CompressedCache>> = Vec::new();
+    let prompts = [100, 37];
+    for (request, &prompt) in prompts.iter().enumerate() {
+        let prompt_ids = &tokens(request)[..prompt];
+        let embedded = backend.upload(&embed(&reader, config, prompt_ids).unwrap(), width).unwrap();
+        let mut hidden = widen(backend, config, embedded).unwrap();
+        let cached = layers.iter().map(|layer| layer.prefill_cache(&context, &mut hidden, prompt_ids).unwrap());
+        caches.push(cached.collect());
+        let last = backend.row_range(&hidden, prompt - 1..prompt).unwrap();
+        got.extend(logits(last));
+        reference.extend_from_slice(&want[(request * length + prompt - 1) * vocab..][..vocab]);
+    }
+    for position in prompts[1]..length {
+        // The requests whose prompt is behind them decode the token at `position`.
+        let step: Vec<usize> = (0..prompts.len()).filter(|&r| prompts[r] <= position).collect();
+        let step_ids: Vec<u32> = step.iter().map(|&r| tokens(r)[position]).collect();
+        let embedded = backend.upload(&embed(&reader, config, &step_ids).unwrap(), width).unwrap();
+        let mut hidden = widen(backend, config, embedded).unwrap();
+        for (index, layer) in layers.iter().enumerate() {
+            let mut step_caches: Vec<CompressedCache> =
+                step.iter().map(|&r| std::mem::take(&mut caches[r][index])).collect();
+            layer.decode_caches(&context, &mut hidden, &mut step_caches, &step_ids).unwrap();
+            for (&r, cache) in step.iter().zip(step_caches) {
+                caches[r][index] = cache;
+            }
+        }
+        got.extend(logits(hidden));
+        for &r in &step {
+            reference.extend_from_slice(&want[(r * length + position) * vocab..][..vocab]);
+        }
+    }
+    assert_eq!(got.len(), (2 + (length - prompts[0]) + (length - prompts[1])) * vocab);
+    let (relative_l2, max_abs) = errors(&got, &reference);
+    println!("deepseek-v4 decode: relative L2 {relative_l2:.3e}, max |Δlogit| {max_abs:.3e}");
+    assert!(relative_l2 <= 1e-5, "decode differs from transformers: relative L2 {relative_l2:.3e}");
+}

@@ -5,7 +5,7 @@
 //! [`Layer::prefill_state`]) or around the paged attention of a decode step ([`Layer::decode`]; KDA:
 //! [`Layer::decode_states`]), then the one residual and MLP they all share.
 
-use super::compressed_attention::CompressedAttention;
+use super::compressed_attention::{CompressedAttention, CompressedCache};
 use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
 use super::hyper::{self, HyperMix, HyperWeights};
@@ -394,7 +394,7 @@ impl Layer {
         let (x, mix) = self.mixer_input(context, hidden)?;
         let mut state = KdaState::new(&kda.shape());
         let mixed = kda.mix(context.backend, &x, &mut [(0..x.rows(), &mut state)], KdaMode::Chunked)?;
-        self.finish_mixed(context, hidden, (&mixed, mix))?;
+        self.finish_mixed(context, hidden, (&mixed, mix), &[])?;
         Ok(state)
     }
 
@@ -410,20 +410,66 @@ impl Layer {
         let (x, mix) = self.mixer_input(context, hidden)?;
         let mut sequences: Vec<_> = states.iter_mut().enumerate().map(|(row, state)| (row..row + 1, state)).collect();
         let mixed = kda.mix(context.backend, &x, &mut sequences, KdaMode::Recurrent)?;
-        self.finish_mixed(context, hidden, (&mixed, mix))
+        self.finish_mixed(context, hidden, (&mixed, mix), &[])
     }
 
     /// `hidden += mixed` (the mixer's output after its projection; with mHC put back by `mix`), then
-    /// `hidden += mlp(norm(hidden))`.
+    /// `hidden += mlp(norm(hidden))` (`ids`: each row's token id, for hash routing; may be empty).
     fn finish_mixed(
         &self,
         context: &LayerContext,
         hidden: &mut Tensor,
         mixed: (&Tensor, Option<HyperMix>),
+        ids: &[u32],
     ) -> Result<(), RuntimeError> {
         let times = ExpertTimes::default();
-        let mlp = MlpRows { only: None, times: &times, near_ties: &mut 0, ids: &[], tap: &mut LayerTap::default() };
+        let mlp = MlpRows { only: None, times: &times, near_ties: &mut 0, ids, tap: &mut LayerTap::default() };
         self.residual(context, hidden, mixed, mlp, None)
+    }
+}
+
+/// The cached uses of a DeepSeek-V4 layer: a prompt's prefill into its cache, the decode step from the caches.
+impl Layer {
+    /// Whether the layer's mixer is DeepSeek-V4's compressed attention (a cache per request of its own kinds).
+    pub fn is_compressed(&self) -> bool {
+        matches!(self.mixer, Mixer::Compressed(_))
+    }
+
+    fn compressed(&self) -> Result<&CompressedAttention, RuntimeError> {
+        match &self.mixer {
+            Mixer::Compressed(attention) => Ok(attention),
+            _ => Err(RuntimeError::Input("a layer without DeepSeek-V4's attention was stepped as one".into())),
+        }
+    }
+
+    /// A prompt's prefill through the layer (`ids`: its token ids), then the layer's residual and MLP; returns the
+    /// request's cache of the layer after the prompt.
+    pub fn prefill_cache(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        ids: &[u32],
+    ) -> Result<CompressedCache, RuntimeError> {
+        let attention = self.compressed()?;
+        let (x, mix) = self.mixer_input(context, hidden)?;
+        let (mixed, cache) = attention.prefill(context, &x, &mut 0)?;
+        self.finish_mixed(context, hidden, (&mixed, mix), ids)?;
+        Ok(cache)
+    }
+
+    /// The decode step through the layer: row `r` of `hidden` (token `ids[r]`) is the next token of the request
+    /// whose cache is `caches[r]`, then the layer's residual and MLP.
+    pub fn decode_caches(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        caches: &mut [CompressedCache],
+        ids: &[u32],
+    ) -> Result<(), RuntimeError> {
+        let attention = self.compressed()?;
+        let (x, mix) = self.mixer_input(context, hidden)?;
+        let mixed = attention.decode(context, &x, caches, &mut 0)?;
+        self.finish_mixed(context, hidden, (&mixed, mix), ids)
     }
 }
 
@@ -532,7 +578,7 @@ impl Layer {
             Mixer::Kda(_) => return Err(RuntimeError::Input(KDA_NOT_PAGED.into())),
             Mixer::Compressed(_) => return Err(RuntimeError::Input(V4_NOT_PAGED.into())),
         };
-        self.finish_mixed(context, hidden, (&projected, mix))
+        self.finish_mixed(context, hidden, (&projected, mix), &[])
     }
 
     /// A prompt's paged prefill through the layer: its rows for the cache (`[tokens, row_width]`, and the indexer
