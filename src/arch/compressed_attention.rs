@@ -12,13 +12,12 @@ use rayon::prelude::*;
 use super::compressor::{Compressor, EntryCache};
 use super::context::LayerContext;
 use super::entry_indexer::EntryIndexer;
-use super::rope::{rope_table, rotate_tail};
+use super::rope::{rope_table, rotate_tail, Rotations, SparseRotations};
 use crate::load::weights::WeightReader;
 use crate::model::config::{Rope, RopeScaling};
 use crate::model::ModelConfig;
 use crate::runtime::backend::Backend;
 use crate::runtime::matrix::Matrix;
-use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::{RuntimeError, Spans};
 
@@ -42,7 +41,7 @@ pub struct CompressedAttention {
 /// The two RoPEs of a V4 model over the trailing `qk_rope_head_dim` channels: `main` (sliding-window layers,
 /// `rope_theta`, no scaling) and `compress` (compressed layers, compressors and indexers: `compress_rope_theta`
 /// with the config's YaRN, its attention factor 1 unless given), as transformers' `DeepseekV4Config` builds them.
-pub fn v4_ropes(config: &ModelConfig, positions: usize) -> Result<[RopeTable; 2], RuntimeError> {
+pub fn v4_ropes(config: &ModelConfig) -> Result<[Rope; 2], RuntimeError> {
     let v4 = config.deepseek_v4().ok_or_else(|| RuntimeError::Input("a V4 RoPE outside DeepSeek-V4".into()))?;
     let partial = v4.qk_rope_head_dim as f64 / v4.head_dim as f64;
     let main = Rope {
@@ -74,7 +73,7 @@ pub fn v4_ropes(config: &ModelConfig, positions: usize) -> Result<[RopeTable; 2]
         RopeScaling::Default => RopeScaling::Default,
     };
     let compress = Rope { theta: v4.compress_rope_theta, scaling, ..main.clone() };
-    Ok([rope_table(&main, v4.head_dim, positions), rope_table(&compress, v4.head_dim, positions)])
+    Ok([main, compress])
 }
 
 impl CompressedAttention {
@@ -128,7 +127,7 @@ impl CompressedAttention {
         backend: &dyn Backend,
         x: &Tensor,
         positions: &[usize],
-        (table, eps): (&RopeTable, f32),
+        (table, eps): (&dyn Rotations, f32),
     ) -> Result<Vec<f32>, RuntimeError> {
         let head_dim = self.kv_norm.columns;
         let mut kv = backend.linear(x, &self.kv, None)?;
@@ -144,12 +143,11 @@ impl CompressedAttention {
     /// normed query LoRA residual the indexer also reads.
     fn queries(
         &self,
-        context: &LayerContext,
+        backend: &dyn Backend,
         x: &Tensor,
         positions: &[usize],
-        (table, eps): (&RopeTable, f32),
+        (table, eps): (&dyn Rotations, f32),
     ) -> Result<(Tensor, Vec<f32>), RuntimeError> {
-        let backend = context.backend;
         let head_dim = self.kv_norm.columns;
         let mut q_residual = backend.linear(x, &self.q_a, None)?;
         backend.rms_norm(&mut q_residual, self.q_norm.columns, &self.q_norm, eps)?;
@@ -168,7 +166,7 @@ impl CompressedAttention {
 
     /// One token's attention output `[heads · head_dim]` into `out`: its query `query` over `keys` (the window's and
     /// the compressed entries it sees), each head's output rotated back to `position`.
-    fn attend_token(&self, out: &mut [f32], query: &[f32], keys: &[&[f32]], position: usize, table: &RopeTable) {
+    fn attend_token(&self, out: &mut [f32], query: &[f32], keys: &[&[f32]], position: usize, table: &dyn Rotations) {
         let head_dim = self.kv_norm.columns;
         let scale = (head_dim as f32).powf(-0.5);
         for (head, (out, q)) in out.chunks_exact_mut(head_dim).zip(query.chunks_exact(head_dim)).enumerate() {
@@ -251,11 +249,11 @@ impl CompressedAttention {
         let (heads, head_dim, window) = (config.num_attention_heads, v4.head_dim, v4.sliding_window);
         let eps = config.rms_norm_eps as f32;
         let longest = spans.lengths.iter().copied().max().unwrap_or(0).max(1);
-        let [main, compress] = v4_ropes(config, longest)?;
-        let table = if self.compressor.is_some() { &compress } else { &main };
+        let [main, compress] = v4_ropes(config)?.map(|rope| rope_table(&rope, head_dim, longest));
+        let table: &dyn Rotations = if self.compressor.is_some() { &compress } else { &main };
 
         let positions: Vec<usize> = spans.iter().flat_map(|(_, length)| 0..length).collect();
-        let (q_residual, q) = self.queries(context, x, &positions, (table, eps))?;
+        let (q_residual, q) = self.queries(backend, x, &positions, (table, eps))?;
         let mut kv = self.keys(backend, x, &positions, (table, eps))?;
         // The prompt's share of the cache from the prefill node's weights and inputs.
         let prompt_rows = |mut own: Vec<f32>, theirs: Vec<f32>, prompt: &[usize]| {
@@ -325,19 +323,27 @@ impl CompressedAttention {
     /// attends over the whole sequence.
     pub fn decode(
         &self,
-        context: &LayerContext,
+        (backend, config): (&dyn Backend, &ModelConfig),
         x: &Tensor,
         caches: &mut [CompressedCache],
         near_ties: &mut usize,
     ) -> Result<Tensor, RuntimeError> {
-        let LayerContext { backend, config, .. } = *context;
         let v4 = config.deepseek_v4().ok_or_else(|| RuntimeError::Input("V4 attention outside DeepSeek-V4".into()))?;
         let (heads, head_dim, window) = (config.num_attention_heads, v4.head_dim, v4.sliding_window);
         let eps = config.rms_norm_eps as f32;
         let positions: Vec<usize> = caches.iter().map(|cache| cache.tokens).collect();
-        let [main, compress] = v4_ropes(config, positions.iter().max().map_or(1, |p| p + 1))?;
-        let table = if self.compressor.is_some() { &compress } else { &main };
-        let (q_residual, q) = self.queries(context, x, &positions, (table, eps))?;
+        // Only the positions this step rotates to: its tokens', and the first position of each window one of them
+        // closes (the compressor's, the indexer's).
+        let [main, compress] = v4_ropes(config)?;
+        let ratios: Vec<usize> =
+            self.compressor.iter().map(Compressor::ratio).chain(self.indexer.iter().map(EntryIndexer::ratio)).collect();
+        let closing = positions
+            .iter()
+            .flat_map(|&p| ratios.iter().filter(move |&&ratio| (p + 1) % ratio == 0).map(move |&ratio| p + 1 - ratio));
+        let compress = SparseRotations::new(&compress, head_dim, positions.iter().copied().chain(closing));
+        let main = SparseRotations::new(&main, head_dim, positions.iter().copied());
+        let table: &dyn Rotations = if self.compressor.is_some() { &compress } else { &main };
+        let (q_residual, q) = self.queries(backend, x, &positions, (table, eps))?;
         let kv = self.keys(backend, x, &positions, (table, eps))?;
         let projected = self.compressor.as_ref().map(|c| c.project(backend, x)).transpose()?;
         let index_projected = self.indexer.as_ref().map(|i| i.compressor().project(backend, x)).transpose()?;
@@ -437,5 +443,76 @@ fn attend(out: &mut [f32], q: &[f32], keys: &[&[f32]], scale: f32, sink: f32) {
     for (weight, key) in weights.iter().zip(keys) {
         let p = weight / total;
         out.iter_mut().zip(*key).for_each(|(o, k)| *o += p * k);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+    use crate::runtime::Cpu;
+
+    impl CompressedAttention {
+        /// A layer of compression `ratio` with random weights of `config`'s sizes.
+        fn random(rng: &mut Rng, config: &ModelConfig, ratio: usize) -> Self {
+            let v4 = config.deepseek_v4().expect("a DeepSeek-V4 config");
+            let (hidden, heads, head_dim) = (config.hidden_size, config.num_attention_heads, v4.head_dim);
+            let (q_rank, groups, o_rank) = (v4.q_lora_rank, v4.o_groups, v4.o_lora_rank);
+            let mut matrix = |rows: usize, columns: usize| {
+                Matrix::new(rows, columns, rng.values(rows * columns, (columns as f32).powf(-0.5)))
+            };
+            let group_width = heads * head_dim / groups;
+            Self {
+                q_a: matrix(q_rank, hidden),
+                q_norm: Matrix::new(1, q_rank, vec![1.0; q_rank]),
+                q_b: matrix(heads * head_dim, q_rank),
+                kv: matrix(head_dim, hidden),
+                kv_norm: Matrix::new(1, head_dim, vec![1.0; head_dim]),
+                o_a: (0..groups).map(|_| matrix(o_rank, group_width)).collect(),
+                o_b: matrix(hidden, groups * o_rank),
+                sinks: vec![0.0; heads],
+                compressor: (ratio > 0).then(|| Compressor::random(rng, (ratio, head_dim, hidden))),
+                indexer: (ratio == 4).then(|| EntryIndexer::random(rng, config)),
+            }
+        }
+    }
+
+    /// Per-token decode cost of each DeepSeek-V4-Flash layer type (its real attention sizes, random weights) on the
+    /// CPU runtime at the contexts in `V4_BENCH_CONTEXTS` (default 1024,32768), the cache filled as after that many
+    /// tokens: `cargo test --release --lib v4_decode_timing -- --ignored --nocapture` (scripts/bench-v4.sh).
+    #[test]
+    #[ignore]
+    fn v4_decode_timing() {
+        let preset = crate::model::presets::config_text("deepseek-v4-flash").expect("the V4-Flash preset");
+        let config = ModelConfig::from_json(&serde_json::from_str(preset).unwrap()).unwrap();
+        let v4 = config.deepseek_v4().unwrap().clone();
+        let contexts: Vec<usize> = std::env::var("V4_BENCH_CONTEXTS")
+            .unwrap_or_else(|_| "1024,32768".into())
+            .split(',')
+            .map(|c| c.trim().parse().expect("a context length"))
+            .collect();
+        let cpu = Cpu::default();
+        let mut rng = Rng::new(7);
+        for (kind, ratio) in [("sliding", 0), ("HCA", 128), ("CSA", 4)] {
+            let attention = CompressedAttention::random(&mut rng, &config, ratio);
+            for &context in &contexts {
+                let window = context.min(v4.sliding_window - 1);
+                let cache = CompressedCache {
+                    tokens: context,
+                    window: rng.values(window * v4.head_dim, 1.0),
+                    entries: attention.compressor.as_ref().map(|c| c.random_cache(&mut rng, context)),
+                    index: attention.indexer.as_ref().map(|i| i.compressor().random_cache(&mut rng, context)),
+                };
+                let x = cpu.upload(&rng.values(config.hidden_size, 1.0), config.hidden_size).unwrap();
+                let mut best = f64::INFINITY;
+                for _ in 0..5 {
+                    let mut caches = vec![cache.clone()];
+                    let started = std::time::Instant::now();
+                    attention.decode((&cpu, &config), &x, &mut caches, &mut 0).unwrap();
+                    best = best.min(started.elapsed().as_secs_f64());
+                }
+                println!("v4-flash {kind:<7} layer, context {context:>6}: {:>8.2} ms/token (best of 5)", best * 1e3);
+            }
+        }
     }
 }

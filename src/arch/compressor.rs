@@ -8,11 +8,10 @@
 
 use rayon::prelude::*;
 
-use super::rope::rotate_tail;
+use super::rope::{rotate_tail, Rotations};
 use crate::load::weights::WeightReader;
 use crate::runtime::backend::Backend;
 use crate::runtime::matrix::Matrix;
-use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::{RuntimeError, Spans};
 
@@ -53,6 +52,38 @@ impl Compressor {
         })
     }
 
+    /// A compressor of random weights (benchmarks).
+    #[cfg(test)]
+    pub(super) fn random(rng: &mut crate::rng::Rng, (ratio, dim, hidden): (usize, usize, usize)) -> Self {
+        let overlap = ratio == 4;
+        let width = if overlap { 2 * dim } else { dim };
+        let scale = (hidden as f32).powf(-0.5);
+        Self {
+            kv: Matrix::new(width, hidden, rng.values(width * hidden, scale)),
+            gate: Matrix::new(width, hidden, rng.values(width * hidden, scale)),
+            position_bias: rng.values(ratio * width, 0.1),
+            norm: vec![1.0; dim],
+            ratio,
+            dim,
+            overlap,
+        }
+    }
+
+    /// A cache of random entries after `tokens` tokens whose windows all closed (benchmarks).
+    #[cfg(test)]
+    pub(super) fn random_cache(&self, rng: &mut crate::rng::Rng, tokens: usize) -> EntryCache {
+        let width = self.width();
+        EntryCache {
+            entries: rng.values(tokens / self.ratio * self.dim, 1.0),
+            pending: Default::default(),
+            previous: if self.overlap {
+                [rng.values(self.ratio * width, 1.0), rng.values(self.ratio * width, 1.0)]
+            } else {
+                Default::default()
+            },
+        }
+    }
+
     /// Its projections (for device prefetch).
     pub fn matrices(&self) -> [&Matrix; 2] {
         [&self.kv, &self.gate]
@@ -73,7 +104,7 @@ impl Compressor {
 
     /// Each sequence's entries `[windows, dim]` (`windows = length / ratio`) from its tokens' projections
     /// ([`Compressor::project`]), RMS-normed with epsilon `eps`, rotated by `table` (the `compress` RoPE).
-    pub fn entries(&self, projected: &[Vec<f32>; 2], spans: &Spans, table: &RopeTable, eps: f32) -> Vec<Vec<f32>> {
+    pub fn entries(&self, projected: &[Vec<f32>; 2], spans: &Spans, table: &dyn Rotations, eps: f32) -> Vec<Vec<f32>> {
         let (ratio, dim, width) = (self.ratio, self.dim, self.width());
         let rows =
             |row: usize| [&projected[0][row * width..][..ratio * width], &projected[1][row * width..][..ratio * width]];
@@ -108,7 +139,7 @@ impl Compressor {
         previous: Option<[&[f32]; 2]>,
         current: [&[f32]; 2],
         window: usize,
-        (table, eps): (&RopeTable, f32),
+        (table, eps): (&dyn Rotations, f32),
     ) {
         let (ratio, dim, width) = (self.ratio, self.dim, self.width());
         // (projections, slot, column offset) of each slot's series: the previous window's first series, then this
@@ -156,7 +187,7 @@ impl Compressor {
 
     /// Appends one token's projections `token` (values, gates `[width]`) to `cache`; when they close a window, its
     /// entry joins the cache's entries.
-    pub fn append(&self, cache: &mut EntryCache, token: [&[f32]; 2], (table, eps): (&RopeTable, f32)) {
+    pub fn append(&self, cache: &mut EntryCache, token: [&[f32]; 2], (table, eps): (&dyn Rotations, f32)) {
         for (pending, values) in cache.pending.iter_mut().zip(token) {
             pending.extend_from_slice(values);
         }

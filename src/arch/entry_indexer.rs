@@ -7,13 +7,12 @@
 use rayon::prelude::*;
 
 use super::compressor::Compressor;
-use super::rope::rotate_tail;
+use super::rope::{rotate_tail, Rotations};
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::runtime::backend::Backend;
 use crate::runtime::cpu::routing::top_k_of;
 use crate::runtime::matrix::Matrix;
-use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::{RuntimeError, Spans};
 
@@ -48,11 +47,31 @@ impl EntryIndexer {
         })
     }
 
+    /// An indexer of random weights of `config`'s sizes (benchmarks).
+    #[cfg(test)]
+    pub(super) fn random(rng: &mut crate::rng::Rng, config: &ModelConfig) -> Self {
+        let v4 = config.deepseek_v4().expect("a DeepSeek-V4 config");
+        let (heads, dim, hidden) = (v4.index_n_heads, v4.index_head_dim, config.hidden_size);
+        Self {
+            compressor: Compressor::random(rng, (4, dim, hidden)),
+            q: Matrix::new(heads * dim, v4.q_lora_rank, rng.values(heads * dim * v4.q_lora_rank, 0.03)),
+            weights: Matrix::new(heads, hidden, rng.values(heads * hidden, 0.03)),
+            heads,
+            dim,
+            top_k: v4.index_topk,
+        }
+    }
+
     /// Its weight matrices (for device prefetch).
     pub fn matrices(&self) -> Vec<&Matrix> {
         let mut all = self.compressor.matrices().to_vec();
         all.extend([&self.q, &self.weights]);
         all
+    }
+
+    /// The compression ratio of its keys' windows (CSA's 4).
+    pub fn ratio(&self) -> usize {
+        self.compressor.ratio()
     }
 
     /// Its compressor, which makes its keys.
@@ -68,7 +87,7 @@ impl EntryIndexer {
         backend: &dyn Backend,
         (x, q_residual, keys): (&Tensor, &Tensor, &[Vec<f32>]),
         spans: &Spans,
-        table: &RopeTable,
+        table: &dyn Rotations,
         near_ties: &mut usize,
     ) -> Result<Selection, RuntimeError> {
         let positions: Vec<usize> = spans.iter().flat_map(|(_, length)| 0..length).collect();
@@ -96,7 +115,7 @@ impl EntryIndexer {
         backend: &dyn Backend,
         (x, q_residual): (&Tensor, &Tensor),
         positions: &[usize],
-        table: &RopeTable,
+        table: &dyn Rotations,
     ) -> Result<(Vec<f32>, Vec<f32>), RuntimeError> {
         let mut q = backend.download(&backend.linear(q_residual, &self.q, None)?)?;
         let mut weights = backend.download(&backend.linear(x, &self.weights, None)?)?;

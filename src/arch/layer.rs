@@ -468,7 +468,7 @@ impl Layer {
     ) -> Result<(), RuntimeError> {
         let attention = self.compressed()?;
         let (x, mix) = self.mixer_input(context, hidden)?;
-        let mixed = attention.decode(context, &x, caches, &mut 0)?;
+        let mixed = attention.decode((context.backend, context.config), &x, caches, &mut 0)?;
         self.finish_mixed(context, hidden, (&mixed, mix), ids)
     }
 }

@@ -110,13 +110,50 @@ pub fn rope_setup(config: &ModelConfig, positions: usize) -> (RopeTable, f32) {
     (rope_table(&config.rope, rope_head, positions), mla_scale)
 }
 
-/// Rotates the trailing `table.rotary_dim` channels of the head `x` in interleaved pairs to `position` (DeepSeek-V4's
+/// The cos/sin rows of the positions a RoPE rotates to.
+pub trait Rotations: Sync {
+    /// `[cos, sin]` of `position`, `rotary_dim / 2` each.
+    fn at(&self, position: usize) -> [&[f32]; 2];
+}
+
+impl Rotations for RopeTable {
+    fn at(&self, position: usize) -> [&[f32]; 2] {
+        let half = self.rotary_dim / 2;
+        [&self.cos.values()[position * half..][..half], &self.sin.values()[position * half..][..half]]
+    }
+}
+
+/// The cos/sin of a few positions only (a decode step's), the same values as a [`RopeTable`] of them all.
+pub struct SparseRotations {
+    /// Sorted, without repeats.
+    positions: Vec<usize>,
+    table: RopeTable,
+}
+
+impl SparseRotations {
+    /// `rope`'s rotations of heads of `head_dim` at `positions`.
+    pub fn new(rope: &Rope, head_dim: usize, positions: impl IntoIterator<Item = usize>) -> Self {
+        let mut positions: Vec<usize> = positions.into_iter().collect();
+        positions.sort_unstable();
+        positions.dedup();
+        let (frequencies, attention) = inverse_frequencies(rope, head_dim);
+        let table = RopeTable::of_positions(&frequencies, attention, positions.iter().copied());
+        Self { positions, table }
+    }
+}
+
+impl Rotations for SparseRotations {
+    fn at(&self, position: usize) -> [&[f32]; 2] {
+        let row = self.positions.binary_search(&position).expect("a position the rotations were made for");
+        self.table.at(row)
+    }
+}
+
+/// Rotates the trailing `rotary_dim` channels of the head `x` in interleaved pairs to `position` (DeepSeek-V4's
 /// `[nope | rope]` heads, transformers' `apply_rotary_pos_emb` of `deepseek_v4`); `inverse` rotates back (`−sin`).
-pub fn rotate_tail(x: &mut [f32], table: &RopeTable, position: usize, inverse: bool) {
-    let half = table.rotary_dim / 2;
-    let offset = x.len() - table.rotary_dim;
-    let cos = &table.cos.values()[position * half..][..half];
-    let sin = &table.sin.values()[position * half..][..half];
+pub fn rotate_tail(x: &mut [f32], rotations: &dyn Rotations, position: usize, inverse: bool) {
+    let [cos, sin] = rotations.at(position);
+    let offset = x.len() - 2 * cos.len();
     for (i, pair) in x[offset..].chunks_exact_mut(2).enumerate() {
         let (a, b) = (pair[0], pair[1]);
         let sin = if inverse { -sin[i] } else { sin[i] };

@@ -18,10 +18,15 @@ impl RopeTable {
     /// The table for `positions` positions of the inverse `frequencies` (one per rotary pair), `cos`/`sin` scaled by
     /// `attention`.
     pub fn new(frequencies: &[f32], attention: f64, positions: usize) -> Self {
-        let half = frequencies.len();
-        let mut cos = Vec::with_capacity(positions * half);
-        let mut sin = Vec::with_capacity(positions * half);
-        for position in 0..positions {
+        Self::of_positions(frequencies, attention, 0..positions)
+    }
+
+    /// The table whose row `i` holds the `i`-th of `positions` (a decode step's few positions, not `0..n`).
+    pub fn of_positions(frequencies: &[f32], attention: f64, positions: impl ExactSizeIterator<Item = usize>) -> Self {
+        let (half, count) = (frequencies.len(), positions.len());
+        let mut cos = Vec::with_capacity(count * half);
+        let mut sin = Vec::with_capacity(count * half);
+        for position in positions {
             for frequency in frequencies {
                 let angle = position as f32 * frequency;
                 cos.push(((angle as f64).cos() * attention) as f32);
@@ -30,9 +35,9 @@ impl RopeTable {
         }
         Self {
             rotary_dim: 2 * half,
-            positions,
-            cos: Matrix::new(positions, half, cos),
-            sin: Matrix::new(positions, half, sin),
+            positions: count,
+            cos: Matrix::new(count, half, cos),
+            sin: Matrix::new(count, half, sin),
         }
     }
 }
