@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::compressor::{Compressor, EntryCache};
+use super::compressor::Compressor;
 use super::context::LayerContext;
 use super::entry_indexer::EntryIndexer;
 use super::rope::{rope_table, rotate_tail, Rotations, SparseRotations};
@@ -17,6 +17,7 @@ use crate::load::weights::WeightReader;
 use crate::model::config::{Rope, RopeScaling};
 use crate::model::ModelConfig;
 use crate::runtime::backend::Backend;
+use crate::runtime::compressed_cache::CompressedCache;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::{RuntimeError, Spans};
@@ -418,19 +419,6 @@ struct Cached {
 
 /// A compressor's per-token projections (values, gates) and the entries made of them, per sequence.
 type Compressed = ([Vec<f32>; 2], Vec<Vec<f32>>);
-
-/// One request's cache of one V4 layer, as the engines keep it per layer type: the last `sliding_window − 1` key
-/// rows (the window before the next token), and on compressed layers the compressor's entries and pending window
-/// ([`EntryCache`]), on CSA layers also the indexer's keys.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CompressedCache {
-    /// Tokens seen: the position of the next one.
-    pub tokens: usize,
-    /// `[≤ sliding_window − 1, head_dim]`, oldest first.
-    pub window: Vec<f32>,
-    pub entries: Option<EntryCache>,
-    pub index: Option<EntryCache>,
-}
 
 /// One head's attention output into `out`: softmax over the scaled logits of query `q` against `keys` (which are
 /// also the values) and the head's `sink` logit, which takes its share of the denominator and gives nothing.

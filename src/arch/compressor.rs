@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use super::rope::{rotate_tail, Rotations};
 use crate::load::weights::WeightReader;
 use crate::runtime::backend::Backend;
+use crate::runtime::compressed_cache::EntryCache;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::{RuntimeError, Spans};
@@ -205,13 +206,4 @@ impl Compressor {
             cache.previous = closed;
         }
     }
-}
-
-/// What one request keeps of one compressor: its entries `[n, dim]`, the projections (values, gates `[k, width]`) of
-/// the tokens of its incomplete window, and with overlap those of its last complete window.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EntryCache {
-    pub entries: Vec<f32>,
-    pub pending: [Vec<f32>; 2],
-    pub previous: [Vec<f32>; 2],
 }

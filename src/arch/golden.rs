@@ -219,13 +219,13 @@ fn glm53_flash_mtp_drafts_match_the_oracle() {
 /// 40) and the first HCA window (at position 127) from the cache's pending projections.
 #[test]
 fn deepseek_v4_decodes_as_it_prefills() {
-    use super::compressed_attention::CompressedCache;
     use super::hyper::{narrow, widen};
     use super::rope::rope_setup;
     use super::{embed, Layer, LayerContext};
     use crate::load::layer_stream::StreamedLayer;
     use crate::load::weights::WeightReader;
     use crate::runtime::backend::Backend;
+    use crate::runtime::compressed_cache::CompressedCache;
     use crate::runtime::Tensor;
 
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime/deepseek-v4");

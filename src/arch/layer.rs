@@ -5,7 +5,7 @@
 //! [`Layer::prefill_state`]) or around the paged attention of a decode step ([`Layer::decode`]; KDA:
 //! [`Layer::decode_states`]), then the one residual and MLP they all share.
 
-use super::compressed_attention::{CompressedAttention, CompressedCache};
+use super::compressed_attention::CompressedAttention;
 use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
 use super::hyper::{self, HyperMix, HyperWeights};
@@ -19,6 +19,7 @@ use crate::load::weights::WeightReader;
 use crate::model::config::Attention;
 use crate::model::ModelConfig;
 use crate::runtime::backend::{AttentionShape, Backend, KeySelection};
+use crate::runtime::compressed_cache::CompressedCache;
 use crate::runtime::kda::KdaState;
 use crate::runtime::kv_cache::{KeyChoice, PagedLayout};
 use crate::runtime::matrix::Matrix;

@@ -26,7 +26,8 @@ use crate::load::open::open_checkpoint;
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::runtime::backend::Backend;
-use crate::runtime::kda::KdaState;
+use crate::runtime::compressed_cache::{CompressedShape, LayerCacheShape};
+use crate::runtime::kv_cache::LayerState;
 use crate::runtime::kv_cache::{KvAt, KvPool, KvRows, PagedStep, PoolError, RequestId};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
@@ -51,8 +52,11 @@ pub struct Prefilled {
     /// keeps them (the handoff converts them to the pool dtype).
     pub rows: Vec<Tensor>,
     pub aux: Vec<Tensor>,
-    /// Per KDA layer, the request's state after the prompt (the handoff stores it as the engines do).
-    pub states: Vec<KdaState>,
+    /// Per stateful layer (KDA; every DeepSeek-V4 layer), the request's state after the prompt (the handoff stores
+    /// it as the engines do).
+    pub states: Vec<LayerState>,
+    /// The prompt's length.
+    pub tokens: usize,
 }
 
 /// One decode step's results, in item order: logits `[vocab]`, or why the item's cached mappings cannot be trusted
@@ -100,7 +104,6 @@ impl PagedModel {
     /// Loads every layer's resident weights; positions up to `max_positions` are supported.
     pub fn open(dir: &Path, max_positions: usize) -> Result<Self, RuntimeError> {
         let (checkpoint, config) = open_checkpoint(dir)?;
-        crate::load::open::check_kv_cache(dir, &config, "serve-test")?;
         let reader = WeightReader::new(&checkpoint);
         let layers = (0..config.num_hidden_layers)
             .map(|layer| Layer::load(&reader, &config, layer))
@@ -121,20 +124,44 @@ impl PagedModel {
         Ok(Some(self))
     }
 
-    /// Layers the pool caches: the decoder layers with softmax attention (not KDA), and the MTP layer when loaded.
+    /// Layers the pool caches: the decoder layers with paged softmax attention (not KDA, not DeepSeek-V4's), and the
+    /// MTP layer when loaded.
     pub fn cached_layers(&self) -> usize {
         self.attention_layers() + usize::from(self.mtp.is_some())
     }
 
-    /// Decoder layers with softmax attention (cached in the pool in this order; the MTP layer comes after them).
+    /// Decoder layers with paged softmax attention (cached in the pool in this order; the MTP layer comes after
+    /// them).
     fn attention_layers(&self) -> usize {
-        self.layers.iter().filter(|layer| !layer.is_kda()).count()
+        self.layers.iter().filter(|layer| !layer.is_kda() && !layer.is_compressed()).count()
     }
 
     /// The KDA layers' shape and count, for the pool's state slots (`None` without KDA layers).
     pub fn kda_layers(&self) -> Option<(crate::runtime::kda::KdaShape, usize)> {
-        let count = self.layers.len() - self.attention_layers();
+        let count = self.layers.iter().filter(|layer| layer.is_kda()).count();
         super::kda::shape(&self.config).filter(|_| count > 0).map(|shape| (shape, count))
+    }
+
+    /// The sizes of DeepSeek-V4's per-request caches, for the pool's state slots (`None` for other models).
+    pub fn compressed_shape(&self) -> Option<CompressedShape> {
+        let v4 = self.config.deepseek_v4()?;
+        let overlap = |ratio: usize, dim: usize| [dim, if ratio == 4 { 2 * dim } else { dim }];
+        let layers = (0..self.config.num_hidden_layers)
+            .map(|layer| {
+                let ratio = v4.compress_ratios.get(layer).copied().unwrap_or(0);
+                LayerCacheShape {
+                    ratio,
+                    entry: if ratio == 0 { [0, 0] } else { overlap(ratio, v4.head_dim) },
+                    index: if ratio == 4 { overlap(4, v4.index_head_dim) } else { [0, 0] },
+                }
+            })
+            .collect();
+        Some(CompressedShape { window: v4.sliding_window, head_dim: v4.head_dim, layers })
+    }
+
+    /// Whether requests keep a state slot (KDA states, DeepSeek-V4 caches).
+    pub fn has_states(&self) -> bool {
+        self.kda_layers().is_some() || self.compressed_shape().is_some()
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -163,8 +190,9 @@ impl PagedModel {
     /// `v_scale` for V; the MTP layer 1.0 (no checkpoint calibrates its cache).
     pub fn element_scales(&self, scales: &KvScales) -> Vec<Vec<f32>> {
         let width = self.row_width();
+        let paged = |layer: &usize| !self.config.is_kda_layer(*layer) && self.config.deepseek_v4().is_none();
         let mut all: Vec<Vec<f32>> = (0..self.config.num_hidden_layers)
-            .filter(|&layer| !self.config.is_kda_layer(layer))
+            .filter(paged)
             .map(|layer| {
                 let layer_scales = &scales.layers[layer];
                 match KvLayout::of(&self.config) {
@@ -218,7 +246,11 @@ impl PagedModel {
         };
         for layer in &self.layers {
             if layer.is_kda() {
-                states.push(layer.prefill_state(&context, &mut hidden)?);
+                states.push(LayerState::Kda(layer.prefill_state(&context, &mut hidden)?));
+                continue;
+            }
+            if layer.is_compressed() {
+                states.push(LayerState::Compressed(Box::new(layer.prefill_cache(&context, &mut hidden, tokens)?)));
                 continue;
             }
             let (rows, aux) = layer.prefill(&context, &mut hidden, (&positions, self.aux_width()), &mut selection)?;
@@ -229,7 +261,7 @@ impl PagedModel {
         let normed = backend.rms_normed(&hidden, &self.norm, self.config.rms_norm_eps as f32)?;
         let logits = self.head_logits(backend, &backend.row_range(&normed, count - 1..count)?)?;
         let normed = if self.mtp.is_some() { backend.download(&normed)? } else { Vec::new() };
-        Ok(Prefilled { logits, normed, rows: all_rows, aux: all_aux, states })
+        Ok(Prefilled { logits, normed, rows: all_rows, aux: all_aux, states, tokens: count })
     }
 
     /// Writes a prefilled prompt's rows into `pool` for `request` (converted to the pool's dtype and scales) through
@@ -241,7 +273,7 @@ impl PagedModel {
         request: RequestId,
         prefilled: &Prefilled,
     ) -> Result<(), RuntimeError> {
-        let count = prefilled.rows.first().map_or(0, Tensor::rows);
+        let count = prefilled.tokens;
         pool.reserve(request, count)?;
         let at: Vec<KvAt> = (0..count).map(|position| KvAt { request, position }).collect();
         for (layer, (rows, aux)) in prefilled.rows.iter().zip(&prefilled.aux).enumerate() {
@@ -276,13 +308,15 @@ impl PagedModel {
         let hidden = widen(backend, &self.config, embedded)?;
         let stepping = self.stepping();
         let mut step = stepping.start_step(pool, &at, hidden)?;
-        // Softmax attention layers take the pool's layers in order, KDA layers the states of the request's slot.
-        let (mut pool_layer, mut kda_layer) = (0, 0);
+        step.tokens = tokens;
+        // Softmax attention layers take the pool's layers in order, KDA and DeepSeek-V4 layers the states of the
+        // request's slot.
+        let (mut pool_layer, mut state_layer) = (0, 0);
         for (index, layer) in self.layers.iter().enumerate() {
             let verify = verify && index == 0;
-            if layer.is_kda() {
-                stepping.step_state_layer(backend, pool, &reader, (kda_layer, layer), &mut step, verify)?;
-                kda_layer += 1;
+            if layer.is_kda() || layer.is_compressed() {
+                stepping.step_state_layer(backend, pool, &reader, (state_layer, layer), &mut step, verify)?;
+                state_layer += 1;
             } else {
                 stepping.step_layer(backend, pool, &reader, (pool_layer, layer), &mut step, verify)?;
                 pool_layer += 1;
@@ -432,6 +466,7 @@ impl Stepping<'_> {
         }
         Ok(Step {
             at: at.to_vec(),
+            tokens: Vec::new(),
             live: (0..at.len()).collect(),
             hidden,
             keys: None,
@@ -483,7 +518,28 @@ impl Stepping<'_> {
         }
         let context =
             LayerContext { backend, reader, config: self.config, table: self.table, mla_scale: self.mla_scale };
-        layer.decode_states(&context, &mut step.hidden, &mut states)?;
+        let states = if layer.is_compressed() {
+            let mut caches = states
+                .into_iter()
+                .map(|state| match state {
+                    LayerState::Compressed(cache) => Ok(*cache),
+                    _ => Err(RuntimeError::Input(format!("state layer {kda_index} holds no DeepSeek-V4 cache"))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let ids: Vec<u32> = step.live.iter().filter_map(|&item| step.tokens.get(item).copied()).collect();
+            layer.decode_caches(&context, &mut step.hidden, &mut caches, &ids)?;
+            caches.into_iter().map(|cache| LayerState::Compressed(Box::new(cache))).collect::<Vec<_>>()
+        } else {
+            let mut kda = states
+                .into_iter()
+                .map(|state| match state {
+                    LayerState::Kda(state) => Ok(state),
+                    _ => Err(RuntimeError::Input(format!("state layer {kda_index} holds no KDA state"))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            layer.decode_states(&context, &mut step.hidden, &mut kda)?;
+            kda.into_iter().map(LayerState::Kda).collect()
+        };
         for (state, &item) in states.into_iter().zip(&step.live) {
             pool.restore_state(step.at[item].request, kda_index, state)?;
         }
@@ -557,6 +613,8 @@ impl Stepping<'_> {
 /// (rows in `live` order), the last DSA selection, and the faults of the items dropped.
 struct Step {
     at: Vec<KvAt>,
+    /// Each item's token (DeepSeek-V4's hash-routed layers read it); empty where the step has none to give.
+    tokens: Vec<u32>,
     live: Vec<usize>,
     hidden: Tensor,
     keys: Option<Tensor>,

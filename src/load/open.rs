@@ -46,13 +46,13 @@ pub fn open_checkpoint(dir: &Path) -> Result<(Checkpoint, ModelConfig), RuntimeE
     Ok((checkpoint, config))
 }
 
-/// Refuses a model whose KV caches the paged runtime and KV calibration do not model yet
-/// ([`ModelConfig::kv_cache_gap`]); `command` names the refusing subcommand.
+/// Refuses a model whose KV caches KV calibration does not model yet ([`ModelConfig::kv_cache_gap`]); `command`
+/// names the refusing subcommand.
 pub fn check_kv_cache(dir: &Path, config: &ModelConfig, command: &str) -> Result<(), RuntimeError> {
     match config.kv_cache_gap() {
         Some(gap) => Err(RuntimeError::Input(format!(
             "{}: {command} cannot run {} yet: {gap}; `squeeze eval` (perplexity, and parity with --reference/--candidate) \
-             runs it",
+             and `squeeze serve-test` run it",
             dir.display(),
             config.architecture.name()
         ))),

@@ -307,13 +307,13 @@ impl ModelConfig {
         }
     }
 
-    /// What keeps the paged KV cache (`serve-test`) and KV-scale calibration (`calibrate-kv`) from this model, which
-    /// the full-sequence runtime (`eval`, parity) runs; `None` when they run it.
+    /// What keeps KV-scale calibration (`calibrate-kv`) from this model, which the runtime runs; `None` when it
+    /// calibrates it.
     pub fn kv_cache_gap(&self) -> Option<&'static str> {
         match &self.layout {
             Some(Layout::DeepseekV4(_)) => Some(
-                "DeepSeek-V4's caches per layer type (sliding window, compressed CSA/HCA entries, indexer keys) and \
-                 where the engines read their FP8 scales are not modelled yet",
+                "DeepSeek-V4's FP8 caches per layer type (sliding window, compressed CSA/HCA entries, indexer keys) \
+                 and where the engines read their scales are not modelled yet",
             ),
             _ => None,
         }

@@ -6,6 +6,7 @@
 
 pub mod allocator;
 pub mod backend;
+pub mod compressed_cache;
 pub mod cpu;
 pub mod cuda;
 pub mod device;

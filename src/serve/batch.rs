@@ -49,7 +49,8 @@ pub fn check_fault(options: &ServeOptions, prompts: usize, has_states: bool) -> 
     let Some((kind, at)) = options.fault else { return Ok(()) };
     if kind.on_state() && !has_states {
         return Err(ServeError::Input(format!(
-            "--inject-fault {}: the model has no KDA layers, so its requests hold no state slot to damage; choose a \
+            "--inject-fault {}: the model keeps no state per request (KDA layers, DeepSeek-V4's caches), so its \
+             requests hold no state slot to damage; choose a \
              page fault (stale-page, swap, out-of-range, tag-corrupt, double-map, rollback-stale)",
             kind.name()
         )));

@@ -114,15 +114,16 @@ pub fn serve_test(
     };
     pool_size::size_pool(&mut shape, options.kv_dtype, options.kv_pages)?;
     let need = pool_size::pages_needed(&shape, &encoded, options.max_new_tokens)?;
-    check_fault(options, encoded.len(), decoder.kda_layers().is_some())?;
+    check_fault(options, encoded.len(), decoder.has_states())?;
 
     let eos = eos_ids(decoder.checkpoint().config());
     let element_scales = decoder.element_scales(&scales);
     let new_pool = || {
         let pool = KvPool::new(shape, options.kv_dtype, element_scales.clone());
-        match decoder.kda_layers() {
-            Some((kda, layers)) => pool.with_states(kda, layers),
-            None => pool,
+        match (decoder.kda_layers(), decoder.compressed_shape()) {
+            (Some((kda, layers)), _) => pool.with_states(kda, layers),
+            (None, Some(shape)) => pool.with_compressed_states(shape),
+            (None, None) => pool,
         }
     };
     let mut pool = new_pool();
@@ -221,10 +222,11 @@ fn open_decoder(options: &ServeOptions, max_positions: usize) -> Result<PagedMod
     if options.speculative.is_none() {
         return Ok(decoder);
     }
-    if decoder.kda_layers().is_some() {
+    if decoder.has_states() {
         return Err(ServeError::Input(format!(
-            "--speculative mtp: {} has KDA layers, whose per-request state cannot be rolled back past rejected \
-             drafts as pages are (the engines keep a state per draft position); run serve-test without --speculative",
+            "--speculative mtp: {} keeps a state per request (KDA layers, or DeepSeek-V4's caches), which cannot be \
+             rolled back past rejected drafts as pages are (the engines keep a state per draft position); run \
+             serve-test without --speculative",
             options.model.display()
         )));
     }
@@ -248,6 +250,7 @@ fn open_prefiller(
         || model.aux_width() != decoder.aux_width()
         || model.config().num_hidden_layers != decoder.config().num_hidden_layers
         || model.kda_layers() != decoder.kda_layers()
+        || model.compressed_shape() != decoder.compressed_shape()
     {
         return Err(ServeError::Input(format!(
             "{}: its KV layout ({} layers × {} wide) differs from {} ({} layers × {} wide); prefill and decode must be the same architecture",

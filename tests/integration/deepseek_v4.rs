@@ -1,7 +1,7 @@
 //! DeepSeek-V4 (issue 50) through the subcommands, on `synth --arch deepseek-v4` (FP8 with E8M0 scales, MXFP4
-//! experts, DeepSeek's own names): `eval` and parity run (the runtime's logits equal transformers' in
-//! `src/arch/golden.rs`), what is not modelled yet refuses by name, and bad configs and tables exit 2 naming the
-//! key or tensor.
+//! experts, DeepSeek's own names): `eval`, parity and `serve-test` run (the runtime's logits equal transformers' in
+//! `src/arch/golden.rs`; decode = the full forward in `paged.rs`), what is not modelled yet refuses by name, and bad
+//! configs and tables exit 2 naming the key or tensor.
 
 use std::path::Path;
 
@@ -18,7 +18,7 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 }
 
 #[test]
-fn eval_and_parity_run_deepseek_v4_and_the_cache_commands_refuse_by_name() {
+fn eval_parity_and_serve_test_run_deepseek_v4_and_calibrate_kv_refuses_by_name() {
     let temp = tempfile::tempdir().unwrap();
     let source = synth(temp.path(), "v4", "deepseek-v4", &[]);
     // 300 tokens: past the sliding window (16), the HCA ratio (128) and CSA's top-8 of up to 75 entries.
@@ -44,8 +44,24 @@ fn eval_and_parity_run_deepseek_v4_and_the_cache_commands_refuse_by_name() {
 
     let mtp = squeeze(&["eval", path_str(&source), "--data", SONNETS, "--ctx", "32", "--mtp"]);
     expect_exit_2(&mtp, &["eval --mtp does not run DeepSeek-V4's draft layer yet"]);
-    let serve = squeeze(&["serve-test", path_str(&source), "--prompt", "Shall I compare thee"]);
-    expect_exit_2(&serve, &["serve-test cannot run DeepseekV4ForCausalLM yet", "squeeze eval"]);
+    // serve-test: each request's caches (window rows, compressed entries, indexer keys) in its state slot, checked
+    // at every step; the split deployment prefills on the source and decodes on the INT4 conversion.
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve-test", path_str(&int4), "--prefill-model", path_str(&source), "--json"];
+        args.extend(["--prompt", "Shall I compare thee to a summer's day?", "--prompt", "Thou art more lovely"]);
+        args.extend(["--max-new-tokens", "24"]);
+        args.extend(extra);
+        squeeze(&args).ok().json()
+    };
+    let clean = serve(&[]);
+    assert_eq!((clean["completed"].clone(), clean["aborted"].clone()), (2.into(), 0.into()), "{clean}");
+    for fault in ["state-corrupt@3", "state-size@3", "state-stale@3", "state-swap@3", "stale-page@3"] {
+        let report = serve(&["--inject-fault", fault]);
+        assert_eq!((report["faults_injected"].clone(), report["undetected"].clone()), (1.into(), 0.into()), "{fault}");
+        assert_eq!(report["false_positives"], 0, "{fault}: {report}");
+    }
+    let speculative = squeeze(&["serve-test", path_str(&source), "--prompt", "Shall I", "--speculative", "mtp=2"]);
+    expect_exit_2(&speculative, &["keeps a state per request"]);
     let calibrate = squeeze(&["calibrate-kv", path_str(&source), "--data", SONNETS]);
     expect_exit_2(&calibrate, &["calibrate-kv cannot run DeepseekV4ForCausalLM yet"]);
     assert!(!source.join("kv-scales.safetensors").exists(), "nothing written");

@@ -124,6 +124,9 @@ fn pool_for(decoder: &PagedModel, dtype: KvDtype, page_size: usize, pages: usize
     if let Some((kda, layers)) = decoder.kda_layers() {
         pool = pool.with_states(kda, layers);
     }
+    if let Some(shape) = decoder.compressed_shape() {
+        pool = pool.with_compressed_states(shape);
+    }
     pool.open(1);
     pool
 }
@@ -165,4 +168,13 @@ fn decode_logits_match_the_full_forward_kimi_linear() {
 #[test]
 fn decode_logits_match_the_full_forward_glm53_flash() {
     check_tokens(SynthArch::Glm53Flash, 5, 28);
+}
+
+/// DeepSeek-V4: every layer's cache (sliding window of 16, CSA entries and indexer keys, HCA pending window) in the
+/// request's state slot, checked for its sizes at every step; 32 tokens evict from the window and close 8 CSA
+/// windows, the indexer choosing among them from position 35 on only (top 8), so the golden test
+/// (`arch::golden::deepseek_v4_decodes_as_it_prefills`) covers the choice. Both pools keep the caches exactly.
+#[test]
+fn decode_logits_match_the_full_forward_deepseek_v4() {
+    check_tokens(SynthArch::DeepseekV4, 3, 32);
 }

@@ -2,6 +2,7 @@
 //! have (use after free, crossed tables, wild page ids, corrupted metadata, aliasing within a request), and the
 //! same bugs on the KDA state slots of a hybrid model (crossed, freed, corrupted, mis-sized slots).
 
+use super::states::LayerState;
 use super::{KvPool, Mapping, RequestId};
 
 /// A kind of mapping fault.
@@ -199,25 +200,32 @@ fn state_fault(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[
             pool.tables.get_mut(&other)?.state = Some(mine);
             affected.push(other);
             affected.sort_unstable();
-            format!("exchanged request {victim}'s KDA state slot {slot} with request {other}'s slot {}", theirs.page)
+            format!("exchanged request {victim}'s state slot {slot} with request {other}'s slot {}", theirs.page)
         }
         FaultKind::StateStale => {
             let entry = pool.states.slots.get_mut(slot)?;
             *entry = Default::default();
             pool.states.free.push(slot);
-            format!("freed KDA state slot {slot} while request {victim} still maps it")
+            format!("freed state slot {slot} while request {victim} still maps it")
         }
         FaultKind::StateCorrupt => {
             let tag = pool.states.slots.get_mut(slot)?.tag.as_mut()?;
             tag.generation ^= 1 << 5;
-            format!("flipped bit 5 of the generation in the tag of KDA state slot {slot}")
+            format!("flipped bit 5 of the generation in the tag of state slot {slot}")
         }
-        FaultKind::StateSize => {
-            let state = pool.states.slots.get_mut(slot)?.states.first_mut()?;
-            let cut = state.recurrent.len() / 2;
-            state.recurrent.truncate(cut);
-            format!("cut the first KDA layer's recurrent state in slot {slot} (request {victim}) to {cut} values")
-        }
+        FaultKind::StateSize => match pool.states.slots.get_mut(slot)?.states.first_mut()? {
+            LayerState::Kda(state) => {
+                let cut = state.recurrent.len() / 2;
+                state.recurrent.truncate(cut);
+                format!("cut the first KDA layer's recurrent state in slot {slot} (request {victim}) to {cut} values")
+            }
+            LayerState::Compressed(cache) => {
+                let cut = cache.window.len() / 2;
+                cache.window.truncate(cut);
+                format!("cut the first layer's sliding-window rows in slot {slot} (request {victim}) to {cut} values")
+            }
+            LayerState::Taken => return None,
+        },
         _ => return None,
     };
     pool.tag_version += 1;

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 /// The pool's element type (an on-disk convention shared with the KV-scale files and `report`).
 pub use crate::format::kv_scales::KvDtype;
 pub use fault::{inject, FaultKind, InjectedFault};
-pub use states::{SlotTag, StateSlots};
+pub use states::{LayerState, SlotKind, SlotTag, StateSlots};
 pub use step::{KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
 
 /// A request's id as the pool knows it.
@@ -107,9 +107,9 @@ pub enum IntegrityError {
     TagMismatch { request: RequestId, index: usize, page: u32, field: &'static str, expected: u64, found: u64 },
     #[error("request {request}: the block table has {entries} pages but {tokens} written tokens need {needed}")]
     Length { request: RequestId, entries: usize, tokens: usize, needed: usize },
-    #[error("request {request}: has no KDA state slot, but the model's KDA layers need one")]
+    #[error("request {request}: has no state slot, but the model's KDA layers or DeepSeek-V4 caches need one")]
     NoState { request: RequestId },
-    #[error("request {request}: its KDA state slot {slot} {problem}")]
+    #[error("request {request}: its state slot {slot} {problem}")]
     StateSlot { request: RequestId, slot: u32, problem: String },
 }
 
@@ -407,7 +407,7 @@ impl KvPool {
     pub fn check(&self, request: RequestId) -> Result<(), IntegrityError> {
         let Some(table) = self.tables.get(&request) else { return Ok(()) };
         check_table(request, table, &self.tags, &self.on_free, self.shape.pages_for(table.tokens))?;
-        self.states.check(request, table.state)
+        self.states.check(request, table.state, table.entries.len() * self.shape.page_size)
     }
 
     /// Returns `request`'s pages to the free list and drops its table. A finished request frees its (verified)
@@ -590,13 +590,13 @@ mod tests {
             for request in 0..3 {
                 pool.open(request);
                 pool.reserve(request, 5).unwrap();
-                pool.store_states(request, vec![KdaState::new(&shape); 2]).unwrap();
+                pool.store_states(request, vec![LayerState::Kda(KdaState::new(&shape)); 2]).unwrap();
             }
             assert!((0..3).all(|r| pool.verify(r).is_ok()));
             let injected = inject(&mut pool, kind, 1, &[0, 1, 2]).expect("injectable");
             // A new request may take a freed slot: the victim must still be caught.
             pool.open(3);
-            pool.store_states(3, vec![KdaState::new(&shape); 2]).unwrap();
+            pool.store_states(3, vec![LayerState::Kda(KdaState::new(&shape)); 2]).unwrap();
             let failed: Vec<RequestId> = (0..4).filter(|&r| pool.verify(r).is_err()).collect();
             assert_eq!(failed, injected.affected, "{kind:?}");
             assert!(injected.affected.iter().all(|&r| pool.states_mut(r).is_err()), "{kind:?}");

@@ -1,9 +1,11 @@
-//! A request's KDA states in and out of the pool: the slots made for a model's KDA layers, a prefilled request's
-//! states stored under a new generation, a decode step's state moved out and back, every access after the slot's
-//! tag and sizes are checked ([`super::states`] holds the slots themselves).
+//! A request's states in and out of the pool (KDA states, DeepSeek-V4 caches): the slots made for a model's
+//! stateful layers, a prefilled request's states stored under a new generation, a decode step's state moved out and
+//! back, every access after the slot's tag and sizes are checked ([`super::states`] holds the slots themselves).
 
+use super::states::LayerState;
 use super::{KvDtype, KvPool, PoolError, RequestId, StateSlots};
-use crate::runtime::kda::{KdaShape, KdaState};
+use crate::runtime::compressed_cache::CompressedShape;
+use crate::runtime::kda::KdaShape;
 
 impl KvPool {
     /// The pool with state slots for a model's `layers` KDA layers of `shape` (each request then needs one).
@@ -12,14 +14,20 @@ impl KvPool {
         self
     }
 
+    /// The pool with state slots holding a DeepSeek-V4 cache of `shape` per request (each request then needs one).
+    pub fn with_compressed_states(mut self, shape: CompressedShape) -> Self {
+        self.states = StateSlots::compressed(shape);
+        self
+    }
+
     /// The state slots.
     pub fn state_slots(&self) -> &StateSlots {
         &self.states
     }
 
-    /// Gives `request` a state slot holding `states` (one per KDA layer) with a new generation, stored as
+    /// Gives `request` a state slot holding `states` (one per stateful layer) with a new generation, stored as
     /// [`KvPool::keep_state`] says.
-    pub fn store_states(&mut self, request: RequestId, mut states: Vec<KdaState>) -> Result<(), PoolError> {
+    pub fn store_states(&mut self, request: RequestId, mut states: Vec<LayerState>) -> Result<(), PoolError> {
         if !self.tables.contains_key(&request) {
             return Err(PoolError::Unknown(request));
         }
@@ -31,33 +39,35 @@ impl KvPool {
         Ok(())
     }
 
-    /// A KDA state as the pool stores it: as vLLM does (convolution inputs in the model's dtype, BF16; recurrent
-    /// state F32, [`KdaState::as_stored`]) in a BF16 or FP8 pool, exactly in an F32 pool (the
-    /// pool that checks decode against the full forward).
-    pub fn keep_state(&self, state: &mut KdaState) {
-        if self.dtype != KvDtype::F32 {
+    /// A state as the pool stores it: a KDA state as vLLM does (convolution inputs in the model's dtype, BF16;
+    /// recurrent state F32, [`crate::runtime::kda::KdaState::as_stored`]) in a BF16 or FP8 pool, exactly in an F32
+    /// pool (the pool that checks decode against the full forward); a V4 cache exactly (its FP8 storage is not
+    /// modelled yet).
+    pub fn keep_state(&self, state: &mut LayerState) {
+        if let (LayerState::Kda(state), false) = (state, self.dtype == KvDtype::F32) {
             state.as_stored();
         }
     }
 
-    /// Moves KDA layer `index`'s state out of `request`'s slot (after [`KvPool::states_mut`]'s checks), for a step
-    /// that gives it back with [`KvPool::restore_state`]; the slot fails the size check until then.
-    pub fn take_state(&mut self, request: RequestId, index: usize) -> Result<Option<KdaState>, PoolError> {
+    /// Moves stateful layer `index`'s state out of `request`'s slot (after [`KvPool::states_mut`]'s checks), for a
+    /// step that gives it back with [`KvPool::restore_state`]; the slot fails the size check until then.
+    pub fn take_state(&mut self, request: RequestId, index: usize) -> Result<Option<LayerState>, PoolError> {
         Ok(self.states_mut(request)?.get_mut(index).map(std::mem::take))
     }
 
     /// Gives back the state [`KvPool::take_state`] moved out, stored as [`KvPool::keep_state`] says; the slot must
     /// still be the request's (its tag's owner and generation).
-    pub fn restore_state(&mut self, request: RequestId, index: usize, mut state: KdaState) -> Result<(), PoolError> {
+    pub fn restore_state(&mut self, request: RequestId, index: usize, mut state: LayerState) -> Result<(), PoolError> {
         self.keep_state(&mut state);
         let mapping = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.state;
         self.states.restore(request, mapping, index, state).map_err(PoolError::from)
     }
 
-    /// `request`'s KDA states (one per KDA layer), after checking its slot mapping (the tag and the sizes).
-    pub fn states_mut(&mut self, request: RequestId) -> Result<&mut [KdaState], PoolError> {
-        let mapping = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.state;
-        if let Err(fault) = self.states.check(request, mapping) {
+    /// `request`'s states (one per stateful layer), after checking its slot mapping (the tag and the sizes).
+    pub fn states_mut(&mut self, request: RequestId) -> Result<&mut [LayerState], PoolError> {
+        let table = self.tables.get(&request).ok_or(PoolError::Unknown(request))?;
+        let (mapping, capacity) = (table.state, table.entries.len() * self.shape.page_size);
+        if let Err(fault) = self.states.check(request, mapping, capacity) {
             self.counters.faults_detected += 1;
             return Err(fault.into());
         }

@@ -1,12 +1,33 @@
-//! The per-request state slots of KDA (linear-attention) layers, kept in the pool beside the pages: one slot per
-//! request holds its state of every KDA layer ([`KdaState`]: convolution inputs and recurrent state, a fixed size
-//! however long the request), as vLLM keeps a request's mamba-style state in one slot of its state cache. Each slot
+//! The per-request state slots kept in the pool beside the pages: one slot per request holds its state of every
+//! KDA (linear-attention) layer ([`KdaState`]: convolution inputs and recurrent state, a fixed size however long the
+//! request), as vLLM keeps a request's mamba-style state in one slot of its state cache — or, for DeepSeek-V4, its
+//! cache of every layer ([`CompressedCache`]: the sliding window's rows, compressed entries, indexer keys). Each slot
 //! carries a tag (owner request, allocation generation) that [`super::KvPool::verify`] checks against the request's
 //! mapping together with the sizes of what the slot holds, so a swapped, freed, corrupted or mis-sized slot aborts
 //! its request as a bad page mapping does.
 
 use super::{IntegrityError, Mapping, RequestId};
+use crate::runtime::compressed_cache::{CompressedCache, CompressedShape};
 use crate::runtime::kda::{KdaShape, KdaState};
+
+/// One layer's state in a request's slot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum LayerState {
+    Kda(KdaState),
+    Compressed(Box<CompressedCache>),
+    /// Moved out for a step ([`super::KvPool::take_state`]); fails the size check until given back.
+    #[default]
+    Taken,
+}
+
+/// What the slots of a pool hold per request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SlotKind {
+    /// A state of `shape` for each of `layers` KDA layers.
+    Kda(KdaShape, usize),
+    /// A DeepSeek-V4 cache of each layer.
+    Compressed(CompressedShape),
+}
 
 /// What a state slot says about itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,18 +36,18 @@ pub struct SlotTag {
     pub generation: u64,
 }
 
-/// One request's states of every KDA layer, and its tag.
+/// One request's states of every stateful layer, and its tag.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Slot {
     pub tag: Option<SlotTag>,
-    pub states: Vec<KdaState>,
+    pub states: Vec<LayerState>,
 }
 
-/// The slots of a pool: none for a model without KDA layers.
+/// The slots of a pool: none for a model without KDA layers or V4 caches.
 #[derive(Debug, Clone, Default)]
 pub struct StateSlots {
-    /// The KDA layers' shape and how many there are (`None`: the model has none).
-    pub(super) kind: Option<(KdaShape, usize)>,
+    /// What each slot holds (`None`: the model keeps no state per request).
+    pub(super) kind: Option<SlotKind>,
     pub(super) slots: Vec<Slot>,
     /// Slots free for reuse (LIFO).
     pub(super) free: Vec<usize>,
@@ -35,7 +56,12 @@ pub struct StateSlots {
 impl StateSlots {
     /// Slots for `layers` KDA layers of `shape`, made as requests arrive.
     pub fn new(shape: KdaShape, layers: usize) -> Self {
-        Self { kind: Some((shape, layers)), slots: Vec::new(), free: Vec::new() }
+        Self { kind: Some(SlotKind::Kda(shape, layers)), slots: Vec::new(), free: Vec::new() }
+    }
+
+    /// Slots for DeepSeek-V4 caches of `shape`, made as requests arrive.
+    pub fn compressed(shape: CompressedShape) -> Self {
+        Self { kind: Some(SlotKind::Compressed(shape)), slots: Vec::new(), free: Vec::new() }
     }
 
     /// Whether the model has KDA layers (and so every request a slot).
@@ -43,13 +69,20 @@ impl StateSlots {
         self.kind.is_some()
     }
 
-    /// Bytes each request's slot holds as vLLM keeps it (F32 recurrent state, BF16 convolution inputs).
-    pub fn bytes_per_request(&self) -> usize {
-        self.kind.map_or(0, |(shape, layers)| layers * (shape.recurrent_state_len() * 4 + shape.conv_state_len() * 2))
+    /// Bytes each request's slot holds as vLLM keeps it (F32 recurrent state, BF16 convolution inputs); a V4
+    /// cache's as the runtime keeps it (f32) after `tokens` tokens.
+    pub fn bytes_per_request(&self, tokens: usize) -> usize {
+        match &self.kind {
+            Some(SlotKind::Kda(shape, layers)) => {
+                layers * (shape.recurrent_state_len() * 4 + shape.conv_state_len() * 2)
+            }
+            Some(SlotKind::Compressed(shape)) => shape.bytes(tokens),
+            None => 0,
+        }
     }
 
     /// Puts `states` in a free slot for `request` with a new `generation`; returns the mapping.
-    pub(super) fn store(&mut self, request: RequestId, generation: u64, states: Vec<KdaState>) -> Mapping {
+    pub(super) fn store(&mut self, request: RequestId, generation: u64, states: Vec<LayerState>) -> Mapping {
         let slot = self.free.pop().unwrap_or_else(|| {
             self.slots.push(Slot::default());
             self.slots.len() - 1
@@ -58,10 +91,16 @@ impl StateSlots {
         Mapping { page: slot as u32, generation }
     }
 
-    /// Checks `request`'s mapping `mapping` to its slot: present when the model has KDA layers, in range, the
-    /// slot's tag naming this request and generation, one state per KDA layer of the layer's sizes.
-    pub(super) fn check(&self, request: RequestId, mapping: Option<Mapping>) -> Result<(), IntegrityError> {
-        let Some((shape, layers)) = self.kind else { return Ok(()) };
+    /// Checks `request`'s mapping `mapping` to its slot: present when the model keeps states, in range, the
+    /// slot's tag naming this request and generation, one state per KDA layer of the layer's sizes (a V4 cache per
+    /// layer consistent with at most `capacity` tokens, the positions the request's pages reserve).
+    pub(super) fn check(
+        &self,
+        request: RequestId,
+        mapping: Option<Mapping>,
+        capacity: usize,
+    ) -> Result<(), IntegrityError> {
+        let Some(kind) = &self.kind else { return Ok(()) };
         let Some(mapping) = mapping else { return Err(IntegrityError::NoState { request }) };
         let slot = mapping.page;
         let Some(Slot { tag, states }) = self.slots.get(slot as usize) else {
@@ -78,14 +117,33 @@ impl StateSlots {
                 tag.generation, mapping.generation
             )));
         }
-        let sizes = |state: &KdaState| (state.conv.len(), state.recurrent.len());
-        let expected = (shape.conv_state_len(), shape.recurrent_state_len());
-        if states.len() != layers || states.iter().any(|state| sizes(state) != expected) {
-            return Err(mismatch(format!(
-                "holds {} states of sizes {:?}; the model's {layers} KDA layers each need (conv, recurrent) = {expected:?}",
-                states.len(),
-                states.iter().map(sizes).collect::<Vec<_>>()
-            )));
+        match kind {
+            SlotKind::Kda(shape, layers) => {
+                let sizes = |state: &LayerState| match state {
+                    LayerState::Kda(state) => Some((state.conv.len(), state.recurrent.len())),
+                    _ => None,
+                };
+                let expected = Some((shape.conv_state_len(), shape.recurrent_state_len()));
+                if states.len() != *layers || states.iter().any(|state| sizes(state) != expected) {
+                    return Err(mismatch(format!(
+                        "holds {} states of sizes {:?}; the model's {layers} KDA layers each need (conv, recurrent) = \
+                         {expected:?}",
+                        states.len(),
+                        states.iter().map(sizes).collect::<Vec<_>>()
+                    )));
+                }
+            }
+            SlotKind::Compressed(shape) => {
+                let caches: Option<Vec<&CompressedCache>> = states
+                    .iter()
+                    .map(|state| match state {
+                        LayerState::Compressed(cache) => Some(&**cache),
+                        _ => None,
+                    })
+                    .collect();
+                let Some(caches) = caches else { return Err(mismatch("holds a state that is not a V4 cache".into())) };
+                shape.check(&caches, capacity).map_err(mismatch)?;
+            }
         }
         Ok(())
     }
@@ -97,7 +155,7 @@ impl StateSlots {
         request: RequestId,
         mapping: Option<Mapping>,
         index: usize,
-        state: KdaState,
+        state: LayerState,
     ) -> Result<(), IntegrityError> {
         let Some(mapping) = mapping else { return Err(IntegrityError::NoState { request }) };
         let expected = Some(SlotTag { owner: request, generation: mapping.generation });
@@ -115,7 +173,7 @@ impl StateSlots {
     }
 
     /// The states of slot `mapping` (checked by the caller).
-    pub(super) fn states_mut(&mut self, mapping: Mapping) -> &mut [KdaState] {
+    pub(super) fn states_mut(&mut self, mapping: Mapping) -> &mut [LayerState] {
         &mut self.slots[mapping.page as usize].states
     }
 
