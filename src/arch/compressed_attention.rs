@@ -51,28 +51,10 @@ pub fn v4_ropes(config: &ModelConfig) -> Result<[Rope; 2], RuntimeError> {
         interleave: true,
         scaling: RopeScaling::Default,
     };
-    let scaling = match config.rope.scaling.clone() {
-        RopeScaling::Yarn {
-            attention_factor,
-            factor,
-            original_max_position_embeddings,
-            beta_fast,
-            beta_slow,
-            mscale,
-            mscale_all_dim,
-            truncate,
-        } => RopeScaling::Yarn {
-            attention_factor: attention_factor.or(Some(1.0)),
-            factor,
-            original_max_position_embeddings,
-            beta_fast,
-            beta_slow,
-            mscale,
-            mscale_all_dim,
-            truncate,
-        },
-        RopeScaling::Default => RopeScaling::Default,
-    };
+    let mut scaling = config.rope.scaling.clone();
+    if let RopeScaling::Yarn { attention_factor, .. } = &mut scaling {
+        attention_factor.get_or_insert(1.0);
+    }
     let compress = Rope { theta: v4.compress_rope_theta, scaling, ..main.clone() };
     Ok([main, compress])
 }
