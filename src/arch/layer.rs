@@ -3,7 +3,8 @@
 //! collapsed into each block's input and its output expanded back, [`super::hyper`]): its mixer (MLA, GQA or KDA) over
 //! whole sequences ([`Layer::forward`]), over a prompt as the paged cache reads it ([`Layer::prefill`]; KDA:
 //! [`Layer::prefill_state`]) or around the paged attention of a decode step ([`Layer::decode`]; KDA:
-//! [`Layer::decode_states`]), then the one residual and MLP they all share.
+//! [`Layer::decode_states`]; DeepSeek-V4: [`Layer::prefill_cache`], [`Layer::decode_caches`]), then the one residual
+//! and MLP they all share.
 
 use super::compressed_attention::CompressedAttention;
 use super::context::{LayerContext, Residual};
@@ -37,10 +38,9 @@ enum Mixer {
 
 /// Why a KDA layer cannot take the paged attention path (it is stepped through its state instead).
 const KDA_NOT_PAGED: &str = "a KDA layer has no paged KV cache rows; it is prefilled and decoded through its state";
-/// Why a DeepSeek-V4 layer cannot take the paged attention path yet.
-const V4_NOT_PAGED: &str =
-    "DeepSeek-V4's paged caches (sliding window, compressed entries) are not built yet: eval and \
-                            parity run it, serve-test and calibrate-kv do not";
+/// Why a DeepSeek-V4 layer cannot take the paged attention path (it is stepped through its caches instead).
+const V4_NOT_PAGED: &str = "a DeepSeek-V4 layer has no paged KV cache rows; it is prefilled and decoded through its \
+                            caches per layer type (Layer::prefill_cache, Layer::decode_caches)";
 
 enum Mlp {
     Dense(Box<DenseMlp>),

@@ -475,15 +475,15 @@ impl Stepping<'_> {
         })
     }
 
-    /// KDA layer `kda_index` (among the KDA layers) of a step: checks each live item's state slot (all its mappings
-    /// with `verify`), drops the items that fail with their fault, advances the others' states by their token and
-    /// gives them back ([`KvPool::take_state`], [`KvPool::restore_state`]).
+    /// Stateful layer `state_index` (among the KDA or DeepSeek-V4 layers) of a step: checks each live item's state
+    /// slot (all its mappings with `verify`), drops the items that fail with their fault, advances the others'
+    /// states (caches) by their token and gives them back ([`KvPool::take_state`], [`KvPool::restore_state`]).
     fn step_state_layer(
         &self,
         backend: &dyn Backend,
         pool: &mut KvPool,
         reader: &WeightReader,
-        (kda_index, layer): (usize, &Layer),
+        (state_index, layer): (usize, &Layer),
         step: &mut Step,
         verify: bool,
     ) -> Result<(), RuntimeError> {
@@ -494,14 +494,14 @@ impl Stepping<'_> {
             let request = step.at[item].request;
             let checked = if verify { pool.verify(request).map_err(PoolError::from) } else { Ok(()) };
             // Moved out of the slot (not copied) and given back below.
-            match checked.and_then(|()| pool.take_state(request, kda_index)) {
+            match checked.and_then(|()| pool.take_state(request, state_index)) {
                 Ok(Some(state)) => {
                     kept.push(row);
                     states.push(state);
                 }
                 Ok(None) => {
                     return Err(RuntimeError::Input(format!(
-                        "request {request} has no state for KDA layer {kda_index}"
+                        "request {request} has no state for state layer {state_index}"
                     )))
                 }
                 Err(fault) => step.faults[item] = Some(fault),
@@ -523,7 +523,7 @@ impl Stepping<'_> {
                 .into_iter()
                 .map(|state| match state {
                     LayerState::Compressed(cache) => Ok(*cache),
-                    _ => Err(RuntimeError::Input(format!("state layer {kda_index} holds no DeepSeek-V4 cache"))),
+                    _ => Err(RuntimeError::Input(format!("state layer {state_index} holds no DeepSeek-V4 cache"))),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let ids: Vec<u32> = step.live.iter().filter_map(|&item| step.tokens.get(item).copied()).collect();
@@ -534,14 +534,14 @@ impl Stepping<'_> {
                 .into_iter()
                 .map(|state| match state {
                     LayerState::Kda(state) => Ok(state),
-                    _ => Err(RuntimeError::Input(format!("state layer {kda_index} holds no KDA state"))),
+                    _ => Err(RuntimeError::Input(format!("state layer {state_index} holds no KDA state"))),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             layer.decode_states(&context, &mut step.hidden, &mut kda)?;
             kda.into_iter().map(LayerState::Kda).collect()
         };
         for (state, &item) in states.into_iter().zip(&step.live) {
-            pool.restore_state(step.at[item].request, kda_index, state)?;
+            pool.restore_state(step.at[item].request, state_index, state)?;
         }
         Ok(())
     }
