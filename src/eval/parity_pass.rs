@@ -99,7 +99,10 @@ pub fn evaluate_parity(
         }
         modes.retain(|&mode| mode != Mode::Kv);
         if modes.contains(&Mode::Split) {
-            reporter.warn("DeepSeek-V4: the split mode hands over exact (f32) keys and compressed entries; its FP8 KV caches are not modelled yet");
+            reporter.warn(
+                "DeepSeek-V4: the split mode hands over exact (f32) keys and compressed entries; its FP8 KV caches \
+                 are not modelled yet",
+            );
         }
     }
     let prompt = ctx / 2;
