@@ -113,7 +113,14 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
     }
     if let Some(Layout::DeepseekV4(v4)) = &config.layout {
         // One `head_dim` row per cached entry: every layer the last `sliding_window` tokens, compressed layers
-        // one more entry per `ratio` tokens (CSA with its indexer's FP8 key).
+        // one more entry per `ratio` tokens (CSA with its indexer's FP8 key). An FP8 row is vLLM 0.32's
+        // `fp8_ds_mla` slot (`models/deepseek_v4/attention.py`: "448B NoPE + 128B RoPE + 8B fp8 scale = 584B per
+        // token"): the NoPE part FP8 with a UE8M0 scale per 64, the RoPE part BF16.
+        let nope = v4.head_dim - v4.qk_rope_head_dim.min(v4.head_dim);
+        let row_bytes = match dtype {
+            KvDtype::Fp8 => (nope + 2 * (v4.head_dim - nope) + nope.div_ceil(64).next_multiple_of(8)) as u64,
+            _ => row_bytes,
+        };
         let ratios = &v4.compress_ratios[..config.num_hidden_layers.min(v4.compress_ratios.len())];
         let compressed: Vec<usize> = ratios.iter().copied().filter(|&ratio| ratio > 0).collect();
         let indexer_bytes_per_layer = (v4.index_head_dim + v4.index_head_dim / INDEXER_QUANT_BLOCK * 4) as u64;
@@ -149,6 +156,15 @@ pub fn per_token(config: &ModelConfig, dtype: KvDtype, attention_tp: usize) -> K
 
 #[cfg(test)]
 mod tests {
+
+    /// vLLM 0.32 stores a V4 FP8 KV row as its `fp8_ds_mla` slot: 448 B of NoPE FP8, 128 B of BF16 RoPE, 8 B of
+    /// UE8M0 scales (`models/deepseek_v4/attention.py`); a BF16 row is `head_dim` × 2.
+    #[test]
+    fn deepseek_v4_fp8_rows_are_vllm_fp8_ds_mla_slots() {
+        let config = config_from("deepseek-v4-flash");
+        assert_eq!(per_token(&config, KvDtype::Fp8, 8).bytes_per_layer, 584);
+        assert_eq!(per_token(&config, KvDtype::Bf16, 8).bytes_per_layer, 1024);
+    }
     use super::*;
 
     fn config_from(text: &str) -> ModelConfig {
