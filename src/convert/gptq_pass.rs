@@ -290,7 +290,7 @@ impl Work<'_> {
     ) -> Result<Vec<Done>, RuntimeError> {
         let (hidden, inner) = (config.hidden_size, config.moe_intermediate_size);
         let names = config.moe_names();
-        let module = format!("model.layers.{}.{}.experts.{expert}", self.layer, names.block);
+        let module = format!("{}.{}.experts.{expert}", config.layer_prefix(self.layer), names.block);
         let [gate_name, up_name, down_name] = names.expert;
         let stored = |projection: &str| match projection {
             "gate" => gate_name,

@@ -116,15 +116,21 @@ pub struct Calibration {
 }
 
 /// `(layer, expert, projection)` of `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, or Kimi-Linear's
-/// `model.layers.L.block_sparse_moe.experts.E.w{1,3,2}.weight` (w1 the gate, w3 the up, w2 the down projection),
-/// also under a vision-language wrapper's names (`language_model.model.layers.…`).
+/// `model.layers.L.block_sparse_moe.experts.E.w{1,3,2}.weight` (w1 the gate, w3 the up, w2 the down projection) and
+/// DeepSeek-V4's `layers.L.ffn.experts.E.w{1,3,2}.weight`, also under a vision-language wrapper's names
+/// (`language_model.model.layers.…`).
 pub fn routed_expert(name: &str) -> Option<(usize, usize, &'static str)> {
     let text = crate::io::composite::text_name(name);
-    let rest = text.as_deref().unwrap_or(name).strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let (rest, kimi) = match rest.strip_prefix("mlp.experts.") {
+    let name = text.as_deref().unwrap_or(name);
+    let (rest, deepseek_v4) = match name.strip_prefix("model.layers.") {
         Some(rest) => (rest, false),
-        None => (rest.strip_prefix("block_sparse_moe.experts.")?, true),
+        None => (name.strip_prefix("layers.")?, true),
+    };
+    let (layer, rest) = rest.split_once('.')?;
+    let (rest, kimi) = match (rest.strip_prefix("mlp.experts."), deepseek_v4) {
+        (Some(rest), false) => (rest, false),
+        (_, true) => (rest.strip_prefix("ffn.experts.")?, true),
+        (None, false) => (rest.strip_prefix("block_sparse_moe.experts.")?, true),
     };
     let (expert, rest) = rest.split_once('.')?;
     let projection = if kimi {
@@ -257,6 +263,9 @@ mod tests {
         assert_eq!(routed_expert("model.layers.3.self_attn.o_proj.weight"), None);
         // Kimi-Linear: w1 the gate, w3 the up, w2 the down projection.
         assert_eq!(routed_expert("model.layers.2.block_sparse_moe.experts.5.w1.weight"), Some((2, 5, "gate")));
+        assert_eq!(routed_expert("layers.2.ffn.experts.5.w2.weight"), Some((2, 5, "down")));
+        assert_eq!(routed_expert("layers.2.ffn.shared_experts.w2.weight"), None);
+        assert_eq!(routed_expert("mtp.0.ffn.experts.5.w2.weight"), None);
         assert_eq!(routed_expert("model.layers.2.block_sparse_moe.experts.5.w3.weight"), Some((2, 5, "up")));
         assert_eq!(routed_expert("model.layers.2.block_sparse_moe.experts.5.w2.weight"), Some((2, 5, "down")));
         assert_eq!(routed_expert("model.layers.2.block_sparse_moe.shared_experts.down_proj.weight"), None);
