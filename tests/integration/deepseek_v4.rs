@@ -29,6 +29,13 @@ fn eval_parity_and_serve_test_run_deepseek_v4_and_calibrate_kv_refuses_by_name()
 
     let int4 = temp.path().join("v4-int4");
     squeeze(&["quantize", path_str(&source), path_str(&int4), "--recipe", "deepseek-v4-int4"]).ok();
+    // GPTQ runs its calibration pass through the V4 layers (hash routing fed the token ids) and reaches every
+    // routed expert of `layers.L.ffn.experts.E`.
+    let gptq = temp.path().join("v4-gptq");
+    let mut args = vec!["quantize", path_str(&source), path_str(&gptq), "--recipe", "deepseek-v4-int4"];
+    args.extend(["--method", "gptq", "--calibration", SONNETS, "--json"]);
+    let coverage = squeeze(&args).ok().json()["expert_coverage"].clone();
+    assert!(coverage["experts"].as_u64().unwrap() > 0 && coverage["calibrated"] == coverage["experts"], "{coverage}");
     let args = ["eval", "--reference", path_str(&source), "--candidate", path_str(&int4), "--data", SONNETS];
     let mut parity = args.to_vec();
     parity.extend(["--ctx", "300", "--chunks", "2", "--json"]);
