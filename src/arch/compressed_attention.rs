@@ -95,6 +95,13 @@ impl CompressedAttention {
         })
     }
 
+    /// The layer's RoPE ([`v4_ropes`]): `main` on a sliding-window layer; `compress` on a compressed one, whose
+    /// compressor and indexer rotate with it too.
+    fn rope(&self, config: &ModelConfig) -> Result<Rope, RuntimeError> {
+        let [main, compress] = v4_ropes(config)?;
+        Ok(if self.compressor.is_some() { compress } else { main })
+    }
+
     /// Its weight matrices (for device prefetch).
     pub fn matrices(&self) -> Vec<&Matrix> {
         let mut all = vec![&self.q_a, &self.q_b, &self.kv, &self.o_b];
@@ -206,13 +213,13 @@ impl CompressedAttention {
         let cache = CompressedCache {
             tokens: x.rows(),
             window: kv[(x.rows() - kept) * head_dim..].to_vec(),
-            entries: entries.map(|(projected, mut entries)| {
-                let compressor = self.compressor.as_ref().expect("entries come from the compressor");
-                compressor.cache(&projected, x.rows(), entries.remove(0))
+            entries: entries.and_then(|(projected, mut entries)| {
+                let compressor = self.compressor.as_ref()?;
+                Some(compressor.cache(&projected, x.rows(), entries.remove(0)))
             }),
-            index: index.map(|(projected, mut keys)| {
-                let indexer = self.indexer.as_ref().expect("index keys come from the indexer");
-                indexer.compressor().cache(&projected, x.rows(), keys.remove(0))
+            index: index.and_then(|(projected, mut keys)| {
+                let indexer = self.indexer.as_ref()?;
+                Some(indexer.compressor().cache(&projected, x.rows(), keys.remove(0)))
             }),
         };
         Ok((out, cache))
@@ -232,8 +239,8 @@ impl CompressedAttention {
         let (heads, head_dim, window) = (config.num_attention_heads, v4.head_dim, v4.sliding_window);
         let eps = config.rms_norm_eps as f32;
         let longest = spans.lengths.iter().copied().max().unwrap_or(0).max(1);
-        let [main, compress] = v4_ropes(config)?.map(|rope| rope_table(&rope, head_dim, longest));
-        let table: &dyn Rotations = if self.compressor.is_some() { &compress } else { &main };
+        let table = rope_table(&self.rope(config)?, head_dim, longest);
+        let (table, compress): (&dyn Rotations, _) = (&table, &table);
 
         let positions: Vec<usize> = spans.iter().flat_map(|(_, length)| 0..length).collect();
         let (q_residual, q) = self.queries(backend, x, &positions, (table, eps))?;
@@ -264,7 +271,7 @@ impl CompressedAttention {
             Some(compressor) => {
                 let other = prefill.and_then(|(layer, ..)| layer.compressor.as_ref());
                 let projected = projections(compressor, other)?;
-                let entries = compressor.entries(&projected, spans, &compress, eps);
+                let entries = compressor.entries(&projected, spans, compress, eps);
                 Some((projected, entries))
             }
             None => None,
@@ -273,8 +280,8 @@ impl CompressedAttention {
             Some(indexer) => {
                 let other = prefill.and_then(|(layer, ..)| layer.indexer.as_ref()).map(EntryIndexer::compressor);
                 let projected = projections(indexer.compressor(), other)?;
-                let keys = indexer.compressor().entries(&projected, spans, &compress, eps);
-                let selection = indexer.select(backend, (x, &q_residual, &keys), spans, &compress, near_ties)?;
+                let keys = indexer.compressor().entries(&projected, spans, compress, eps);
+                let selection = indexer.select(backend, (x, &q_residual, &keys), spans, compress, near_ties)?;
                 (Some((projected, keys)), Some(selection))
             }
             None => (None, None),
@@ -315,23 +322,22 @@ impl CompressedAttention {
         let (heads, head_dim, window) = (config.num_attention_heads, v4.head_dim, v4.sliding_window);
         let eps = config.rms_norm_eps as f32;
         let positions: Vec<usize> = caches.iter().map(|cache| cache.tokens).collect();
-        // Only the positions this step rotates to: its tokens', and the first position of each window one of them
-        // closes (the compressor's, the indexer's).
-        let [main, compress] = v4_ropes(config)?;
-        let ratios: Vec<usize> =
-            self.compressor.iter().map(Compressor::ratio).chain(self.indexer.iter().map(EntryIndexer::ratio)).collect();
-        let closing = positions
-            .iter()
-            .flat_map(|&p| ratios.iter().filter(move |&&ratio| (p + 1) % ratio == 0).map(move |&ratio| p + 1 - ratio));
-        let compress = SparseRotations::new(&compress, head_dim, positions.iter().copied().chain(closing));
-        let main = SparseRotations::new(&main, head_dim, positions.iter().copied());
-        let table: &dyn Rotations = if self.compressor.is_some() { &compress } else { &main };
+        // Only the positions this step rotates to: its tokens', and where each cache's next entry (the compressor's,
+        // the indexer's) would be rotated if this token closes its window.
+        let next_entries = caches.iter().flat_map(|cache| {
+            let entry = self.compressor.as_ref().zip(cache.entries.as_ref()).map(|(c, e)| c.next_entry_position(e));
+            let key =
+                self.indexer.as_ref().zip(cache.index.as_ref()).map(|(i, e)| i.compressor().next_entry_position(e));
+            entry.into_iter().chain(key)
+        });
+        let table = SparseRotations::new(&self.rope(config)?, head_dim, positions.iter().copied().chain(next_entries));
+        let (table, compress): (&dyn Rotations, _) = (&table, &table);
         let (q_residual, q) = self.queries(backend, x, &positions, (table, eps))?;
         let kv = self.keys(backend, x, &positions, (table, eps))?;
         let projected = self.compressor.as_ref().map(|c| c.project(backend, x)).transpose()?;
         let index_projected = self.indexer.as_ref().map(|i| i.compressor().project(backend, x)).transpose()?;
         let index_queries = match &self.indexer {
-            Some(indexer) => Some(indexer.queries(backend, (x, &q_residual), &positions, &compress)?),
+            Some(indexer) => Some(indexer.queries(backend, (x, &q_residual), &positions, compress)?),
             None => None,
         };
         let rows = x.rows();
@@ -349,12 +355,12 @@ impl CompressedAttention {
                 if let (Some(compressor), Some(projected), Some(entries)) =
                     (&self.compressor, &projected, cache.entries.as_mut())
                 {
-                    compressor.append(entries, row_of(projected, row, rows), (&compress, eps));
+                    compressor.append(entries, row_of(projected, row, rows), (compress, eps));
                 }
                 if let (Some(indexer), Some(projected), Some(index)) =
                     (&self.indexer, &index_projected, cache.index.as_mut())
                 {
-                    indexer.compressor().append(index, row_of(projected, row, rows), (&compress, eps));
+                    indexer.compressor().append(index, row_of(projected, row, rows), (compress, eps));
                 }
                 let token = &kv[row * head_dim..][..head_dim];
                 let mut keys: Vec<&[f32]> = cache.window.chunks_exact(head_dim).chain([token]).collect();

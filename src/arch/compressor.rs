@@ -186,6 +186,11 @@ impl Compressor {
         }
     }
 
+    /// The position the next entry of `cache` is rotated to: its window's first.
+    pub fn next_entry_position(&self, cache: &EntryCache) -> usize {
+        cache.entries.len() / self.dim * self.ratio
+    }
+
     /// Appends one token's projections `token` (values, gates `[width]`) to `cache`; when they close a window, its
     /// entry joins the cache's entries.
     pub fn append(&self, cache: &mut EntryCache, token: [&[f32]; 2], (table, eps): (&dyn Rotations, f32)) {

@@ -69,11 +69,6 @@ impl EntryIndexer {
         all
     }
 
-    /// The compression ratio of its keys' windows (CSA's 4).
-    pub fn ratio(&self) -> usize {
-        self.compressor.ratio()
-    }
-
     /// Its compressor, which makes its keys.
     pub fn compressor(&self) -> &Compressor {
         &self.compressor
