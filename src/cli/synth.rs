@@ -31,6 +31,10 @@ pub struct Args {
     /// Vocabulary size (at least 258).
     #[arg(long, default_value_t = SynthSize::default().vocab, value_parser = super::values::count)]
     pub vocab: usize,
+    /// DeepSeek-V4 only: the release's attention widths (head_dim 512, qk_rope_head_dim 64, index_head_dim 128)
+    /// instead of tiny ones — vLLM's V4 kernels accept no others (the loader oracle uses it).
+    #[arg(long)]
+    pub release_heads: bool,
     /// Number of safetensors shards.
     #[arg(long, default_value_t = 2, value_parser = super::values::count)]
     pub shards: usize,
@@ -54,6 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             experts: args.experts,
             moe_intermediate: args.moe_intermediate,
             vocab: args.vocab,
+            release_heads: args.release_heads,
         },
         shards: args.shards,
         seed: args.seed,

@@ -80,12 +80,15 @@ pub struct SynthSize {
     pub experts: usize,
     pub moe_intermediate: usize,
     pub vocab: usize,
+    /// DeepSeek-V4 only: the release's attention widths (head_dim 512, qk_rope_head_dim 64, index_head_dim 128),
+    /// which vLLM's V4 kernels require, instead of tiny ones.
+    pub release_heads: bool,
 }
 
 impl Default for SynthSize {
     fn default() -> Self {
         // Not multiples of 128 on purpose: partial FP8 blocks everywhere.
-        Self { layers: 3, hidden: 320, experts: 8, moe_intermediate: 160, vocab: 384 }
+        Self { layers: 3, hidden: 320, experts: 8, moe_intermediate: 160, vocab: 384, release_heads: false }
     }
 }
 
@@ -522,27 +525,30 @@ fn glm53_flash(common: Value, size: &SynthSize) -> Value {
 /// FP8 with E8M0 128×128 block scales and FP4 experts.
 fn deepseek_v4(common: Value, size: &SynthSize) -> Value {
     let ratios: Vec<usize> = (0..size.layers).map(|layer| [0, 4, 128][layer % 3]).chain([0]).collect();
+    // (head_dim, qk_rope_head_dim, index_head_dim): V4-Flash's and V4-Pro's, or tiny.
+    let (head_dim, rope_dim, index_head_dim) = if size.release_heads { (512, 64, 128) } else { (64, 16, 32) };
     let mut config = merge(
         common,
         json!({
             "architectures": ["DeepseekV4ForCausalLM"],
             "model_type": "deepseek_v4",
             "num_key_value_heads": 1,
-            "head_dim": 64,
-            "qk_rope_head_dim": 16,
+            "head_dim": head_dim,
+            "qk_rope_head_dim": rope_dim,
             "q_lora_rank": 96,
             "o_lora_rank": 32,
             "o_groups": 2,
             "sliding_window": 16,
             "compress_ratios": ratios,
             "index_n_heads": 16,
-            "index_head_dim": 32,
+            "index_head_dim": index_head_dim,
             "index_topk": 8,
             "num_hash_layers": 1,
             "hc_mult": 4,
             "hc_sinkhorn_iters": 20,
             "hc_eps": 1e-6,
             "scoring_func": "sqrtsoftplus",
+            "topk_method": "noaux_tc",
             "swiglu_limit": 10.0,
             "routed_scaling_factor": 1.5,
             "num_nextn_predict_layers": 1,

