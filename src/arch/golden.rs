@@ -213,6 +213,14 @@ fn glm53_flash_mtp_drafts_match_the_oracle() {
     check_mtp("glm5.3-flash", "mtp.safetensors");
 }
 
+/// DeepSeek-V4's MTP layer (`mtp.0`) as vLLM's V4 drafter wires it: the main model's mHC streams before its
+/// hyper-head, h_proj per stream + e_proj of the next token, the layer's own mHC, hyper-head and norm, the main head
+/// (scripts/oracle/make-mtp-golden.py, "DeepSeek-V4").
+#[test]
+fn deepseek_v4_mtp_drafts_match_the_oracle() {
+    check_mtp("deepseek-v4", "mtp.safetensors");
+}
+
 /// DeepSeek-V4's caches decode as they prefill: two requests prefilled to 100 and 37 tokens, then decoded together one
 /// token per step to 160, each step's logits equal transformers' full-sequence ones at that position. The steps
 /// evict from the sliding window (16), close CSA windows whose entries the indexer then chooses among (8 of up to

@@ -17,11 +17,22 @@
 //! `_maybe_share_embeddings`/`_maybe_share_lm_head`, "Detected MTP model. Sharing target model …"), SGLang 0.5.23's EAGLE
 //! worker likewise for NextN drafters (`srt/speculative/eagle_worker_v2.py`: "Share the embedding and lm_head",
 //! `set_embed_and_head`). A copy that differs (a damaged or requantized one) is never served.
+//!
+//! DeepSeek-V4's MTP layer (`mtp.0.*`, vLLM 0.32 `models/deepseek_v4/nvidia/mtp.py`
+//! `DeepSeekV4MultiTokenPredictorLayer`; transformers drops it) drafts from the main model's mHC streams as they
+//! leave its last layer (vLLM's `_mtp_hidden_buffer`, before the hyper-head) and keeps its own streams:
+//!
+//! ```text
+//! x_s    = h_proj(hnorm(stream_s of h_t)) + e_proj(enorm(e))   each of the hc_mult streams; e zeroed at position 0
+//! x      = decoder layer `mtp.0` (x)                             its own mHC (hc_attn_*, hc_ffn_*)
+//! logits = head(norm(hyper-head(x)))                            `mtp.0.hc_head_*`, `mtp.0.norm`; the main head
+//! ```
 
 use std::ops::Range;
 
 use super::context::{LayerContext, LayerState, Residual};
 use super::embedding::head_name;
+use super::hyper::HyperHead;
 use super::layer::Layer;
 use super::moe::ExpertTimes;
 use super::tap::KvSource;
@@ -37,29 +48,56 @@ use crate::runtime::{RuntimeError, Spans};
 pub struct MtpLayer {
     enorm: Matrix,
     hnorm: Matrix,
-    eh_proj: Matrix,
+    join: Join,
     layer: Layer,
     head_norm: Matrix,
     head: Matrix,
 }
 
+/// How the layer joins the next token's embedding with the state it drafts from.
+enum Join {
+    /// `eh_proj([enorm(e) | hnorm(h)])`, `h` the main model's output after its final norm.
+    Fused(Matrix),
+    /// DeepSeek-V4: `h_proj(hnorm(stream)) + e_proj(enorm(e))` for each mHC stream of the main model's residual;
+    /// the layer's output collapsed by its own hyper-head.
+    Streams { e_proj: Matrix, h_proj: Matrix, hyper_head: Box<HyperHead> },
+}
+
 impl MtpLayer {
-    /// The model's first MTP layer (`model.layers.{num_hidden_layers}`), or `None` when the config has none.
+    /// The model's first MTP layer (`model.layers.{num_hidden_layers}`, DeepSeek-V4's `mtp.0`), or `None` when the
+    /// config has none.
     pub fn load(reader: &WeightReader, config: &ModelConfig) -> Result<Option<Self>, RuntimeError> {
         if config.num_nextn_predict_layers == 0 {
             return Ok(None);
         }
         let index = config.num_hidden_layers;
         let hidden = config.hidden_size;
-        let name = |suffix: &str| format!("model.layers.{index}.{suffix}");
+        let prefix = config.layer_prefix(index);
+        let name = |suffix: &str| format!("{prefix}.{suffix}");
+        let v4 = config.deepseek_v4().is_some();
+        let join = if v4 {
+            Join::Streams {
+                e_proj: reader.matrix(&name("e_proj.weight"), [hidden, hidden])?,
+                h_proj: reader.matrix(&name("h_proj.weight"), [hidden, hidden])?,
+                hyper_head: Box::new(HyperHead::load(reader, config, &format!("{prefix}."))?),
+            }
+        } else {
+            Join::Fused(reader.matrix(&name("eh_proj.weight"), [hidden, 2 * hidden])?)
+        };
         Ok(Some(Self {
             enorm: reader.parameter(&name("enorm.weight"), hidden)?,
             hnorm: reader.parameter(&name("hnorm.weight"), hidden)?,
-            eh_proj: reader.matrix(&name("eh_proj.weight"), [hidden, 2 * hidden])?,
+            join,
             layer: Layer::load(reader, config, index)?,
-            head_norm: reader.parameter(&name("shared_head.norm.weight"), hidden)?,
+            head_norm: reader.parameter(&name(if v4 { "norm.weight" } else { "shared_head.norm.weight" }), hidden)?,
             head: reader.matrix(head_name(config, reader), [config.vocab_size, hidden])?,
         }))
+    }
+
+    /// Whether the layer drafts from the main model's mHC streams as they leave its last layer (DeepSeek-V4)
+    /// rather than from its output after the final norm.
+    pub fn drafts_from_streams(&self) -> bool {
+        matches!(self.join, Join::Streams { .. })
     }
 
     /// The MTP layer's hidden states after `shared_head.norm`, `[Σ (len − 1), hidden]` in the returned spans: row `t`
@@ -78,12 +116,16 @@ impl MtpLayer {
         let residual = Residual { hidden: &mut hidden, spans: &mtp_spans, state: &mut state };
         self.layer.forward(context, residual, KvSource::Own, &times, None)?;
         let config = context.config;
+        if let Join::Streams { hyper_head, .. } = &self.join {
+            hidden = hyper_head.collapse(context.backend, &hidden)?;
+        }
         context.backend.rms_norm(&mut hidden, config.hidden_size, &self.head_norm, config.rms_norm_eps as f32)?;
         Ok((hidden, mtp_spans))
     }
 
     /// The decoder layer's inputs for whole sequences (what [`MtpLayer::hidden`] runs through it), `[Σ (len − 1),
-    /// hidden]` in the returned spans: row `t` from `normed` at row `t` and the sequence's token `t + 1`.
+    /// residual width]` in the returned spans: row `t` from `normed` at row `t` and the sequence's token `t + 1`.
+    /// `normed` is what the layer drafts from ([`MtpLayer::drafts_from_streams`]).
     pub fn inputs(
         &self,
         context: &LayerContext,
@@ -108,10 +150,11 @@ impl MtpLayer {
         Ok((hidden, mtp_spans))
     }
 
-    /// The decoder layer's input `eh_proj([enorm(embed(next)) | hnorm(previous)])` `[rows, hidden]`: `next` the
-    /// token after each row's position, its embedding zeroed where `first` (position 0), `previous` the hidden
-    /// state the row drafts from (the main model's after its final norm, or this layer's own output when drafts
-    /// are chained).
+    /// The decoder layer's input `eh_proj([enorm(embed(next)) | hnorm(previous)])` `[rows, hidden]` (DeepSeek-V4:
+    /// `h_proj(hnorm(stream)) + e_proj(enorm(embed(next)))` per stream, `[rows, hc_mult · hidden]`): `next` the
+    /// token after each row's position, its embedding zeroed where `first` (position 0), `previous` the state the
+    /// row drafts from (the main model's output after its final norm — V4: its streams — or this layer's own
+    /// output when drafts are chained).
     pub fn input(
         &self,
         backend: &dyn Backend,
@@ -123,13 +166,37 @@ impl MtpLayer {
     ) -> Result<Tensor, RuntimeError> {
         let width = config.hidden_size;
         let eps = config.rms_norm_eps as f32;
+        let expected = if self.drafts_from_streams() { config.residual_width() } else { width };
+        if previous.columns() != expected {
+            return Err(RuntimeError::Input(format!(
+                "the MTP layer drafts from rows of {expected} values, given {}",
+                previous.columns()
+            )));
+        }
         let mut embedded = reader.rows(config.embed_name(), width, next)?;
         for (row, _) in first.iter().enumerate().filter(|(_, &first)| first) {
             embedded[row * width..(row + 1) * width].fill(0.0);
         }
         let embedded = backend.rms_normed(&backend.upload(&embedded, width)?, &self.enorm, eps)?;
-        let previous = backend.rms_normed(previous, &self.hnorm, eps)?;
-        backend.linear(&backend.concat_columns(&[&embedded, &previous])?, &self.eh_proj, None)
+        match &self.join {
+            Join::Fused(eh_proj) => {
+                let previous = backend.rms_normed(previous, &self.hnorm, eps)?;
+                backend.linear(&backend.concat_columns(&[&embedded, &previous])?, eh_proj, None)
+            }
+            Join::Streams { e_proj, h_proj, .. } => {
+                let embedded = backend.download(&backend.linear(&embedded, e_proj, None)?)?;
+                // One row per (token, stream): hnorm and h_proj act on each stream alone.
+                let mut streams = backend.upload(&backend.download(previous)?, width)?;
+                backend.rms_norm(&mut streams, width, &self.hnorm, eps)?;
+                let mut joined = backend.download(&backend.linear(&streams, h_proj, None)?)?;
+                for (row, e) in joined.chunks_exact_mut(expected).zip(embedded.chunks_exact(width)) {
+                    for stream in row.chunks_exact_mut(width) {
+                        stream.iter_mut().zip(e).for_each(|(x, e)| *x += e);
+                    }
+                }
+                backend.upload(&joined, expected)
+            }
+        }
     }
 
     /// The decoder layer (index `num_hidden_layers`).

@@ -1,7 +1,7 @@
 //! DeepSeek-V4 (issue 50) through the subcommands, on `synth --arch deepseek-v4` (FP8 with E8M0 scales, MXFP4
-//! experts, DeepSeek's own names): `eval`, parity and `serve-test` run (the runtime's logits equal transformers' in
-//! `src/arch/golden.rs`; decode = the full forward in `paged.rs`), what is not modelled yet refuses by name, and bad
-//! configs and tables exit 2 naming the key or tensor.
+//! experts, DeepSeek's own names): `eval` (with `--mtp`), parity and `serve-test` run (the runtime's logits and MTP
+//! drafts equal the oracles' in `src/arch/golden.rs`; decode = the full forward in `paged.rs`), what is not modelled
+//! yet refuses by name, and bad configs and tables exit 2 naming the key or tensor.
 
 use std::path::Path;
 
@@ -49,8 +49,12 @@ fn eval_parity_and_serve_test_run_deepseek_v4_and_calibrate_kv_refuses_by_name()
     kv.extend(["--ctx", "64", "--modes", "kv"]);
     expect_exit_2(&squeeze(&kv), &["--modes kv", "DeepSeek-V4"]);
 
-    let mtp = squeeze(&["eval", path_str(&source), "--data", SONNETS, "--ctx", "32", "--mtp"]);
-    expect_exit_2(&mtp, &["eval --mtp does not run DeepSeek-V4's draft layer yet"]);
+    // The MTP layer drafts (its logits = the oracle's in src/arch/golden.rs); chained drafts refuse by name.
+    let args = ["eval", path_str(&source), "--data", SONNETS, "--ctx", "64", "--chunks", "2", "--mtp", "--json"];
+    let mtp = squeeze(&args).ok().json();
+    assert!(mtp["mtp"]["positions"] == 124 && mtp["mtp"]["draft_ppl"].as_f64().unwrap().is_finite(), "{mtp}");
+    let chained = squeeze(&["eval", path_str(&source), "--data", SONNETS, "--ctx", "64", "--mtp", "--mtp-depth", "2"]);
+    expect_exit_2(&chained, &["--mtp-depth above 1 waits for DeepSeek-V4"]);
     // serve-test: each request's caches (window rows, compressed entries, indexer keys) in its state slot, checked
     // at every step; the split deployment prefills on the source and decodes on the INT4 conversion.
     let serve = |extra: &[&str]| {
