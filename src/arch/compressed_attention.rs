@@ -13,6 +13,7 @@ use super::compressor::Compressor;
 use super::context::LayerContext;
 use super::entry_indexer::EntryIndexer;
 use super::rope::{rope_table, rotate_tail, Rotations, SparseRotations};
+use super::v4_kv_fp8::V4Cache;
 use crate::load::weights::WeightReader;
 use crate::model::config::{Rope, RopeScaling};
 use crate::model::ModelConfig;
@@ -187,25 +188,25 @@ impl CompressedAttention {
     /// from the prefill node; queries from this layer.
     pub fn forward(
         &self,
-        context: &LayerContext,
+        (context, store): (&LayerContext, V4Cache),
         x: &Tensor,
         spans: &Spans,
         prefill: Option<(&CompressedAttention, &Tensor, &[usize])>,
         near_ties: &mut usize,
     ) -> Result<Tensor, RuntimeError> {
-        Ok(self.run(context, x, spans, prefill, near_ties)?.0)
+        Ok(self.run((context, store), x, spans, prefill, near_ties)?.0)
     }
 
     /// A prompt's attention output (`x`: its mixer input, one sequence from position 0) and the request's cache
     /// after it.
     pub fn prefill(
         &self,
-        context: &LayerContext,
+        (context, store): (&LayerContext, V4Cache),
         x: &Tensor,
         near_ties: &mut usize,
     ) -> Result<(Tensor, CompressedCache), RuntimeError> {
         let spans = Spans::new(&[x.rows()]);
-        let (out, cached) = self.run(context, x, &spans, None, near_ties)?;
+        let (out, cached) = self.run((context, store), x, &spans, None, near_ties)?;
         let Cached { kv, entries, index } = cached;
         let head_dim = self.kv_norm.columns;
         let window = context.config.deepseek_v4().map_or(1, |v4| v4.sliding_window);
@@ -225,10 +226,11 @@ impl CompressedAttention {
         Ok((out, cache))
     }
 
-    /// The attention output of whole sequences and what their caches hold ([`CompressedAttention::forward`]).
+    /// The attention output of whole sequences and what their caches hold ([`CompressedAttention::forward`]),
+    /// stored as `store` says before anything reads them.
     fn run(
         &self,
-        context: &LayerContext,
+        (context, store): (&LayerContext, V4Cache),
         x: &Tensor,
         spans: &Spans,
         prefill: Option<(&CompressedAttention, &Tensor, &[usize])>,
@@ -267,11 +269,14 @@ impl CompressedAttention {
         if let Some((layer, x_prefill, prompt)) = prefill {
             kv = prompt_rows(kv, layer.keys(backend, x_prefill, &positions, (table, eps))?, prompt);
         }
+        let rope = v4.qk_rope_head_dim;
+        store.store_attention(&mut kv, head_dim, rope);
         let entries = match &self.compressor {
             Some(compressor) => {
                 let other = prefill.and_then(|(layer, ..)| layer.compressor.as_ref());
                 let projected = projections(compressor, other)?;
-                let entries = compressor.entries(&projected, spans, compress, eps);
+                let mut entries = compressor.entries(&projected, spans, compress, eps);
+                entries.iter_mut().for_each(|entries| store.store_attention(entries, head_dim, rope));
                 Some((projected, entries))
             }
             None => None,
@@ -280,8 +285,10 @@ impl CompressedAttention {
             Some(indexer) => {
                 let other = prefill.and_then(|(layer, ..)| layer.indexer.as_ref()).map(EntryIndexer::compressor);
                 let projected = projections(indexer.compressor(), other)?;
-                let keys = indexer.compressor().entries(&projected, spans, compress, eps);
-                let selection = indexer.select(backend, (x, &q_residual, &keys), spans, compress, near_ties)?;
+                let mut keys = indexer.compressor().entries(&projected, spans, compress, eps);
+                keys.iter_mut().for_each(|keys| store.store_indexer(keys, v4.index_head_dim));
+                let selection =
+                    indexer.select((backend, store), (x, &q_residual, &keys), spans, compress, near_ties)?;
                 (Some((projected, keys)), Some(selection))
             }
             None => (None, None),
@@ -313,7 +320,7 @@ impl CompressedAttention {
     /// attends over the whole sequence.
     pub fn decode(
         &self,
-        (backend, config): (&dyn Backend, &ModelConfig),
+        (backend, config, store): (&dyn Backend, &ModelConfig, V4Cache),
         x: &Tensor,
         caches: &mut [CompressedCache],
         near_ties: &mut usize,
@@ -333,11 +340,13 @@ impl CompressedAttention {
         let table = SparseRotations::new(&self.rope(config)?, head_dim, positions.iter().copied().chain(next_entries));
         let (table, compress): (&dyn Rotations, _) = (&table, &table);
         let (q_residual, q) = self.queries(backend, x, &positions, (table, eps))?;
-        let kv = self.keys(backend, x, &positions, (table, eps))?;
+        let (rope, index_dim) = (v4.qk_rope_head_dim, v4.index_head_dim);
+        let mut kv = self.keys(backend, x, &positions, (table, eps))?;
+        store.store_attention(&mut kv, head_dim, rope);
         let projected = self.compressor.as_ref().map(|c| c.project(backend, x)).transpose()?;
         let index_projected = self.indexer.as_ref().map(|i| i.compressor().project(backend, x)).transpose()?;
         let index_queries = match &self.indexer {
-            Some(indexer) => Some(indexer.queries(backend, (x, &q_residual), &positions, compress)?),
+            Some(indexer) => Some(indexer.queries((backend, store), (x, &q_residual), &positions, compress)?),
             None => None,
         };
         let rows = x.rows();
@@ -352,15 +361,20 @@ impl CompressedAttention {
             .enumerate()
             .map(|(row, (out, cache))| {
                 let position = cache.tokens;
+                // An entry this token's window closes is stored as it is written.
                 if let (Some(compressor), Some(projected), Some(entries)) =
                     (&self.compressor, &projected, cache.entries.as_mut())
                 {
+                    let before = entries.entries.len();
                     compressor.append(entries, row_of(projected, row, rows), (compress, eps));
+                    store.store_attention(&mut entries.entries[before..], head_dim, rope);
                 }
                 if let (Some(indexer), Some(projected), Some(index)) =
                     (&self.indexer, &index_projected, cache.index.as_mut())
                 {
+                    let before = index.entries.len();
                     indexer.compressor().append(index, row_of(projected, row, rows), (compress, eps));
+                    store.store_indexer(&mut index.entries[before..], index_dim);
                 }
                 let token = &kv[row * head_dim..][..head_dim];
                 let mut keys: Vec<&[f32]> = cache.window.chunks_exact(head_dim).chain([token]).collect();
@@ -484,7 +498,7 @@ mod tests {
                 for _ in 0..5 {
                     let mut caches = vec![cache.clone()];
                     let started = std::time::Instant::now();
-                    attention.decode((&cpu, &config), &x, &mut caches, &mut 0).unwrap();
+                    attention.decode((&cpu, &config, V4Cache::Exact), &x, &mut caches, &mut 0).unwrap();
                     best = best.min(started.elapsed().as_secs_f64());
                 }
                 println!("v4-flash {kind:<7} layer, context {context:>6}: {:>8.2} ms/token (best of 5)", best * 1e3);

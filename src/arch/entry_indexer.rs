@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use super::compressor::Compressor;
 use super::rope::{rotate_tail, Rotations};
+use super::v4_kv_fp8::V4Cache;
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
 use crate::runtime::backend::Backend;
@@ -79,14 +80,14 @@ impl EntryIndexer {
     /// boundaries into `near_ties`.
     pub fn select(
         &self,
-        backend: &dyn Backend,
+        (backend, store): (&dyn Backend, V4Cache),
         (x, q_residual, keys): (&Tensor, &Tensor, &[Vec<f32>]),
         spans: &Spans,
         table: &dyn Rotations,
         near_ties: &mut usize,
     ) -> Result<Selection, RuntimeError> {
         let positions: Vec<usize> = spans.iter().flat_map(|(_, length)| 0..length).collect();
-        let (q, weights) = self.queries(backend, (x, q_residual), &positions, table)?;
+        let (q, weights) = self.queries((backend, store), (x, q_residual), &positions, table)?;
         let (heads, dim) = (self.heads, self.dim);
         let mut selection = Vec::with_capacity(spans.lengths.len());
         for ((start, length), keys) in spans.iter().zip(keys) {
@@ -103,11 +104,11 @@ impl EntryIndexer {
         Ok(selection)
     }
 
-    /// Each row's queries `[rows, heads · dim]` (rotated to its position in `positions`) and head weights
-    /// `[rows, heads]` (scaled by 1/√heads).
+    /// Each row's queries `[rows, heads · dim]` (rotated to its position in `positions`; with an FP8 `store`, each
+    /// head as vLLM quantizes it for the FP8 scoring) and head weights `[rows, heads]` (scaled by 1/√heads).
     pub fn queries(
         &self,
-        backend: &dyn Backend,
+        (backend, store): (&dyn Backend, V4Cache),
         (x, q_residual): (&Tensor, &Tensor),
         positions: &[usize],
         table: &dyn Rotations,
@@ -119,6 +120,7 @@ impl EntryIndexer {
         q.par_chunks_exact_mut(self.heads * self.dim).zip(positions.par_iter()).for_each(|(row, &position)| {
             row.chunks_exact_mut(self.dim).for_each(|head| rotate_tail(head, table, position, false));
         });
+        store.store_indexer(&mut q, self.dim);
         Ok((q, weights))
     }
 

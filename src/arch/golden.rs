@@ -221,12 +221,14 @@ fn deepseek_v4_mtp_drafts_match_the_oracle() {
     check_mtp("deepseek-v4", "mtp.safetensors");
 }
 
-/// DeepSeek-V4's caches decode as they prefill: two requests prefilled to 100 and 37 tokens, then decoded together one
-/// token per step to 160, each step's logits equal transformers' full-sequence ones at that position. The steps
-/// evict from the sliding window (16), close CSA windows whose entries the indexer then chooses among (8 of up to
-/// 40) and the first HCA window (at position 127) from the cache's pending projections.
-#[test]
-fn deepseek_v4_decodes_as_it_prefills() {
+/// DeepSeek-V4's prompts prefilled to `PROMPTS` tokens, then decoded together one token per step to the golden's
+/// length, caches stored as `store` says: the logits of each prompt's last token and of every decoded one, in that
+/// order, with the (request, position) of each.
+#[cfg(test)]
+const V4_PROMPTS: [usize; 2] = [100, 37];
+
+#[cfg(test)]
+fn deepseek_v4_decode(store: super::v4_kv_fp8::V4Cache) -> (Vec<f32>, Vec<(usize, usize)>) {
     use super::hyper::{narrow, widen};
     use super::rope::rope_setup;
     use super::{embed, Layer, LayerContext};
@@ -241,7 +243,6 @@ fn deepseek_v4_decodes_as_it_prefills() {
     let ids = golden.get("input_ids").expect("input_ids");
     let length = ids.shape[1];
     let ids: Vec<u32> = ids.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
-    let want = read_f32(golden.get("logits").expect("logits").bytes);
     let model = Model::open(&dir).expect("golden checkpoint opens");
     let (config, reader, cpu) = (model.config(), WeightReader::new(model.checkpoint()), Cpu::default());
     let backend: &dyn Backend = &cpu;
@@ -259,40 +260,114 @@ fn deepseek_v4_decodes_as_it_prefills() {
         backend.download(&backend.linear(&normed, &head, None).unwrap()).unwrap()
     };
     let tokens = |request: usize| &ids[request * length..][..length];
-    let (mut got, mut reference) = (Vec::new(), Vec::new());
+    let (mut got, mut at) = (Vec::new(), Vec::new());
     let mut caches: Vec<Vec<CompressedCache>> = Vec::new();
-    let prompts = [100, 37];
-    for (request, &prompt) in prompts.iter().enumerate() {
+    for (request, &prompt) in V4_PROMPTS.iter().enumerate() {
         let prompt_ids = &tokens(request)[..prompt];
         let embedded = backend.upload(&embed(&reader, config, prompt_ids).unwrap(), width).unwrap();
         let mut hidden = widen(backend, config, embedded).unwrap();
-        let cached = layers.iter().map(|layer| layer.prefill_cache(&context, &mut hidden, prompt_ids).unwrap());
+        let cached =
+            layers.iter().map(|layer| layer.prefill_cache((&context, store), &mut hidden, prompt_ids).unwrap());
         caches.push(cached.collect());
-        let last = backend.row_range(&hidden, prompt - 1..prompt).unwrap();
-        got.extend(logits(last));
-        reference.extend_from_slice(&want[(request * length + prompt - 1) * vocab..][..vocab]);
+        got.extend(logits(backend.row_range(&hidden, prompt - 1..prompt).unwrap()));
+        at.push((request, prompt - 1));
     }
-    for position in prompts[1]..length {
+    for position in V4_PROMPTS[1]..length {
         // The requests whose prompt is behind them decode the token at `position`.
-        let step: Vec<usize> = (0..prompts.len()).filter(|&r| prompts[r] <= position).collect();
+        let step: Vec<usize> = (0..V4_PROMPTS.len()).filter(|&r| V4_PROMPTS[r] <= position).collect();
         let step_ids: Vec<u32> = step.iter().map(|&r| tokens(r)[position]).collect();
         let embedded = backend.upload(&embed(&reader, config, &step_ids).unwrap(), width).unwrap();
         let mut hidden = widen(backend, config, embedded).unwrap();
         for (index, layer) in layers.iter().enumerate() {
             let mut step_caches: Vec<CompressedCache> =
                 step.iter().map(|&r| std::mem::take(&mut caches[r][index])).collect();
-            layer.decode_caches(&context, &mut hidden, &mut step_caches, &step_ids).unwrap();
+            layer.decode_caches((&context, store), &mut hidden, &mut step_caches, &step_ids).unwrap();
             for (&r, cache) in step.iter().zip(step_caches) {
                 caches[r][index] = cache;
             }
         }
         got.extend(logits(hidden));
-        for &r in &step {
-            reference.extend_from_slice(&want[(r * length + position) * vocab..][..vocab]);
-        }
+        at.extend(step.iter().map(|&r| (r, position)));
     }
-    assert_eq!(got.len(), (2 + (length - prompts[0]) + (length - prompts[1])) * vocab);
+    assert_eq!(at.len(), 2 + (length - V4_PROMPTS[0]) + (length - V4_PROMPTS[1]));
+    (got, at)
+}
+
+/// DeepSeek-V4's caches decode as they prefill: two requests prefilled to 100 and 37 tokens, then decoded together one
+/// token per step to 160, each step's logits equal transformers' full-sequence ones at that position. The steps
+/// evict from the sliding window (16), close CSA windows whose entries the indexer then chooses among (8 of up to
+/// 40) and the first HCA window (at position 127) from the cache's pending projections.
+#[test]
+fn deepseek_v4_decodes_as_it_prefills() {
+    let (got, at) = deepseek_v4_decode(super::v4_kv_fp8::V4Cache::Exact);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime/deepseek-v4");
+    let golden = ShardFile::open(&dir.join("golden.safetensors")).expect("golden data");
+    let length = golden.get("input_ids").expect("input_ids").shape[1];
+    let want = read_f32(golden.get("logits").expect("logits").bytes);
+    let vocab = got.len() / at.len();
+    let reference: Vec<f32> =
+        at.iter().flat_map(|&(r, position)| want[(r * length + position) * vocab..][..vocab].to_vec()).collect();
     let (relative_l2, max_abs) = errors(&got, &reference);
     println!("deepseek-v4 decode: relative L2 {relative_l2:.3e}, max |Δlogit| {max_abs:.3e}");
     assert!(relative_l2 <= 1e-5, "decode differs from transformers: relative L2 {relative_l2:.3e}");
+}
+
+/// With vLLM's FP8 storage ([`super::v4_kv_fp8`]) the decode steps equal the full forward under the same storage
+/// (parity's `kv` mode): every key row, entry, indexer key and indexer query is stored at the same point in both —
+/// and the storage changes the logits (the FP8 rounding is applied at all).
+#[test]
+fn deepseek_v4_fp8_caches_decode_as_the_fp8_forward() {
+    use super::context::{LayerState, Residual};
+    use super::hyper::{narrow, widen};
+    use super::moe::ExpertTimes;
+    use super::rope::rope_setup;
+    use super::tap::{KvFp8, KvSource, KvTap, LayerTap};
+    use super::v4_kv_fp8::V4Cache;
+    use super::{embed, Layer, LayerContext};
+    use crate::load::layer_stream::StreamedLayer;
+    use crate::load::weights::WeightReader;
+    use crate::runtime::backend::Backend;
+
+    let (got, at) = deepseek_v4_decode(V4Cache::Fp8);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime/deepseek-v4");
+    let golden = ShardFile::open(&dir.join("golden.safetensors")).expect("golden data");
+    let ids = golden.get("input_ids").expect("input_ids");
+    let length = ids.shape[1];
+    let ids: Vec<u32> = ids.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
+    let want = read_f32(golden.get("logits").expect("logits").bytes);
+    // The full forward of both sequences, each layer's caches stored as FP8 (what parity's `kv` mode runs).
+    let model = Model::open(&dir).expect("golden checkpoint opens");
+    let (config, reader, cpu) = (model.config(), WeightReader::new(model.checkpoint()), Cpu::default());
+    let backend: &dyn Backend = &cpu;
+    let (table, mla_scale) = rope_setup(config, length);
+    let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
+    let spans = crate::runtime::Spans::new(&[length, length]);
+    let width = config.hidden_size;
+    let mut hidden =
+        widen(backend, config, backend.upload(&embed(&reader, config, &ids).unwrap(), width).unwrap()).unwrap();
+    let mut state = LayerState { tokens: ids.clone(), ..LayerState::default() };
+    for layer in 0..config.num_hidden_layers {
+        let layer = Layer::load(&reader, config, layer).expect("layer loads");
+        let mut tap = LayerTap { kv: KvTap { observer: None, fp8: Some(KvFp8::DeepseekV4) }, ..LayerTap::default() };
+        let residual = Residual { hidden: &mut hidden, spans: &spans, state: &mut state };
+        layer.forward(&context, residual, KvSource::Own, &ExpertTimes::default(), Some(&mut tap)).unwrap();
+    }
+    let hidden = narrow(backend, &reader, config, hidden).unwrap();
+    let norm = reader.parameter(config.final_norm_name(), width).unwrap();
+    let normed = backend.rms_normed(&hidden, &norm, config.rms_norm_eps as f32).unwrap();
+    let head = reader.matrix(super::head_name(config, &reader), [config.vocab_size, width]).unwrap();
+    let all = backend.download(&backend.linear(&normed, &head, None).unwrap()).unwrap();
+    let vocab = got.len() / at.len();
+    let pick = |source: &[f32]| -> Vec<f32> {
+        at.iter().flat_map(|&(r, position)| source[(r * length + position) * vocab..][..vocab].to_vec()).collect()
+    };
+    let (reference, exact) = (pick(&all), pick(&want));
+    let (relative_l2, max_abs) = errors(&got, &reference);
+    let (from_exact, _) = errors(&reference, &exact);
+    println!(
+        "deepseek-v4 FP8 decode vs FP8 forward: relative L2 {relative_l2:.3e}, max |Δlogit| {max_abs:.3e}; the FP8 \
+         forward vs transformers (exact caches): {from_exact:.3e}"
+    );
+    assert!(relative_l2 <= 1e-5, "FP8 decode differs from the FP8 forward: relative L2 {relative_l2:.3e}");
+    assert!(from_exact > 1e-4, "the FP8 storage changed nothing ({from_exact:.3e})");
 }

@@ -15,6 +15,7 @@ use super::kda::{KdaMode, KdaWeights};
 use super::mla::MlaWeights;
 use super::moe::{DenseMlp, ExpertTimes, MoeWeights};
 use super::tap::{KvSource, LayerTap};
+use super::v4_kv_fp8::V4Cache;
 use crate::load::layer_stream::StreamedLayer;
 use crate::load::weights::WeightReader;
 use crate::model::config::Attention;
@@ -209,14 +210,14 @@ impl Layer {
             (Mixer::Gqa(gqa), None) => gqa.forward(context, &x, spans, KvSource::Own, &mut tap.kv)?,
             (Mixer::Kda(kda), None) => kda.forward(context, &x, spans)?,
             (Mixer::Compressed(attention), None) => {
-                attention.forward(context, &x, spans, None, &mut state.near_ties)?
+                attention.forward((context, tap.kv.v4_cache()), &x, spans, None, &mut state.near_ties)?
             }
             (
                 Mixer::Compressed(attention),
                 Some((Layer { mixer: Mixer::Compressed(prefill), .. }, x_prefill, prompt)),
             ) => {
                 let prefill = Some((prefill.as_ref(), x_prefill, *prompt));
-                attention.forward(context, &x, spans, prefill, &mut state.near_ties)?
+                attention.forward((context, tap.kv.v4_cache()), &x, spans, prefill, &mut state.near_ties)?
             }
             (Mixer::Kda(kda), Some((Layer { mixer: Mixer::Kda(prefill), .. }, x_prefill, prompt))) => {
                 kda.forward_split(context, &x, spans, (prefill, x_prefill, prompt))?
@@ -447,13 +448,13 @@ impl Layer {
     /// request's cache of the layer after the prompt.
     pub fn prefill_cache(
         &self,
-        context: &LayerContext,
+        (context, store): (&LayerContext, V4Cache),
         hidden: &mut Tensor,
         ids: &[u32],
     ) -> Result<CompressedCache, RuntimeError> {
         let attention = self.compressed()?;
         let (x, mix) = self.mixer_input(context, hidden)?;
-        let (mixed, cache) = attention.prefill(context, &x, &mut 0)?;
+        let (mixed, cache) = attention.prefill((context, store), &x, &mut 0)?;
         self.finish_mixed(context, hidden, (&mixed, mix), ids)?;
         Ok(cache)
     }
@@ -462,14 +463,14 @@ impl Layer {
     /// whose cache is `caches[r]`, then the layer's residual and MLP.
     pub fn decode_caches(
         &self,
-        context: &LayerContext,
+        (context, store): (&LayerContext, V4Cache),
         hidden: &mut Tensor,
         caches: &mut [CompressedCache],
         ids: &[u32],
     ) -> Result<(), RuntimeError> {
         let attention = self.compressed()?;
         let (x, mix) = self.mixer_input(context, hidden)?;
-        let mixed = attention.decode((context.backend, context.config), &x, caches, &mut 0)?;
+        let mixed = attention.decode((context.backend, context.config, store), &x, caches, &mut 0)?;
         self.finish_mixed(context, hidden, (&mixed, mix), ids)
     }
 }

@@ -51,6 +51,7 @@ pub mod paged;
 pub mod rope;
 pub mod router;
 pub mod tap;
+pub mod v4_kv_fp8;
 
 pub use causal_lm::{run_layers, DraftSink, ForwardStats, LayerHook, LayerStep, LogitsSink, Model};
 pub use context::{LayerContext, LayerState, Residual};

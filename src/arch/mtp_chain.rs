@@ -46,7 +46,7 @@ pub fn chained_drafts(
     depth: usize,
 ) -> Result<Vec<Vec<u32>>, RuntimeError> {
     let LayerContext { backend, reader, config, table, mla_scale } = *context;
-    let stepping = Stepping { config, table, mla_scale };
+    let stepping = Stepping { config, table, mla_scale, v4_cache: Default::default() };
     let width = config.hidden_size;
     let host = backend.download(normed)?;
     let starts: Vec<usize> = sequences.iter().map(|s| chain_starts(s.len(), depth)).collect();

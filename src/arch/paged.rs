@@ -19,6 +19,7 @@ use super::hyper::{narrow, widen};
 use super::layer::{Layer, PagedInputs};
 use super::mtp::MtpLayer;
 use super::rope::rope_setup;
+use super::v4_kv_fp8::V4Cache;
 use crate::format::kv_scales::{KvLayout, KvScales};
 use crate::io::Checkpoint;
 use crate::load::layer_stream::StreamedLayer;
@@ -98,6 +99,8 @@ pub struct PagedModel {
     head: Matrix,
     table: RopeTable,
     mla_scale: f32,
+    /// How DeepSeek-V4's caches are stored ([`PagedModel::with_v4_cache`]).
+    v4_cache: V4Cache,
 }
 
 impl PagedModel {
@@ -112,7 +115,14 @@ impl PagedModel {
         let head = reader.matrix(head_name(&config, &reader), [config.vocab_size, config.hidden_size])?;
         let (table, mla_scale) = rope_setup(&config, max_positions.max(1));
         drop(reader);
-        Ok(Self { checkpoint, config, layers, mtp: None, norm, head, table, mla_scale })
+        Ok(Self { checkpoint, config, layers, mtp: None, norm, head, table, mla_scale, v4_cache: V4Cache::Exact })
+    }
+
+    /// Stores DeepSeek-V4's caches (held in each request's state slot, not in the pool's pages) as `store` says:
+    /// FP8 as vLLM writes them for an FP8 pool.
+    pub fn with_v4_cache(mut self, store: V4Cache) -> Self {
+        self.v4_cache = store;
+        self
     }
 
     /// Loads the MTP layer too (for speculative decoding); `None` when the model has none.
@@ -218,7 +228,7 @@ impl PagedModel {
 
     /// What a decode or draft step needs besides the layers.
     fn stepping(&self) -> Stepping<'_> {
-        Stepping { config: &self.config, table: &self.table, mla_scale: self.mla_scale }
+        Stepping { config: &self.config, table: &self.table, mla_scale: self.mla_scale, v4_cache: self.v4_cache }
     }
 
     /// Runs a whole prompt (causal attention over its own f32 rows) and returns the last position's logits and
@@ -250,7 +260,11 @@ impl PagedModel {
                 continue;
             }
             if layer.is_compressed() {
-                states.push(LayerState::Compressed(Box::new(layer.prefill_cache(&context, &mut hidden, tokens)?)));
+                states.push(LayerState::Compressed(Box::new(layer.prefill_cache(
+                    (&context, self.v4_cache),
+                    &mut hidden,
+                    tokens,
+                )?)));
                 continue;
             }
             let (rows, aux) = layer.prefill(&context, &mut hidden, (&positions, self.aux_width()), &mut selection)?;
@@ -380,6 +394,7 @@ pub struct Stepping<'a> {
     pub config: &'a ModelConfig,
     pub table: &'a RopeTable,
     pub mla_scale: f32,
+    pub v4_cache: V4Cache,
 }
 
 impl Stepping<'_> {
@@ -527,7 +542,7 @@ impl Stepping<'_> {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let ids: Vec<u32> = step.live.iter().filter_map(|&item| step.tokens.get(item).copied()).collect();
-            layer.decode_caches(&context, &mut step.hidden, &mut caches, &ids)?;
+            layer.decode_caches((&context, self.v4_cache), &mut step.hidden, &mut caches, &ids)?;
             caches.into_iter().map(|cache| LayerState::Compressed(Box::new(cache))).collect::<Vec<_>>()
         } else {
             let mut kda = states

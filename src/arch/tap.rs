@@ -2,6 +2,7 @@
 //! from ([`KvSource`]), and taps that observe them (calibration), store them as FP8 (the engines' store/read),
 //! record the routed experts, observe each routed expert's inputs and replace its weights (calibration).
 
+use super::v4_kv_fp8::V4Cache;
 use crate::format::kv_scales::LayerKvScales;
 use crate::quant::fp8;
 use crate::runtime::matrix::Matrix;
@@ -36,6 +37,9 @@ pub enum KvFp8<'a> {
     /// that tile (`max(amax / 448, f32::MIN_POSITIVE)`); the rest of the row (RoPE) is left as it is (the
     /// runtime's 16-bit cache is f32). vLLM's `fp8_ds_mla` and SGLang's DSA cache.
     DynamicTiles { tile: usize, latent: usize },
+    /// DeepSeek-V4's caches as vLLM stores them (`fp8_ds_mla` rows and FP8 indexer keys, scales computed per
+    /// row: [`super::v4_kv_fp8`]); its compressed attention applies them, not [`KvTap::apply`].
+    DeepseekV4,
 }
 
 /// A tap on an attention layer's cache: an observer (calibration), then FP8 fake quantization (the engines'
@@ -74,12 +78,21 @@ impl KvTap<'_> {
             (CachedKv::Gqa { .. }, KvFp8::DynamicTiles { .. }) => {
                 debug_assert!(false, "dynamic-tile FP8 applies to MLA rows only")
             }
+            (_, KvFp8::DeepseekV4) => debug_assert!(false, "DeepSeek-V4's layers store their own caches"),
         }
     }
 }
 
 /// Stores `values` as FP8 e4m3 with `scale` and reads them back.
 impl KvTap<'_> {
+    /// How a DeepSeek-V4 layer stores its caches under this tap.
+    pub fn v4_cache(&self) -> V4Cache {
+        match self.fp8 {
+            Some(KvFp8::DeepseekV4) => V4Cache::Fp8,
+            _ => V4Cache::Exact,
+        }
+    }
+
     /// Whether the tap looks at or changes the cached rows (the rows then visit the host).
     pub fn active(&self) -> bool {
         self.observer.is_some() || self.fp8.is_some()

@@ -174,6 +174,7 @@ pub(super) fn print_report(report: &CalibReport) {
             ScaleUse::Checkpoint => "uses these scales",
             ScaleUse::Unit => "ignores these scales (caches with 1.0)",
             ScaleUse::DynamicTiles => "ignores these scales (dynamic per-128 tile scales)",
+            ScaleUse::PowerOfTwoTiles => "ignores these scales (UE8M0 scales computed per row)",
         };
         println!("{}: {verdict} — {} [{}]", engine.engine.label(), engine.summary, engine.source);
     }

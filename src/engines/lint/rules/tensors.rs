@@ -267,7 +267,7 @@ pub fn kv_scales(context: &Context, engine: Engine) -> Outcome {
                 }
             }
         }
-        ScaleUse::Unit | ScaleUse::DynamicTiles => findings.push(Finding::warning(
+        ScaleUse::Unit | ScaleUse::DynamicTiles | ScaleUse::PowerOfTwoTiles => findings.push(Finding::warning(
             "model.layers.*.self_attn (MLA)",
             format!("{} {}", engine.label(), handling.summary),
             "measure what the engine's scales cost with `squeeze eval --kv-scales engine` before serving FP8 KV",
