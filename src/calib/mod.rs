@@ -5,6 +5,7 @@
 
 mod observe;
 pub mod part_stats;
+pub mod per_row;
 mod write;
 
 use std::path::PathBuf;

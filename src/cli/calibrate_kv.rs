@@ -117,6 +117,9 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         save_stats: args.save_stats.clone(),
         allow_long_context: args.allow_long_context,
     };
+    if per_row_report(&args)? {
+        return Ok(Outcome::Success);
+    }
     if args.part.is_some() && (args.out.is_some() || args.sglang_json.is_some()) {
         anyhow::bail!("a --part writes only its --save-stats file; give --out/--sglang-json to `squeeze merge-calib`");
     }
@@ -155,6 +158,42 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         eprintln!("part {part}: observations saved; `squeeze merge-calib MODEL FILE…` writes the scales of all parts");
     }
     Ok(Outcome::Success)
+}
+
+/// A model whose FP8 caches take per-row scales (DeepSeek-V4): what the engines store per layer type, printed, and
+/// nothing calibrated or written. `false` for the others.
+fn per_row_report(args: &Args) -> anyhow::Result<bool> {
+    let (_, config) = crate::load::open::open_checkpoint(&args.model)?;
+    let Some(report) = crate::calib::per_row::per_row_scales(&args.model, &config, &args.engine.engines()) else {
+        return Ok(false);
+    };
+    if args.part.is_some() || args.save_stats.is_some() {
+        anyhow::bail!(
+            "{}: {} takes no KV scales, so there are no observations to save; drop --part/--save-stats",
+            args.model.display(),
+            report.architecture
+        );
+    }
+    if args.json {
+        print_json(&report)?;
+        return Ok(true);
+    }
+    println!(
+        "{} ({}): nothing to calibrate — its FP8 KV caches take no stored scales",
+        report.model, report.architecture
+    );
+    for cache in &report.layer_types {
+        println!("  {:<8} {:>3} layer(s): {}", cache.kind, cache.layers, cache.stores);
+    }
+    for engine in &report.engines {
+        println!("  {}: {}", engine.engine.label(), engine.summary);
+    }
+    println!(
+        "nothing written. What FP8 storage costs: `squeeze eval --reference {} --candidate OUT --modes kv` (the \
+         engines' default for this model)",
+        report.model
+    );
+    Ok(true)
 }
 
 /// The human report of a calibration (one run's or merged parts').

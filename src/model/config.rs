@@ -312,8 +312,8 @@ impl ModelConfig {
     pub fn kv_cache_gap(&self) -> Option<&'static str> {
         match &self.layout {
             Some(Layout::DeepseekV4(_)) => Some(
-                "DeepSeek-V4's FP8 caches per layer type (sliding window, compressed CSA/HCA entries, indexer keys) \
-                 and where the engines read their scales are not modelled yet",
+                "DeepSeek-V4's FP8 caches take their scales from each row as it is written, so there is nothing to \
+                 calibrate (`squeeze calibrate-kv` says what the engines store per layer type)",
             ),
             _ => None,
         }

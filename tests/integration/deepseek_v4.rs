@@ -1,7 +1,8 @@
 //! DeepSeek-V4 (issue 50) through the subcommands, on `synth --arch deepseek-v4` (FP8 with E8M0 scales, MXFP4
 //! experts, DeepSeek's own names): `eval` (with `--mtp`), parity and `serve-test` run (the runtime's logits and MTP
-//! drafts equal the oracles' in `src/arch/golden.rs`; decode = the full forward in `paged.rs`), what is not modelled
-//! yet refuses by name, and bad configs and tables exit 2 naming the key or tensor.
+//! drafts equal the oracles' in `src/arch/golden.rs`; decode = the full forward in `paged.rs`), FP8 KV caches as
+//! vLLM stores them (parity's `kv` mode, `serve-test --kv-dtype fp8`; `calibrate-kv` says there is nothing to
+//! calibrate), what is not modelled yet refuses by name, and bad configs and tables exit 2 naming the key or tensor.
 
 use std::path::Path;
 
@@ -18,7 +19,7 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 }
 
 #[test]
-fn eval_parity_and_serve_test_run_deepseek_v4_and_calibrate_kv_refuses_by_name() {
+fn eval_parity_calibrate_kv_and_serve_test_run_deepseek_v4() {
     let temp = tempfile::tempdir().unwrap();
     let source = synth(temp.path(), "v4", "deepseek-v4", &[]);
     // 300 tokens: past the sliding window (16), the HCA ratio (128) and CSA's top-8 of up to 75 entries.
@@ -77,9 +78,16 @@ fn eval_parity_and_serve_test_run_deepseek_v4_and_calibrate_kv_refuses_by_name()
     }
     let speculative = squeeze(&["serve-test", path_str(&source), "--prompt", "Shall I", "--speculative", "mtp=2"]);
     expect_exit_2(&speculative, &["keeps a state per request"]);
-    let calibrate = squeeze(&["calibrate-kv", path_str(&source), "--data", SONNETS]);
-    expect_exit_2(&calibrate, &["calibrate-kv cannot run DeepseekV4ForCausalLM yet"]);
-    assert!(!source.join("kv-scales.safetensors").exists(), "nothing written");
+    // calibrate-kv: nothing to calibrate (per-row scales); what each layer type stores, nothing written.
+    let calibrate = squeeze(&["calibrate-kv", path_str(&source), "--data", SONNETS, "--json"]).ok().json();
+    let kinds: Vec<&str> =
+        calibrate["layer_types"].as_array().unwrap().iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["sliding", "csa", "hca"], "{calibrate}");
+    assert_eq!(calibrate["engines"][0]["uses"], "power-of-two-tiles", "{calibrate}");
+    assert!(calibrate["written"].as_array().unwrap().is_empty() && !source.join("kv-scales.safetensors").exists());
+    let never = temp.path().join("stats.safetensors");
+    let stats = squeeze(&["calibrate-kv", path_str(&source), "--data", SONNETS, "--save-stats", path_str(&never)]);
+    assert!(stats.code != 0 && !never.exists(), "no observations to save");
 }
 
 #[test]
