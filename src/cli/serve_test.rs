@@ -10,6 +10,7 @@ use crate::runtime::kv_cache::{FaultKind, KvDtype};
 use crate::serve::prompts::read_prompts;
 use crate::serve::sampling::Sampling;
 use crate::serve::{serve_test, ServeOptions};
+use crate::units::human;
 
 use super::output::{print_json, Outcome};
 
@@ -172,8 +173,14 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             report.decode_tokens,
             report.decode_tokens_per_second
         );
+        let states = match report.state_bytes_peak {
+            0 => String::new(),
+            bytes => {
+                format!(", state slots peak {} (beside the pages, not bounded by --kv-pages)", human(bytes as u64))
+            }
+        };
         println!(
-            "kv: {} pool of {} pages × {} tokens, peak {} pages; verification {:.3} % of decode time",
+            "kv: {} pool of {} pages × {} tokens, peak {} pages{states}; verification {:.3} % of decode time",
             report.kv_dtype.name(),
             report.kv_pages,
             report.page_size,

@@ -40,6 +40,9 @@ pub struct ServeReport {
     pub kv_pages: usize,
     pub pages_peak: usize,
     pub page_bytes: usize,
+    /// Most bytes the per-request state slots held at once (KDA states; DeepSeek-V4's caches, in f32 as the runtime
+    /// keeps them): memory beside the pages; 0 for models without.
+    pub state_bytes_peak: usize,
     pub concurrency: usize,
     pub completed: usize,
     pub aborted: usize,
@@ -207,6 +210,7 @@ pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished, greedy: Opt
         kv_pages: facts.shape.pages,
         pages_peak: pool.peak_used_pages(),
         page_bytes: facts.page_bytes,
+        state_bytes_peak: pool.peak_state_bytes(),
         concurrency: options.concurrency,
         completed,
         aborted,

@@ -69,6 +69,8 @@ fn eval_parity_calibrate_kv_and_serve_test_run_deepseek_v4() {
     };
     let clean = serve(&[]);
     assert_eq!((clean["completed"].clone(), clean["aborted"].clone()), (2.into(), 0.into()), "{clean}");
+    // The caches' bytes are reported beside the pages, which hold none of them.
+    assert!(clean["state_bytes_peak"].as_u64().unwrap() > 0, "{clean}");
     let fp8 = serve(&["--kv-dtype", "fp8"]);
     assert_eq!((fp8["completed"].clone(), fp8["kv_scales_missing"].clone()), (2.into(), false.into()), "{fp8}");
     for fault in ["state-corrupt@3", "state-size@3", "state-stale@3", "state-swap@3", "stale-page@3"] {

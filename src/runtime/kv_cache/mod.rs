@@ -144,6 +144,8 @@ pub struct KvPool {
     tables: BTreeMap<RequestId, BlockTable>,
     pub counters: Counters,
     peak_used: usize,
+    /// Most bytes the state slots held at once.
+    peak_state_bytes: usize,
     /// Rows written into the host pages so far, and changes of tags / free-list state so far: a backend's resident
     /// copy compares them with what it has mirrored.
     writes: u64,
@@ -172,6 +174,7 @@ impl KvPool {
             tables: BTreeMap::new(),
             counters: Counters::default(),
             peak_used: 0,
+            peak_state_bytes: 0,
             writes: 0,
             tag_version: 0,
             resident: None,

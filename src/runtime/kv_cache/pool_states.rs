@@ -36,13 +36,14 @@ impl KvPool {
         self.next_generation += 1;
         let mapping = self.states.store(request, generation, states);
         self.tables.get_mut(&request).ok_or(PoolError::Unknown(request))?.state = Some(mapping);
+        self.peak_state_bytes = self.peak_state_bytes.max(self.states.held_bytes());
         Ok(())
     }
 
     /// A state as the pool stores it: a KDA state as vLLM does (convolution inputs in the model's dtype, BF16;
     /// recurrent state F32, [`crate::runtime::kda::KdaState::as_stored`]) in a BF16 or FP8 pool, exactly in an F32
-    /// pool (the pool that checks decode against the full forward); a V4 cache exactly (its FP8 storage is not
-    /// modelled yet).
+    /// pool (the pool that checks decode against the full forward); a V4 cache as its layers stored it (FP8 for an
+    /// FP8 pool: [`crate::arch::v4_kv_fp8`]).
     pub fn keep_state(&self, state: &mut LayerState) {
         if let (LayerState::Kda(state), false) = (state, self.dtype == KvDtype::F32) {
             state.as_stored();
@@ -60,7 +61,15 @@ impl KvPool {
     pub fn restore_state(&mut self, request: RequestId, index: usize, mut state: LayerState) -> Result<(), PoolError> {
         self.keep_state(&mut state);
         let mapping = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.state;
-        self.states.restore(request, mapping, index, state).map_err(PoolError::from)
+        self.states.restore(request, mapping, index, state)?;
+        self.peak_state_bytes = self.peak_state_bytes.max(self.states.held_bytes());
+        Ok(())
+    }
+
+    /// Most bytes the state slots held at once (KDA states as vLLM keeps them; DeepSeek-V4 caches as the runtime
+    /// does, f32) — memory beside the pages, which `--kv-pages` does not bound.
+    pub fn peak_state_bytes(&self) -> usize {
+        self.peak_state_bytes
     }
 
     /// `request`'s states (one per stateful layer), after checking its slot mapping (the tag and the sizes).

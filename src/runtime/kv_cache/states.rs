@@ -81,6 +81,21 @@ impl StateSlots {
         }
     }
 
+    /// Bytes the occupied slots hold now ([`StateSlots::bytes_per_request`] at each slot's token count).
+    pub fn held_bytes(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|slot| slot.tag.is_some())
+            .map(|slot| {
+                let tokens = slot.states.iter().find_map(|state| match state {
+                    LayerState::Compressed(cache) => Some(cache.tokens),
+                    _ => None,
+                });
+                self.bytes_per_request(tokens.unwrap_or(0))
+            })
+            .sum()
+    }
+
     /// Puts `states` in a free slot for `request` with a new `generation`; returns the mapping.
     pub(super) fn store(&mut self, request: RequestId, generation: u64, states: Vec<LayerState>) -> Mapping {
         let slot = self.free.pop().unwrap_or_else(|| {
