@@ -302,7 +302,8 @@ def run_v4(root):
             sys.exit("deepseek-v4: no input ids without near-ties in 50 draws")
     assert joined["x"].shape[2] == streams
     print(f"deepseek-v4: MTP logits {list(mtp_logits.shape)} on draw {draw}, smallest top-k margin {smallest:.3e}")
-    save_file({"input_ids": input_ids.to(torch.int64), "mtp_logits": mtp_logits.contiguous()}, str(folder / "mtp.safetensors"))
+    goldens = {"input_ids": input_ids.to(torch.int64), "mtp_logits": mtp_logits.contiguous()}
+    save_file(goldens, str(folder / "mtp.safetensors"))
     meta = {
         "arch": "deepseek-v4", "mtp_layer": layers, "draw": draw, "smallest_topk_margin": smallest,
         "min_margin": v4_golden.MIN_MARGIN, "torch": torch.__version__, "transformers": transformers.__version__,
