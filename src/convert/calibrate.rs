@@ -47,6 +47,7 @@ pub fn calibrate(
         digest: set.digest.clone(),
         layers_reused,
         gptq_algebra,
+        num_hidden_layers: plan.num_hidden_layers,
     })
 }
 

@@ -16,9 +16,7 @@ use crate::arch::{
 };
 use crate::load::weights::WeightReader;
 use crate::model::ModelConfig;
-use crate::plan::calibration::{
-    routed_expert, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, LayerCoverage,
-};
+use crate::plan::calibration::{CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, LayerCoverage};
 use crate::plan::{Action, Plan};
 use crate::progress::Reporter;
 use crate::runtime::cpu::Products;
@@ -97,7 +95,8 @@ pub fn pass_layers(plan: &Plan, config: &ModelConfig) -> usize {
 /// The one calibration pass: the source model in `dir` runs over the calibration chunks, layer by layer through
 /// the layer-streamed runtime on the chosen backend; `work` does the method's part of each layer. Where the plan
 /// quantizes the MTP layer's experts, the MTP layer runs last, as the engines run it: over the main model's final
-/// hidden states (after its norm, from the layers as `work` left them) and each next token ([`MtpLayer::inputs`]).
+/// hidden states (after its norm, from the layers as `work` left them; DeepSeek-V4's: its mHC streams before the
+/// hyper-head) and each next token ([`MtpLayer::inputs`]).
 /// The reporter's phase (begun by the caller with [`pass_layers`] units at least) advances one unit per layer.
 /// On the CPU the forward multiplies as `products` says ([`Products::Blocked`]: 1.7–2.6× the kernel's rate on
 /// thousands of rows at GLM-5 width, rounding differently from the runtime's commands).
@@ -149,14 +148,17 @@ pub fn run_pass(
         let width = config.hidden_size;
         let no_mtp = || RuntimeError::Input(format!("{}: the MTP layer's tensors are missing", dir.display()));
         let mtp = MtpLayer::load(&reader, config)?.ok_or_else(no_mtp)?;
-        let mut hidden = narrow(backend, &reader, config, hidden)?;
-        backend.rms_norm(
-            &mut hidden,
-            width,
-            &reader.parameter(config.final_norm_name(), width)?,
-            config.rms_norm_eps as f32,
-        )?;
-        let (mut inputs, mtp_spans) = mtp.inputs(&context, &hidden, &set.sequences, &spans)?;
+        // What the layer drafts from: DeepSeek-V4's the streams as they leave the last layer, the others' the
+        // output after the final norm.
+        let source = if mtp.drafts_from_streams() {
+            hidden
+        } else {
+            let mut hidden = narrow(backend, &reader, config, hidden)?;
+            let norm = reader.parameter(config.final_norm_name(), width)?;
+            backend.rms_norm(&mut hidden, width, &norm, config.rms_norm_eps as f32)?;
+            hidden
+        };
+        let (mut inputs, mtp_spans) = mtp.inputs(&context, &source, &set.sequences, &spans)?;
         let mut state = LayerState::default();
         let mut run = LayerRun {
             index: config.num_hidden_layers,
@@ -250,7 +252,7 @@ pub fn planned_experts(plan: &Plan) -> BTreeSet<(usize, usize)> {
     plan.items
         .iter()
         .filter(|item| matches!(item.action, Action::Int4 { .. } | Action::Fp4 { fp4_activations: true, .. }))
-        .filter_map(|item| routed_expert(&item.source.name).map(|(layer, expert, _)| (layer, expert)))
+        .filter_map(|item| plan.routed_expert(&item.source.name).map(|(layer, expert, _)| (layer, expert)))
         .collect()
 }
 

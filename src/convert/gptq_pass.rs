@@ -55,9 +55,7 @@ use crate::runtime::cpu::Products;
 use crate::runtime::matrix::Matrix;
 use crate::runtime::RuntimeError;
 
-use crate::plan::calibration::{
-    routed_expert, CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, LayerCoverage,
-};
+use crate::plan::calibration::{CalibrationError, CalibrationOptions, CalibrationSet, ExpertResult, LayerCoverage};
 use crate::plan::expert_spill::{self, LayerEntries, LayerSpill};
 use crate::plan::{Action, Plan};
 
@@ -92,7 +90,7 @@ fn targets(plan: &Plan) -> Targets {
     let mut targets = Targets::new();
     for item in &plan.items {
         let Action::Int4 { group_size, scale_rule, .. } = item.action else { continue };
-        let Some((layer, expert, projection)) = routed_expert(&item.source.name) else { continue };
+        let Some((layer, expert, projection)) = plan.routed_expert(&item.source.name) else { continue };
         let projection = match projection {
             "gate" => "gate",
             "up" => "up",

@@ -113,6 +113,8 @@ pub struct Calibration {
     pub layers_reused: usize,
     /// GPTQ: where its algebra ran (`host` or `device`), when any layer ran it.
     pub gptq_algebra: Option<&'static str>,
+    /// The model's decoder layers (DeepSeek-V4's draft experts `mtp.N.*` are layer `num_hidden_layers + N`).
+    pub num_hidden_layers: Option<usize>,
 }
 
 /// `(layer, expert, projection)` of `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, or Kimi-Linear's
@@ -120,11 +122,18 @@ pub struct Calibration {
 /// DeepSeek-V4's `layers.L.ffn.experts.E.w{1,3,2}.weight`, also under a vision-language wrapper's names
 /// (`language_model.model.layers.…`).
 pub fn routed_expert(name: &str) -> Option<(usize, usize, &'static str)> {
+    routed_expert_in(name, None)
+}
+
+/// [`routed_expert`], and with the model's `num_hidden_layers` also DeepSeek-V4's draft layers'
+/// `mtp.N.ffn.experts.E.w{1,3,2}.weight`, as layer `num_hidden_layers + N` (where the runtime runs them).
+pub fn routed_expert_in(name: &str, num_hidden_layers: Option<usize>) -> Option<(usize, usize, &'static str)> {
     let text = crate::io::composite::text_name(name);
     let name = text.as_deref().unwrap_or(name);
-    let (rest, deepseek_v4) = match name.strip_prefix("model.layers.") {
-        Some(rest) => (rest, false),
-        None => (name.strip_prefix("layers.")?, true),
+    let (rest, deepseek_v4, base) = match (name.strip_prefix("model.layers."), name.strip_prefix("mtp.")) {
+        (Some(rest), _) => (rest, false, 0),
+        (None, Some(rest)) => (rest, true, num_hidden_layers?),
+        (None, None) => (name.strip_prefix("layers.")?, true, 0),
     };
     let (layer, rest) = rest.split_once('.')?;
     let (rest, kimi) = match (rest.strip_prefix("mlp.experts."), deepseek_v4) {
@@ -141,13 +150,13 @@ pub fn routed_expert(name: &str) -> Option<(usize, usize, &'static str)> {
     } else {
         ["gate", "up", "down"].into_iter().find(|p| rest.strip_suffix("_proj.weight") == Some(*p))?
     };
-    Some((layer.parse().ok()?, expert.parse().ok()?, projection))
+    Some((base + layer.parse::<usize>().ok()?, expert.parse().ok()?, projection))
 }
 
 impl Calibration {
     /// The rule of tensor `name`; `None` when it is not a routed expert's projection (the recipe's rule applies).
     pub fn rule_for(&self, name: &str) -> Option<ExpertRule<'_>> {
-        let (layer, expert, projection) = routed_expert(name)?;
+        let (layer, expert, projection) = routed_expert_in(name, self.num_hidden_layers)?;
         Some(match (self.experts.get(&(layer, expert)), projection) {
             (Some(ExpertResult::Importance { down, .. }), "down") => ExpertRule::Importance(down),
             (Some(ExpertResult::Importance { gate_up, .. }), _) => ExpertRule::Importance(gate_up),
@@ -265,7 +274,11 @@ mod tests {
         assert_eq!(routed_expert("model.layers.2.block_sparse_moe.experts.5.w1.weight"), Some((2, 5, "gate")));
         assert_eq!(routed_expert("layers.2.ffn.experts.5.w2.weight"), Some((2, 5, "down")));
         assert_eq!(routed_expert("layers.2.ffn.shared_experts.w2.weight"), None);
-        assert_eq!(routed_expert("mtp.0.ffn.experts.5.w2.weight"), None);
+        assert_eq!(routed_expert("mtp.0.ffn.experts.5.w2.weight"), None, "a draft layer needs the layer count");
+        assert_eq!(routed_expert_in("mtp.0.ffn.experts.5.w2.weight", Some(43)), Some((43, 5, "down")));
+        assert_eq!(routed_expert_in("mtp.1.ffn.experts.5.w1.weight", Some(43)), Some((44, 5, "gate")));
+        assert_eq!(routed_expert_in("layers.2.ffn.experts.5.w3.weight", Some(43)), Some((2, 5, "up")));
+        assert_eq!(routed_expert_in("mtp.0.ffn.shared_experts.w1.weight", Some(43)), None);
         assert_eq!(routed_expert("model.layers.2.block_sparse_moe.experts.5.w3.weight"), Some((2, 5, "up")));
         assert_eq!(routed_expert("model.layers.2.block_sparse_moe.experts.5.w2.weight"), Some((2, 5, "down")));
         assert_eq!(routed_expert("model.layers.2.block_sparse_moe.shared_experts.down_proj.weight"), None);

@@ -121,6 +121,8 @@ pub struct PlannedShard {
 pub struct Plan {
     pub items: Vec<PlannedItem>,
     pub shards: Vec<PlannedShard>,
+    /// The source model's decoder layers, when its config says.
+    pub num_hidden_layers: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -251,7 +253,7 @@ pub fn build(
             tensors,
         })
         .collect();
-    Ok(Plan { items: planned, shards })
+    Ok(Plan { items: planned, shards, num_hidden_layers })
 }
 
 /// Bytes and counts per tensor class, before and after.
@@ -266,6 +268,12 @@ pub struct ClassSummary {
 }
 
 impl Plan {
+    /// `(layer, expert, projection)` of a routed expert's tensor `name`, the draft layers' included
+    /// ([`calibration::routed_expert_in`]).
+    pub fn routed_expert(&self, name: &str) -> Option<(usize, usize, &'static str)> {
+        calibration::routed_expert_in(name, self.num_hidden_layers)
+    }
+
     /// Sum of output tensor bytes (what `metadata.total_size` of the index holds).
     pub fn tensor_bytes(&self) -> u64 {
         self.items.iter().map(PlannedItem::bytes_out).sum()

@@ -31,12 +31,15 @@ fn eval_parity_calibrate_kv_and_serve_test_run_deepseek_v4() {
     let int4 = temp.path().join("v4-int4");
     squeeze(&["quantize", path_str(&source), path_str(&int4), "--recipe", "deepseek-v4-int4"]).ok();
     // GPTQ runs its calibration pass through the V4 layers (hash routing fed the token ids) and reaches every
-    // routed expert of `layers.L.ffn.experts.E`.
+    // routed expert of `layers.L.ffn.experts.E` and of the draft layer `mtp.0` (run last, from the streams).
     let gptq = temp.path().join("v4-gptq");
     let mut args = vec!["quantize", path_str(&source), path_str(&gptq), "--recipe", "deepseek-v4-int4"];
     args.extend(["--method", "gptq", "--calibration", SONNETS, "--json"]);
     let coverage = squeeze(&args).ok().json()["expert_coverage"].clone();
-    assert!(coverage["experts"].as_u64().unwrap() > 0 && coverage["calibrated"] == coverage["experts"], "{coverage}");
+    assert!(coverage["experts"] == 32 && coverage["calibrated"] == coverage["experts"], "4 layers × 8: {coverage}");
+    let layers: Vec<u64> =
+        coverage["layers"].as_array().unwrap().iter().map(|l| l["layer"].as_u64().unwrap()).collect();
+    assert_eq!(layers, [0, 1, 2, 3], "the MTP layer (3) calibrated too");
     let args = ["eval", "--reference", path_str(&source), "--candidate", path_str(&int4), "--data", SONNETS];
     let mut parity = args.to_vec();
     parity.extend(["--ctx", "300", "--chunks", "2", "--json"]);
