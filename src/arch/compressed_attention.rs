@@ -5,7 +5,9 @@
 //! low-rank output (`wo_a` per group of heads, then `wo_b`). Each query sees the last `sliding_window` tokens and,
 //! by its layer type (`compress_ratios`): nothing more (0, the `main` RoPE), every complete HCA entry (128), or the
 //! CSA entries its indexer picks (4) — compressed layers rotate with the `compress` RoPE ([`super::compressor`],
-//! [`super::entry_indexer`]). Computed on the host, its projections on the backend.
+//! [`super::entry_indexer`]). What it caches (key rows, entries, indexer keys and queries) is stored as a
+//! [`V4Cache`] says — exactly, or FP8 as vLLM does ([`super::v4_kv_fp8`]) — before anything reads it. Computed on
+//! the host, its projections on the backend.
 
 use rayon::prelude::*;
 
