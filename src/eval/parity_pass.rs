@@ -89,7 +89,7 @@ pub fn evaluate_parity(
     let ctx = sequences[0].len();
     let modes = requested_modes(&options.modes);
     let prompt = ctx / 2;
-    let (kv_fp8, kv_scales) = resolve_kv_scales(options, &candidate)?;
+    let (kv_fp8, kv_scales) = resolve_kv_scales(options, &candidate, modes.iter().any(|m| m.fp8_kv()))?;
     if modes.iter().any(|m| m.fp8_kv()) {
         if let KvMode::Static(scales) = &kv_fp8 {
             if let Some(warning) = scales.warning(&options.candidate) {
@@ -415,7 +415,11 @@ impl KvMode {
 }
 
 /// Resolves `--kv-scales` (and `--engine`) against the candidate's cache layout.
-fn resolve_kv_scales(options: &ParityOptions, candidate: &Model) -> Result<(KvMode, KvScalesUsed), JobError> {
+fn resolve_kv_scales(
+    options: &ParityOptions,
+    candidate: &Model,
+    fp8_modes: bool,
+) -> Result<(KvMode, KvScalesUsed), JobError> {
     let config = candidate.config();
     let layout = CacheLayout::of(config);
     let handling = kv_scale_handling(options.engine, layout);
@@ -426,7 +430,7 @@ fn resolve_kv_scales(options: &ParityOptions, candidate: &Model) -> Result<(KvMo
         }
         KvScaleChoice::One => (ScaleUse::Unit, "--kv-scales one: scale 1.0 in every layer".into()),
     };
-    if layout == CacheLayout::Compressed && applied != ScaleUse::PowerOfTwoTiles {
+    if fp8_modes && layout == CacheLayout::Compressed && applied != ScaleUse::PowerOfTwoTiles {
         return Err(JobError::Input(format!(
             "--kv-scales {}: DeepSeek-V4's FP8 caches take no stored scales (each row's are computed as it is \
              written); use --kv-scales engine",
@@ -434,6 +438,7 @@ fn resolve_kv_scales(options: &ParityOptions, candidate: &Model) -> Result<(KvMo
         )));
     }
     let mode = match applied {
+        _ if layout == CacheLayout::Compressed => KvMode::DeepseekV4,
         ScaleUse::PowerOfTwoTiles => KvMode::DeepseekV4,
         ScaleUse::Checkpoint => KvMode::Static(KvScales::read(candidate.checkpoint(), config)?),
         ScaleUse::Unit => KvMode::Static(KvScales::unit(KvLayout::of(config), config.num_hidden_layers)),
