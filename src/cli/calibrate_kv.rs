@@ -163,7 +163,9 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
 /// A model whose FP8 caches take per-row scales (DeepSeek-V4): what the engines store per layer type, printed, and
 /// nothing calibrated or written. `false` for the others.
 fn per_row_report(args: &Args) -> anyhow::Result<bool> {
-    let (_, config) = crate::load::open::open_checkpoint(&args.model)?;
+    // A folder that does not open (an interrupted edit to complete, a bad config) is the calibration path's to
+    // handle and report.
+    let Ok((_, config)) = crate::load::open::open_checkpoint(&args.model) else { return Ok(false) };
     let Some(report) = crate::calib::per_row::per_row_scales(&args.model, &config, &args.engine.engines()) else {
         return Ok(false);
     };
