@@ -102,7 +102,8 @@ impl MtpLayer {
 
     /// The MTP layer's hidden states after `shared_head.norm`, `[Σ (len − 1), hidden]` in the returned spans: row `t`
     /// of a sequence of `len` tokens drafts token `t + 2` from `normed` (the main model's hidden states after its
-    /// final norm, `[Σ len, hidden]` in `spans`) at row `t` and the sequence's token `t + 1`.
+    /// final norm, `[Σ len, hidden]` in `spans`; DeepSeek-V4: its mHC streams before the hyper-head) at row `t` and
+    /// the sequence's token `t + 1`.
     pub fn hidden(
         &self,
         context: &LayerContext,
@@ -204,14 +205,20 @@ impl MtpLayer {
         &self.layer
     }
 
-    /// The draft logits `[rows, vocab]` of the layer's output `hidden` (before `shared_head.norm`).
+    /// The draft logits `[rows, vocab]` of the layer's output `hidden` (before `shared_head.norm`; DeepSeek-V4:
+    /// its streams, before its hyper-head).
     pub fn head_logits(
         &self,
         backend: &dyn Backend,
         config: &ModelConfig,
         hidden: &Tensor,
     ) -> Result<Vec<f32>, RuntimeError> {
-        let normed = backend.rms_normed(hidden, &self.head_norm, config.rms_norm_eps as f32)?;
+        let collapsed = match &self.join {
+            Join::Streams { hyper_head, .. } => Some(hyper_head.collapse(backend, hidden)?),
+            Join::Fused(_) => None,
+        };
+        let normed =
+            backend.rms_normed(collapsed.as_ref().unwrap_or(hidden), &self.head_norm, config.rms_norm_eps as f32)?;
         backend.download(&backend.linear(&normed, &self.head, None)?)
     }
 
