@@ -221,13 +221,23 @@ fn deepseek_v4_mtp_drafts_match_the_oracle() {
     check_mtp("deepseek-v4", "mtp.safetensors");
 }
 
-/// DeepSeek-V4's prompts prefilled to `PROMPTS` tokens, then decoded together one token per step to the golden's
-/// length, caches stored as `store` says: the logits of each prompt's last token and of every decoded one, in that
-/// order, with the (request, position) of each.
-#[cfg(test)]
+/// The prompt lengths of the V4 decode checks.
 const V4_PROMPTS: [usize; 2] = [100, 37];
 
-#[cfg(test)]
+/// The DeepSeek-V4 golden: its folder, input ids (`[2, length]` row-major), `length` and transformers' logits.
+fn v4_golden() -> (PathBuf, Vec<u32>, usize, Vec<f32>) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime/deepseek-v4");
+    let golden = ShardFile::open(&dir.join("golden.safetensors")).expect("golden data");
+    let ids = golden.get("input_ids").expect("input_ids");
+    let length = ids.shape[1];
+    let ids: Vec<u32> = ids.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
+    let want = read_f32(golden.get("logits").expect("logits").bytes);
+    (dir, ids, length, want)
+}
+
+/// DeepSeek-V4's prompts prefilled to [`V4_PROMPTS`] tokens, then decoded together one token per step to the
+/// golden's length, caches stored as `store` says: the logits of each prompt's last token and of every decoded one,
+/// in that order, with the (request, position) of each.
 fn deepseek_v4_decode(store: super::v4_kv_fp8::V4Cache) -> (Vec<f32>, Vec<(usize, usize)>) {
     use super::hyper::{narrow, widen};
     use super::rope::rope_setup;
@@ -238,11 +248,7 @@ fn deepseek_v4_decode(store: super::v4_kv_fp8::V4Cache) -> (Vec<f32>, Vec<(usize
     use crate::runtime::compressed_cache::CompressedCache;
     use crate::runtime::Tensor;
 
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime/deepseek-v4");
-    let golden = ShardFile::open(&dir.join("golden.safetensors")).expect("golden data");
-    let ids = golden.get("input_ids").expect("input_ids");
-    let length = ids.shape[1];
-    let ids: Vec<u32> = ids.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
+    let (dir, ids, length, _) = v4_golden();
     let model = Model::open(&dir).expect("golden checkpoint opens");
     let (config, reader, cpu) = (model.config(), WeightReader::new(model.checkpoint()), Cpu::default());
     let backend: &dyn Backend = &cpu;
@@ -300,10 +306,7 @@ fn deepseek_v4_decode(store: super::v4_kv_fp8::V4Cache) -> (Vec<f32>, Vec<(usize
 #[test]
 fn deepseek_v4_decodes_as_it_prefills() {
     let (got, at) = deepseek_v4_decode(super::v4_kv_fp8::V4Cache::Exact);
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime/deepseek-v4");
-    let golden = ShardFile::open(&dir.join("golden.safetensors")).expect("golden data");
-    let length = golden.get("input_ids").expect("input_ids").shape[1];
-    let want = read_f32(golden.get("logits").expect("logits").bytes);
+    let (_, _, length, want) = v4_golden();
     let vocab = got.len() / at.len();
     let reference: Vec<f32> =
         at.iter().flat_map(|&(r, position)| want[(r * length + position) * vocab..][..vocab].to_vec()).collect();
@@ -329,12 +332,7 @@ fn deepseek_v4_fp8_caches_decode_as_the_fp8_forward() {
     use crate::runtime::backend::Backend;
 
     let (got, at) = deepseek_v4_decode(V4Cache::Fp8);
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/runtime/deepseek-v4");
-    let golden = ShardFile::open(&dir.join("golden.safetensors")).expect("golden data");
-    let ids = golden.get("input_ids").expect("input_ids");
-    let length = ids.shape[1];
-    let ids: Vec<u32> = ids.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
-    let want = read_f32(golden.get("logits").expect("logits").bytes);
+    let (dir, ids, length, want) = v4_golden();
     // The full forward of both sequences, each layer's caches stored as FP8 (what parity's `kv` mode runs).
     let model = Model::open(&dir).expect("golden checkpoint opens");
     let (config, reader, cpu) = (model.config(), WeightReader::new(model.checkpoint()), Cpu::default());
