@@ -20,9 +20,7 @@ pub struct ConfigFix {
 /// DeepSeek-V4's bias is `ffn.gate.bias` and its scoring `sqrtsoftplus` (vLLM's V4 default): only `topk_method`.
 pub fn router_fixes<'a>(config: &mut Value, tensor_names: impl IntoIterator<Item = &'a str>) -> Vec<ConfigFix> {
     let deepseek_v4 = config.get("model_type").and_then(Value::as_str) == Some("deepseek_v4");
-    let is_bias =
-        |name: &str| name.ends_with(".e_score_correction_bias") || (deepseek_v4 && name.ends_with(".ffn.gate.bias"));
-    let Some(bias) = tensor_names.into_iter().find(|name| is_bias(name)) else {
+    let Some(bias) = tensor_names.into_iter().find(|name| is_router_bias(name, deepseek_v4)) else {
         return Vec::new();
     };
     if routes_elsewhere(config) {
@@ -49,6 +47,12 @@ pub fn router_fixes<'a>(config: &mut Value, tensor_names: impl IntoIterator<Item
         }
     }
     fixes
+}
+
+/// Whether `name` is a router's score-correction bias: `….e_score_correction_bias`, or DeepSeek-V4's
+/// `….ffn.gate.bias` (vLLM's V4 weights mapper renames it to the former).
+pub fn is_router_bias(name: &str, deepseek_v4: bool) -> bool {
+    name.ends_with(".e_score_correction_bias") || (deepseek_v4 && name.ends_with(".ffn.gate.bias"))
 }
 
 /// Whether the text model routes outside vLLM's `deepseek_v2.py` and needs none of its keys: Kimi-Linear and

@@ -544,9 +544,8 @@ pub fn router_topk(context: &Context, _: Engine) -> Outcome {
     // rename it to `e_score_correction_bias` and create that parameter only for noaux_tc, and score with the
     // config's sqrtsoftplus.
     let deepseek_v4 = context.architecture() == Some("DeepseekV4ForCausalLM");
-    let is_bias =
-        |name: &str| name.ends_with(".e_score_correction_bias") || (deepseek_v4 && name.ends_with(".ffn.gate.bias"));
-    let biases: Vec<&str> = context.tensors.keys().copied().filter(|name| is_bias(name)).collect();
+    let is_bias = |name: &&str| crate::engines::lint::fixes::is_router_bias(name, deepseek_v4);
+    let biases: Vec<&str> = context.tensors.keys().copied().filter(is_bias).collect();
     if biases.is_empty() {
         return Outcome::skipped("no e_score_correction_bias tensors");
     }
