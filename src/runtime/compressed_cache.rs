@@ -1,8 +1,9 @@
 //! DeepSeek-V4's per-request caches (one per layer), as the engines keep them per layer type: the sliding window's
 //! last key rows, and on compressed layers the compressor's entries with the projections of the tokens of its open
 //! window (CSA: and of its last closed window, which the next entry overlaps), on CSA layers the indexer's keys
-//! alike. `crate::arch::compressed_attention` fills and reads them; the pool keeps them in a request's state slot
-//! and checks their sizes ([`CompressedShape::check`]).
+//! alike. `crate::arch::compressed_attention` fills and reads them; the pool keeps their rows (window, entries,
+//! indexer keys) in pages (`crate::runtime::kv_cache::CachePages`) and the rest in a request's state slot, whose
+//! sizes [`CompressedShape::check`] checks.
 
 /// One request's cache of one V4 layer, as the engines keep it per layer type: the last `sliding_window − 1` key
 /// rows (the window before the next token), and on compressed layers the compressor's entries and pending window
@@ -46,9 +47,10 @@ pub struct CompressedShape {
 }
 
 impl CompressedShape {
-    /// Why `caches` (one per layer) are not a consistent cache of at most `tokens` tokens, if they are not: one per
-    /// layer, the layers at one token count (or, within a decode step, the first ones one token ahead), each
-    /// holding exactly the rows, entries and pending projections its count implies.
+    /// Why `caches` (one per layer, as a state slot keeps them: their rows in pages) are not a consistent cache of
+    /// at most `tokens` tokens, if they are not: one per layer, the layers at one token count (or, within a decode
+    /// step, the first ones one token ahead), each holding no row (window, entries, indexer keys) and exactly the
+    /// pending projections its count implies.
     pub fn check(&self, caches: &[&CompressedCache], tokens: usize) -> Result<(), String> {
         if caches.len() != self.layers.len() {
             return Err(format!("holds {} layer caches; the model has {} layers", caches.len(), self.layers.len()));
@@ -64,9 +66,11 @@ impl CompressedShape {
             if seen > previous || first > seen + 1 {
                 return problem(format!("holds {seen} tokens, layer {} {previous}, layer 0 {first}", layer.max(1) - 1));
             }
-            let window = seen.min(self.window.saturating_sub(1)) * self.head_dim;
-            if cache.window.len() != window {
-                return problem(format!("holds {} window values; {seen} tokens leave {window}", cache.window.len()));
+            if !cache.window.is_empty() {
+                return problem(format!(
+                    "holds {} window values; the window's rows belong in pages",
+                    cache.window.len()
+                ));
             }
             let compressors =
                 [(cache.entries.as_ref(), shape.ratio, shape.entry), (cache.index.as_ref(), 4, shape.index)];
@@ -75,8 +79,7 @@ impl CompressedShape {
                     None if dim == 0 || ratio == 0 => {}
                     Some(entries) if dim > 0 && ratio > 0 => {
                         let overlap = width > dim && seen >= ratio;
-                        let expected =
-                            [seen / ratio * dim, seen % ratio * width, if overlap { ratio * width } else { 0 }];
+                        let expected = [0, seen % ratio * width, if overlap { ratio * width } else { 0 }];
                         let held = [entries.entries.len(), entries.pending[0].len(), entries.previous[0].len()];
                         let pairs = entries.pending[0].len() == entries.pending[1].len()
                             && entries.previous[0].len() == entries.previous[1].len();
@@ -93,15 +96,15 @@ impl CompressedShape {
         Ok(())
     }
 
-    /// Bytes a request's caches hold after `tokens` tokens (f32, as the runtime keeps them).
-    pub fn bytes(&self, tokens: usize) -> usize {
-        let window = tokens.min(self.window.saturating_sub(1)) * self.head_dim;
+    /// Bytes a request's state slot holds after `tokens` tokens: the compressors' pending projections (f32, as the
+    /// runtime keeps them; the rows are in pages).
+    pub fn slot_bytes(&self, tokens: usize) -> usize {
         let compressor = |ratio: usize, [dim, width]: [usize; 2]| {
             if ratio == 0 || dim == 0 {
                 return 0;
             }
-            tokens / ratio * dim + (tokens % ratio + if width > dim { ratio } else { 0 }) * 2 * width
+            (tokens % ratio + if width > dim && tokens >= ratio { ratio } else { 0 }) * 2 * width
         };
-        4 * self.layers.iter().map(|l| window + compressor(l.ratio, l.entry) + compressor(4, l.index)).sum::<usize>()
+        4 * self.layers.iter().map(|l| compressor(l.ratio, l.entry) + compressor(4, l.index)).sum::<usize>()
     }
 }

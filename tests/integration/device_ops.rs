@@ -320,8 +320,8 @@ fn blamed_index(error: &IntegrityError) -> usize {
         | IntegrityError::Untagged { index, .. }
         | IntegrityError::TagMismatch { index, .. } => index,
         IntegrityError::Length { entries, .. } => entries,
-        IntegrityError::NoState { .. } | IntegrityError::StateSlot { .. } => {
-            unreachable!("these pools keep no KDA state: {error}")
+        IntegrityError::NoState { .. } | IntegrityError::StateSlot { .. } | IntegrityError::CachePage { .. } => {
+            unreachable!("these pools keep no KDA state or DeepSeek-V4 cache: {error}")
         }
     }
 }

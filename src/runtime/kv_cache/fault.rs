@@ -213,19 +213,21 @@ fn state_fault(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[
             tag.generation ^= 1 << 5;
             format!("flipped bit 5 of the generation in the tag of state slot {slot}")
         }
-        FaultKind::StateSize => match pool.states.slots.get_mut(slot)?.states.first_mut()? {
-            LayerState::Kda(state) => {
+        FaultKind::StateSize => {
+            let states = &mut pool.states.slots.get_mut(slot)?.states;
+            if let Some(LayerState::Kda(state)) = states.first_mut() {
                 let cut = state.recurrent.len() / 2;
                 state.recurrent.truncate(cut);
                 format!("cut the first KDA layer's recurrent state in slot {slot} (request {victim}) to {cut} values")
+            } else {
+                let (layer, entries) = states.iter_mut().enumerate().find_map(|(layer, state)| match state {
+                    LayerState::Compressed(cache) => cache.entries.as_mut().map(|entries| (layer, entries)),
+                    _ => None,
+                })?;
+                entries.pending[0].push(0.0);
+                format!("added a value to layer {layer}'s pending compressor values in slot {slot} (request {victim})")
             }
-            LayerState::Compressed(cache) => {
-                let cut = cache.window.len() / 2;
-                cache.window.truncate(cut);
-                format!("cut the first layer's sliding-window rows in slot {slot} (request {victim}) to {cut} values")
-            }
-            LayerState::Taken => return None,
-        },
+        }
         _ => return None,
     };
     pool.tag_version += 1;

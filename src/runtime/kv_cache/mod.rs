@@ -18,6 +18,7 @@
 //! device decode never holds a host copy of them. A KDA model's per-request states sit in state slots beside the
 //! pages ([`states`], reached through the pool in [`pool_states`]).
 
+mod cache_pages;
 mod fault;
 mod pool_states;
 mod states;
@@ -29,6 +30,7 @@ use std::collections::BTreeMap;
 
 /// The pool's element type (an on-disk convention shared with the KV-scale files and `report`).
 pub use crate::format::kv_scales::KvDtype;
+pub use cache_pages::{CacheKind, CachePages, KindUse, RowPageTag, RowTable};
 pub use fault::{inject, FaultKind, InjectedFault};
 pub use states::{LayerState, SlotKind, SlotTag, StateSlots};
 pub use step::{KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
@@ -111,6 +113,8 @@ pub enum IntegrityError {
     NoState { request: RequestId },
     #[error("request {request}: its state slot {slot} {problem}")]
     StateSlot { request: RequestId, slot: u32, problem: String },
+    #[error("request {request}: layer {layer}'s {kind} {problem}")]
+    CachePage { request: RequestId, layer: usize, kind: &'static str, problem: String },
 }
 
 /// Errors of pool operations (not integrity faults).
@@ -118,6 +122,8 @@ pub enum IntegrityError {
 pub enum PoolError {
     #[error("the KV pool has no free page (all {0} pages in use)")]
     Full(usize),
+    #[error("DeepSeek-V4's {kind} pages are all in use ({pages} pages); raise --kv-pages")]
+    CacheFull { kind: &'static str, pages: usize },
     #[error("request {0} has no block table")]
     Unknown(RequestId),
     #[error(transparent)]
@@ -155,6 +161,8 @@ pub struct KvPool {
     resident: Option<Box<dyn Any + Send>>,
     /// The KDA layers' per-request state slots (none without KDA layers).
     states: StateSlots,
+    /// DeepSeek-V4's cached rows, a page group per cache kind (none for other models).
+    cache_pages: Option<CachePages>,
 }
 
 impl KvPool {
@@ -179,6 +187,7 @@ impl KvPool {
             tag_version: 0,
             resident: None,
             states: StateSlots::default(),
+            cache_pages: None,
         }
     }
 
@@ -396,9 +405,10 @@ impl KvPool {
     /// Checks every mapping of `request`: page id in range, page not on the free list, tag owner, logical index and
     /// generation equal to what the table recorded. Counts the mappings checked.
     pub fn verify(&mut self, request: RequestId) -> Result<(), IntegrityError> {
-        let state = usize::from(self.states.used()) as u64;
+        let state =
+            usize::from(self.states.used()) + self.cache_pages.as_ref().map_or(0, |pages| pages.mapped(request));
         self.counters.mappings_verified +=
-            self.tables.get(&request).map_or(0, |table| table.entries.len() as u64 + state);
+            self.tables.get(&request).map_or(0, |table| (table.entries.len() + state) as u64);
         let result = self.check(request);
         if result.is_err() {
             self.counters.faults_detected += 1;
@@ -410,7 +420,11 @@ impl KvPool {
     pub fn check(&self, request: RequestId) -> Result<(), IntegrityError> {
         let Some(table) = self.tables.get(&request) else { return Ok(()) };
         check_table(request, table, &self.tags, &self.on_free, self.shape.pages_for(table.tokens))?;
-        self.states.check(request, table.state, table.entries.len() * self.shape.page_size)
+        self.states.check(request, table.state, table.entries.len() * self.shape.page_size)?;
+        match (&self.cache_pages, table.state) {
+            (Some(pages), Some(mapping)) => pages.check(request, &self.states.layer_tokens(mapping)),
+            _ => Ok(()),
+        }
     }
 
     /// Returns `request`'s pages to the free list and drops its table. A finished request frees its (verified)
@@ -419,6 +433,9 @@ impl KvPool {
     pub fn release(&mut self, request: RequestId, aborted: bool) {
         let Some(table) = self.tables.remove(&request) else { return };
         self.states.release(request, table.state, aborted);
+        if let Some(pages) = &mut self.cache_pages {
+            pages.release(request, aborted);
+        }
         if aborted {
             self.counters.requests_aborted += 1;
             for page in 0..self.shape.pages {

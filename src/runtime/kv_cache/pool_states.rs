@@ -3,7 +3,7 @@
 //! back, every access after the slot's tag and sizes are checked ([`super::states`] holds the slots themselves).
 
 use super::states::LayerState;
-use super::{KvDtype, KvPool, PoolError, RequestId, StateSlots};
+use super::{CachePages, KvDtype, KvPool, PoolError, RequestId, StateSlots};
 use crate::runtime::compressed_cache::CompressedShape;
 use crate::runtime::kda::KdaShape;
 
@@ -14,10 +14,18 @@ impl KvPool {
         self
     }
 
-    /// The pool with state slots holding a DeepSeek-V4 cache of `shape` per request (each request then needs one).
+    /// The pool with DeepSeek-V4 caches of `shape`: their rows in a page group per cache kind ([`CachePages`],
+    /// `page_size` rows a page), each request's token counts and compressor states in a state slot (each request
+    /// then needs one).
     pub fn with_compressed_states(mut self, shape: CompressedShape) -> Self {
+        self.cache_pages = Some(CachePages::new(&shape, self.shape.page_size, self.shape.pages));
         self.states = StateSlots::compressed(shape);
         self
+    }
+
+    /// DeepSeek-V4's cache pages (`None` for other models).
+    pub fn cache_pages(&self) -> Option<&CachePages> {
+        self.cache_pages.as_ref()
     }
 
     /// The state slots.
@@ -32,6 +40,7 @@ impl KvPool {
             return Err(PoolError::Unknown(request));
         }
         states.iter_mut().for_each(|state| self.keep_state(state));
+        self.page_rows(request, &mut states)?;
         let generation = self.next_generation;
         self.next_generation += 1;
         let mapping = self.states.store(request, generation, states);
@@ -52,17 +61,42 @@ impl KvPool {
 
     /// Moves stateful layer `index`'s state out of `request`'s slot (after [`KvPool::states_mut`]'s checks), for a
     /// step that gives it back with [`KvPool::restore_state`]; the slot fails the size check until then.
+    /// A DeepSeek-V4 cache comes out with its rows gathered from the pages (after checking the layer's tables).
     pub fn take_state(&mut self, request: RequestId, index: usize) -> Result<Option<LayerState>, PoolError> {
-        Ok(self.states_mut(request)?.get_mut(index).map(std::mem::take))
+        let mut state = self.states_mut(request)?.get_mut(index).map(std::mem::take);
+        if let (Some(LayerState::Compressed(cache)), Some(pages)) = (&mut state, &self.cache_pages) {
+            if let Err(fault) = pages.gather(request, index, cache) {
+                self.counters.faults_detected += 1;
+                return Err(fault.into());
+            }
+        }
+        Ok(state)
     }
 
     /// Gives back the state [`KvPool::take_state`] moved out, stored as [`KvPool::keep_state`] says; the slot must
     /// still be the request's (its tag's owner and generation).
+    /// A DeepSeek-V4 cache's new rows go to the pages (the window's pages behind the window freed), the rest
+    /// to the slot.
     pub fn restore_state(&mut self, request: RequestId, index: usize, mut state: LayerState) -> Result<(), PoolError> {
         self.keep_state(&mut state);
+        if let (LayerState::Compressed(cache), Some(pages)) = (&mut state, &mut self.cache_pages) {
+            pages.scatter(request, index, cache)?;
+        }
         let mapping = self.tables.get(&request).ok_or(PoolError::Unknown(request))?.state;
         self.states.restore(request, mapping, index, state)?;
         self.peak_state_bytes = self.peak_state_bytes.max(self.states.held_bytes());
+        Ok(())
+    }
+
+    /// Moves the rows of `states`' DeepSeek-V4 caches (layer `i` the `i`-th) into `request`'s pages.
+    fn page_rows(&mut self, request: RequestId, states: &mut [LayerState]) -> Result<(), PoolError> {
+        let Some(pages) = &mut self.cache_pages else { return Ok(()) };
+        pages.release(request, false);
+        for (layer, state) in states.iter_mut().enumerate() {
+            if let LayerState::Compressed(cache) = state {
+                pages.scatter(request, layer, cache)?;
+            }
+        }
         Ok(())
     }
 

@@ -1,7 +1,8 @@
 //! The per-request state slots kept in the pool beside the pages: one slot per request holds its state of every
 //! KDA (linear-attention) layer ([`KdaState`]: convolution inputs and recurrent state, a fixed size however long the
-//! request), as vLLM keeps a request's mamba-style state in one slot of its state cache — or, for DeepSeek-V4, its
-//! cache of every layer ([`CompressedCache`]: the sliding window's rows, compressed entries, indexer keys). Each slot
+//! request), as vLLM keeps a request's mamba-style state in one slot of its state cache — or, for DeepSeek-V4, what
+//! its cache of every layer holds besides the rows kept in pages ([`CompressedCache`] without rows: the token count
+//! and the compressors' pending projections, as vLLM's compressor-state cache; [`super::CachePages`]). Each slot
 //! carries a tag (owner request, allocation generation) that [`super::KvPool::verify`] checks against the request's
 //! mapping together with the sizes of what the slot holds, so a swapped, freed, corrupted or mis-sized slot aborts
 //! its request as a bad page mapping does.
@@ -70,13 +71,13 @@ impl StateSlots {
     }
 
     /// Bytes each request's slot holds as vLLM keeps it (F32 recurrent state, BF16 convolution inputs); a V4
-    /// cache's as the runtime keeps it (f32) after `tokens` tokens.
+    /// cache's pending projections as the runtime keeps them (f32) after `tokens` tokens.
     pub fn bytes_per_request(&self, tokens: usize) -> usize {
         match &self.kind {
             Some(SlotKind::Kda(shape, layers)) => {
                 layers * (shape.recurrent_state_len() * 4 + shape.conv_state_len() * 2)
             }
-            Some(SlotKind::Compressed(shape)) => shape.bytes(tokens),
+            Some(SlotKind::Compressed(shape)) => shape.slot_bytes(tokens),
             None => 0,
         }
     }
@@ -185,6 +186,19 @@ impl StateSlots {
                 problem: "changed while its state was being advanced".into(),
             }),
         }
+    }
+
+    /// The token count of each DeepSeek-V4 layer cache in slot `mapping` (checked by the caller; empty for KDA
+    /// states).
+    pub(super) fn layer_tokens(&self, mapping: Mapping) -> Vec<usize> {
+        let states = self.slots.get(mapping.page as usize).map_or(&[][..], |slot| &slot.states[..]);
+        states
+            .iter()
+            .filter_map(|state| match state {
+                LayerState::Compressed(cache) => Some(cache.tokens),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The states of slot `mapping` (checked by the caller).
