@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 
 use crate::arch::mtp_chain::MAX_DEPTH as MAX_SPECULATIVE_DEPTH;
 use crate::runtime::device::DeviceChoice;
-use crate::runtime::kv_cache::{FaultKind, KvDtype};
+use crate::runtime::kv_cache::{Fault, KvDtype};
 use crate::serve::prompts::read_prompts;
 use crate::serve::sampling::Sampling;
 use crate::serve::{serve_test, ServeOptions};
@@ -63,8 +63,10 @@ pub struct Args {
     /// Inject a mapping fault, optionally @STEP.
     ///
     /// Inject a mapping fault: stale-page, swap, out-of-range, tag-corrupt, double-map or rollback-stale (and on a model
-    /// with KDA layers state-swap, state-stale, state-corrupt or state-size, on its state slots), optionally @STEP
-    /// (the decode step before whose verification it happens; default 1).
+    /// with KDA layers or DeepSeek-V4's caches state-swap, state-stale, state-corrupt or state-size, on its state
+    /// slots); on DeepSeek-V4 a page fault other than rollback-stale may name the cache kind whose pages it hits,
+    /// KIND:window, KIND:entries or KIND:index-keys; optionally @STEP (the decode step before whose verification it
+    /// happens; default 1).
     #[arg(long)]
     pub inject_fault: Option<String>,
     /// Skip mapping verification (to measure its cost; faults then go undetected).
@@ -95,18 +97,15 @@ pub struct Args {
     pub device: DeviceChoice,
 }
 
-fn parse_fault(text: &str) -> anyhow::Result<(FaultKind, u64)> {
-    let (kind, step) = match text.split_once('@') {
-        Some((kind, step)) => {
-            (kind, step.parse::<u64>().with_context(|| format!("--inject-fault {text}: STEP must be an integer"))?)
+fn parse_fault(text: &str) -> anyhow::Result<(Fault, u64)> {
+    let (fault, step) = match text.split_once('@') {
+        Some((fault, step)) => {
+            (fault, step.parse::<u64>().with_context(|| format!("--inject-fault {text}: STEP must be an integer"))?)
         }
         None => (text, 1),
     };
-    let Some(kind) = FaultKind::parse(kind) else {
-        let known: Vec<&str> = FaultKind::ALL.into_iter().chain(FaultKind::STATE).map(FaultKind::name).collect();
-        bail!("--inject-fault {text}: unknown kind; known: {}", known.join(", "))
-    };
-    Ok((kind, step))
+    let fault = Fault::parse(fault).map_err(|problem| anyhow::anyhow!("--inject-fault {text}: {problem}"))?;
+    Ok((fault, step))
 }
 
 fn parse_speculative(text: &str) -> Result<usize, String> {
@@ -187,6 +186,25 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             report.pages_peak,
             report.verify_share * 100.0
         );
+        if !report.cache_pages.is_empty() {
+            let kinds: Vec<String> = report
+                .cache_pages
+                .iter()
+                .map(|kind| {
+                    let evicted = match kind.pages_evicted {
+                        0 => String::new(),
+                        pages => format!(", {pages} freed behind the window"),
+                    };
+                    format!(
+                        "{} peak {} × {}{evicted}",
+                        kind.kind.name(),
+                        kind.pages_peak,
+                        human(kind.page_bytes as u64)
+                    )
+                })
+                .collect();
+            println!("DeepSeek-V4 cache pages (f32 rows): {}", kinds.join("; "));
+        }
         println!(
             "integrity: {} mappings verified, {} faults injected, {} detected by verification, {} stopped, {} requests aborted, {} false positives, {} undetected",
             report.mappings_verified,

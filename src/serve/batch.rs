@@ -44,15 +44,30 @@ pub struct Finished {
     pub speculation: Option<SpeculationStats>,
 }
 
-/// Refuses an `--inject-fault` that can never apply to these prompts.
-pub fn check_fault(options: &ServeOptions, prompts: usize, has_states: bool) -> Result<(), ServeError> {
-    let Some((kind, at)) = options.fault else { return Ok(()) };
+/// Refuses an `--inject-fault` that can never apply to these prompts (`cache_pages`: the model keeps DeepSeek-V4's
+/// cache pages).
+pub fn check_fault(
+    options: &ServeOptions,
+    prompts: usize,
+    has_states: bool,
+    cache_pages: bool,
+) -> Result<(), ServeError> {
+    let Some((fault, at)) = options.fault else { return Ok(()) };
+    let kind = fault.kind;
+    if fault.cache.is_some() && !cache_pages {
+        return Err(ServeError::Input(format!(
+            "--inject-fault {}: the model keeps no DeepSeek-V4 cache pages (window, entries, index-keys); drop \
+             :{} to hit its token pages",
+            fault.name(),
+            fault.cache.map_or("", |cache| cache.name())
+        )));
+    }
     if kind.on_state() && !has_states {
         return Err(ServeError::Input(format!(
             "--inject-fault {}: the model keeps no state per request (KDA layers, DeepSeek-V4's caches), so its \
              requests hold no state slot to damage; choose a \
              page fault (stale-page, swap, out-of-range, tag-corrupt, double-map, rollback-stale)",
-            kind.name()
+            fault.name()
         )));
     }
     // Each decode step advances at least one request by one token, and a request takes at most
@@ -62,7 +77,7 @@ pub fn check_fault(options: &ServeOptions, prompts: usize, has_states: bool) -> 
         return Err(ServeError::Input(format!(
             "--inject-fault {}@{at}: decoding takes at most {most_steps} steps ({} prompts × (--max-new-tokens {} − 1)), \
              so the fault would never be injected; choose a STEP below {most_steps}",
-            kind.name(),
+            fault.name(),
             prompts,
             options.max_new_tokens
         )));
@@ -71,7 +86,7 @@ pub fn check_fault(options: &ServeOptions, prompts: usize, has_states: bool) -> 
         return Err(ServeError::Input(format!(
             "--inject-fault {} exchanges the mappings of two requests decoded together: give at least two prompts \
              and --concurrency ≥ 2",
-            kind.name()
+            fault.name()
         )));
     }
     Ok(())
@@ -139,11 +154,11 @@ impl Batch<'_> {
                 None => self.decode_step(&mut state, pool)?,
             }
         }
-        if let (Some((kind, at)), true) = (self.options.fault, state.injected.is_empty()) {
+        if let (Some((fault, at)), true) = (self.options.fault, state.injected.is_empty()) {
             return Err(ServeError::Input(format!(
                 "--inject-fault {}@{at}: decoding ended after {} steps (requests stopped at EOS), so nothing was \
                  injected; choose a STEP below {}",
-                kind.name(),
+                fault.name(),
                 state.step,
                 state.step
             )));
@@ -257,20 +272,28 @@ impl Batch<'_> {
     /// Injects `--inject-fault` when this is its step.
     pub(super) fn inject_scheduled_fault(&self, state: &mut State, pool: &mut KvPool) -> Result<(), ServeError> {
         let step = state.step;
-        if let Some((kind, at)) = self.options.fault {
+        if let Some((fault, at)) = self.options.fault {
             if at == step {
                 let ids: Vec<RequestId> = state.active.iter().map(|a| a.id).collect();
                 let victim = ids[state.fault_rng.below(ids.len())];
-                let Some(fault) = inject(pool, kind, victim, &ids) else {
+                let Some(injected) = inject(pool, fault, victim, &ids) else {
                     return Err(ServeError::Input(format!(
-                        "--inject-fault {}@{step}: the fault cannot apply at this step ({} request(s) decoding); \
+                        "--inject-fault {}@{step}: the fault cannot apply at this step ({} request(s) decoding{}); \
                          choose another STEP or more prompts",
-                        kind.name(),
-                        ids.len()
+                        fault.name(),
+                        ids.len(),
+                        fault.cache.map_or(String::new(), |cache| format!(
+                            ", request {victim} maps no {} page yet",
+                            cache.name()
+                        ))
                     )));
                 };
-                self.reporter.warn(&format!("injected {} at decode step {step}: {}", kind.name(), fault.description));
-                state.injected.push(fault);
+                self.reporter.warn(&format!(
+                    "injected {} at decode step {step}: {}",
+                    fault.name(),
+                    injected.description
+                ));
+                state.injected.push(injected);
             }
         }
         Ok(())

@@ -20,7 +20,7 @@ use crate::arch::v4_kv_fp8::V4Cache;
 use crate::format::kv_scales::{KvDtype, KvLayout, KvScales};
 use crate::model::tokenizer::Tokenizer;
 use crate::progress::Reporter;
-use crate::runtime::kv_cache::{FaultKind, KvPool, PoolShape};
+use crate::runtime::kv_cache::{Fault, KvPool, PoolShape};
 use crate::runtime::{Backend, RuntimeError};
 use batch::{check_fault, eos_ids, Batch};
 use report::{assemble, RunFacts};
@@ -48,8 +48,8 @@ pub struct ServeOptions {
     pub kv_dtype: KvDtype,
     pub sampling: Sampling,
     pub seed: u64,
-    /// Fault kind and the decode step before whose verification it is injected.
-    pub fault: Option<(FaultKind, u64)>,
+    /// The fault and the decode step before whose verification it is injected.
+    pub fault: Option<(Fault, u64)>,
     /// Verify mappings before each decode step (off only to measure its cost).
     pub verify: bool,
     /// `--speculative mtp=K`: greedy decoding verifying K chained MTP drafts per step, checked against plain greedy.
@@ -116,7 +116,7 @@ pub fn serve_test(
     };
     pool_size::size_pool(&mut shape, options.kv_dtype, options.kv_pages)?;
     let need = pool_size::pages_needed(&shape, &encoded, options.max_new_tokens)?;
-    check_fault(options, encoded.len(), decoder.has_states())?;
+    check_fault(options, encoded.len(), decoder.has_states(), decoder.compressed_shape().is_some())?;
 
     let eos = eos_ids(decoder.checkpoint().config());
     let element_scales = decoder.element_scales(&scales);

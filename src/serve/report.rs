@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::format::kv_scales::KvDtype;
 use crate::model::tokenizer::Tokenizer;
 use crate::runtime::device::DeviceCounters;
-use crate::runtime::kv_cache::{InjectedFault, KvPool, PoolShape, RequestId};
+use crate::runtime::kv_cache::{InjectedFault, KindUse, KvPool, PoolShape, RequestId};
 
 use super::batch::{Finish, Finished};
 use super::speculation::SpeculationStats;
@@ -40,9 +40,13 @@ pub struct ServeReport {
     pub kv_pages: usize,
     pub pages_peak: usize,
     pub page_bytes: usize,
-    /// Most bytes the per-request state slots held at once (KDA states; DeepSeek-V4's caches, in f32 as the runtime
-    /// keeps them): memory beside the pages; 0 for models without.
+    /// Most bytes the per-request state slots held at once (KDA states; DeepSeek-V4's compressor projections, in f32
+    /// as the runtime keeps them): memory beside the pages; 0 for models without.
     pub state_bytes_peak: usize,
+    /// DeepSeek-V4: per cache kind (window, entries, index-keys) its pages' row width, bytes, peak use and the
+    /// window pages freed as rows left the window.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cache_pages: Vec<KindUse>,
     pub concurrency: usize,
     pub completed: usize,
     pub aborted: usize,
@@ -211,6 +215,7 @@ pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished, greedy: Opt
         pages_peak: pool.peak_used_pages(),
         page_bytes: facts.page_bytes,
         state_bytes_peak: pool.peak_state_bytes(),
+        cache_pages: pool.cache_pages().map_or(Vec::new(), |pages| pages.usage()),
         concurrency: options.concurrency,
         completed,
         aborted,

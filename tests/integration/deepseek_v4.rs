@@ -61,8 +61,9 @@ fn eval_parity_calibrate_kv_and_serve_test_run_deepseek_v4() {
     assert!(mtp["mtp"]["positions"] == 124 && mtp["mtp"]["draft_ppl"].as_f64().unwrap().is_finite(), "{mtp}");
     let chained = squeeze(&["eval", path_str(&source), "--data", SONNETS, "--ctx", "64", "--mtp", "--mtp-depth", "2"]);
     expect_exit_2(&chained, &["--mtp-depth above 1 waits for DeepSeek-V4"]);
-    // serve-test: each request's caches (window rows, compressed entries, indexer keys) in its state slot, checked
-    // at every step; the split deployment prefills on the source and decodes on the INT4 conversion.
+    // serve-test: each request's cache rows (window, compressed entries, indexer keys) in pages, a group per kind,
+    // its compressors' pending projections in its state slot, all checked at every step; the split deployment
+    // prefills on the source and decodes on the INT4 conversion.
     let serve = |extra: &[&str]| {
         let mut args = vec!["serve-test", path_str(&int4), "--prefill-model", path_str(&source), "--json"];
         args.extend(["--prompt", "Shall I compare thee to a summer's day?", "--prompt", "Thou art more lovely"]);
@@ -72,11 +73,19 @@ fn eval_parity_calibrate_kv_and_serve_test_run_deepseek_v4() {
     };
     let clean = serve(&[]);
     assert_eq!((clean["completed"].clone(), clean["aborted"].clone()), (2.into(), 0.into()), "{clean}");
-    // The caches' bytes are reported beside the pages, which hold none of them.
+    // The pending projections are reported beside the pages; each kind's pages, and the window's freed behind it.
     assert!(clean["state_bytes_peak"].as_u64().unwrap() > 0, "{clean}");
+    let kinds: Vec<&str> =
+        clean["cache_pages"].as_array().unwrap().iter().map(|kind| kind["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["window", "entries", "index-keys"], "{clean}");
+    assert!(clean["cache_pages"][0]["pages_evicted"].as_u64().unwrap() > 0, "{clean}");
     let fp8 = serve(&["--kv-dtype", "fp8"]);
     assert_eq!((fp8["completed"].clone(), fp8["kv_scales_missing"].clone()), (2.into(), false.into()), "{fp8}");
-    for fault in ["state-corrupt@3", "state-size@3", "state-stale@3", "state-swap@3", "stale-page@3"] {
+    // Faults on the state slots, the token pages and each cache kind's pages (every fault on every kind: the
+    // tests of `runtime::kv_cache::cache_pages`).
+    let cache_faults = ["tag-corrupt:window@3", "stale-page:entries@3", "swap:index-keys@3", "double-map:window@9"];
+    let faults = ["state-corrupt@3", "state-size@3", "state-stale@3", "state-swap@3", "stale-page@3"];
+    for fault in faults.into_iter().chain(cache_faults) {
         let report = serve(&["--inject-fault", fault]);
         assert_eq!((report["faults_injected"].clone(), report["undetected"].clone()), (1.into(), 0.into()), "{fault}");
         assert_eq!(report["false_positives"], 0, "{fault}: {report}");

@@ -162,6 +162,13 @@ fn fault_injection_that_cannot_happen_is_an_error() {
     let run = squeeze(&[&base[..], &["--inject-fault", "swap@1"]].concat());
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("two requests"), "{}", run.stderr);
+    // A cache kind's pages exist on DeepSeek-V4 only; a fault that does not apply to pages cannot name one.
+    let run = squeeze(&[&base[..], &["--inject-fault", "tag-corrupt:window@1"]].concat());
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("keeps no DeepSeek-V4 cache pages"), "{}", run.stderr);
+    let run = squeeze(&[&base[..], &["--inject-fault", "rollback-stale:entries"]].concat());
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("does not apply to a cache kind's pages"), "{}", run.stderr);
     // Without verification an out-of-range page is stopped by a bounds check: counted as stopped, not lost.
     let run = squeeze(&[&base[..], &["--inject-fault", "out-of-range@1", "--no-verify", "--json"]].concat());
     let report = run.json();

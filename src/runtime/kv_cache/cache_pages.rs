@@ -44,7 +44,7 @@ impl CacheKind {
         Self::ALL.into_iter().find(|kind| kind.name() == text)
     }
 
-    fn slot(self) -> usize {
+    pub(super) fn slot(self) -> usize {
         self as usize
     }
 }
@@ -442,5 +442,128 @@ impl Group {
             self.data.resize(end, 0.0);
         }
         self.data[slot * self.width..end].copy_from_slice(values);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{inject, Fault, KvDtype, KvPool, LayerState, PoolShape};
+    use super::*;
+    use crate::runtime::compressed_cache::{EntryCache, LayerCacheShape};
+
+    /// A window of 5 (4 rows kept), a sliding layer, a CSA-like layer (ratio 4, overlapping, with indexer keys) and
+    /// an HCA-like one (ratio 8).
+    fn shape() -> CompressedShape {
+        let layer = |ratio, entry, index| LayerCacheShape { ratio, entry, index };
+        CompressedShape {
+            window: 5,
+            head_dim: 2,
+            layers: vec![layer(0, [0, 0], [0, 0]), layer(4, [2, 4], [1, 2]), layer(8, [2, 2], [0, 0])],
+        }
+    }
+
+    /// Request `request`'s cache of `layer` after `tokens` tokens, every row's values naming the request, layer,
+    /// kind and row.
+    fn cache(request: u64, layer: usize, tokens: usize) -> CompressedCache {
+        let shape = shape();
+        let value = |kind: usize, row: usize, column: usize| {
+            (request * 100_000) as f32 + (layer * 10_000 + kind * 1000 + row) as f32 + column as f32 / 10.0
+        };
+        let rows = |kind: usize, range: std::ops::Range<usize>, width: usize| -> Vec<f32> {
+            range.flat_map(|row| (0..width).map(move |column| value(kind, row, column))).collect()
+        };
+        let compressor = |kind: usize, ratio: usize, [dim, width]: [usize; 2]| {
+            (ratio > 0 && dim > 0).then(|| {
+                let pending = vec![0.5; tokens % ratio * width];
+                let previous = if width > dim && tokens >= ratio { vec![0.25; ratio * width] } else { Vec::new() };
+                EntryCache {
+                    entries: rows(kind, 0..tokens / ratio, dim),
+                    pending: [pending.clone(), pending],
+                    previous: [previous.clone(), previous],
+                }
+            })
+        };
+        let at = shape.layers[layer];
+        CompressedCache {
+            tokens,
+            window: rows(0, tokens.saturating_sub(shape.window - 1)..tokens, shape.head_dim),
+            entries: compressor(1, at.ratio, at.entry),
+            index: compressor(2, 4, at.index),
+        }
+    }
+
+    fn caches(request: u64, tokens: usize) -> Vec<LayerState> {
+        (0..3).map(|layer| LayerState::Compressed(Box::new(cache(request, layer, tokens)))).collect()
+    }
+
+    fn pool() -> KvPool {
+        let tokens = PoolShape { layers: 0, row_width: 0, aux_width: 0, page_size: 2, pages: 64 };
+        KvPool::new(tokens, KvDtype::F32, Vec::new()).with_compressed_states(shape())
+    }
+
+    /// Advances `request` from `tokens` to `tokens + 1` as a decode step does: each layer's cache taken out (its rows
+    /// gathered from the pages, checked against what was written), replaced by the next one and given back.
+    fn step(pool: &mut KvPool, request: u64, tokens: usize) -> Result<(), PoolError> {
+        pool.reserve(request, tokens + 1)?;
+        for layer in 0..3 {
+            let Some(LayerState::Compressed(got)) = pool.take_state(request, layer)? else { panic!("a V4 cache") };
+            assert_eq!(*got, cache(request, layer, tokens), "request {request} layer {layer} at {tokens} tokens");
+            let next = LayerState::Compressed(Box::new(cache(request, layer, tokens + 1)));
+            pool.restore_state(request, layer, next)?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn rows_come_back_as_written_and_the_window_frees_its_pages() {
+        let mut pool = pool();
+        pool.open(1);
+        pool.reserve(1, 3).unwrap();
+        pool.store_states(1, caches(1, 3)).unwrap();
+        for tokens in 3..41 {
+            pool.verify(1).unwrap();
+            step(&mut pool, 1, tokens).unwrap();
+        }
+        let pages = pool.cache_pages().unwrap();
+        let usage = pages.usage();
+        // 4 kept rows in pages of 2 span at most 3 pages, on each of the 3 layers.
+        assert!(usage[0].pages_peak <= 9 && usage[0].pages_evicted >= 3 * 17, "{usage:?}");
+        // Entries: 41/4 = 10 rows (5 pages) on the CSA layer and 41/8 = 5 (3 pages) on the HCA one; index keys 10.
+        assert_eq!([usage[1].pages_peak, usage[2].pages_peak], [8, 5], "{usage:?}");
+        // At 41 tokens the window keeps rows 37…40: pages 18, 19 and 20 on each layer.
+        assert_eq!(pages.mapped(1), 3 * 3 + 8 + 5, "window, entries, index keys");
+        pool.release(1, false);
+        let pages = pool.cache_pages().unwrap();
+        assert!(pages.groups.iter().all(|group| group.used == 0) && pages.mapped(1) == 0);
+    }
+
+    #[test]
+    fn every_page_fault_on_every_cache_kind_is_caught_and_only_its_victims_fail() {
+        for cache in CacheKind::ALL {
+            for kind in Fault::ON_CACHE_PAGES {
+                let mut pool = pool();
+                for request in 0..3 {
+                    pool.open(request);
+                    pool.reserve(request, 20).unwrap();
+                    pool.store_states(request, caches(request, 20)).unwrap();
+                }
+                let injected = inject(&mut pool, Fault { kind, cache: Some(cache) }, 1, &[0, 1, 2]).expect("applies");
+                assert_eq!(injected.cache, Some(cache));
+                // A new request may take a freed page: the victim must still be caught, the newcomer not.
+                pool.open(3);
+                pool.reserve(3, 20).unwrap();
+                pool.store_states(3, caches(3, 20)).unwrap();
+                let failed: Vec<u64> = (0..4).filter(|&r| pool.verify(r).is_err()).collect();
+                assert_eq!(failed, injected.affected, "{}", injected.description);
+                for &request in &failed {
+                    let read = (0..3).try_for_each(|layer| pool.take_state(request, layer).map(drop));
+                    assert!(read.is_err(), "{kind:?} {cache:?}: a read of request {request} is refused too");
+                    pool.release(request, true);
+                }
+                for request in (0..4).filter(|r| !failed.contains(r)) {
+                    step(&mut pool, request, 20).unwrap();
+                }
+            }
+        }
     }
 }

@@ -1,9 +1,10 @@
 //! Fault injection into a pool's block tables and tags, for tests and demos: the mapping bugs a serving engine can
 //! have (use after free, crossed tables, wild page ids, corrupted metadata, aliasing within a request), and the
-//! same bugs on the KDA state slots of a hybrid model (crossed, freed, corrupted, mis-sized slots).
+//! same bugs on the KDA state slots of a hybrid model (crossed, freed, corrupted, mis-sized slots), and the page
+//! faults on the pages of one DeepSeek-V4 cache kind ([`super::CachePages`]).
 
 use super::states::LayerState;
-use super::{KvPool, Mapping, RequestId};
+use super::{CacheKind, KvPool, Mapping, RequestId};
 
 /// A kind of mapping fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -76,19 +77,84 @@ impl FaultKind {
     }
 }
 
+/// A fault and where it lands: the token pages' block tables (or the state slots), or with `cache` the page
+/// tables of one DeepSeek-V4 cache kind. Written `KIND` or `KIND:CACHE` (`tag-corrupt:window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub kind: FaultKind,
+    pub cache: Option<CacheKind>,
+}
+
+impl From<FaultKind> for Fault {
+    fn from(kind: FaultKind) -> Self {
+        Self { kind, cache: None }
+    }
+}
+
+impl Fault {
+    /// The page faults that apply to a DeepSeek-V4 cache kind's pages.
+    pub const ON_CACHE_PAGES: [FaultKind; 5] =
+        [FaultKind::StalePage, FaultKind::Swap, FaultKind::OutOfRange, FaultKind::TagCorrupt, FaultKind::DoubleMap];
+
+    pub fn name(self) -> String {
+        match self.cache {
+            Some(cache) => format!("{}:{}", self.kind.name(), cache.name()),
+            None => self.kind.name().into(),
+        }
+    }
+
+    /// `KIND` or `KIND:CACHE`; the error lists what is known.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (kind, cache) = match text.split_once(':') {
+            Some((kind, cache)) => (kind, Some(cache)),
+            None => (text, None),
+        };
+        let Some(kind) = FaultKind::parse(kind) else {
+            let known: Vec<&str> = FaultKind::ALL.into_iter().chain(FaultKind::STATE).map(FaultKind::name).collect();
+            return Err(format!("unknown kind {kind}; known: {}", known.join(", ")));
+        };
+        let Some(cache) = cache else { return Ok(kind.into()) };
+        let Some(cache) = CacheKind::parse(cache) else {
+            let known: Vec<&str> = CacheKind::ALL.into_iter().map(CacheKind::name).collect();
+            return Err(format!("unknown DeepSeek-V4 cache kind {cache}; known: {}", known.join(", ")));
+        };
+        if !Self::ON_CACHE_PAGES.contains(&kind) {
+            let known: Vec<&str> = Self::ON_CACHE_PAGES.into_iter().map(FaultKind::name).collect();
+            return Err(format!(
+                "{} does not apply to a cache kind's pages; these do: {}",
+                kind.name(),
+                known.join(", ")
+            ));
+        }
+        Ok(Self { kind, cache: Some(cache) })
+    }
+}
+
 /// What an injection did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct InjectedFault {
     pub kind: FaultKind,
+    /// The DeepSeek-V4 cache kind whose pages it hit (absent for the token pages and the state slots).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheKind>,
     pub victim: RequestId,
     /// Requests whose mappings are now wrong (the victim; for `swap` also the other party).
     pub affected: Vec<RequestId>,
     pub description: String,
 }
 
-/// Injects `kind` into `victim`'s mappings; `active` lists the requests that hold pages (for `swap`'s other party).
-/// Returns `None` when the victim has no page (or `swap` finds no other request with a page).
-pub fn inject(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[RequestId]) -> Option<InjectedFault> {
+/// Injects `fault` into `victim`'s mappings; `active` lists the requests that hold pages (for `swap`'s other party).
+/// Returns `None` when the victim has no page (of that cache kind; or `swap` finds no other request with one).
+pub fn inject(
+    pool: &mut KvPool,
+    fault: impl Into<Fault>,
+    victim: RequestId,
+    active: &[RequestId],
+) -> Option<InjectedFault> {
+    let Fault { kind, cache } = fault.into();
+    if let Some(cache) = cache {
+        return cache_fault(pool, kind, cache, victim, active);
+    }
     if kind == FaultKind::RollbackStale {
         return rollback_stale(pool, victim);
     }
@@ -157,7 +223,7 @@ pub fn inject(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[R
             format!("mapped physical page {} a second time in request {victim}'s table", first.page)
         }
     };
-    Some(InjectedFault { kind, victim, affected, description })
+    Some(InjectedFault { kind, cache: None, victim, affected, description })
 }
 
 /// The victim takes one more page, as a draft past its last page does, and the rollback of that draft frees the page
@@ -174,6 +240,7 @@ fn rollback_stale(pool: &mut KvPool, victim: RequestId) -> Option<InjectedFault>
     pool.tag_version += 1;
     Some(InjectedFault {
         kind: FaultKind::RollbackStale,
+        cache: None,
         victim,
         affected: vec![victim],
         description: format!(
@@ -231,5 +298,70 @@ fn state_fault(pool: &mut KvPool, kind: FaultKind, victim: RequestId, active: &[
         _ => return None,
     };
     pool.tag_version += 1;
-    Some(InjectedFault { kind, victim, affected, description })
+    Some(InjectedFault { kind, cache: None, victim, affected, description })
+}
+
+/// A page fault on the pages of `cache` that `victim` maps in its first layer with such pages; `None` when the pool
+/// keeps no DeepSeek-V4 caches, the victim has no such page yet (or `swap` finds no other request with one there).
+fn cache_fault(
+    pool: &mut KvPool,
+    kind: FaultKind,
+    cache: CacheKind,
+    victim: RequestId,
+    active: &[RequestId],
+) -> Option<InjectedFault> {
+    let pages = pool.cache_pages.as_mut()?;
+    let slot = cache.slot();
+    let layer = pages.tables.get(&victim)?.iter().position(|kinds| !kinds[slot].pages.is_empty())?;
+    let table = &pages.tables[&victim][layer][slot];
+    let (last, index) = (table.pages.len() - 1, table.first + table.pages.len() - 1);
+    let mapping = table.pages[last];
+    let what = format!("request {victim}'s {} page (layer {layer}, logical page {index}", cache.name());
+    let mut affected = vec![victim];
+    let description = match kind {
+        FaultKind::StalePage => {
+            pages.groups[slot].release(mapping.page);
+            format!("freed {what}, physical {}) while it is still mapped", mapping.page)
+        }
+        FaultKind::Swap => {
+            let other = active.iter().copied().filter(|&r| r != victim).find(|r| {
+                pages.tables.get(r).and_then(|layers| layers.get(layer)).is_some_and(|k| !k[slot].pages.is_empty())
+            })?;
+            let theirs = pages.tables[&other][layer][slot].pages[0];
+            pages.tables.get_mut(&victim)?[layer][slot].pages[last] = theirs;
+            pages.tables.get_mut(&other)?[layer][slot].pages[0] = mapping;
+            affected.push(other);
+            affected.sort_unstable();
+            format!(
+                "exchanged {what}, physical {}) with request {other}'s first one there (physical {})",
+                mapping.page, theirs.page
+            )
+        }
+        FaultKind::OutOfRange => {
+            let wild = (pages.groups[slot].capacity + 3) as u32;
+            pages.tables.get_mut(&victim)?[layer][slot].pages[last].page = wild;
+            format!("pointed {what}, physical {}) at page {wild}", mapping.page)
+        }
+        FaultKind::TagCorrupt => {
+            pages.groups[slot].tags.get_mut(mapping.page as usize)?.as_mut()?.generation ^= 1 << 5;
+            format!("flipped bit 5 of the generation in the tag of {what}, physical {})", mapping.page)
+        }
+        FaultKind::DoubleMap => {
+            let table = &mut pages.tables.get_mut(&victim)?[layer][slot];
+            let first = table.pages[0];
+            if last > 0 {
+                table.pages[last] = first;
+            } else {
+                table.pages.push(first);
+            }
+            format!(
+                "mapped physical {} page {} a second time in request {victim}'s layer {layer} table",
+                cache.name(),
+                first.page
+            )
+        }
+        _ => return None,
+    };
+    pool.tag_version += 1;
+    Some(InjectedFault { kind, cache: Some(cache), victim, affected, description })
 }

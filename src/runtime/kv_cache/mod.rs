@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 /// The pool's element type (an on-disk convention shared with the KV-scale files and `report`).
 pub use crate::format::kv_scales::KvDtype;
 pub use cache_pages::{CacheKind, CachePages, KindUse, RowPageTag, RowTable};
-pub use fault::{inject, FaultKind, InjectedFault};
+pub use fault::{inject, Fault, FaultKind, InjectedFault};
 pub use states::{LayerState, SlotKind, SlotTag, StateSlots};
 pub use step::{KeyChoice, KvAt, KvRows, PagedDecode, PagedLayout, PagedStep};
 
