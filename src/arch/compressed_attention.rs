@@ -442,6 +442,7 @@ fn attend(out: &mut [f32], q: &[f32], keys: &[&[f32]], scale: f32, sink: f32) {
 mod tests {
     use super::*;
     use crate::rng::Rng;
+    use crate::runtime::kv_cache::{KvDtype, KvPool, LayerState, PoolShape};
     use crate::runtime::Cpu;
 
     impl CompressedAttention {
@@ -469,9 +470,22 @@ mod tests {
         }
     }
 
+    /// A pool whose pages hold one request's cache of one V4 layer of `ratio`, with room past `context` tokens.
+    fn paged_pool(config: &ModelConfig, ratio: usize, context: usize) -> KvPool {
+        let mut shape = crate::arch::paged::compressed_shape(config).expect("a V4 config");
+        let layer = shape.layers.iter().position(|layer| layer.ratio == ratio).expect("a layer of that ratio");
+        shape.layers = vec![shape.layers[layer]];
+        let tokens = PoolShape { layers: 0, row_width: 0, aux_width: 0, page_size: 16, pages: context / 16 + 2 };
+        let mut pool = KvPool::new(tokens, KvDtype::F32, Vec::new()).with_compressed_states(shape);
+        pool.open(1);
+        pool.reserve(1, context + 16).unwrap();
+        pool
+    }
+
     /// Per-token decode cost of each DeepSeek-V4-Flash layer type (its real attention sizes, random weights) on the
     /// CPU runtime at the contexts in `V4_BENCH_CONTEXTS` (default 1024,32768), the cache filled as after that many
-    /// tokens: `cargo test --release --lib v4_decode_timing -- --ignored --nocapture` (scripts/bench-v4.sh).
+    /// tokens, and what serve-test's pages add (gathering the layer's rows, writing the step's new ones):
+    /// `cargo test --release --lib v4_decode_timing -- --ignored --nocapture` (scripts/bench-v4.sh).
     #[test]
     #[ignore]
     fn v4_decode_timing() {
@@ -503,7 +517,28 @@ mod tests {
                     attention.decode((&cpu, &config, V4Cache::Exact), &x, &mut caches, &mut 0).unwrap();
                     best = best.min(started.elapsed().as_secs_f64());
                 }
-                println!("v4-flash {kind:<7} layer, context {context:>6}: {:>8.2} ms/token (best of 5)", best * 1e3);
+                // serve-test's part of the step: the layer's rows gathered from its pages, the new ones written.
+                let mut pool = paged_pool(&config, ratio, context);
+                pool.store_states(1, vec![LayerState::Compressed(Box::new(cache))]).unwrap();
+                let (mut gather, mut write) = (f64::INFINITY, f64::INFINITY);
+                for _ in 0..5 {
+                    let started = std::time::Instant::now();
+                    let Some(LayerState::Compressed(cache)) = pool.take_state(1, 0).unwrap() else { panic!() };
+                    gather = gather.min(started.elapsed().as_secs_f64());
+                    let mut caches = vec![*cache];
+                    attention.decode((&cpu, &config, V4Cache::Exact), &x, &mut caches, &mut 0).unwrap();
+                    let started = std::time::Instant::now();
+                    let cache = LayerState::Compressed(Box::new(caches.remove(0)));
+                    pool.restore_state(1, 0, cache).unwrap();
+                    write = write.min(started.elapsed().as_secs_f64());
+                }
+                println!(
+                    "v4-flash {kind:<7} layer, context {context:>6}: {:>8.2} ms/token (best of 5); pages: gather \
+                     {:.2} ms, write {:.3} ms",
+                    best * 1e3,
+                    gather * 1e3,
+                    write * 1e3
+                );
             }
         }
     }

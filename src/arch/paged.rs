@@ -154,19 +154,7 @@ impl PagedModel {
 
     /// The sizes of DeepSeek-V4's per-request caches, for the pool's state slots (`None` for other models).
     pub fn compressed_shape(&self) -> Option<CompressedShape> {
-        let v4 = self.config.deepseek_v4()?;
-        let overlap = |ratio: usize, dim: usize| [dim, if ratio == 4 { 2 * dim } else { dim }];
-        let layers = (0..self.config.num_hidden_layers)
-            .map(|layer| {
-                let ratio = v4.compress_ratios.get(layer).copied().unwrap_or(0);
-                LayerCacheShape {
-                    ratio,
-                    entry: if ratio == 0 { [0, 0] } else { overlap(ratio, v4.head_dim) },
-                    index: if ratio == 4 { overlap(4, v4.index_head_dim) } else { [0, 0] },
-                }
-            })
-            .collect();
-        Some(CompressedShape { window: v4.sliding_window, head_dim: v4.head_dim, layers })
+        compressed_shape(&self.config)
     }
 
     /// Whether requests keep a state slot (KDA states, DeepSeek-V4 caches).
@@ -652,4 +640,21 @@ impl Step {
             })
             .collect()
     }
+}
+
+/// The sizes of a DeepSeek-V4 model's per-request caches, layer by layer (`None` for other models).
+pub fn compressed_shape(config: &ModelConfig) -> Option<CompressedShape> {
+    let v4 = config.deepseek_v4()?;
+    let overlap = |ratio: usize, dim: usize| [dim, if ratio == 4 { 2 * dim } else { dim }];
+    let layers = (0..config.num_hidden_layers)
+        .map(|layer| {
+            let ratio = v4.compress_ratios.get(layer).copied().unwrap_or(0);
+            LayerCacheShape {
+                ratio,
+                entry: if ratio == 0 { [0, 0] } else { overlap(ratio, v4.head_dim) },
+                index: if ratio == 4 { overlap(4, v4.index_head_dim) } else { [0, 0] },
+            }
+        })
+        .collect();
+    Some(CompressedShape { window: v4.sliding_window, head_dim: v4.head_dim, layers })
 }

@@ -60,8 +60,8 @@ impl KvPool {
     }
 
     /// Moves stateful layer `index`'s state out of `request`'s slot (after [`KvPool::states_mut`]'s checks), for a
-    /// step that gives it back with [`KvPool::restore_state`]; the slot fails the size check until then.
-    /// A DeepSeek-V4 cache comes out with its rows gathered from the pages (after checking the layer's tables).
+    /// step that gives it back with [`KvPool::restore_state`]; the slot fails the size check until then. A
+    /// DeepSeek-V4 cache comes out with its rows gathered from the pages, after the layer's tables are checked.
     pub fn take_state(&mut self, request: RequestId, index: usize) -> Result<Option<LayerState>, PoolError> {
         let mut state = self.states_mut(request)?.get_mut(index).map(std::mem::take);
         if let (Some(LayerState::Compressed(cache)), Some(pages)) = (&mut state, &self.cache_pages) {
@@ -74,9 +74,8 @@ impl KvPool {
     }
 
     /// Gives back the state [`KvPool::take_state`] moved out, stored as [`KvPool::keep_state`] says; the slot must
-    /// still be the request's (its tag's owner and generation).
-    /// A DeepSeek-V4 cache's new rows go to the pages (the window's pages behind the window freed), the rest
-    /// to the slot.
+    /// still be the request's (its tag's owner and generation). A DeepSeek-V4 cache's new rows go to the pages (the
+    /// window's pages behind the window freed), the rest to the slot.
     pub fn restore_state(&mut self, request: RequestId, index: usize, mut state: LayerState) -> Result<(), PoolError> {
         self.keep_state(&mut state);
         if let (LayerState::Compressed(cache), Some(pages)) = (&mut state, &mut self.cache_pages) {
@@ -100,8 +99,8 @@ impl KvPool {
         Ok(())
     }
 
-    /// Most bytes the state slots held at once (KDA states as vLLM keeps them; DeepSeek-V4 caches as the runtime
-    /// does, f32) — memory beside the pages, which `--kv-pages` does not bound.
+    /// Most bytes the state slots held at once (KDA states as vLLM keeps them; DeepSeek-V4's compressor projections
+    /// as the runtime does, f32) — memory beside the pages, which `--kv-pages` does not bound.
     pub fn peak_state_bytes(&self) -> usize {
         self.peak_state_bytes
     }
