@@ -29,7 +29,7 @@ use crate::model::ModelConfig;
 use crate::runtime::backend::Backend;
 use crate::runtime::compressed_cache::{CompressedShape, LayerCacheShape};
 use crate::runtime::kv_cache::LayerState;
-use crate::runtime::kv_cache::{KvAt, KvPool, KvRows, PagedStep, PoolError, RequestId};
+use crate::runtime::kv_cache::{KvAt, KvDtype, KvPool, KvRows, PagedStep, PoolError, PoolShape, RequestId};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::{RuntimeError, Tensor};
@@ -132,6 +132,28 @@ impl PagedModel {
         drop(reader);
         self.mtp = Some(mtp);
         Ok(Some(self))
+    }
+
+    /// A pool of `shape` for this model in `dtype` (FP8 elements scaled by `element_scales`,
+    /// [`PagedModel::element_scales`]), with the state slots of its KDA layers or the cache pages of DeepSeek-V4.
+    pub fn new_pool(&self, shape: PoolShape, dtype: KvDtype, element_scales: Vec<Vec<f32>>) -> KvPool {
+        let pool = KvPool::new(shape, dtype, element_scales);
+        match (self.kda_layers(), self.compressed_shape()) {
+            (Some((kda, layers)), _) => pool.with_states(kda, layers),
+            (None, Some(shape)) => pool.with_compressed_states(shape),
+            (None, None) => pool,
+        }
+    }
+
+    /// The shape of a pool of `pages` pages of `page_size` tokens for this model.
+    pub fn pool_shape(&self, page_size: usize, pages: usize) -> PoolShape {
+        PoolShape {
+            layers: self.cached_layers(),
+            row_width: self.row_width(),
+            aux_width: self.aux_width(),
+            page_size,
+            pages,
+        }
     }
 
     /// Layers the pool caches: the decoder layers with paged softmax attention (not KDA, not DeepSeek-V4's), and the

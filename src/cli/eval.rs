@@ -78,8 +78,34 @@ pub struct Args {
     /// UTF-8 text file, cut into --ctx chunks.
     ///
     /// UTF-8 text file, tokenized with the model's tokenizer and cut into --ctx chunks.
-    #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
+    #[arg(long, conflicts_with = "tokens", required_unless_present_any = ["tokens", "task"])]
     pub data: Option<PathBuf>,
+    /// Task benchmark: a JSON Lines file of items (multiple choice or generation).
+    ///
+    /// Task benchmark instead of perplexity: a JSON Lines file of items, scored as lm-evaluation-harness scores them
+    /// — multiple choice by log-likelihood (acc, acc_norm) or greedy generation with exact match — one model, or
+    /// with --reference/--candidate both, paired per item (flips, McNemar's exact test). Schema:
+    /// docs/subcommands.md#task-files.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["data", "tokens", "modes", "mtp", "part", "save_logits"])]
+    pub task: Option<PathBuf>,
+    /// With --task: few-shot examples before each item.
+    ///
+    /// With --task: the first K items marked "fewshot": true of each task go before every scored item, as
+    /// `context answer` blocks separated by blank lines (the harness's first_n sampler).
+    #[arg(long, value_name = "K", default_value_t = 0, requires = "task")]
+    pub num_fewshot: usize,
+    /// Gate with --task: most items that may flip per task.
+    ///
+    /// Gate with --task and --reference/--candidate: fail (exit 1) when more than N items of a task flipped
+    /// between the models (right → wrong plus wrong → right), per metric.
+    #[arg(long, value_name = "N", requires = "task")]
+    pub max_flips: Option<usize>,
+    /// Gate with --task: largest accuracy drop (points).
+    ///
+    /// Gate with --task and --reference/--candidate: fail (exit 1) when the candidate's accuracy on a task is more
+    /// than this many percentage points below the reference's, per metric.
+    #[arg(long, value_name = "POINTS", requires = "task", value_parser = super::values::non_negative)]
+    pub max_acc_drop: Option<f64>,
     /// safetensors file with `input_ids` [n, ctx], used as given.
     ///
     /// safetensors file with an integer tensor `input_ids` [n, ctx] (I32 or I64), used as given (no BOS added).
@@ -169,6 +195,9 @@ fn parse_mtp_depth(text: &str) -> Result<usize, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    if let Some(task) = &args.task {
+        return super::eval_task::run_tasks(&args, task);
+    }
     let input = match (&args.data, &args.tokens) {
         (Some(path), _) => EvalInput::Text { path: path.clone(), ctx: args.ctx, flag: "--data", ctx_flag: "--ctx" },
         (None, Some(path)) => EvalInput::Tokens { path: path.clone(), flag: "--tokens" },

@@ -17,6 +17,7 @@ mod card;
 mod demo;
 mod engine_rules;
 mod eval;
+mod eval_task;
 mod inspect;
 mod merge;
 mod merge_calib;

@@ -8,6 +8,7 @@ mod nll;
 pub mod parity;
 pub mod parity_pass;
 pub mod part_stats;
+pub mod tasks;
 
 use std::path::PathBuf;
 use std::time::Instant;

@@ -103,6 +103,16 @@ impl Tokenizer {
             Tokenizer::TikToken(bpe) => Ok(bpe.encode_with_special_tokens(text)),
         }
     }
+
+    /// The text of `ids` (special tokens written out; bytes that are not UTF-8 replaced).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        match self {
+            Tokenizer::HuggingFace(tokenizer) => tokenizer.decode(ids, false).unwrap_or_default(),
+            Tokenizer::TikToken(bpe) => {
+                bpe.decode_bytes(ids).map(|bytes| String::from_utf8_lossy(&bytes).into_owned()).unwrap_or_default()
+            }
+        }
+    }
 }
 
 /// Standard base64 (with or without padding).

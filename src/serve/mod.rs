@@ -20,9 +20,10 @@ use crate::arch::v4_kv_fp8::V4Cache;
 use crate::format::kv_scales::{KvDtype, KvLayout, KvScales};
 use crate::model::tokenizer::Tokenizer;
 use crate::progress::Reporter;
-use crate::runtime::kv_cache::{Fault, KvPool, PoolShape};
+use crate::runtime::kv_cache::Fault;
 use crate::runtime::{Backend, RuntimeError};
-use batch::{check_fault, eos_ids, Batch};
+pub use batch::eos_ids;
+use batch::{check_fault, Batch};
 use report::{assemble, RunFacts};
 pub use report::{RequestReport, ServeReport, SpeculativeReport};
 use sampling::Sampling;
@@ -107,27 +108,14 @@ pub fn serve_test(
     } else {
         KvScales::unit(KvLayout::of(config), config.num_hidden_layers)
     };
-    let mut shape = PoolShape {
-        layers: decoder.cached_layers(),
-        row_width: decoder.row_width(),
-        aux_width: decoder.aux_width(),
-        page_size: options.page_size,
-        pages: 0,
-    };
+    let mut shape = decoder.pool_shape(options.page_size, 0);
     pool_size::size_pool(&mut shape, options.kv_dtype, options.kv_pages)?;
     let need = pool_size::pages_needed(&shape, &encoded, options.max_new_tokens)?;
     check_fault(options, encoded.len(), decoder.has_states(), decoder.compressed_shape().is_some())?;
 
     let eos = eos_ids(decoder.checkpoint().config());
     let element_scales = decoder.element_scales(&scales);
-    let new_pool = || {
-        let pool = KvPool::new(shape, options.kv_dtype, element_scales.clone());
-        match (decoder.kda_layers(), decoder.compressed_shape()) {
-            (Some((kda, layers)), _) => pool.with_states(kda, layers),
-            (None, Some(shape)) => pool.with_compressed_states(shape),
-            (None, None) => pool,
-        }
-    };
+    let new_pool = || decoder.new_pool(shape, options.kv_dtype, element_scales.clone());
     let mut pool = new_pool();
     let batch = Batch {
         backend,

@@ -164,7 +164,7 @@ pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished, greedy: Opt
             prompt_token_ids: facts.encoded[index].clone(),
             status,
             tokens: generated.len(),
-            text: decode_text(facts.tokenizer, &shown),
+            text: facts.tokenizer.decode(&shown),
             token_ids: generated,
             error,
         });
@@ -242,14 +242,5 @@ pub fn assemble(facts: &RunFacts, pool: &KvPool, finished: Finished, greedy: Opt
         speculative,
         requests,
         warnings: Vec::new(),
-    }
-}
-
-fn decode_text(tokenizer: &Tokenizer, ids: &[u32]) -> String {
-    match tokenizer {
-        Tokenizer::HuggingFace(t) => t.decode(ids, false).unwrap_or_default(),
-        Tokenizer::TikToken(bpe) => {
-            bpe.decode_bytes(ids).map(|bytes| String::from_utf8_lossy(&bytes).into_owned()).unwrap_or_default()
-        }
     }
 }

@@ -5,7 +5,7 @@ use squeeze::arch::paged::{DecodeItem, DraftItem, PagedModel};
 use squeeze::arch::Model;
 use squeeze::format::kv_scales::{KvLayout, KvScales};
 use squeeze::progress::Silent;
-use squeeze::runtime::kv_cache::{KvDtype, KvPool, PoolShape};
+use squeeze::runtime::kv_cache::{KvDtype, KvPool};
 use squeeze::runtime::Cpu;
 use squeeze::synth::SynthArch;
 
@@ -112,21 +112,8 @@ fn paged_mtp_drafts_match_the_layer_streamed_drafts() {
 
 /// A pool for `decoder`'s cached layers with unit scales, request 1 opened.
 fn pool_for(decoder: &PagedModel, dtype: KvDtype, page_size: usize, pages: usize) -> KvPool {
-    let shape = PoolShape {
-        layers: decoder.cached_layers(),
-        row_width: decoder.row_width(),
-        aux_width: decoder.aux_width(),
-        page_size,
-        pages,
-    };
     let scales = KvScales::unit(KvLayout::of(decoder.config()), decoder.config().num_hidden_layers);
-    let mut pool = KvPool::new(shape, dtype, decoder.element_scales(&scales));
-    if let Some((kda, layers)) = decoder.kda_layers() {
-        pool = pool.with_states(kda, layers);
-    }
-    if let Some(shape) = decoder.compressed_shape() {
-        pool = pool.with_compressed_states(shape);
-    }
+    let mut pool = decoder.new_pool(decoder.pool_shape(page_size, pages), dtype, decoder.element_scales(&scales));
     pool.open(1);
     pool
 }
