@@ -10,7 +10,7 @@ Tasks:
                        comes next (the true one and three from other speeches of the play). 40 items, 3 few-shot.
   tempest-next-word    multiple choice: a speech up to the last word of one of its lines; which of four words ends
                        it (the true one and three other words of the play). Up to 40 items, 3 few-shot.
-  arithmetic           generation: one-step word problems, the number extracted by regex `(-?\\d+)` from the
+  tempest-arithmetic   generation: one-step word problems, the number extracted by regex `(-?\\d+)` from the
                        completion up to a newline. 6 items, 2 few-shot.
 """
 
@@ -81,7 +81,8 @@ def main():
         items.append(item)
 
     # Next word: a speech up to the last word of one of its lines; which of four words ends the line.
-    words = sorted({w for _, body in all_speeches for line in body for w in re.findall(r"[A-Za-z']+", line) if len(w) > 3})
+    spoken = (w for _, body in all_speeches for line in body for w in re.findall(r"[A-Za-z']+", line))
+    words = sorted({w for w in spoken if len(w) > 3})
     candidates = [s for s in all_speeches if any(len(re.findall(r"[A-Za-z']+", l)) >= 4 for l in s[1])]
     for n, index in enumerate(rng.sample(range(len(candidates)), 43)):
         speaker, body = candidates[index]
@@ -101,7 +102,7 @@ def main():
 
     for n, (question, answer) in enumerate(ARITHMETIC):
         item = {
-            "task": "arithmetic",
+            "task": "tempest-arithmetic",
             "context": f"Question: {question}\nAnswer:",
             "target": answer,
             "until": ["\n"],

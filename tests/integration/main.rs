@@ -38,5 +38,6 @@ mod reliability;
 mod report;
 mod requantize;
 mod serve;
+mod tasks;
 mod tokenizer;
 mod vllm_golden;

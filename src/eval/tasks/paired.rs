@@ -132,7 +132,8 @@ pub fn failures(paired: &[PairedMetric], gates: TaskGates) -> Vec<String> {
         let drop = (metric.reference - metric.candidate) * 100.0;
         if let Some(limit) = gates.max_acc_drop.filter(|&limit| drop > limit) {
             failed.push(format!(
-                "gate max-acc-drop failed: task {} {}: {:.2} % → {:.2} % ({drop:.2} points lower), limit {limit} points",
+                "gate max-acc-drop failed: task {} {}: {:.2} % → {:.2} % ({drop:.2} points lower), limit {limit} \
+                 points",
                 metric.task,
                 metric.metric,
                 metric.reference * 100.0,

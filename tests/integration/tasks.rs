@@ -1,0 +1,147 @@
+//! `eval --task` (issue 51): the shipped task file on the trained tiny Shakespeare model gives lm-evaluation-harness's
+//! own per-item results (golden from `scripts/oracle/lmeval/make-task-golden.py`: the harness's HF backend on the
+//! same model dequantized to float32, the same JSONL as local tasks) at 0 and 2 shots; two models paired per item
+//! with their flips and gates; bad task files exit 2 naming the line and field.
+
+use std::path::Path;
+
+use crate::common::{expect_exit_2, path_str, read_json, squeeze};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn at(relative: &str) -> String {
+    Path::new(ROOT).join(relative).display().to_string()
+}
+
+#[test]
+fn tasks_score_as_lm_evaluation_harness_scores_them() {
+    let golden = read_json(&Path::new(ROOT).join("tests/golden/lmeval/tempest-tasks.json"));
+    let (model, tasks) = (at("eval/tiny-shakespeare-fp8"), at("eval/tempest-tasks.jsonl"));
+    for run in golden["runs"].as_array().unwrap() {
+        let shots = run["num_fewshot"].to_string();
+        let args = ["eval", &model, "--task", &tasks, "--num-fewshot", &shots, "--json"];
+        let ours = squeeze(&args).ok().json();
+        let (mut worst, mut items) = (0.0f64, 0);
+        for (want, got) in run["tasks"].as_array().unwrap().iter().zip(ours["tasks"].as_array().unwrap()) {
+            let task = want["task"].as_str().unwrap();
+            assert_eq!(got["task"], task);
+            // Every item: the same choice (acc, acc_norm) and greedy flags, or the same completion and answer.
+            for (want, got) in want["items"].as_array().unwrap().iter().zip(got["items"].as_array().unwrap()) {
+                let what = format!("{shots}-shot {task} line {}", want["line"]);
+                assert_eq!(want["line"], got["line"], "{what}");
+                let correct = |index: usize| got["metrics"][index]["correct"].as_bool().unwrap() as u8 as f64;
+                if let Some(lls) = want["loglikelihoods"].as_array() {
+                    let ours = got["loglikelihoods"].as_array().unwrap();
+                    for (a, b) in lls.iter().zip(ours) {
+                        worst = worst.max((a.as_f64().unwrap() - b.as_f64().unwrap()).abs());
+                    }
+                    assert_eq!(want["greedy"], got["greedy"], "{what}");
+                    assert_eq!(
+                        (want["acc"].as_f64().unwrap(), want["acc_norm"].as_f64().unwrap()),
+                        (correct(0), correct(1)),
+                        "{what}"
+                    );
+                } else {
+                    assert_eq!(want["completion"], got["completion"], "{what}");
+                    assert_eq!(want["answer"], got["metrics"][0]["prediction"], "{what}");
+                    assert_eq!(want["exact_match"].as_f64().unwrap(), correct(0), "{what}");
+                }
+                items += 1;
+            }
+            // The task's metrics and the harness's standard errors (sample variance over n − 1).
+            for metric in got["metrics"].as_array().unwrap() {
+                let name = metric["metric"].as_str().unwrap();
+                let value = want["metrics"][name].as_f64().unwrap();
+                let stderr = want["metrics"][format!("{name}_stderr")].as_f64().unwrap();
+                assert!((metric["value"].as_f64().unwrap() - value).abs() < 1e-12, "{task} {name}");
+                assert!((metric["stderr"].as_f64().unwrap() - stderr).abs() < 1e-12, "{task} {name} stderr");
+            }
+        }
+        assert_eq!(items, 84, "{shots}-shot: every scored item compared");
+        // The runtime's logits equal transformers' to ~3e-7; summed over a continuation's tokens, 4e-5 measured.
+        assert!(worst < 2e-4, "{shots}-shot: log-likelihoods differ from the harness's by up to {worst}");
+    }
+}
+
+#[test]
+fn two_models_pair_per_item_with_flips_mcnemar_and_gates() {
+    let tasks = at("eval/tempest-tasks.jsonl");
+    let (reference, candidate) = (at("eval/tiny-shakespeare-fp8"), at("eval/tiny-shakespeare-glm45-fp8"));
+    let args = ["eval", "--reference", &reference, "--candidate", &candidate, "--task", &tasks, "--json"];
+    let report = squeeze(&args).ok().json();
+    // The flips and agreement follow from the two models' own per-item results.
+    let (ours, theirs) = (&report["reference"]["tasks"], &report["candidate"]["tasks"]);
+    let mut flipped = 0;
+    for row in report["comparison"].as_array().unwrap() {
+        let task = ours.as_array().unwrap().iter().position(|t| t["task"] == row["task"]).unwrap();
+        let metric =
+            ours[task]["metrics"].as_array().unwrap().iter().position(|m| m["metric"] == row["metric"]).unwrap();
+        let items = |side: &serde_json::Value| side[task]["items"].as_array().unwrap().clone();
+        let (a, b) = (items(ours), items(theirs));
+        let outcome = |item: &serde_json::Value| item["metrics"][metric].clone();
+        let right_to_wrong =
+            a.iter().zip(&b).filter(|(x, y)| outcome(x)["correct"] == true && outcome(y)["correct"] == false).count();
+        let wrong_to_right =
+            a.iter().zip(&b).filter(|(x, y)| outcome(x)["correct"] == false && outcome(y)["correct"] == true).count();
+        let same = a.iter().zip(&b).filter(|(x, y)| outcome(x)["prediction"] == outcome(y)["prediction"]).count();
+        assert_eq!(
+            (row["right_to_wrong"].as_u64().unwrap() as usize, row["wrong_to_right"].as_u64().unwrap() as usize),
+            (right_to_wrong, wrong_to_right),
+            "{row}"
+        );
+        assert!((row["agreement"].as_f64().unwrap() - same as f64 / a.len() as f64).abs() < 1e-12, "{row}");
+        flipped += right_to_wrong + wrong_to_right;
+    }
+    assert!(flipped > 0, "two different models flip some items: {report}");
+    // Gates: exit 1 naming the task and metric; none without gates.
+    assert!(report["failures"].as_array().unwrap().is_empty());
+    let gated = squeeze(&[&args[..7], &["--max-flips", "0", "--max-acc-drop", "100"]].concat());
+    assert_eq!(gated.code, 1, "{}", gated.stderr);
+    assert!(gated.stderr.contains("gate max-flips failed: task tempest-"), "{}", gated.stderr);
+    assert!(!gated.stderr.contains("max-acc-drop failed"), "{}", gated.stderr);
+}
+
+#[test]
+fn bad_task_files_exit_2_naming_the_line_and_field() {
+    let temp = tempfile::tempdir().unwrap();
+    let model = at("eval/tiny-shakespeare-fp8");
+    let write = |name: &str, text: &str| {
+        let path = temp.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let good = r#"{"task": "t", "context": "A", "choices": ["b", "c"], "gold": 0}"#;
+    let cases = [
+        (
+            "gold.jsonl",
+            format!("{good}\n{}", r#"{"task": "t", "context": "A", "choices": ["b", "c"], "gold": 5}"#),
+            "line 2, field `gold`",
+        ),
+        ("array.jsonl", "[1]".to_string(), "line 1: not a JSON object"),
+        (
+            "regex.jsonl",
+            r#"{"task": "g", "context": "A", "target": "1", "regex": "(["}"#.to_string(),
+            "line 1, field `regex`",
+        ),
+        (
+            "empty.jsonl",
+            r#"{"task": "t", "context": "A", "choices": ["b", ""], "gold": 0}"#.to_string(),
+            "field `choices`",
+        ),
+        ("missing.jsonl", r#"{"task": "t", "choices": ["b", "c"], "gold": 0}"#.to_string(), "line 1, field `context`"),
+    ];
+    for (name, text, needle) in cases {
+        let path = write(name, &text);
+        expect_exit_2(&squeeze(&["eval", &model, "--task", path_str(&path)]), &[name, needle]);
+    }
+    // A prompt past the model's context window (4,096 positions).
+    let long = format!(r#"{{"task": "t", "context": "{}", "choices": ["b", "c"], "gold": 0}}"#, "a".repeat(5000));
+    let path = write("long.jsonl", &long);
+    expect_exit_2(&squeeze(&["eval", &model, "--task", path_str(&path)]), &["line 1, choice 0", "context window"]);
+    // More few-shot examples than the task has.
+    let path = write("few.jsonl", good);
+    expect_exit_2(
+        &squeeze(&["eval", &model, "--task", path_str(&path), "--num-fewshot", "1"]),
+        &["--num-fewshot 1", "task `t` has 0"],
+    );
+}
