@@ -26,6 +26,12 @@ const HELDOUT: &str = include_str!("../eval/shakespeare-heldout.txt");
 /// Where the play's dialogue starts (before it: the title page and the cast list).
 const DIALOGUE_START: &str = "ACT 1\n";
 
+/// The task file made from the held-out play (`eval/tempest-tasks.jsonl`, `scripts/make-task-file.py`).
+pub const TASKS: &str = include_str!("../eval/tempest-tasks.jsonl");
+
+/// The task the demo runs: which of four words ends a line of the held-out play.
+pub const DEMO_TASK: &str = "tempest-next-word";
+
 /// Shakespeare's sonnets 1, 2 and 18 (`eval/sonnets.txt`): training-like text for KV calibration.
 pub const SONNETS: &str = include_str!("../eval/sonnets.txt");
 

@@ -6,8 +6,8 @@ use serde_json::Value;
 use super::common::{path_str, squeeze};
 
 /// The stages, in the order they run and as `stage_seconds` names them.
-const STAGES: [&str; 9] =
-    ["model", "quantize", "verify", "inspect", "eval", "calibrate-kv", "parity", "serve-test", "report"];
+const STAGES: [&str; 10] =
+    ["model", "quantize", "verify", "inspect", "eval", "calibrate-kv", "parity", "tasks", "serve-test", "report"];
 
 /// The trained model scores ≈ 2.2 nats/byte on the held-out play; random weights score ≈ ln(vocab) ≈ 5.6 or more.
 const TRAINED_MAX_NATS_PER_BYTE: f64 = 3.0;
@@ -31,7 +31,8 @@ fn demo_json_reports_every_stage_of_the_trained_model_with_gates_passed_and_read
     let stages: Vec<&str> =
         report["stage_seconds"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
     assert_eq!(stages, STAGES);
-    for key in ["source", "quantize", "verify", "inspect", "eval", "calibrate_kv", "parity", "serve_test", "report"] {
+    let keys = ["source", "quantize", "verify", "inspect", "eval", "calibrate_kv", "parity", "tasks", "serve_test"];
+    for key in keys.into_iter().chain(["report"]) {
         assert!(report[key].is_object(), "`{key}` missing: {report}");
     }
     assert_eq!(report["source"]["weights"], "trained");
@@ -55,6 +56,13 @@ fn demo_json_reports_every_stage_of_the_trained_model_with_gates_passed_and_read
         assert!(number(summary, "ppl_ratio") <= number(gates, "max_ppl_ratio"), "{mode}: {summary}");
     }
 
+    // One task of the held-out play on both models, paired per item (tests/integration/tasks.rs checks the scores).
+    let tasks = &report["tasks"]["comparison"];
+    assert_eq!(
+        (tasks[0]["task"].clone(), tasks[0]["items"].clone()),
+        ("tempest-next-word".into(), 38.into()),
+        "{tasks}"
+    );
     for deployment in ["fp8", "int4"] {
         let served = &report["serve_test"][deployment];
         assert_eq!(served["aborted"], 0, "{served}");
@@ -85,14 +93,16 @@ fn demo_prints_one_line_per_stage_and_the_commands_for_a_real_checkpoint_and_kee
     let out = &run.stdout;
     for (index, stage) in ["model", "quantize", "verify --source", "inspect", "eval", "calibrate-kv"].iter().enumerate()
     {
-        assert!(out.contains(&format!("[{}/9] {stage}: ", index + 1)), "{out}");
+        assert!(out.contains(&format!("[{}/10] {stage}: ", index + 1)), "{out}");
     }
-    for needle in ["[7/9] eval --reference --candidate", "[8/9] serve-test", "[9/9] report", "all 9 gates passed"] {
+    let needles = ["[7/10] eval --reference --candidate", "[8/10] eval --task: tempest-next-word", "[9/10] serve-test"];
+    for needle in needles.into_iter().chain(["[10/10] report", "all 9 gates passed"]) {
         assert!(out.contains(needle), "`{needle}` missing:\n{out}");
     }
     assert!(out.contains("Shall I compare thee") && out.contains("INT4 →"), "{out}");
     assert!(!out.contains("RANDOM"), "{out}");
-    for command in ["squeeze quantize", "squeeze verify", "squeeze calibrate-kv", "squeeze eval --reference"] {
+    let commands = ["squeeze quantize", "squeeze verify", "squeeze calibrate-kv", "squeeze eval --reference"];
+    for command in commands.into_iter().chain(["--task tasks.jsonl"]) {
         assert!(out.contains(command), "`{command}` missing from the closing block:\n{out}");
     }
     assert!(keep.join("fp8/model.safetensors").is_file());
@@ -103,8 +113,8 @@ fn demo_prints_one_line_per_stage_and_the_commands_for_a_real_checkpoint_and_kee
 fn demo_on_random_glm5_weights_runs_every_stage_and_labels_them_random() {
     let run = squeeze(&["demo", "--arch", "glm5"]).ok();
     assert!(run.stdout.contains("RANDOM weights"), "{}", run.stdout);
-    for stage in 1..=9 {
-        assert!(run.stdout.contains(&format!("[{stage}/9]")), "{}", run.stdout);
+    for stage in 1..=10 {
+        assert!(run.stdout.contains(&format!("[{stage}/10]")), "{}", run.stdout);
     }
     assert!(run.stdout.contains("synth wrote a random GlmMoeDsaForCausalLM"), "{}", run.stdout);
 }

@@ -1,5 +1,5 @@
 //! `squeeze demo`: every stage in order (model → quantize → verify → inspect → eval → calibrate-kv → parity →
-//! serve-test → report) on the embedded trained tiny Shakespeare model, or on random weights with `--arch`.
+//! tasks → serve-test → report) on the embedded trained tiny Shakespeare model, or on random weights with `--arch`.
 
 mod render;
 mod report;
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::demo_model::{heldout_dialogue, SONNETS};
+use crate::demo_model::{heldout_dialogue, SONNETS, TASKS};
 use crate::runtime::kv_cache::KvDtype;
 use crate::synth::SynthArch;
 
@@ -75,7 +75,7 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
     }
 
     let text = heldout_dialogue(stages::EVAL_CHUNKS * stages::CTX);
-    for (path, content) in [(&folders.heldout, text), (&folders.calibration, SONNETS)] {
+    for (path, content) in [(&folders.heldout, text), (&folders.calibration, SONNETS), (&folders.tasks, TASKS)] {
         std::fs::write(path, content).with_context(|| format!("writing {}", path.display()))?;
     }
     let eval = clock.time("eval", || {
@@ -94,6 +94,10 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
     let parity = clock.time("parity", || stages::parity(&folders.source, &folders.output, &folders.heldout))?;
     if human {
         render::parity(&parity, weights, sides, clock.last());
+    }
+    let tasks = clock.time("tasks", || stages::tasks(&folders.source, &folders.output, &folders.tasks))?;
+    if human {
+        render::tasks(&tasks, sides, clock.last());
     }
     let served = clock.time("serve-test", || {
         let fp8 = stages::serve(&folders.source, None, KvDtype::Bf16)?;
@@ -127,6 +131,7 @@ fn stages_in(args: &Args, base: &Path) -> anyhow::Result<Outcome> {
             eval,
             calibrate_kv: calibration,
             parity,
+            tasks,
             serve_test: served,
             report: budget,
             stage_seconds: clock.stages,

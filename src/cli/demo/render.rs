@@ -5,6 +5,7 @@ use std::path::Path;
 
 use crate::calib::CalibReport;
 use crate::eval::parity::ParityReport;
+use crate::eval::tasks::PairedReport;
 use crate::inspect::InspectReport;
 use crate::parity::Mode;
 use crate::report::Report;
@@ -20,7 +21,7 @@ use super::stages::{Folders, Quantized, SourceReport, Weights, MAX_NEW_TOKENS, R
 /// What the eval and parity stages read.
 pub const HELDOUT_TEXT: &str = "The Tempest, held out of training (eval/shakespeare-heldout.txt from Act 1)";
 
-const STAGES: usize = 9;
+const STAGES: usize = 10;
 
 /// The two deployments the demo compares: the FP8 source and its INT4 output, or, where the source ships INT4
 /// (Kimi K2.6), the same weights with a BF16 and with an FP8 KV cache.
@@ -265,6 +266,39 @@ pub fn parity(report: &ParityReport, weights: Weights, sides: Sides, seconds: f6
     }
 }
 
+pub fn tasks(report: &PairedReport, sides: Sides, seconds: f64) {
+    // A shipped INT4 release is compared with its copy: the task scores weights, which are the same.
+    let (reference, candidate) =
+        if sides.shipped { ("INT4 as shipped", "its copy") } else { (sides.reference, sides.candidate) };
+    for metric in report.comparison.iter().filter(|metric| metric.metric == "acc") {
+        let line = format!(
+            "{}: which of four words ends a line of the held-out play, {} items scored by log-likelihood as \
+             lm-evaluation-harness does: {} {:.1} ± {:.1} %, {} {:.1} ± {:.1} %",
+            metric.task,
+            metric.items,
+            reference,
+            metric.reference * 100.0,
+            metric.reference_stderr * 100.0,
+            candidate,
+            metric.candidate * 100.0,
+            metric.candidate_stderr * 100.0
+        );
+        stage(8, "eval --task", line, seconds);
+        let flips = match metric.right_to_wrong + metric.wrong_to_right {
+            0 => "no item flipped".to_string(),
+            _ => format!(
+                "{} items flipped right → wrong, {} wrong → right (flips that cancel out leave the accuracy as it was)",
+                metric.right_to_wrong, metric.wrong_to_right
+            ),
+        };
+        println!(
+            "{INDENT}{flips}; {:.1} % of the choices agree, McNemar's exact p {:.3}",
+            metric.agreement * 100.0,
+            metric.mcnemar_p
+        );
+    }
+}
+
 pub fn serve(pair: &ServePair, weights: Weights, sides: Sides, seconds: f64) {
     let deployments = if sides.shipped {
         "INT4 weights + BF16 KV beside the same + FP8 KV (prompts prefilled on the first)"
@@ -275,7 +309,7 @@ pub fn serve(pair: &ServePair, weights: Weights, sides: Sides, seconds: f64) {
         "{deployments}, {MAX_NEW_TOKENS} bytes sampled at temperature {TEMPERATURE} with one seed (the texts agree \
          until a near-tie flips a byte)",
     );
-    stage(8, "serve-test", line, seconds);
+    stage(9, "serve-test", line, seconds);
     let (fp8, int4) = (&pair.fp8, &pair.int4);
     println!(
         "{INDENT}paged KV cache: {} {} / {} {} page mappings verified before their decode steps, {} faults, {} aborted, \
@@ -310,7 +344,7 @@ pub fn report(report: &Report, seconds: f64) {
         report.recipe,
         report.output_gib
     );
-    stage(9, "report", line, seconds);
+    stage(10, "report", line, seconds);
     let layout = &report.layout;
     println!(
         "{INDENT}KV capacity of one {} × {} node: prefill (FP8 weights, BF16 KV) {} tokens = {} requests of {}; decode ({}, FP8 KV) {} tokens = {} requests",
@@ -355,6 +389,7 @@ pub fn closing(seconds: f64, passed: bool, weights: Weights, sides: Sides, kept:
          \x20 squeeze verify $INT4 --source $FP8                 # hashes, compressed-tensors conventions, error vs source\n\
          \x20 squeeze calibrate-kv $INT4 --data calibration.txt  # FP8 KV scales written into $INT4\n\
          \x20 squeeze eval --reference $FP8 --candidate $INT4 --data heldout.txt   # parity gates; exit 1 if one fails\n\
+         \x20 squeeze eval --reference $FP8 --candidate $INT4 --task tasks.jsonl   # benchmark items, flips, McNemar p\n\
          \x20 squeeze serve-test $INT4 --prefill-model $FP8 --kv-dtype fp8 --prompt \"Shall I compare thee\"\n\
          \x20 squeeze report $FP8                                # size after the recipe and the GPU memory budget"
     );

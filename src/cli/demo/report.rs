@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::calib::CalibReport;
 use crate::eval::parity::ParityReport;
+use crate::eval::tasks::PairedReport;
 use crate::eval::EvalReport;
 use crate::inspect::InspectReport;
 use crate::report::Report;
@@ -57,6 +58,8 @@ pub struct DemoReport {
     pub eval: EvalPair,
     pub calibrate_kv: CalibReport,
     pub parity: ParityReport,
+    /// Both models on one task of the held-out play, paired per item.
+    pub tasks: PairedReport,
     pub serve_test: ServePair,
     pub report: Report,
     pub stage_seconds: Vec<StageTime>,

@@ -9,10 +9,13 @@ use crate::calib::{calibrate, write_scales, CalibOptions, CalibReport, Strategy}
 use crate::chunks::EvalInput;
 use crate::convert::options::ConvertError;
 use crate::convert::{quantize, QuantizeOptions, QuantizeReport};
-use crate::demo_model::{write_checkpoint, Unpacked};
+use crate::demo_model::{write_checkpoint, Unpacked, DEMO_TASK};
 use crate::engines::Engine;
 use crate::eval::parity::{KvScaleChoice, ParityOptions, ParityReport};
 use crate::eval::parity_pass::evaluate_parity;
+use crate::eval::tasks::file as task_file;
+use crate::eval::tasks::paired::TaskGates;
+use crate::eval::tasks::{run_paired, PairedReport};
 use crate::eval::{evaluate, EvalOptions, EvalReport};
 use crate::inspect::{inspect, InspectReport};
 use crate::parity::{Gates, Mode};
@@ -239,6 +242,15 @@ pub fn parity(reference: &Path, candidate: &Path, text: &Path) -> anyhow::Result
         .with_context(|| format!("evaluating {} against {}", candidate.display(), reference.display()))
 }
 
+/// `squeeze eval --reference REF --candidate CAND --task FILE` on the task [`DEMO_TASK`] of the file: both models'
+/// accuracies, the items that flipped and McNemar's p (no gate: the demo shows them).
+pub fn tasks(reference: &Path, candidate: &Path, file: &Path) -> anyhow::Result<PairedReport> {
+    let mut tasks = task_file::read(file).map_err(anyhow::Error::msg)?;
+    tasks.tasks.retain(|task| task.name == DEMO_TASK);
+    run_paired((reference, candidate), &tasks, (0, TaskGates::default()), &Cpu::default(), &Silent)
+        .with_context(|| format!("--task {}", file.display()))
+}
+
 /// `squeeze serve-test MODEL [--prefill-model PREFILL] --kv-dtype KV` on [`PROMPTS`], seed 0, pages verified.
 pub fn serve(model: &Path, prefill: Option<&Path>, kv_dtype: KvDtype) -> anyhow::Result<ServeReport> {
     let options = ServeOptions {
@@ -279,6 +291,7 @@ pub struct Folders {
     pub output: PathBuf,
     pub heldout: PathBuf,
     pub calibration: PathBuf,
+    pub tasks: PathBuf,
 }
 
 impl Folders {
@@ -288,6 +301,7 @@ impl Folders {
             output: base.join("int4"),
             heldout: base.join("heldout.txt"),
             calibration: base.join("calibration.txt"),
+            tasks: base.join("tempest-tasks.jsonl"),
         }
     }
 }

@@ -24,12 +24,13 @@ struct Request {
     continuation: Vec<u32>,
 }
 
-/// Scores every item of the multiple-choice `task` with `fewshot` examples before each.
+/// Scores every item of the multiple-choice `task` with `fewshot` examples before each; an empty prompt is
+/// conditioned on `prefix` (the model's BOS token, else EOS).
 pub fn score(
     model: &Model,
     backend: &dyn Backend,
     tokenizer: &Tokenizer,
-    (task, fewshot, prefix): (&Task, usize, u32),
+    (task, fewshot, prefix): (&Task, usize, Option<u32>),
     reporter: &dyn Reporter,
 ) -> Result<Vec<ItemScore>, String> {
     let window = &model.config().window;
@@ -39,7 +40,8 @@ pub fn score(
         let context = prompt(task, item, fewshot)?;
         for (choice, text) in choices.iter().enumerate() {
             let (context, continuation) =
-                encode_pair(tokenizer, prefix, &context, &format!("{TARGET_DELIMITER}{text}"))?;
+                encode_pair(tokenizer, prefix, &context, &format!("{TARGET_DELIMITER}{text}"))
+                    .map_err(|problem| format!("line {}: {problem}", item.line))?;
             if continuation.is_empty() {
                 return Err(format!("line {}: choice {choice} ({text:?}) encodes to no token", item.line));
             }

@@ -123,28 +123,20 @@ pub fn run(
 ) -> Result<TaskReport, JobError> {
     let started = Instant::now();
     let tokenizer = Tokenizer::from_dir(dir).map_err(|e| JobError::Input(e.to_string()))?;
-    let at_file = |problem: String| JobError::Input(format!("{}: {problem}", file.path.display()));
+    let input = JobError::Input;
     let model = Model::open(dir)?;
     let raw = model.checkpoint().config();
     let eos: BTreeSet<u32> = crate::serve::eos_ids(raw);
-    let token = |key: &str| raw.and_then(|c| c.get(key)).and_then(serde_json::Value::as_u64).map(|v| v as u32);
-    let prefix = token("bos_token_id").or_else(|| eos.first().copied());
+    let bos = raw.and_then(|c| c.get("bos_token_id")).and_then(serde_json::Value::as_u64).map(|v| v as u32);
+    let prefix = bos.or_else(|| eos.first().copied());
     let mut tasks = Vec::with_capacity(file.tasks.len());
     for task in &file.tasks {
         let items = if task.is_generation() {
-            let longest = generate::longest(task, &tokenizer, num_fewshot).map_err(at_file)?;
+            let longest = generate::longest(task, &tokenizer, num_fewshot).map_err(input)?;
             let decoder = PagedModel::open(dir, longest)?;
-            generate::score(&decoder, backend, &tokenizer, (task, num_fewshot), &eos).map_err(at_file)?
+            generate::score(&decoder, backend, &tokenizer, (task, num_fewshot), &eos).map_err(input)?
         } else {
-            let prefix = prefix.ok_or_else(|| {
-                at_file(format!(
-                    "task `{}` has an item with an empty prompt, and {}'s config.json names neither \
-                     bos_token_id nor eos_token_id to condition on",
-                    task.name,
-                    dir.display()
-                ))
-            })?;
-            choice::score(&model, backend, &tokenizer, (task, num_fewshot, prefix), reporter).map_err(at_file)?
+            choice::score(&model, backend, &tokenizer, (task, num_fewshot, prefix), reporter).map_err(input)?
         };
         tasks.push(summarize(task, items));
     }

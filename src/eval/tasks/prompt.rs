@@ -42,12 +42,13 @@ fn python_space(c: char) -> bool {
 /// BOS token, else EOS) unless the continuation already starts with it.
 pub fn encode_pair(
     tokenizer: &Tokenizer,
-    prefix: u32,
+    prefix: Option<u32>,
     context: &str,
     continuation: &str,
 ) -> Result<(Vec<u32>, Vec<u32>), String> {
     let encode = |text: &str| tokenizer.encode(text).map_err(|e| e.to_string());
     if context.is_empty() {
+        let prefix = prefix.ok_or("the prompt is empty and config.json names neither bos_token_id nor eos_token_id")?;
         let continuation = encode(continuation)?;
         return Ok(match continuation.first() {
             Some(&first) if first == prefix => (vec![first], continuation[1..].to_vec()),
@@ -87,10 +88,10 @@ mod tests {
     fn trailing_whitespace_moves_to_the_continuation() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("eval/tiny-shakespeare-fp8");
         let tokenizer = Tokenizer::from_dir(&dir).unwrap();
-        let (context, continuation) = encode_pair(&tokenizer, 256, "Say: \n", "yes").unwrap();
+        let (context, continuation) = encode_pair(&tokenizer, Some(256), "Say: \n", "yes").unwrap();
         assert_eq!(context, tokenizer.encode("Say:").unwrap());
         assert_eq!(continuation, tokenizer.encode(" \nyes").unwrap());
-        let (context, continuation) = encode_pair(&tokenizer, 256, "", "yes").unwrap();
+        let (context, continuation) = encode_pair(&tokenizer, Some(256), "", "yes").unwrap();
         assert_eq!((context, continuation), (vec![256], tokenizer.encode("yes").unwrap()));
     }
 }
