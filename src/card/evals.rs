@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::facts::model_name;
-use crate::io::card_record::{EvalRecord, EvalResult, ParityMode};
+use crate::io::card_record::{EvalRecord, EvalResult, ParityMode, TaskRow};
 use crate::io::checkpoint::read_json;
 use crate::io::IoError;
 use crate::parity::{Gates, Mode};
@@ -98,6 +98,40 @@ pub fn read(path: &Path, dir: &Path) -> Result<EvalRecord, IoError> {
             gates,
             failed,
         }
+    } else if let Some(rows) = report.get("comparison").and_then(Value::as_array) {
+        let side = |key: &str| report.get(key).and_then(|side| side.get("model")).and_then(Value::as_str);
+        let (Some(reference), Some(candidate)) = (side("reference"), side("candidate")) else {
+            return Err(refuse(
+                "names no `reference.model` and `candidate.model`; give the JSON of `squeeze eval \
+                               --reference REF --candidate CAND --task FILE --json`"
+                    .into(),
+            ));
+        };
+        if !names_folder(candidate, dir) {
+            return Err(refuse(format!(
+                "compares {candidate} with {reference} on tasks, not {}; give the JSON of `squeeze eval --reference \
+                 REF --candidate {} --task FILE --json`",
+                dir.display(),
+                dir.display()
+            )));
+        }
+        let rows = rows
+            .iter()
+            .map(|row| serde_json::from_value::<TaskRow>(row.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| refuse(format!("has a `comparison` row that is not a task comparison: {e}")))?;
+        let failed = report
+            .get("failures")
+            .and_then(Value::as_array)
+            .map(|failures| failures.iter().filter_map(Value::as_str).map(String::from).collect())
+            .unwrap_or_default();
+        EvalResult::Tasks {
+            reference: model_name(reference),
+            task_file: model_name(&text("task_file")?),
+            num_fewshot: count(&report, "num_fewshot")?,
+            rows,
+            failed,
+        }
     } else if report.get("ppl").is_some() {
         let model = text("model")?;
         EvalResult::Perplexity {
@@ -112,7 +146,9 @@ pub fn read(path: &Path, dir: &Path) -> Result<EvalRecord, IoError> {
         }
     } else {
         return Err(refuse(
-            "is neither a parity report (`modes`) nor a perplexity report (`ppl`) of `squeeze eval --json`".into(),
+            "is neither a parity report (`modes`), a task comparison (`comparison`) nor a perplexity report (`ppl`) \
+             of `squeeze eval --json`"
+                .into(),
         ));
     };
     Ok(EvalRecord { report: file, result })

@@ -376,8 +376,8 @@ fn accuracy(out: &mut String, evals: &[EvalRecord]) {
     put!(out);
     put!(
         out,
-        "Measured by squeeze's reference runtime (`squeeze eval`), f32 compute, on the token chunks each report names \
-         by size."
+        "Measured by squeeze's reference runtime (`squeeze eval`), f32 compute, on the token chunks or task items \
+         each report names."
     );
     put!(out);
     for record in evals {
@@ -435,6 +435,48 @@ fn accuracy(out: &mut String, evals: &[EvalRecord]) {
                 if failed.is_empty() { "all passed".to_string() } else { format!("failed {}", failed.join(", ")) }
             );
             put!(out);
+        }
+    }
+    for record in evals {
+        if let EvalResult::Tasks { reference, task_file, num_fewshot, rows, failed } = &record.result {
+            put!(out, "### Tasks against {reference} (`{}`)", record.report.replace('`', "'"));
+            put!(out);
+            put!(
+                out,
+                "Items of `{}`, {num_fewshot}-shot, scored as lm-evaluation-harness scores them (multiple choice by \
+                 log-likelihood, generation with exact match) on both models and paired per item: the items that \
+                 flipped each way and McNemar's exact p on them.",
+                task_file.replace('`', "'")
+            );
+            put!(out);
+            put!(
+                out,
+                "| task | metric | items | {} | this model | right → wrong | wrong → right | agree | McNemar p |",
+                cell(reference)
+            );
+            put!(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+            for row in rows {
+                put!(
+                    out,
+                    "| {} | {} | {} | {:.2} ± {:.2} % | {:.2} ± {:.2} % | {} | {} | {:.1} % | {:.3} |",
+                    cell(&row.task),
+                    cell(&row.metric),
+                    row.items,
+                    row.reference * 100.0,
+                    row.reference_stderr * 100.0,
+                    row.candidate * 100.0,
+                    row.candidate_stderr * 100.0,
+                    row.right_to_wrong,
+                    row.wrong_to_right,
+                    row.agreement * 100.0,
+                    row.mcnemar_p
+                );
+            }
+            put!(out);
+            if !failed.is_empty() {
+                put!(out, "Gates failed: {}.", failed.iter().map(|f| cell(f)).collect::<Vec<_>>().join("; "));
+                put!(out);
+            }
         }
     }
     let perplexities: Vec<&EvalRecord> =

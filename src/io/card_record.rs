@@ -75,7 +75,7 @@ pub struct EvalRecord {
     pub result: EvalResult,
 }
 
-/// The two report kinds `squeeze eval --json` (and `merge-eval --json`) print.
+/// The report kinds `squeeze eval --json` (and `merge-eval --json`) print.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum EvalResult {
@@ -95,6 +95,17 @@ pub enum EvalResult {
         /// The failed gates' names (empty: all passed).
         failed: Vec<String>,
     },
+    /// `eval --reference REF --candidate THIS --task FILE`: benchmark items paired per item.
+    Tasks {
+        /// REF's name ([`crate::card::facts::model_name`]).
+        reference: String,
+        /// The task file's name.
+        task_file: String,
+        num_fewshot: usize,
+        rows: Vec<TaskRow>,
+        /// The failed gates, in words (empty: all passed or none given).
+        failed: Vec<String>,
+    },
     /// `eval MODEL`: perplexity of this folder or of another model (the source, for comparison).
     Perplexity {
         /// The model's name; `None` for this folder.
@@ -108,6 +119,23 @@ pub enum EvalResult {
         mean_nll: f64,
         mean_nll_stderr: f64,
     },
+}
+
+/// One task's metric on the reference and on this folder (`eval --reference REF --candidate THIS --task FILE`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRow {
+    pub task: String,
+    pub metric: String,
+    pub items: usize,
+    /// Accuracy as a share (0 … 1) and its standard error.
+    pub reference: f64,
+    pub reference_stderr: f64,
+    pub candidate: f64,
+    pub candidate_stderr: f64,
+    pub right_to_wrong: usize,
+    pub wrong_to_right: usize,
+    pub agreement: f64,
+    pub mcnemar_p: f64,
 }
 
 /// One parity mode's statistics against the reference.

@@ -145,3 +145,23 @@ fn bad_task_files_exit_2_naming_the_line_and_field() {
         &["--num-fewshot 1", "task `t` has 0"],
     );
 }
+
+#[test]
+fn the_model_card_carries_the_task_comparison() {
+    let temp = tempfile::tempdir().unwrap();
+    let (source, tasks) = (at("eval/tiny-shakespeare-fp8"), at("eval/tempest-tasks.jsonl"));
+    let int4 = temp.path().join("int4");
+    squeeze(&["quantize", &source, path_str(&int4)]).ok();
+    let args = ["eval", "--reference", &source, "--candidate", path_str(&int4), "--task", &tasks, "--json"];
+    let report = temp.path().join("tasks.json");
+    std::fs::write(&report, squeeze(&args).ok().stdout).unwrap();
+    squeeze(&["card", path_str(&int4), "--eval", path_str(&report)]).ok();
+    let card = std::fs::read_to_string(int4.join("README.md")).unwrap();
+    assert!(card.contains("### Tasks against tiny-shakespeare-fp8 (`tasks.json`)"), "{card}");
+    assert!(card.contains("| tempest-next-word | acc | 38 |"), "{card}");
+    // A comparison whose candidate is another folder is refused, naming both.
+    let other = temp.path().join("other");
+    squeeze(&["quantize", &source, path_str(&other)]).ok();
+    let run = squeeze(&["card", path_str(&other), "--eval", path_str(&report)]);
+    expect_exit_2(&run, &["tasks.json", "compares", "--task FILE --json"]);
+}
