@@ -64,8 +64,14 @@ fn print_report(report: &TaskReport) {
     }
     println!("{}", table.render().trim_end());
     println!(
-        "{}: {} items, {}-shot, {:.1} s ({:.2} items/s) on {}",
-        report.model, report.items, report.num_fewshot, report.seconds, report.items_per_second, report.backend
+        "{}: {} items, {}-shot, {:.1} s ({:.2} items/s, {:.0} tokens/s through the model) on {}",
+        report.model,
+        report.items,
+        report.num_fewshot,
+        report.seconds,
+        report.items_per_second,
+        report.tokens_per_second,
+        report.backend
     );
 }
 

@@ -54,6 +54,10 @@ pub fn score(
         }
     }
     let vocab = model.config().vocab_size;
+    let mut tokens = vec![0; task.items.len()];
+    for request in &requests {
+        tokens[request.item] += request.input.len();
+    }
     let mut loglikelihoods = vec![Vec::new(); task.items.len()];
     let mut greedy = vec![Vec::new(); task.items.len()];
     for pass in passes(&requests) {
@@ -84,7 +88,8 @@ pub fn score(
         .iter()
         .zip(loglikelihoods)
         .zip(greedy)
-        .map(|((item, mut lls), mut greedy)| {
+        .zip(tokens)
+        .map(|(((item, mut lls), mut greedy), tokens)| {
             let Answer::Choice { choices, gold } = &item.answer else { unreachable!("a multiple-choice task") };
             lls.sort_by_key(|&(choice, _)| choice);
             greedy.sort_by_key(|&(choice, _)| choice);
@@ -102,6 +107,7 @@ pub fn score(
                         correct: choice_norm == *gold,
                     },
                 ],
+                tokens,
                 loglikelihoods: lls,
                 greedy: greedy.into_iter().map(|(_, g)| g).collect(),
                 completion: None,

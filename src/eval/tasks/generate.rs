@@ -102,6 +102,7 @@ pub fn score(
             scores.push(ItemScore {
                 line: item.line,
                 metrics: vec![MetricOutcome { metric: "exact_match", prediction: answer, correct }],
+                tokens: run.prompt + run.tokens.len(),
                 loglikelihoods: Vec::new(),
                 greedy: Vec::new(),
                 completion: Some(completion),

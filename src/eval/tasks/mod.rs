@@ -38,6 +38,9 @@ pub struct ItemScore {
     /// 1-based line of the task file.
     pub line: usize,
     pub metrics: Vec<MetricOutcome>,
+    /// Tokens run through the model for it: every choice's context and continuation (multiple choice), the prompt
+    /// and the generated tokens (generation).
+    pub tokens: usize,
     /// Multiple choice: each choice's summed log-likelihood, and whether greedy decoding would produce it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub loglikelihoods: Vec<f64>,
@@ -75,8 +78,11 @@ pub struct TaskReport {
     pub num_fewshot: usize,
     pub tasks: Vec<TaskScore>,
     pub items: usize,
+    /// Tokens run through the model ([`ItemScore::tokens`] summed).
+    pub tokens: usize,
     pub seconds: f64,
     pub items_per_second: f64,
+    pub tokens_per_second: f64,
 }
 
 /// Two models on a task file, item by item.
@@ -141,6 +147,7 @@ pub fn run(
         tasks.push(summarize(task, items));
     }
     let items: usize = tasks.iter().map(|t| t.items.len()).sum();
+    let tokens: usize = tasks.iter().flat_map(|t| &t.items).map(|item| item.tokens).sum();
     let seconds = started.elapsed().as_secs_f64();
     Ok(TaskReport {
         model: dir.display().to_string(),
@@ -149,8 +156,10 @@ pub fn run(
         num_fewshot,
         tasks,
         items,
+        tokens,
         seconds,
         items_per_second: items as f64 / seconds.max(1e-9),
+        tokens_per_second: tokens as f64 / seconds.max(1e-9),
     })
 }
 
