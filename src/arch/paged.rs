@@ -179,6 +179,16 @@ impl PagedModel {
         compressed_shape(&self.config)
     }
 
+    /// Whether a prompt prefilled on this model can be decoded on `decoder`: the same cached layers, row and aux
+    /// widths, KDA states and DeepSeek-V4 caches (the split deployment's handover).
+    pub fn hands_over_to(&self, decoder: &PagedModel) -> bool {
+        self.row_width() == decoder.row_width()
+            && self.aux_width() == decoder.aux_width()
+            && self.config.num_hidden_layers == decoder.config.num_hidden_layers
+            && self.kda_layers() == decoder.kda_layers()
+            && self.compressed_shape() == decoder.compressed_shape()
+    }
+
     /// Whether requests keep a state slot (KDA states, DeepSeek-V4 caches).
     pub fn has_states(&self) -> bool {
         self.kda_layers().is_some() || self.compressed_shape().is_some()

@@ -94,6 +94,13 @@ pub struct Args {
     /// `context answer` blocks separated by blank lines (the harness's first_n sampler).
     #[arg(long, value_name = "K", default_value_t = 0, requires = "task")]
     pub num_fewshot: usize,
+    /// With --task and --reference/--candidate: prefill the candidate's generations on the reference.
+    ///
+    /// With --task and --reference/--candidate: each generation item's prompt is prefilled on the reference and
+    /// decoded on the candidate, as the split deployment serves it (the KV cache handed over in f32; the
+    /// multiple-choice scores are the candidate's own forward).
+    #[arg(long, requires = "task")]
+    pub split: bool,
     /// Gate with --task: most items that may flip per task.
     ///
     /// Gate with --task and --reference/--candidate: fail (exit 1) when more than N items of a task flipped

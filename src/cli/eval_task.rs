@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::eval::tasks::paired::TaskGates;
-use crate::eval::tasks::{file, run, run_paired, PairedReport, TaskReport};
+use crate::eval::tasks::{file, run, run_paired, PairedOptions, PairedReport, TaskReport};
 
 use super::eval::Args;
 use super::output::{print_json, Outcome};
@@ -19,7 +19,8 @@ pub fn run_tasks(args: &Args, path: &Path) -> anyhow::Result<Outcome> {
     let bar = Bar::new(false);
     if let (Some(reference), Some(candidate)) = (&args.reference, &args.candidate) {
         let gates = TaskGates { max_flips: args.max_flips, max_acc_drop: args.max_acc_drop };
-        let report = run_paired((reference, candidate), &tasks, (args.num_fewshot, gates), backend.as_ref(), &bar)
+        let options = PairedOptions { num_fewshot: args.num_fewshot, gates, split: args.split };
+        let report = run_paired((reference, candidate), &tasks, options, backend.as_ref(), &bar)
             .with_context(|| format!("--task {}", path.display()))?;
         if args.json {
             print_json(&report)?;
@@ -31,11 +32,13 @@ pub fn run_tasks(args: &Args, path: &Path) -> anyhow::Result<Outcome> {
         }
         return Ok(if report.failures.is_empty() { Outcome::Success } else { Outcome::GateFailed });
     }
-    if args.max_flips.is_some() || args.max_acc_drop.is_some() {
-        anyhow::bail!("--max-flips and --max-acc-drop compare two models: give --reference REF --candidate CAND");
+    if args.max_flips.is_some() || args.max_acc_drop.is_some() || args.split {
+        anyhow::bail!(
+            "--max-flips, --max-acc-drop and --split compare two models: give --reference REF --candidate CAND"
+        );
     }
     let Some(model) = &args.model else { anyhow::bail!("give MODEL, or --reference REF --candidate CAND") };
-    let report = run(model, &tasks, args.num_fewshot, backend.as_ref(), &bar)
+    let report = run((model, None), &tasks, args.num_fewshot, backend.as_ref(), &bar)
         .with_context(|| format!("--task {}", path.display()))?;
     if args.json {
         print_json(&report)?;
@@ -102,12 +105,13 @@ fn print_paired(report: &PairedReport) {
     }
     println!("{}", table.render().trim_end());
     println!(
-        "reference {} ({:.1} s), candidate {} ({:.1} s); {}-shot; McNemar's exact test on the flipped items: a small p \
-         says the flips lean one way more than chance would",
+        "reference {} ({:.1} s), candidate {} ({:.1} s{}); {}-shot; McNemar's exact test on the flipped items: a \
+         small p says the flips lean one way more than chance would",
         report.reference.model,
         report.reference.seconds,
         report.candidate.model,
         report.candidate.seconds,
+        if report.split { ", its generations prefilled on the reference" } else { "" },
         report.num_fewshot
     );
 }

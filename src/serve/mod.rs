@@ -246,12 +246,7 @@ fn open_prefiller(
 ) -> Result<Option<PagedModel>, ServeError> {
     let Some(dir) = &options.prefill_model else { return Ok(None) };
     let model = PagedModel::open(dir, max_positions)?.with_v4_cache(v4_cache(options.kv_dtype));
-    if model.row_width() != decoder.row_width()
-        || model.aux_width() != decoder.aux_width()
-        || model.config().num_hidden_layers != decoder.config().num_hidden_layers
-        || model.kda_layers() != decoder.kda_layers()
-        || model.compressed_shape() != decoder.compressed_shape()
-    {
+    if !model.hands_over_to(decoder) {
         return Err(ServeError::Input(format!(
             "{}: its KV layout ({} layers × {} wide) differs from {} ({} layers × {} wide); prefill and decode must be the same architecture",
             dir.display(),

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use crate::common::{expect_exit_2, path_str, read_json, squeeze};
+use crate::common::{expect_exit_2, path_str, read_json, squeeze, synth};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -164,4 +164,46 @@ fn the_model_card_carries_the_task_comparison() {
     squeeze(&["quantize", &source, path_str(&other)]).ok();
     let run = squeeze(&["card", path_str(&other), "--eval", path_str(&report)]);
     expect_exit_2(&run, &["tasks.json", "compares", "--task FILE --json"]);
+}
+
+/// `--split`: the candidate's generations are prefilled on the reference and decoded on the candidate — the tokens
+/// serve-test's split deployment decodes greedily from the same prompts (f32 KV, the same handover). Two random
+/// models of one architecture (seeds 1 and 0), so that the handover shows in the tokens.
+#[test]
+fn split_generation_decodes_what_serve_tests_split_deployment_decodes() {
+    let temp = tempfile::tempdir().unwrap();
+    let reference = synth(temp.path(), "reference", "glm45", &["--seed", "1"]);
+    let candidate = synth(temp.path(), "candidate", "glm45", &[]);
+    let (reference, candidate) = (path_str(&reference), path_str(&candidate));
+    let contexts =
+        ["PROSPERO.\nThy mother was a piece of virtue, and", "MIRANDA.\nO, the heavens!", "CALIBAN.\nI say,"];
+    let items: Vec<String> = contexts
+        .iter()
+        .map(|context| {
+            serde_json::json!({"task": "say", "context": context, "target": "x", "until": ["\n"], "max_tokens": 24})
+                .to_string()
+        })
+        .collect();
+    let tasks = temp.path().join("say.jsonl");
+    std::fs::write(&tasks, items.join("\n")).unwrap();
+    let args = ["eval", "--reference", reference, "--candidate", candidate, "--task", path_str(&tasks), "--json"];
+    let completions = |report: &serde_json::Value| -> Vec<String> {
+        let items = report["candidate"]["tasks"][0]["items"].as_array().unwrap().clone();
+        items.iter().map(|item| item["completion"].as_str().unwrap().to_string()).collect()
+    };
+    let own = completions(&squeeze(&args).ok().json());
+    let report = squeeze(&[&args[..], &["--split"]].concat()).ok().json();
+    assert_eq!(report["split"], true);
+    let split = completions(&report);
+    assert_ne!(own, split, "prefilled on another model, the candidate decodes other tokens");
+    let mut serve = vec!["serve-test", candidate, "--prefill-model", reference, "--kv-dtype", "f32"];
+    serve.extend(["--max-new-tokens", "24", "--json"]);
+    for context in contexts {
+        serve.extend(["--prompt", context]);
+    }
+    let served = squeeze(&serve).ok().json();
+    for (completion, request) in split.iter().zip(served["requests"].as_array().unwrap()) {
+        let decoded = request["text"].as_str().unwrap();
+        assert_eq!(completion, decoded.split('\n').next().unwrap(), "{}", request["prompt"]);
+    }
 }

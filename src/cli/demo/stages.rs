@@ -14,8 +14,7 @@ use crate::engines::Engine;
 use crate::eval::parity::{KvScaleChoice, ParityOptions, ParityReport};
 use crate::eval::parity_pass::evaluate_parity;
 use crate::eval::tasks::file as task_file;
-use crate::eval::tasks::paired::TaskGates;
-use crate::eval::tasks::{run_paired, PairedReport};
+use crate::eval::tasks::{run_paired, PairedOptions, PairedReport};
 use crate::eval::{evaluate, EvalOptions, EvalReport};
 use crate::inspect::{inspect, InspectReport};
 use crate::parity::{Gates, Mode};
@@ -247,7 +246,7 @@ pub fn parity(reference: &Path, candidate: &Path, text: &Path) -> anyhow::Result
 pub fn tasks(reference: &Path, candidate: &Path, file: &Path) -> anyhow::Result<PairedReport> {
     let mut tasks = task_file::read(file).map_err(anyhow::Error::msg)?;
     tasks.tasks.retain(|task| task.name == DEMO_TASK);
-    run_paired((reference, candidate), &tasks, (0, TaskGates::default()), &Cpu::default(), &Silent)
+    run_paired((reference, candidate), &tasks, PairedOptions::default(), &Cpu::default(), &Silent)
         .with_context(|| format!("--task {}", file.display()))
 }
 

@@ -1,5 +1,6 @@
 //! Generation with exact match, as lm-evaluation-harness's `generate_until` runs it: greedy decoding of each
-//! item's prompt through the paged KV cache (prefill, then one decode step for all of a batch's items together)
+//! item's prompt through the paged KV cache (prefill — on another model with `--split` — then one decode step for
+//! all of a batch's items together)
 //! until a stop sequence appears in the completion, an end-of-sequence token comes, or `max_tokens` tokens; the
 //! completion cut before its first stop sequence; the answer extracted by the item's regex (the harness's regex
 //! filter) or the completion itself; `exact_match` when the answer equals the target.
@@ -32,9 +33,10 @@ struct Running<'a> {
 }
 
 /// Decodes and scores every item of the generation `task` with `fewshot` examples before each; `eos` are the
-/// end-of-sequence ids.
+/// end-of-sequence ids. With `prefiller`, each prompt is prefilled there and handed over to `decoder` (the split
+/// deployment).
 pub fn score(
-    decoder: &PagedModel,
+    (decoder, prefiller): (&PagedModel, Option<&PagedModel>),
     backend: &dyn Backend,
     tokenizer: &Tokenizer,
     (task, fewshot): (&Task, usize),
@@ -61,7 +63,7 @@ pub fn score(
             let tokens = &prompts[batch * BATCH + offset];
             let request = offset as u64;
             pool.open(request);
-            let prefilled = decoder.prefill(backend, tokens).map_err(|e| e.to_string())?;
+            let prefilled = prefiller.unwrap_or(decoder).prefill(backend, tokens).map_err(|e| e.to_string())?;
             PagedModel::hand_over(backend, &mut pool, request, &prefilled).map_err(|e| e.to_string())?;
             let next = argmax(&prefilled.logits);
             running.push(Running { request, prompt: tokens.len(), generation, tokens: Vec::new(), next, done: false });

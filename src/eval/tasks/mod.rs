@@ -90,6 +90,8 @@ pub struct TaskReport {
 pub struct PairedReport {
     pub task_file: String,
     pub num_fewshot: usize,
+    /// `--split`: the candidate's generations were prefilled on the reference.
+    pub split: bool,
     pub reference: TaskReport,
     pub candidate: TaskReport,
     pub comparison: Vec<paired::PairedMetric>,
@@ -97,21 +99,33 @@ pub struct PairedReport {
     pub failures: Vec<String>,
 }
 
+/// How a paired run goes: few-shot examples, gates, and whether the candidate's generations are prefilled on the
+/// reference (`--split`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PairedOptions {
+    pub num_fewshot: usize,
+    pub gates: paired::TaskGates,
+    pub split: bool,
+}
+
 /// Runs `file` on `reference` and `candidate` and pairs their items.
 pub fn run_paired(
-    (reference, candidate): (&Path, &Path),
+    (reference_dir, candidate_dir): (&Path, &Path),
     file: &TaskFile,
-    (num_fewshot, gates): (usize, paired::TaskGates),
+    options: PairedOptions,
     backend: &dyn Backend,
     reporter: &dyn Reporter,
 ) -> Result<PairedReport, JobError> {
-    let reference = run(reference, file, num_fewshot, backend, reporter)?;
-    let candidate = run(candidate, file, num_fewshot, backend, reporter)?;
+    let PairedOptions { num_fewshot, gates, split } = options;
+    let reference = run((reference_dir, None), file, num_fewshot, backend, reporter)?;
+    let prefill = split.then_some(reference_dir);
+    let candidate = run((candidate_dir, prefill), file, num_fewshot, backend, reporter)?;
     let comparison = paired::compare(&reference.tasks, &candidate.tasks);
     let failures = paired::failures(&comparison, gates);
     Ok(PairedReport {
         task_file: file.path.display().to_string(),
         num_fewshot,
+        split,
         reference,
         candidate,
         comparison,
@@ -119,9 +133,10 @@ pub fn run_paired(
     })
 }
 
-/// Runs every task of `file` on the model in `dir`, `num_fewshot` examples before each item.
+/// Runs every task of `file` on the model in `dir`, `num_fewshot` examples before each item; with `prefill`, the
+/// generation tasks' prompts are prefilled on that model and decoded on `dir`'s (the split deployment).
 pub fn run(
-    dir: &Path,
+    (dir, prefill): (&Path, Option<&Path>),
     file: &TaskFile,
     num_fewshot: usize,
     backend: &dyn Backend,
@@ -140,7 +155,19 @@ pub fn run(
         let items = if task.is_generation() {
             let longest = generate::longest(task, &tokenizer, num_fewshot).map_err(input)?;
             let decoder = PagedModel::open(dir, longest)?;
-            generate::score(&decoder, backend, &tokenizer, (task, num_fewshot), &eos).map_err(input)?
+            let prefiller = prefill.map(|prefill| PagedModel::open(prefill, longest)).transpose()?;
+            if let (Some(prefiller), Some(prefill)) = (&prefiller, prefill) {
+                if !prefiller.hands_over_to(&decoder) {
+                    return Err(input(format!(
+                        "--split: {} and {} cache different layers or widths; prefill and decode must be the same \
+                         architecture",
+                        prefill.display(),
+                        dir.display()
+                    )));
+                }
+            }
+            let models = (&decoder, prefiller.as_ref());
+            generate::score(models, backend, &tokenizer, (task, num_fewshot), &eos).map_err(input)?
         } else {
             choice::score(&model, backend, &tokenizer, (task, num_fewshot, prefix), reporter).map_err(input)?
         };
