@@ -203,7 +203,18 @@ fn parse_mtp_depth(text: &str) -> Result<usize, String> {
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     if let Some(task) = &args.task {
-        return super::eval_task::run_tasks(&args, task);
+        let task_args = super::eval_task::TaskArgs {
+            model: args.model.as_deref(),
+            reference: args.reference.as_deref(),
+            candidate: args.candidate.as_deref(),
+            num_fewshot: args.num_fewshot,
+            max_flips: args.max_flips,
+            max_acc_drop: args.max_acc_drop,
+            split: args.split,
+            json: args.json,
+            device: args.device,
+        };
+        return super::eval_task::run_tasks(task_args, task);
     }
     let input = match (&args.data, &args.tokens) {
         (Some(path), _) => EvalInput::Text { path: path.clone(), ctx: args.ctx, flag: "--data", ctx_flag: "--ctx" },

@@ -7,17 +7,30 @@ use anyhow::Context;
 
 use crate::eval::tasks::paired::TaskGates;
 use crate::eval::tasks::{file, run, run_paired, PairedOptions, PairedReport, TaskReport};
+use crate::runtime::device::DeviceChoice;
 
-use super::eval::Args;
 use super::output::{print_json, Outcome};
 use super::progress::Bar;
 use super::table::Table;
 
-pub fn run_tasks(args: &Args, path: &Path) -> anyhow::Result<Outcome> {
+/// What `eval --task` was given (from `eval`'s arguments).
+pub struct TaskArgs<'a> {
+    pub model: Option<&'a Path>,
+    pub reference: Option<&'a Path>,
+    pub candidate: Option<&'a Path>,
+    pub num_fewshot: usize,
+    pub max_flips: Option<usize>,
+    pub max_acc_drop: Option<f64>,
+    pub split: bool,
+    pub json: bool,
+    pub device: DeviceChoice,
+}
+
+pub fn run_tasks(args: TaskArgs, path: &Path) -> anyhow::Result<Outcome> {
     let tasks = file::read(path).map_err(anyhow::Error::msg)?;
     let backend = super::output::open_backend(args.device)?;
     let bar = Bar::new(false);
-    if let (Some(reference), Some(candidate)) = (&args.reference, &args.candidate) {
+    if let (Some(reference), Some(candidate)) = (args.reference, args.candidate) {
         let gates = TaskGates { max_flips: args.max_flips, max_acc_drop: args.max_acc_drop };
         let options = PairedOptions { num_fewshot: args.num_fewshot, gates, split: args.split };
         let report = run_paired((reference, candidate), &tasks, options, backend.as_ref(), &bar)
@@ -37,7 +50,7 @@ pub fn run_tasks(args: &Args, path: &Path) -> anyhow::Result<Outcome> {
             "--max-flips, --max-acc-drop and --split compare two models: give --reference REF --candidate CAND"
         );
     }
-    let Some(model) = &args.model else { anyhow::bail!("give MODEL, or --reference REF --candidate CAND") };
+    let Some(model) = args.model else { anyhow::bail!("give MODEL, or --reference REF --candidate CAND") };
     let report = run((model, None), &tasks, args.num_fewshot, backend.as_ref(), &bar)
         .with_context(|| format!("--task {}", path.display()))?;
     if args.json {
