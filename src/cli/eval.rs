@@ -86,7 +86,7 @@ pub struct Args {
     /// — multiple choice by log-likelihood (acc, acc_norm) or greedy generation with exact match — one model, or
     /// with --reference/--candidate both, paired per item (flips, McNemar's exact test). Schema:
     /// docs/subcommands.md#task-files.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["data", "tokens", "modes", "mtp", "part", "save_logits"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["data", "tokens", "modes", "mtp", "save_logits"])]
     pub task: Option<PathBuf>,
     /// With --task: few-shot examples before each item.
     ///
@@ -213,6 +213,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             split: args.split,
             json: args.json,
             device: args.device,
+            part: args.part,
+            save_stats: args.save_stats.as_deref(),
         };
         return super::eval_task::run_tasks(task_args, task);
     }

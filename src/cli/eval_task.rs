@@ -4,9 +4,13 @@
 use std::path::Path;
 
 use anyhow::Context;
+use serde_json::json;
 
+use crate::arch::Model;
 use crate::eval::tasks::paired::TaskGates;
+use crate::eval::tasks::parts::{self, TaskMerge};
 use crate::eval::tasks::{file, run, run_paired, PairedOptions, PairedReport, TaskReport};
+use crate::part::{Part, PartIdentity};
 use crate::runtime::device::DeviceChoice;
 
 use super::output::{print_json, Outcome};
@@ -24,41 +28,82 @@ pub struct TaskArgs<'a> {
     pub split: bool,
     pub json: bool,
     pub device: DeviceChoice,
+    /// `--part I/N`: score only that share of the scored items (with `--save-stats`).
+    pub part: Option<Part>,
+    pub save_stats: Option<&'a Path>,
 }
 
 pub fn run_tasks(args: TaskArgs, path: &Path) -> anyhow::Result<Outcome> {
-    let tasks = file::read(path).map_err(anyhow::Error::msg)?;
+    let whole = file::read(path).map_err(anyhow::Error::msg)?;
+    let part = args.part.unwrap_or(Part::WHOLE);
+    let (tasks, range, items) = parts::select(&whole, part);
     let backend = super::output::open_backend(args.device)?;
     let bar = Bar::new(false);
-    if let (Some(reference), Some(candidate)) = (args.reference, args.candidate) {
-        let gates = TaskGates { max_flips: args.max_flips, max_acc_drop: args.max_acc_drop };
-        let options = PairedOptions { num_fewshot: args.num_fewshot, gates, split: args.split };
-        let report = run_paired((reference, candidate), &tasks, options, backend.as_ref(), &bar)
-            .with_context(|| format!("--task {}", path.display()))?;
-        if args.json {
-            print_json(&report)?;
-        } else {
-            print_paired(&report);
+    let paired = args.reference.is_some();
+    let models: Vec<&Path> = match (args.model, args.reference, args.candidate) {
+        (_, Some(reference), Some(candidate)) => vec![reference, candidate],
+        (Some(model), None, None) if !(args.max_flips.is_some() || args.max_acc_drop.is_some() || args.split) => {
+            vec![model]
         }
-        for failure in &report.failures {
-            eprintln!("{failure}");
-        }
-        return Ok(if report.failures.is_empty() { Outcome::Success } else { Outcome::GateFailed });
-    }
-    if args.max_flips.is_some() || args.max_acc_drop.is_some() || args.split {
-        anyhow::bail!(
+        (Some(_), None, None) => anyhow::bail!(
             "--max-flips, --max-acc-drop and --split compare two models: give --reference REF --candidate CAND"
+        ),
+        _ => anyhow::bail!("give MODEL, or --reference REF --candidate CAND"),
+    };
+    let gates = TaskGates { max_flips: args.max_flips, max_acc_drop: args.max_acc_drop };
+    let report = if paired {
+        let options = PairedOptions { num_fewshot: args.num_fewshot, gates, split: args.split };
+        TaskMerge::Paired(Box::new(run_paired((models[0], models[1]), &tasks, options, backend.as_ref(), &bar)?))
+    } else {
+        TaskMerge::One(run((models[0], None), &tasks, args.num_fewshot, backend.as_ref(), &bar)?)
+    };
+    if let Some(stats) = args.save_stats {
+        let checkpoints = models.iter().map(|dir| Model::open(dir)).collect::<Result<Vec<_>, _>>()?;
+        let checkpoints: Vec<_> = checkpoints.iter().map(Model::checkpoint).collect();
+        let identity = PartIdentity::of(&items, &checkpoints, part, range.clone());
+        let options = json!({ "paired": paired, "num_fewshot": args.num_fewshot, "split": args.split, "gates": gates });
+        let report = match &report {
+            TaskMerge::One(report) => serde_json::to_value(report)?,
+            TaskMerge::Paired(report) => serde_json::to_value(report)?,
+        };
+        parts::write(stats, &identity, options, report).with_context(|| format!("--save-stats {}", stats.display()))?;
+    }
+    if let Some(part) = args.part {
+        eprintln!(
+            "part {part}: items {}..{} of {} scored and saved; `squeeze merge-eval` joins the parts and applies the \
+             gates",
+            range.start,
+            range.end,
+            items.len()
         );
     }
-    let Some(model) = args.model else { anyhow::bail!("give MODEL, or --reference REF --candidate CAND") };
-    let report = run((model, None), &tasks, args.num_fewshot, backend.as_ref(), &bar)
-        .with_context(|| format!("--task {}", path.display()))?;
-    if args.json {
-        print_json(&report)?;
-    } else {
-        print_report(&report);
+    let outcome = show(&report, args.json)?;
+    Ok(if args.part.is_some() { Outcome::Success } else { outcome })
+}
+
+/// Prints `report` (JSON or tables) and the failed gates; the outcome they make.
+pub(super) fn show(report: &TaskMerge, json: bool) -> anyhow::Result<Outcome> {
+    match report {
+        TaskMerge::One(report) => {
+            if json {
+                print_json(report)?;
+            } else {
+                print_report(report);
+            }
+            Ok(Outcome::Success)
+        }
+        TaskMerge::Paired(report) => {
+            if json {
+                print_json(report)?;
+            } else {
+                print_paired(report);
+            }
+            for failure in &report.failures {
+                eprintln!("{failure}");
+            }
+            Ok(if report.failures.is_empty() { Outcome::Success } else { Outcome::GateFailed })
+        }
     }
-    Ok(Outcome::Success)
 }
 
 fn percent(value: f64, stderr: f64) -> String {
@@ -71,9 +116,9 @@ fn print_report(report: &TaskReport) {
         for metric in &task.metrics {
             table.row(vec![
                 task.task.clone(),
-                task.kind.into(),
+                task.kind.clone(),
                 task.items.len().to_string(),
-                metric.metric.into(),
+                metric.metric.clone(),
                 percent(metric.value, metric.stderr),
             ]);
         }

@@ -20,6 +20,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    let json = args.json;
     match merge(&args.files)? {
         Merged::Eval { report, parts } => {
             if args.json {
@@ -29,6 +30,10 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
                 super::eval::print_eval(&report);
             }
             Ok(Outcome::Success)
+        }
+        Merged::Tasks { report, parts } => {
+            eprintln!("merged {parts} part(s)");
+            super::eval_task::show(&report, json)
         }
         Merged::Parity { report, parts } => {
             if args.json {

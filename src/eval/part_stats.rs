@@ -209,8 +209,19 @@ pub enum MergeEvalError {
 /// The merged report.
 #[derive(Debug, Clone)]
 pub enum Merged {
-    Eval { report: EvalReport, parts: usize },
-    Parity { report: ParityReport, parts: usize },
+    Eval {
+        report: EvalReport,
+        parts: usize,
+    },
+    Parity {
+        report: ParityReport,
+        parts: usize,
+    },
+    /// `eval --task` parts ([`super::tasks::parts`]).
+    Tasks {
+        report: super::tasks::parts::TaskMerge,
+        parts: usize,
+    },
 }
 
 struct PartFile {
@@ -227,6 +238,12 @@ pub fn merge(paths: &[PathBuf]) -> Result<Merged, MergeEvalError> {
     let parts = read_parts(paths)?;
     let first = &parts[0];
     let parts_count = first.identity.part.count;
+    if first.kind == "tasks" {
+        let reports: Vec<&Value> = parts.iter().map(|part| &part.file.header["report"]).collect();
+        let report = super::tasks::parts::merge(&reports, &first.run)
+            .map_err(|problem| MergeEvalError::Format { path: first.path.clone(), problem })?;
+        return Ok(Merged::Tasks { report, parts: parts_count });
+    }
     if first.kind == "eval" {
         let mut values = Vec::new();
         let mut drafts = DraftStats::default();
@@ -324,7 +341,7 @@ fn read_parts(paths: &[PathBuf]) -> Result<Vec<PartFile>, MergeEvalError> {
         let file = StatsFile::read(path)?;
         let format = |problem: String| MergeEvalError::Format { path: path.clone(), problem };
         let kind = file.header.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
-        if kind != "eval" && kind != "parity" {
+        if !["eval", "parity", "tasks"].contains(&kind.as_str()) {
             return Err(format(format!("it holds `{kind}` statistics, not eval's")));
         }
         let identity: Identity = serde_json::from_value(file.header.get("identity").cloned().unwrap_or_default())

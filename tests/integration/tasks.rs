@@ -207,3 +207,63 @@ fn split_generation_decodes_what_serve_tests_split_deployment_decodes() {
         assert_eq!(completion, decoded.split('\n').next().unwrap(), "{}", request["prompt"]);
     }
 }
+
+/// `--part I/N --save-stats` scores a share of the items; `merge-eval` joins the parts into the report one run gives
+/// (the same choices, completions, metrics, flips and gates; log-likelihoods to the last bits, as a pass's batch
+/// differs), and refuses a missing part.
+#[test]
+fn task_parts_merge_into_the_report_one_run_gives() {
+    let temp = tempfile::tempdir().unwrap();
+    let tasks = at("eval/tempest-tasks.jsonl");
+    let (reference, candidate) = (at("eval/tiny-shakespeare-fp8"), at("eval/tiny-shakespeare-glm45-fp8"));
+    let base = ["eval", "--reference", &reference, "--candidate", &candidate, "--task", &tasks, "--max-flips", "5"];
+    let whole = squeeze(&[&base[..], &["--json"]].concat());
+    assert_eq!(whole.code, 1, "the gate fails on the whole: {}", whole.stderr);
+    let mut files = Vec::new();
+    for part in 1..=3 {
+        let file = temp.path().join(format!("part{part}.safetensors"));
+        let share = format!("{part}/3");
+        let run = squeeze(&[&base[..], &["--part", &share, "--save-stats", path_str(&file), "--json"]].concat());
+        assert_eq!(run.code, 0, "a part applies no gate: {}", run.stderr);
+        files.push(file);
+    }
+    let mut merge = vec!["merge-eval", "--json"];
+    merge.extend(files.iter().rev().map(|file| path_str(file)));
+    let merged = squeeze(&merge);
+    assert_eq!(merged.code, 1, "merge-eval applies the gates: {}", merged.stderr);
+    let (mut merged, mut whole) = (merged.json(), whole.json());
+    fn strip(value: &mut serde_json::Value, worst: &mut f64, other: &serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for key in ["seconds", "items_per_second", "tokens_per_second"] {
+                    map.remove(key);
+                }
+                for (key, child) in map.iter_mut() {
+                    if key == "loglikelihoods" {
+                        for (a, b) in child.as_array_mut().unwrap().iter_mut().zip(other[key].as_array().unwrap()) {
+                            let (x, y) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+                            *worst = worst.max((x - y).abs() / y.abs());
+                            *a = b.clone();
+                        }
+                    } else {
+                        strip(child, worst, &other[key]);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (index, child) in items.iter_mut().enumerate() {
+                    strip(child, worst, &other[index]);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut worst = 0.0;
+    let reference_whole = whole.clone();
+    strip(&mut merged, &mut worst, &reference_whole);
+    strip(&mut whole, &mut 0.0, &reference_whole);
+    assert_eq!(merged, whole);
+    assert!(worst < 1e-12, "log-likelihoods differ by {worst} relative");
+    let missing = squeeze(&["merge-eval", path_str(&files[0]), path_str(&files[2])]);
+    expect_exit_2(&missing, &["part 2/3 is missing"]);
+}

@@ -100,9 +100,9 @@ pub fn score(
             ItemScore {
                 line: item.line,
                 metrics: vec![
-                    MetricOutcome { metric: "acc", prediction: choice.to_string(), correct: choice == *gold },
+                    MetricOutcome { metric: "acc".into(), prediction: choice.to_string(), correct: choice == *gold },
                     MetricOutcome {
-                        metric: "acc_norm",
+                        metric: "acc_norm".into(),
                         prediction: choice_norm.to_string(),
                         correct: choice_norm == *gold,
                     },

@@ -103,7 +103,7 @@ pub fn score(
             let correct = answer == run.generation.target;
             scores.push(ItemScore {
                 line: item.line,
-                metrics: vec![MetricOutcome { metric: "exact_match", prediction: answer, correct }],
+                metrics: vec![MetricOutcome { metric: "exact_match".into(), prediction: answer, correct }],
                 tokens: run.prompt + run.tokens.len(),
                 loglikelihoods: Vec::new(),
                 greedy: Vec::new(),

@@ -7,13 +7,14 @@ pub mod choice;
 pub mod file;
 pub mod generate;
 pub mod paired;
+pub mod parts;
 pub mod prompt;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::arch::paged::PagedModel;
 use crate::arch::Model;
@@ -25,15 +26,15 @@ use file::TaskFile;
 
 /// One metric's outcome on one item: what the model predicted for it (a choice index, or the extracted answer)
 /// and whether that is right.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MetricOutcome {
-    pub metric: &'static str,
+    pub metric: String,
     pub prediction: String,
     pub correct: bool,
 }
 
 /// One item's scores.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ItemScore {
     /// 1-based line of the task file.
     pub line: usize,
@@ -42,35 +43,35 @@ pub struct ItemScore {
     /// and the generated tokens (generation).
     pub tokens: usize,
     /// Multiple choice: each choice's summed log-likelihood, and whether greedy decoding would produce it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loglikelihoods: Vec<f64>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub greedy: Vec<bool>,
     /// Generation: the completion, cut before its stop sequence.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion: Option<String>,
 }
 
 /// A metric over a task's items: the mean and its standard error (the harness's: sample variance over n − 1).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MetricScore {
-    pub metric: &'static str,
+    pub metric: String,
     pub value: f64,
     pub stderr: f64,
 }
 
 /// One task on one model.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TaskScore {
     pub task: String,
     /// `multiple_choice` or `generate_until` (the harness's output types).
-    pub kind: &'static str,
+    pub kind: String,
     pub metrics: Vec<MetricScore>,
     pub items: Vec<ItemScore>,
 }
 
 /// One model on a task file.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TaskReport {
     pub model: String,
     pub task_file: String,
@@ -86,7 +87,7 @@ pub struct TaskReport {
 }
 
 /// Two models on a task file, item by item.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PairedReport {
     pub task_file: String,
     pub num_fewshot: usize,
@@ -192,7 +193,13 @@ pub fn run(
 
 /// The task's metrics over its items.
 fn summarize(task: &file::Task, items: Vec<ItemScore>) -> TaskScore {
-    let names: Vec<&'static str> = items.first().map_or(Vec::new(), |i| i.metrics.iter().map(|m| m.metric).collect());
+    let kind = if task.is_generation() { "generate_until" } else { "multiple_choice" };
+    score_task(task.name.clone(), kind.into(), items)
+}
+
+/// A task's score from its items: each metric's mean and standard error.
+pub fn score_task(task: String, kind: String, items: Vec<ItemScore>) -> TaskScore {
+    let names: Vec<String> = items.first().map_or(Vec::new(), |i| i.metrics.iter().map(|m| m.metric.clone()).collect());
     let metrics = names
         .into_iter()
         .enumerate()
@@ -202,8 +209,7 @@ fn summarize(task: &file::Task, items: Vec<ItemScore>) -> TaskScore {
             MetricScore { metric, value, stderr }
         })
         .collect();
-    let kind = if task.is_generation() { "generate_until" } else { "multiple_choice" };
-    TaskScore { task: task.name.clone(), kind, metrics, items }
+    TaskScore { task, kind, metrics, items }
 }
 
 /// The share of `true` and its standard error `sqrt(s² / n)` with the sample variance `s²` (n − 1), as the

@@ -3,12 +3,12 @@
 //! flips (two-sided binomial on the discordant pairs: is one model right where the other is wrong more often than
 //! chance says?). Accuracy alone hides flips that cancel out (Dutta et al. 2024, "Accuracy is Not All You Need").
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{mean_and_stderr, TaskScore};
 
 /// One task's metric on both models.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PairedMetric {
     pub task: String,
     pub metric: String,
@@ -32,7 +32,8 @@ pub struct PairedMetric {
 pub fn compare(reference: &[TaskScore], candidate: &[TaskScore]) -> Vec<PairedMetric> {
     let mut paired = Vec::new();
     for (r, c) in reference.iter().zip(candidate) {
-        let metrics = r.items.first().map_or(Vec::new(), |item| item.metrics.iter().map(|m| m.metric).collect());
+        let metrics: Vec<String> =
+            r.items.first().map_or(Vec::new(), |item| item.metrics.iter().map(|m| m.metric.clone()).collect());
         for (index, metric) in metrics.into_iter().enumerate() {
             let flags =
                 |task: &TaskScore| -> Vec<bool> { task.items.iter().map(|i| i.metrics[index].correct).collect() };
@@ -55,7 +56,7 @@ pub fn compare(reference: &[TaskScore], candidate: &[TaskScore]) -> Vec<PairedMe
             let (candidate, candidate_stderr) = mean_and_stderr(&theirs);
             paired.push(PairedMetric {
                 task: r.task.clone(),
-                metric: metric.to_string(),
+                metric,
                 items: ours.len(),
                 reference,
                 reference_stderr,
@@ -111,7 +112,7 @@ mod tests {
 
 /// `--max-flips N` and `--max-acc-drop POINTS`: a paired metric fails when more than N items flipped (both ways)
 /// or the candidate's accuracy is more than POINTS percentage points below the reference's.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct TaskGates {
     pub max_flips: Option<usize>,
     pub max_acc_drop: Option<f64>,
