@@ -53,9 +53,11 @@ pub fn run_tasks(args: TaskArgs, path: &Path) -> anyhow::Result<Outcome> {
     let gates = TaskGates { max_flips: args.max_flips, max_acc_drop: args.max_acc_drop };
     let report = if paired {
         let options = PairedOptions { num_fewshot: args.num_fewshot, gates, split: args.split };
-        TaskMerge::Paired(Box::new(run_paired((models[0], models[1]), &tasks, options, backend.as_ref(), &bar)?))
+        let report = run_paired((models[0], models[1]), &tasks, options, backend.as_ref(), &bar);
+        TaskMerge::Paired(Box::new(report.with_context(|| format!("--task {}", path.display()))?))
     } else {
-        TaskMerge::One(run((models[0], None), &tasks, args.num_fewshot, backend.as_ref(), &bar)?)
+        let report = run((models[0], None), &tasks, args.num_fewshot, backend.as_ref(), &bar);
+        TaskMerge::One(report.with_context(|| format!("--task {}", path.display()))?)
     };
     if let Some(stats) = args.save_stats {
         let checkpoints = models.iter().map(|dir| Model::open(dir)).collect::<Result<Vec<_>, _>>()?;
@@ -77,12 +79,12 @@ pub fn run_tasks(args: TaskArgs, path: &Path) -> anyhow::Result<Outcome> {
             items.len()
         );
     }
-    let outcome = show(&report, args.json)?;
-    Ok(if args.part.is_some() { Outcome::Success } else { outcome })
+    // A part applies no gate: merge-eval does, over all the items.
+    show(&report, args.json, args.part.is_none())
 }
 
-/// Prints `report` (JSON or tables) and the failed gates; the outcome they make.
-pub(super) fn show(report: &TaskMerge, json: bool) -> anyhow::Result<Outcome> {
+/// Prints `report` (JSON or tables) and, when `gated`, the failed gates; the outcome they make.
+pub(super) fn show(report: &TaskMerge, json: bool, gated: bool) -> anyhow::Result<Outcome> {
     match report {
         TaskMerge::One(report) => {
             if json {
@@ -97,6 +99,9 @@ pub(super) fn show(report: &TaskMerge, json: bool) -> anyhow::Result<Outcome> {
                 print_json(report)?;
             } else {
                 print_paired(report);
+            }
+            if !gated {
+                return Ok(Outcome::Success);
             }
             for failure in &report.failures {
                 eprintln!("{failure}");

@@ -33,7 +33,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         }
         Merged::Tasks { report, parts } => {
             eprintln!("merged {parts} part(s)");
-            super::eval_task::show(&report, json)
+            super::eval_task::show(&report, json, true)
         }
         Merged::Parity { report, parts } => {
             if args.json {

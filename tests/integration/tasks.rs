@@ -137,12 +137,13 @@ fn bad_task_files_exit_2_naming_the_line_and_field() {
     // A prompt past the model's context window (4,096 positions).
     let long = format!(r#"{{"task": "t", "context": "{}", "choices": ["b", "c"], "gold": 0}}"#, "a".repeat(5000));
     let path = write("long.jsonl", &long);
-    expect_exit_2(&squeeze(&["eval", &model, "--task", path_str(&path)]), &["line 1, choice 0", "context window"]);
+    let run = squeeze(&["eval", &model, "--task", path_str(&path)]);
+    expect_exit_2(&run, &["long.jsonl: line 1, choice 0", "context window"]);
     // More few-shot examples than the task has.
     let path = write("few.jsonl", good);
     expect_exit_2(
         &squeeze(&["eval", &model, "--task", path_str(&path), "--num-fewshot", "1"]),
-        &["--num-fewshot 1", "task `t` has 0"],
+        &["few.jsonl", "--num-fewshot 1", "task `t` has 0"],
     );
 }
 
