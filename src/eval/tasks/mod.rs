@@ -174,21 +174,35 @@ pub fn run(
         };
         tasks.push(summarize(task, items));
     }
-    let items: usize = tasks.iter().map(|t| t.items.len()).sum();
-    let tokens: usize = tasks.iter().flat_map(|t| &t.items).map(|item| item.tokens).sum();
+    let (model, task_file) = (dir.display().to_string(), file.path.display().to_string());
     let seconds = started.elapsed().as_secs_f64();
-    Ok(TaskReport {
-        model: dir.display().to_string(),
-        task_file: file.path.display().to_string(),
-        backend: backend.describe(),
-        num_fewshot,
-        tasks,
-        items,
-        tokens,
-        seconds,
-        items_per_second: items as f64 / seconds.max(1e-9),
-        tokens_per_second: tokens as f64 / seconds.max(1e-9),
-    })
+    Ok(TaskReport::new((model, task_file, backend.describe()), num_fewshot, tasks, seconds))
+}
+
+impl TaskReport {
+    /// The report of `tasks` on `model` (its name, the task file's and the backend's), with the item and token
+    /// counts and rates.
+    pub fn new(
+        (model, task_file, backend): (String, String, String),
+        num_fewshot: usize,
+        tasks: Vec<TaskScore>,
+        seconds: f64,
+    ) -> Self {
+        let items: usize = tasks.iter().map(|t| t.items.len()).sum();
+        let tokens: usize = tasks.iter().flat_map(|t| &t.items).map(|item| item.tokens).sum();
+        Self {
+            model,
+            task_file,
+            backend,
+            num_fewshot,
+            tasks,
+            items,
+            tokens,
+            seconds,
+            items_per_second: items as f64 / seconds.max(1e-9),
+            tokens_per_second: tokens as f64 / seconds.max(1e-9),
+        }
+    }
 }
 
 /// The task's metrics over its items.

@@ -94,19 +94,7 @@ fn join(parts: Vec<&TaskReport>) -> Result<TaskReport, String> {
         }
     }
     let tasks: Vec<TaskScore> = tasks.into_iter().map(|(name, kind, items)| score_task(name, kind, items)).collect();
-    let items = tasks.iter().map(|task| task.items.len()).sum();
-    let tokens = tasks.iter().flat_map(|task| &task.items).map(|item| item.tokens).sum();
     let seconds: f64 = parts.iter().map(|part| part.seconds).sum();
-    Ok(TaskReport {
-        model: first.model.clone(),
-        task_file: first.task_file.clone(),
-        backend: first.backend.clone(),
-        num_fewshot: first.num_fewshot,
-        tasks,
-        items,
-        tokens,
-        seconds,
-        items_per_second: items as f64 / seconds.max(1e-9),
-        tokens_per_second: tokens as f64 / seconds.max(1e-9),
-    })
+    let names = (first.model.clone(), first.task_file.clone(), first.backend.clone());
+    Ok(TaskReport::new(names, first.num_fewshot, tasks, seconds))
 }
