@@ -134,6 +134,9 @@ fn bad_task_files_exit_2_naming_the_line_and_field() {
         let path = write(name, &text);
         expect_exit_2(&squeeze(&["eval", &model, "--task", path_str(&path)]), &[name, needle]);
     }
+    // A prompt of whitespace only: nothing left to condition on once it moves to the continuation.
+    let path = write("blank.jsonl", r#"{"task": "t", "context": "\n", "choices": ["b", "c"], "gold": 0}"#);
+    expect_exit_2(&squeeze(&["eval", &model, "--task", path_str(&path)]), &["blank.jsonl: line 1", "only whitespace"]);
     // A prompt past the model's context window (4,096 positions).
     let long = format!(r#"{{"task": "t", "context": "{}", "choices": ["b", "c"], "gold": 0}}"#, "a".repeat(5000));
     let path = write("long.jsonl", &long);

@@ -45,6 +45,19 @@ pub fn score(
             if continuation.is_empty() {
                 return Err(format!("line {}: choice {choice} ({text:?}) encodes to no token", item.line));
             }
+            if context.is_empty() {
+                return Err(format!(
+                    "line {}: the prompt is only whitespace, which leaves no token to condition on; give it text",
+                    item.line
+                ));
+            }
+            let vocab = model.config().vocab_size;
+            if let Some(&token) = context.iter().chain(&continuation).find(|&&token| token as usize >= vocab) {
+                return Err(format!(
+                    "line {}: the tokenizer gives token {token}, outside the model's vocab_size {vocab}",
+                    item.line
+                ));
+            }
             let mut input = [context.as_slice(), &continuation].concat();
             input.pop();
             window

@@ -60,6 +60,12 @@ pub fn merge(reports: &[&Value], options: &Value) -> Result<TaskMerge, String> {
             .collect::<Result<_, String>>()?;
         let reference = join(parts.iter().map(|part| &part.reference).collect())?;
         let candidate = join(parts.iter().map(|part| &part.candidate).collect())?;
+        let shape = |report: &TaskReport| -> Vec<(String, usize)> {
+            report.tasks.iter().map(|task| (task.task.clone(), task.items.len())).collect()
+        };
+        if shape(&reference) != shape(&candidate) {
+            return Err("its reference and candidate scored different tasks or items".into());
+        }
         let gates: paired::TaskGates = serde_json::from_value(options["gates"].clone()).unwrap_or_default();
         let comparison = paired::compare(&reference.tasks, &candidate.tasks);
         let failures = paired::failures(&comparison, gates);
@@ -91,6 +97,15 @@ fn join(parts: Vec<&TaskReport>) -> Result<TaskReport, String> {
         match tasks.iter_mut().find(|(known, _, _)| *known == name) {
             Some((_, _, known)) => known.extend(items),
             None => tasks.push((name, kind, items)),
+        }
+    }
+    for (name, _, items) in &tasks {
+        let metrics =
+            |item: &super::ItemScore| -> Vec<String> { item.metrics.iter().map(|m| m.metric.clone()).collect() };
+        if let Some(first) = items.first() {
+            if items.iter().any(|item| metrics(item) != metrics(first)) {
+                return Err(format!("task `{name}` has items scored on different metrics"));
+            }
         }
     }
     let tasks: Vec<TaskScore> = tasks.into_iter().map(|(name, kind, items)| score_task(name, kind, items)).collect();
