@@ -240,13 +240,15 @@ fn v4_golden() -> (PathBuf, Vec<u32>, usize, Vec<f32>) {
 /// in that order, with the (request, position) of each.
 fn deepseek_v4_decode(store: super::v4_kv_fp8::V4Cache) -> (Vec<f32>, Vec<(usize, usize)>) {
     use super::hyper::{narrow, widen};
+    use super::layer::PrefillCache;
     use super::rope::rope_setup;
     use super::{embed, Layer, LayerContext};
     use crate::load::layer_stream::StreamedLayer;
     use crate::load::weights::WeightReader;
     use crate::runtime::backend::Backend;
     use crate::runtime::compressed_cache::CompressedCache;
-    use crate::runtime::Tensor;
+    use crate::runtime::kv_cache::LayerState;
+    use crate::runtime::{Spans, Tensor};
 
     let (dir, ids, length, _) = v4_golden();
     let model = Model::open(&dir).expect("golden checkpoint opens");
@@ -272,8 +274,13 @@ fn deepseek_v4_decode(store: super::v4_kv_fp8::V4Cache) -> (Vec<f32>, Vec<(usize
         let prompt_ids = &tokens(request)[..prompt];
         let embedded = backend.upload(&embed(&reader, config, prompt_ids).unwrap(), width).unwrap();
         let mut hidden = widen(backend, config, embedded).unwrap();
-        let cached =
-            layers.iter().map(|layer| layer.prefill_cache((&context, store), &mut hidden, prompt_ids).unwrap());
+        let spans = Spans::new(&[prompt]);
+        let cached = layers.iter().map(|layer| {
+            match layer.prefill((&context, store), &mut hidden, (&spans, prompt_ids), 0, &mut [None]).unwrap().pop() {
+                Some(PrefillCache::State(LayerState::Compressed(cache))) => *cache,
+                _ => unreachable!("a DeepSeek-V4 layer prefills its caches"),
+            }
+        });
         caches.push(cached.collect());
         got.extend(logits(backend.row_range(&hidden, prompt - 1..prompt).unwrap()));
         at.push((request, prompt - 1));

@@ -1,10 +1,10 @@
 //! One decoder layer: its resident weights (norms, token mixer, router, shared or dense MLP, mHC) loaded and
 //! dequantized together, and the pre-norm residual forward `h += mix(norm(h)); h += mlp(norm(h))` (with mHC the streams
-//! collapsed into each block's input and its output expanded back, [`super::hyper`]): its mixer (MLA, GQA or KDA) over
-//! whole sequences ([`Layer::forward`]), over a prompt as the paged cache reads it ([`Layer::prefill`]; KDA:
-//! [`Layer::prefill_state`]) or around the paged attention of a decode step ([`Layer::decode`]; KDA:
-//! [`Layer::decode_states`]; DeepSeek-V4: [`Layer::prefill_cache`], [`Layer::decode_caches`]), then the one residual
-//! and MLP they all share.
+//! collapsed into each block's input and its output expanded back, [`super::hyper`]): its mixer (MLA, GQA, KDA or
+//! DeepSeek-V4's) over whole sequences ([`Layer::forward`]), over prompts into the caches a decode step reads
+//! ([`Layer::prefill`]) or around a decode step's cache ([`Layer::decode`] around the paged attention;
+//! [`Layer::decode_states`] for KDA, [`Layer::decode_caches`] for DeepSeek-V4), then the one residual and MLP they
+//! all share.
 
 use super::compressed_attention::CompressedAttention;
 use super::context::{LayerContext, Residual};
@@ -23,11 +23,11 @@ use crate::model::ModelConfig;
 use crate::runtime::backend::{AttentionShape, Backend, KeySelection};
 use crate::runtime::compressed_cache::CompressedCache;
 use crate::runtime::kda::KdaState;
-use crate::runtime::kv_cache::{KeyChoice, PagedLayout};
+use crate::runtime::kv_cache::{KeyChoice, LayerState as CachedState, PagedLayout};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
 use crate::runtime::tensor::Tensor;
-use crate::runtime::RuntimeError;
+use crate::runtime::{RuntimeError, Spans};
 
 /// A layer's token mixer: softmax attention (MLA, GQA, DeepSeek-V4's compressed attention) or KDA linear attention.
 enum Mixer {
@@ -374,7 +374,81 @@ pub struct PagedInputs<'a> {
     pub keys: Option<KeyChoice<'a>>,
 }
 
-/// The paged uses of a KDA layer: a prompt's prefill into its state, the decode step from the states.
+/// A sequence's cache of one layer after its prefill: what the layer's decode step reads.
+pub enum PrefillCache {
+    /// Softmax attention (MLA, GQA): the cache rows `[tokens, row_width]` and indexer keys `[tokens, aux_width]`,
+    /// f32, where the backend keeps them.
+    Rows { rows: Tensor, aux: Tensor },
+    /// KDA's state, DeepSeek-V4's caches.
+    State(CachedState),
+}
+
+/// Prompts prefilled through any layer.
+impl Layer {
+    /// Prompts' prefill through the layer: each sequence of `spans` (rows of `hidden`; `ids` their token ids) through
+    /// the mixer from an empty cache — softmax attention causally over its own rows as the paged cache reads them
+    /// ([`Layer::attend_prompt`], `selections[i]` the sequence's DSA mask of the last indexer layer), KDA chunked
+    /// from the zero state, DeepSeek-V4's attention filling its caches — then the residual and MLP of all the rows
+    /// together. Returns each sequence's cache of the layer.
+    pub fn prefill(
+        &self,
+        (context, store): (&LayerContext, V4Cache),
+        hidden: &mut Tensor,
+        (spans, ids): (&Spans, &[u32]),
+        aux_width: usize,
+        selections: &mut [Option<Vec<bool>>],
+    ) -> Result<Vec<PrefillCache>, RuntimeError> {
+        let backend = context.backend;
+        let (x, mix) = self.mixer_input(context, hidden)?;
+        if let Mixer::Kda(kda) = &self.mixer {
+            let mut states: Vec<KdaState> = spans.iter().map(|_| KdaState::new(&kda.shape())).collect();
+            let mut sequences: Vec<_> =
+                spans.iter().zip(&mut states).map(|((start, length), state)| (start..start + length, state)).collect();
+            let mixed = kda.mix(backend, &x, &mut sequences, KdaMode::Chunked)?;
+            self.finish_mixed(context, hidden, (&mixed, mix), ids)?;
+            return Ok(states.into_iter().map(|state| PrefillCache::State(CachedState::Kda(state))).collect());
+        }
+        let whole = spans.starts.len() == 1;
+        let (mut output, mut caches) = (None, Vec::with_capacity(spans.starts.len()));
+        for (index, (start, length)) in spans.iter().enumerate() {
+            let part;
+            let x = if whole {
+                &x
+            } else {
+                part = backend.row_range(&x, start..start + length)?;
+                &part
+            };
+            let (block, cache) = match &self.mixer {
+                Mixer::Compressed(attention) => {
+                    let (mixed, cache) = attention.prefill((context, store), x, &mut 0)?;
+                    (mixed, PrefillCache::State(CachedState::Compressed(Box::new(cache))))
+                }
+                _ => {
+                    let (attended, rows, aux) = self.attend_prompt(context, x, aux_width, &mut selections[index])?;
+                    (attended, PrefillCache::Rows { rows, aux })
+                }
+            };
+            caches.push(cache);
+            if whole {
+                output = Some(block);
+            } else {
+                let output = match &mut output {
+                    Some(output) => output,
+                    None => output.insert(backend.empty(spans.total(), block.columns())?),
+                };
+                backend.place_rows(output, start, &block)?;
+            }
+        }
+        let Some(output) = output else { return Ok(caches) };
+        match &self.mixer {
+            Mixer::Compressed(_) => self.finish_mixed(context, hidden, (&output, mix), ids)?,
+            _ => self.finish(context, hidden, (&output, mix))?,
+        }
+        Ok(caches)
+    }
+}
+
+/// The paged uses of a KDA layer: the decode step from the states.
 impl Layer {
     /// Whether the layer's mixer is KDA (a state per request instead of cached rows).
     pub fn is_kda(&self) -> bool {
@@ -387,17 +461,6 @@ impl Layer {
             Mixer::Kda(kda) => Ok(kda),
             _ => Err(RuntimeError::Input("a softmax attention layer was stepped as a KDA layer".into())),
         }
-    }
-
-    /// A prompt's prefill through a KDA layer (chunked, from the zero state), then the layer's residual and MLP;
-    /// returns the request's state after the prompt.
-    pub fn prefill_state(&self, context: &LayerContext, hidden: &mut Tensor) -> Result<KdaState, RuntimeError> {
-        let kda = self.kda()?;
-        let (x, mix) = self.mixer_input(context, hidden)?;
-        let mut state = KdaState::new(&kda.shape());
-        let mixed = kda.mix(context.backend, &x, &mut [(0..x.rows(), &mut state)], KdaMode::Chunked)?;
-        self.finish_mixed(context, hidden, (&mixed, mix), &[])?;
-        Ok(state)
     }
 
     /// The decode step through a KDA layer: row `r` of `hidden` advances `states[r]` by one token (recurrent),
@@ -430,7 +493,7 @@ impl Layer {
     }
 }
 
-/// The cached uses of a DeepSeek-V4 layer: a prompt's prefill into its cache, the decode step from the caches.
+/// The cached uses of a DeepSeek-V4 layer: the decode step from the caches.
 impl Layer {
     /// Whether the layer's mixer is DeepSeek-V4's compressed attention (a cache per request of its own kinds).
     pub fn is_compressed(&self) -> bool {
@@ -442,21 +505,6 @@ impl Layer {
             Mixer::Compressed(attention) => Ok(attention),
             _ => Err(RuntimeError::Input("a layer without DeepSeek-V4's attention was stepped as one".into())),
         }
-    }
-
-    /// A prompt's prefill through the layer (`ids`: its token ids), then the layer's residual and MLP; returns the
-    /// request's cache of the layer after the prompt.
-    pub fn prefill_cache(
-        &self,
-        (context, store): (&LayerContext, V4Cache),
-        hidden: &mut Tensor,
-        ids: &[u32],
-    ) -> Result<CompressedCache, RuntimeError> {
-        let attention = self.compressed()?;
-        let (x, mix) = self.mixer_input(context, hidden)?;
-        let (mixed, cache) = attention.prefill((context, store), &x, &mut 0)?;
-        self.finish_mixed(context, hidden, (&mixed, mix), ids)?;
-        Ok(cache)
     }
 
     /// The decode step through the layer: row `r` of `hidden` (token `ids[r]`) is the next token of the request
@@ -583,19 +631,21 @@ impl Layer {
         self.finish_mixed(context, hidden, (&projected, mix), &[])
     }
 
-    /// A prompt's paged prefill through the layer: its rows for the cache (`[tokens, row_width]`, and the indexer
-    /// keys `[tokens, aux_width]`), its attention over them causally as the paged cache layout reads them (the
-    /// f32 rows, before a hand-over rounds them) with `selection` the DSA mask of the last indexer layer (updated
-    /// by this layer's own indexer), then the layer's [`Layer::finish`]. Returns the rows, for the hand-over.
-    pub fn prefill(
+    /// One prompt's attention through a softmax attention layer (`x`: its mixer input): its rows for the cache
+    /// (`[tokens, row_width]`, and the indexer keys `[tokens, aux_width]`) and its attention over them causally as the
+    /// paged cache layout reads them (the f32 rows, before a hand-over rounds them) with `selection` the DSA mask of
+    /// the last indexer layer (updated by this layer's own indexer). Returns the attended values `o_proj` takes and
+    /// the rows.
+    fn attend_prompt(
         &self,
         context: &LayerContext,
-        hidden: &mut Tensor,
-        (positions, aux_width): (&[usize], usize),
+        x: &Tensor,
+        aux_width: usize,
         selection: &mut Option<Vec<bool>>,
-    ) -> Result<(Tensor, Tensor), RuntimeError> {
+    ) -> Result<(Tensor, Tensor, Tensor), RuntimeError> {
         let LayerContext { backend, config, table, mla_scale, .. } = *context;
-        let count = positions.len();
+        let count = x.rows();
+        let positions: Vec<usize> = (0..count).collect();
         let layout = Self::layout(config, mla_scale);
         let shape = AttentionShape {
             tokens: count,
@@ -605,17 +655,14 @@ impl Layer {
             v_dim: layout.v_dim,
             scale: layout.scale,
         };
-        let (x, mix) = self.mixer_input(context, hidden)?;
-        let (rows, aux, queries) = self.project(backend, config, table, &x, positions, aux_width)?;
+        let (rows, aux, queries) = self.project(backend, config, table, x, &positions, aux_width)?;
         let q = self.attention_queries(backend, config, &queries)?;
         if let Some(chosen) = Self::select_prompt(backend, config, &queries, &aux)? {
             *selection = Some(chosen.mask);
         }
         let (k, v) = keys_and_values(backend, &layout, &rows)?;
         let attended = backend.attention(&q, &k, &v, 0..count, &shape, selection.as_deref())?;
-        let attended = self.attention_values(backend, config, attended)?;
-        self.finish(context, hidden, (&attended, mix))?;
-        Ok((rows, aux))
+        Ok((self.attention_values(backend, config, attended)?, rows, aux))
     }
 
     /// The decode step through the layer: the new tokens' cache rows and queries from the residual stream `hidden`

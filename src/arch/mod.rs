@@ -4,8 +4,9 @@
 //! transformers' float32 logits — one file per piece, each with its full-sequence forward and its decode step, on
 //! the op surface of [`crate::runtime`]. A [`Layer`] is a token mixer (MLA [`mla`], GQA [`gqa`], KDA [`kda`],
 //! V4's compressed attention) and an MLP/MoE ([`moe`]) on the residual stream. One [`Layer`] type serves both:
-//! [`Model`] streams the layers through whole sequences; [`paged::PagedModel`] keeps them resident for prompt
-//! prefill and the paged decode step of `serve-test`.
+//! [`Model`] streams the layers through whole sequences (or through contexts run once and the continuations stepped
+//! after them: [`continuations`]); [`paged::PagedModel`] keeps them resident for prompt prefill and the paged decode
+//! step of `serve-test`.
 //!
 //! # Layer-streamed execution and memory
 //! Weights are read one decoder layer at a time (mmap → dequantize to f32), every sequence of the batch advances
@@ -34,6 +35,7 @@ pub mod causal_lm;
 pub mod compressed_attention;
 pub mod compressor;
 pub mod context;
+pub mod continuations;
 pub mod embedding;
 pub mod entry_indexer;
 #[cfg(test)]

@@ -16,7 +16,7 @@ use std::path::Path;
 use super::context::LayerContext;
 use super::embedding::head_name;
 use super::hyper::{narrow, widen};
-use super::layer::{Layer, PagedInputs};
+use super::layer::{Layer, PagedInputs, PrefillCache};
 use super::mtp::MtpLayer;
 use super::rope::rope_setup;
 use super::v4_kv_fp8::V4Cache;
@@ -32,7 +32,7 @@ use crate::runtime::kv_cache::LayerState;
 use crate::runtime::kv_cache::{KvAt, KvDtype, KvPool, KvRows, PagedStep, PoolError, PoolShape, RequestId};
 use crate::runtime::matrix::Matrix;
 use crate::runtime::rope_table::RopeTable;
-use crate::runtime::{RuntimeError, Tensor};
+use crate::runtime::{RuntimeError, Spans, Tensor};
 
 /// One request's new token in a decode batch.
 #[derive(Debug, Clone, Copy)]
@@ -260,13 +260,12 @@ impl PagedModel {
         self.stepping().check_positions(tokens.len())?;
         let reader = WeightReader::new(&self.checkpoint);
         let count = tokens.len();
-        let positions: Vec<usize> = (0..count).collect();
         let width = self.config.hidden_size;
         let embedded = backend.upload(&reader.rows(self.config.embed_name(), width, tokens)?, width)?;
         let mut hidden = widen(backend, &self.config, embedded)?;
         let (mut all_rows, mut all_aux, mut states) = (Vec::new(), Vec::new(), Vec::new());
         // The last DSA selection `[count, count]` (shared layers reuse the last indexer layer's).
-        let mut selection: Option<Vec<bool>> = None;
+        let mut selections = [None];
         let context = LayerContext {
             backend,
             reader: &reader,
@@ -274,22 +273,18 @@ impl PagedModel {
             table: &self.table,
             mla_scale: self.mla_scale,
         };
+        let spans = Spans::new(&[count]);
         for layer in &self.layers {
-            if layer.is_kda() {
-                states.push(LayerState::Kda(layer.prefill_state(&context, &mut hidden)?));
-                continue;
+            let store = (&context, self.v4_cache);
+            for cache in layer.prefill(store, &mut hidden, (&spans, tokens), self.aux_width(), &mut selections)? {
+                match cache {
+                    PrefillCache::Rows { rows, aux } => {
+                        all_rows.push(rows);
+                        all_aux.push(aux);
+                    }
+                    PrefillCache::State(state) => states.push(state),
+                }
             }
-            if layer.is_compressed() {
-                states.push(LayerState::Compressed(Box::new(layer.prefill_cache(
-                    (&context, self.v4_cache),
-                    &mut hidden,
-                    tokens,
-                )?)));
-                continue;
-            }
-            let (rows, aux) = layer.prefill(&context, &mut hidden, (&positions, self.aux_width()), &mut selection)?;
-            all_rows.push(rows);
-            all_aux.push(aux);
         }
         let hidden = narrow(backend, &reader, &self.config, hidden)?;
         let normed = backend.rms_normed(&hidden, &self.norm, self.config.rms_norm_eps as f32)?;

@@ -7,6 +7,7 @@ mod calibrate;
 mod card;
 mod cluster;
 mod common;
+mod continuations;
 mod cuda_backend;
 mod cuda_decode;
 mod deepseek_v4;

@@ -1,27 +1,47 @@
 //! Multiple choice by log-likelihood, lm-evaluation-harness's protocol: each choice's continuation `" " + choice`
 //! scored as the sum of its tokens' log-probabilities after the prompt; `acc` takes the highest sum, `acc_norm` the
-//! highest sum per character of the choice (the harness's `len(choice)`), the first on a tie. Every continuation of
-//! a task goes through each streamed layer together (up to [`TOKENS_PER_PASS`] tokens a pass).
+//! highest sum per character of the choice (the harness's `len(choice)`), the first on a tie. An item's choices
+//! share its context, which runs once ([`crate::arch::continuations`]); every context and continuation of a task
+//! goes through each streamed layer together (up to [`TOKENS_PER_PASS`] tokens a pass).
 
 use super::file::{Answer, Task};
 use super::prompt::{encode_pair, prompt, TARGET_DELIMITER};
 use super::{ItemScore, MetricOutcome};
+use crate::arch::continuations::{Group, RowAt};
 use crate::arch::Model;
 use crate::model::tokenizer::Tokenizer;
 use crate::progress::Reporter;
-use crate::runtime::{Backend, RuntimeError};
+use crate::runtime::Backend;
 
 /// Tokens forwarded together in one pass over the layers (bounds the activations held per layer).
 pub const TOKENS_PER_PASS: usize = 32_768;
 
-/// One continuation to score: item `item`, choice `choice`, the tokens fed (context and continuation but the last)
-/// and the continuation's tokens, which rows `context − 1 …` predict.
+/// One choice's continuation to score: item `item`, choice `choice`, its tokens, which the context's last row and
+/// then its own rows predict; the running sum of their log-probabilities and whether each is the greedy pick.
 struct Request {
     item: usize,
     choice: usize,
-    input: Vec<u32>,
-    context: usize,
     continuation: Vec<u32>,
+    sum: f64,
+    greedy: bool,
+}
+
+/// A context and the requests that continue it.
+struct Shared {
+    context: Vec<u32>,
+    requests: Vec<Request>,
+}
+
+impl Shared {
+    /// Tokens it puts through the model: the context once, each continuation but its last token.
+    fn tokens(&self) -> usize {
+        self.context.len() + self.requests.iter().map(|r| r.continuation.len() - 1).sum::<usize>()
+    }
+
+    fn group(&self) -> Group {
+        let continuations = self.requests.iter().map(|r| r.continuation[..r.continuation.len() - 1].to_vec());
+        Group { context: self.context.clone(), continuations: continuations.collect() }
+    }
 }
 
 /// Scores every item of the multiple-choice `task` with `fewshot` examples before each; an empty prompt is
@@ -34,10 +54,12 @@ pub fn score(
     reporter: &dyn Reporter,
 ) -> Result<Vec<ItemScore>, String> {
     let window = &model.config().window;
-    let mut requests = Vec::new();
+    let vocab = model.config().vocab_size;
+    let mut shared: Vec<Shared> = Vec::new();
     for (index, item) in task.items.iter().enumerate() {
         let Answer::Choice { choices, .. } = &item.answer else { unreachable!("a multiple-choice task") };
         let context = prompt(task, item, fewshot)?;
+        let first = shared.len();
         for (choice, text) in choices.iter().enumerate() {
             let (context, continuation) =
                 encode_pair(tokenizer, prefix, &context, &format!("{TARGET_DELIMITER}{text}"))
@@ -51,50 +73,59 @@ pub fn score(
                     item.line
                 ));
             }
-            let vocab = model.config().vocab_size;
             if let Some(&token) = context.iter().chain(&continuation).find(|&&token| token as usize >= vocab) {
                 return Err(format!(
                     "line {}: the tokenizer gives token {token}, outside the model's vocab_size {vocab}",
                     item.line
                 ));
             }
-            let mut input = [context.as_slice(), &continuation].concat();
-            input.pop();
             window
-                .check(&format!("line {}, choice {choice}", item.line), input.len(), false)
+                .check(&format!("line {}, choice {choice}", item.line), context.len() + continuation.len() - 1, false)
                 .map_err(|problem| format!("{problem} (shorten the context or lower --num-fewshot)"))?;
-            requests.push(Request { item: index, choice, input, context: context.len(), continuation });
+            let request = Request { item: index, choice, continuation, sum: 0.0, greedy: true };
+            // The choices of an item share its context (the harness encodes it alone, whatever the choice).
+            match shared[first..].iter_mut().find(|s| s.context == context) {
+                Some(same) => same.requests.push(request),
+                None => shared.push(Shared { context, requests: vec![request] }),
+            }
         }
     }
-    let vocab = model.config().vocab_size;
     let mut tokens = vec![0; task.items.len()];
-    for request in &requests {
-        tokens[request.item] += request.input.len();
+    for group in &shared {
+        tokens[group.requests[0].item] += group.tokens();
+    }
+    for pass in passes(&mut shared) {
+        let groups: Vec<Group> = pass.iter().map(Shared::group).collect();
+        let mut sink = |at: RowAt, logits: &[f32]| {
+            let group = &mut pass[at.group];
+            let scored = match at.continuation {
+                // The context's last row predicts every continuation's first token.
+                None => group.requests.iter_mut().map(|r| (r.continuation[0], r)).collect::<Vec<_>>(),
+                Some((c, t)) => {
+                    let request = &mut group.requests[c];
+                    vec![(request.continuation[t + 1], request)]
+                }
+            };
+            for (token, request) in scored {
+                let (logprob, best) = log_softmax_at(logits, token as usize);
+                request.sum += logprob;
+                request.greedy &= best == token as usize;
+            }
+            Ok(())
+        };
+        model.forward_continuations(backend, &groups, reporter, &mut sink).map_err(|e| e.to_string())?;
     }
     let mut loglikelihoods = vec![Vec::new(); task.items.len()];
     let mut greedy = vec![Vec::new(); task.items.len()];
-    for pass in passes(&requests) {
-        let sequences: Vec<Vec<u32>> = pass.iter().map(|request| request.input.clone()).collect();
-        let mut sink = |index: usize, logits: &[f32]| {
-            let request = &pass[index];
-            let (mut sum, mut argmax_all) = (0.0f64, true);
-            for (offset, &token) in request.continuation.iter().enumerate() {
-                let row = &logits[(request.context - 1 + offset) * vocab..][..vocab];
-                let (logprob, best) = log_softmax_at(row, token as usize);
-                sum += logprob;
-                argmax_all &= best == token as usize;
-            }
-            if !sum.is_finite() {
-                return Err(RuntimeError::Input(format!(
-                    "line {}: choice {} has a non-finite log-likelihood",
-                    task.items[request.item].line, request.choice
-                )));
-            }
-            loglikelihoods[request.item].push((request.choice, sum));
-            greedy[request.item].push((request.choice, argmax_all));
-            Ok(())
-        };
-        model.forward(backend, &sequences, reporter, &mut sink).map_err(|e| e.to_string())?;
+    for request in shared.iter().flat_map(|group| &group.requests) {
+        if !request.sum.is_finite() {
+            return Err(format!(
+                "line {}: choice {} has a non-finite log-likelihood",
+                task.items[request.item].line, request.choice
+            ));
+        }
+        loglikelihoods[request.item].push((request.choice, request.sum));
+        greedy[request.item].push((request.choice, request.greedy));
     }
     Ok(task
         .items
@@ -129,19 +160,19 @@ pub fn score(
         .collect())
 }
 
-/// The requests cut into passes of at most [`TOKENS_PER_PASS`] tokens (a longer request alone).
-fn passes(requests: &[Request]) -> Vec<&[Request]> {
+/// The contexts and their continuations cut into passes of at most [`TOKENS_PER_PASS`] tokens (a larger one alone).
+fn passes(shared: &mut [Shared]) -> Vec<&mut [Shared]> {
     let mut passes = Vec::new();
-    let (mut start, mut tokens) = (0, 0);
-    for (index, request) in requests.iter().enumerate() {
-        if index > start && tokens + request.input.len() > TOKENS_PER_PASS {
-            passes.push(&requests[start..index]);
-            (start, tokens) = (index, 0);
+    let mut rest = shared;
+    while !rest.is_empty() {
+        let (mut count, mut tokens) = (0, 0);
+        while count < rest.len() && (count == 0 || tokens + rest[count].tokens() <= TOKENS_PER_PASS) {
+            tokens += rest[count].tokens();
+            count += 1;
         }
-        tokens += request.input.len();
-    }
-    if start < requests.len() {
-        passes.push(&requests[start..]);
+        let (pass, after) = rest.split_at_mut(count);
+        passes.push(pass);
+        rest = after;
     }
     passes
 }

@@ -39,8 +39,8 @@ pub struct ItemScore {
     /// 1-based line of the task file.
     pub line: usize,
     pub metrics: Vec<MetricOutcome>,
-    /// Tokens run through the model for it: every choice's context and continuation (multiple choice), the prompt
-    /// and the generated tokens (generation).
+    /// Tokens run through the model for it: its context once and each choice's continuation but the last token
+    /// (multiple choice), the prompt and the generated tokens (generation).
     pub tokens: usize,
     /// Multiple choice: each choice's summed log-likelihood, and whether greedy decoding would produce it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
