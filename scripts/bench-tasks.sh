@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `eval --task` throughput (issue 51) against the runtime's own forward: the multiple-choice tasks of
 # eval/tempest-tasks.jsonl (each item's context run once per streamed layer, its choices' continuations stepped
-# after it, all of a task's contexts and continuations together) at 0 and 5 shots on the trained tiny models, beside
+# after it, all of a task's contexts and continuations together) at 0 and 3 shots (all the few-shot examples the file has) on the trained tiny models, beside
 # `eval --data` on the same model in the same run (chunks of 256 tokens of The Tempest: the same forward with nothing
 # to score but the next token). Prints items/s, tokens per item and tokens/s through the model, the ratio of task to
 # plain-forward tokens/s, and with BASELINE=path/to/an/older/squeeze the same tasks on that binary (one that runs
@@ -26,7 +26,7 @@ for model in eval/tiny-shakespeare-fp8 eval/tiny-shakespeare-glm45-fp8; do
   for run in $(seq "$runs"); do
     "$SQUEEZE" eval "$model" --data eval/shakespeare-heldout.txt --ctx 256 --chunks 96 --json > "$work/plain.json"
     "$SQUEEZE" eval "$model" --task "$work/generate.jsonl" --json > "$work/generate.json"
-    for shots in 0 5; do
+    for shots in 0 3; do
       "$SQUEEZE" eval "$model" --task "$work/choice.jsonl" --num-fewshot "$shots" --json > "$work/choice.json"
       echo '{}' > "$work/baseline.json"
       if [ -n "${BASELINE:-}" ]; then

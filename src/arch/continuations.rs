@@ -1,10 +1,11 @@
 //! Continuations scored after shared contexts, layer-streamed: every decoder layer takes the distinct contexts of a
-//! pass once, all together ([`Layer::prefill`], which keeps each context's cache of the layer), then the
-//! continuations that follow them step through the layer token by token against a copy of their context's cache —
-//! step `t` takes token `t` of every continuation that has one, all continuations of the pass together — as a decode
-//! step reads it: a one-layer pool of the context's rows for softmax attention (the paged attention, DSA's key
-//! choice included), the context's KDA state, DeepSeek-V4's caches. With teacher forcing every token's input at a
-//! layer is known from the layer before, so the steps of one layer need no other layer.
+//! pass once, all together ([`Layer::prefill`], which keeps each context's cache of the layer), then every token of
+//! the continuations that follow them against a copy of their context's cache, as decode steps read it: one paged
+//! decode of all the continuations' tokens through a one-layer pool of the contexts' rows for softmax attention (a
+//! token attends to its context and to the tokens of its continuation before it; DSA's key choice included), and
+//! step by step — token `t` of every continuation that has one — from a copy of the context's KDA state or
+//! DeepSeek-V4's caches. With teacher forcing every token's input at a layer is known from the layer before, so a
+//! layer needs no other layer.
 //!
 //! A multiple-choice item's choices share their context: it runs once per layer instead of once per choice.
 
@@ -49,13 +50,16 @@ pub struct RowAt {
 /// Receives each scored row's logits `[vocab]`.
 pub type RowSink<'a> = dyn FnMut(RowAt, &[f32]) -> Result<(), RuntimeError> + 'a;
 
-/// The continuations of a pass, longest first: step `t` advances the first `counts[t]` of them.
+/// The continuations' tokens of a pass, step by step: the continuations longest first, step `t` (token `t` of each
+/// continuation that has one) in rows `starts[t] .. starts[t] + counts[t]`, in that order.
 struct Followers {
-    /// `(group, continuation)`.
+    /// `(group, continuation)`, longest first.
     order: Vec<(usize, usize)>,
     counts: Vec<usize>,
-    /// Per step, the token each advancing continuation feeds.
-    ids: Vec<Vec<u32>>,
+    starts: Vec<usize>,
+    /// Each row's token and its position (its context's length + `t`).
+    ids: Vec<u32>,
+    positions: Vec<usize>,
 }
 
 impl Followers {
@@ -71,12 +75,20 @@ impl Followers {
         order.sort_by_key(|follower| Reverse(length(follower)));
         let steps = order.first().map_or(0, length);
         let counts: Vec<usize> = (0..steps).map(|t| order.iter().take_while(|f| length(f) > t).count()).collect();
-        let ids = counts
-            .iter()
-            .enumerate()
-            .map(|(t, &count)| order[..count].iter().map(|&(g, c)| groups[g].continuations[c][t]).collect())
-            .collect();
-        Self { order, counts, ids }
+        let starts = counts.iter().scan(0, |next, &count| Some(std::mem::replace(next, *next + count))).collect();
+        let (mut ids, mut positions) = (Vec::new(), Vec::new());
+        for (t, &count) in counts.iter().enumerate() {
+            for &(g, c) in &order[..count] {
+                ids.push(groups[g].continuations[c][t]);
+                positions.push(groups[g].context.len() + t);
+            }
+        }
+        Self { order, counts, starts, ids, positions }
+    }
+
+    /// The rows of step `t`.
+    fn step(&self, t: usize) -> std::ops::Range<usize> {
+        self.starts[t]..self.starts[t] + self.counts[t]
     }
 }
 
@@ -110,10 +122,11 @@ impl Model {
         let embedded = |ids: &[u32]| widen(backend, config, backend.upload(&embed(&reader, config, ids)?, width)?);
         let context_ids: Vec<u32> = groups.iter().flat_map(|group| group.context.iter().copied()).collect();
         let mut contexts = embedded(&context_ids)?;
-        let mut steps = followers.ids.iter().map(|ids| embedded(ids)).collect::<Result<Vec<_>, _>>()?;
-        // Per context its DSA selection, per step its DSA key mask: the last indexer layer's (shared layers reuse it).
+        let mut follow = embedded(&followers.ids)?;
+        // Per context its DSA selection, for the continuations' tokens their DSA key mask: the last indexer layer's
+        // (shared layers reuse it).
         let mut selections = vec![None; groups.len()];
-        let mut keys: Vec<Option<Tensor>> = steps.iter().map(|_| None).collect();
+        let mut keys: Option<Tensor> = None;
 
         reporter.begin("layers", config.num_hidden_layers as u64 + 1);
         let context = LayerContext { backend, reader: &reader, config, table: &table, mla_scale };
@@ -123,13 +136,13 @@ impl Model {
             let store = (&context, V4Cache::Exact);
             let caches =
                 layer.prefill(store, &mut contexts, (&spans, &context_ids), stepping.aux_width(), &mut selections)?;
-            if steps.is_empty() {
+            if followers.ids.is_empty() {
                 return Ok(());
             }
             if layer.is_kda() || layer.is_compressed() {
-                step_states(&context, layer, &caches, &followers, &mut steps)
+                step_states(&context, layer, &caches, &followers, &mut follow)
             } else {
-                step_attention((&context, &stepping), layer, (groups, &caches), &followers, (&mut steps, &mut keys))
+                attend_all((&context, &stepping), layer, (groups, &caches), &followers, (&mut follow, &mut keys))
             }
         })?;
 
@@ -150,28 +163,28 @@ impl Model {
         };
         let last: Vec<usize> = spans.iter().map(|(start, length)| start + length - 1).collect();
         heads(&contexts, &last, &|group| RowAt { group, continuation: None })?;
-        for (t, hidden) in steps.iter().enumerate() {
-            let rows: Vec<usize> = (0..followers.counts[t]).collect();
-            heads(hidden, &rows, &|row| {
-                let (group, c) = followers.order[row];
-                RowAt { group, continuation: Some((c, t)) }
-            })?;
-        }
+        let rows: Vec<usize> = (0..followers.ids.len()).collect();
+        heads(&follow, &rows, &|row| {
+            let t = followers.starts.partition_point(|&start| start <= row) - 1;
+            let (group, c) = followers.order[row - followers.starts[t]];
+            RowAt { group, continuation: Some((c, t)) }
+        })?;
         reporter.advance(1);
         reporter.end();
         Ok(())
     }
 }
 
-/// The continuations' steps through a softmax attention layer: a one-layer pool holding each continuation's copy
-/// of its context's rows, then step `t` writes and attends token `t` of every continuation that has one (the DSA
-/// keys chosen by this layer's indexer, or the step's mask of the last indexer layer reused).
-fn step_attention(
+/// The continuations' tokens through a softmax attention layer: a one-layer pool holding each continuation's copy
+/// of its context's rows, then one paged decode of every token, which writes each token's row and attends over its
+/// context and its continuation up to it (the DSA keys chosen by this layer's indexer, or `keys`, the mask of the
+/// last indexer layer, reused).
+fn attend_all(
     (context, stepping): (&LayerContext, &Stepping),
     layer: &Layer,
     (groups, caches): (&[Group], &[PrefillCache]),
     followers: &Followers,
-    (steps, keys): (&mut [Tensor], &mut [Option<Tensor>]),
+    (follow, keys): (&mut Tensor, &mut Option<Tensor>),
 ) -> Result<(), RuntimeError> {
     let backend = context.backend;
     let (row_width, aux_width) = (stepping.row_width(), stepping.aux_width());
@@ -189,42 +202,42 @@ fn step_attention(
         let at: Vec<KvAt> = (0..rows.rows()).map(|position| KvAt { request, position }).collect();
         backend.kv_write(&mut pool, 0, &KvRows { rows, aux, at: &at })?;
     }
+    // Row `starts[t] + i` is token `t` of continuation `i`: its request (`i`) and position.
+    let mut requests = Vec::with_capacity(followers.ids.len());
+    for (t, &count) in followers.counts.iter().enumerate() {
+        requests.extend(
+            (0..count).map(|i| KvAt { request: i as u64, position: followers.positions[followers.starts[t] + i] }),
+        );
+    }
     let layout = Layer::layout(context.config, context.mla_scale);
-    for (t, (hidden, keys)) in steps.iter_mut().zip(keys.iter_mut()).enumerate() {
-        let requests: Vec<KvAt> = followers.order[..followers.counts[t]]
-            .iter()
-            .enumerate()
-            .map(|(request, &(g, _))| KvAt { request: request as u64, position: groups[g].context.len() + t })
-            .collect();
-        let positions: Vec<usize> = requests.iter().map(|at| at.position).collect();
-        let mut selected = None;
-        let attend = |_: &mut Tensor, inputs: PagedInputs| {
-            let PagedInputs { q, rows, aux, keys } = inputs;
-            let paged = PagedStep { layer: 0, layout, verify: false, q, rows, aux, requests: &requests, keys };
-            let decoded = backend.paged_decode(&mut pool, &paged)?;
-            if let Some(fault) = decoded.faults.into_iter().flatten().next() {
-                return Err(RuntimeError::Input(format!("a continuation's cache failed its check: {fault}")));
-            }
-            selected = decoded.keys;
-            Ok(Some((decoded.out, None)))
-        };
-        layer.decode(context, hidden, (&positions, aux_width), keys.as_ref(), attend)?;
-        if selected.is_some() {
-            *keys = selected;
+    let mut selected = None;
+    let attend = |_: &mut Tensor, inputs: PagedInputs| {
+        let PagedInputs { q, rows, aux, keys } = inputs;
+        let paged = PagedStep { layer: 0, layout, verify: false, q, rows, aux, requests: &requests, keys };
+        let decoded = backend.paged_decode(&mut pool, &paged)?;
+        if let Some(fault) = decoded.faults.into_iter().flatten().next() {
+            return Err(RuntimeError::Input(format!("a continuation's cache failed its check: {fault}")));
         }
+        selected = decoded.keys;
+        Ok(Some((decoded.out, None)))
+    };
+    layer.decode(context, follow, (&followers.positions, aux_width), keys.as_ref(), attend)?;
+    if selected.is_some() {
+        *keys = selected;
     }
     Ok(())
 }
 
-/// The continuations' steps through a KDA or DeepSeek-V4 layer: each continuation from a copy of its context's
-/// state (caches), advanced one token a step.
+/// The continuations' tokens through a KDA or DeepSeek-V4 layer, step by step: each continuation from a copy of its
+/// context's state (caches), advanced one token a step.
 fn step_states(
     context: &LayerContext,
     layer: &Layer,
     caches: &[PrefillCache],
     followers: &Followers,
-    steps: &mut [Tensor],
+    follow: &mut Tensor,
 ) -> Result<(), RuntimeError> {
+    let backend = context.backend;
     let mut states = Vec::with_capacity(followers.order.len());
     for &(group, _) in &followers.order {
         match &caches[group] {
@@ -240,17 +253,21 @@ fn step_states(
             .into_iter()
             .map(|state| if let LayerState::Kda(state) = state { Ok(state) } else { Err(wrong()) })
             .collect::<Result<Vec<_>, _>>()?;
-        for (t, hidden) in steps.iter_mut().enumerate() {
-            layer.decode_states(context, hidden, &mut kda[..followers.counts[t]])?;
+        for (t, &count) in followers.counts.iter().enumerate() {
+            let mut hidden = backend.row_range(follow, followers.step(t))?;
+            layer.decode_states(context, &mut hidden, &mut kda[..count])?;
+            backend.place_rows(follow, followers.starts[t], &hidden)?;
         }
     } else {
         let mut compressed = states
             .into_iter()
             .map(|state| if let LayerState::Compressed(cache) = state { Ok(*cache) } else { Err(wrong()) })
             .collect::<Result<Vec<_>, _>>()?;
-        for (t, hidden) in steps.iter_mut().enumerate() {
-            let count = followers.counts[t];
-            layer.decode_caches((context, V4Cache::Exact), hidden, &mut compressed[..count], &followers.ids[t])?;
+        for (t, &count) in followers.counts.iter().enumerate() {
+            let mut hidden = backend.row_range(follow, followers.step(t))?;
+            let ids = &followers.ids[followers.step(t)];
+            layer.decode_caches((context, V4Cache::Exact), &mut hidden, &mut compressed[..count], ids)?;
+            backend.place_rows(follow, followers.starts[t], &hidden)?;
         }
     }
     Ok(())
