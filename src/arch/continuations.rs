@@ -1,11 +1,11 @@
 //! Continuations scored after shared contexts, layer-streamed: every decoder layer takes the distinct contexts of a
 //! pass once, all together ([`Layer::prefill`], which keeps each context's cache of the layer), then every token of
-//! the continuations that follow them against a copy of their context's cache, as decode steps read it: one paged
-//! decode of all the continuations' tokens through a one-layer pool of the contexts' rows for softmax attention (a
-//! token attends to its context and to the tokens of its continuation before it; DSA's key choice included), and
-//! step by step — token `t` of every continuation that has one — from a copy of the context's KDA state or
-//! DeepSeek-V4's caches. With teacher forcing every token's input at a layer is known from the layer before, so a
-//! layer needs no other layer.
+//! the continuations that follow them at once, each continuation against a copy of its context's cache as decode
+//! steps read it: one paged decode through a one-layer pool of the contexts' rows for softmax attention (a token
+//! attends to its context and to its continuation up to it; DSA's key choice included), each continuation's run of
+//! tokens from a copy of its context's KDA state, DeepSeek-V4's caches stepped one token of every continuation at a
+//! time; then the layer's MLP once over all the tokens. With teacher forcing every token's input at a layer is known
+//! from the layer before, so a layer needs no other layer.
 //!
 //! A multiple-choice item's choices share their context: it runs once per layer instead of once per choice.
 
@@ -50,20 +50,23 @@ pub struct RowAt {
 /// Receives each scored row's logits `[vocab]`.
 pub type RowSink<'a> = dyn FnMut(RowAt, &[f32]) -> Result<(), RuntimeError> + 'a;
 
-/// The continuations' tokens of a pass, step by step: the continuations longest first, step `t` (token `t` of each
-/// continuation that has one) in rows `starts[t] .. starts[t] + counts[t]`, in that order.
+/// The continuations' tokens of a pass, one row each: every continuation's tokens in a run (for KDA's states), or
+/// for DeepSeek-V4 (whose caches take one token a step) step by step — the continuations longest first, step `t`
+/// (token `t` of each continuation that has one) in rows `Σ steps[..t] ..` of `steps[t]` rows.
 struct Followers {
     /// `(group, continuation)`, longest first.
     order: Vec<(usize, usize)>,
-    counts: Vec<usize>,
-    starts: Vec<usize>,
-    /// Each row's token and its position (its context's length + `t`).
+    /// Each row's continuation (an index into `order`) and which of its tokens it is.
+    rows: Vec<(usize, usize)>,
+    /// Each row's token and its position (its context's length + the token's index).
     ids: Vec<u32>,
     positions: Vec<usize>,
+    /// Step by step: rows per step; else empty.
+    steps: Vec<usize>,
 }
 
 impl Followers {
-    fn new(groups: &[Group]) -> Self {
+    fn new(groups: &[Group], stepped: bool) -> Self {
         let mut order: Vec<(usize, usize)> = groups
             .iter()
             .enumerate()
@@ -73,22 +76,23 @@ impl Followers {
             .collect();
         let length = |&(g, c): &(usize, usize)| groups[g].continuations[c].len();
         order.sort_by_key(|follower| Reverse(length(follower)));
-        let steps = order.first().map_or(0, length);
-        let counts: Vec<usize> = (0..steps).map(|t| order.iter().take_while(|f| length(f) > t).count()).collect();
-        let starts = counts.iter().scan(0, |next, &count| Some(std::mem::replace(next, *next + count))).collect();
-        let (mut ids, mut positions) = (Vec::new(), Vec::new());
-        for (t, &count) in counts.iter().enumerate() {
-            for &(g, c) in &order[..count] {
-                ids.push(groups[g].continuations[c][t]);
-                positions.push(groups[g].context.len() + t);
-            }
-        }
-        Self { order, counts, starts, ids, positions }
-    }
-
-    /// The rows of step `t`.
-    fn step(&self, t: usize) -> std::ops::Range<usize> {
-        self.starts[t]..self.starts[t] + self.counts[t]
+        let longest = order.first().map_or(0, length);
+        let steps: Vec<usize> = match stepped {
+            true => (0..longest).map(|t| order.iter().take_while(|f| length(f) > t).count()).collect(),
+            false => Vec::new(),
+        };
+        let rows: Vec<(usize, usize)> = match stepped {
+            true => steps.iter().enumerate().flat_map(|(t, &count)| (0..count).map(move |i| (i, t))).collect(),
+            false => order.iter().enumerate().flat_map(|(i, f)| (0..length(f)).map(move |t| (i, t))).collect(),
+        };
+        let (ids, positions) = rows
+            .iter()
+            .map(|&(i, t)| {
+                let (g, c) = order[i];
+                (groups[g].continuations[c][t], groups[g].context.len() + t)
+            })
+            .unzip();
+        Self { order, rows, ids, positions, steps }
     }
 }
 
@@ -111,7 +115,7 @@ impl Model {
         let width = config.hidden_size;
         let lengths: Vec<usize> = groups.iter().map(|group| group.context.len()).collect();
         let spans = Spans::new(&lengths);
-        let followers = Followers::new(groups);
+        let followers = Followers::new(groups, config.deepseek_v4().is_some());
         let longest = groups
             .iter()
             .flat_map(|group| group.continuations.iter().map(|c| group.context.len() + c.len()))
@@ -140,7 +144,7 @@ impl Model {
                 return Ok(());
             }
             if layer.is_kda() || layer.is_compressed() {
-                step_states(&context, layer, &caches, &followers, &mut follow)
+                extend_states(&context, layer, &caches, &followers, &mut follow)
             } else {
                 attend_all((&context, &stepping), layer, (groups, &caches), &followers, (&mut follow, &mut keys))
             }
@@ -165,9 +169,8 @@ impl Model {
         heads(&contexts, &last, &|group| RowAt { group, continuation: None })?;
         let rows: Vec<usize> = (0..followers.ids.len()).collect();
         heads(&follow, &rows, &|row| {
-            let t = followers.starts.partition_point(|&start| start <= row) - 1;
-            let (group, c) = followers.order[row - followers.starts[t]];
-            RowAt { group, continuation: Some((c, t)) }
+            let (i, t) = followers.rows[row];
+            RowAt { group: followers.order[i].0, continuation: Some((followers.order[i].1, t)) }
         })?;
         reporter.advance(1);
         reporter.end();
@@ -202,13 +205,9 @@ fn attend_all(
         let at: Vec<KvAt> = (0..rows.rows()).map(|position| KvAt { request, position }).collect();
         backend.kv_write(&mut pool, 0, &KvRows { rows, aux, at: &at })?;
     }
-    // Row `starts[t] + i` is token `t` of continuation `i`: its request (`i`) and position.
-    let mut requests = Vec::with_capacity(followers.ids.len());
-    for (t, &count) in followers.counts.iter().enumerate() {
-        requests.extend(
-            (0..count).map(|i| KvAt { request: i as u64, position: followers.positions[followers.starts[t] + i] }),
-        );
-    }
+    let requests: Vec<KvAt> = (followers.rows.iter().zip(&followers.positions))
+        .map(|(&(i, _), &position)| KvAt { request: i as u64, position })
+        .collect();
     let layout = Layer::layout(context.config, context.mla_scale);
     let mut selected = None;
     let attend = |_: &mut Tensor, inputs: PagedInputs| {
@@ -228,16 +227,15 @@ fn attend_all(
     Ok(())
 }
 
-/// The continuations' tokens through a KDA or DeepSeek-V4 layer, step by step: each continuation from a copy of its
-/// context's state (caches), advanced one token a step.
-fn step_states(
+/// The continuations' tokens through a KDA or DeepSeek-V4 layer, each continuation from a copy of its context's
+/// state: KDA's runs of tokens at once, DeepSeek-V4's caches step by step.
+fn extend_states(
     context: &LayerContext,
     layer: &Layer,
     caches: &[PrefillCache],
     followers: &Followers,
     follow: &mut Tensor,
 ) -> Result<(), RuntimeError> {
-    let backend = context.backend;
     let mut states = Vec::with_capacity(followers.order.len());
     for &(group, _) in &followers.order {
         match &caches[group] {
@@ -253,22 +251,21 @@ fn step_states(
             .into_iter()
             .map(|state| if let LayerState::Kda(state) = state { Ok(state) } else { Err(wrong()) })
             .collect::<Result<Vec<_>, _>>()?;
-        for (t, &count) in followers.counts.iter().enumerate() {
-            let mut hidden = backend.row_range(follow, followers.step(t))?;
-            layer.decode_states(context, &mut hidden, &mut kda[..count])?;
-            backend.place_rows(follow, followers.starts[t], &hidden)?;
+        // Each continuation's rows are a run (`Followers` without steps).
+        let mut start = 0;
+        let mut runs = Vec::with_capacity(kda.len());
+        for state in &mut kda {
+            let end = start + followers.rows[start..].iter().take_while(|row| row.0 == followers.rows[start].0).count();
+            runs.push((start..end, state));
+            start = end;
         }
+        layer.extend_states(context, follow, &mut runs)
     } else {
         let mut compressed = states
             .into_iter()
             .map(|state| if let LayerState::Compressed(cache) = state { Ok(*cache) } else { Err(wrong()) })
             .collect::<Result<Vec<_>, _>>()?;
-        for (t, &count) in followers.counts.iter().enumerate() {
-            let mut hidden = backend.row_range(follow, followers.step(t))?;
-            let ids = &followers.ids[followers.step(t)];
-            layer.decode_caches((context, V4Cache::Exact), &mut hidden, &mut compressed[..count], ids)?;
-            backend.place_rows(follow, followers.starts[t], &hidden)?;
-        }
+        let steps = (followers.ids.as_slice(), followers.steps.as_slice());
+        layer.step_caches((context, V4Cache::Exact), follow, &mut compressed, steps)
     }
-    Ok(())
 }

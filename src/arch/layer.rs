@@ -6,6 +6,8 @@
 //! [`Layer::decode_states`] for KDA, [`Layer::decode_caches`] for DeepSeek-V4), then the one residual and MLP they
 //! all share.
 
+use std::ops::Range;
+
 use super::compressed_attention::CompressedAttention;
 use super::context::{LayerContext, Residual};
 use super::gqa::GqaWeights;
@@ -471,10 +473,21 @@ impl Layer {
         hidden: &mut Tensor,
         states: &mut [KdaState],
     ) -> Result<(), RuntimeError> {
+        let mut runs: Vec<_> = states.iter_mut().enumerate().map(|(row, state)| (row..row + 1, state)).collect();
+        self.extend_states(context, hidden, &mut runs)
+    }
+
+    /// Tokens through a KDA layer from states: each run `(rows, state)` of `hidden` advances its state token by
+    /// token (recurrent, as decode steps do), then the layer's residual and MLP of all the rows together.
+    pub fn extend_states(
+        &self,
+        context: &LayerContext,
+        hidden: &mut Tensor,
+        runs: &mut [(Range<usize>, &mut KdaState)],
+    ) -> Result<(), RuntimeError> {
         let kda = self.kda()?;
         let (x, mix) = self.mixer_input(context, hidden)?;
-        let mut sequences: Vec<_> = states.iter_mut().enumerate().map(|(row, state)| (row..row + 1, state)).collect();
-        let mixed = kda.mix(context.backend, &x, &mut sequences, KdaMode::Recurrent)?;
+        let mixed = kda.mix(context.backend, &x, runs, KdaMode::Recurrent)?;
         self.finish_mixed(context, hidden, (&mixed, mix), &[])
     }
 
@@ -511,14 +524,43 @@ impl Layer {
     /// whose cache is `caches[r]`, then the layer's residual and MLP.
     pub fn decode_caches(
         &self,
-        (context, store): (&LayerContext, V4Cache),
+        context: (&LayerContext, V4Cache),
         hidden: &mut Tensor,
         caches: &mut [CompressedCache],
         ids: &[u32],
     ) -> Result<(), RuntimeError> {
+        let steps = [caches.len()];
+        self.step_caches(context, hidden, caches, (ids, &steps))
+    }
+
+    /// Decode steps through the layer's attention, one after the other, then the residual and MLP of all their rows
+    /// together: `hidden`'s rows (tokens `ids`) are the steps' in order, step `t` taking `steps[t]` rows, row `r` of
+    /// it the next token of the request whose cache is `caches[r]`.
+    pub fn step_caches(
+        &self,
+        (context, store): (&LayerContext, V4Cache),
+        hidden: &mut Tensor,
+        caches: &mut [CompressedCache],
+        (ids, steps): (&[u32], &[usize]),
+    ) -> Result<(), RuntimeError> {
         let attention = self.compressed()?;
+        let backend = context.backend;
         let (x, mix) = self.mixer_input(context, hidden)?;
-        let mixed = attention.decode((context.backend, context.config, store), &x, caches, &mut 0)?;
+        let mixed = match steps {
+            [count] => attention.decode((backend, context.config, store), &x, &mut caches[..*count], &mut 0)?,
+            _ => {
+                let mut mixed = backend.empty(x.rows(), context.config.hidden_size)?;
+                let mut start = 0;
+                for &count in steps {
+                    let rows = backend.row_range(&x, start..start + count)?;
+                    let step =
+                        attention.decode((backend, context.config, store), &rows, &mut caches[..count], &mut 0)?;
+                    backend.place_rows(&mut mixed, start, &step)?;
+                    start += count;
+                }
+                mixed
+            }
+        };
         self.finish_mixed(context, hidden, (&mixed, mix), ids)
     }
 }
