@@ -10,6 +10,7 @@
 //! A multiple-choice item's choices share their context: it runs once per layer instead of once per choice.
 
 use std::cmp::Reverse;
+use std::ops::Range;
 
 use super::causal_lm::{run_layers, Model};
 use super::context::LayerContext;
@@ -61,7 +62,8 @@ struct Followers {
     /// Each row's token and its position (its context's length + the token's index).
     ids: Vec<u32>,
     positions: Vec<usize>,
-    /// Step by step: rows per step; else empty.
+    /// In runs: each continuation's rows (in `order`); step by step: each step's row count. The other is empty.
+    runs: Vec<Range<usize>>,
     steps: Vec<usize>,
 }
 
@@ -77,14 +79,16 @@ impl Followers {
         let length = |&(g, c): &(usize, usize)| groups[g].continuations[c].len();
         order.sort_by_key(|follower| Reverse(length(follower)));
         let longest = order.first().map_or(0, length);
-        let steps: Vec<usize> = match stepped {
-            true => (0..longest).map(|t| order.iter().take_while(|f| length(f) > t).count()).collect(),
-            false => Vec::new(),
-        };
-        let rows: Vec<(usize, usize)> = match stepped {
-            true => steps.iter().enumerate().flat_map(|(t, &count)| (0..count).map(move |i| (i, t))).collect(),
-            false => order.iter().enumerate().flat_map(|(i, f)| (0..length(f)).map(move |t| (i, t))).collect(),
-        };
+        let (mut runs, mut steps, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+        if stepped {
+            steps = (0..longest).map(|t| order.iter().take_while(|f| length(f) > t).count()).collect();
+            rows = steps.iter().enumerate().flat_map(|(t, &count)| (0..count).map(move |i| (i, t))).collect();
+        } else {
+            for (i, follower) in order.iter().enumerate() {
+                runs.push(rows.len()..rows.len() + length(follower));
+                rows.extend((0..length(follower)).map(|t| (i, t)));
+            }
+        }
         let (ids, positions) = rows
             .iter()
             .map(|&(i, t)| {
@@ -92,7 +96,7 @@ impl Followers {
                 (groups[g].continuations[c][t], groups[g].context.len() + t)
             })
             .unzip();
-        Self { order, rows, ids, positions, steps }
+        Self { order, rows, ids, positions, runs, steps }
     }
 }
 
@@ -251,14 +255,7 @@ fn extend_states(
             .into_iter()
             .map(|state| if let LayerState::Kda(state) = state { Ok(state) } else { Err(wrong()) })
             .collect::<Result<Vec<_>, _>>()?;
-        // Each continuation's rows are a run (`Followers` without steps).
-        let mut start = 0;
-        let mut runs = Vec::with_capacity(kda.len());
-        for state in &mut kda {
-            let end = start + followers.rows[start..].iter().take_while(|row| row.0 == followers.rows[start].0).count();
-            runs.push((start..end, state));
-            start = end;
-        }
+        let mut runs: Vec<_> = followers.runs.iter().cloned().zip(&mut kda).collect();
         layer.extend_states(context, follow, &mut runs)
     } else {
         let mut compressed = states

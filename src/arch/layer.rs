@@ -411,7 +411,7 @@ impl Layer {
             return Ok(states.into_iter().map(|state| PrefillCache::State(CachedState::Kda(state))).collect());
         }
         let whole = spans.starts.len() == 1;
-        let (mut output, mut caches) = (None, Vec::with_capacity(spans.starts.len()));
+        let (mut blocks, mut caches) = (Vec::with_capacity(spans.starts.len()), Vec::with_capacity(spans.starts.len()));
         for (index, (start, length)) in spans.iter().enumerate() {
             let part;
             let x = if whole {
@@ -430,18 +430,20 @@ impl Layer {
                     (attended, PrefillCache::Rows { rows, aux })
                 }
             };
+            blocks.push(block);
             caches.push(cache);
-            if whole {
-                output = Some(block);
-            } else {
-                let output = match &mut output {
-                    Some(output) => output,
-                    None => output.insert(backend.empty(spans.total(), block.columns())?),
-                };
-                backend.place_rows(output, start, &block)?;
-            }
         }
-        let Some(output) = output else { return Ok(caches) };
+        let output = match <[Tensor; 1]>::try_from(blocks) {
+            Ok([block]) => block,
+            Err(blocks) => {
+                let Some(first) = blocks.first() else { return Ok(caches) };
+                let mut output = backend.empty(spans.total(), first.columns())?;
+                for ((start, _), block) in spans.iter().zip(&blocks) {
+                    backend.place_rows(&mut output, start, block)?;
+                }
+                output
+            }
+        };
         match &self.mixer {
             Mixer::Compressed(_) => self.finish_mixed(context, hidden, (&output, mix), ids)?,
             _ => self.finish(context, hidden, (&output, mix))?,
