@@ -106,10 +106,10 @@ pub fn score(
                     vec![(request.continuation[t + 1], request)]
                 }
             };
+            let normalized = LogSoftmax::of(logits);
             for (token, request) in scored {
-                let (logprob, best) = log_softmax_at(logits, token as usize);
-                request.sum += logprob;
-                request.greedy &= best == token as usize;
+                request.sum += normalized.at(logits, token as usize);
+                request.greedy &= normalized.best == token as usize;
             }
             Ok(())
         };
@@ -177,12 +177,26 @@ fn passes(shared: &mut [Shared]) -> Vec<&mut [Shared]> {
     passes
 }
 
-/// `log_softmax(row)[token]` in f64 and the row's first largest index.
-fn log_softmax_at(row: &[f32], token: usize) -> (f64, usize) {
-    let best = first_max_f32(row);
-    let max = row[best] as f64;
-    let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
-    (row[token] as f64 - max - sum.ln(), best)
+/// A row of logits as log-probabilities: its largest value, `ln Σ exp(v − max)` (f64) and its first largest index,
+/// computed once for every token scored from the row.
+struct LogSoftmax {
+    max: f64,
+    log_sum: f64,
+    best: usize,
+}
+
+impl LogSoftmax {
+    fn of(row: &[f32]) -> Self {
+        let best = first_max_f32(row);
+        let max = row[best] as f64;
+        let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+        Self { max, log_sum: sum.ln(), best }
+    }
+
+    /// `log_softmax(row)[token]`.
+    fn at(&self, row: &[f32], token: usize) -> f64 {
+        row[token] as f64 - self.max - self.log_sum
+    }
 }
 
 fn first_max_f32(values: &[f32]) -> usize {
